@@ -1,0 +1,99 @@
+"""Run spec resolution: precedence, key handling, and every bad input named with exit 2."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from vast_harness.config import mask_env, parse_remote_env, read_api_key, resolve
+from vast_harness.errors import ConfigError
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "vast.key"
+    path.write_text("k-123\n")
+    path.chmod(0o600)
+    return path
+
+
+def test_flags_beat_environment_beat_profile(key_file):
+    spec = resolve(profile="mfu", key_file=key_file, num_gpus=4, max_usd=2.5, remote_env=["HT_MFU_MB=16"],
+                   environ={"VAST_URL": "http://127.0.0.1:9"})
+    assert spec.filters.num_gpus == 4 and spec.caps.max_usd == 2.5
+    assert spec.caps.max_minutes == 60  # from the profile
+    assert spec.remote_env["HT_MFU_MB"] == "16" and spec.remote_env["HT_MFU_WORLDS"] == "2"
+    assert spec.api_url == "http://127.0.0.1:9"
+    assert resolve(profile="mfu", key_file=key_file, api_url="http://a.b", environ={"VAST_URL": "http://c.d"}).api_url == "http://a.b"
+
+
+def test_eight_gpu_qualified_sets_eight_and_refuses_any_driver(key_file):
+    assert resolve(profile="mfu", key_file=key_file, eight_gpu_qualified=True, environ={}).filters.num_gpus == 8
+    with pytest.raises(ConfigError, match="contradict"):
+        resolve(profile="mfu", key_file=key_file, eight_gpu_qualified=True, any_driver=True, environ={})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"profile": "nope"}, "unknown profile"),
+        ({"remote_env": ["NOEQUALS"]}, "--remote-env"),
+        ({"remote_env": ["1BAD=x"]}, "--remote-env"),
+        ({"max_usd": 0}, "--max-usd must be positive"),
+        ({"max_usd": -1}, "--max-usd must be positive"),
+        ({"max_usd": float("nan")}, "--max-usd must be positive"),
+        ({"max_minutes": 0}, "--max-minutes must be positive"),
+        ({"num_gpus": 0}, "--num-gpus"),
+        ({"boot_retries": -1}, "--boot-retries"),
+        ({"api_url": "ftp://x"}, "not an http"),
+        ({"api_url": "https://x/?api_key=1"}, "query string"),
+    ],
+)
+def test_bad_input_is_a_config_error_naming_the_flag(key_file, kwargs, match):
+    kwargs = {"profile": "mfu", "key_file": key_file, "environ": {}} | kwargs
+    with pytest.raises(ConfigError, match=match):
+        resolve(**kwargs)
+
+
+def test_key_file_must_not_be_group_or_world_readable(key_file):
+    key_file.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        read_api_key(key_file)
+
+
+def test_unreadable_or_missing_key(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_api_key(tmp_path / "missing.key")
+    with pytest.raises(ConfigError, match="VAST_API_KEY"):
+        read_api_key(None, environ={})
+    assert read_api_key(None, environ={"VAST_API_KEY": " abc "}).get_secret_value() == "abc"
+
+
+def test_key_is_secret_in_reprs(key_file):
+    spec = resolve(profile="smoke", key_file=key_file, environ={})
+    assert "k-123" not in repr(spec) and "k-123" not in str(spec.model_dump())
+
+
+def test_remote_env_masking():
+    env = parse_remote_env(["A=1", "B=x=y"])
+    assert env == {"A": "1", "B": "x=y"}
+    assert mask_env(env) == {"A": "***", "B": "***"}
+
+
+def test_profiles_are_valid_and_pinned():
+    for name in ("mfu", "proofs", "smoke"):
+        spec = resolve(profile=name, sim=True, environ={})
+        assert "@sha256:" in spec.profile.image
+    proofs = resolve(profile="proofs", sim=True, environ={}).profile
+    assert proofs.boot_retries == 0 and proofs.pytest_node_ids
+
+
+def test_unpinned_image_is_refused(tmp_path):
+    src = Path(__file__).resolve().parents[2] / "profiles"
+    (tmp_path / "harness").mkdir()
+    text = (src / "harness" / "smoke.toml").read_text().replace("@sha256:", ":latest#")
+    (tmp_path / "harness" / "smoke.toml").write_text(text)
+    with pytest.raises(ConfigError, match="pinned by digest"):
+        resolve(profile="smoke", sim=True, environ={}, profiles_dir=tmp_path)

@@ -1,0 +1,1 @@
+"""The vast_harness control plane."""

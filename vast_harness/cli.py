@@ -1,0 +1,205 @@
+"""`vast-e2e` / `python scripts/vast_e2e.py`: declarations only; the work happens in the library.
+
+Typed errors become exit codes here, in one place (`_run_guarded_cli`), per design.md:
+0 passed on a qualified driver · 1 a step failed · 2 bad input · 3 teardown not proven · 4 passed on an
+unqualified driver · 5 no offer fits · 6 a cap was reached · 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import SecretStr
+
+from vast_harness.config import RunSpec, load_driver_policy, resolve
+from vast_harness.errors import ConfigError, HarnessError, NoOfferError
+from vast_harness.output import Output
+
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,  # tracebacks could show locals; keys stay out of them
+    help="Rent a Vast.ai GPU host under cost and time caps, run a pinned workload, always delete it with proof.",
+)
+
+SIM_PACING_SCALE = 0.1  # the embedded simulator enforces Vast's rate limits at a tenth of the real intervals
+
+Profile = Annotated[str | None, typer.Option("--profile", help="Harness profile: mfu, proofs or smoke.")]
+NumGpus = Annotated[int | None, typer.Option("--num-gpus", help="GPUs per offer (overrides the profile).")]
+MinPcie = Annotated[float | None, typer.Option("--min-pcie-bw", help="Minimum PCIe bandwidth, GB/s.")]
+KeyFile = Annotated[Path | None, typer.Option("--key-file", help="File holding the API key (chmod 600). "
+                                              "Else VAST_API_KEY.")]
+MaxUsd = Annotated[float | None, typer.Option("--max-usd", help="Cost cap in dollars (worst case and accrued).")]
+MaxMin = Annotated[float | None, typer.Option("--max-minutes", help="Time cap in minutes, boot to teardown.")]
+RemoteEnv = Annotated[list[str] | None, typer.Option("--remote-env", help="KEY=VALUE for the host (repeatable; "
+                                                     "values are masked everywhere).")]
+AnyDriver = Annotated[bool, typer.Option("--any-driver", help="Allow drivers outside the qualified list "
+                                         "(result records driver_qualified: false; exit 4 on success).")]
+Eight = Annotated[bool, typer.Option("--eight-gpu-qualified", help="Rent 8 GPUs, qualified drivers only.")]
+BootRetries = Annotated[int | None, typer.Option("--boot-retries", help="Hosts to try after one fails to boot.")]
+EvidenceDir = Annotated[Path | None, typer.Option("--evidence-dir", help="Where runs write evidence "
+                                                  "(default .evidence/vast).")]
+ApiUrl = Annotated[str | None, typer.Option("--api-url", help="API base URL (default Vast; VAST_URL honoured).")]
+Sim = Annotated[bool, typer.Option("--sim", help="Start the embedded simulator and run against it (no key).")]
+Json = Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")]
+ProofInterval = Annotated[float | None, typer.Option("--proof-interval", help="Seconds between the two absence "
+                                                     "proof rounds (default 10 against Vast, 0.5 with --sim).")]
+PacingScale = Annotated[float | None, typer.Option("--pacing-scale", hidden=True,
+                                                   help="Scale the client's rate-limit pacing (tests).")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Quote and plan only: read-only calls, nothing created.")]
+
+
+@contextmanager
+def _api_target(spec: RunSpec) -> Iterator[tuple[RunSpec, float]]:
+    """The spec pointed at the API it should use: the embedded simulator with --sim, else as given."""
+    if not spec.sim:
+        yield spec, spec.pacing_scale
+        return
+    from vast_harness.sim import SimServer  # imported only when asked for
+
+    with SimServer(seed=0, boot_seconds=1.0, rate_scale=SIM_PACING_SCALE) as sim:
+        key = SecretStr("sim-" + secrets.token_hex(16))
+        yield spec.model_copy(update={"api_url": sim.url, "api_key": key}), SIM_PACING_SCALE
+
+
+def _client(spec: RunSpec, pacing_scale: float):
+    from vast_harness.client import VastClient
+
+    assert spec.api_key is not None
+    return VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=pacing_scale)
+
+
+def _guard(out: Output, body: Callable[[], int]) -> None:
+    """Run `body`, turning typed errors into one clear line and their exit code."""
+    try:
+        code = body()
+    except NoOfferError as exc:
+        out.error(str(exc))
+        if exc.rejected:
+            out.rejections(exc.rejected, title="Closest offers and why each was rejected")
+        raise typer.Exit(exc.exit_code) from None
+    except HarnessError as exc:
+        out.error(str(exc))
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        out.error("interrupted before anything was rented")
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
+
+
+@app.callback(invoke_without_command=True)
+def main_command(
+    ctx: typer.Context,
+    profile: Profile = None,
+    num_gpus: NumGpus = None,
+    min_pcie_bw: MinPcie = None,
+    key_file: KeyFile = None,
+    max_usd: MaxUsd = None,
+    max_minutes: MaxMin = None,
+    remote_env: RemoteEnv = None,
+    dry_run: DryRun = False,
+    any_driver: AnyDriver = False,
+    eight_gpu_qualified: Eight = False,
+    boot_retries: BootRetries = None,
+    evidence_dir: EvidenceDir = None,
+    api_url: ApiUrl = None,
+    sim: Sim = False,
+    json_output: Json = False,
+    proof_interval: ProofInterval = None,
+    pacing_scale: PacingScale = None,
+) -> None:
+    """Run a profile end to end (or --dry-run to see the offer, the plan and the worst-case cost)."""
+    if ctx.invoked_subcommand:
+        return
+    out = Output(json_mode=json_output)
+
+    def body() -> int:
+        if profile is None:
+            raise ConfigError("--profile is required (mfu, proofs or smoke)")
+        spec = resolve(
+            profile=profile, num_gpus=num_gpus, min_pcie_bw=min_pcie_bw, key_file=key_file, max_usd=max_usd,
+            max_minutes=max_minutes, remote_env=remote_env, dry_run=dry_run, any_driver=any_driver,
+            eight_gpu_qualified=eight_gpu_qualified, boot_retries=boot_retries, evidence_dir=evidence_dir,
+            api_url=api_url, sim=sim, json_output=json_output, proof_interval_s=proof_interval,
+            pacing_scale=pacing_scale,
+        )
+        drivers = load_driver_policy()
+        with _api_target(spec) as (target, scale), _client(target, scale) as client:
+            if target.dry_run:
+                from vast_harness.bundle import build_bundle
+                from vast_harness.plan import plan_run
+
+                out.plan(plan_run(target, client, drivers, build_bundle()))
+                return 0
+            from vast_harness.runner import run_guarded
+
+            return run_guarded(target, client, drivers, out).exit_code
+
+    _guard(out, body)
+
+
+@app.command()
+def offers(
+    profile: Profile = "mfu",
+    num_gpus: NumGpus = None,
+    min_pcie_bw: MinPcie = None,
+    key_file: KeyFile = None,
+    max_usd: MaxUsd = None,
+    max_minutes: MaxMin = None,
+    any_driver: AnyDriver = False,
+    eight_gpu_qualified: Eight = False,
+    api_url: ApiUrl = None,
+    sim: Sim = False,
+    json_output: Json = False,
+) -> None:
+    """Search and rank offers for a profile; show why each rejected offer failed."""
+    out = Output(json_mode=json_output)
+
+    def body() -> int:
+        spec = resolve(
+            profile=profile or "mfu", num_gpus=num_gpus, min_pcie_bw=min_pcie_bw, key_file=key_file,
+            max_usd=max_usd, max_minutes=max_minutes, any_driver=any_driver,
+            eight_gpu_qualified=eight_gpu_qualified, api_url=api_url, sim=sim, json_output=json_output,
+            dry_run=True,
+        )
+        from vast_harness.bundle import build_bundle
+        from vast_harness.plan import choose_offers
+
+        with _api_target(spec) as (target, scale), _client(target, scale) as client:
+            credit = client.current_user().available_usd
+            choice = choose_offers(target, client, load_driver_policy(), build_bundle(), credit_usd=credit)
+        out.offers(choice)
+        return 0 if choice.ranked else NoOfferError.exit_code
+
+    _guard(out, body)
+
+
+@app.command()
+def reap(
+    key_file: KeyFile = None,
+    evidence_dir: EvidenceDir = None,
+    api_url: ApiUrl = None,
+    json_output: Json = False,
+    proof_interval: ProofInterval = None,
+    pacing_scale: PacingScale = None,
+) -> None:
+    """Delete and prove absent every instance the ledger has not proven gone, and every live `vh-` instance."""
+    out = Output(json_mode=json_output)
+
+    def body() -> int:
+        spec = resolve(profile="smoke", key_file=key_file, evidence_dir=evidence_dir, api_url=api_url,
+                       json_output=json_output, proof_interval_s=proof_interval, pacing_scale=pacing_scale)
+        from vast_harness.reap import reap_all
+
+        with _client(spec, spec.pacing_scale) as client:
+            return reap_all(spec, client, out)
+
+    _guard(out, body)
+
+
+def main() -> None:
+    app()

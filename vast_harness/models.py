@@ -1,0 +1,237 @@
+"""Pydantic models of what the Vast API returns, with units in the names where Vast's own names lack them.
+
+Vast sends nulls freely, pads some strings, and sends `HostPort` as a string: the models absorb that here
+so nothing downstream has to. Unknown fields are ignored (the API grows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Vast's `actual_status` values, as data (reference/vast-api.md §6).
+PENDING_STATUSES = frozenset({None, "created", "restarting", "rebooting", "loading", "scheduling"})
+FAILED_STATUSES = frozenset({"exited", "offline", "unknown", "stopped", "frozen"})
+READY_STATUS = "running"
+# Tokens in `status_msg` that mean the container will not come up (vast-cli machines.py self-test).
+STATUS_MSG_ERROR_TOKENS = (
+    "error",
+    "failed",
+    "failure",
+    "exception",
+    "traceback",
+    "oci runtime",
+    "permission denied",
+)
+
+
+class _VastModel(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=False)
+
+
+def pack_driver_version(version: str) -> int:
+    """`535.86.05` -> 535086005, the packed integer the official CLI sends as a filter value."""
+    parts = [int(p) for p in version.strip().split(".")]
+    while len(parts) < 3:
+        parts.append(0)
+    major, minor, patch = parts[:3]
+    return major * 1_000_000 + minor * 1_000 + patch
+
+
+class Offer(_VastModel):
+    """One row of `POST /api/v0/bundles/`."""
+
+    id: int
+    ask_contract_id: int | None = None
+    machine_id: int | None = None
+    host_id: int | None = None
+    gpu_name: str = ""
+    num_gpus: int = 0
+    gpu_ram_mb: float | None = Field(default=None, alias="gpu_ram")
+    compute_cap: int | None = None
+    cuda_max_good: float | None = None
+    driver_version: str | None = None
+    pci_gen: float | None = None
+    pcie_bw_gbps: float | None = Field(default=None, alias="pcie_bw")
+    gpu_lanes: int | None = None
+    dph_base: float | None = None
+    dph_total: float | None = None
+    storage_cost_usd_per_gb_month: float | None = Field(default=None, alias="storage_cost")
+    inet_up_cost_usd_per_gb: float | None = Field(default=None, alias="inet_up_cost")
+    inet_down_cost_usd_per_gb: float | None = Field(default=None, alias="inet_down_cost")
+    inet_up: float | None = None
+    inet_down: float | None = None
+    reliability: float | None = None
+    reliability2: float | None = None
+    verified: bool | None = None
+    verification: str | None = None
+    rentable: bool | None = None
+    rented: bool | None = None
+    external: bool | None = None
+    geolocation: str | None = None
+    direct_port_count: int | None = None
+    disk_space_gb: float | None = Field(default=None, alias="disk_space")
+    duration_s: float | None = Field(default=None, alias="duration")
+    cpu_cores: int | None = None
+    cpu_ram_mb: float | None = Field(default=None, alias="cpu_ram")
+    public_ipaddr: str | None = None
+
+    @field_validator("public_ipaddr", "geolocation", "driver_version", "gpu_name", mode="before")
+    @classmethod
+    def _strip(cls, value: Any) -> Any:
+        return value.strip() if isinstance(value, str) else value
+
+    @property
+    def reliability_score(self) -> float:
+        """`reliability2` when sent (dstack filters on it), else `reliability`, else 0."""
+        for value in (self.reliability2, self.reliability):
+            if value is not None:
+                return float(value)
+        return 0.0
+
+    @property
+    def driver_packed(self) -> int | None:
+        if not self.driver_version:
+            return None
+        try:
+            return pack_driver_version(self.driver_version)
+        except ValueError:
+            return None
+
+    def dph_at_disk(self, disk_gb: float) -> float:
+        """$/h for this offer with `disk_gb` of storage: GPU part plus disk at storage_cost/720.
+
+        `dph_total` already includes the storage the search priced (`allocated_storage`); recomputing from
+        `dph_base` makes the figure independent of what the search assumed.
+        """
+        base = self.dph_base if self.dph_base is not None else (self.dph_total or 0.0)
+        storage = self.storage_cost_usd_per_gb_month or 0.0
+        return base + disk_gb * storage / 720.0
+
+
+class PortBinding(_VastModel):
+    host_ip: str | None = Field(default=None, alias="HostIp")
+    host_port: int = Field(alias="HostPort")
+
+    @field_validator("host_port", mode="before")
+    @classmethod
+    def _port(cls, value: Any) -> int:
+        # Vast sends HostPort as a string ("41022"); show_instance.yaml wrongly shows an int array.
+        if isinstance(value, list):
+            value = value[0]
+        return int(str(value).strip())
+
+
+class Instance(_VastModel):
+    """One instance, from `GET /api/v0/instances/{id}/` or a row of the v1 list."""
+
+    id: int
+    label: str | None = None
+    actual_status: str | None = None
+    intended_status: str | None = None
+    cur_state: str | None = None
+    next_state: str | None = None
+    status_msg: str | None = None
+    machine_id: int | None = None
+    host_id: int | None = None
+    gpu_name: str | None = None
+    num_gpus: int | None = None
+    driver_version: str | None = None
+    cuda_max_good: float | None = None
+    public_ipaddr: str | None = None
+    ssh_host: str | None = None
+    ssh_port: int | None = None
+    ports: dict[str, list[PortBinding]] | None = None
+    image_runtype: str | None = None
+    dph_total: float | None = None
+    start_date: float | None = None
+
+    @field_validator("public_ipaddr", "ssh_host", "status_msg", "actual_status", mode="before")
+    @classmethod
+    def _strip(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip()
+            return value or None
+        return value
+
+    @field_validator("ports", mode="before")
+    @classmethod
+    def _ports(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return None
+        # Drop unpublished ports (null bindings) rather than failing the whole instance.
+        return {k: v for k, v in value.items() if isinstance(v, list) and v}
+
+    @property
+    def direct_ssh(self) -> tuple[str, int] | None:
+        """`public_ipaddr` and the host port mapped to 22/tcp, when the host published one."""
+        bindings = (self.ports or {}).get("22/tcp")
+        if bindings and self.public_ipaddr:
+            return self.public_ipaddr, bindings[0].host_port
+        return None
+
+    @property
+    def proxy_ssh(self) -> tuple[str, int] | None:
+        """The `ssh_host` gateway; +1 on the port when the image runs jupyter (vast-cli ssh-url)."""
+        if not self.ssh_host or not self.ssh_port:
+            return None
+        port = self.ssh_port + (1 if "jupyter" in (self.image_runtype or "") else 0)
+        return self.ssh_host, port
+
+    @property
+    def failed_reason(self) -> str | None:
+        """Why this instance will never become ready, or None while it still may."""
+        if self.actual_status in FAILED_STATUSES:
+            return f"actual_status={self.actual_status}"
+        if self.cur_state == self.intended_status == self.next_state == "stopped":
+            return "all states stopped (outbid or unschedulable)"
+        msg = (self.status_msg or "").lower()
+        if msg and not msg.startswith("success") and any(t in msg for t in STATUS_MSG_ERROR_TOKENS):
+            return f"status_msg: {self.status_msg}"
+        return None
+
+    @property
+    def is_ready(self) -> bool:
+        return self.actual_status == READY_STATUS and (self.direct_ssh or self.proxy_ssh) is not None
+
+
+class User(_VastModel):
+    """`GET /api/v0/users/current/`. `credit` vs `balance` is UNCONFIRMED; we read both."""
+
+    id: int | None = None
+    email: str | None = None
+    credit: float | None = None
+    balance: float | None = None
+    can_pay: bool | None = None
+
+    @property
+    def available_usd(self) -> float:
+        """The spendable amount: `credit` when sent (the docs' example), else `balance`."""
+        if self.credit is not None:
+            return float(self.credit)
+        return float(self.balance or 0.0)
+
+    def __repr__(self) -> str:  # never show the email in logs by accident
+        return f"User(id={self.id}, credit={self.credit}, balance={self.balance})"
+
+
+class SshKey(_VastModel):
+    id: int
+    key: str | None = Field(default=None, alias="public_key")
+
+
+class CreateResult(_VastModel):
+    """`PUT /api/v0/asks/{id}/` success body. `instance_api_key` is a secret: excluded from dumps."""
+
+    success: bool = True
+    new_contract: int
+    instance_api_key: str | None = Field(default=None, exclude=True, repr=False)
+
+
+class InstancePage(_VastModel):
+    """One page of `GET /api/v1/instances/`."""
+
+    instances: list[Instance] = Field(default_factory=list)
+    total_instances: int | None = None
+    next_token: str | None = None

@@ -1,0 +1,133 @@
+"""Preflight and offer choice: everything a run decides before it rents, and all a dry run shows.
+
+Only read-only calls happen here: `users/current` and at most MAX_PAGES offer searches.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from vast_harness.bundle import Bundle
+from vast_harness.client import VastClient
+from vast_harness.config import DriverPolicy, RunSpec
+from vast_harness.errors import NoOfferError
+from vast_harness.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
+
+MB = 1_000_000
+
+
+class RunPlan(BaseModel):
+    """The chosen offer, the alternatives, and what the run will do: the dry run's whole output."""
+
+    profile: str
+    image: str
+    image_digest_verified: bool
+    chosen: Candidate
+    alternatives: list[Candidate]
+    closest_rejections: list[Rejection]
+    offers_seen: int
+    pages: int
+    credit_usd: float
+    steps: list[dict]
+    pytest_node_ids: list[str]
+    caps: dict
+    remote_env_masked: dict[str, str]
+    bundle_sha256: str
+    bundle_bytes: int
+    any_driver: bool
+    warnings: list[str]
+
+    def summary(self) -> dict:
+        """The JSON form (`--json`): the same facts as the human table."""
+        o, q = self.chosen.offer, self.chosen.quote
+        return {
+            "profile": self.profile,
+            "image": self.image,
+            "offer": {
+                "id": o.id,
+                "machine_id": o.machine_id,
+                "gpu_name": o.gpu_name,
+                "num_gpus": o.num_gpus,
+                "driver_version": o.driver_version,
+                "driver_qualified": self.chosen.driver_qualified,
+                "cuda_max_good": o.cuda_max_good,
+                "pcie_bw_gbps": o.pcie_bw_gbps,
+                "dph_total_usd": o.dph_total,
+                "dph_at_disk_usd": q.dph_at_disk_usd,
+                "reliability": o.reliability_score,
+                "geolocation": o.geolocation,
+            },
+            "quote": q.model_dump() | {"arithmetic": q.arithmetic},
+            "caps": self.caps,
+            "credit_usd": self.credit_usd,
+            "steps": self.steps,
+            "pytest_node_ids": self.pytest_node_ids,
+            "remote_env": self.remote_env_masked,
+            "bundle": {"sha256": self.bundle_sha256, "bytes": self.bundle_bytes},
+            "offers_seen": self.offers_seen,
+            "pages": self.pages,
+            "alternatives": [c.offer.id for c in self.alternatives],
+            "warnings": self.warnings,
+        }
+
+
+def criteria_for(spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exclude_machine_ids=()) -> OfferCriteria:
+    prof = spec.profile
+    return OfferCriteria(
+        filters=spec.filters,
+        image_cuda=prof.image_cuda,
+        disk_gb=prof.disk_gb,
+        min_duration_s=spec.max_seconds,
+        max_minutes=spec.caps.max_minutes,
+        max_usd=spec.caps.max_usd,
+        credit_usd=credit_usd,
+        any_driver=spec.any_driver,
+        upload_bytes=bundle.size_bytes + int(prof.transfer.upload_extra_mb * MB),
+        download_bytes=int(prof.transfer.expected_evidence_mb * MB),
+        exclude_machine_ids=frozenset(exclude_machine_ids),
+    )
+
+
+def choose_offers(
+    spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle, *, credit_usd: float | None,
+    exclude_machine_ids=(),
+) -> OfferChoice:
+    criteria = criteria_for(spec, credit_usd=credit_usd, bundle=bundle, exclude_machine_ids=exclude_machine_ids)
+    return search_ranked(client.search_offers, criteria, drivers)
+
+
+def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle) -> RunPlan:
+    """Preflight (credit) and offer choice. Raises NoOfferError (exit 5) with the closest rejects."""
+    user = client.current_user()
+    credit = user.available_usd
+    choice = choose_offers(spec, client, drivers, bundle, credit_usd=credit)
+    if not choice.ranked:
+        raise NoOfferError(
+            f"no offer satisfies the filters and caps ({choice.offers_seen} offers seen in {choice.pages} "
+            f"page(s), max ${spec.caps.max_usd:.2f}, {spec.caps.max_minutes:g} min, credit ${credit:.2f})",
+            rejected=choice.closest_rejections(),
+        )
+    warnings = []
+    if not spec.profile.image_digest_verified:
+        warnings.append("the image digest was not verified against the registry here; check it before paying")
+    if not choice.ranked[0].driver_qualified:
+        warnings.append("driver outside the qualified list: a valid run, but no bitwise claim (exit 4 on success)")
+    return RunPlan(
+        profile=spec.profile.name,
+        image=spec.profile.image,
+        image_digest_verified=spec.profile.image_digest_verified,
+        chosen=choice.ranked[0],
+        alternatives=choice.ranked[1 : 1 + max(spec.boot_retries, 3)],
+        closest_rejections=choice.closest_rejections(),
+        offers_seen=choice.offers_seen,
+        pages=choice.pages,
+        credit_usd=credit,
+        steps=[{"name": s.name, "run": s.run, "timeout_s": s.timeout_s} for s in spec.profile.steps],
+        pytest_node_ids=list(spec.profile.pytest_node_ids),
+        caps={"max_usd": spec.caps.max_usd, "max_minutes": spec.caps.max_minutes},
+        remote_env_masked=spec.masked_remote_env,
+        bundle_sha256=bundle.sha256,
+        bundle_bytes=bundle.size_bytes,
+        any_driver=spec.any_driver,
+        warnings=warnings,
+    )
