@@ -17,6 +17,8 @@ from pydantic import BaseModel
 from vast_harness.config import REPO_ROOT
 
 BUNDLE_DIRS = ("remote", "profiles", "scripts")
+# The GPU tests the proofs profile runs on the host travel too (with their package markers).
+BUNDLE_FILES = ("tests/__init__.py", "tests/remote/__init__.py", "tests/remote/test_gpu.py")
 _SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 _SKIP_SUFFIXES = {".pyc", ".pyo"}
 
@@ -38,6 +40,7 @@ def _members(root: Path) -> list[Path]:
             rel = path.relative_to(root)
             if path.is_file() and not _SKIP_PARTS.intersection(rel.parts) and path.suffix not in _SKIP_SUFFIXES:
                 paths.append(rel)
+    paths.extend(Path(f) for f in BUNDLE_FILES if (root / f).is_file())
     return paths
 
 

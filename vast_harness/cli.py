@@ -26,6 +26,7 @@ app = typer.Typer(
     help="Rent a Vast.ai GPU host under cost and time caps, run a pinned workload, always delete it with proof.",
 )
 
+SIM_OFFERS = 1000  # a market large enough that every profile finds offers
 SIM_PACING_SCALE = 0.1  # the embedded simulator enforces Vast's rate limits at a tenth of the real intervals
 
 Profile = Annotated[str | None, typer.Option("--profile", help="Harness profile: mfu, proofs or smoke.")]
@@ -50,6 +51,8 @@ ProofInterval = Annotated[float | None, typer.Option("--proof-interval", help="S
                                                      "proof rounds (default 10 against Vast, 0.5 with --sim).")]
 PacingScale = Annotated[float | None, typer.Option("--pacing-scale", hidden=True,
                                                    help="Scale the client's rate-limit pacing (tests).")]
+PollInterval = Annotated[float | None, typer.Option("--poll-interval", hidden=True,
+                                                    help="Seconds between instance polls while booting (tests).")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Quote and plan only: read-only calls, nothing created.")]
 
 
@@ -61,7 +64,7 @@ def _api_target(spec: RunSpec) -> Iterator[tuple[RunSpec, float]]:
         return
     from vast_harness.sim import SimServer  # imported only when asked for
 
-    with SimServer(seed=0, boot_seconds=1.0, rate_scale=SIM_PACING_SCALE) as sim:
+    with SimServer(seed=0, boot_seconds=1.0, rate_scale=SIM_PACING_SCALE, num_offers=SIM_OFFERS) as sim:
         key = SecretStr("sim-" + secrets.token_hex(16))
         yield spec.model_copy(update={"api_url": sim.url, "api_key": key}), SIM_PACING_SCALE
 
@@ -111,6 +114,7 @@ def main_command(
     json_output: Json = False,
     proof_interval: ProofInterval = None,
     pacing_scale: PacingScale = None,
+    poll_interval: PollInterval = None,
 ) -> None:
     """Run a profile end to end (or --dry-run to see the offer, the plan and the worst-case cost)."""
     if ctx.invoked_subcommand:
@@ -125,7 +129,7 @@ def main_command(
             max_minutes=max_minutes, remote_env=remote_env, dry_run=dry_run, any_driver=any_driver,
             eight_gpu_qualified=eight_gpu_qualified, boot_retries=boot_retries, evidence_dir=evidence_dir,
             api_url=api_url, sim=sim, json_output=json_output, proof_interval_s=proof_interval,
-            pacing_scale=pacing_scale,
+            pacing_scale=pacing_scale, poll_s=poll_interval,
         )
         drivers = load_driver_policy()
         with _api_target(spec) as (target, scale), _client(target, scale) as client:

@@ -275,6 +275,7 @@ def resolve(
     json_output: bool = False,
     proof_interval_s: float | None = None,
     pacing_scale: float | None = None,
+    poll_s: float | None = None,
     environ: dict[str, str] | None = None,
     profiles_dir: Path = PROFILES_DIR,
 ) -> RunSpec:
@@ -290,6 +291,8 @@ def resolve(
         raise ConfigError(f"--num-gpus must be between 1 and 16, got {num_gpus}")
     if proof_interval_s is not None and not proof_interval_s >= 0:
         raise ConfigError(f"--proof-interval must be >= 0, got {proof_interval_s}")
+    if poll_s is not None and not poll_s > 0:
+        raise ConfigError(f"--poll-interval must be positive, got {poll_s}")
     if boot_retries is not None and boot_retries < 0:
         raise ConfigError(f"--boot-retries must be >= 0, got {boot_retries}")
 
@@ -330,7 +333,7 @@ def resolve(
             json_output=json_output,
             proof_interval_s=proof_interval_s if proof_interval_s is not None else (0.5 if sim else 10.0),
             teardown_margin_s=15.0 if sim else 120.0,
-            poll_s=0.25 if sim else 10.0,
+            poll_s=poll_s if poll_s is not None else (0.25 if sim else 10.0),
             deadman_grace_s=30.0 if sim else 600.0,
             pacing_scale=pacing_scale if pacing_scale is not None else 1.0,
         )

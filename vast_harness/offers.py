@@ -182,5 +182,16 @@ def search_ranked(
         choice = choose(seen.values(), criteria, drivers)
         if len(page) < page_limit or not fresh or len(choice.ranked) >= wanted:
             break
+    if not choice.ranked and pages < max_pages:
+        # Nothing fits: one broader read-only search (the market's defaults and the GPU count only) so the
+        # user sees the closest offers and exactly which filter each one fails.
+        broad = {k: v for k, v in build_query(criteria, limit=page_limit).items()
+                 if k in ("verified", "external", "rentable", "rented", "num_gpus", "order", "type",
+                          "allocated_storage", "limit")}
+        pages += 1
+        extra = [o for o in search(broad) if o.id not in seen]
+        widened = choose([*seen.values(), *extra], criteria, drivers)
+        choice.rejected = widened.rejected
+        choice.offers_seen = widened.offers_seen
     choice.pages = pages
     return choice
