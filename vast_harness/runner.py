@@ -134,6 +134,8 @@ class GuardedRun:
         self.bytes_down = 0
         self.evidence_pulled = False
         self.excluded_machines: set[int] = set()
+        # How long one instance's delete + absence proof may take before it is declared unproven (exit 3).
+        self.teardown_budget_s = max(60.0, 8 * spec.proof_interval_s + 60.0)
 
     # ------------------------------------------------------------------------------------------- run
     def execute(self) -> HarnessResult:
@@ -353,7 +355,7 @@ class GuardedRun:
         return total
 
     def _teardown_one(self, inst: CreatedInstance) -> InstanceTeardown:
-        deadline = time.monotonic() + max(60.0, 8 * self.spec.proof_interval_s + 60.0)
+        deadline = time.monotonic() + self.teardown_budget_s
         report = teardown_instance(self.client, self.ledger, run_id=self.run_id, label=inst.label,
                                    instance_id=inst.instance_id, interval_s=self.spec.proof_interval_s,
                                    deadline=deadline)

@@ -1,0 +1,201 @@
+"""The guarded run against the simulator over real HTTP and real SSH: evidence, exit codes, teardown, reap.
+
+Each test names the fault it injects; every test checks the simulator's own record, not the harness's word.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from vast_harness.client import VastClient
+from vast_harness.config import RunSpec, Step, load_driver_policy, resolve
+from vast_harness.ledger import Ledger
+from vast_harness.output import Output
+from vast_harness.reap import reap_all
+from vast_harness.runner import GuardedRun
+from vast_harness.sim import SimServer
+
+SCALE = 0.01
+KEY = "sim-runner-key"
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimServer(seed=3, rate_scale=SCALE, boot_seconds=0.1, num_offers=400) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _clear_faults(sim):
+    sim.set_faults(None)
+    yield
+    sim.set_faults(None)
+
+
+def make_spec(sim: SimServer, tmp_path: Path, steps: list[Step], **overrides) -> RunSpec:
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
+                   remote_env=["SECRET_TOKEN=hunter2-value"])
+    prof = spec.profile.model_copy(update={"steps": steps, **overrides.pop("profile", {})})
+    return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
+                                   "teardown_margin_s": 2.0} | overrides)
+
+
+def run(sim: SimServer, spec: RunSpec):
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = run.execute()
+    return run, result
+
+
+def live_ids(sim: SimServer) -> set[int]:
+    return {i["id"] for i in sim.state()["instances"] if i["live"]}
+
+
+def test_happy_path_writes_the_whole_evidence_layout(sim, tmp_path):
+    steps = [Step(name="hello", run="echo hi; echo oops >&2; echo '{\"ok\": 1}' > evidence/out.json", timeout_s=30)]
+    r, result = run(sim, make_spec(sim, tmp_path, steps))
+    assert result.exit_code in (0, 4), result.message
+    d = r.ev.dir
+    for name in ("harness-result.json", "offer-quote.json", "steps.tsv", "steps/hello.log", "remote/out.json",
+                 "absence-proof.json", "manifest.sha256"):
+        assert (d / name).is_file(), name
+    assert (d / "steps.tsv").read_text().startswith("hello\t0\t")
+    assert "hi" in (d / "steps/hello.log").read_text() and "oops" in (d / "steps/hello.log").read_text()
+    res = json.loads((d / "harness-result.json").read_text())
+    assert res["absence"]["verdict"] == "gone" and res["exit_code"] == result.exit_code
+    assert res["remote_env"]["SECRET_TOKEN"] == "***"
+    assert res["host_key"]["fingerprint"].startswith("SHA256:")
+    assert res["accrued_usd"] <= res["caps"]["max_usd"]
+    manifest = (d / "manifest.sha256").read_text()
+    assert "harness-result.json" in manifest and "remote/out.json" in manifest
+    # the simulator agrees: deleted, and billed no more than the cap
+    inst = next(i for i in sim.state()["instances"] if i["id"] == r.created[0].instance_id)
+    assert not inst["live"] and inst["billed_usd"] <= res["caps"]["max_usd"]
+    # nothing secret anywhere in the evidence
+    for path in d.rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert "hunter2-value" not in text and KEY not in text, path
+
+
+def test_failed_step_exits_1_and_still_deletes(sim, tmp_path):
+    r, result = run(sim, make_spec(sim, tmp_path, [Step(name="boom", run="exit 7", timeout_s=10),
+                                                   Step(name="never", run="echo no", timeout_s=10)]))
+    assert result.exit_code == 1 and "rc=7" in result.message
+    assert [s.name for s in r.steps] == ["boom"]
+    assert not live_ids(sim) & {i.instance_id for i in r.created}
+
+
+def test_cap_stops_the_run_with_exit_6(sim, tmp_path):
+    spec = make_spec(sim, tmp_path, [Step(name="long", run="sleep 30", timeout_s=60)])
+    spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_minutes": 0.1})})  # 6 s, 2 s margin
+    start = time.monotonic()
+    r, result = run(sim, spec)
+    assert result.exit_code == 6, result.message
+    assert time.monotonic() - start < 15
+    assert r.teardowns[0].verdict == "gone"
+
+
+def test_step_timeout_is_a_failed_step(sim, tmp_path):
+    r, result = run(sim, make_spec(sim, tmp_path, [Step(name="slow", run="sleep 5", timeout_s=0.5)]))
+    assert result.exit_code == 1 and "timed out" in result.message
+    assert r.steps[0].timed_out
+
+
+def test_delete_failing_twice_is_retried_and_proven(sim, tmp_path):
+    sim.set_faults("delete_fail:2")
+    r, result = run(sim, make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)]))
+    assert result.exit_code in (0, 4), result.message
+    assert r.teardowns[0].verdict == "gone"
+    assert not live_ids(sim) & {i.instance_id for i in r.created}
+
+
+def test_create_timeout_is_followed_by_a_list_by_label_not_a_second_create(sim, tmp_path):
+    sim.set_faults("create_timeout")
+    before = len(sim.state()["instances"])
+    r, result = run(sim, make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)]))
+    assert result.exit_code in (0, 4), result.message
+    assert len(sim.state()["instances"]) == before + 1  # exactly one rented
+    events = [e.event for e in Ledger(r.spec.evidence_dir / "ledger.jsonl").entries() if e.run_id == r.run_id]
+    assert events[:3] == ["intent", "create_unknown", "created"]
+
+
+def test_offer_taken_moves_to_the_next_offer(sim, tmp_path):
+    sim.set_faults("offer_taken")
+    r, result = run(sim, make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)]))
+    assert result.exit_code in (0, 4), result.message
+    assert len(r.created) == 1
+
+
+def test_boot_failure_retries_on_another_machine(sim, tmp_path):
+    sim.set_faults("boot_stall:1")
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)],
+                     profile={"boot_timeout_s": 2.0}, boot_retries=1)
+    r, result = run(sim, spec)
+    assert result.exit_code in (0, 4), result.message
+    assert len(r.created) == 2 and r.created[0].machine_id != r.created[1].machine_id
+    assert all(t.verdict == "gone" for t in r.teardowns)
+
+
+def test_boot_failure_without_retries_fails_cleanly(sim, tmp_path):
+    sim.set_faults("boot_stall:1")
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)],
+                     profile={"boot_timeout_s": 1.0}, boot_retries=0)
+    r, result = run(sim, spec)
+    assert result.exit_code == 1 and "no host came up" in result.message
+    assert r.teardowns[0].verdict == "gone"
+
+
+def test_ssh_drop_is_reported_not_retried(sim, tmp_path):
+    sim.set_faults("ssh_drop:0.5")
+    r, result = run(sim, make_spec(sim, tmp_path, [Step(name="drop", run="sleep 3; echo done", timeout_s=20)]))
+    assert result.exit_code == 1 and "connection lost" in result.message
+    assert r.steps[0].connection_lost and r.steps[0].reconnect_ok is not None
+
+
+def test_unprovable_absence_exits_3_and_reap_cleans_up(sim, tmp_path):
+    # Every list answers 503 for a while: the per-id read alone must never be taken as proof.
+    sim.set_faults("5xx:list:*:503")
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)])
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, max_retry_s=0.5) as client:
+        r = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        r.teardown_budget_s = 1.0
+        result = r.execute()
+    assert result.exit_code == 3 and "reap" in result.message
+    pending, _ = Ledger(spec.evidence_dir / "ledger.jsonl").unproven()
+    assert {i.instance_id for i in r.created} <= set(pending)
+    sim.set_faults(None)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        assert reap_all(spec, client, Output(quiet=True)) == 0
+    assert not live_ids(sim) & {i.instance_id for i in r.created}
+    assert not Ledger(spec.evidence_dir / "ledger.jsonl").unproven()[0]
+
+
+def test_sigint_mid_step_tears_down_and_exits_130(sim, tmp_path):
+    spec = make_spec(sim, tmp_path, [Step(name="wait", run="sleep 20", timeout_s=30)])
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        r, result = run(sim, spec)
+    finally:
+        timer.cancel()
+    assert result.exit_code == 130
+    assert r.teardowns and r.teardowns[0].verdict == "gone"
+    assert not live_ids(sim) & {i.instance_id for i in r.created}
+
+
+def test_no_offer_exits_5_and_rents_nothing(sim, tmp_path):
+    before = len(sim.state()["instances"])
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)])
+    spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.0001})})
+    r, result = run(sim, spec)
+    assert result.exit_code == 5
+    assert len(sim.state()["instances"]) == before
