@@ -159,6 +159,7 @@ def offers(
     api_url: ApiUrl = None,
     sim: Sim = False,
     json_output: Json = False,
+    pacing_scale: PacingScale = None,
 ) -> None:
     """Search and rank offers for a profile; show why each rejected offer failed."""
     out = Output(json_mode=json_output)
@@ -168,7 +169,7 @@ def offers(
             profile=profile or "mfu", num_gpus=num_gpus, min_pcie_bw=min_pcie_bw, key_file=key_file,
             max_usd=max_usd, max_minutes=max_minutes, any_driver=any_driver,
             eight_gpu_qualified=eight_gpu_qualified, api_url=api_url, sim=sim, json_output=json_output,
-            dry_run=True,
+            dry_run=True, pacing_scale=pacing_scale,
         )
         from vast_harness.bundle import build_bundle
         from vast_harness.plan import choose_offers

@@ -20,17 +20,30 @@ def key_file(tmp_path: Path) -> Path:
 
 
 def test_flags_beat_environment_beat_profile(key_file):
-    spec = resolve(profile="mfu", key_file=key_file, num_gpus=4, max_usd=2.5, remote_env=["HT_MFU_MB=16"],
-                   environ={"VAST_URL": "http://127.0.0.1:9"})
+    spec = resolve(
+        profile="mfu",
+        key_file=key_file,
+        num_gpus=4,
+        max_usd=2.5,
+        remote_env=["HT_MFU_MB=16"],
+        environ={"VAST_URL": "http://127.0.0.1:9"},
+    )
     assert spec.filters.num_gpus == 4 and spec.caps.max_usd == 2.5
     assert spec.caps.max_minutes == 60  # from the profile
     assert spec.remote_env["HT_MFU_MB"] == "16" and spec.remote_env["HT_MFU_WORLDS"] == "2"
     assert spec.api_url == "http://127.0.0.1:9"
-    assert resolve(profile="mfu", key_file=key_file, api_url="http://a.b", environ={"VAST_URL": "http://c.d"}).api_url == "http://a.b"
+    assert (
+        resolve(
+            profile="mfu", key_file=key_file, api_url="http://a.b", environ={"VAST_URL": "http://c.d"}
+        ).api_url
+        == "http://a.b"
+    )
 
 
 def test_eight_gpu_qualified_sets_eight_and_refuses_any_driver(key_file):
-    assert resolve(profile="mfu", key_file=key_file, eight_gpu_qualified=True, environ={}).filters.num_gpus == 8
+    assert (
+        resolve(profile="mfu", key_file=key_file, eight_gpu_qualified=True, environ={}).filters.num_gpus == 8
+    )
     with pytest.raises(ConfigError, match="contradict"):
         resolve(profile="mfu", key_file=key_file, eight_gpu_qualified=True, any_driver=True, environ={})
 

@@ -9,23 +9,54 @@ from vast_harness.models import Offer
 from vast_harness.offers import OfferCriteria, build_query, check_offer, choose, search_ranked
 from vast_harness.quote import quote_offer
 
-DRIVERS = DriverPolicy(drivers=[QualifiedDriver(branch=570, min_version="570.86.15"),
-                                QualifiedDriver(branch=580, min_version="580.65.06")])
+DRIVERS = DriverPolicy(
+    drivers=[
+        QualifiedDriver(branch=570, min_version="570.86.15"),
+        QualifiedDriver(branch=580, min_version="580.65.06"),
+    ]
+)
 
 
 def offer(**kw) -> Offer:
-    base = dict(id=1, machine_id=10, gpu_name="H100 SXM", num_gpus=2, cuda_max_good=12.8, driver_version="570.133.07",
-                pcie_bw=25.0, dph_base=4.0, dph_total=4.01, storage_cost=0.144, inet_up_cost=0.01, inet_down_cost=0.02,
-                reliability2=0.995, verified=True, rentable=True, rented=False, direct_port_count=10, disk_space=200.0,
-                duration=86400.0 * 7, inet_down=900.0, geolocation=" Texas, US ")
+    base = dict(
+        id=1,
+        machine_id=10,
+        gpu_name="H100 SXM",
+        num_gpus=2,
+        cuda_max_good=12.8,
+        driver_version="570.133.07",
+        pcie_bw=25.0,
+        dph_base=4.0,
+        dph_total=4.01,
+        storage_cost=0.144,
+        inet_up_cost=0.01,
+        inet_down_cost=0.02,
+        reliability2=0.995,
+        verified=True,
+        rentable=True,
+        rented=False,
+        direct_port_count=10,
+        disk_space=200.0,
+        duration=86400.0 * 7,
+        inet_down=900.0,
+        geolocation=" Texas, US ",
+    )
     base.update(kw)
     return Offer.model_validate(base)
 
 
 def criteria(**kw) -> OfferCriteria:
-    base = dict(filters=Filters(num_gpus=2, min_pcie_bw_gbps=20, min_reliability=0.98), image_cuda=12.8, disk_gb=60,
-                min_duration_s=3000, max_minutes=50, max_usd=10.0, credit_usd=100.0, upload_bytes=10**8,
-                download_bytes=2 * 10**7)
+    base = dict(
+        filters=Filters(num_gpus=2, min_pcie_bw_gbps=20, min_reliability=0.98),
+        image_cuda=12.8,
+        disk_gb=60,
+        min_duration_s=3000,
+        max_minutes=50,
+        max_usd=10.0,
+        credit_usd=100.0,
+        upload_bytes=10**8,
+        download_bytes=2 * 10**7,
+    )
     base.update(kw)
     return OfferCriteria(**base)
 
@@ -68,8 +99,16 @@ def test_gpu_name_filter_when_given():
 
 @pytest.mark.parametrize(
     ("version", "ok"),
-    [("570.133.07", True), ("570.86.15", True), ("570.86.10", False), ("580.159.03", True), ("550.127.05", False),
-     ("", False), (None, False), ("garbage", False)],
+    [
+        ("570.133.07", True),
+        ("570.86.15", True),
+        ("570.86.10", False),
+        ("580.159.03", True),
+        ("550.127.05", False),
+        ("", False),
+        (None, False),
+        ("garbage", False),
+    ],
 )
 def test_driver_qualification(version, ok):
     assert DRIVERS.qualifies(version) is ok
@@ -99,7 +138,9 @@ def test_cap_and_credit_reject_with_reasons():
 
 
 def test_query_carries_every_filter_and_excludes_seen_ids():
-    q = build_query(criteria(filters=Filters(num_gpus=2, gpu_names=["H200"], min_pcie_bw_gbps=20)), exclude_ids=[5, 3])
+    q = build_query(
+        criteria(filters=Filters(num_gpus=2, gpu_names=["H200"], min_pcie_bw_gbps=20)), exclude_ids=[5, 3]
+    )
     assert q["num_gpus"] == {"eq": 2}
     assert q["cuda_max_good"] == {"gte": 12.8}
     assert q["pcie_bw"] == {"gte": 20}
@@ -139,9 +180,17 @@ def test_paging_stops_on_short_page():
 def test_models_absorb_vast_quirks():
     from vast_harness.models import Instance
 
-    inst = Instance.model_validate({"id": 7, "public_ipaddr": "63.1.2.3\n", "actual_status": "running",
-                                    "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": "41022"}], "8080/tcp": None},
-                                    "ssh_host": "ssh2.vast.ai", "ssh_port": 10882, "image_runtype": "jupyter"})
+    inst = Instance.model_validate(
+        {
+            "id": 7,
+            "public_ipaddr": "63.1.2.3\n",
+            "actual_status": "running",
+            "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": "41022"}], "8080/tcp": None},
+            "ssh_host": "ssh2.vast.ai",
+            "ssh_port": 10882,
+            "image_runtype": "jupyter",
+        }
+    )
     assert inst.direct_ssh == ("63.1.2.3", 41022)
     assert inst.proxy_ssh == ("ssh2.vast.ai", 10883)  # +1 for jupyter images (vast-cli ssh-url)
     assert inst.is_ready

@@ -1,0 +1,127 @@
+"""The CLI as a user runs it (a subprocess against the simulator over HTTP): output, exit codes, no key leaks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vast_harness.sim import SimServer
+
+ROOT = Path(__file__).resolve().parents[2]
+LEAKY_KEY = "vhLEAKCANARY-9d8c7b6a5f4e3d2c1b0a"
+SEED_FLAGS = ["--profile", "mfu", "--num-gpus", "2", "--min-pcie-bw", "50", "--max-usd", "3", "--max-minutes", "50",
+              "--remote-env", "HT_MFU_WORLDS=2", "--remote-env", "HT_MFU_COMPILE=1", "--remote-env", "HT_MFU_MB=8"]
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimServer(seed=5, rate_scale=0.01, num_offers=1000) as server:
+        yield server
+
+
+def cli(*args: str, sim: SimServer | None = None, key: str | None = LEAKY_KEY, timeout: float = 120,
+        extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")}
+    if key:
+        env["VAST_API_KEY"] = key
+    env.update(extra_env or {})
+    argv = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args]
+    if sim is not None:
+        argv += ["--api-url", sim.url, "--pacing-scale", "0.01"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_dry_run_shows_offer_steps_caps_and_masked_env(sim, tmp_path):
+    p = cli(*[f for f in SEED_FLAGS if f != "50"][:5], "20", *SEED_FLAGS[6:], "--max-usd", "30", "--dry-run",
+            "--evidence-dir", str(tmp_path), sim=sim)
+    assert p.returncode == 0, p.stderr
+    for needle in ("Chosen offer", "env-probe", "mfu-sweep", "Worst case", "HT_MFU_MB=***", "nothing was created"):
+        assert needle in p.stdout, needle
+    assert "=8" not in p.stdout.split("remote_env")[1].splitlines()[0]
+    calls = sim.state()["calls"]
+    assert not [c for c in calls if c["method"] in ("PUT", "DELETE") and "/asks/" in c["path"]]
+
+
+def test_dry_run_json_is_one_object(sim, tmp_path):
+    p = cli("--profile", "smoke", "--dry-run", "--json", "--evidence-dir", str(tmp_path), sim=sim)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    assert data["dry_run"] is True and data["offer"]["id"] > 0
+    assert data["quote"]["worst_case_usd"] <= data["caps"]["max_usd"]
+    assert data["remote_env"] == {"OMP_NUM_THREADS": "***"}
+
+
+def test_seed_invocation_with_no_fitting_offer_exits_5_with_reasons(sim, tmp_path):
+    p = cli(*SEED_FLAGS, "--max-usd", "0.01", "--dry-run", sim=sim)
+    assert p.returncode == 5, p.stderr
+    assert "no offer satisfies" in p.stderr and "why" in (p.stdout + p.stderr)
+
+
+def test_offers_subcommand_ranks_and_explains(sim):
+    p = cli("offers", "--profile", "smoke", "--json", sim=sim)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    worst = [r["worst_case_usd"] for r in data["ranked"]]
+    assert worst == sorted(worst) and data["rejected"] and all(r["reasons"] for r in data["rejected"])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--profile", "nope", "--dry-run"], "unknown profile"),
+        (["--profile", "smoke", "--remote-env", "BROKEN", "--dry-run"], "--remote-env"),
+        (["--profile", "smoke", "--max-usd", "0", "--dry-run"], "--max-usd must be positive"),
+        (["--profile", "smoke", "--max-minutes", "-5", "--dry-run"], "--max-minutes must be positive"),
+        (["--profile", "smoke", "--api-url", "file:///etc/passwd", "--dry-run"], "not an http"),
+        (["--profile", "smoke", "--key-file", "/nonexistent/vast.key", "--dry-run"], "cannot read"),
+        (["--dry-run"], "--profile is required"),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_line(args, needle):
+    p = cli(*args)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert needle in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_world_readable_key_file_is_refused(tmp_path):
+    key = tmp_path / "vast.key"
+    key.write_text(LEAKY_KEY)
+    key.chmod(0o644)
+    p = cli("--profile", "smoke", "--key-file", str(key), "--dry-run", key=None)
+    assert p.returncode == 2 and "chmod 600" in p.stderr
+
+
+def test_auth_failure_is_exit_2(tmp_path):
+    with SimServer(seed=1, rate_scale=0.01, api_keys=["the-only-key"]) as strict:
+        p = cli("--profile", "smoke", "--dry-run", sim=strict)
+    assert p.returncode == 2, p.stderr
+    assert LEAKY_KEY not in p.stderr + p.stdout
+
+
+def test_key_never_leaves_the_authorization_header(sim, tmp_path):
+    """A distinctive key through dry run, offers, a failing run and reap: searched in every output and file."""
+    key_file = tmp_path / "vast.key"
+    key_file.write_text(LEAKY_KEY + "\n")
+    key_file.chmod(0o600)
+    ev = tmp_path / "ev"
+    outputs = [
+        cli("--profile", "smoke", "--dry-run", "--key-file", str(key_file), "--evidence-dir", str(ev), sim=sim, key=None),
+        cli("offers", "--profile", "mfu", "--key-file", str(key_file), sim=sim, key=None),
+        cli("--profile", "smoke", "--key-file", str(key_file), "--evidence-dir", str(ev), "--proof-interval", "0.05",
+            "--poll-interval", "0.05", "--max-usd", "0.3", sim=sim, key=None, timeout=300),
+        cli("reap", "--key-file", str(key_file), "--evidence-dir", str(ev), "--proof-interval", "0.05", sim=sim,
+            key=None),
+    ]
+    for p in outputs:
+        assert LEAKY_KEY not in p.stdout and LEAKY_KEY not in p.stderr
+    files = [f for f in ev.rglob("*") if f.is_file()]
+    assert files, "the run wrote evidence"
+    for f in files:
+        assert LEAKY_KEY not in f.read_text(errors="replace"), f
+    assert not [c for c in sim.state()["calls"] if c.get("key_in_url")]

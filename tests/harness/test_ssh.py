@@ -1,0 +1,546 @@
+"""vast_harness.ssh against a minimal paramiko SSH server written here.
+
+The server is deliberately small and local to this file (not the simulator): it accepts one public key,
+runs exec requests through `bash -c` in a private root with output streamed as it is produced, serves
+SFTP over the same root, and can drop every connection or reject the first N logins on demand.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import socket
+import stat
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import paramiko
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from vast_harness.errors import HarnessError
+from vast_harness.models import Instance
+from vast_harness.ssh import (
+    ConnectAttempt,
+    HostSession,
+    RunKey,
+    SshConnectError,
+    SshEndpoint,
+    endpoints_for,
+    generate_run_key,
+)
+
+# ---------------------------------------------------------------------------------------------------
+# The fake host
+
+
+class _Handle(paramiko.SFTPHandle):
+    def stat(self) -> paramiko.SFTPAttributes | int:
+        try:
+            return paramiko.SFTPAttributes.from_stat(os.fstat(self.readfile.fileno()))
+        except OSError as exc:
+            return paramiko.SFTPServer.convert_errno(exc.errno)
+
+
+class _RootedSftp(paramiko.SFTPServerInterface):
+    """Every path is taken relative to `root`; names containing 'vanish' act as deleted mid-listing."""
+
+    def __init__(self, server: paramiko.ServerInterface, root: Path) -> None:
+        super().__init__(server)
+        self.root = root
+
+    def _real(self, path: str) -> str:
+        return str(self.root / path.lstrip("/"))
+
+    def open(self, path: str, flags: int, attr: paramiko.SFTPAttributes) -> paramiko.SFTPHandle | int:
+        if "vanish" in path:
+            return paramiko.SFTP_NO_SUCH_FILE
+        try:
+            fd = os.open(self._real(path), flags, 0o644)
+        except OSError as exc:
+            return paramiko.SFTPServer.convert_errno(exc.errno)
+        mode = "r+b" if flags & os.O_RDWR else ("wb" if flags & os.O_WRONLY else "rb")
+        handle = _Handle(flags)
+        handle.readfile = handle.writefile = os.fdopen(fd, mode)
+        return handle
+
+    def list_folder(self, path: str) -> list[paramiko.SFTPAttributes] | int:
+        try:
+            out = []
+            for name in os.listdir(self._real(path)):
+                attrs = paramiko.SFTPAttributes.from_stat(os.lstat(os.path.join(self._real(path), name)))
+                attrs.filename = name
+                out.append(attrs)
+            return out
+        except OSError as exc:
+            return paramiko.SFTPServer.convert_errno(exc.errno)
+
+    def stat(self, path: str) -> paramiko.SFTPAttributes | int:
+        try:
+            return paramiko.SFTPAttributes.from_stat(os.stat(self._real(path)))
+        except OSError as exc:
+            return paramiko.SFTPServer.convert_errno(exc.errno)
+
+    lstat = stat
+
+    def remove(self, path: str) -> int:
+        os.remove(self._real(path))
+        return paramiko.SFTP_OK
+
+
+class _Server(paramiko.ServerInterface):
+    def __init__(self, host: FakeHost, reject_auth: bool) -> None:
+        self.host = host
+        self.reject_auth = reject_auth
+
+    def get_allowed_auths(self, username: str) -> str:
+        return "publickey"
+
+    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
+        self.host.usernames.append(username)
+        if self.reject_auth or key.asbytes() != self.host.allowed_key.asbytes():
+            return paramiko.AUTH_FAILED
+        return paramiko.AUTH_SUCCESSFUL
+
+    def check_channel_request(self, kind: str, chanid: int) -> int:
+        if kind == "session":
+            return paramiko.OPEN_SUCCEEDED
+        return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
+    def check_channel_env_request(self, channel: paramiko.Channel, name: bytes, value: bytes) -> bool:
+        return False  # like most sshd configs: the harness must export inline
+
+    def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
+        self.host.spawn(self.host.run_exec, channel, command.decode())
+        return True
+
+
+class FakeHost:
+    def __init__(self, root: Path, host_key: paramiko.PKey, allowed_key: paramiko.PKey) -> None:
+        self.root = root
+        self.host_key = host_key
+        self.allowed_key = allowed_key
+        self.fail_auth_connections = 0
+        self.connections = 0
+        self.usernames: list[str] = []
+        self._transports: list[paramiko.Transport] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)  # accept() must notice stop(): close() alone does not wake it
+        self.port: int = self._listener.getsockname()[1]
+        self.spawn(self._accept_loop)
+
+    def spawn(self, target: object, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            transport = paramiko.Transport(sock)
+            transport.add_server_key(self.host_key)
+            transport.set_subsystem_handler("sftp", paramiko.SFTPServer, _RootedSftp, self.root)
+            self._transports.append(transport)
+            reject = self.connections <= self.fail_auth_connections
+            try:
+                transport.start_server(server=_Server(self, reject_auth=reject))
+            except (paramiko.SSHException, EOFError, OSError):
+                transport.close()
+
+    def run_exec(self, channel: paramiko.Channel, command: str) -> None:
+        proc = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=self.root,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self._procs.append(proc)
+        assert proc.stdout is not None and proc.stderr is not None
+        pumps = [
+            threading.Thread(target=_pump, args=(proc.stdout, channel.sendall), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, channel.sendall_stderr), daemon=True),
+        ]
+        for pump in pumps:
+            pump.start()
+        for pump in pumps:
+            pump.join()
+        rc = proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+        try:
+            if rc >= 0:  # killed by a signal: real sshd sends exit-signal, which paramiko ignores
+                channel.send_exit_status(rc)
+            channel.close()
+        except (OSError, paramiko.SSHException, EOFError):
+            pass  # the client went away first
+
+    def drop(self) -> None:
+        """Cut every connection, as a network drop or a host reboot would."""
+        for transport in self._transports:
+            transport.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._listener.close()
+        for proc in self._procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)  # the process group this server started for the command
+        self.drop()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+
+def _pump(pipe: io.BufferedReader, send: object) -> None:
+    """Forward a pipe to the channel as bytes arrive; keep draining after the channel dies."""
+    alive = True
+    for chunk in iter(lambda: os.read(pipe.fileno(), 4096), b""):
+        if alive:
+            try:
+                send(chunk)  # type: ignore[operator]
+            except (OSError, paramiko.SSHException, EOFError):
+                alive = False
+
+
+def _ed25519() -> tuple[paramiko.Ed25519Key, str]:
+    private = Ed25519PrivateKey.generate()
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    public = private.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return paramiko.Ed25519Key(file_obj=io.StringIO(pem.decode())), public.decode()
+
+
+def _sha256_fingerprint(public_openssh: str) -> str:
+    """What `ssh-keygen -lf` prints, computed from the key blob without paramiko."""
+    blob = base64.b64decode(public_openssh.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def _refused_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        return sock.getsockname()[1]  # closed on exit: connecting there is refused
+
+
+@pytest.fixture
+def run_key(tmp_path: Path) -> Iterator[RunKey]:
+    with generate_run_key(tmp_path) as key:
+        yield key
+
+
+@pytest.fixture
+def host_public() -> tuple[paramiko.Ed25519Key, str]:
+    return _ed25519()
+
+
+@pytest.fixture
+def host(tmp_path: Path, run_key: RunKey, host_public: tuple[paramiko.Ed25519Key, str]) -> Iterator[FakeHost]:
+    root = tmp_path / "root"
+    root.mkdir()
+    fake = FakeHost(root, host_public[0], paramiko.Ed25519Key(filename=str(run_key.path)))
+    yield fake
+    fake.stop()
+
+
+def _connect(host: FakeHost, key: RunKey, **kwargs: object) -> HostSession:
+    endpoints = [SshEndpoint(host="127.0.0.1", port=host.port, kind="direct")]
+    return HostSession.connect(
+        endpoints,
+        key,
+        deadline_monotonic=time.monotonic() + 5,
+        retry_wait_s=0.1,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def session(host: FakeHost, run_key: RunKey) -> Iterator[HostSession]:
+    with _connect(host, run_key) as sess:
+        yield sess
+
+
+class Lines:
+    """An on_line sink that keeps (stream, line, monotonic time)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, float]] = []
+
+    def __call__(self, stream: str, line: str) -> None:
+        self.seen.append((stream, line, time.monotonic()))
+
+    def of(self, stream: str) -> list[str]:
+        return [line for s, line, _ in self.seen if s == stream]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run key
+
+
+def test_generate_run_key__private_0600_in_0700_dir_public_openssh(tmp_path: Path) -> None:
+    key = generate_run_key(tmp_path)
+    try:
+        assert key.path.parent.parent == tmp_path
+        assert stat.S_IMODE(key.path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(key.path.parent.stat().st_mode) == 0o700
+        kind, blob, comment = key.public_openssh.split(" ")
+        assert (kind, comment) == ("ssh-ed25519", "vh-run")
+        assert blob.startswith("AAAA")
+        assert key.load().get_base64() == blob  # the file holds the private half of that public key
+        assert "PRIVATE" not in repr(key)
+    finally:
+        key.delete()
+
+
+def test_run_key_delete__overwrites_then_unlinks_file_and_dir(tmp_path: Path) -> None:
+    key = generate_run_key(tmp_path)
+    size = key.path.stat().st_size
+    peek = tmp_path / "peek"
+    os.link(key.path, peek)  # a second name for the same inode shows what delete() wrote
+    key.delete()
+    assert not key.path.exists() and not key.path.parent.exists()
+    assert peek.read_bytes() == b"\0" * size
+    key.delete()  # twice is fine
+
+
+def test_run_key__context_manager_deletes(tmp_path: Path) -> None:
+    with generate_run_key(tmp_path) as key:
+        assert key.path.exists()
+    assert not key.path.exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Connecting
+
+
+def test_connect__direct__records_host_key(
+    host: FakeHost, run_key: RunKey, host_public: tuple[paramiko.Ed25519Key, str]
+) -> None:
+    with _connect(host, run_key) as sess:
+        assert sess.endpoint.kind == "direct"
+        assert sess.host_key_type == "ssh-ed25519"
+        assert sess.host_key_fingerprint == _sha256_fingerprint(host_public[1])
+    assert host.usernames == ["root"]
+
+
+def test_connect__direct_refused__proxy_used(host: FakeHost, run_key: RunKey) -> None:
+    endpoints = [
+        SshEndpoint(host="127.0.0.1", port=_refused_port(), kind="direct"),
+        SshEndpoint(host="127.0.0.1", port=host.port, kind="proxy"),
+    ]
+    seen: list[ConnectAttempt] = []
+    with HostSession.connect(
+        endpoints, run_key, deadline_monotonic=time.monotonic() + 5, on_attempt=seen.append
+    ) as sess:
+        assert sess.endpoint == endpoints[1]
+    assert [(a.endpoint.kind, a.ok) for a in seen] == [("direct", False), ("proxy", True)]
+    assert "NoValidConnectionsError" in seen[0].outcome
+
+
+def test_connect__all_refused__retries_until_deadline_then_lists_attempts(run_key: RunKey) -> None:
+    endpoints = [
+        SshEndpoint(host="127.0.0.1", port=_refused_port(), kind="direct"),
+        SshEndpoint(host="127.0.0.1", port=_refused_port(), kind="proxy"),
+    ]
+    started = time.monotonic()
+    with pytest.raises(SshConnectError) as info:
+        HostSession.connect(endpoints, run_key, deadline_monotonic=started + 1.0, retry_wait_s=0.2)
+    elapsed_s = time.monotonic() - started
+    assert 0.9 <= elapsed_s < 2.0
+    attempts = info.value.attempts
+    assert len(attempts) >= 6  # ~1 s / 0.2 s wait, two endpoints a round
+    assert [a.endpoint.kind for a in attempts[:4]] == ["direct", "proxy", "direct", "proxy"]
+    assert not any(a.ok for a in attempts)
+    text = str(info.value)
+    assert str(endpoints[0]) in text and str(endpoints[1]) in text and f"#{len(attempts)} " in text
+    assert isinstance(info.value, HarnessError)
+
+
+def test_connect__transient_auth_failures_are_retried(host: FakeHost, run_key: RunKey) -> None:
+    host.fail_auth_connections = 2  # the onstart has not installed the key yet
+    seen: list[ConnectAttempt] = []
+    with _connect(host, run_key, on_attempt=seen.append):
+        pass
+    assert [a.ok for a in seen] == [False, False, True]
+    assert all("AuthenticationException" in a.outcome for a in seen[:2])
+
+
+def test_connect__wrong_key__fails_at_deadline_naming_auth(host: FakeHost, tmp_path: Path) -> None:
+    endpoints = [SshEndpoint(host="127.0.0.1", port=host.port, kind="direct")]
+    with generate_run_key(tmp_path) as other, pytest.raises(SshConnectError) as info:
+        HostSession.connect(endpoints, other, deadline_monotonic=time.monotonic() + 0.5, retry_wait_s=0.1)
+    assert info.value.attempts and all("Authentication" in a.outcome for a in info.value.attempts)
+
+
+def test_connect__no_endpoints__error(run_key: RunKey) -> None:
+    with pytest.raises(SshConnectError, match="no SSH endpoint"):
+        HostSession.connect([], run_key, deadline_monotonic=time.monotonic() + 1)
+
+
+def test_endpoints_for__direct_first_then_proxy() -> None:
+    instance = Instance.model_validate(
+        {
+            "id": 1,
+            "public_ipaddr": " 10.0.0.5\n",
+            "ssh_host": "ssh2.vast.ai",
+            "ssh_port": 10882,
+            "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": "41022"}]},
+            "image_runtype": "jupyter",
+        }
+    )
+    assert endpoints_for(instance) == [
+        SshEndpoint(host="10.0.0.5", port=41022, kind="direct"),
+        SshEndpoint(host="ssh2.vast.ai", port=10883, kind="proxy"),
+    ]
+    assert endpoints_for(Instance(id=2)) == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running commands
+
+
+@pytest.mark.parametrize(("command", "rc"), [("echo hi", 0), ("echo hi; exit 3", 3)], ids=["zero", "nonzero"])
+def test_run__exit_code(session: HostSession, command: str, rc: int) -> None:
+    lines = Lines()
+    outcome = session.run(command, on_line=lines, timeout_s=5)
+    assert (outcome.rc, outcome.timed_out, outcome.connection_lost) == (rc, False, False)
+    assert lines.of("stdout") == ["hi"]
+
+
+def test_run__two_streams_keep_their_own_order(session: HostSession) -> None:
+    lines = Lines()
+    outcome = session.run("echo a; echo b >&2; echo c; echo d >&2; printf tail", on_line=lines, timeout_s=5)
+    assert outcome.rc == 0
+    assert lines.of("stdout") == ["a", "c", "tail"]  # a last line without newline is still delivered
+    assert lines.of("stderr") == ["b", "d"]
+
+
+def test_run__lines_arrive_before_the_command_ends(session: HostSession) -> None:
+    lines = Lines()
+    outcome = session.run("echo first; sleep 1; echo second", on_line=lines, timeout_s=5)
+    ended = time.monotonic()
+    assert outcome.rc == 0 and lines.of("stdout") == ["first", "second"]
+    first_at = lines.seen[0][2]
+    assert ended - first_at >= 0.8
+
+
+def test_run__bulk_on_both_streams_does_not_deadlock(session: HostSession) -> None:
+    lines = Lines()
+    command = "(yes out | head -n 50000) & (yes err | head -n 50000 >&2); wait"
+    outcome = session.run(command, on_line=lines, timeout_s=15)
+    assert outcome.rc == 0
+    assert lines.of("stdout") == ["out"] * 50000
+    assert lines.of("stderr") == ["err"] * 50000
+
+
+def test_run__endless_line_is_cut_not_buffered_forever(session: HostSession) -> None:
+    lines = Lines()
+    outcome = session.run("head -c 150000 /dev/zero | tr '\\0' x", on_line=lines, timeout_s=10)
+    assert outcome.rc == 0
+    assert [len(line) for line in lines.of("stdout")] == [65536, 65536, 150000 - 2 * 65536]
+
+
+def test_run__timeout_closes_channel(session: HostSession) -> None:
+    lines = Lines()
+    outcome = session.run("echo started; sleep 10", on_line=lines, timeout_s=0.5)
+    assert (outcome.rc, outcome.timed_out, outcome.connection_lost) == (None, True, False)
+    assert 0.5 <= outcome.seconds < 2
+    assert lines.of("stdout") == ["started"]
+    assert session.run("true", on_line=lines, timeout_s=5).rc == 0  # the session is still usable
+
+
+def test_run__killed_by_signal__no_rc_but_not_a_lost_connection(session: HostSession) -> None:
+    outcome = session.run("kill -9 $$", on_line=Lines(), timeout_s=5)
+    assert (outcome.rc, outcome.timed_out, outcome.connection_lost) == (None, False, False)
+    assert "signal" in outcome.detail and not outcome.ok
+
+
+def test_run__connection_dropped__reported_not_retried(host: FakeHost, session: HostSession) -> None:
+    lines = Lines()
+
+    def on_line(stream: str, line: str) -> None:
+        lines(stream, line)
+        if line == "ready":
+            host.drop()
+
+    outcome = session.run("echo ready; sleep 10; echo never", on_line=on_line, timeout_s=8)
+    assert (outcome.rc, outcome.timed_out, outcome.connection_lost) == (None, False, True)
+    assert outcome.seconds < 3
+    assert lines.of("stdout") == ["ready"]
+    assert host.connections == 1  # nothing reconnected behind our back
+    assert session.reconnect_probe() is True
+    host.stop()
+    assert session.reconnect_probe() is False
+
+
+def test_run__env_is_exported_inline_and_quoted(session: HostSession) -> None:
+    lines = Lines()
+    value = 'a b\'$HOME;"x"'
+    outcome = session.run('printf "%s\\n" "$VH_VALUE"', on_line=lines, timeout_s=5, env={"VH_VALUE": value})
+    assert outcome.rc == 0 and lines.of("stdout") == [value]
+
+
+def test_run__bad_env_name__error_names_key_not_value(session: HostSession) -> None:
+    with pytest.raises(ValueError, match="BAD-NAME") as info:
+        session.run("true", on_line=Lines(), timeout_s=5, env={"BAD-NAME": "s3cret-value"})
+    assert "s3cret-value" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------------
+# SFTP
+
+
+def test_sftp__put_then_get_2mb__sha256_equal(host: FakeHost, session: HostSession, tmp_path: Path) -> None:
+    payload = os.urandom(2 * 1024 * 1024)
+    local = tmp_path / "bundle.tar"
+    local.write_bytes(payload)
+    progress: list[int] = []
+    sent = session.put(local, "bundle.tar", on_progress=lambda done, total: progress.append(done))
+    assert sent == len(payload) and progress[-1] == len(payload)
+    assert (
+        hashlib.sha256((host.root / "bundle.tar").read_bytes()).digest() == hashlib.sha256(payload).digest()
+    )
+    back = tmp_path / "back" / "bundle.tar"
+    assert session.get("bundle.tar", back) == len(payload)
+    assert hashlib.sha256(back.read_bytes()).hexdigest() == hashlib.sha256(payload).hexdigest()
+    assert not back.with_name("bundle.tar.part").exists()
+
+
+def test_sftp__get_missing__file_not_found(session: HostSession, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        session.get("nope.json", tmp_path / "pulled" / "nope.json")
+    assert list((tmp_path / "pulled").iterdir()) == []  # no .part file left behind
+
+
+def test_get_tree__pulls_matching_files_recursively_skipping_vanished(
+    host: FakeHost, session: HostSession, tmp_path: Path
+) -> None:
+    out = host.root / "evidence"
+    (out / "sub").mkdir(parents=True)
+    (out / "mfu-a.json").write_text("{}")
+    (out / "sub" / "mfu-b.json").write_text('{"b": 1}')
+    (out / "notes.txt").write_text("skip me")
+    (out / "vanish.json").write_text("gone before we copy it")
+    (out / "link.json").symlink_to("/etc/hostname")
+    pulled = session.get_tree("evidence", tmp_path / "local", pattern="*.json")
+    assert pulled == ["mfu-a.json", "sub/mfu-b.json"]
+    assert (tmp_path / "local" / "sub" / "mfu-b.json").read_text() == '{"b": 1}'
+    assert not (tmp_path / "local" / "notes.txt").exists()
+    assert session.get_tree("no-such-dir", tmp_path / "none") == []

@@ -1,0 +1,490 @@
+"""SSH to a rented host: a one-time run key, connect with retries, streamed commands, SFTP.
+
+A fresh Vast host has no known host key, so unknown keys are accepted and their SHA256 fingerprint is
+recorded for the evidence instead. Vast publishes two endpoints per instance, a direct port on the
+host's public IP and a proxy gateway (`ssh_host:ssh_port`); sources disagree on which is more reliable
+(reference/vast-api.md §6), so `connect` tries direct first, proxy second, round after round until a
+monotonic deadline. Auth failures are retried too: Vast's banner says "if authentication fails, try
+again after a few seconds" while the onstart is still installing the key.
+
+A command that loses its connection is reported (`connection_lost`), never silently re-run: a workload
+step is not idempotent and a second run could double its cost.
+"""
+
+from __future__ import annotations
+
+import codecs
+import fnmatch
+import os
+import re
+import select
+import shlex
+import stat
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Literal, Self
+
+import paramiko
+import tenacity
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from pydantic import BaseModel
+
+from vast_harness.errors import HarnessError
+from vast_harness.models import Instance
+
+RUN_KEY_COMMENT = "vh-run"
+KEEPALIVE_INTERVAL_S = 15
+_RECV_CHUNK_BYTES = 32768
+_POLL_INTERVAL_S = 0.1
+_MAX_TREE_DEPTH = 16
+# A progress bar redrawn with \r never ends its line: past this many characters, emit what we have.
+_MAX_LINE_CHARS = 65536
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What a failed connect attempt may raise; anything else is a bug and propagates.
+_CONNECT_ERRORS = (paramiko.SSHException, OSError, EOFError)
+
+LineCallback = Callable[[str, str], None]
+
+
+class SshEndpoint(BaseModel):
+    host: str
+    port: int
+    kind: Literal["direct", "proxy"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.host}:{self.port}"
+
+
+class ConnectAttempt(BaseModel):
+    """One try at one endpoint: what happened and how long it took."""
+
+    number: int
+    endpoint: SshEndpoint
+    ok: bool
+    outcome: str
+    seconds: float
+
+
+class StepOutcome(BaseModel):
+    """How a remote command ended. `rc` is None when it did not end by itself (timeout, lost link)."""
+
+    rc: int | None
+    seconds: float
+    timed_out: bool = False
+    connection_lost: bool = False
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+class SshConnectError(HarnessError):
+    """No endpoint accepted our key before the deadline. `attempts` holds every try, in order."""
+
+    _MAX_LISTED = 30
+
+    def __init__(self, message: str, *, attempts: list[ConnectAttempt]) -> None:
+        self.attempts = attempts
+        lines = [f"  #{a.number} {a.endpoint}: {a.outcome} ({a.seconds:.1f} s)" for a in attempts]
+        if len(lines) > self._MAX_LISTED:
+            skipped = len(lines) - self._MAX_LISTED
+            lines = lines[:5] + [f"  ... {skipped} more ..."] + lines[-(self._MAX_LISTED - 5) :]
+        super().__init__("\n".join([message, *lines]))
+
+
+class RunKey:
+    """A one-time ed25519 key: the private half lives only in a 0600 file inside a 0700 temp dir."""
+
+    def __init__(self, path: Path, public_openssh: str) -> None:
+        self.path = path
+        self.public_openssh = public_openssh
+
+    def __repr__(self) -> str:  # never the private key
+        return f"RunKey(path={str(self.path)!r}, public={self.public_openssh[:40]!r}...)"
+
+    def load(self) -> paramiko.Ed25519Key:
+        return paramiko.Ed25519Key.from_private_key_file(str(self.path))
+
+    def delete(self) -> None:
+        """Overwrite the private key file, unlink it, remove its directory. Safe to call twice."""
+        try:
+            size = self.path.stat().st_size
+            with open(self.path, "r+b", buffering=0) as fh:
+                fh.write(b"\0" * size)
+                os.fsync(fh.fileno())
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        try:
+            self.path.parent.rmdir()
+        except OSError:
+            pass  # gone already, or someone put other files there: leave them
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
+
+def generate_run_key(dirpath: Path | None = None) -> RunKey:
+    """Make a fresh ed25519 key in a new 0700 directory under `dirpath` (default: the system temp)."""
+    keydir = Path(tempfile.mkdtemp(prefix="vh-key-", dir=dirpath))  # mkdtemp creates it 0700
+    private = Ed25519PrivateKey.generate()
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    public = private.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    path = keydir / "id_ed25519"
+    # O_EXCL|O_NOFOLLOW: never write through a planted file or link; 0600 from creation on, not chmod'ed.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(pem)
+    return RunKey(path, f"{public.decode('ascii')} {RUN_KEY_COMMENT}")
+
+
+def endpoints_for(instance: Instance) -> list[SshEndpoint]:
+    """The instance's SSH endpoints in the order to try them: direct first, proxy second."""
+    found: list[SshEndpoint] = []
+    if instance.direct_ssh:
+        found.append(SshEndpoint(host=instance.direct_ssh[0], port=instance.direct_ssh[1], kind="direct"))
+    if instance.proxy_ssh:
+        found.append(SshEndpoint(host=instance.proxy_ssh[0], port=instance.proxy_ssh[1], kind="proxy"))
+    return found
+
+
+def shell_with_env(command: str, env: dict[str, str] | None) -> str:
+    """Prefix `export K=V;` (values shell-quoted): sshd usually refuses the `env` request."""
+    if not env:
+        return command
+    for name in env:
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"remote env name {name!r} is not a valid shell variable name")
+    exports = " ".join(f"export {k}={shlex.quote(str(v))};" for k, v in env.items())
+    return f"{exports} {command}"
+
+
+class _AcceptUnknownHostKey(paramiko.MissingHostKeyPolicy):
+    """A fresh rented host has no known key: accept it. HostSession records the key the transport saw."""
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        return None
+
+
+class _RoundFailed(Exception):
+    """Every endpoint failed this round; tenacity waits and tries again."""
+
+
+def _open_client(
+    endpoint: SshEndpoint, pkey: paramiko.PKey, user: str, timeout_s: float
+) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(_AcceptUnknownHostKey())
+    try:
+        client.connect(
+            endpoint.host,
+            port=endpoint.port,
+            username=user,
+            pkey=pkey,
+            timeout=timeout_s,
+            banner_timeout=timeout_s,
+            auth_timeout=timeout_s,
+            channel_timeout=timeout_s,
+            look_for_keys=False,
+            allow_agent=False,
+        )
+    except BaseException:
+        client.close()
+        raise
+    transport = client.get_transport()
+    assert transport is not None  # connect() returned, so a transport exists
+    transport.set_keepalive(KEEPALIVE_INTERVAL_S)
+    return client
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class _LineSplitter:
+    """Bytes in, whole lines out; decodes UTF-8 incrementally so a split character is not mangled."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+
+    def feed(self, data: bytes) -> list[str]:
+        self._pending += self._decoder.decode(data)
+        *lines, self._pending = self._pending.split("\n")
+        while len(self._pending) > _MAX_LINE_CHARS:
+            lines.append(self._pending[:_MAX_LINE_CHARS])
+            self._pending = self._pending[_MAX_LINE_CHARS:]
+        return [line.removesuffix("\r") for line in lines]
+
+    def flush(self) -> list[str]:
+        rest = self._pending + self._decoder.decode(b"", final=True)
+        self._pending = ""
+        return [rest.removesuffix("\r")] if rest else []
+
+
+class HostSession:
+    """One connected host. Use `connect`; close with `close()` or a `with` block."""
+
+    def __init__(
+        self,
+        client: paramiko.SSHClient,
+        endpoint: SshEndpoint,
+        pkey: paramiko.PKey,
+        user: str,
+        attempt_timeout_s: float,
+    ) -> None:
+        self._client = client
+        self._pkey = pkey
+        self._user = user
+        self._attempt_timeout_s = attempt_timeout_s
+        self._sftp: paramiko.SFTPClient | None = None
+        self.endpoint = endpoint
+        server_key = self._transport.get_remote_server_key()
+        self.host_key_type: str = server_key.get_name()
+        self.host_key_fingerprint: str = server_key.fingerprint  # "SHA256:<base64>", as ssh-keygen -l
+
+    @classmethod
+    def connect(
+        cls,
+        endpoints: list[SshEndpoint],
+        key: RunKey,
+        *,
+        user: str = "root",
+        deadline_monotonic: float,
+        attempt_timeout_s: float = 10.0,
+        retry_wait_s: float = 2.0,
+        on_attempt: Callable[[ConnectAttempt], None] | None = None,
+    ) -> HostSession:
+        """Try each endpoint in order, round after round, until one accepts the key or time is up."""
+        if not endpoints:
+            raise SshConnectError("no SSH endpoint to try", attempts=[])
+        pkey = key.load()
+        attempts: list[ConnectAttempt] = []
+
+        def one_round() -> HostSession:
+            for endpoint in endpoints:
+                remaining_s = deadline_monotonic - time.monotonic()
+                if remaining_s <= 0:
+                    break
+                started = time.monotonic()
+                try:
+                    client = _open_client(endpoint, pkey, user, min(attempt_timeout_s, remaining_s))
+                except _CONNECT_ERRORS as exc:
+                    outcome, client = _describe(exc), None
+                else:
+                    outcome = "connected"
+                attempt = ConnectAttempt(
+                    number=len(attempts) + 1,
+                    endpoint=endpoint,
+                    ok=client is not None,
+                    outcome=outcome,
+                    seconds=round(time.monotonic() - started, 3),
+                )
+                attempts.append(attempt)
+                if on_attempt is not None:
+                    on_attempt(attempt)
+                if client is not None:
+                    return cls(client, endpoint, pkey, user, attempt_timeout_s)
+            raise _RoundFailed
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_RoundFailed),
+            stop=lambda _state: time.monotonic() + 0.01 >= deadline_monotonic,
+            wait=lambda _state: max(0.0, min(retry_wait_s, deadline_monotonic - time.monotonic())),
+            reraise=True,
+        )
+        try:
+            return retrying(one_round)
+        except _RoundFailed:
+            names = ", ".join(str(e) for e in endpoints)
+            raise SshConnectError(
+                f"could not open an SSH session as {user!r} to {names} before the deadline "
+                f"({len(attempts)} attempts)",
+                attempts=attempts,
+            ) from None
+
+    @property
+    def _transport(self) -> paramiko.Transport:
+        transport = self._client.get_transport()
+        if transport is None:
+            raise paramiko.SSHException("session is closed")
+        return transport
+
+    def is_active(self) -> bool:
+        transport = self._client.get_transport()
+        return transport is not None and transport.is_active()
+
+    def run(
+        self, command: str, *, on_line: LineCallback, timeout_s: float, env: dict[str, str] | None = None
+    ) -> StepOutcome:
+        """Run `command`, streaming each stdout/stderr line to `on_line(stream, line)` as it arrives."""
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        full_command = shell_with_env(command, env)
+        started = time.monotonic()
+        try:
+            channel = self._transport.open_session(timeout=min(self._attempt_timeout_s, timeout_s))
+            channel.exec_command(full_command)
+        except _CONNECT_ERRORS as exc:
+            # Deliberately not the command text: it may carry --remote-env values.
+            return StepOutcome(
+                rc=None,
+                seconds=time.monotonic() - started,
+                connection_lost=not self.is_active(),
+                detail=f"could not start the command: {_describe(exc)}",
+            )
+        try:
+            return self._pump(channel, on_line, started, started + timeout_s)
+        finally:
+            channel.close()
+
+    def _pump(
+        self, channel: paramiko.Channel, on_line: LineCallback, started: float, deadline: float
+    ) -> StepOutcome:
+        splitters = {"stdout": _LineSplitter(), "stderr": _LineSplitter()}
+
+        def drain() -> None:
+            # Read both buffers every turn: a full stderr window must never stall stdout (or vice versa).
+            while channel.recv_ready():
+                for line in splitters["stdout"].feed(channel.recv(_RECV_CHUNK_BYTES)):
+                    on_line("stdout", line)
+            while channel.recv_stderr_ready():
+                for line in splitters["stderr"].feed(channel.recv_stderr(_RECV_CHUNK_BYTES)):
+                    on_line("stderr", line)
+
+        def flush() -> None:
+            for stream, splitter in splitters.items():
+                for line in splitter.flush():
+                    on_line(stream, line)
+
+        while True:
+            drain()
+            # status_event is set by exit-status and by channel close; data sent before either is
+            # already buffered (one ordered transport), so one more drain gets all of it.
+            if channel.exit_status_ready():
+                drain()
+                flush()
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                flush()
+                return StepOutcome(
+                    rc=None,
+                    seconds=now - started,
+                    timed_out=True,
+                    detail=f"timed out after {deadline - started:.1f} s; channel closed",
+                )
+            select.select([channel], [], [], min(_POLL_INTERVAL_S, deadline - now))
+        seconds = time.monotonic() - started
+        if channel.exit_status != -1:
+            return StepOutcome(rc=channel.exit_status, seconds=seconds)
+        if not self.is_active():
+            return StepOutcome(
+                rc=None,
+                seconds=seconds,
+                connection_lost=True,
+                detail=f"connection to {self.endpoint} lost while the command ran",
+            )
+        return StepOutcome(
+            rc=None, seconds=seconds, detail="channel closed without an exit status (killed by a signal?)"
+        )
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self._sftp = self._client.open_sftp()
+        return self._sftp
+
+    def put(self, local: Path, remote: str, *, on_progress: Callable[[int, int], None] | None = None) -> int:
+        """Upload a file; returns the bytes written (paramiko checks the remote size matches)."""
+        attrs = self._sftp_client().put(str(local), remote, callback=on_progress, confirm=True)
+        return int(attrs.st_size or 0)
+
+    def get(self, remote: str, local: Path) -> int:
+        """Download a file via a `.part` file, so a half-copied file never carries the final name."""
+        local.parent.mkdir(parents=True, exist_ok=True)
+        partial = local.with_name(local.name + ".part")
+        try:
+            self._sftp_client().get(remote, str(partial))
+            partial.replace(local)
+        finally:
+            partial.unlink(missing_ok=True)
+        return local.stat().st_size
+
+    def get_tree(self, remote_dir: str, local_dir: Path, pattern: str = "*") -> list[str]:
+        """Pull regular files whose name matches `pattern`, recursively. Returns their relative paths.
+
+        Files that vanish between listing and copying are skipped. Symlinks and special files are
+        skipped too: a host's link could point the copy at a path it should not read.
+        """
+        sftp = self._sftp_client()
+        pulled: list[str] = []
+        pending: list[tuple[PurePosixPath, int]] = [(PurePosixPath("."), 0)]
+        while pending:
+            rel_dir, depth = pending.pop()
+            try:
+                entries = sftp.listdir_attr(str(PurePosixPath(remote_dir) / rel_dir))
+            except FileNotFoundError:
+                continue
+            for entry in sorted(entries, key=lambda e: e.filename):
+                name = entry.filename
+                if name in (".", "..") or "/" in name or entry.st_mode is None:
+                    continue
+                rel = rel_dir / name
+                if stat.S_ISDIR(entry.st_mode) and depth + 1 < _MAX_TREE_DEPTH:
+                    pending.append((rel, depth + 1))
+                elif stat.S_ISREG(entry.st_mode) and fnmatch.fnmatch(name, pattern):
+                    try:
+                        self.get(str(PurePosixPath(remote_dir) / rel), local_dir / rel)
+                    except FileNotFoundError:
+                        continue
+                    pulled.append(rel.as_posix())
+        return sorted(pulled)
+
+    def reconnect_probe(self) -> bool:
+        """After a loss: does the endpoint we used accept a fresh connection? (reporting only)"""
+        try:
+            client = _open_client(self.endpoint, self._pkey, self._user, self._attempt_timeout_s)
+        except _CONNECT_ERRORS:
+            return False
+        client.close()
+        return True
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            try:
+                self._sftp.close()
+            except _CONNECT_ERRORS:
+                pass
+            self._sftp = None
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = [
+    "ConnectAttempt",
+    "HostSession",
+    "RunKey",
+    "SshConnectError",
+    "SshEndpoint",
+    "StepOutcome",
+    "endpoints_for",
+    "generate_run_key",
+    "shell_with_env",
+]
