@@ -1,1 +1,70 @@
-"""The vast_harness control plane."""
+"""vast_harness: a guarded Vast.ai GPU-rental harness (control plane). See README.md and design.md.
+
+The public surface is re-exported here; the modules behind it are the parts of a run, in flow order:
+config (spec) -> client (API) -> offers/quote/plan (choice) -> lifecycle/ssh/runner (the guarded run)
+-> evidence -> reap. The control plane never imports torch.
+"""
+
+from vast_harness.client import DEFAULT_API_URL, RawExchange, Timeouts, VastClient
+from vast_harness.config import DriverPolicy, HarnessProfile, RunSpec, load_driver_policy, load_profile, resolve
+from vast_harness.errors import (
+    ApiStatusError,
+    AuthError,
+    CapReachedError,
+    ConfigError,
+    HarnessError,
+    NoOfferError,
+    NotFoundError,
+    OfferUnavailable,
+    RateLimitError,
+    ServerError,
+    StepFailedError,
+    TeardownUnprovenError,
+    TransportError,
+    VastError,
+)
+from vast_harness.models import Instance, Offer, User
+from vast_harness.offers import Candidate, OfferChoice, OfferCriteria, Rejection, choose, search_ranked
+from vast_harness.quote import Quote, quote_offer
+from vast_harness.runner import GuardedRun, HarnessResult, run_guarded
+
+__all__ = [
+    "DEFAULT_API_URL",
+    "ApiStatusError",
+    "AuthError",
+    "Candidate",
+    "CapReachedError",
+    "ConfigError",
+    "DriverPolicy",
+    "GuardedRun",
+    "HarnessError",
+    "HarnessProfile",
+    "HarnessResult",
+    "Instance",
+    "NoOfferError",
+    "NotFoundError",
+    "Offer",
+    "OfferChoice",
+    "OfferCriteria",
+    "OfferUnavailable",
+    "Quote",
+    "RateLimitError",
+    "RawExchange",
+    "Rejection",
+    "RunSpec",
+    "ServerError",
+    "StepFailedError",
+    "TeardownUnprovenError",
+    "Timeouts",
+    "TransportError",
+    "User",
+    "VastClient",
+    "VastError",
+    "choose",
+    "load_driver_policy",
+    "load_profile",
+    "quote_offer",
+    "resolve",
+    "run_guarded",
+    "search_ranked",
+]

@@ -115,6 +115,10 @@ class DriverPolicy(BaseModel):
 
     drivers: list[QualifiedDriver]
 
+    @cached_property
+    def _min_by_branch(self) -> dict[int, int]:
+        return {d.branch: pack_driver_version(d.min_version) for d in self.drivers}
+
     def qualifies(self, version: str | None) -> bool:
         if not version:
             return False
@@ -122,10 +126,8 @@ class DriverPolicy(BaseModel):
             packed = pack_driver_version(version)
         except ValueError:
             return False
-        branch = packed // 1_000_000
-        return any(
-            d.branch == branch and packed >= pack_driver_version(d.min_version) for d in self.drivers
-        )
+        floor = self._min_by_branch.get(packed // 1_000_000)
+        return floor is not None and packed >= floor
 
 
 def _load_toml(path: Path) -> dict:

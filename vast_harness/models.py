@@ -6,6 +6,7 @@ so nothing downstream has to. Unknown fields are ignored (the API grows).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -30,6 +31,7 @@ class _VastModel(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=False)
 
 
+@lru_cache(maxsize=4096)  # a market repeats a few dozen driver strings across thousands of offers
 def pack_driver_version(version: str) -> int:
     """`535.86.05` -> 535086005, the packed integer the official CLI sends as a filter value."""
     parts = [int(p) for p in version.strip().split(".")]

@@ -8,12 +8,13 @@ cost (see quote.py), then reliability. Everything but `search_ranked` is a pure 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
 from vast_harness.config import DriverPolicy, Filters
 from vast_harness.models import Offer
-from vast_harness.quote import Quote, quote_offer
+from vast_harness.quote import Quote, quote_offer, worst_case_usd
 
 MAX_PAGES = 8
 PAGE_LIMIT = 64
@@ -43,9 +44,12 @@ class Candidate(BaseModel):
     driver_qualified: bool
 
 
-class Rejection(BaseModel):
+@dataclass(slots=True)
+class Rejection:
+    """An offer that failed, and why. A plain dataclass: thousands are made per search (bench_offers.py)."""
+
     offer: Offer
-    quote: Quote | None
+    worst_case_usd: float | None
     reasons: list[str]
 
 
@@ -59,7 +63,7 @@ class OfferChoice(BaseModel):
         """The rejects a user most wants to see: fewest reasons, then cheapest worst case."""
         return sorted(
             self.rejected,
-            key=lambda r: (len(r.reasons), r.quote.worst_case_usd if r.quote else float("inf")),
+            key=lambda r: (len(r.reasons), r.worst_case_usd if r.worst_case_usd is not None else float("inf")),
         )[:n]
 
 
@@ -134,23 +138,20 @@ def choose(offers: Iterable[Offer], criteria: OfferCriteria, drivers: DriverPoli
         qualified = drivers.qualifies(offer.driver_version)
         if not qualified and not criteria.any_driver:
             reasons.append(f"driver {offer.driver_version} not qualified (--any-driver to allow)")
-        quote = None
+        worst = None
         if offer.dph_base is not None or offer.dph_total is not None:
-            quote = quote_offer(
-                offer,
-                max_minutes=criteria.max_minutes,
-                disk_gb=criteria.disk_gb,
-                upload_bytes=criteria.upload_bytes,
-                download_bytes=criteria.download_bytes,
-            )
-            if quote.worst_case_usd > criteria.max_usd:
-                reasons.append(f"worst case ${quote.worst_case_usd:.2f} > --max-usd ${criteria.max_usd:.2f}")
-            if criteria.credit_usd is not None and quote.worst_case_usd > criteria.credit_usd:
-                reasons.append(f"worst case ${quote.worst_case_usd:.2f} > credit ${criteria.credit_usd:.2f}")
-        if reasons or quote is None:
-            choice.rejected.append(Rejection(offer=offer, quote=quote, reasons=reasons))
+            worst = worst_case_usd(offer, max_minutes=criteria.max_minutes, disk_gb=criteria.disk_gb,
+                                   upload_bytes=criteria.upload_bytes, download_bytes=criteria.download_bytes)
+            if worst > criteria.max_usd:
+                reasons.append(f"worst case ${worst:.2f} > --max-usd ${criteria.max_usd:.2f}")
+            if criteria.credit_usd is not None and worst > criteria.credit_usd:
+                reasons.append(f"worst case ${worst:.2f} > credit ${criteria.credit_usd:.2f}")
+        if reasons or worst is None:
+            choice.rejected.append(Rejection(offer=offer, worst_case_usd=worst, reasons=reasons))
         else:
-            choice.ranked.append(Candidate(offer=offer, quote=quote, driver_qualified=qualified))
+            quote = quote_offer(offer, max_minutes=criteria.max_minutes, disk_gb=criteria.disk_gb,
+                                upload_bytes=criteria.upload_bytes, download_bytes=criteria.download_bytes)
+            choice.ranked.append(Candidate.model_construct(offer=offer, quote=quote, driver_qualified=qualified))
     # Cheapest worst case first; among equals the more reliable host; then id for a stable order.
     choice.ranked.sort(key=lambda c: (round(c.quote.worst_case_usd, 6), -c.offer.reliability_score, c.offer.id))
     return choice

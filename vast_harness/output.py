@@ -164,5 +164,6 @@ def _rejection_row(r: Rejection) -> dict:
     o = r.offer
     return {
         "id": o.id, "gpu": o.gpu_name, "n": o.num_gpus, "driver": o.driver_version,
-        "worst_case_usd": round(r.quote.worst_case_usd, 4) if r.quote else None, "reasons": r.reasons,
+        "worst_case_usd": round(r.worst_case_usd, 4) if r.worst_case_usd is not None else None,
+        "reasons": r.reasons,
     }

@@ -40,6 +40,17 @@ class Quote(BaseModel):
         )
 
 
+def worst_case_usd(
+    offer: Offer, *, max_minutes: float, disk_gb: float, upload_bytes: int, download_bytes: int
+) -> float:
+    """The same sum as `quote_offer`, as one float: used to screen thousands of offers cheaply."""
+    return (
+        max_minutes / 60.0 * offer.dph_at_disk(disk_gb)
+        + upload_bytes / BYTES_PER_GB * (offer.inet_down_cost_usd_per_gb or 0.0)
+        + download_bytes / BYTES_PER_GB * (offer.inet_up_cost_usd_per_gb or 0.0)
+    )
+
+
 def quote_offer(
     offer: Offer, *, max_minutes: float, disk_gb: float, upload_bytes: int, download_bytes: int
 ) -> Quote:
@@ -50,7 +61,9 @@ def quote_offer(
     compute = hours * dph
     upload = upload_gb * (offer.inet_down_cost_usd_per_gb or 0.0)
     download = download_gb * (offer.inet_up_cost_usd_per_gb or 0.0)
-    return Quote(
+    # model_construct: every field is computed here from validated inputs; validation would double the cost
+    # of ranking thousands of offers (scripts/bench_offers.py).
+    return Quote.model_construct(
         offer_id=offer.id,
         hours=hours,
         disk_gb=disk_gb,

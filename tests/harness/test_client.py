@@ -1,0 +1,718 @@
+"""VastClient against respx: success and error shapes of every endpoint, retries, pacing, key safety."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+
+import httpx
+import pytest
+import respx
+
+from tests.harness.conftest import VAST_TEST_BASE, VAST_TEST_KEY, FakeClock
+from vast_harness import client as client_module
+from vast_harness.client import (
+    DEFAULT_API_URL,
+    USER_AGENT,
+    Pacer,
+    RawExchange,
+    Timeouts,
+    VastClient,
+    endpoint_key,
+)
+from vast_harness.errors import (
+    ApiStatusError,
+    AuthError,
+    ConfigError,
+    NotFoundError,
+    OfferUnavailable,
+    RateLimitError,
+    ServerError,
+    TransportError,
+    VastError,
+)
+
+INSTANCE_ROW = {
+    "id": 7835610,
+    "label": "vh-run42",
+    "actual_status": "running",
+    "public_ipaddr": " 63.135.50.11 ",
+    "ssh_host": "ssh2.vast.ai",
+    "ssh_port": 10882,
+    "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": "41022"}]},
+}
+OFFER_ROW = {"id": 12345678, "gpu_name": "RTX 4090", "num_gpus": 1, "dph_total": 0.3021, "gpu_ram": 24564}
+
+
+def _json(status: int, body: object) -> httpx.Response:
+    return httpx.Response(status, json=body)
+
+
+def _text(status: int, text: str) -> httpx.Response:
+    return httpx.Response(status, text=text)
+
+
+def _assert_key_absent(*texts: object) -> None:
+    for text in texts:
+        assert VAST_TEST_KEY not in str(text)
+
+
+# ------------------------------------------------------------------------------ construction and config
+
+
+def test_repr_masks_key(client: VastClient) -> None:
+    assert "***" in repr(client)
+    _assert_key_absent(repr(client), str(client))
+
+
+@pytest.mark.parametrize(
+    "base_url", ["ftp://vast.test", "console.vast.ai", "", "https://vast.test/?api_key=x"], ids=str
+)
+def test_base_url__rejected_with_its_value_named(base_url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        VastClient(VAST_TEST_KEY, base_url=base_url)
+    assert "base_url" in str(info.value)
+    assert "api_key=x" not in str(info.value)
+
+
+@pytest.mark.parametrize("key", ["", "   \n", "two words"], ids=["empty", "blank", "space"])
+def test_api_key__rejected_without_echo(key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        VastClient(key)
+    assert key.strip() == "" or key not in str(info.value)
+
+
+def test_defaults_and_timeouts() -> None:
+    with VastClient(VAST_TEST_KEY + "\n") as c:  # trailing newline of a key file is dropped
+        assert c.base_url == DEFAULT_API_URL
+        timeout = c._http.timeout
+        assert (timeout.connect, timeout.read, timeout.write, timeout.pool) == (10.0, 30.0, 30.0, 10.0)
+        assert c._http.headers["Authorization"] == f"Bearer {VAST_TEST_KEY}"
+    assert c._http.is_closed
+    assert Timeouts(read_s=5).to_httpx().read == 5.0
+    with pytest.raises(ValueError):
+        Timeouts(connect_s=0)
+
+
+def test_transport_seam__mock_transport_without_respx(fake_clock: FakeClock) -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return _json(200, {"id": 9, "credit": 12.5})
+
+    with VastClient(VAST_TEST_KEY, transport=httpx.MockTransport(handler), sleep=fake_clock.sleep) as c:
+        assert c.current_user().available_usd == 12.5
+    assert seen[0].url == f"{DEFAULT_API_URL}/api/v0/users/current/"
+    assert seen[0].headers["User-Agent"] == USER_AGENT
+
+
+# ------------------------------------------------------------------------------------- search offers
+
+
+def test_search_offers__success(vast_api: respx.MockRouter, client: VastClient) -> None:
+    route = vast_api.post("/api/v0/bundles/").mock(return_value=_json(200, {"offers": [OFFER_ROW]}))
+    query = {"num_gpus": {"eq": 1}, "order": [["dph_total", "asc"]], "limit": 20}
+    offers = client.search_offers(query)
+    assert [(o.id, o.gpu_ram_mb) for o in offers] == [(12345678, 24564)]
+    request = route.calls.last.request
+    assert json.loads(request.content) == query
+    assert request.headers["Authorization"] == f"Bearer {VAST_TEST_KEY}"
+    assert request.headers["User-Agent"].startswith("vast-harness/")
+    _assert_key_absent(request.url)
+
+
+def test_search_offers__invalid_user_key_404_is_auth_error_not_retried(
+    vast_api: respx.MockRouter, client: VastClient
+) -> None:
+    route = vast_api.post("/api/v0/bundles/").mock(return_value=_json(404, {"msg": "Invalid user key"}))
+    with pytest.raises(AuthError) as info:
+        client.search_offers({})
+    assert info.value.status == 404 and route.call_count == 1
+
+
+@pytest.mark.parametrize(
+    "response",
+    [_json(200, {"nope": []}), _text(200, "<html>oops</html>"), _json(200, {"offers": [{"gpu_name": "x"}]})],
+    ids=["no-offers-key", "garbage", "row-without-id"],
+)
+def test_search_offers__bad_200_body_is_invalid_response(
+    vast_api: respx.MockRouter, client: VastClient, response: httpx.Response
+) -> None:
+    vast_api.post("/api/v0/bundles/").mock(return_value=response)
+    with pytest.raises(ApiStatusError) as info:
+        client.search_offers({})
+    assert type(info.value) is ApiStatusError
+    assert info.value.error == "invalid_response" and info.value.status == 200
+
+
+# ------------------------------------------------------------------------ status mapping (all shapes)
+
+GONE_INSTANCE = {"success": False, "error": "no_such_instance", "msg": "Instance not found."}
+ERROR_SHAPES = [
+    ("401-auth", _json(401, {"success": False, "error": "auth_error", "msg": "Invalid user key"}), AuthError),
+    ("403-text", _text(403, "Forbidden: missing scope instance_read"), AuthError),
+    ("404-auth", _json(404, {"error": "auth_error", "msg": "Invalid user key"}), AuthError),
+    ("429-text", _text(429, "API requests too frequent"), RateLimitError),
+    (
+        "429-detail",
+        _json(429, {"detail": "API requests too frequent endpoint threshold=2.0"}),
+        RateLimitError,
+    ),
+    (
+        "429-error-json",
+        _json(429, {"success": False, "error": "rate_limit_exceeded", "msg": "threshold=3.0"}),
+        RateLimitError,
+    ),
+    ("500-json", _json(500, {"success": False, "error": "server_error"}), ServerError),
+    ("502-html", _text(502, "<html><body>Bad Gateway</body></html>"), ServerError),
+    ("503-empty", httpx.Response(503), ServerError),
+    ("504-text", _text(504, "Gateway Timeout"), ServerError),
+    ("404-no-such-instance", _json(404, GONE_INSTANCE), NotFoundError),
+    ("404-bare", _text(404, "Not Found"), ApiStatusError),
+    ("400-msg-only", _json(400, {"msg": "invalid instance_id"}), ApiStatusError),
+    ("400-message", _json(400, {"message": "Invalid json body"}), ApiStatusError),
+    ("400-detail-list", _json(400, {"detail": [{"loc": ["id"], "msg": "bad"}]}), ApiStatusError),
+    (
+        "200-success-false",
+        _json(200, {"success": False, "error": "not_allowed", "msg": "no"}),
+        ApiStatusError,
+    ),
+    ("409-echoes-key", _json(409, {"error": "x", "msg": f"bad key {VAST_TEST_KEY}"}), ApiStatusError),
+]
+
+
+@pytest.mark.parametrize(("case", "response", "expected"), ERROR_SHAPES, ids=[c[0] for c in ERROR_SHAPES])
+def test_error_shapes__typed_and_key_free(
+    vast_api: respx.MockRouter, make_client, case: str, response: httpx.Response, expected: type
+) -> None:
+    client = make_client(max_retry_s=0)  # map only: no retry budget
+    route = vast_api.get("/api/v0/instances/42/").mock(return_value=response)
+    with pytest.raises(ApiStatusError) as info:
+        client.get_instance(42)
+    err = info.value
+    assert type(err) is expected
+    assert (err.method, err.path, err.status) == ("GET", "/api/v0/instances/42/", response.status_code)
+    assert route.call_count == 1
+    assert err.msg or err.error or case == "503-empty"
+    _assert_key_absent(str(err), repr(err), err.args, err.body, err.msg)
+    if case.startswith("429"):
+        assert client.stats.rate_limited == 1
+
+
+# ---------------------------------------------------------------------------------- get / list instances
+
+
+def test_get_instance__running(vast_api: respx.MockRouter, client: VastClient) -> None:
+    vast_api.get("/api/v0/instances/7835610/").mock(return_value=_json(200, {"instances": INSTANCE_ROW}))
+    inst = client.get_instance(7835610)
+    assert inst is not None and inst.direct_ssh == ("63.135.50.11", 41022)
+
+
+def test_get_instance__instances_null_is_none(vast_api: respx.MockRouter, client: VastClient) -> None:
+    vast_api.get("/api/v0/instances/5/").mock(return_value=_json(200, {"instances": None}))
+    assert client.get_instance(5) is None
+
+
+@pytest.mark.parametrize("body", [{}, {"instances": []}, {"instances": "x"}], ids=["missing", "list", "str"])
+def test_get_instance__unexpected_shape_is_not_absence(
+    vast_api: respx.MockRouter, client: VastClient, body: dict
+) -> None:
+    vast_api.get("/api/v0/instances/5/").mock(return_value=_json(200, body))
+    with pytest.raises(ApiStatusError, match="invalid_response"):
+        client.get_instance(5)
+
+
+def test_list_instances__select_filters_and_pagination(
+    vast_api: respx.MockRouter, client: VastClient
+) -> None:
+    pages = [
+        _json(200, {"success": True, "instances": [{"id": 1}], "total_instances": 3, "next_token": "t1"}),
+        _json(200, {"success": True, "instances": [{"id": 2}], "total_instances": 3, "next_token": "t2"}),
+        _json(200, {"success": True, "instances": [{"id": 3}], "total_instances": 3, "next_token": None}),
+    ]
+    route = vast_api.get("/api/v1/instances/").mock(side_effect=pages)
+    rows = client.list_instances(label="vh-run42", page_limit=10)
+    assert [r.id for r in rows] == [1, 2, 3]
+    params = [call.request.url.params for call in route.calls]
+    assert [p.get("after_token") for p in params] == [None, "t1", "t2"]
+    assert all(json.loads(p["select_filters"]) == {"label": {"eq": "vh-run42"}} for p in params)
+    assert all(p["limit"] == "10" for p in params)
+
+
+def test_list_instances__empty_token_ends_paging(vast_api: respx.MockRouter, client: VastClient) -> None:
+    route = vast_api.get("/api/v1/instances/").mock(
+        return_value=_json(200, {"instances": [{"id": 1}], "next_token": ""})
+    )
+    assert [r.id for r in client.list_instances(instance_id=1)] == [1] and route.call_count == 1
+
+
+def test_list_instances_page__by_id_total(vast_api: respx.MockRouter, client: VastClient) -> None:
+    route = vast_api.get("/api/v1/instances/").mock(
+        return_value=_json(200, {"success": True, "instances": [], "total_instances": 0, "next_token": None})
+    )
+    page = client.list_instances_page(instance_id=77)
+    assert page.total_instances == 0 and page.instances == []
+    params = route.calls.last.request.url.params
+    assert json.loads(params["select_filters"]) == {"id": {"eq": 77}} and params["limit"] == "25"
+
+
+def test_list_instances__endless_tokens_are_bounded(
+    vast_api: respx.MockRouter, make_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_module, "MAX_LIST_PAGES", 3)
+    route = vast_api.get("/api/v1/instances/").mock(
+        return_value=_json(200, {"instances": [{"id": 1}], "next_token": "again"})
+    )
+    with pytest.raises(VastError, match="3 pages"):
+        make_client(pacing_scale=0).list_instances(label="vh")
+    assert route.call_count == 3
+
+
+@pytest.mark.parametrize("limit", [0, 26])
+def test_list_instances_page__limit_bounds(client: VastClient, limit: int) -> None:
+    with pytest.raises(ConfigError, match="limit"):
+        client.list_instances_page(limit=limit)
+
+
+# ---------------------------------------------------------------------------------------------- create
+
+
+def test_create_instance__success(vast_api: respx.MockRouter, client: VastClient) -> None:
+    body = {"client_id": "me", "image": "pytorch/pytorch", "disk": 40, "label": "vh-run42"}
+    route = vast_api.put("/api/v0/asks/12345678/").mock(
+        return_value=_json(200, {"success": True, "new_contract": 7835610, "instance_api_key": "ik-secret"})
+    )
+    result = client.create_instance(12345678, body)
+    assert result.new_contract == 7835610 and result.instance_api_key == "ik-secret"
+    assert "ik-secret" not in json.dumps(result.model_dump())
+    assert json.loads(route.calls.last.request.content) == body
+
+
+def test_create_instance__error_with_new_contract_raises_once(
+    vast_api: respx.MockRouter, client: VastClient
+) -> None:
+    route = vast_api.put("/api/v0/asks/9/").mock(
+        return_value=_json(
+            400, {"success": False, "error": "invalid_price", "msg": "bid too low", "new_contract": 555}
+        )
+    )
+    with pytest.raises(ApiStatusError) as info:
+        client.create_instance(9, {"image": "x"})
+    assert info.value.new_contract == 555 and info.value.error == "invalid_price"
+    assert route.call_count == 1
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        _json(
+            404, {"success": False, "error": "invalid_args", "msg": "error 404/3603: no_such_ask Instance"}
+        ),
+        _json(410, {"success": False, "error": "no_such_ask", "msg": "error 410/3907: no longer available."}),
+        _json(400, {"success": False, "error": "invalid_args", "msg": "Offer 9 has already been rented"}),
+        _json(400, {"msg": "This offer is no longer rentable"}),
+    ],
+    ids=["404-no_such_ask", "410-no_such_ask", "already-rented", "no-longer-rentable"],
+)
+def test_create_instance__offer_gone(
+    vast_api: respx.MockRouter, client: VastClient, response: httpx.Response
+) -> None:
+    route = vast_api.put("/api/v0/asks/9/").mock(return_value=response)
+    with pytest.raises(OfferUnavailable):
+        client.create_instance(9, {"image": "x"})
+    assert route.call_count == 1
+
+
+@pytest.mark.parametrize(
+    "effect",
+    [httpx.ConnectError("refused"), httpx.ReadTimeout("timed out"), _json(503, {}), _text(429, "slow")],
+    ids=["connect", "read-timeout", "503", "429"],
+)
+def test_create_instance__never_retried(vast_api: respx.MockRouter, client: VastClient, effect) -> None:
+    route = vast_api.put("/api/v0/asks/9/").mock(side_effect=[effect, _json(200, {"new_contract": 1})])
+    with pytest.raises((TransportError, ServerError, RateLimitError)):
+        client.create_instance(9, {"image": "x"})
+    assert route.call_count == 1 and client.stats.retries == 0  # the queued 200 was never requested
+
+
+# ---------------------------------------------------------------------------------------------- retries
+
+
+def test_retry__429_then_connect_error_then_200(
+    vast_api: respx.MockRouter, client: VastClient, fake_clock: FakeClock
+) -> None:
+    route = vast_api.get("/api/v0/instances/42/").mock(
+        side_effect=[
+            _text(429, "API requests too frequent"),
+            httpx.ConnectError("reset"),
+            _json(200, {"instances": None}),
+        ]
+    )
+    assert client.get_instance(42) is None
+    assert route.call_count == 3
+    stats = client.stats
+    assert (stats.retries, stats.rate_limited, stats.total) == (2, 1, 3)
+    backoffs = [s for s in fake_clock.sleeps_s if s >= 1.0]
+    assert backoffs and all(1.0 <= s <= 20.0 for s in backoffs)
+
+
+def test_retry__destroy_on_503_then_deleted(vast_api: respx.MockRouter, client: VastClient) -> None:
+    route = vast_api.delete("/api/v0/instances/42/").mock(
+        side_effect=[_text(503, "Service Unavailable"), _json(200, {"success": True})]
+    )
+    assert client.destroy_instance(42) == "deleted"
+    assert route.call_count == 2
+
+
+@pytest.mark.parametrize(
+    "response",
+    [_json(401, {"error": "auth_error"}), _json(400, {"error": "invalid_args"})],
+    ids=["401", "400"],
+)
+def test_retry__never_on_auth_or_4xx(vast_api: respx.MockRouter, client: VastClient, response) -> None:
+    route = vast_api.delete("/api/v0/instances/42/").mock(return_value=response)
+    with pytest.raises(ApiStatusError):
+        client.destroy_instance(42)
+    assert route.call_count == 1 and client.stats.retries == 0
+
+
+def test_retry__bounded_by_max_retry_s(
+    vast_api: respx.MockRouter, make_client, fake_clock: FakeClock
+) -> None:
+    client = make_client(max_retry_s=60.0, retry_wait_min_s=1.0, retry_wait_max_s=20.0)
+
+    def always_429(request: httpx.Request) -> httpx.Response:
+        # Fail loudly (not by hanging) if the bound does not hold: AssertionError is never retried.
+        assert route.call_count <= 30, "retry policy ignored max_retry_s"
+        return _text(429, "API requests too frequent")
+
+    route = vast_api.get("/api/v1/instances/").mock(side_effect=always_429)
+    start = fake_clock()
+    with pytest.raises(RateLimitError):
+        client.list_instances_page()
+    assert fake_clock() - start <= 60.0
+    assert 3 <= route.call_count <= 30
+
+
+def test_transport_error__chained_and_named(vast_api: respx.MockRouter, make_client) -> None:
+    vast_api.get("/api/v0/users/current/").mock(side_effect=httpx.ConnectError("connection refused"))
+    with pytest.raises(TransportError) as info:
+        make_client(max_retry_s=0).current_user()
+    assert isinstance(info.value.__cause__, httpx.ConnectError)
+    assert info.value.path == "/api/v0/users/current/" and "ConnectError" in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------- destroy
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        _json(404, {"success": False, "error": "not_found", "msg": "Instance not found"}),
+        _json(404, GONE_INSTANCE),
+        _json(200, GONE_INSTANCE),
+    ],
+    ids=["404-not_found", "404-no_such_instance", "200-success-false"],
+)
+def test_destroy__already_gone(vast_api: respx.MockRouter, client: VastClient, response) -> None:
+    route = vast_api.delete("/api/v0/instances/42/").mock(return_value=response)
+    assert client.destroy_instance(42) == "already_gone"
+    assert route.call_count == 1
+
+
+def test_destroy__sends_empty_object_and_timeout_then_404_is_gone(
+    vast_api: respx.MockRouter, client: VastClient
+) -> None:
+    route = vast_api.delete("/api/v0/instances/42/").mock(
+        side_effect=[httpx.ReadTimeout("timed out"), _json(404, GONE_INSTANCE)]
+    )
+    assert client.destroy_instance(42) == "already_gone"
+    assert [json.loads(c.request.content) for c in route.calls] == [{}, {}]
+
+
+def test_destroy__bare_404_is_not_proof_of_absence(vast_api: respx.MockRouter, client: VastClient) -> None:
+    vast_api.delete("/api/v0/instances/42/").mock(return_value=_text(404, "<html>Not Found</html>"))
+    with pytest.raises(ApiStatusError) as info:
+        client.destroy_instance(42)
+    assert type(info.value) is ApiStatusError
+
+
+# ------------------------------------------------------------------------------------- user and ssh keys
+
+
+def test_current_user(vast_api: respx.MockRouter, client: VastClient) -> None:
+    vast_api.get("/api/v0/users/current/").mock(
+        return_value=_json(200, {"id": 1, "email": "a@b.c", "balance": 3.0, "api_key": VAST_TEST_KEY})
+    )
+    user = client.current_user()
+    assert user.available_usd == 3.0 and "a@b.c" not in repr(user)
+
+
+@pytest.mark.parametrize(
+    ("call", "route_args", "body"),
+    [
+        ("current_user", ("GET", "/api/v0/users/current/"), {"id": "not-an-int", "api_key": VAST_TEST_KEY}),
+        ("create", ("PUT", "/api/v0/asks/9/"), {"success": True, "instance_api_key": "ik-77"}),
+    ],
+    ids=["user-bad-id", "create-without-new_contract"],
+)
+def test_invalid_success_body__error_is_scrubbed(
+    vast_api: respx.MockRouter, client: VastClient, call: str, route_args: tuple, body: dict
+) -> None:
+    vast_api.route(method=route_args[0], path=route_args[1]).mock(return_value=_json(200, body))
+    with pytest.raises(ApiStatusError) as info:
+        client.current_user() if call == "current_user" else client.create_instance(9, {})
+    assert info.value.error == "invalid_response"
+    _assert_key_absent(str(info.value), info.value.body)
+    assert "ik-77" not in json.dumps(info.value.body)
+
+
+def test_ssh_keys__list_create_attach(vast_api: respx.MockRouter, client: VastClient) -> None:
+    pub = "ssh-ed25519 AAAAC3Nza test@vh"
+    vast_api.get("/api/v0/ssh/").mock(return_value=_json(200, [{"id": 3, "user_id": 1, "key": pub}]))
+    create = vast_api.post("/api/v0/ssh/").mock(
+        return_value=_json(200, {"success": True, "key": {"id": 4, "public_key": pub}})
+    )
+    attach = vast_api.post("/api/v0/instances/42/ssh/").mock(
+        return_value=_json(200, {"success": True, "msg": "SSH key attached successfully"})
+    )
+    assert [(k.id, k.key) for k in client.list_ssh_keys()] == [(3, pub)]
+    assert (client.create_ssh_key(pub).id, json.loads(create.calls.last.request.content)) == (
+        4,
+        {"ssh_key": pub},
+    )
+    client.attach_instance_ssh_key(42, pub)
+    assert json.loads(attach.calls.last.request.content) == {"ssh_key": pub}
+
+
+def test_instance_ssh_keys__json_string_body(vast_api: respx.MockRouter, client: VastClient) -> None:
+    keys = json.dumps([{"id": 1, "name": "k", "public_key": "ssh-rsa AAAA"}])
+    vast_api.get("/api/v0/instances/42/ssh/").mock(
+        return_value=_json(200, {"success": True, "ssh_keys": keys})
+    )
+    assert [(k.id, k.key) for k in client.list_instance_ssh_keys(42)] == [(1, "ssh-rsa AAAA")]
+
+
+def test_instance_ssh_keys__unparsable_string(vast_api: respx.MockRouter, client: VastClient) -> None:
+    vast_api.get("/api/v0/instances/42/ssh/").mock(
+        return_value=_json(200, {"success": True, "ssh_keys": "[{"})
+    )
+    with pytest.raises(ApiStatusError, match="ssh_keys"):
+        client.list_instance_ssh_keys(42)
+
+
+def test_attach_ssh__unknown_instance(vast_api: respx.MockRouter, client: VastClient) -> None:
+    vast_api.post("/api/v0/instances/42/ssh/").mock(return_value=_json(404, GONE_INSTANCE))
+    with pytest.raises(NotFoundError):
+        client.attach_instance_ssh_key(42, "ssh-rsa AAAA")
+
+
+# ---------------------------------------------------------------------------------------------- exchange
+
+
+@pytest.mark.parametrize(
+    ("effect", "status", "parsed", "error_part"),
+    [
+        (_json(200, {"instances": None}), 200, {"instances": None}, None),
+        (_json(404, GONE_INSTANCE), 404, GONE_INSTANCE, None),
+        (_text(200, "<html>garbage"), 200, None, None),
+        (_text(429, "API requests too frequent"), 429, None, None),
+        (httpx.ReadTimeout("timed out"), None, None, "ReadTimeout"),
+    ],
+    ids=["200-null", "404", "garbage", "429", "timeout"],
+)
+def test_exchange__records_raw_outcome_without_raising(
+    vast_api: respx.MockRouter, client: VastClient, effect, status, parsed, error_part
+) -> None:
+    route = vast_api.get("/api/v0/instances/42/").mock(side_effect=[effect])
+    record = client.exchange("GET", "/api/v0/instances/42/")
+    assert (record.status, record.json, record.path) == (status, parsed, "/api/v0/instances/42/")
+    assert record.ok_json is (status == 200 and parsed is not None)
+    if error_part is None:
+        assert record.error is None
+    else:
+        assert error_part in (record.error or "") and record.text == ""
+    assert record.t_end_unix >= record.t_start_unix and route.call_count == 1
+    assert json.loads(json.dumps(record.to_dict()))["status"] == status
+
+
+def test_exchange__legacy_list_410_is_visible(vast_api: respx.MockRouter, client: VastClient) -> None:
+    vast_api.get("/api/v0/instances/", params={"owner": "me"}).mock(
+        return_value=_json(410, {"detail": "Use /api/v1/instances/ instead"})
+    )
+    record = client.exchange("GET", "/api/v0/instances/", params={"owner": "me"})
+    assert record.status == 410 and record.params == {"owner": "me"} and not record.ok_json
+
+
+def test_exchange__scrubs_key_and_instance_key(vast_api: respx.MockRouter, client: VastClient) -> None:
+    body = {"api_key": VAST_TEST_KEY, "instance_api_key": "ik-42", "note": f"k={VAST_TEST_KEY}"}
+    vast_api.get("/api/v0/users/current/").mock(return_value=_json(200, body))
+    record = client.exchange("GET", "/api/v0/users/current/")
+    dumped = json.dumps(record.to_dict())
+    _assert_key_absent(dumped)
+    assert "ik-42" not in dumped and record.json["note"] == "k=***"
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [("/api/v0/instances/1/", {"api_key": VAST_TEST_KEY}), ("/api/v0/instances/1/?api_key=x", None)],
+    ids=["param", "query-in-path"],
+)
+def test_exchange__refuses_key_in_url_and_records_why(
+    vast_api: respx.MockRouter, client: VastClient, path: str, params
+) -> None:
+    record = client.exchange("GET", path, params=params)
+    assert record.status is None and "ConfigError" in (record.error or "")
+    _assert_key_absent(record.error)
+    assert not vast_api.calls
+
+
+def test_request_hook__key_in_url_never_sent(vast_api: respx.MockRouter, client: VastClient) -> None:
+    # Bypasses _send's checks: the request hook is the last guard before the wire.
+    with pytest.raises(ConfigError) as info:
+        client._http.get(f"/api/v0/x/{VAST_TEST_KEY}/")
+    _assert_key_absent(info.value)
+    assert not vast_api.calls
+
+
+# ------------------------------------------------------------------------------------------------ pacing
+
+
+def _start_times(fake_clock: FakeClock, response: httpx.Response):
+    starts: list[float] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        starts.append(fake_clock())
+        return response
+
+    return starts, record
+
+
+def test_pacing__same_endpoint_spaced_by_interval(
+    vast_api: respx.MockRouter, client: VastClient, fake_clock: FakeClock
+) -> None:
+    starts, record = _start_times(fake_clock, _json(200, {"instances": None}))
+    vast_api.get("/api/v0/instances/42/").mock(side_effect=record)
+    for _ in range(3):
+        client.get_instance(42)
+    assert [b - a for a, b in itertools.pairwise(starts)] == [2.0, 2.0]
+
+
+def test_pacing__interval_counts_from_completion(
+    vast_api: respx.MockRouter, client: VastClient, fake_clock: FakeClock
+) -> None:
+    # A slow answer: the server saw the request arrive as late as its completion, so pace from there.
+    starts: list[float] = []
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        starts.append(fake_clock())
+        fake_clock.now_s += 0.5
+        return _json(200, {"instances": None})
+
+    vast_api.get("/api/v0/instances/42/").mock(side_effect=slow)
+    client.get_instance(42)
+    client.get_instance(42)
+    assert starts[1] - starts[0] == 2.5
+
+
+def test_pacing__search_sliding_window(
+    vast_api: respx.MockRouter, client: VastClient, fake_clock: FakeClock
+) -> None:
+    starts, record = _start_times(fake_clock, _json(200, {"offers": []}))
+    vast_api.post("/api/v0/bundles/").mock(side_effect=record)
+    for _ in range(11):
+        client.search_offers({})
+    assert starts[9] == starts[0]  # ten fit in the window at once
+    assert starts[10] - starts[0] >= 60.0
+
+
+def test_pacing__get_after_delete_of_same_instance_waits(
+    vast_api: respx.MockRouter, client: VastClient, fake_clock: FakeClock
+) -> None:
+    starts, record = _start_times(fake_clock, _json(200, {"instances": None}))
+    vast_api.delete("/api/v0/instances/42/").mock(side_effect=record)
+    vast_api.get("/api/v0/instances/42/").mock(side_effect=record)
+    client.destroy_instance(42)
+    client.get_instance(42)
+    assert starts[1] - starts[0] == 2.0
+
+
+def test_pacing__independent_endpoints_and_scale_zero(
+    vast_api: respx.MockRouter, make_client, fake_clock: FakeClock
+) -> None:
+    vast_api.get("/api/v0/users/current/").mock(return_value=_json(200, {"id": 1}))
+    vast_api.get("/api/v1/instances/").mock(return_value=_json(200, {"instances": []}))
+    paced = make_client()
+    paced.current_user()
+    paced.list_instances_page()
+    assert fake_clock.sleeps_s == []  # different endpoints do not wait for each other
+    unpaced = make_client(pacing_scale=0)
+    for _ in range(3):
+        unpaced.current_user()
+    assert fake_clock.sleeps_s == []
+    assert unpaced.stats.by_endpoint == {"GET /api/v0/users/current/": 3}
+
+
+def test_pacer__threads_get_distinct_slots() -> None:
+    lock = threading.Lock()
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        with lock:
+            slept.append(seconds)
+
+    pacer = Pacer(scale=0.5, clock=lambda: 100.0, sleep=sleep)
+    slots: list[float] = []
+
+    def worker() -> None:
+        token = pacer.acquire("GET", "/api/v0/instances/1/")
+        with lock:
+            slots.append(token[1])
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=5)
+    assert sorted(slots) == [100.0 + i * 1.0 for i in range(8)]  # 2.0 s rule at scale 0.5
+    assert sorted(slept) == [1.0 * i for i in range(1, 8)]
+
+
+def test_endpoint_key() -> None:
+    assert endpoint_key("delete", "/api/v0/instances/42/") == "DELETE /api/v0/instances/{id}/"
+    assert endpoint_key("GET", "/api/v0/instances/42/ssh/") == "GET /api/v0/instances/{id}/ssh/"
+
+
+# ----------------------------------------------------------------------------------- key never leaks
+
+
+def test_key_never_in_urls_or_logs(
+    vast_api: respx.MockRouter, client: VastClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    vast_api.get("/api/v0/users/current/").mock(return_value=_json(200, {"id": 1}))
+    vast_api.get("/api/v1/instances/").mock(return_value=_json(200, {"instances": []}))
+    vast_api.delete("/api/v0/instances/9/").mock(side_effect=[_text(502, "bad"), _json(404, GONE_INSTANCE)])
+    vast_api.put("/api/v0/asks/3/").mock(side_effect=httpx.ConnectError("boom"))
+    client.current_user()
+    client.list_instances(label="vh")
+    client.destroy_instance(9)
+    with pytest.raises(TransportError) as info:
+        client.create_instance(3, {})
+    assert all(call.request.headers["Authorization"] == f"Bearer {VAST_TEST_KEY}" for call in vast_api.calls)
+    _assert_key_absent(*(call.request.url for call in vast_api.calls), caplog.text, info.value)
+    assert all("api_key" not in call.request.url.params for call in vast_api.calls)
+
+
+def test_raw_exchange_is_plain_data() -> None:
+    record = RawExchange("GET", "/p/", {}, None, "", None, "ReadTimeout: x", 1.0, 2.0)
+    assert record.to_dict()["error"] == "ReadTimeout: x" and not record.ok_json
+
+
+def test_base_url_is_used_verbatim(vast_api: respx.MockRouter, client: VastClient) -> None:
+    route = vast_api.get("/api/v0/users/current/").mock(return_value=_json(200, {"id": 1}))
+    client.current_user()
+    assert str(route.calls.last.request.url) == f"{VAST_TEST_BASE}/api/v0/users/current/"

@@ -1,0 +1,567 @@
+"""The Vast REST client: one paced, typed, key-safe door to `console.vast.ai`.
+
+Three layers, each written once:
+  * `_send`    one paced HTTP request; httpx errors become `TransportError` here and nowhere else.
+  * `_call`    `_send` + body parsing + status mapping to the tree in `errors.py`; reads and DELETE go
+               through the single tenacity policy, create never does (a blind re-PUT can rent twice).
+  * `exchange` `_send` without mapping or retries, recording the raw outcome for the absence proof.
+
+The API key lives only in the `Authorization` header: a request hook refuses any URL that carries it,
+and every error text and recorded body is scrubbed of it (reference/vast-api.md §1, design.md inv. 3).
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from typing import Any, Literal, Self, TypeVar
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential_jitter
+
+from vast_harness.errors import (
+    RETRYABLE,
+    ApiStatusError,
+    AuthError,
+    ConfigError,
+    NotFoundError,
+    OfferUnavailable,
+    RateLimitError,
+    ServerError,
+    TransportError,
+    VastError,
+)
+from vast_harness.models import CreateResult, Instance, InstancePage, Offer, SshKey, User
+
+log = logging.getLogger(__name__)
+
+DEFAULT_API_URL = "https://console.vast.ai"
+V1_PAGE_LIMIT_MAX = 25  # show_instances.yaml: "max 25"
+MAX_LIST_PAGES = 100  # 2,500 instances: far above any account we drive; a bound against a looping token
+MAX_RECORDED_TEXT_CHARS = 1_000_000
+_SENSITIVE_FIELDS = frozenset({"api_key", "instance_api_key"})
+_GONE_CODES = frozenset({"not_found", "no_such_instance"})
+_OFFER_GONE_WORDS = ("unavailable", "no longer rentable", "already been rented", "already rented")
+_ID_SEGMENT = re.compile(r"/\d+(?=/|$)")
+M = TypeVar("M", bound=BaseModel)
+
+
+try:
+    USER_AGENT = f"vast-harness/{metadata.version('vast-harness')}"
+except metadata.PackageNotFoundError:  # a source tree that was never installed
+    USER_AGENT = "vast-harness/0.0.0"
+
+
+class Timeouts(BaseModel):
+    """httpx's four timeout phases, in seconds, with named defaults (Vast reads can take ~10 s)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    connect_s: float = Field(default=10.0, gt=0)
+    read_s: float = Field(default=30.0, gt=0)
+    write_s: float = Field(default=30.0, gt=0)
+    pool_s: float = Field(default=10.0, gt=0)
+
+    def to_httpx(self) -> httpx.Timeout:
+        return httpx.Timeout(connect=self.connect_s, read=self.read_s, write=self.write_s, pool=self.pool_s)
+
+
+# ---------------------------------------------------------------------------------------------- pacing
+
+
+@dataclass(frozen=True)
+class RateRule:
+    """At most `calls` requests per `per_s` seconds; a minimum interval is the case `calls == 1`."""
+
+    calls: int
+    per_s: float
+
+    @classmethod
+    def interval(cls, seconds: float) -> RateRule:
+        return cls(calls=1, per_s=seconds)
+
+
+# Keyed by "METHOD /path/with/{id}/". Thresholds from the per-endpoint OpenAPI `x-rate-limit`
+# (reference/vast-api.md §2); endpoints without a documented one get the cautious default.
+RATE_RULES: dict[str, RateRule] = {
+    "POST /api/v0/bundles/": RateRule(calls=10, per_s=60.0),
+    "PUT /api/v0/asks/{id}/": RateRule.interval(4.5),
+    "GET /api/v0/instances/{id}/": RateRule.interval(2.0),
+    "DELETE /api/v0/instances/{id}/": RateRule.interval(3.0),
+    "GET /api/v1/instances/": RateRule.interval(1.0),
+    "POST /api/v0/ssh/": RateRule.interval(1.0),
+}
+DEFAULT_RATE_RULE = RateRule.interval(1.0)
+
+
+def endpoint_key(method: str, path: str) -> str:
+    """`GET /api/v0/instances/42/` -> `GET /api/v0/instances/{id}/`: the unit of pacing and stats."""
+    return f"{method.upper()} {_ID_SEGMENT.sub('/{id}', path)}"
+
+
+class Pacer:
+    """Per-client, thread-safe request pacing so a normal run never draws a 429.
+
+    Slots are reserved under a lock and slept outside it, so the watchdog thread and the main thread
+    queue up instead of racing. A slot's time is moved to the request's *completion*: the server sees
+    the previous request arrive no later than that, so the gap it measures is at least the interval.
+    Vast may key limits by path regardless of method (unconfirmed), so GET and DELETE of the same
+    instance share one history, each honouring its own rule.
+    """
+
+    def __init__(self, *, scale: float, clock: Callable[[], float], sleep: Callable[[float], None]):
+        self._scale = scale
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._history: dict[str, list[float]] = {}
+
+    def acquire(self, method: str, path: str) -> tuple[str, float]:
+        """Block until this request may start; returns a token for `release`."""
+        key = endpoint_key(method, path).split(" ", 1)[1]
+        rule = RATE_RULES.get(endpoint_key(method, path), DEFAULT_RATE_RULE)
+        with self._lock:
+            now = self._clock()
+            hist = self._history.setdefault(key, [])
+            slot = now
+            if self._scale > 0 and len(hist) >= rule.calls:
+                slot = max(now, hist[-rule.calls] + rule.per_s * self._scale)
+            hist.append(slot)
+            del hist[:-64]  # the longest rule counts 10 calls; keep a bounded tail
+        if slot > now:
+            self._sleep(slot - now)
+        return key, slot
+
+    def release(self, token: tuple[str, float]) -> None:
+        key, slot = token
+        with self._lock:
+            hist = self._history.get(key, [])
+            for i in range(len(hist) - 1, -1, -1):
+                if hist[i] == slot:
+                    hist[i] = max(slot, self._clock())
+                    break
+            hist.sort()
+
+
+# ---------------------------------------------------------------------------------- records and stats
+
+
+@dataclass
+class RawExchange:
+    """One request's raw outcome, for evidence: a non-200, timeout or bad body stays visible as such."""
+
+    method: str
+    path: str
+    params: dict[str, Any]
+    status: int | None
+    text: str
+    json: Any | None
+    error: str | None
+    t_start_unix: float
+    t_end_unix: float
+
+    @property
+    def ok_json(self) -> bool:
+        """HTTP 200 with a parsable JSON body: the only outcome a proof may read as an answer."""
+        return self.status == 200 and self.error is None and self.json is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CallStats:
+    total: int = 0
+    by_endpoint: dict[str, int] = field(default_factory=dict)
+    rate_limited: int = 0  # responses with HTTP 429
+    retries: int = 0  # sleeps taken by the retry policy
+
+
+# -------------------------------------------------------------------------------------- body handling
+
+
+def _redact(value: Any, secret: str) -> Any:
+    """Replace the key anywhere in a parsed body, and blank fields that hold secrets by name."""
+    if isinstance(value, str):
+        return value.replace(secret, "***") if secret else value
+    if isinstance(value, dict):
+        return {k: "***" if k in _SENSITIVE_FIELDS else _redact(v, secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(v, secret) for v in value]
+    return value
+
+
+def _redact_text(text: str, parsed: Any, secret: str) -> str:
+    text = text.replace(secret, "***") if secret else text
+    if isinstance(parsed, dict):
+        for name in _SENSITIVE_FIELDS & parsed.keys():
+            if isinstance(parsed[name], str) and parsed[name]:
+                text = text.replace(parsed[name], "***")
+    return text
+
+
+def _parse_json(text: str) -> Any | None:
+    if not text.strip():
+        return None
+    try:
+        return jsonlib.loads(text)
+    except ValueError:
+        return None
+
+
+def _error_fields(data: Any, text: str) -> tuple[str | None, str | None]:
+    """`(error, msg)` from any of Vast's shapes: error JSON, msg/message only, {"detail"}, plain text."""
+    if isinstance(data, dict):
+        error = data.get("error")
+        msg = data.get("msg") or data.get("message") or data.get("detail")
+        if msg is not None and not isinstance(msg, str):
+            msg = jsonlib.dumps(msg)
+        return (str(error) if error else None), msg
+    snippet = " ".join(text.split())[:300]
+    return None, (snippet or None)
+
+
+def _is_offer_gone(status: int, error: str | None, msg: str | None) -> bool:
+    text = f"{error or ''} {msg or ''}".lower()
+    if status in (404, 410) and "no_such_ask" in text:
+        return True
+    return "offer" in text and any(word in text for word in _OFFER_GONE_WORDS)
+
+
+def _status_class(path: str, status: int, error: str | None, msg: str | None) -> type[ApiStatusError]:
+    """The one table from (status, error code, message) to the typed tree in errors.py."""
+    if status in (401, 403) or error == "auth_error" or "invalid user key" in (msg or "").lower():
+        return AuthError
+    if status == 429 or error == "rate_limit_exceeded":
+        return RateLimitError
+    if status in (500, 502, 503, 504):
+        return ServerError
+    if path.startswith("/api/v0/asks/") and _is_offer_gone(status, error, msg):
+        return OfferUnavailable
+    if error in _GONE_CODES:  # strict: a bare 404 (proxy, wrong path) is not proof of absence
+        return NotFoundError
+    return ApiStatusError
+
+
+# ------------------------------------------------------------------------------------------ the client
+
+
+class VastClient:
+    """Sync client for the Vast endpoints the harness uses. Not a general SDK."""
+
+    def __init__(
+        self,
+        api_key: str,
+        *,
+        base_url: str = DEFAULT_API_URL,
+        timeouts: Timeouts | None = None,
+        transport: httpx.BaseTransport | None = None,
+        pacing_scale: float = 1.0,
+        max_retry_s: float = 120.0,
+        retry_wait_min_s: float = 1.0,
+        retry_wait_max_s: float = 20.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._key = _validated_key(api_key)
+        self.base_url = _validated_base_url(base_url)
+        if pacing_scale < 0:
+            raise ConfigError(f"pacing_scale must be >= 0 (0 disables pacing), got {pacing_scale}")
+        if max_retry_s < 0 or retry_wait_min_s <= 0 or retry_wait_max_s < retry_wait_min_s:
+            raise ConfigError(
+                "retry bounds need max_retry_s >= 0 and 0 < retry_wait_min_s <= retry_wait_max_s, got "
+                f"{max_retry_s}, {retry_wait_min_s}, {retry_wait_max_s}"
+            )
+        self._max_retry_s = max_retry_s
+        self._wait = wait_exponential_jitter(
+            initial=retry_wait_min_s, max=retry_wait_max_s, jitter=retry_wait_min_s
+        )
+        self._sleep = sleep
+        self._clock = clock
+        self._pacer = Pacer(scale=pacing_scale, clock=clock, sleep=sleep)
+        self._stats = CallStats()
+        self._stats_lock = threading.Lock()
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {self._key}", "User-Agent": USER_AGENT},
+            timeout=(timeouts or Timeouts()).to_httpx(),
+            transport=transport,
+            event_hooks={"request": [self._refuse_key_in_url]},
+        )
+
+    # ---- lifecycle
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"VastClient(base_url={self.base_url!r}, api_key='***')"
+
+    @property
+    def stats(self) -> CallStats:
+        """A snapshot; safe to read from another thread."""
+        with self._stats_lock:
+            s = self._stats
+            return CallStats(s.total, dict(s.by_endpoint), s.rate_limited, s.retries)
+
+    # ---- endpoints
+    def search_offers(self, query: dict[str, Any]) -> list[Offer]:
+        path = "/api/v0/bundles/"
+        data = self._call("POST", path, json=query, retry=True)
+        return [self._model(Offer, row, "POST", path) for row in self._rows(data, "offers", "POST", path)]
+
+    def create_instance(self, offer_id: int, body: dict[str, Any]) -> CreateResult:
+        """Rent an offer. Never retried: a lost answer may still have rented (list by label first)."""
+        path = f"/api/v0/asks/{int(offer_id)}/"
+        data = self._call("PUT", path, json=body, retry=False)
+        return self._model(CreateResult, data, "PUT", path)
+
+    def get_instance(self, instance_id: int) -> Instance | None:
+        """The instance, or None for 200 `{"instances": null}` (destroyed, or not yet visible)."""
+        path = f"/api/v0/instances/{int(instance_id)}/"
+        data = self._call("GET", path, retry=True)
+        row = data.get("instances", ...) if isinstance(data, dict) else ...  # ... = key missing
+        if row is None:
+            return None
+        if not isinstance(row, dict):
+            raise self._invalid("GET", path, "'instances' is neither an object nor null", data)
+        return self._model(Instance, row, "GET", path)
+
+    def list_instances_page(
+        self,
+        *,
+        label: str | None = None,
+        instance_id: int | None = None,
+        limit: int = V1_PAGE_LIMIT_MAX,
+        after_token: str | None = None,
+    ) -> InstancePage:
+        if not 1 <= limit <= V1_PAGE_LIMIT_MAX:
+            raise ConfigError(f"limit must be within 1..{V1_PAGE_LIMIT_MAX}, got {limit}")
+        filters: dict[str, Any] = {}
+        if label is not None:
+            filters["label"] = {"eq": label}
+        if instance_id is not None:
+            filters["id"] = {"eq": int(instance_id)}
+        params: dict[str, Any] = {"limit": limit}
+        if filters:
+            params["select_filters"] = jsonlib.dumps(filters, separators=(",", ":"))
+        if after_token is not None:
+            params["after_token"] = after_token
+        path = "/api/v1/instances/"
+        data = self._call("GET", path, params=params, retry=True)
+        self._rows(data, "instances", "GET", path)  # a missing list must not read as "no instances"
+        return self._model(InstancePage, data, "GET", path)
+
+    def list_instances(
+        self, *, label: str | None = None, instance_id: int | None = None, page_limit: int = V1_PAGE_LIMIT_MAX
+    ) -> list[Instance]:
+        """Every matching instance, following `next_token` until null (at most MAX_LIST_PAGES pages)."""
+        rows: list[Instance] = []
+        token: str | None = None
+        for _ in range(MAX_LIST_PAGES):
+            page = self.list_instances_page(
+                label=label, instance_id=instance_id, limit=page_limit, after_token=token
+            )
+            rows.extend(page.instances)
+            token = page.next_token
+            if not token:
+                return rows
+        raise VastError(f"GET /api/v1/instances/ still had a next_token after {MAX_LIST_PAGES} pages")
+
+    def destroy_instance(self, instance_id: int) -> Literal["deleted", "already_gone"]:
+        """DELETE, retried on 429/5xx/transport. A 404 not_found/no_such_instance means already gone."""
+        path = f"/api/v0/instances/{int(instance_id)}/"
+        try:
+            self._call("DELETE", path, json={}, retry=True)
+        except NotFoundError:
+            return "already_gone"
+        return "deleted"
+
+    def current_user(self) -> User:
+        path = "/api/v0/users/current/"
+        return self._model(User, self._call("GET", path, retry=True), "GET", path)
+
+    def list_ssh_keys(self) -> list[SshKey]:
+        path = "/api/v0/ssh/"
+        data = self._call("GET", path, retry=True)
+        rows = data if isinstance(data, list) else self._rows(data, "ssh_keys", "GET", path)
+        return [self._model(SshKey, row, "GET", path) for row in rows]
+
+    def create_ssh_key(self, pub: str) -> SshKey:
+        path = "/api/v0/ssh/"
+        data = self._call("POST", path, json={"ssh_key": pub}, retry=False)
+        key = data.get("key") if isinstance(data, dict) else None
+        return self._model(SshKey, key, "POST", path)
+
+    def attach_instance_ssh_key(self, instance_id: int, pub: str) -> None:
+        path = f"/api/v0/instances/{int(instance_id)}/ssh/"
+        self._call("POST", path, json={"ssh_key": pub}, retry=False)
+
+    def list_instance_ssh_keys(self, instance_id: int) -> list[SshKey]:
+        """`ssh_keys` arrives as a JSON *string* holding the array (show_instance_ssh_keys.yaml)."""
+        path = f"/api/v0/instances/{int(instance_id)}/ssh/"
+        data = self._call("GET", path, retry=True)
+        if isinstance(data, dict) and isinstance(data.get("ssh_keys"), str):
+            data = {**data, "ssh_keys": _parse_json(data["ssh_keys"])}
+        return [self._model(SshKey, row, "GET", path) for row in self._rows(data, "ssh_keys", "GET", path)]
+
+    def exchange(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None
+    ) -> RawExchange:
+        """One paced request, never retried, never raising: its raw outcome, key scrubbed."""
+        t_start = time.time()
+        status: int | None = None
+        text, parsed, error = "", None, None
+        try:
+            resp = self._send(method, path, params=params, json=json)
+            status, text = resp.status_code, resp.text[:MAX_RECORDED_TEXT_CHARS]
+            parsed = _parse_json(text)
+            text = _redact_text(text, parsed, self._key)
+            parsed = _redact(parsed, self._key)
+        except Exception as exc:  # noqa: BLE001 - the contract is to record, never to raise
+            error = _redact(f"{type(exc).__name__}: {exc}", self._key)
+        params = dict(params or {})
+        return RawExchange(method.upper(), path, params, status, text, parsed, error, t_start, time.time())
+
+    # ---- internals
+    def _send(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None
+    ) -> httpx.Response:
+        """One paced request. The single place httpx exceptions become TransportError."""
+        method = method.upper()
+        if not path.startswith("/") or "?" in path:
+            raise ConfigError(f"path must start with '/' and carry no query string, got {path!r}")
+        if params and any(name.lower() == "api_key" for name in params):
+            raise ConfigError("the API key goes in the Authorization header only, never in the URL")
+        token = self._pacer.acquire(method, path)
+        self._count(endpoint_key(method, path))
+        try:
+            resp = self._http.request(method, path, params=params, json=json)
+        except httpx.RequestError as exc:
+            detail = _redact(f"{type(exc).__name__}: {exc}", self._key)
+            raise TransportError(f"{method} {path}: {detail}", method=method, path=path) from exc
+        finally:
+            self._pacer.release(token)
+        if resp.status_code == 429:
+            with self._stats_lock:
+                self._stats.rate_limited += 1
+        log.debug("%s %s -> %s", method, path, resp.status_code)
+        return resp
+
+    def _call(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None, retry: bool
+    ) -> Any:
+        if not retry:
+            return self._call_once(method, path, params, json)
+        for attempt in self._retrying():
+            with attempt:
+                return self._call_once(method, path, params, json)
+        raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+
+    def _call_once(self, method: str, path: str, params: dict[str, Any] | None, json: Any) -> Any:
+        """Send, parse, and raise the typed error for any non-2xx or `success: false` answer."""
+        resp = self._send(method, path, params=params, json=json)
+        data = _parse_json(resp.text)
+        status = resp.status_code
+        failed = not 200 <= status < 300 or (isinstance(data, dict) and data.get("success") is False)
+        if failed:  # the error travels into logs and evidence: scrub it (a success goes to typed models)
+            text = _redact_text(resp.text, data, self._key)
+            data = _redact(data, self._key)
+            error, msg = _error_fields(data, text)
+            cls = _status_class(path, status, error, msg)
+            body = data if data is not None else (text[:2000] or None)
+            raise cls(method=method, path=path, status=status, error=error, msg=msg, body=body)
+        if data is None and resp.text.strip():
+            raise self._invalid(method, path, "the body is not JSON", None, status=status)
+        return data
+
+    def _retrying(self) -> Iterator[Any]:
+        """The retry policy, defined once: RETRYABLE errors, jittered exponential waits, a total bound
+        measured on the injected clock (so it includes pacing waits and holds under a fake sleep)."""
+        start = self._clock()
+
+        def stop(state: RetryCallState) -> bool:
+            return self._clock() - start + state.upcoming_sleep > self._max_retry_s
+
+        def before_sleep(state: RetryCallState) -> None:
+            with self._stats_lock:
+                self._stats.retries += 1
+            outcome = state.outcome.exception() if state.outcome else None
+            log.info("retrying in %.1f s after %s", state.upcoming_sleep, type(outcome).__name__)
+
+        return iter(
+            Retrying(
+                retry=retry_if_exception_type(RETRYABLE),
+                wait=self._wait,
+                stop=stop,
+                sleep=self._sleep,
+                before_sleep=before_sleep,
+                reraise=True,  # callers see the typed error, not tenacity's RetryError
+            )
+        )
+
+    def _model(self, model: type[M], data: Any, method: str, path: str) -> M:
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "body"
+            raise self._invalid(method, path, f"{model.__name__}: {where}: {first['msg']}", data) from None
+
+    def _rows(self, data: Any, name: str, method: str, path: str) -> list[Any]:
+        rows = data.get(name) if isinstance(data, dict) else None
+        if not isinstance(rows, list):
+            raise self._invalid(method, path, f"'{name}' is not a list", data)
+        return rows
+
+    def _invalid(self, method: str, path: str, why: str, data: Any, *, status: int = 200) -> ApiStatusError:
+        """A 2xx whose body is not what the endpoint promises: surfaced (scrubbed), never guessed around."""
+        body = _redact(data, self._key)
+        return ApiStatusError(
+            method=method, path=path, status=status, error="invalid_response", msg=why, body=body
+        )
+
+    def _count(self, endpoint: str) -> None:
+        with self._stats_lock:
+            self._stats.total += 1
+            self._stats.by_endpoint[endpoint] = self._stats.by_endpoint.get(endpoint, 0) + 1
+
+    def _refuse_key_in_url(self, request: httpx.Request) -> None:
+        """Last line of defence for invariant 3: no request may carry the key in its URL."""
+        if self._key in str(request.url) or "api_key" in request.url.params:
+            where = _redact(f"{request.method} {request.url.path}", self._key)
+            raise ConfigError(f"refusing to send the API key in a URL ({where})")
+
+
+def _validated_key(api_key: str) -> str:
+    key = (api_key or "").strip()  # key files usually end with a newline
+    if not key:
+        raise ConfigError("the Vast API key is empty")
+    if any(ch.isspace() or not ch.isprintable() for ch in key):
+        raise ConfigError("the Vast API key contains whitespace or control characters")
+    return key
+
+
+def _validated_base_url(base_url: str) -> str:
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise ConfigError(f"base_url {base_url!r} is not a URL: {exc}") from None
+    shown = str(url.copy_with(query=None, fragment=None, username=None, password=None))
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ConfigError(f"base_url must be an http(s) URL with a host, got {shown!r}")
+    if url.query or url.userinfo or url.fragment:
+        raise ConfigError(f"base_url must carry no query, fragment or credentials, got {shown!r}")
+    return shown.rstrip("/")
