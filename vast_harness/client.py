@@ -540,7 +540,11 @@ class VastClient:
 
     def _refuse_key_in_url(self, request: httpx.Request) -> None:
         """Last line of defence for invariant 3: no request may carry the key in its URL."""
-        if self._key in str(request.url) or "api_key" in request.url.params:
+        url = request.url
+        # A key is a token of its own: match whole path segments and the query, so a short test key such
+        # as "k" is not "found" inside "/asks/".
+        in_path = self._key in url.path.split("/")
+        if in_path or self._key in str(url.query, "ascii", "replace") or "api_key" in url.params:
             where = _redact(f"{request.method} {request.url.path}", self._key)
             raise ConfigError(f"refusing to send the API key in a URL ({where})")
 

@@ -30,7 +30,8 @@ def run_dir(tmp_path_factory) -> Path:
                                        "api_url": sim.url, "api_key": SecretStr("k")})
         with VastClient("k", base_url=sim.url, pacing_scale=0.01) as client:
             run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
-            assert run.execute().exit_code in (0, 4)
+            result = run.execute()
+            assert result.exit_code in (0, 4), result.message
     return run.ev.dir
 
 
