@@ -1,0 +1,438 @@
+"""The simulator's state and rules, with no HTTP: accounts, the market, instances, hosts, billing.
+
+One seeded `random.Random` draws the market, ids, instance keys and (unless a fault spec names its
+own seed) fault probabilities. One lock guards the state; slow work (killing a host's processes,
+closing its SSH ports) happens outside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shlex
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from vast_harness.sim import errors, transitions
+from vast_harness.sim.faults import FaultPlan
+from vast_harness.sim.instances import Instance, list_page, render
+from vast_harness.sim.market import generate_offers, priced, search
+from vast_harness.sim.ratelimit import RateLimiter
+from vast_harness.sim.sandbox import Sandbox, SandboxClosed, container_env
+from vast_harness.sim.sshhost import SshHost
+
+MIN_DISK_GB = 8.0
+MAX_ONSTART_ARGS_CHARS = 4096
+MAX_LABEL_CHARS = 256
+OTHER_RENTER = -1  # the account index recorded when "someone else" rented an offer (offer_taken)
+
+
+@dataclass
+class Account:
+    index: int
+    key: str
+    user_id: int
+    ssh_keys: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is calling: an account, an instance's CONTAINER_API_KEY, or nobody (search only)."""
+
+    account: Account | None
+    container_of: int | None = None  # instance id, for a CONTAINER_API_KEY
+    client_ip: str = "127.0.0.1"
+
+    @property
+    def rate_key(self) -> str:
+        if self.container_of is not None:
+            return f"container:{self.container_of}"
+        return f"account:{self.account.index}" if self.account else f"ip:{self.client_ip}"
+
+
+class Backend:
+    def __init__(self, seed: int = 0, boot_seconds: float = 0.0, faults: Any = None, num_offers: int = 300,
+                 rate_scale: float = 1.0, api_keys: list[str] | None = None, credit_usd: float = 100.0,
+                 host_root: str | Path | None = None) -> None:
+        self.seed, self.boot_s, self.credit_usd = seed, max(0.0, boot_seconds), credit_usd
+        self.rng = random.Random(seed)
+        self.lock = threading.RLock()
+        self.limiter = RateLimiter(rate_scale)
+        self.faults = FaultPlan.parse(faults, self.rng)
+        self.api_keys = list(api_keys) if api_keys else None
+        self._own_root = host_root is None
+        self.host_root = Path(host_root or tempfile.mkdtemp(prefix="vast-sim-hosts-"))
+        self.host_root.mkdir(parents=True, exist_ok=True)
+        self.host_key = paramiko.ECDSAKey.generate()  # fast to make; one per simulator, like a host's
+        self.offers = generate_offers(self.rng, num_offers, time.time())
+        self.offers_by_id = {o["id"]: o for o in self.offers}
+        self.rented: dict[int, tuple[int, int | None]] = {}  # offer id -> (account index, instance id)
+        self.accounts: dict[str, Account] = {}
+        self.instances: dict[int, Instance] = {}
+        self.container_keys: dict[str, int] = {}
+        self.calls: list[dict[str, Any]] = []
+        self._next_instance_id = self.rng.randint(20_000_000, 30_000_000)
+        self._next_key_id = 1000
+        for key in self.api_keys or []:
+            self._account(key)
+
+    # ----- accounts and identity -------------------------------------------------------------
+    def _account(self, key: str) -> Account:
+        account = self.accounts.get(key)
+        if account is None:
+            index = len(self.accounts)
+            account = Account(index, key, user_id=300_000 + index)
+            self.accounts[key] = account
+        return account
+
+    def identify(self, key: str | None, client_ip: str) -> Identity | None:
+        """The caller for a key; None for an unknown key. An empty key is anonymous."""
+        if not key:
+            return Identity(None, client_ip=client_ip)
+        with self.lock:
+            if key in self.container_keys:
+                return Identity(None, container_of=self.container_keys[key], client_ip=client_ip)
+            if self.api_keys is not None and key not in self.api_keys:
+                return None
+            return Identity(self._account(key), client_ip=client_ip)
+
+    def credit(self, account: Account, now: float) -> float:
+        spent = sum(i.billed_usd(now) for i in self.instances.values() if i.account == account.index)
+        return self.credit_usd - spent
+
+    def user(self, account: Account) -> dict[str, Any]:
+        with self.lock:
+            credit = self.credit(account, time.time())
+            ssh_key = account.ssh_keys[-1]["key"] if account.ssh_keys else ""
+            return {"id": account.user_id, "key_id": 50_000 + account.index, "username": f"sim{account.index}",
+                    "email": f"sim{account.index}@example.invalid", "fullname": None, "credit": credit,
+                    "balance": credit, "ssh_key": ssh_key, "sid": f"sim-{account.index}",
+                    "can_pay": credit > 0, "has_billing": True, "billed_verified": True}
+
+    # ----- ssh keys --------------------------------------------------------------------------
+    def _new_key(self, account: Account, public_key: str) -> dict[str, Any]:
+        self._next_key_id += 1
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return {"id": self._next_key_id, "user_id": account.user_id, "key": public_key.strip(),
+                "public_key": public_key.strip(), "created_at": stamp, "deleted_at": None}
+
+    def add_account_key(self, account: Account, public_key: str) -> dict[str, Any]:
+        with self.lock:
+            entry = self._new_key(account, public_key)
+            account.ssh_keys.append(entry)
+            return entry
+
+    def add_instance_key(self, account: Account, instance_id: int, public_key: str) -> None:
+        with self.lock:
+            inst = self._owned(account, instance_id)
+            if inst is None:
+                raise errors.no_such_instance()
+            inst.ssh_keys.append(self._new_key(account, public_key))
+
+    def instance_keys(self, account: Account, instance_id: int) -> list[dict[str, Any]]:
+        with self.lock:
+            inst = self._owned(account, instance_id)
+            if inst is None:
+                raise errors.no_such_instance()
+            return [{"id": k["id"], "name": f"key-{k['id']}", "public_key": k["key"]} for k in inst.ssh_keys]
+
+    def _authorized(self, instance_id: int, blob: str) -> bool:
+        with self.lock:
+            inst = self.instances.get(instance_id)
+            if inst is None or not inst.live:
+                return False
+            account = next(a for a in self.accounts.values() if a.index == inst.account)
+            keys = account.ssh_keys + inst.ssh_keys
+            return any(blob in k["key"].split() for k in keys)
+
+    # ----- market ----------------------------------------------------------------------------
+    def search(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        with self.lock:
+            market = [dict(o, rented=True, rentable=False) if o["id"] in self.rented else o for o in self.offers]
+        return search(market, body)
+
+    # ----- lifecycle -------------------------------------------------------------------------
+    def _owned(self, account: Account | None, instance_id: int) -> Instance | None:
+        inst = self.instances.get(instance_id)
+        if inst is None or account is None or inst.account != account.index:
+            return None
+        return inst
+
+    def create(self, account: Account, offer_id: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """(status, body) of PUT /asks/{offer_id}/; raises SimHTTPError for plain errors."""
+        req = _CreateRequest.parse(offer_id, body)
+        with self.lock:
+            offer = self.offers_by_id.get(offer_id)
+            if offer is None:
+                raise errors.no_such_ask_404(offer_id)
+            if self.faults.take("offer_taken") and offer_id not in self.rented:
+                self.rented[offer_id] = (OTHER_RENTER, None)
+            if offer_id in self.rented or not offer["rentable"]:
+                raise errors.no_such_ask_410(offer_id) if req.cancel_unavail else errors.no_such_ask_404(offer_id)
+            if req.disk_gb > offer["disk_space"]:
+                raise errors.invalid_args(f"error 400/3467: Invalid args: disk {req.disk_gb} GB exceeds the "
+                                          f"offer's {offer['disk_space']} GB", ask_id=offer_id)
+            now = time.time()
+            if self.credit(account, now) <= 0:
+                raise errors.invalid_args("error 400/3470: insufficient credit", ask_id=offer_id)
+            underbid = req.price is not None and req.price < offer["min_bid"]
+            stopped_fault = self.faults.take("create_stopped")
+            inst = self._new_instance(account, offer, req, now)
+            if underbid or stopped_fault or req.target_state == transitions.STOPPED:
+                inst.status_override = transitions.STOPPED
+            elif self.faults.take("boot_stall"):
+                inst.never_boots = True
+            lag = self.faults.take("read_lag")
+            inst.read_lag_until = now + (lag.seconds or 0.0) if lag else 0.0
+            self.rented[offer_id] = (account.index, inst.id)
+            self.instances[inst.id] = inst
+            self.container_keys[inst.api_key] = inst.id
+        self._start_host(inst)
+        if underbid or stopped_fault:
+            return 400, {"success": False, "error": "invalid_price", "ask_id": offer_id,
+                         "msg": f"error 400/3471: bid too low for ask {offer_id}; instance created stopped",
+                         "new_contract": inst.id}
+        return 200, {"success": True, "new_contract": inst.id, "instance_api_key": inst.api_key}
+
+    def _new_instance(self, account: Account, offer: dict[str, Any], req: _CreateRequest,
+                      now: float) -> Instance:
+        self._next_instance_id += self.rng.randint(1, 97)
+        snapshot = priced(offer, req.disk_gb, bid=req.price is not None)
+        if req.price is not None:
+            snapshot["dph_total"] = req.price + snapshot["storage_total_cost"]
+        return Instance(
+            id=self._next_instance_id, account=account.index, offer=snapshot, label=req.label,
+            image=req.image, disk_gb=req.disk_gb, onstart=req.onstart, extra_env=req.env,
+            runtype=req.runtype, api_key=f"{self.rng.getrandbits(256):064x}",
+            jupyter_token=f"{self.rng.getrandbits(256):064x}", created_at=now, is_bid=req.price is not None,
+            settled_at=now, ssh_keys=[],
+        )
+
+    def _start_host(self, inst: Instance) -> None:
+        account = next(a for a in self.accounts.values() if a.index == inst.account)
+        home = self.host_root / f"C.{inst.id}"
+        vast_vars = {"CONTAINER_ID": str(inst.id), "CONTAINER_API_KEY": inst.api_key,
+                     "VAST_CONTAINERLABEL": f"C.{inst.id}", "PUBLIC_IPADDR": "127.0.0.1",
+                     "SSH_PUBLIC_KEY": account.ssh_keys[-1]["key"] if account.ssh_keys else ""}
+        sandbox = Sandbox(home, container_env(home, f"{inst.id}-{id(inst)}", vast_vars, inst.extra_env))
+        host = SshHost(inst.id, sandbox, self.host_key, lambda blob: self._authorized(inst.id, blob),
+                       lambda: self.faults, lambda w, r: self._on_bytes(inst.id, w, r))
+        with self.lock:
+            inst.sandbox, inst.host = sandbox, host
+            inst.direct_port, inst.proxy_port = host.direct_port, host.proxy_port
+            sandbox.env["VAST_TCP_PORT_22"] = str(host.direct_port)
+            if not inst.live:  # destroyed while the host was being built
+                self._teardown(inst)
+                return
+            if inst.status_override is not None or inst.never_boots:
+                return
+        delay = transitions.boot_delay_s(self.boot_s)
+        if delay <= 0:
+            self._boot(inst)
+        else:
+            self._schedule(inst, delay, self._boot)
+
+    def _schedule(self, inst: Instance, delay_s: float, action: Any) -> None:
+        timer = threading.Timer(delay_s, action, args=(inst,))
+        timer.daemon = True
+        inst.timers.append(timer)
+        timer.start()
+
+    def _boot(self, inst: Instance) -> None:
+        with self.lock:
+            if not inst.live or inst.status_override is not None:
+                return
+            inst.booted_at = time.time()
+            inst.host.accepting = True
+            offline = self.faults.take("offline")
+        if inst.onstart:
+            # destroyed in the meantime (SandboxClosed) or the host dir is gone: nothing left to start
+            with contextlib.suppress(SandboxClosed, OSError):
+                inst.sandbox.start_onstart(inst.onstart)
+        if offline is not None:
+            self._schedule(inst, offline.seconds or 0.0, self._go_offline)
+
+    def _go_offline(self, inst: Instance) -> None:
+        with self.lock:
+            if not inst.live:
+                return
+            inst.settle(time.time())
+            inst.status_override = transitions.OFFLINE
+        inst.host.close()
+        inst.sandbox.close()
+
+    def _on_bytes(self, instance_id: int, to_host: int, from_host: int) -> None:
+        with self.lock:
+            self.instances[instance_id].add_bandwidth(to_host, from_host)
+
+    def show(self, ident: Identity, instance_id: int) -> dict[str, Any] | None:
+        with self.lock:
+            inst = self._visible(ident, instance_id)
+            now = time.time()
+            if inst is None or not inst.live or now < inst.read_lag_until:
+                return None
+            return render(inst, now, self.boot_s)
+
+    def _visible(self, ident: Identity, instance_id: int) -> Instance | None:
+        if ident.container_of is not None:
+            if ident.container_of != instance_id:
+                raise errors.not_allowed("This key can only access its own instance")
+            return self.instances.get(instance_id)
+        return self._owned(ident.account, instance_id)
+
+    def list(self, account: Account, params: dict[str, str]) -> dict[str, Any]:
+        with self.lock:
+            now = time.time()
+            rows = [render(i, now, self.boot_s) for i in self.instances.values()
+                    if i.live and i.account == account.index]
+        return list_page(rows, params)
+
+    def destroy(self, ident: Identity, instance_id: int) -> None:
+        """End an instance: billing stops, the offer returns, processes die, SSH closes."""
+        with self.lock:
+            inst = self._visible(ident, instance_id)
+            if inst is None or not inst.live:
+                raise errors.destroy_not_found()
+            now = time.time()
+            inst.settle(now)
+            inst.destroyed_at = now
+            if self.rented.get(inst.offer["id"], (None, None))[1] == inst.id:
+                del self.rented[inst.offer["id"]]
+        self._teardown(inst)
+
+    def _teardown(self, inst: Instance) -> None:
+        for timer in inst.timers:
+            timer.cancel()
+        if inst.host is not None:
+            inst.host.close()
+        if inst.sandbox is not None:
+            inst.sandbox.close()
+            inst.sandbox.remove()
+
+    # ----- control plane ---------------------------------------------------------------------
+    def log_call(self, method: str, path: str, status: int, endpoint: str, key_in_url: bool) -> None:
+        with self.lock:
+            self.calls.append({"method": method, "path": path, "status": status, "time": time.time(),
+                               "endpoint": endpoint, "key_in_url": key_in_url})
+
+    def set_faults(self, spec: Any) -> FaultPlan:
+        plan = FaultPlan.parse(spec, self.rng)
+        with self.lock:
+            self.faults = plan
+        return plan
+
+    def state(self) -> dict[str, Any]:
+        with self.lock:
+            now = time.time()
+            return {
+                "now": now, "seed": self.seed, "boot_seconds": self.boot_s,
+                "instances": [i.record(now, self.boot_s) for i in self.instances.values()],
+                "rented_offers": [{"offer_id": o, "account": a, "instance_id": i}
+                                  for o, (a, i) in self.rented.items()],
+                "accounts": [{"index": a.index, "user_id": a.user_id, "credit_usd": self.credit(a, now),
+                              "ssh_keys": len(a.ssh_keys)} for a in self.accounts.values()],
+                "calls": list(self.calls), "faults": self.faults.to_json(),
+                "offers_total": len(self.offers),
+            }
+
+    def reset(self) -> None:
+        """Forget instances, calls and rentals (ending any live host first); accounts and market stay."""
+        self.shutdown_hosts()
+        with self.lock:
+            for inst in self.instances.values():
+                if inst.sandbox is not None:
+                    inst.sandbox.remove()
+            self.instances.clear()
+            self.container_keys.clear()
+            self.rented.clear()
+            self.calls.clear()
+            self.limiter.reset()
+            self.faults = FaultPlan(rng=self.rng)
+
+    def shutdown_hosts(self) -> None:
+        """Kill every live host's processes and close its ports; the records keep showing them live."""
+        with self.lock:
+            live = [i for i in self.instances.values() if i.host is not None or i.sandbox is not None]
+        for inst in live:
+            for timer in inst.timers:
+                timer.cancel()
+            if inst.host is not None:
+                inst.host.close()
+            if inst.sandbox is not None:
+                inst.sandbox.close()
+
+    def cleanup_root(self) -> None:
+        if self._own_root:
+            shutil.rmtree(self.host_root, ignore_errors=True)
+
+
+@dataclass
+class _CreateRequest:
+    image: str
+    disk_gb: float
+    label: str | None
+    onstart: str
+    env: list[list[str]]
+    runtype: str
+    price: float | None
+    target_state: str
+    cancel_unavail: bool
+
+    @classmethod
+    def parse(cls, offer_id: int, body: dict[str, Any]) -> _CreateRequest:
+        def bad(msg: str) -> errors.SimHTTPError:
+            return errors.invalid_args(f"error 400/3467: Invalid args: {msg}", ask_id=offer_id)
+
+        image = body.get("image")
+        if not isinstance(image, str) or not image or len(image) > 1024:
+            if not body.get("template_hash_id"):
+                raise bad("'image' is required (a string of at most 1024 chars)")
+            image = f"template/{body['template_hash_id']}"
+        disk = body.get("disk", MIN_DISK_GB)
+        if isinstance(disk, bool) or not isinstance(disk, int | float) or disk < MIN_DISK_GB:
+            raise bad(f"'disk' must be a number >= {MIN_DISK_GB} GB, got {disk!r}")
+        label = body.get("label")
+        if label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL_CHARS):
+            raise bad(f"'label' must be a string of at most {MAX_LABEL_CHARS} chars")
+        onstart = body.get("onstart") or ""
+        args = body.get("args") or []
+        if not isinstance(onstart, str) or not isinstance(args, list):
+            raise bad("'onstart' must be a string and 'args' a list")
+        if len(onstart) + len(str(body.get("args_str") or "")) + sum(len(str(a)) for a in args) > \
+                MAX_ONSTART_ARGS_CHARS:
+            raise bad(f"args, args_str and onstart together exceed {MAX_ONSTART_ARGS_CHARS} chars")
+        price = body.get("price")
+        if price is not None and (isinstance(price, bool) or not isinstance(price, int | float)
+                                  or not 0.001 <= price <= 128.0):
+            raise bad(f"'price' must be between 0.001 and 128.0, got {price!r}")
+        target = body.get("target_state", transitions.RUNNING)
+        if target not in (transitions.RUNNING, transitions.STOPPED):
+            raise bad(f"'target_state' must be running or stopped, got {target!r}")
+        cancel = body.get("cancel_unavail", price is None and target == transitions.RUNNING)
+        runtype = str(body.get("runtype") or ("args" if args or body.get("args_str") else "ssh"))
+        return cls(image, float(disk), label, onstart, _parse_env(body.get("env"), bad), runtype,
+                   None if price is None else float(price), target, bool(cancel))
+
+
+def _parse_env(raw: Any, bad: Any) -> list[list[str]]:
+    """`env` as a dict (what clients send) or a docker-flag string (what the OpenAPI file says)."""
+    if raw is None or raw == "":
+        return []
+    if isinstance(raw, dict):
+        return [[str(k), str(v)] for k, v in raw.items()]
+    if not isinstance(raw, str):
+        raise bad("'env' must be an object or a docker-flag string")
+    pairs, tokens = [], shlex.split(raw)
+    for flag, value in zip(tokens[::2], tokens[1::2], strict=False):
+        if flag == "-e" and "=" in value:
+            pairs.append(value.split("=", 1))
+        else:
+            pairs.append([f"{flag} {value}", "1"])
+    return pairs

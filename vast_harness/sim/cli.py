@@ -1,0 +1,59 @@
+"""Command line of the standalone simulator (argparse: the simulator adds no dependencies)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from vast_harness.sim import faults as faults_module
+from vast_harness.sim.faults import FaultPlan, FaultSpecError
+from vast_harness.sim.server import SimServer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    grammar = (faults_module.__doc__ or "").split("SPEC grammar", 1)[-1]
+    parser = argparse.ArgumentParser(
+        prog="python -m vast_harness.sim", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="A simulated Vast.ai marketplace on 127.0.0.1: HTTP API, SSH hosts, billing, faults.",
+        epilog="GET /_sim/state shows every instance and the call log; PUT /_sim/faults replaces the plan."
+               "\n\nFault SPEC grammar" + grammar)
+    parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0 picks a free one)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the one RNG (market, ids, faults)")
+    parser.add_argument("--faults", default=None, metavar="SPEC", help="fault plan, grammar below")
+    parser.add_argument("--boot-seconds", type=float, default=0.0,
+                        help="seconds from create to running (null, then loading, then running)")
+    parser.add_argument("--api-key", action="append", dest="api_keys", metavar="KEY",
+                        help="an accepted key (repeatable); without it any non-empty key is its own account")
+    parser.add_argument("--offers", type=int, default=300, help="market size")
+    parser.add_argument("--credit-usd", type=float, default=100.0, help="starting credit per account")
+    parser.add_argument("--rate-scale", type=float, default=1.0,
+                        help="multiplies every rate-limit interval and window; 0 disables limits")
+    parser.add_argument("--host-root", default=None, help="where host sandboxes live (default a temp dir)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        plan = FaultPlan.parse(args.faults)
+    except FaultSpecError as exc:
+        print(f"error: --faults: {exc}", file=sys.stderr)
+        return 2
+    if args.rate_scale < 0 or args.offers < 1:
+        print("error: --rate-scale must be >= 0 and --offers >= 1", file=sys.stderr)
+        return 2
+    sim = SimServer(seed=args.seed, boot_seconds=args.boot_seconds, faults=plan if args.faults else None,
+                    num_offers=args.offers, rate_scale=args.rate_scale, api_keys=args.api_keys,
+                    credit_usd=args.credit_usd, host_root=args.host_root, port=args.port)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    sim.start()
+    print(f"vast sim listening on {sim.url}", flush=True)
+    try:
+        stop.wait()
+    finally:
+        sim.stop()
+    return 0

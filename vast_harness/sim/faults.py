@@ -1,0 +1,205 @@
+"""Fault injection: a plan of seeded, composable rules, set at start or replaced at run time.
+
+SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
+
+    SPEC   := ITEM (";" ITEM)*
+    ITEM   := "seed=" INT | RULE
+    RULE   := KIND (":" ARG)* ["@" PROB]
+    PROB   := a float in (0, 1]: the rule fires on each matching event with this probability,
+              drawn from the simulator's seeded RNG (or from seed=N when the spec names one).
+              A rule with @PROB and no count is permanent; without @PROB the count defaults to 1.
+    COUNT  := INT | "*" (unlimited)
+
+    KIND and its ARGs                       effect
+    429:ENDPOINT[:COUNT]                    answer 429 in the endpoint's documented body shape
+    5xx:ENDPOINT[:COUNT[:STATUS]]           answer 502/503/504 (STATUS fixed, else drawn) as an HTML page
+    hang:ENDPOINT:SECONDS[:COUNT]           stall SECONDS, then answer normally
+    create_timeout[:COUNT[:SECONDS]]        create the instance, stall SECONDS (default 0), then drop the
+                                            connection without a response
+    create_stopped[:COUNT]                  create answers 400 invalid_price yet carries new_contract; the
+                                            instance exists, stopped, billing storage
+    offer_taken[:COUNT]                     the offer is rented by someone else just before create
+                                            (410 no_such_ask with cancel_unavail, else 404)
+    delete_fail[:COUNT[:STATUS]]            DELETE fails COUNT times with STATUS (default 503; 429 gives
+                                            the rate-limit body)
+    read_lag:SECONDS[:COUNT]                v0 GET /instances/{id}/ answers {"instances": null} for
+                                            SECONDS after create (for the next COUNT creates, default *)
+    boot_stall[:COUNT]                      the next COUNT instances never leave `loading`
+    offline:SECONDS[:COUNT]                 SECONDS after reaching running the host goes offline:
+                                            actual_status offline, processes killed, SSH closed
+    ssh_refuse:K                            the next K SSH connections are reset at once
+    ssh_drop:SECONDS[:COUNT]                SECONDS into an exec the SSH connection is cut
+    slow_sftp:BYTES_PER_S[:COUNT]           SFTP reads and writes are throttled (COUNT sessions, default *)
+
+    ENDPOINT := search | create | show | list | destroy | user | ssh | any
+
+Example: `429:search:3;5xx:destroy:2;create_timeout;ssh_refuse:2;seed=7`. The JSON form is a list of
+rule objects (`{"kind": "5xx", "endpoint": "destroy", "count": 2}`), or `{"seed": 7, "rules": [...]}`.
+`FaultPlan.parse` reads either; `FaultPlan.take` is how the simulator asks whether a rule fires.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_taken", "delete_fail",
+               "read_lag", "boot_stall", "offline", "ssh_refuse", "ssh_drop", "slow_sftp"]
+ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "any")
+GATEWAY_STATUSES = (502, 503, 504)
+_NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
+_NEEDS_SECONDS = frozenset({"hang", "read_lag", "offline", "ssh_drop"})
+_UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp"})
+# Positional ARGs per kind, in SPEC order (after the kind, and after the endpoint where there is one).
+_POSITIONAL: dict[str, tuple[str, ...]] = {
+    "429": ("count",), "5xx": ("count", "status"), "hang": ("seconds", "count"),
+    "create_timeout": ("count", "seconds"), "create_stopped": ("count",), "offer_taken": ("count",),
+    "delete_fail": ("count", "status"), "read_lag": ("seconds", "count"), "boot_stall": ("count",),
+    "offline": ("seconds", "count"), "ssh_refuse": ("count",), "ssh_drop": ("seconds", "count"),
+    "slow_sftp": ("bytes_per_s", "count"),
+}
+
+
+class FaultSpecError(ValueError):
+    """A fault SPEC or rule list that does not parse; the message names the offending item."""
+
+
+class FaultRule(BaseModel):
+    """One rule. `count` None means unlimited; `fired` counts how often it has fired so far."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Kind
+    endpoint: Literal["search", "create", "show", "list", "destroy", "user", "ssh", "any"] | None = None
+    count: int | None = Field(default=1, ge=1)
+    prob: float | None = Field(default=None, gt=0.0, le=1.0)
+    status: int | None = None
+    seconds: float | None = Field(default=None, ge=0.0)
+    bytes_per_s: int | None = Field(default=None, gt=0)
+    fired: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> FaultRule:
+        if self.kind in _NEEDS_ENDPOINT and self.endpoint is None:
+            raise ValueError(f"fault {self.kind} needs an endpoint, one of {', '.join(ENDPOINTS)}")
+        if self.kind == "delete_fail":
+            self.endpoint = "destroy"
+        if self.kind in _NEEDS_SECONDS and self.seconds is None:
+            raise ValueError(f"fault {self.kind} needs SECONDS")
+        if self.kind == "slow_sftp" and self.bytes_per_s is None:
+            raise ValueError("fault slow_sftp needs BYTES_PER_S")
+        if self.status is not None and self.kind == "5xx" and self.status not in GATEWAY_STATUSES:
+            raise ValueError(f"fault 5xx status must be one of {GATEWAY_STATUSES}, got {self.status}")
+        if self.status is not None and self.kind == "delete_fail" and self.status not in (429, 500,
+                                                                                         *GATEWAY_STATUSES):
+            raise ValueError(f"fault delete_fail status must be 429 or 5xx, got {self.status}")
+        return self
+
+    def exhausted(self) -> bool:
+        return self.count is not None and self.fired >= self.count
+
+
+def _rule_from_item(item: str) -> FaultRule:
+    body, _, prob = item.partition("@")
+    kind, *args = [part.strip() for part in body.split(":")]
+    fields: dict[str, Any] = {"kind": kind}
+    if kind in _NEEDS_ENDPOINT:
+        if not args:
+            raise FaultSpecError(f"fault {item!r}: {kind} needs an endpoint")
+        fields["endpoint"], args = args[0], args[1:]
+    names = _POSITIONAL.get(kind, ())
+    if len(args) > len(names):
+        raise FaultSpecError(f"fault {item!r}: too many arguments (expected {', '.join(names) or 'none'})")
+    for name, value in zip(names, args, strict=False):
+        fields[name] = None if value == "*" else value
+    if prob:
+        fields["prob"] = prob
+        fields.setdefault("count", None)
+    elif kind in _UNLIMITED_BY_DEFAULT:
+        fields.setdefault("count", None)
+    try:
+        return FaultRule(**fields)
+    except ValidationError as exc:
+        raise FaultSpecError(f"fault {item!r}: {_first_error(exc)}") from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {err['msg']}" if where else err["msg"]
+
+
+class FaultPlan:
+    """A thread-safe set of rules; `take` decides (and counts) whether a rule fires."""
+
+    def __init__(self, rules: list[FaultRule] | None = None, seed: int | None = None,
+                 rng: random.Random | None = None) -> None:
+        self.rules = list(rules or [])
+        self.seed = seed
+        self._rng = random.Random(seed) if seed is not None else (rng or random.Random(0))
+        self._lock = threading.Lock()
+
+    @classmethod
+    def parse(cls, spec: str | list[Any] | dict[str, Any] | FaultPlan | None,
+              rng: random.Random | None = None) -> FaultPlan:
+        """A plan from a SPEC string, a JSON rule list, {"seed", "rules"} or {"spec"}; None is empty."""
+        if isinstance(spec, FaultPlan):
+            return spec
+        if spec is None:
+            return cls(rng=rng)
+        if isinstance(spec, dict):
+            if "spec" in spec:
+                return cls.parse(str(spec["spec"]), rng)
+            plan = cls.parse(list(spec.get("rules", [])), rng)
+            return cls(plan.rules, spec.get("seed"), rng) if spec.get("seed") is not None else plan
+        if isinstance(spec, list):
+            return cls([_rule_from_json(i, r) for i, r in enumerate(spec)], rng=rng)
+        rules, seed = [], None
+        for item in (part.strip() for part in spec.split(";")):
+            if not item:
+                continue
+            if item.startswith("seed="):
+                try:
+                    seed = int(item[5:])
+                except ValueError:
+                    raise FaultSpecError(f"fault {item!r}: seed must be an integer") from None
+            else:
+                rules.append(_rule_from_item(item))
+        return cls(rules, seed, rng)
+
+    def take(self, kind: str, endpoint: str | None = None) -> FaultRule | None:
+        """The first live rule of `kind` (for `endpoint`) that fires now, counted; else None."""
+        with self._lock:
+            for rule in self.rules:
+                if rule.kind != kind or rule.exhausted():
+                    continue
+                if endpoint is not None and rule.endpoint not in (endpoint, "any"):
+                    continue
+                if rule.prob is not None and self._rng.random() >= rule.prob:
+                    continue
+                rule.fired += 1
+                return rule
+        return None
+
+    def draw_status(self, rule: FaultRule) -> int:
+        """A rule's status: fixed, or one of 502/503/504 from the seeded RNG."""
+        if rule.status is not None:
+            return rule.status
+        with self._lock:
+            return self._rng.choice(GATEWAY_STATUSES)
+
+    def to_json(self) -> dict[str, Any]:
+        with self._lock:
+            return {"seed": self.seed, "rules": [r.model_dump() for r in self.rules]}
+
+
+def _rule_from_json(index: int, raw: Any) -> FaultRule:
+    if not isinstance(raw, dict):
+        raise FaultSpecError(f"fault rule #{index}: expected an object, got {type(raw).__name__}")
+    try:
+        return FaultRule(**raw)
+    except ValidationError as exc:
+        raise FaultSpecError(f"fault rule #{index}: {_first_error(exc)}") from None

@@ -1,0 +1,58 @@
+"""Vast instance states as data, and `--boot-seconds` as time progression.
+
+A created instance walks `null -> loading -> running` (`reference/vast-api.md` §6). The walk is the
+table `BOOT_PATH`: each step names the share of the boot time at which it is reached. `running` is
+reached by an event (the boot timer fires, the host's onstart starts), not by a read, so a reader never
+sees `running` before the SSH endpoint accepts connections. Faults and the create body can leave the
+walk: `stopped` (a create error that still created, or `target_state: stopped`), `offline` (the host
+vanished), or a boot that never completes (stuck in `loading`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RUNNING = "running"
+LOADING = "loading"
+STOPPED = "stopped"
+OFFLINE = "offline"
+
+
+@dataclass(frozen=True)
+class Step:
+    """`status` holds from `at_share` × boot_seconds after create until the next step."""
+
+    status: str | None
+    at_share: float
+
+
+# null for the first fifth of the boot (scheduling), loading for the rest (image pull), then running.
+BOOT_PATH: tuple[Step, ...] = (Step(None, 0.0), Step(LOADING, 0.2), Step(RUNNING, 1.0))
+
+PENDING_STATUSES = frozenset({None, LOADING})
+# States that bill storage only (GPU compute stopped) and the ones that bill nothing.
+STORAGE_ONLY_STATUSES = frozenset({STOPPED})
+UNBILLED_STATUSES = frozenset({OFFLINE})
+
+
+def pending_status(elapsed_s: float, boot_s: float) -> str | None:
+    """The status a not-yet-booted instance shows `elapsed_s` after create (never `running`)."""
+    status: str | None = None
+    for step in BOOT_PATH:
+        if step.status == RUNNING:
+            break
+        if elapsed_s >= step.at_share * boot_s:
+            status = step.status
+    return status
+
+
+def boot_delay_s(boot_s: float) -> float:
+    """Seconds after create at which the instance reaches `running`."""
+    return BOOT_PATH[-1].at_share * max(0.0, boot_s)
+
+
+def contract_states(actual_status: str | None) -> dict[str, str | None]:
+    """intended/cur/next states that go with an actual status (dstack reads all three on stop)."""
+    if actual_status == STOPPED:
+        return {"intended_status": STOPPED, "cur_state": STOPPED, "next_state": STOPPED}
+    return {"intended_status": RUNNING, "cur_state": RUNNING, "next_state": RUNNING}
