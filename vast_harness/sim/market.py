@@ -114,7 +114,9 @@ def _offer(rng: random.Random, gpu: Gpu, offer_id: int, machine_id: int, now: fl
     driver = rng.choice(good if good and (rng.random() < 0.5 or not other) else other)
     branch = int(driver.split(".")[0])
     lanes = rng.choices((16, 8, 4), (7, 2, 1))[0]
-    pcie_bw = round(gpu.pcie_bw_gbs * lanes / 16 * rng.uniform(0.45, 1.0), 1)
+    # Most hosts measure close to their link's rate; a minority (risers, bifurcation, contention) far below.
+    link_share = rng.uniform(0.85, 1.0) if rng.random() < 0.7 else rng.uniform(0.35, 0.85)
+    pcie_bw = round(gpu.pcie_bw_gbs * lanes / 16 * link_share, 1)
     dph_base = round(gpu.usd_per_gpu_h * num * rng.uniform(0.75, 1.5), 4)
     cpu_cores = None if rng.random() < 0.08 else num * rng.choice((8, 12, 16, 24, 32))
     reliability = round(rng.uniform(0.9, 0.9999) if rng.random() < 0.85 else rng.uniform(0.6, 0.95), 4)
