@@ -1,0 +1,35 @@
+"""Evidence checkers: remote.checks.<kind>.check(path: Path) -> list[str] of failed claims (empty = valid).
+
+`scripts/check_gpu_evidence.py --kind KIND FILE...` dispatches here; `run()` is that dispatcher.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+KINDS = ("mfu", "proofs", "mps")
+
+
+class CheckerMissing(RuntimeError):
+    """The checker module for a kind is not installed in this tree."""
+
+
+def load_checker(kind: str):
+    if kind not in KINDS:
+        raise CheckerMissing(f"unknown evidence kind {kind!r}; known: {', '.join(KINDS)}")
+    try:
+        module = importlib.import_module(f"remote.checks.{kind}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"remote.checks.{kind}":
+            raise
+        raise CheckerMissing(f"no checker for kind {kind!r}: remote/checks/{kind}.py is not present") from None
+    if not callable(getattr(module, "check", None)):
+        raise CheckerMissing(f"remote/checks/{kind}.py has no check(path) function")
+    return module.check
+
+
+def run(kind: str, paths: list[Path]) -> list[tuple[Path, list[str]]]:
+    """Check every file; returns (path, failed claims) per file, in order."""
+    check = load_checker(kind)
+    return [(p, check(p)) for p in paths]

@@ -1,0 +1,152 @@
+"""Checker for MFU evidence (remote.evidence) and bench-vs-reference records.
+
+check(path) -> failed claims, in the order they are checked (the first is the one to report).
+Claims are recomputed from the record's own numbers wherever possible, so a hand-edited figure fails.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from remote.evidence import SCHEMA as MFU_SCHEMA
+
+BENCH_SCHEMA = "vast-harness/bench-vs-reference/1"
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles" / "models"
+
+# field -> accepted types
+REQUIRED: dict[str, tuple[type, ...]] = {
+    "schema": (str,), "profile": (str,), "device": (str,), "mfu": (float,), "peak_tflops": (int, float),
+    "peak_source": (str,), "flops_per_token": (int, float), "flops_per_token_formula": (str,),
+    "tokens_per_s": (int, float), "step_times_s": (list,), "warmup_steps": (int,),
+    "rank_peak_mem_gib": (list,), "rank_step_peak_mem_gib": (list,), "attention_backend": (str,),
+    "world_size": (int,), "micro_batch": (int,), "seq_len": (int,), "reduction": (str,), "flags": (dict,),
+    "nccl_env": (dict,), "versions": (dict,), "leaf_root": (str,), "loss_per_step": (list,),
+    "required_attention": (list,),
+}
+VERSION_KEYS = ("torch", "cuda", "driver", "gpu_name", "gpu_uuids")
+
+
+def _close(a: float, b: float, rel: float = 1e-6) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=0.0)
+
+
+def _schema(d: dict) -> list[str]:
+    failed = []
+    for key, types in REQUIRED.items():
+        if key not in d:
+            failed.append(f"schema: field {key!r} is missing")
+        elif not isinstance(d[key], types) or isinstance(d[key], bool):
+            failed.append(f"schema: field {key!r} has type {type(d[key]).__name__}")
+    if not failed and d["schema"] != MFU_SCHEMA:
+        failed.append(f"schema: {d['schema']!r} is not {MFU_SCHEMA!r}")
+    return failed
+
+
+def _required_attention(d: dict) -> list[str]:
+    """The profile file in this tree is authoritative; the recorded copy is the fallback."""
+    path = PROFILE_DIR / f"{d['profile']}.toml"
+    if path.is_file():
+        import tomllib
+
+        return list(tomllib.loads(path.read_text()).get("required_attention", []))
+    return list(d["required_attention"])
+
+
+def _claims(d: dict) -> list[str]:
+    failed = []
+    if not (0.0 < d["mfu"] < 1.0):
+        failed.append(f"mfu {d['mfu']} is not in (0, 1)")
+    times = d["step_times_s"]
+    if not times or not all(isinstance(t, (int, float)) and t > 0 for t in times):
+        failed.append("step_times_s must be a non-empty list of positive seconds")
+    if d["warmup_steps"] < 3:
+        failed.append(f"warmup_steps {d['warmup_steps']} < 3: warm-up must be excluded from timing")
+    if times and all(isinstance(t, (int, float)) and t > 0 for t in times):
+        tps = d["world_size"] * d["micro_batch"] * d["seq_len"] * len(times) / sum(times)
+        if not _close(tps, d["tokens_per_s"]):
+            failed.append(f"tokens_per_s {d['tokens_per_s']} does not match the step times ({tps})")
+        mfu = tps / d["world_size"] * d["flops_per_token"] / (d["peak_tflops"] * 1e12)
+        if not _close(mfu, d["mfu"]):
+            failed.append(f"mfu {d['mfu']} does not follow from tokens_per_s, flops_per_token, peak ({mfu})")
+    model = d.get("model", {})
+    if {"n_layers", "d_model", "seq_len", "param_counts"} <= set(model):
+        pc = model["param_counts"]
+        fpt = 6 * (pc["non_embedding"] + pc["lm_head"]) + 12 * model["n_layers"] * model["d_model"] * model["seq_len"]
+        if not _close(fpt, d["flops_per_token"]):
+            failed.append(f"flops_per_token {d['flops_per_token']} is not 6*(N_nonembed+N_head)+12*L*d*T ({fpt})")
+    else:
+        failed.append("model: shape and param_counts are missing, flops_per_token cannot be verified")
+    if d["peak_tflops"] <= 0 or not d["peak_source"].strip():
+        failed.append("peak_tflops must be positive and peak_source named")
+    if d["world_size"] < 1 or len(d["rank_peak_mem_gib"]) != d["world_size"] or \
+            len(d["rank_step_peak_mem_gib"]) != d["world_size"]:
+        failed.append("rank_peak_mem_gib and rank_step_peak_mem_gib need one entry per rank")
+    if d["micro_batch"] < 1:
+        failed.append(f"micro_batch {d['micro_batch']} < 1")
+    if d["reduction"] not in ("ddp", "zero2", "zero2o"):
+        failed.append(f"reduction {d['reduction']!r} is not ddp, zero2 or zero2o")
+    required = _required_attention(d)
+    if d["device"] == "cuda" and required and d["attention_backend"] not in required:
+        failed.append(f"attention_backend {d['attention_backend']!r} is not one the profile requires {required}")
+    for key, value in MULTICAST_OFF.items():
+        if d["nccl_env"].get(key) != value:
+            failed.append(f"nccl_env: {key} must be {value} (NVLink multicast off), got {d['nccl_env'].get(key)!r}")
+    missing = [k for k in VERSION_KEYS if k not in d["versions"]]
+    if missing:
+        failed.append(f"versions: missing {missing}")
+    elif d["device"] == "cuda" and (not d["versions"]["driver"] or len(d["versions"]["gpu_uuids"]) != d["world_size"]
+                                    or not all(d["versions"]["gpu_uuids"])):
+        failed.append("versions: a CUDA run must record the driver and one GPU UUID per rank")
+    if not HEX64.match(d["leaf_root"]):
+        failed.append(f"leaf_root {d['leaf_root']!r} is not a sha256 hex digest")
+    losses = d["loss_per_step"]
+    if not losses or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in losses):
+        failed.append("loss_per_step must be a non-empty list of finite numbers")
+    if d["flags"].get("replay"):
+        if d.get("replay_match") is not True:
+            failed.append(f"replay was asked but replay_match is {d.get('replay_match')!r}")
+        elif d.get("replay_leaf_root") != d["leaf_root"]:
+            failed.append("replay_match is true but replay_leaf_root differs from leaf_root")
+    return failed
+
+
+def check_record(d: dict) -> list[str]:
+    failed = _schema(d)
+    return failed if failed else _claims(d)
+
+
+def _check_bench(d: dict) -> list[str]:
+    failed = [f"ours: {c}" for c in check_record(d.get("ours", {}))]
+    ref = d.get("reference", {})
+    for key in ("mfu", "tokens_per_s", "step_times_s", "micro_batch", "seq_len", "flops_per_token"):
+        if key not in ref:
+            failed.append(f"reference: field {key!r} is missing")
+    if failed:
+        return failed
+    if not (0.0 < ref["mfu"] < 1.0):
+        failed.append(f"reference: mfu {ref['mfu']} is not in (0, 1)")
+    ours = d["ours"]
+    if (ref["micro_batch"], ref["seq_len"]) != (ours["micro_batch"], ours["seq_len"]):
+        failed.append("reference and ours differ in micro_batch or seq_len")
+    if not _close(ref["flops_per_token"], ours["flops_per_token"]):
+        failed.append("reference and ours are scored with different flops_per_token")
+    if not _close(d.get("ratio", -1.0), ours["mfu"] / ref["mfu"]):
+        failed.append(f"ratio {d.get('ratio')} is not ours.mfu / reference.mfu")
+    return failed
+
+
+def check(path: Path) -> list[str]:
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return [f"unreadable evidence: {exc}"]
+    if not isinstance(d, dict):
+        return ["evidence is not a JSON object"]
+    if d.get("schema") == BENCH_SCHEMA:
+        return _check_bench(d)
+    return check_record(d)

@@ -1,0 +1,95 @@
+"""The MFU evidence record (design.md "Workload" contract) and its atomic writer.
+
+Checked by remote.checks.mfu; the field names below are the contract, so add fields rather than rename.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from remote import envprobe, mfu, parallel
+from remote.model import FLOPS_FORMULA
+
+if TYPE_CHECKING:
+    from remote.attention import Choice
+    from remote.profiles import Profile
+    from remote.train import RoundResult
+
+SCHEMA = "vast-harness/mfu/1"
+
+
+def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.Peak, choice: Choice,
+          first: RoundResult, second: RoundResult | None, identities: list[dict], mems: list[tuple],
+          env: dict, det: dict, mps: dict | None, device: torch.device) -> dict:
+    cfg = profile.model
+    micro_batch = first.extra["micro_batch"]
+    fpt = cfg.flops_per_token()
+    fpt_half = cfg.flops_per_token(causal_halved=True)
+    # Mean over timed steps (total tokens / total time), not the median: stalls count against us.
+    tokens_per_s = world * micro_batch * cfg.seq_len * len(first.step_times_s) / sum(first.step_times_s)
+    per_gpu = tokens_per_s / world
+    record = {
+        "schema": SCHEMA,
+        "created_unix": time.time(),
+        "profile": profile.name,
+        "required_attention": list(profile.required_attention),
+        "device": device.type,
+        "model": dataclasses.asdict(cfg) | {"padded_vocab": cfg.padded_vocab,
+                                            "param_counts": cfg.param_counts()},
+        "mfu": mfu.mfu(per_gpu, fpt, peak.tflops),
+        "mfu_causal_halved": mfu.mfu(per_gpu, fpt_half, peak.tflops),
+        "peak_tflops": peak.tflops,
+        "peak_source": peak.source,
+        "flops_per_token": fpt,
+        "flops_per_token_formula": FLOPS_FORMULA,
+        "flops_per_token_causal_halved": fpt_half,
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_gpu": per_gpu,
+        "achieved_tflops_per_gpu": per_gpu * fpt / 1e12,
+        "step_times_s": first.step_times_s,
+        "all_step_times_s": first.extra["all_step_times_s"],
+        "warmup_steps": profile.train.warmup_steps,
+        "steps": first.extra["steps"],
+        "loss_per_step": first.losses,
+        "rank_peak_mem_gib": [m[0] for m in mems],
+        "rank_step_peak_mem_gib": [m[1] for m in mems],
+        "rank_optimizer_numel": [m[2] for m in mems],
+        "attention_backend": choice.path,
+        "attention_kv_mode": choice.kv_mode,
+        "attention_rejected": choice.rejected,
+        "world_size": world,
+        "micro_batch": micro_batch,
+        "seq_len": cfg.seq_len,
+        "reduction": args.reduction,
+        "flags": {"act_ckpt": args.act_ckpt, "compile": args.compile, "nccl_pcie": args.nccl_pcie,
+                  "deterministic": args.deterministic, "replay": args.replay, "attention": args.attention,
+                  "peak_tflops_override": args.peak_tflops},
+        "determinism": det,
+        "nccl_env": env | parallel.recorded_env(),
+        "versions": envprobe.versions() | {"gpu_name": identities[0]["name"],
+                                           "gpu_uuids": [i["uuid"] for i in identities]},
+        "ranks": identities,
+        "leaf_root": first.leaf_root,
+        "mps": mps,
+    }
+    if second is not None:
+        record |= {"replay_leaf_root": second.leaf_root, "replay_match": second.leaf_root == first.leaf_root,
+                   "replay_loss_per_step": second.losses, "replay_step_times_s": second.step_times_s}
+    return record
+
+
+def write(path: str | os.PathLike, record: dict) -> None:
+    """Write-then-rename, so a reader never sees half a file."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, out)

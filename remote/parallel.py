@@ -1,0 +1,257 @@
+"""Data parallelism, one process per GPU: the NCCL environment, then one apply_ function per concern,
+applied in a fixed order (torchtitan's): activation checkpointing, compile, then the reduction.
+
+Every reduction keeps the model's weights in bf16 and an fp32 master copy (plus AdamW moments) in the
+optimizer, so the update is not lost to bf16 rounding. Gradients are reduced in bf16.
+
+- `apply_ddp`: torch DDP (static graph, gradients as bucket views) + fused AdamW on full fp32 masters.
+- `apply_zero2(overlap=False)`: parameters live in flat per-bucket buffers; after backward each bucket's
+  gradient is reduce-scattered so every rank receives only the shard it owns; AdamW state exists for that
+  shard only; updated shards are all-gathered back into the parameters.
+- `apply_zero2(overlap=True)` ("zero2o"): the same buckets and the same collectives in the same order,
+  but each bucket's reduce-scatter is issued from a post-accumulate-grad hook as soon as its last gradient
+  lands, so communication overlaps the rest of backward. Bitwise equal to zero2 by construction.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
+
+from remote.model import Transformer, _ce_chunk
+from remote.profiles import TrainConfig
+
+# NVLink multicast can take a shared host's GPUs out of service: off in NCCL, PyTorch and NVSHMEM, always.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# PCIe-only hosts (no NVLink, often no P2P through the root complex): ring over host memory, fixed channels.
+PCIE = {"NCCL_P2P_DISABLE": "1", "NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_MIN_NCHANNELS": "4",
+        "NCCL_MAX_NCHANNELS": "8", "NCCL_BUFFSIZE": "8388608"}
+RECORDED_ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "PYTORCH_CUDA_ALLOC_CONF",
+                         "CUBLAS_WORKSPACE_CONFIG", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "VH_MPS_MODE")
+_ALIGN = 64  # elements: every parameter and every shard starts 128-byte aligned in the flat buffers
+
+
+def set_process_env(nccl_pcie: bool) -> dict[str, str]:
+    """Before CUDA/NCCL start. setdefault: an operator's explicit value wins, except multicast, which is
+    forced off even if the caller's environment says otherwise."""
+    os.environ.update(MULTICAST_OFF)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    if nccl_pcie:
+        for key, value in PCIE.items():
+            os.environ.setdefault(key, value)
+    return recorded_env()
+
+
+def recorded_env() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV_PREFIXES)}
+
+
+def apply_act_ckpt(model: Transformer) -> None:
+    """Per-layer activation checkpointing (non-reentrant); parameter names stay as they were."""
+    for block in model.layers:
+        inner = block.forward
+        block.forward = lambda *args, _f=inner: checkpoint(_f, *args, use_reentrant=False)
+
+
+def apply_compile(model: Transformer) -> None:
+    """One graph per layer (identical layers hit the compile cache) plus the fused loss chunk kernel.
+    nn.Module.compile works in place, so parameter names and objects are unchanged."""
+    for block in model.layers:
+        block.compile(fullgraph=True)
+    model.ce_kernel = torch.compile(_ce_chunk, fullgraph=True)
+
+
+class _MasterAdamW:
+    """Fused AdamW over fp32 master copies of bf16 tensors (whole parameters or flat shards)."""
+
+    def __init__(self, sources: list[torch.Tensor], train: TrainConfig) -> None:
+        self.masters = [nn.Parameter(s.detach().float().clone()) for s in sources]
+        for m in self.masters:
+            m.grad = torch.zeros_like(m)
+        fused = self.masters[0].device.type in ("cuda", "cpu")
+        self.opt = torch.optim.AdamW(self.masters, lr=train.lr, betas=(train.beta1, train.beta2),
+                                     weight_decay=train.weight_decay, fused=fused)
+
+    @torch.no_grad()
+    def step(self, grads: list[torch.Tensor], outs: list[torch.Tensor], grad_scale: float = 1.0) -> None:
+        for m, g in zip(self.masters, grads, strict=True):
+            m.grad.copy_(g)
+        if grad_scale != 1.0:
+            torch._foreach_mul_([m.grad for m in self.masters], grad_scale)
+        self.opt.step()
+        for out, m in zip(outs, self.masters, strict=True):
+            out.copy_(m)
+
+    def state(self, i: int) -> dict[str, torch.Tensor]:
+        st = self.opt.state[self.masters[i]]
+        return {"master": self.masters[i].detach(), "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"],
+                "step": st["step"]}
+
+    def numel(self) -> int:
+        return sum(m.numel() for m in self.masters)
+
+
+class DdpRunner:
+    def __init__(self, model: Transformer, names: dict[int, str], train: TrainConfig,
+                 group: dist.ProcessGroup, device: torch.device) -> None:
+        self.module, self.names, self.group = model, names, group
+        self.params = list(model.parameters())
+        self.wrapped = DistributedDataParallel(
+            model, process_group=group, bucket_cap_mb=train.bucket_cap_mb, gradient_as_bucket_view=True,
+            static_graph=True, device_ids=[device.index] if device.type == "cuda" else None)
+        self.optim = _MasterAdamW(self.params, train)
+
+    def forward_backward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = self.wrapped(tokens, targets)
+        loss.backward()
+        return loss.detach()
+
+    def step(self) -> None:
+        self.optim.step([p.grad for p in self.params], [p.data for p in self.params])
+        for p in self.params:  # grads are views into DDP's buckets: zero, never None
+            p.grad.zero_()
+
+    def optimizer_numel(self) -> int:
+        return self.optim.numel()
+
+    def canonical_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full parameters and optimizer state, canonical names; every rank holds it all under DDP."""
+        for i, p in enumerate(self.params):
+            name = self.names[id(p)]
+            yield f"param.{name}", p.detach()
+            st = self.optim.state(i)
+            for key in ("master", "exp_avg", "exp_avg_sq"):
+                yield f"optim.{name}.{key}", st[key]
+        yield "optim.step", self.optim.state(0)["step"]
+
+
+def apply_ddp(model: Transformer, names: dict[int, str], train: TrainConfig, group: dist.ProcessGroup,
+              device: torch.device) -> DdpRunner:
+    return DdpRunner(model, names, train, group, device)
+
+
+class _Bucket:
+    """A run of parameters sharing one flat bf16 weight buffer and one flat bf16 gradient buffer."""
+
+    def __init__(self, params: list[nn.Parameter], world: int, rank: int) -> None:
+        self.params, self.offsets = params, []
+        total = 0
+        for p in params:
+            self.offsets.append(total)
+            total += -(-p.numel() // _ALIGN) * _ALIGN
+        self.numel = -(-total // (world * _ALIGN)) * world * _ALIGN  # shards equal and aligned
+        self.shard = self.numel // world
+        ref = params[0]
+        self.flat_param = torch.zeros(self.numel, dtype=ref.dtype, device=ref.device)
+        self.flat_grad = torch.zeros_like(self.flat_param)
+        self.shard_grad = torch.empty(self.shard, dtype=ref.dtype, device=ref.device)
+        self.shard_out = torch.empty_like(self.shard_grad)  # updated shard, all-gather input
+        self.my_slice = slice(rank * self.shard, (rank + 1) * self.shard)
+        with torch.no_grad():
+            for p, off in zip(params, self.offsets, strict=True):
+                view = self.flat_param[off:off + p.numel()].view_as(p)
+                view.copy_(p)
+                p.data = view  # the Parameter object (and its name) survives; its storage is the bucket
+                # autograd accumulates in place into an existing .grad: the bucket fills with no copy
+                p.grad = self.flat_grad[off:off + p.numel()].view_as(p)
+        self.ready = 0
+
+
+class Zero2Runner:
+    def __init__(self, model: Transformer, names: dict[int, str], train: TrainConfig,
+                 group: dist.ProcessGroup, overlap: bool) -> None:
+        self.module, self.names, self.group, self.overlap = model, names, group, overlap
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.buckets = self._make_buckets(list(model.parameters()), train.bucket_cap_mb * 2**20)
+        self.optim = _MasterAdamW([b.flat_param[b.my_slice] for b in self.buckets], train)
+        self.handles: list = []
+        self.launched = 0
+        if overlap:
+            for i, b in enumerate(self.buckets):
+                for p in b.params:
+                    p.register_post_accumulate_grad_hook(lambda _p, _i=i: self._on_grad_ready(_i))
+
+    def _make_buckets(self, params: list[nn.Parameter], cap_bytes: int) -> list[_Bucket]:
+        """Reverse registration order ~ the order backward produces gradients, so bucket 0 fills first."""
+        groups: list[list[nn.Parameter]] = [[]]
+        size = 0
+        for p in reversed(params):
+            nbytes = p.numel() * p.element_size()
+            if groups[-1] and size + nbytes > cap_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(p)
+            size += nbytes
+        return [_Bucket(g, self.world, self.rank) for g in groups]
+
+    def _launch(self, i: int) -> None:
+        b = self.buckets[i]
+        self.handles.append(dist.reduce_scatter_tensor(b.shard_grad, b.flat_grad, op=dist.ReduceOp.SUM,
+                                                       group=self.group, async_op=True))
+        self.launched = i + 1
+
+    def _on_grad_ready(self, i: int) -> None:
+        self.buckets[i].ready += 1
+        # Launch strictly in bucket order, so the collective sequence is identical to zero2's.
+        while self.launched < len(self.buckets) and \
+                self.buckets[self.launched].ready == len(self.buckets[self.launched].params):
+            self._launch(self.launched)
+
+    def forward_backward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = self.module(tokens, targets)
+        loss.backward()
+        return loss.detach()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i in range(self.launched, len(self.buckets)):  # zero2: all of them; zero2o: none normally
+            self._launch(i)
+        for h in self.handles:
+            h.wait()
+        self.optim.step([b.shard_grad for b in self.buckets], [b.shard_out for b in self.buckets],
+                        grad_scale=1.0 / self.world)
+        gathers = [dist.all_gather_into_tensor(b.flat_param, b.shard_out, group=self.group, async_op=True)
+                   for b in self.buckets]
+        for g in gathers:
+            g.wait()
+        for b in self.buckets:
+            b.flat_grad.zero_()
+            b.ready = 0
+        self.handles, self.launched = [], 0
+
+    def optimizer_numel(self) -> int:
+        return self.optim.numel()
+
+    def canonical_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective: every rank must iterate. Rank 0 receives full, unpadded tensors under the same
+        names DDP uses; other ranks get nothing (they still take part in the gathers)."""
+        for i, b in enumerate(self.buckets):
+            st = self.optim.state(i)
+            full = {}
+            for key in ("master", "exp_avg", "exp_avg_sq"):
+                full[key] = torch.empty(b.numel, dtype=st[key].dtype, device=st[key].device)
+                dist.all_gather_into_tensor(full[key], st[key].contiguous(), group=self.group)
+            if self.rank != 0:
+                continue
+            for p, off in zip(b.params, b.offsets, strict=True):
+                name = self.names[id(p)]
+                yield f"param.{name}", p.detach()
+                for key in ("master", "exp_avg", "exp_avg_sq"):
+                    yield f"optim.{name}.{key}", full[key][off:off + p.numel()].view(p.shape)
+        if self.rank == 0:
+            yield "optim.step", self.optim.state(0)["step"]
+
+
+def apply_zero2(model: Transformer, names: dict[int, str], train: TrainConfig, group: dist.ProcessGroup,
+                overlap: bool) -> Zero2Runner:
+    return Zero2Runner(model, names, train, group, overlap)
+
+
+__all__ = ["MULTICAST_OFF", "PCIE", "DdpRunner", "Zero2Runner", "apply_act_ckpt", "apply_compile", "apply_ddp",
+           "apply_zero2", "recorded_env", "set_process_env"]

@@ -1,0 +1,130 @@
+"""Model, FLOPs, peaks, attention choice, Merkle and profiles: in-process, CPU, fast."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from remote import attention, mfu
+from remote.merkle import merkle_root
+from remote.model import ModelConfig, build_model, linear_cross_entropy, rope_tables
+from remote.profiles import ProfileError, load_profile
+
+
+def test_1b_flops_per_token_matches_the_formula() -> None:
+    cfg = load_profile("mfu-dense-1b-dp1").model
+    counts = cfg.param_counts()
+    assert cfg.padded_vocab == 128256  # 501 * 256: already aligned
+    assert counts["non_embedding"] == 16 * (2048 * 3072 + 2048 * 2048 + 3 * 2048 * 8192 + 2 * 2048) + 2048
+    fpt = 6 * (counts["non_embedding"] + counts["lm_head"]) + 12 * 16 * 2048 * 2048
+    assert cfg.flops_per_token() == fpt
+    assert 8.2e9 < fpt < 8.25e9
+    assert cfg.flops_per_token(causal_halved=True) == fpt - 6 * 16 * 2048 * 2048
+
+
+def test_tiny_model_parameter_count_matches_config() -> None:
+    cfg = load_profile("tiny-cpu").model
+    model = build_model(cfg, torch.device("cpu"), seed=0)
+    assert sum(p.numel() for p in model.parameters()) == cfg.param_counts()["total"]
+    assert model.tok_embeddings.weight.dtype == torch.bfloat16
+
+
+def test_rope_tables_are_cached_per_key() -> None:
+    cfg = load_profile("tiny-cpu").model
+    a = rope_tables(cfg, 64, torch.float32, torch.device("cpu"))
+    assert rope_tables(cfg, 64, torch.float32, torch.device("cpu")) is a
+    assert rope_tables(cfg, 32, torch.float32, torch.device("cpu")) is not a
+    assert rope_tables(cfg, 64, torch.bfloat16, torch.device("cpu"))[0].dtype == torch.bfloat16
+
+
+def test_linear_cross_entropy_matches_reference_loss_and_grads() -> None:
+    torch.manual_seed(0)
+    h = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(40, 16, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 40, (50,))
+    ref = F.cross_entropy(h @ w.t(), t)
+    ref.backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    loss = linear_cross_entropy(h, w, t, chunk_tokens=16)  # 4 chunks, the last one ragged
+    (loss * 2).backward()
+    assert torch.allclose(loss.double(), ref)
+    # fp32 accumulation inside (as on GPU): compare at fp32 precision
+    assert torch.allclose(h.grad, 2 * gh, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(w.grad, 2 * gw, rtol=1e-4, atol=1e-6)
+
+
+def test_model_config_refuses_bad_shapes() -> None:
+    cfg = load_profile("tiny-cpu").model
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        dataclasses.replace(cfg, n_kv_heads=3)
+    with pytest.raises(ValueError, match="dtype"):
+        ModelConfig(d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=8, vocab_size=8, seq_len=4,
+                    dtype="int8")
+
+
+@pytest.mark.parametrize(("name", "tflops"), [("NVIDIA H200", 989.0), ("NVIDIA H100 80GB HBM3", 989.0),
+                                              ("NVIDIA H100 PCIe", 756.0), ("NVIDIA GeForce RTX 5090", 209.5),
+                                              ("NVIDIA A100-SXM4-80GB", 312.0)])
+def test_peak_table(name: str, tflops: float) -> None:
+    peak = mfu.peak_for(name)
+    assert peak.tflops == tflops and "http" in peak.source
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H200 NVL", "Tesla T4", "cpu"])
+def test_unknown_or_unsourced_gpu_is_refused_unless_peak_given(name: str) -> None:
+    with pytest.raises(mfu.UnknownGpu, match="--peak-tflops"):
+        mfu.peak_for(name)
+    assert mfu.peak_for(name, 123.0).tflops == 123.0
+
+
+def test_attention_refuses_when_no_fast_path_accepts() -> None:
+    def reject(path, kv_mode, *rest):
+        return None if path == "math" else f"{path} rejects head_dim 17"
+
+    with pytest.raises(attention.AttentionUnavailable, match="--attention math"):
+        attention.choose(torch.device("cuda"), torch.float32, 4, 2, 17, "auto", prober=reject)
+    choice = attention.choose(torch.device("cuda"), torch.float32, 4, 2, 17, "math", prober=reject)
+    assert (choice.path, choice.kv_mode) == ("math", "gqa")
+
+
+def test_attention_probe_is_cached_per_key() -> None:
+    calls = []
+
+    def accept(*args):
+        calls.append(args)
+
+    for _ in range(3):
+        attention.choose(torch.device("cuda"), torch.bfloat16, 32, 8, 64, "auto", prober=accept)
+    assert len(calls) == 1 and calls[0][:2] == ("cudnn", "gqa")
+
+
+def test_merkle_root_sees_order_name_dtype_and_bytes() -> None:
+    a, b = torch.arange(6, dtype=torch.float32), torch.ones(2, 3)
+    base = merkle_root([("a", a), ("b", b)])
+    assert base == merkle_root([("b", b), ("a", a)])  # canonical (sorted) order
+    assert base != merkle_root([("a", a.flip(0)), ("b", b)])  # element order matters (unlike XOR hashes)
+    assert base != merkle_root([("a", a), ("c", b)])
+    assert base != merkle_root([("a", a.double()), ("b", b)])
+    assert base != merkle_root([("a", a.view(2, 3)), ("b", b)])
+    assert len(merkle_root([("s", torch.tensor(3.0))])) == 64
+
+
+@pytest.mark.parametrize("name", ["mfu-dense-1b-dp1", "mfu-dense-1b-dp2", "tiny-cpu"])
+def test_profiles_load(name: str) -> None:
+    assert load_profile(name).name == name
+
+
+def test_bad_profiles_are_refused(tmp_path) -> None:
+    with pytest.raises(ProfileError, match="unknown profile 'nope'"):
+        load_profile("nope")
+    text = (load_profile.__globals__["PROFILE_DIR"] / "tiny-cpu.toml").read_text()
+    (tmp_path / "tiny-cpu.toml").write_text(text.replace("micro_batch = 4", "micro_batch = 4\nbogus = 1"))
+    with pytest.raises(ProfileError, match=r"\[train\]: unknown field\(s\) bogus"):
+        load_profile("tiny-cpu", tmp_path)
+    (tmp_path / "tiny-cpu.toml").write_text(text.replace("warmup_steps = 3", "warmup_steps = 1"))
+    with pytest.raises(ProfileError, match="warmup_steps must be >= 3"):
+        load_profile("tiny-cpu", tmp_path)
