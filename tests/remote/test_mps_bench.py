@@ -1,0 +1,39 @@
+"""The MPS benchmark's orchestration on CPU: fake workers, the fake daemon, the real arms and summary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from remote import mps_bench
+from tests.remote.fake_mps import fake_env
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_bench_runs_interleaved_arms_and_verifies_on_and_off(tmp_path, monkeypatch, capsys):
+    for key, value in fake_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(mps_bench, "WORKER_MODULE", "tests.remote.fake_mps.fake_bench_worker")
+    out = tmp_path / "bench.json"
+    rc = mps_bench.main(["--out", str(out), "--reps", "3", "--sizes", "256", "--helper-counts", "1,2",
+                         "--warm-s", "0.03", "--window-s", "0.08", "--log-root", str(tmp_path / "logs")])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert [(a["rep"], a["mode"]) for a in data["arms"]] == [
+        (0, "on"), (0, "off"), (1, "off"), (1, "on"), (2, "on"), (2, "off")]
+    assert data["off_arms_verified_off"] and data["on_arms_attached"]
+    on_daemons = [a["daemon"] for a in data["arms"] if a["mode"] == "on"]
+    assert len({d["daemon_pid"] for d in on_daemons}) == 3  # a fresh daemon per repetition
+    assert all(d["stop"]["daemon_gone"] for d in on_daemons)
+    assert [(r["size"], r["helpers"]) for r in data["summary"]] == [(256, 1), (256, 2)]
+    row = data["summary"][1]
+    # sleeping workers do not contend: each runs at its alone rate, so 1 learner + 2 helpers ~ 3.0
+    assert 2.0 < row["combined_norm_off"] < 3.5 and 2.0 < row["combined_norm_on"] < 3.5
+    assert "combined (norm.) off/on" in capsys.readouterr().out
+
+
+def test_reps_below_three_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        mps_bench.main(["--out", str(tmp_path / "b.json"), "--reps", "2"])
