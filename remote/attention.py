@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import sys
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -52,14 +53,18 @@ def _try(path: str, kv_mode: str, device: torch.device, dtype: torch.dtype, n_he
          head_dim: int, seq: int = 128) -> str | None:
     """Run one causal fwd+bwd on this path; None if it ran, else the reason."""
     _base, (q, k, v) = _inputs(device, dtype, 1, seq, n_heads, n_kv, head_dim, seed=0)
-    try:
-        with sdpa_kernel([PATHS[path]]):
-            out = _call(q, k, v, kv_mode)
-        out.float().sum().backward()
-        if not torch.isfinite(out).all():
-            return "non-finite output"
-    except RuntimeError as exc:  # "No available kernel" and friends
-        return str(exc).splitlines()[0][:200]
+    # A rejected path makes PyTorch warn once per reason ("... kernel not used because"); the probe reports
+    # the reason itself, so the warnings are only noise in the step's log.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            with sdpa_kernel([PATHS[path]]):
+                out = _call(q, k, v, kv_mode)
+            out.float().sum().backward()
+            if not torch.isfinite(out).all():
+                return "non-finite output"
+        except RuntimeError as exc:  # "No available kernel" and friends
+            return str(exc).splitlines()[0][:200]
     return None
 
 

@@ -1,6 +1,10 @@
-"""Host environment probe: GPUs (names, UUIDs, memory), driver, CUDA, cuDNN, NCCL, torch, relevant env.
+"""Host environment probe: GPUs (names, UUIDs, memory), driver, package versions, relevant env.
 
-`python -m remote.envprobe [--out FILE]` prints (or writes) one JSON object. Standard library + torch only.
+`python -m remote.envprobe [--out FILE]` prints (or writes) one JSON object. It is the first step on a rented
+host, so it uses the standard library and `nvidia-smi` only: it must report even when PyTorch is broken,
+and it must be cheap (importing torch and creating a CUDA context cost ~4 s on an H200, measured in
+.evidence/h200/proofs-2026-11-29). The torch-level facts (cuDNN, NCCL, the process's own device) are
+recorded by the workload's evidence through `versions()` and `device_identity()`, which import torch lazily.
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ import platform
 import shutil
 import subprocess
 import sys
+from importlib import metadata
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
                 "CUDA_VISIBLE_DEVICES", "CUDA_MPS_", "VH_MPS_MODE")
@@ -41,6 +48,8 @@ def driver_version() -> str | None:
 
 def device_identity(device: torch.device) -> dict:
     """This process's device: name and UUID ("GPU-..." as nvidia-smi prints it)."""
+    import torch
+
     if device.type != "cuda":
         return {"name": "cpu", "uuid": None, "index": None}
     props = torch.cuda.get_device_properties(device)
@@ -50,6 +59,8 @@ def device_identity(device: torch.device) -> dict:
 
 
 def versions() -> dict:
+    import torch
+
     nccl = None
     if torch.cuda.is_available():
         try:
@@ -63,10 +74,40 @@ def versions() -> dict:
             "python": platform.python_version()}
 
 
+_SMI_FIELDS = ("index", "name", "uuid", "memory.total", "driver_version", "pci.bus_id", "pcie.link.gen.max",
+               "pcie.link.width.max")
+_PACKAGES = ("torch", "triton", "numpy", "pytest")
+
+
+def smi_gpus() -> tuple[list[dict], str | None]:
+    """Every GPU as nvidia-smi sees it (no CUDA context is created), or the reason there is none."""
+    if not shutil.which("nvidia-smi"):
+        return [], "nvidia-smi not found"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError) as exc:
+        return [], f"nvidia-smi failed: {exc}"
+    rows = [dict(zip(_SMI_FIELDS, (c.strip() for c in line.split(",")), strict=False))
+            for line in out.splitlines() if line.strip()]
+    return rows, None
+
+
+def package_versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for name in _PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
 def probe() -> dict:
-    gpus = [device_identity(torch.device("cuda", i)) for i in range(torch.cuda.device_count())]
+    gpus, why = smi_gpus()
     return {"hostname": platform.node(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "versions": versions(), "gpus": gpus,
+            "python": platform.python_version(), "packages": package_versions(),
+            "driver": gpus[0]["driver_version"] if gpus else driver_version(), "gpus": gpus, "gpu_probe_error": why,
             "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}}
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from remote import envprobe, mfu, parallel
+from remote.checks.mfu import MFU_SCHEMA
 from remote.model import FLOPS_FORMULA
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from remote.profiles import Profile
     from remote.train import RoundResult
 
-SCHEMA = "vast-harness/mfu/1"
+SCHEMA = MFU_SCHEMA
 
 
 def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.Peak, choice: Choice,
