@@ -281,7 +281,7 @@ class VastClient:
             )
         self._max_retry_s = max_retry_s
         self._wait = wait_exponential_jitter(
-            initial=retry_wait_min_s, max=retry_wait_max_s, jitter=retry_wait_min_s
+            multiplier=retry_wait_min_s, max=retry_wait_max_s, jitter=retry_wait_min_s
         )
         self._sleep = sleep
         self._clock = clock

@@ -168,6 +168,8 @@ class GuardedRun:
                 code, message = 1, str(exc)
             except (VastError, HarnessError) as exc:
                 code, message = 1, str(exc)
+            except Exception as exc:  # a bug must still end in teardown and an exit code, never past them
+                code, message = 1, f"unexpected {type(exc).__name__}: {exc}"
             finally:
                 guard.in_teardown = True
                 code, message = self._finish(code, message, key)
@@ -185,9 +187,12 @@ class GuardedRun:
         assert self.plan is not None
         yield from [self.plan.chosen, *self.plan.alternatives]
         # The plan's list ran out: search again, excluding machines that failed to boot in this run.
-        credit = self.client.current_user().available_usd
-        choice = choose_offers(self.spec, self.client, self.drivers, build_bundle(), credit_usd=credit,
-                               exclude_machine_ids=self.excluded_machines)
+        try:
+            credit = self.client.current_user().available_usd
+            choice = choose_offers(self.spec, self.client, self.drivers, build_bundle(), credit_usd=credit,
+                                   exclude_machine_ids=self.excluded_machines)
+        except NoOfferError:
+            return
         yield from choice.ranked
 
     def _rent_and_connect(self, key: RunKey) -> None:
@@ -219,6 +224,8 @@ class GuardedRun:
                     self.excluded_machines.add(inst.machine_id)
                 if boots_left <= 0:
                     raise BootFailed(f"no host came up after {self.spec.boot_retries + 1} attempt(s): {exc}") from None
+        if self.created:  # something was rented (and deleted): "nothing rented" (exit 5) would be untrue
+            raise BootFailed("no further offer to try after boot failures")
         raise NoOfferError("no further offer to try after boot failures")
 
     def _create(self, cand: Candidate, label: str, key: RunKey) -> CreatedInstance | None:
@@ -255,11 +262,18 @@ class GuardedRun:
 
     def _boot(self, inst: CreatedInstance, key: RunKey) -> None:
         boot_deadline = min(self.cap_deadline, time.monotonic() + self.spec.profile.boot_timeout_s)
-        ready = wait_ready(self.client, inst.instance_id, deadline=boot_deadline, poll_s=self.spec.poll_s,
-                           null_grace_s=NULL_GRACE_S)
-        self.out.info(f"instance {inst.instance_id} running; connecting over SSH")
-        self.session = HostSession.connect(endpoints_for(ready), key, deadline_monotonic=boot_deadline,
-                                           retry_wait_s=min(2.0, max(self.spec.poll_s, 0.2)))
+        try:
+            ready = wait_ready(self.client, inst.instance_id, deadline=boot_deadline, poll_s=self.spec.poll_s,
+                               null_grace_s=NULL_GRACE_S)
+            self.out.info(f"instance {inst.instance_id} running; connecting over SSH")
+            self.session = HostSession.connect(endpoints_for(ready), key, deadline_monotonic=boot_deadline,
+                                               retry_wait_s=min(2.0, max(self.spec.poll_s, 0.2)))
+        except (BootFailed, SshConnectError) as exc:
+            # When the cap, not the boot timeout, cut the wait, the run stopped at its cap (exit 6): trying
+            # another host would only spend past it.
+            if time.monotonic() >= self.cap_deadline - 0.05:
+                raise CapReachedError(f"cap reached while instance {inst.instance_id} was booting: {exc}") from exc
+            raise
 
     def _tighten_cost_deadline(self) -> None:
         """Accrued cost must stay under the cap with the teardown margin: turn dollars into a deadline."""
@@ -274,6 +288,8 @@ class GuardedRun:
     # ---------------------------------------------------------------------------------- host work
     def _upload(self, bundle: Bundle) -> None:
         assert self.session is not None
+        if self.cap_deadline - time.monotonic() <= 0:
+            raise CapReachedError("cap reached before the bundle could be uploaded")
         with tempfile.NamedTemporaryFile(suffix=".tar.gz") as fh:
             fh.write(bundle.data)
             fh.flush()
@@ -284,6 +300,8 @@ class GuardedRun:
             on_line=lambda stream, line: self.out.info(f"[setup] {line}"),
             timeout_s=max(1.0, min(120.0, self.cap_deadline - time.monotonic())),
         )
+        if outcome.timed_out and time.monotonic() >= self.cap_deadline - 0.05:
+            raise CapReachedError("cap reached while unpacking the bundle")
         if not outcome.ok:
             raise StepFailedError(f"unpacking the bundle failed: rc={outcome.rc} {outcome.detail}", step="setup")
 
@@ -367,16 +385,20 @@ class GuardedRun:
         return report
 
     def _finish(self, code: int, message: str, key: RunKey | None) -> tuple[int, str]:
-        t_last_step_end = time.monotonic()
+        t_last_step_end_unix = time.time()
         self._pull_evidence()
         if self.session is not None:
             self.session.close()
         start = time.monotonic()
         for inst in self.created:
             if not any(t.instance_id == inst.instance_id for t in self.teardowns):
-                self._teardown_one(inst)
-                self.timings.setdefault("delete_ack_after_last_step_s",
-                                        round(time.monotonic() - t_last_step_end, 3))
+                report = self._teardown_one(inst)
+                acks = [d.t_ack_unix for d in report.deletes if d.acknowledged and d.t_ack_unix]
+                if acks:  # to the DELETE's acknowledgement, not to the end of the absence proof
+                    self.timings.setdefault("delete_ack_after_last_step_s", round(acks[0] - t_last_step_end_unix, 3))
+                if report.proof and report.proof.rounds and acks:
+                    self.timings.setdefault("absence_proven_after_delete_s",
+                                            round(report.proof.rounds[-1].t_unix - acks[0], 3))
         self._sweep_labels()
         self.timings["teardown_s"] = round(time.monotonic() - start, 3)
         if key is not None:

@@ -82,6 +82,10 @@ class StepOutcome(BaseModel):
         return self.rc == 0
 
 
+class SshTransferError(HarnessError):
+    """An SFTP transfer broke off (the host dropped, or the file system refused)."""
+
+
 class SshConnectError(HarnessError):
     """No endpoint accepted our key before the deadline. `attempts` holds every try, in order."""
 
@@ -407,8 +411,15 @@ class HostSession:
         return self._sftp
 
     def put(self, local: Path, remote: str, *, on_progress: Callable[[int, int], None] | None = None) -> int:
-        """Upload a file; returns the bytes written (paramiko checks the remote size matches)."""
-        attrs = self._sftp_client().put(str(local), remote, callback=on_progress, confirm=True)
+        """Upload a file; returns the bytes written (paramiko checks the remote size matches).
+
+        A host that drops mid-transfer raises SshTransferError (a HarnessError), never a raw paramiko error:
+        the run must turn it into an exit code after teardown, not crash past it (found by the chaos suite).
+        """
+        try:
+            attrs = self._sftp_client().put(str(local), remote, callback=on_progress, confirm=True)
+        except (*_CONNECT_ERRORS, paramiko.SFTPError) as exc:
+            raise SshTransferError(f"upload to {remote} failed: {_describe(exc)}") from exc
         return int(attrs.st_size or 0)
 
     def get(self, remote: str, local: Path) -> int:
@@ -418,6 +429,10 @@ class HostSession:
         try:
             self._sftp_client().get(remote, str(partial))
             partial.replace(local)
+        except FileNotFoundError:
+            raise
+        except (*_CONNECT_ERRORS, paramiko.SFTPError) as exc:
+            raise SshTransferError(f"download of {remote} failed: {_describe(exc)}") from exc
         finally:
             partial.unlink(missing_ok=True)
         return local.stat().st_size

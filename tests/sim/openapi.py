@@ -1,4 +1,4 @@
-"""Validate simulator responses against the Vast OpenAPI files in /work/shared/reference/."""
+"""Validate simulator responses against the official Vast OpenAPI files (vendored in tests/sim/vast-openapi/)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from openapi_schema_validator import OAS30Validator
 
-SPEC_DIR = Path(os.environ.get("VAST_OPENAPI_DIR", "/work/shared/reference/vast-openapi"))
+SPEC_DIR = Path(os.environ.get("VAST_OPENAPI_DIR", Path(__file__).resolve().parent / "vast-openapi"))
 
 
 @functools.cache

@@ -1,0 +1,166 @@
+"""The chaos suite: hundreds of seeded fault compositions against the guarded run, and kill -9 of the CLI.
+
+The big test runs the suite and asserts the invariants held in every scenario. The small ones show the
+checks can fail (a leak and a false absence are caught when planted) and keep, as regression tests, the four
+harness bugs the suite found (a host dropping mid-upload crashed the run; exit 5 after renting; a cap reached
+while booting exited 1; a timing that included the absence proof). A bug found next is pinned as a strict
+xfail with a matching KNOWN_ISSUES entry in vast_harness/sim/chaos.py until it is fixed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from vast_harness.config import resolve
+from vast_harness.ledger import Ledger
+from vast_harness.sim import chaos
+from vast_harness.sim.chaos import (
+    FAULT_KINDS,
+    KNOWN_ISSUES,
+    ScenarioOutcome,
+    ScenarioPlan,
+    Violation,
+    check_scenario,
+)
+
+
+SUITE_SCENARIOS = 200
+SUITE_KILL9 = 4  # one per trigger window: intent (create stalled), created, a random time, delete_ack
+SUITE_WALL_LIMIT_S = 300.0
+SUITE_SEED = int(os.environ.get("VH_CHAOS_SEED", "1"))
+
+
+def plan(faults: str, **overrides) -> ScenarioPlan:
+    fields = {"seed": 11, "faults": faults, "cap_mode": "generous", "max_minutes": 1.0, "boot_retries": 0,
+              "proof_interval_s": 0.05, "step_sleep_s": 0.1, "step_rc": 0, "steps": 1} | overrides
+    return ScenarioPlan(**fields)
+
+
+# ----------------------------------------------------------------------------------------------- draws
+
+
+def test_a_scenario_is_a_pure_function_of_its_seed():
+    assert chaos.draw_scenario(1234) == chaos.draw_scenario(1234)
+    assert chaos.draw_kill9(77) == chaos.draw_kill9(77)
+    assert len({chaos.draw_scenario(s).faults for s in range(50)}) > 40
+
+
+def test_draws_cover_every_fault_kind_cap_mode_and_kill_window():
+    plans = [chaos.draw_scenario(chaos.scenario_seed(SUITE_SEED, i)) for i in range(SUITE_SCENARIOS)]
+    drawn = Counter(kind for p in plans for kind in p.fault_kinds)
+    assert set(drawn) == set(FAULT_KINDS), set(FAULT_KINDS) - set(drawn)
+    assert {p.cap_mode for p in plans} == {"generous", "time", "cost", "unrentable"}
+    assert any(p.faults.startswith("seed=") for p in plans)  # some scenarios are fault-free
+    assert any("delete_fail:*" in p.faults for p in plans)  # some must end in exit 3 and a reap
+    kills = [chaos.draw_kill9(chaos.scenario_seed(SUITE_SEED, 1_000_000 + k)) for k in range(SUITE_KILL9)]
+    assert {k.trigger for k in kills} == set(chaos.TRIGGERS)
+
+
+# ---------------------------------------------------------------------------------- the checks can fail
+
+
+def _state(live: bool, destroyed_at: float | None, billed_usd: float = 0.001) -> dict:
+    inst = {"id": 42, "label": "vh-x", "live": live, "destroyed_at": destroyed_at, "billed_usd": billed_usd}
+    return {"now": 2000.0, "instances": [inst], "faults": {"rules": []}}
+
+
+def test_a_live_instance_after_exit_1_is_a_leak_and_a_premature_gone_is_a_false_absence(tmp_path: Path):
+    p = plan("offline:0.1:1")  # a fault: exit 1 is a plausible outcome, so only the planted faults count
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    ledger.append("r", "created", "vh-x", instance_id=42)
+    entry = ledger.append("r", "absence", "vh-x", instance_id=42, verdict="gone")
+    out = ScenarioOutcome(seed=1, plan=p, exit_code=1)
+    found = {v.kind for v in check_scenario(p, spec, out, _state(True, None), None, entry.t_unix - 1)}
+    assert {"leak", "false_absence"} <= found
+    # destroyed after the claim: still a false absence; destroyed before it: clean
+    late = check_scenario(p, spec, out, _state(False, entry.t_unix + 5), None, entry.t_unix - 1)
+    assert [v.kind for v in late] == ["false_absence"]
+    assert check_scenario(p, spec, out, _state(False, entry.t_unix - 0.5), None, entry.t_unix - 1) == []
+    # harness-result.json claiming gone for an instance destroyed after the run finished: false absence
+    (tmp_path / "run-1").mkdir()
+    (tmp_path / "run-1" / "harness-result.json").write_text(json.dumps(
+        {"finished_unix": entry.t_unix, "absence": {"per_instance": {"42": "gone"}}}))
+    late = check_scenario(p, spec, out, _state(False, entry.t_unix - 0.5 + 1.0), None, entry.t_unix - 1)
+    assert [v.detail.split(" says")[0] for v in late] == ["ledger", "run-1"]
+
+
+def test_a_bill_over_the_cap_and_an_exit_that_does_not_fit_are_reported(tmp_path: Path):
+    p = plan("seed=1", step_rc=7)
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, max_usd=0.01)
+    out = ScenarioOutcome(seed=1, plan=p, exit_code=0)
+    found = {v.kind for v in check_scenario(p, spec, out, _state(False, 1000.5, billed_usd=0.02), None, 1000.0)}
+    assert found == {"over_cap_usd", "exit_mismatch"}
+    # exit 3 says "may still bill": a live instance the ledger does not name is still a leak
+    out3 = ScenarioOutcome(seed=1, plan=p, exit_code=3)
+    assert {v.kind for v in check_scenario(p, spec, out3, _state(True, None), None, 1000.0)} == {"leak"}
+
+
+def test_known_issues_are_classified_and_not_counted(monkeypatch):
+    # The four bugs the suite found are fixed (their tests below pass), so the table is empty; the mechanism
+    # stays for the next one.
+    monkeypatch.setitem(chaos.KNOWN_ISSUES, "exit5-after-renting",
+                        ("exit_mismatch", re.compile(r"^exit 5 \(nothing rented\)")))
+    v = chaos.classify(Violation(kind="exit_mismatch", detail="exit 5 (nothing rented) but the simulator has 1"))
+    assert v.known == "exit5-after-renting"
+    report = chaos.SuiteReport(suite_seed=0, scenarios=[ScenarioOutcome(seed=1, plan=plan("seed=1"), violations=[v])])
+    assert sum(report.violations().values()) == 0 and report.known() == {"exit5-after-renting": 1}
+    assert chaos.classify(Violation(kind="leak", detail="exit 5 (nothing rented)")).known is None
+
+
+# -------------------------------------------------------------------------------------------- the suite
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_chaos_suite_holds_every_invariant():
+    report = chaos.run_suite(SUITE_SCENARIOS, SUITE_SEED, workers=6, kill9=SUITE_KILL9)
+    bad = [(o.seed, v.kind, v.detail[:300]) for o in [*report.scenarios, *report.kill9] for v in o.violations
+           if v.known is None]
+    assert not bad, f"replay with `python scripts/chaos.py --replay SEED`: {bad}"
+    assert len(report.scenarios) == SUITE_SCENARIOS and report.wall_s < SUITE_WALL_LIMIT_S
+    codes = report.exit_codes()
+    assert codes["6"] > 0 and codes["3"] > 0 and codes["5"] > 0 and codes["1"] > 0
+    assert codes["0"] + codes["4"] > SUITE_SCENARIOS // 5
+    fired = {kind for kind, (_, hit, _) in report.faults().items() if hit}
+    assert fired == set(FAULT_KINDS), set(FAULT_KINDS) - fired
+    assert all(k.killed and k.reap_rc == 0 and k.instances >= 1 for k in report.kill9), \
+        [k.summary() for k in report.kill9]
+
+
+# ------------------------------------------------- harness bugs the suite found, now fixed (regression tests)
+
+
+def test_host_dropping_mid_upload_exits_1_not_an_exception(tmp_path: Path):
+    # 61 kB bundle at 10 kB/s: the upload lasts ~6 s; the host goes offline 1 s after it came up.
+    outcome = chaos.run_scenario(plan("slow_sftp:10000:1;offline:1.0:1"), tmp_path)
+    assert not outcome.violations and outcome.exit_code == 1, (outcome.violations, outcome.log[-1500:])
+
+
+def test_no_offer_left_after_a_boot_failure_is_not_exit_5(tmp_path: Path):
+    # The cap fits only the cheapest offer; it never boots; no other offer fits the cap.
+    outcome = chaos.run_scenario(plan("boot_stall:1", cap_mode="cost", max_minutes=0.5, usd_factor=1.0001,
+                                      boot_retries=1), tmp_path)
+    assert outcome.instances == 1
+    assert outcome.exit_code == 1 and not outcome.violations, (outcome.exit_code, outcome.violations)
+
+
+def test_time_cap_reached_while_booting_exits_6(tmp_path: Path):
+    # Cap deadline 1 s after start (3 s cap, 2 s teardown margin); the host never boots (3 s boot timeout).
+    outcome = chaos.run_scenario(plan("boot_stall:1", cap_mode="time", max_minutes=3.0 / 60), tmp_path)
+    assert outcome.instances == 1
+    assert outcome.exit_code == 6 and not outcome.violations, (outcome.exit_code, outcome.message)
+
+
+def test_delete_ack_timing_does_not_include_the_absence_proof(tmp_path: Path):
+    outcome = chaos.run_scenario(plan("seed=3", proof_interval_s=1.0), tmp_path)
+    assert outcome.exit_code in (0, 4), outcome.message
+    result = json.loads(next((tmp_path / "ev").glob("*/harness-result.json")).read_text())
+    assert result["timings"]["delete_ack_after_last_step_s"] < 1.0  # the proof alone takes >= 1 s

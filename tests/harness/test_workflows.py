@@ -1,0 +1,132 @@
+"""The GitHub Actions workflows: actionlint clean, and the facts users rely on, read from the parsed YAML.
+
+actionlint comes from `.ci/install-actionlint.sh` (on PATH, or in $VH_TOOLS_DIR/bin). Missing, the lint
+tests fail under CI=true and skip elsewhere; the YAML facts are checked either way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CI = REPO / ".github" / "workflows" / "ci.yml"
+PROOFS = REPO / ".github" / "workflows" / "proofs.yml"
+TOOLS_DIR = Path(os.environ.get("VH_TOOLS_DIR", Path.home() / ".cache" / "vast-harness-tools"))
+
+
+@pytest.fixture(scope="module")
+def actionlint() -> str:
+    found = shutil.which("actionlint") or shutil.which("actionlint", path=str(TOOLS_DIR / "bin"))
+    if found:
+        return found
+    if os.environ.get("CI") == "true":
+        pytest.fail("actionlint is missing: run `bash .ci/install-actionlint.sh` first (CI must lint workflows)")
+    pytest.skip("actionlint is not installed (bash .ci/install-actionlint.sh)")
+
+
+def _lint(actionlint: str, *files: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([actionlint, *map(str, files)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def test_actionlint_finds_nothing_in_either_workflow(actionlint: str):
+    result = _lint(actionlint, CI, PROOFS)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def test_actionlint_does_report_a_broken_workflow(actionlint: str, tmp_path: Path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("on: push\njobs:\n  j:\n    runs-on: ubuntu-latest\n    env:\n      K: ${{ runner.temp }}\n"
+                   "    steps:\n      - run: echo ${{ github.no_such_property }}\n")
+    result = _lint(actionlint, bad)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "runner" in result.stdout and "no_such_property" in result.stdout
+
+
+# ----------------------------------------------------------------------------------------- YAML facts
+
+
+def _load(path: Path) -> dict[str, Any]:
+    doc = yaml.safe_load(path.read_text())
+    doc["on"] = doc.pop(True, doc.get("on"))  # YAML 1.1 reads the bare key `on` as true
+    return doc
+
+
+def _steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [step for job in doc["jobs"].values() for step in job["steps"]]
+
+
+def _runs(doc: dict[str, Any]) -> str:
+    return "\n".join(step.get("run", "") for step in _steps(doc))
+
+
+def test_ci_runs_the_readme_tests_with_sshd_and_the_smoke_profile_on_the_simulator():
+    doc = _load(CI)
+    assert "push" in doc["on"]
+    runs = _runs(doc)
+    assert "pip install uv" in runs
+    assert re.search(r"^uv run --extra workload pytest$", runs, re.MULTILINE)
+    assert re.search(r"^uv run --extra workload vast-e2e --profile smoke --sim$", runs, re.MULTILINE)
+    tests = [s.get("run", "") for s in doc["jobs"]["tests"]["steps"]]
+    order = [next(i for i, r in enumerate(tests) if needle in r)
+             for needle in (".ci/start-sshd.sh", ".ci/install-actionlint.sh", "pytest")]
+    assert order == sorted(order), "sshd and actionlint must be ready before pytest"
+    assert all(any(s.get("uses", "").startswith("actions/checkout@") for s in job["steps"])
+               for job in doc["jobs"].values())
+
+
+def test_proofs_is_dispatched_by_hand_with_the_caps_and_gpu_count():
+    doc = _load(PROOFS)
+    assert set(doc["on"]) == {"workflow_dispatch"}
+    inputs = doc["on"]["workflow_dispatch"]["inputs"]
+    assert set(inputs) == {"max_usd", "max_minutes", "num_gpus"}
+    assert all(spec["required"] and spec["description"] for spec in inputs.values())
+    assert doc["concurrency"]["cancel-in-progress"] is False  # never cancel a paid run to start another
+
+
+def test_proofs_key_comes_from_the_secret_into_a_0600_file_and_is_never_shown():
+    doc = _load(PROOFS)
+    text = PROOFS.read_text()
+    assert text.count("secrets.VAST_API_KEY") == 1
+    holders = [s for s in _steps(doc) if "secrets.VAST_API_KEY" in str(s.get("env", {}))]
+    assert len(holders) == 1 and "secrets" not in holders[0]["run"]  # only via the step's env
+    script = holders[0]["run"]
+    assert "umask 077" in script and "chmod 600" in script
+    # The value is only tested for emptiness and written to the file: no echo, no trace, no argv.
+    uses = [line.strip() for line in _runs(doc).splitlines() if re.search(r"\$\{?VAST_API_KEY", line)]
+    allowed = (r'\[ -n "\$VAST_API_KEY" \] \|\| \{ echo "::error::[^$]*"; exit 2; \}',
+               r"printf '%s' \"\$VAST_API_KEY\" > \"\$key_file\"")
+    assert uses and all(any(re.fullmatch(a, line) for a in allowed) for line in uses), uses
+    assert "set -x" not in _runs(doc) and "printenv" not in _runs(doc)
+    assert "secrets" not in str(doc.get("env", {})) and all("secrets" not in str(j.get("env", {}))
+                                                          for j in doc["jobs"].values())
+
+
+def test_proofs_runs_the_profile_with_the_inputs_through_env_not_inline():
+    doc = _load(PROOFS)
+    run = next(s for s in _steps(doc) if s.get("id") == "run")
+    assert re.search(r"uv run vast-e2e --profile proofs --key-file \"\$VH_KEY_FILE\" --max-usd \"\$MAX_USD\" \\\n"
+                     r"\s+--max-minutes \"\$MAX_MINUTES\" --num-gpus \"\$NUM_GPUS\" --json", run["run"])
+    assert run["env"] == {"MAX_USD": "${{ inputs.max_usd }}", "MAX_MINUTES": "${{ inputs.max_minutes }}",
+                          "NUM_GPUS": "${{ inputs.num_gpus }}"}
+    assert "exit_code=$code" in run["run"] and "GITHUB_OUTPUT" in run["run"]
+    assert "${{" not in _runs(doc), "no expression inside a script: inputs travel through env"
+
+
+def test_proofs_uploads_the_evidence_always_then_reaps_after_exit_3():
+    steps = _steps(_load(PROOFS))
+    upload_at = next(i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/upload-artifact@"))
+    upload = steps[upload_at]
+    assert "always()" in upload["if"]
+    assert ".evidence/" in upload["with"]["path"] and upload["with"]["include-hidden-files"] is True
+    reap = steps[-1]
+    assert upload_at < len(steps) - 1 and "vast-e2e reap" in reap["run"]
+    assert "always()" in reap["if"] and "steps.run.outputs.exit_code == '3'" in reap["if"]
