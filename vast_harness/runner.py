@@ -133,6 +133,7 @@ class GuardedRun:
         self.bytes_up = 0
         self.bytes_down = 0
         self.evidence_pulled = False
+        self.t_last_step_end_unix: float | None = None
         self.excluded_machines: set[int] = set()
         # How long one instance's delete + absence proof may take before it is declared unproven (exit 3).
         self.teardown_budget_s = max(60.0, 8 * spec.proof_interval_s + 60.0)
@@ -333,6 +334,7 @@ class GuardedRun:
             if outcome.connection_lost:
                 record.reconnect_ok = self.session.reconnect_probe()
             self.steps.append(record)
+            self.t_last_step_end_unix = time.time()
             self.ev.append_step_tsv(record.name, record.rc, record.seconds)
             if outcome.timed_out and timeout < step.timeout_s:
                 raise CapReachedError(f"step {step.name} stopped at the cap (time/cost) after {outcome.seconds:.0f} s")
@@ -385,7 +387,8 @@ class GuardedRun:
         return report
 
     def _finish(self, code: int, message: str, key: RunKey | None) -> tuple[int, str]:
-        t_last_step_end_unix = time.time()
+        # "After the last step" counts from the step's end when one ran (evidence pull included), else from now.
+        t_last_step_end_unix = self.t_last_step_end_unix or time.time()
         self._pull_evidence()
         if self.session is not None:
             self.session.close()

@@ -16,12 +16,11 @@ from vast_harness import client as client_module
 from vast_harness.client import (
     DEFAULT_API_URL,
     USER_AGENT,
-    Pacer,
     RawExchange,
     Timeouts,
     VastClient,
-    endpoint_key,
 )
+from vast_harness.pacing import Pacer, endpoint_key
 from vast_harness.errors import (
     ApiStatusError,
     AuthError,
