@@ -307,14 +307,16 @@ class Backend:
                 del self.rented[inst.offer["id"]]
         self._teardown(inst)
 
-    def _teardown(self, inst: Instance) -> None:
+    def _teardown(self, inst: Instance, *, remove: bool = True) -> None:
+        """Stop the host's timers, SSH endpoints and processes; `remove` also deletes its sandbox."""
         for timer in inst.timers:
             timer.cancel()
         if inst.host is not None:
             inst.host.close()
         if inst.sandbox is not None:
             inst.sandbox.close()
-            inst.sandbox.remove()
+            if remove:
+                inst.sandbox.remove()
 
     # ----- control plane ---------------------------------------------------------------------
     def log_call(self, method: str, path: str, status: int, endpoint: str, key_in_url: bool) -> None:
@@ -361,12 +363,7 @@ class Backend:
         with self.lock:
             live = [i for i in self.instances.values() if i.host is not None or i.sandbox is not None]
         for inst in live:
-            for timer in inst.timers:
-                timer.cancel()
-            if inst.host is not None:
-                inst.host.close()
-            if inst.sandbox is not None:
-                inst.sandbox.close()
+            self._teardown(inst, remove=False)
 
     def cleanup_root(self) -> None:
         if self._own_root:
