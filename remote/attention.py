@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from remote.merkle import raw_bytes
+
 PATHS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 # Fastest first on Hopper (mfu.md §3.3: cuDNN SDPA 1.7-2.3x FA2 for training shapes). Under strict
@@ -150,7 +152,7 @@ def qualify(device: torch.device, dtype: torch.dtype, batch: int, seq: int, n_he
                     out.backward(torch.ones_like(out))
                 end_ms = _elapsed_ms(start, end)
                 times_ms.append(end_ms)
-                digests.append([hashlib.sha256(t.detach().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+                digests.append([hashlib.sha256(raw_bytes(t.detach().contiguous().cpu())).hexdigest()
                                 for t in (out, base.grad)])
             results[f"{path}/{kv_mode}"] = {"bitwise_stable": all(d == digests[0] for d in digests),
                                            "fwd_bwd_ms": times_ms}

@@ -7,6 +7,7 @@ sorted by name; a level with an odd count carries its last node up unchanged. Ne
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import sys
 from collections.abc import Iterable
@@ -17,13 +18,26 @@ import torch
 assert sys.byteorder == "little", "leaf bytes are defined as little-endian"
 
 
+def raw_bytes(t: torch.Tensor) -> memoryview:
+    """A zero-copy view of a contiguous CPU tensor's bytes, without numpy (the host has only torch).
+
+    The caller keeps `t` alive while the view is used.
+    """
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError("raw_bytes needs a contiguous CPU tensor")
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_ubyte * nbytes).from_address(t.data_ptr())).cast("B")
+
+
 def tensor_leaf(name: str, t: torch.Tensor) -> bytes:
     host = t.detach().contiguous().cpu()
     h = hashlib.sha256()
     h.update(name.encode() + b"\0" + str(host.dtype).removeprefix("torch.").encode() + b"\0")
     h.update(",".join(str(s) for s in host.shape).encode() + b"\0")
     # reshape(-1) so 0-dim tensors (optimizer step) view as bytes too; hashlib drops the GIL on big buffers.
-    h.update(memoryview(host.reshape(-1).view(torch.uint8).numpy()))
+    h.update(raw_bytes(host.reshape(-1)))
     return h.digest()
 
 

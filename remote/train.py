@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from remote import attention, data, determinism, envprobe, evidence, merkle, mfu, parallel
+from remote.comm import all_gather_json
 from remote.model import build_model
 from remote.profiles import Profile, ProfileError, load_profile
 
@@ -87,6 +88,11 @@ def log(rank: int, msg: str) -> None:
         print(f"[train] {msg}", flush=True)
 
 
+def _comm_device(local_rank: int) -> torch.device:
+    """Where metadata collectives put their tensors: NCCL needs CUDA tensors, gloo CPU ones."""
+    return torch.device("cuda", local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def attach_mps(rank: int, local_rank: int, world: int) -> dict | None:
     """VH_MPS_MODE set: attach through remote.mps, then every rank must report the same mode."""
     wanted = os.environ.get("VH_MPS_MODE")
@@ -99,8 +105,7 @@ def attach_mps(rank: int, local_rank: int, world: int) -> dict | None:
         mode = rec.get("mode")
     except (mps.MpsNotAttached, getattr(mps, "MpsError", mps.MpsNotAttached)) as exc:
         rec, mode = None, f"{type(exc).__name__}: {exc}"  # still gathered below, so no peer hangs
-    modes: list = [None] * world
-    dist.all_gather_object(modes, mode)  # everyone reports before anyone aborts: no rank hangs
+    modes = all_gather_json(mode, _comm_device(local_rank))  # everyone reports before anyone aborts
     bad = [r for r, m in enumerate(modes) if m != wanted]
     if bad:
         detail = ", ".join(f"rank {r}: {modes[r]}" for r in range(world))
@@ -249,10 +254,9 @@ def _run(args: argparse.Namespace, profile: Profile, device: torch.device, rank:
               f"peak {peak.tflops} TFLOP/s kv {choice.kv_mode}")
     first = run_round(args, profile, device, rank)
     second = run_round(args, profile, device, rank) if args.replay else None
-    identities: list = [None] * world
-    dist.all_gather_object(identities, envprobe.device_identity(device))
-    mems: list = [None] * world
-    dist.all_gather_object(mems, (first.peak_mem_gib, first.step_peak_mem_gib, first.optimizer_numel))
+    comm = _comm_device(local_rank)
+    identities = all_gather_json(envprobe.device_identity(device), comm)
+    mems = all_gather_json([first.peak_mem_gib, first.step_peak_mem_gib, first.optimizer_numel], comm)
     if rank == 0:
         record = evidence.build(args=args, profile=profile, world=world, peak=peak, choice=choice,
                                 first=first, second=second, identities=identities, mems=mems, env=env,
