@@ -71,7 +71,9 @@ class CreatedInstance(BaseModel):
     t_created_mono: float
     t_created_unix: float = Field(default_factory=time.time)
     t_deleted_mono: float | None = None
-    status: str = "created"
+    status: str = "created"  # the create outcome (created, created_with_error, found_after_unknown, ...)
+    detail: str = ""
+    absence: str | None = None  # the teardown's verdict: gone, present or unknown
 
 
 class HarnessResult(BaseModel):
@@ -210,9 +212,14 @@ class GuardedRun:
             if inst is None:
                 repicks_left -= 1
                 if repicks_left < 0:
-                    raise StepFailedError("every offer tried was taken before it could be rented", step="create")
+                    if self.created:
+                        raise BootFailed("every further offer was taken before it could be rented")
+                    raise NoOfferError("every offer tried was taken by someone else before it could be rented")
                 continue
             try:
+                if inst.status == "created_with_error":
+                    raise BootFailed(f"create answered an error but created instance {inst.instance_id} "
+                                     f"(stopped, billing storage): {inst.detail}")
                 self._boot(inst, key)
                 self.candidate = cand
                 self.timings["rent_and_connect_s"] = round(time.monotonic() - start, 3)
@@ -253,12 +260,10 @@ class GuardedRun:
             raise StepFailedError(f"create failed: {outcome.detail}", step="create")
         inst = CreatedInstance(instance_id=outcome.instance_id, label=label, offer_id=cand.offer.id,
                                machine_id=cand.offer.machine_id, dph_usd=cand.quote.dph_at_disk_usd,
-                               t_created_mono=time.monotonic(), status=outcome.status)
+                               t_created_mono=time.monotonic(), status=outcome.status, detail=outcome.detail[:300])
         self.created.append(inst)
         # The money clock starts now: the cost cap becomes a deadline at this offer's price.
         self._tighten_cost_deadline()
-        if outcome.status == "created_with_error":
-            raise BootFailed(f"create returned an error but created instance {inst.instance_id}: {outcome.detail}")
         return inst
 
     def _boot(self, inst: CreatedInstance, key: RunKey) -> None:
@@ -382,7 +387,7 @@ class GuardedRun:
         acks = [d for d in report.deletes if d.acknowledged]
         if acks:
             inst.t_deleted_mono = inst.t_created_mono + max(0.0, acks[0].t_ack_unix - inst.t_created_unix)
-        inst.status = f"teardown:{report.verdict}"
+        inst.absence = report.verdict
         self.teardowns.append(report)
         return report
 

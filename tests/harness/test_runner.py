@@ -199,3 +199,21 @@ def test_no_offer_exits_5_and_rents_nothing(sim, tmp_path):
     r, result = run(sim, spec)
     assert result.exit_code == 5
     assert len(sim.state()["instances"]) == before
+
+
+def test_create_error_that_still_creates_is_deleted_and_the_next_host_tried(sim, tmp_path):
+    sim.set_faults("create_stopped")
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)], boot_retries=1)
+    r, result = run(sim, spec)
+    assert result.exit_code in (0, 4), result.message
+    assert len(r.created) == 2 and r.created[0].status == "created_with_error"
+    assert all(t.verdict == "gone" for t in r.teardowns)
+    assert not live_ids(sim) & {i.instance_id for i in r.created}
+
+
+def test_every_offer_taken_and_nothing_rented_is_exit_5(sim, tmp_path):
+    sim.set_faults("offer_taken:*")
+    before = len(sim.state()["instances"])
+    r, result = run(sim, make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)]))
+    assert result.exit_code == 5, result.message
+    assert len(sim.state()["instances"]) == before and not r.created
