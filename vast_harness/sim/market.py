@@ -212,7 +212,21 @@ def _offer_value(offer: dict[str, Any], field: str, query: Any) -> Any:
     return offer.get(field)
 
 
+def _coerce(have: Any, want: Any) -> Any:
+    """The official CLI sends numbers from its query string as strings (`"num_gpus": {"eq": "1"}`, seen with
+    vastai 1.9.1); the server compares them as numbers, so the simulator does too."""
+    if isinstance(want, list):
+        return [_coerce(have, w) for w in want]
+    if isinstance(have, (int, float)) and not isinstance(have, bool) and isinstance(want, str):
+        try:
+            return float(want)
+        except ValueError:
+            return want
+    return want
+
+
 def compare(have: Any, op: str, want: Any) -> bool:
+    want = _coerce(have, want)
     if op == "eq":
         return have == want
     if op == "neq":
