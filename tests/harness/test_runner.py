@@ -179,16 +179,37 @@ def test_unprovable_absence_exits_3_and_reap_cleans_up(sim, tmp_path):
     assert not Ledger(spec.evidence_dir / "ledger.jsonl").unproven()[0]
 
 
-def test_sigint_mid_step_tears_down_and_exits_130(sim, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_signal_mid_step_tears_down_and_exits_130(sim, tmp_path, signum):
     spec = make_spec(sim, tmp_path, [Step(name="wait", run="sleep 20", timeout_s=30)])
-    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signum))
     timer.start()
     try:
         r, result = run(sim, spec)
     finally:
         timer.cancel()
-    assert result.exit_code == 130
+    assert result.exit_code == 130 and signum.name in result.message
     assert r.teardowns and r.teardowns[0].verdict == "gone"
+    assert not live_ids(sim) & {i.instance_id for i in r.created}
+
+
+def test_second_ctrl_c_does_not_skip_teardown(sim, tmp_path, capsys):
+    # A 1.5 s proof interval keeps teardown busy long enough for the second signal to land inside it.
+    spec = make_spec(sim, tmp_path, [Step(name="wait", run="sleep 20", timeout_s=30)]).model_copy(
+        update={"proof_interval_s": 1.5})
+    timers = [threading.Timer(t, lambda: os.kill(os.getpid(), signal.SIGINT)) for t in (1.5, 2.3)]
+    for t in timers:
+        t.start()
+    try:
+        with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+            r = GuardedRun(spec, client, load_driver_policy(), Output())
+            result = r.execute()
+    finally:
+        for t in timers:
+            t.cancel()
+    assert result.exit_code == 130
+    assert "teardown is in progress" in capsys.readouterr().err
+    assert r.teardowns[0].verdict == "gone"
     assert not live_ids(sim) & {i.instance_id for i in r.created}
 
 
