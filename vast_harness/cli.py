@@ -81,15 +81,15 @@ def _guard(out: Output, body: Callable[[], int]) -> None:
     try:
         code = body()
     except NoOfferError as exc:
-        out.error(str(exc))
         if exc.rejected:
             out.rejections(exc.rejected, title="Closest offers and why each was rejected")
+        out.failure(str(exc), exc.exit_code)
         raise typer.Exit(exc.exit_code) from None
     except HarnessError as exc:
-        out.error(str(exc))
+        out.failure(str(exc), exc.exit_code)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        out.error("interrupted before anything was rented")
+        out.failure("interrupted before anything was rented", 130)
         raise typer.Exit(130) from None
     raise typer.Exit(code)
 

@@ -23,6 +23,8 @@ class Output:
         self.out = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=160)
         self.err = Console(file=sys.stderr, highlight=False, soft_wrap=False, width=160)
         self.quiet = quiet
+        self.emitted = False  # --json promises exactly one object on stdout
+        self.rejected_rows: list[dict] = []  # with --json, rejections ride along in that one object
 
     # -- generic -------------------------------------------------------------------------------
     def info(self, message: str) -> None:
@@ -32,12 +34,21 @@ class Output:
     def warn(self, message: str) -> None:
         self.err.print(f"[yellow]warning:[/] {message}")
 
+    def failure(self, message: str, exit_code: int) -> None:
+        """An error that ends the command: one line on stderr, and with --json the one stdout object."""
+        self.error(message)
+        if self.json_mode and not self.emitted:
+            self.emit_json({"error": message, "exit_code": exit_code})
+
     def error(self, message: str, hint: str | None = None) -> None:
         self.err.print(f"[bold red]error:[/] {message}", markup=True)
         if hint:
             self.err.print(f"[dim]{hint}[/]")
 
     def emit_json(self, payload: dict[str, Any]) -> None:
+        if self.rejected_rows and "rejected" not in payload:
+            payload = payload | {"rejected": self.rejected_rows}
+        self.emitted = True
         sys.stdout.write(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
         sys.stdout.flush()
 
@@ -138,7 +149,7 @@ class Output:
 
     def rejections(self, rejected: list[Rejection], *, title: str) -> None:
         if self.json_mode:
-            self.emit_json({"rejected": [_rejection_row(r) for r in rejected]})
+            self.rejected_rows = [_rejection_row(r) for r in rejected]
             return
         t = Table(title=title, header_style="bold")
         for col in ("id", "GPU", "n", "driver", "worst $", "why rejected"):

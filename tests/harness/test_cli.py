@@ -125,3 +125,18 @@ def test_key_never_leaves_the_authorization_header(sim, tmp_path):
     for f in files:
         assert LEAKY_KEY not in f.read_text(errors="replace"), f
     assert not [c for c in sim.state()["calls"] if c.get("key_in_url")]
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [(["--profile", "mfu", "--max-usd", "0.01", "--dry-run", "--json"], 5),
+     (["--profile", "mfu", "--max-usd", "-1", "--dry-run", "--json"], 2)],
+    ids=["no-offer", "bad-input"],
+)
+def test_json_mode_prints_exactly_one_object_even_on_failure(sim, args, code):
+    p = cli(*args, sim=sim)
+    assert p.returncode == code, p.stderr
+    data = json.loads(p.stdout)  # raises if there were two objects or none
+    assert data["exit_code"] == code and data["error"]
+    if code == 5:
+        assert data["rejected"] and all(r["reasons"] for r in data["rejected"])
