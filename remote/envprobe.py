@@ -13,10 +13,12 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -26,24 +28,34 @@ ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "PYTORCH_CUDA_ALLOC_CONF"
                 "CUDA_VISIBLE_DEVICES", "CUDA_MPS_", "VH_MPS_MODE")
 
 
+_DRIVER_RE = re.compile(r"Kernel Module\b.*?\s(\d+\.\d+(?:\.\d+)?)\s")
+
+
+def parse_proc_driver_version(text: str) -> str | None:
+    found = _DRIVER_RE.search(text)
+    return found.group(1) if found else None
+
+
 def driver_version() -> str | None:
-    """From nvidia-smi, else /proc (torch does not expose the driver version)."""
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20, check=True).stdout
-            if out.strip():
-                return out.strip().splitlines()[0].strip()
-        except (subprocess.SubprocessError, OSError):
-            pass
+    """The kernel driver's version: /proc first (no process spawn), nvidia-smi second."""
     try:
-        with open("/proc/driver/nvidia/version") as fh:
-            for word in fh.read().split():
-                if word.count(".") >= 1 and word.replace(".", "").isdigit():
-                    return word
+        found = parse_proc_driver_version(Path("/proc/driver/nvidia/version").read_text())
+        if found:
+            return found
     except OSError:
         pass
-    return None
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            check=False, capture_output=True, text=True, timeout=20,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    first = out.stdout.strip().splitlines()[:1]
+    return first[0].strip() if out.returncode == 0 and first else None
+
 
 
 def device_identity(device: torch.device) -> dict:

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import shutil
 import socket
-import subprocess
 import time
 from pathlib import Path
 
+from remote.envprobe import driver_version, parse_proc_driver_version  # noqa: F401 (re-exported)
 from remote.mps_control import Daemon
 
 SCHEMA_VERSION = 1
 # "NVIDIA UNIX x86_64 Kernel Module  535.104.05  ..." and, for the open modules,
 # "NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ...": the first dotted number.
-_DRIVER_RE = re.compile(r"Kernel Module\b.*?\s(\d+\.\d+(?:\.\d+)?)\s")
 
 
 def sha256_file(path: Path) -> str:
@@ -28,32 +25,6 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def parse_proc_driver_version(text: str) -> str | None:
-    found = _DRIVER_RE.search(text)
-    return found.group(1) if found else None
-
-
-def driver_version() -> str | None:
-    """The kernel driver's version: /proc first (no process spawn), nvidia-smi second."""
-    try:
-        found = parse_proc_driver_version(Path("/proc/driver/nvidia/version").read_text())
-        if found:
-            return found
-    except OSError:
-        pass
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            check=False, capture_output=True, text=True, timeout=20,
-        )
-    except subprocess.TimeoutExpired:
-        return None
-    first = out.stdout.strip().splitlines()[:1]
-    return first[0].strip() if out.returncode == 0 and first else None
 
 
 def log_digests(log_dir: Path | None) -> dict[str, dict]:
