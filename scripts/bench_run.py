@@ -23,7 +23,6 @@ import argparse
 import io
 import json
 import os
-import select
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from vast_harness.client import VastClient
 from vast_harness.config import Step, load_driver_policy, resolve
 from vast_harness.output import Output
 from vast_harness.runner import GuardedRun
+from vast_harness.sim.server import spawn_standalone
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KEY = "sim-bench-key"
@@ -50,16 +50,11 @@ COLUMNS = ("exit", "last step -> DELETE ack (s)", "DELETE sent -> ack (s)", "DEL
 
 
 def start_sim(seed: int, rate_scale: float) -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-m", "vast_harness.sim", "--port", "0", "--seed", str(seed), "--boot-seconds", "0",
-           "--rate-scale", str(rate_scale), "--offers", "1000"]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], 30.0)
-    line = proc.stdout.readline() if ready else ""
-    if "listening on " not in line:
-        proc.kill()
-        raise SystemExit(f"the simulator did not start: {line!r}")
-    return proc, line.rsplit("listening on ", 1)[1].strip()
+    try:
+        return spawn_standalone(["--seed", str(seed), "--boot-seconds", "0", "--rate-scale", str(rate_scale),
+                                 "--offers", "1000"])
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def one_run(seed: int, args: argparse.Namespace) -> dict[str, float]:

@@ -25,7 +25,6 @@ import logging
 import os
 import random
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -51,7 +50,7 @@ from vast_harness.output import Output
 from vast_harness.plan import plan_run
 from vast_harness.reap import reap_all
 from vast_harness.runner import GuardedRun
-from vast_harness.sim.server import SimServer
+from vast_harness.sim.server import SimServer, spawn_standalone
 
 SCALE = 0.01  # simulator rate limits and client pacing: a hundredth of Vast's intervals
 TEARDOWN_MARGIN_S = 2.0  # the cap deadline keeps this much for DELETE (retries included)
@@ -391,18 +390,13 @@ def draw_kill9(seed: int) -> Kill9Plan:
 
 
 def _start_sim(plan: Kill9Plan, log: IO[str]) -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-m", "vast_harness.sim", "--port", "0", "--seed", str(plan.seed), "--rate-scale",
-           str(SCALE), "--boot-seconds", "0.2", "--offers", "1000"]
+    args = ["--seed", str(plan.seed), "--rate-scale", str(SCALE), "--boot-seconds", "0.2", "--offers", "1000"]
     if plan.trigger == "intent":  # the create stalls, so the kill lands between the intent and its outcome
-        cmd += ["--faults", "create_timeout:1:3"]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], 30.0)
-    line = proc.stdout.readline() if ready else ""
-    if "listening on " not in line:
-        proc.kill()
-        raise RuntimeError(f"the simulator did not start: {line!r}; see {log.name}")
-    return proc, line.rsplit("listening on ", 1)[1].strip()
+        args += ["--faults", "create_timeout:1:3"]
+    try:
+        return spawn_standalone(args, stderr=log)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}; see {log.name}") from None
 
 
 def _cli(*args: str, url: str, evidence: Path) -> list[str]:

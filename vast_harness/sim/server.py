@@ -11,7 +11,10 @@ but destroys nothing, so `state()` afterwards still shows what was left live (a 
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -118,3 +121,19 @@ class SimServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def spawn_standalone(args: list[str], *, stderr: Any = subprocess.DEVNULL,
+                     start_timeout_s: float = 30.0) -> tuple[subprocess.Popen[str], str]:
+    """Start `python -m vast_harness.sim --port 0 ARGS...` as its own process (for kill -9 tests and
+    benchmarks that must not share the harness's process); returns it and its URL once it listens."""
+    cmd = [sys.executable, "-m", "vast_harness.sim", "--port", "0", *args]
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=stderr,
+                            text=True)
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], start_timeout_s)
+    line = proc.stdout.readline() if ready else ""
+    if "listening on " not in line:
+        proc.kill()
+        raise RuntimeError(f"the simulator did not start: {line!r}")
+    return proc, line.rsplit("listening on ", 1)[1].strip()
