@@ -144,9 +144,13 @@ class _Profiler:
             return
         torch.cuda.synchronize() if torch.cuda.is_available() else None
         self.prof.__exit__(None, None, None)
-        sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+        # Sorted by self device time: the inclusive "total" columns double-count nested regions.
+        sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         with open(self.path, "a") as fh:
-            fh.write(self.prof.key_averages().table(sort_by=sort, row_limit=45) + "\n")
+            fh.write(self.prof.key_averages().table(sort_by=sort, row_limit=150, max_name_column_width=90) + "\n")
+        trace = os.environ.get("VH_TORCH_TRACE_OUT")
+        if trace:  # a Chrome trace (chrome://tracing, ui.perfetto.dev) of the same two steps
+            self.prof.export_chrome_trace(trace)
         self.prof = None
 
 
