@@ -253,6 +253,7 @@ class FaultProxy:
                 break
             if not data:
                 break
+            now = time.monotonic() - started  # when the bytes arrived, not when the wait began
             stalled = (rule is not None and rule.kind == "ssh_stall" and now >= (rule.seconds or 0.0)
                        and rule.target in (direction, "both"))
             if stalled:
