@@ -12,30 +12,26 @@ xfail with a matching KNOWN_ISSUES entry in vast_harness/chaos/judge.py until it
 
 from __future__ import annotations
 
-import re
-
 import json
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from vast_harness.chaos.network import NET_KINDS, NetOutcome, NetPlan, judge_net
-from vast_harness.chaos.suite import KILL9_OFFSET, NET_OFFSET
-
-from vast_harness.config import resolve
-from vast_harness.ledger import Ledger
 from vast_harness import chaos
 from vast_harness.chaos import (
     FAULT_KINDS,
-    KNOWN_ISSUES,
     ScenarioOutcome,
     ScenarioPlan,
     Violation,
     check_scenario,
 )
-
+from vast_harness.chaos.network import NET_KINDS, NetOutcome, NetPlan, judge_net
+from vast_harness.chaos.suite import KILL9_OFFSET, NET_OFFSET
+from vast_harness.config import resolve
+from vast_harness.ledger import Ledger
 
 SUITE_SCENARIOS = 200
 SUITE_KILL9 = 4  # one per trigger window: intent (create stalled), created, a random time, delete_ack

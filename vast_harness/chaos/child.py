@@ -12,24 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import BaseModel
-
-from vast_harness.chaos.engine import TEARDOWN_BUDGET_S, _client, chaos_spec
-from vast_harness.config import Step, load_driver_policy
+from vast_harness.chaos.engine import ChildJob, _client, chaos_spec
+from vast_harness.config import load_driver_policy
 from vast_harness.output import Output
 from vast_harness.runner import GuardedRun
-
-
-class ChildJob(BaseModel):
-    api_url: str
-    evidence_dir: Path
-    steps: list[Step]
-    max_minutes: float
-    max_usd: float | None
-    boot_retries: int
-    proof_interval_s: float
-    teardown_budget_s: float = TEARDOWN_BUDGET_S
-    t0_file: Path  # the run's start (unix seconds) is written here: the time cap counts from it
 
 
 def main(argv: list[str]) -> int:

@@ -292,6 +292,20 @@ def exit_mismatches(plan: ScenarioPlan, outcome: ScenarioOutcome, run: GuardedRu
 
 
 
+class ChildJob(BaseModel):
+    """What `child` runs: a guarded run in its own process (the network scenarios)."""
+
+    api_url: str
+    evidence_dir: Path
+    steps: list[Step]
+    max_minutes: float
+    max_usd: float | None
+    boot_retries: int
+    proof_interval_s: float
+    teardown_budget_s: float = TEARDOWN_BUDGET_S
+    t0_file: Path  # the run's start (unix seconds) is written here: the time cap counts from it
+
+
 def run_bounded(plan: ScenarioPlan, limit_s: float = SCENARIO_WALL_LIMIT_S) -> ScenarioOutcome:
     """`run_scenario` in its own thread; past `limit_s` it is reported as a hang and left behind (daemon)."""
     quiet_paramiko()

@@ -93,4 +93,7 @@ def traceback_violations(text: str, where: str) -> list[Violation]:
     at = text.find("Traceback (most recent call last)")
     if at < 0:
         return []
-    return [Violation(kind="traceback", detail=f"{where}: {text[at:at + 1200]}")]
+    tail = text[at:].splitlines()
+    # The exception is the first unindented line after the frames: name it first, then the frames.
+    last = next((line for line in tail[1:] if line and not line.startswith(" ")), tail[-1] if tail else "")
+    return [Violation(kind="traceback", detail=f"{where}: {last[:300]}\n{text[at:at + 3000]}")]

@@ -25,13 +25,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from vast_harness.chaos.child import ChildJob
 from vast_harness.chaos.engine import (
     KEY,
     SCALE,
     SIM_RULES,
     TEARDOWN_BUDGET_S,
     TEARDOWN_MARGIN_S,
+    ChildJob,
     _client,
     _draw_rule,
     _output,
