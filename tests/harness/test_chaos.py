@@ -142,7 +142,9 @@ def test_chaos_suite_holds_every_invariant():
     assert codes["0"] + codes["4"] > SUITE_SCENARIOS // 5
     fired = {kind for kind, (_, hit, _) in report.faults().items() if hit}
     assert fired == set(FAULT_KINDS), set(FAULT_KINDS) - fired
-    assert all(k.killed and k.reap_rc == 0 and k.instances >= 1 for k in report.kill9), \
+    # a "time" kill may land before the create on a loaded machine: nothing rented is then a valid outcome
+    assert all(k.killed and k.reap_rc == 0 and (k.instances >= 1 or k.plan.trigger == "time")
+               for k in report.kill9), \
         [k.summary() for k in report.kill9]
 
 
