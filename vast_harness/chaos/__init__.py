@@ -1,0 +1,35 @@
+"""The chaos suite: a test engine for the harness, outside the simulator (which depends on nothing here).
+
+    engine    in-process scenarios: seeded compositions of simulator faults and caps, one guarded run each
+    network   network scenarios: the harness in its own process behind `netproxy`'s fault proxy
+    kill9     the real CLI SIGKILLed at a drawn moment, then `reap`
+    judge     the invariants, decided from the simulator's own record
+    suite     all three from one seed, concurrently; the report and its JSON summary
+
+`python scripts/chaos.py --help` runs it; `--replay SEED` (`--replay-net`, `--replay-kill9`) reruns one.
+"""
+
+from vast_harness.chaos.engine import (
+    FAULT_KINDS,
+    SIM_RULES,
+    ScenarioOutcome,
+    ScenarioPlan,
+    check_scenario,
+    draw_scenario,
+    exit_mismatches,
+    run_bounded,
+    run_scenario,
+    scenario_seed,
+)
+from vast_harness.chaos.judge import KNOWN_ISSUES, VIOLATION_KINDS, Violation, classify, false_absences
+from vast_harness.chaos.kill9 import TRIGGERS, Kill9Outcome, Kill9Plan, draw_kill9, run_kill9
+from vast_harness.chaos.network import NET_KINDS, NetOutcome, NetPlan, draw_net, run_net
+from vast_harness.chaos.suite import Selection, SuiteReport, run_suite, select_kinds
+
+__all__ = [
+    "FAULT_KINDS", "KNOWN_ISSUES", "NET_KINDS", "SIM_RULES", "TRIGGERS", "VIOLATION_KINDS", "Kill9Outcome",
+    "Kill9Plan", "NetOutcome", "NetPlan", "ScenarioOutcome", "ScenarioPlan", "Selection", "SuiteReport",
+    "Violation", "check_scenario", "classify", "draw_kill9", "draw_net", "draw_scenario", "exit_mismatches",
+    "false_absences", "run_bounded", "run_kill9", "run_net", "run_scenario", "run_suite", "scenario_seed",
+    "select_kinds",
+]

@@ -1,0 +1,99 @@
+"""The judge: what counts as a broken promise, decided from the simulator's own record, never the harness's word.
+
+Every scenario kind (in-process, network, kill -9) ends in the same checks, on the same facts:
+
+* leak           an instance still live at the end (after `reap` where the scenario kills or the run exits 3)
+* false_absence  'gone' claimed (ledger `absence gone`, harness-result.json) while the simulator had it live
+* over_cap_usd   dollars billed by the simulator above `max_usd`
+* over_cap_time  an instance destroyed later than run start + the time cap
+* exit_mismatch  an exit code that does not fit what happened (0 only for a run that really passed under cap)
+* reap_failed    `reap` (faults cleared) did not exit 0 with nothing live
+* hang           a scenario over its wall budget (caps + a teardown allowance); the run is killed
+* crash          an exception out of the in-process run
+* traceback      "Traceback" in a subprocess run's output
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from vast_harness.ledger import Ledger
+
+VIOLATION_KINDS = ("leak", "false_absence", "over_cap_usd", "over_cap_time", "exit_mismatch", "reap_failed",
+                   "hang", "crash", "traceback")
+
+
+class Violation(BaseModel):
+    kind: str
+    detail: str
+    known: str | None = None  # the KNOWN_ISSUES entry it matches: reported, not counted
+
+
+# Harness bugs this suite found and that are not fixed yet: name -> (violation kind, pattern on its detail).
+# A matching violation is reported as known and not counted. Each entry should have a strict xfail test in
+# tests/harness/test_chaos.py; when the fix lands that test passes, strict mode fails it, and the entry goes.
+KNOWN_ISSUES: dict[str, tuple[str, re.Pattern[str]]] = {}
+
+
+def classify(violation: Violation) -> Violation:
+    for name, (kind, pattern) in KNOWN_ISSUES.items():
+        if violation.kind == kind and pattern.search(violation.detail):
+            return violation.model_copy(update={"known": name})
+    return violation
+
+
+def false_absences(instances: list[dict[str, Any]], evidence_dir: Path) -> list[Violation]:
+    """'gone' claimed (ledger `absence gone`, harness-result.json) while the simulator still had it live."""
+    by_id = {i["id"]: i for i in instances}
+    claims: list[tuple[int, float, str]] = []
+    try:
+        claims += [(e.instance_id, e.t_unix, "ledger") for e in Ledger(evidence_dir / "ledger.jsonl").entries()
+                   if e.event == "absence" and e.verdict == "gone" and e.instance_id is not None]
+    except (OSError, ValueError):
+        pass  # an unreadable ledger claims nothing (the leak check still sees what is live)
+    for path in evidence_dir.glob("*/harness-result.json"):
+        try:
+            result = json.loads(path.read_text())
+            claims += [(int(i), result["finished_unix"], path.parent.name)
+                       for i, verdict in result["absence"]["per_instance"].items() if verdict == "gone"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a torn result file (full disk) claims nothing
+    found = []
+    for instance_id, t_unix, source in claims:
+        if instance_id not in by_id:
+            continue  # never created: nothing to be wrong about
+        destroyed = by_id[instance_id]["destroyed_at"]
+        if destroyed is None or destroyed > t_unix:
+            found.append(Violation(kind="false_absence", detail=f"{source} says {instance_id} gone at {t_unix:.3f}; "
+                                   f"the simulator destroyed it at {destroyed}"))
+    return found
+
+
+def cap_violations(instances: list[dict[str, Any]], now_unix: float, start_unix: float, max_usd: float,
+                   max_seconds: float) -> list[Violation]:
+    """Dollars billed over `max_usd`; an instance alive past run start + the time cap (still live: `now_unix`)."""
+    found = []
+    billed_usd = sum(i["billed_usd"] for i in instances)
+    if billed_usd > max_usd:
+        found.append(Violation(kind="over_cap_usd", detail=f"billed ${billed_usd:.6f} > cap ${max_usd:.6f}"))
+    for inst in instances:
+        late_s = (inst["destroyed_at"] or now_unix) - start_unix - max_seconds
+        if late_s > 0:
+            found.append(Violation(kind="over_cap_time", detail=f"instance {inst['id']} lived {late_s:.2f} s "
+                                   f"past the {max_seconds:.1f} s cap"))
+    return found
+
+
+def traceback_violations(text: str, where: str) -> list[Violation]:
+    at = text.find("Traceback (most recent call last)")
+    if at < 0:
+        return []
+    tail = text[at:].splitlines()
+    # The exception is the first unindented line after the frames: name it first, then the frames.
+    last = next((line for line in tail[1:] if line and not line.startswith(" ")), tail[-1] if tail else "")
+    return [Violation(kind="traceback", detail=f"{where}: {last[:300]}\n{text[at:at + 3000]}")]
