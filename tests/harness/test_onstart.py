@@ -46,6 +46,7 @@ def test_dead_man_switch_deletes_its_own_instance():
                 break
             time.sleep(0.2)
         assert not inst["live"], "the dead-man switch did not delete the instance"
+        time.sleep(1.5)  # the simulator logs the call after ending the host's processes
         deletes = [c for c in sim.state()["calls"] if c["method"] == "DELETE"]
         assert deletes and deletes[-1]["status"] == 200  # the host's own DELETE, not the harness's
         assert client.get_instance(created.new_contract) is None
