@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from remote.envprobe import mask_env
 from remote.model import Transformer, _ce_chunk
 from remote.profiles import TrainConfig
 
@@ -49,7 +50,8 @@ def set_process_env(nccl_pcie: bool) -> dict[str, str]:
 
 
 def recorded_env() -> dict[str, str]:
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV_PREFIXES)}
+    """The NCCL/allocator environment for the evidence; a --remote-env value is recorded as "***"."""
+    return mask_env({k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV_PREFIXES)})
 
 
 def apply_act_ckpt(model: Transformer) -> None:

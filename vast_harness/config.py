@@ -26,7 +26,12 @@ DEFAULT_API_URL = "https://console.vast.ai"
 PROFILE_NAMES = ("mfu", "proofs", "smoke")
 LABEL_PREFIX = "vh-"
 
-_DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?@sha256:[0-9a-f]{64}$")
+# repo:tag@sha256:digest — the tag says what the image is, the digest pins which bytes it is.
+_IMAGE_RE = re.compile(r"^(?P<repo>[a-z0-9][a-z0-9._/-]*):(?P<tag>[A-Za-z0-9._-]+)@sha256:(?P<digest>[0-9a-f]{64})$")
+_TAG_CUDA_RE = re.compile(r"(?:^|-)cuda(\d+\.\d+)(?:-|$)")
+_TAG_TORCH_RE = re.compile(r"^(\d+\.\d+\.\d+)-")
+_TAG_CUDNN_RE = re.compile(r"(?:^|-)cudnn(\d+)(?:-|$)")
+IMAGE_EXPECT_PLACEHOLDER = "{image_expect}"
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -66,13 +71,47 @@ class Transfer(_Strict):
     upload_extra_mb: float = Field(ge=0, default=0)  # e.g. wheels that travel with the bundle
 
 
+class ImageRef(_Strict):
+    repo: str
+    tag: str
+    digest: str  # "sha256:<64 hex>"
+
+    @classmethod
+    def parse(cls, image: str) -> ImageRef:
+        found = _IMAGE_RE.match(image)
+        if not found:
+            raise ValueError(f"image {image!r} must be pinned by digest with its tag: repo:tag@sha256:<64 hex>")
+        return cls(repo=found["repo"], tag=found["tag"], digest=f"sha256:{found['digest']}")
+
+    @property
+    def cuda(self) -> str | None:
+        found = _TAG_CUDA_RE.search(self.tag)
+        return found.group(1) if found else None
+
+
+_VERSION_PREFIX = r"^\d+(\.\d+)*$"
+
+
+class ImageExpect(_Strict):
+    """What the env-probe step checks on the host before any workload minute is billed: the image's torch,
+    CUDA runtime (torch.version.cuda) and cuDNN, each a dotted prefix ("9" accepts 9.10.2.21)."""
+
+    torch: Annotated[str, Field(pattern=_VERSION_PREFIX)]
+    cuda: Annotated[str, Field(pattern=_VERSION_PREFIX)]
+    cudnn: Annotated[str, Field(pattern=_VERSION_PREFIX)]
+
+    def flags(self) -> str:
+        return f"--expect-torch {self.torch} --expect-cuda {self.cuda} --expect-cudnn {self.cudnn}"
+
+
 class HarnessProfile(_Strict):
     name: str
     description: str = ""
     image: str
-    image_tag: str = ""
     image_digest_verified: bool = False
     image_cuda: float = Field(gt=0)
+    # None: no image check on the host (the smoke profile, whose tiny CPU round runs on any torch)
+    image_expect: ImageExpect | None = None
     disk_gb: float = Field(ge=8, default=40)
     boot_retries: int = Field(ge=0, default=1)
     boot_timeout_s: float = Field(gt=0, default=900)
@@ -88,9 +127,54 @@ class HarnessProfile(_Strict):
     @field_validator("image")
     @classmethod
     def _pinned(cls, value: str) -> str:
-        if not _DIGEST_RE.match(value):
-            raise ValueError(f"image {value!r} must be pinned by digest: repo@sha256:<64 hex>")
+        ImageRef.parse(value)
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_image_expect(cls, data: object) -> object:
+        """`{image_expect}` in a step's command becomes the expectation's flags (nothing when none is
+        declared), so the dry run shows the very command the host runs. A declared expectation that no
+        step checks is refused: it would be a check that never runs."""
+        if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
+            return data
+        expect = data.get("image_expect")
+        try:
+            flags = ImageExpect.model_validate(expect).flags() if expect is not None else ""
+        except ValidationError:
+            return data  # the field's own validation names what is wrong
+        steps = [dict(s) if isinstance(s, dict) else s for s in data["steps"]]
+        used = False
+        for step in steps:
+            if isinstance(step, dict) and isinstance(step.get("run"), str) and IMAGE_EXPECT_PLACEHOLDER in step["run"]:
+                step["run"] = step["run"].replace(IMAGE_EXPECT_PLACEHOLDER, flags).rstrip()
+                used = True
+        if expect is not None and not used:
+            raise ValueError(f"image_expect is declared but no step runs the check: put {IMAGE_EXPECT_PLACEHOLDER} "
+                             "in the env-probe step's command")
+        return {**data, "steps": steps}
+
+    @model_validator(mode="after")
+    def _image_consistent(self) -> HarnessProfile:
+        ref = self.image_ref
+        if ref.cuda is None:
+            raise ValueError(f"image tag {ref.tag!r} names no CUDA version (cudaX.Y): image_cuda cannot be checked")
+        if float(ref.cuda) != self.image_cuda:
+            raise ValueError(f"image_cuda {self.image_cuda:g} contradicts the image tag {ref.tag!r} (CUDA {ref.cuda})")
+        exp = self.image_expect
+        if exp is not None:
+            torch_tag, cudnn_tag = _TAG_TORCH_RE.search(ref.tag), _TAG_CUDNN_RE.search(ref.tag)
+            if exp.cuda != ref.cuda:
+                raise ValueError(f"image_expect.cuda {exp.cuda} contradicts the image tag {ref.tag!r}")
+            if torch_tag and exp.torch != torch_tag.group(1):
+                raise ValueError(f"image_expect.torch {exp.torch} contradicts the image tag {ref.tag!r}")
+            if cudnn_tag and exp.cudnn.split(".")[0] != cudnn_tag.group(1):
+                raise ValueError(f"image_expect.cudnn {exp.cudnn} contradicts the image tag {ref.tag!r}")
+        return self
+
+    @property
+    def image_ref(self) -> ImageRef:
+        return ImageRef.parse(self.image)
 
     @field_validator("steps")
     @classmethod

@@ -89,7 +89,10 @@ class Output:
             self.emit_json({"dry_run": True} | plan.summary())
             return
         o, q = plan.chosen.offer, plan.chosen.quote
-        self.out.print(f"[bold]Dry run[/] — profile [cyan]{plan.profile}[/], image {plan.image}")
+        self.out.print(f"[bold]Dry run[/] — profile [cyan]{plan.profile}[/]")
+        repo_tag, _, digest = plan.image.partition("@")  # repo:tag@sha256:... (config refuses any other form)
+        self.out.print(f"[bold]image[/] {escape(repo_tag)}  [bold]digest[/] {escape(digest)}"
+                       f"{'' if plan.image_digest_verified else ' (unverified)'}", soft_wrap=True)
         t = Table(title="Chosen offer", show_header=True, header_style="bold")
         for col in ("id", "GPU", "count", "driver", "qualified", "CUDA", "PCIe GB/s", "$/h", "reliability",
                     "location"):

@@ -313,7 +313,10 @@ class GuardedRun:
 
     def _run_steps(self) -> None:
         assert self.session is not None
-        env = dict(self.spec.remote_env) | {"VH_RUN_ID": self.run_id}
+        # VH_MASKED_ENV names the --remote-env variables whose values host-side evidence must mask
+        env = dict(self.spec.remote_env) | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_env)}
+        # longest first; values under 4 characters ("1", "on") would blank ordinary output and stay visible
+        scrub = sorted({v for v in self.spec.remote_env.values() if len(v) >= 4}, key=len, reverse=True)
         for step in self.spec.profile.steps:
             remaining = self.cap_deadline - time.monotonic()
             if remaining <= 0:
@@ -323,6 +326,8 @@ class GuardedRun:
             started = time.monotonic()
 
             def on_line(stream: str, line: str, _name=step.name, _log=log, _t=started) -> None:
+                for value in scrub:  # a --remote-env value a step prints is neither logged nor shown
+                    line = line.replace(value, "***")
                 _log.write(line + "\n")
                 _log.flush()
                 self.out.step_line(_name, time.monotonic() - _t, self.accrued_usd(), stream, line)

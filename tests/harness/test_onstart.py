@@ -3,6 +3,10 @@ instance (with CONTAINER_API_KEY, never the account key) when the harness is gon
 
 from __future__ import annotations
 
+import shutil
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -11,6 +15,7 @@ from vast_harness.client import VastClient
 from vast_harness.errors import ConfigError
 from vast_harness.onstart import ONSTART_LIMIT_CHARS, build_onstart
 from vast_harness.sim import SimServer
+from vast_harness.sim import sandbox as sandbox_mod
 
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOf5m0example vh-run"
 
@@ -19,7 +24,6 @@ def test_onstart_fits_vasts_limit_and_carries_no_account_key():
     script = build_onstart(public_key=PUB, api_url="https://console.vast.ai", deadman_after_s=3600 + 600)
     assert len(script) < ONSTART_LIMIT_CHARS
     assert "no_auto_tmux" in script and "authorized_keys" in script and "CONTAINER_API_KEY" in script
-    assert "sleep 4200" in script
     assert "VAST_API_KEY" not in script
 
 
@@ -42,6 +46,107 @@ def test_dead_man_switch_deletes_its_own_instance():
                 break
             time.sleep(0.2)
         assert not inst["live"], "the dead-man switch did not delete the instance"
+        time.sleep(1.5)  # the simulator logs the call after ending the host's processes
         deletes = [c for c in sim.state()["calls"] if c["method"] == "DELETE"]
         assert deletes and deletes[-1]["status"] == 200  # the host's own DELETE, not the harness's
         assert client.get_instance(created.new_contract) is None
+
+
+def _create(client, sim, script, label="vh-deadman-test"):
+    offer = client.search_offers({"num_gpus": {"eq": 1}, "limit": 1})[0]
+    return client.create_instance(offer.id, {"client_id": "me", "image": "x@sha256:" + "0" * 64,
+                                             "disk": 10, "label": label, "onstart": script}).new_contract
+
+
+def _wait_gone(sim, instance_id, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        inst = next(i for i in sim.state()["instances"] if i["id"] == instance_id)
+        if not inst["live"]:
+            return inst
+        time.sleep(0.1)
+    return inst
+
+
+def test_deadline_is_absolute_epoch_fixed_at_create():
+    script = build_onstart(public_key=PUB, api_url="https://x", deadman_after_s=600, now_s=1_700_000_000)
+    assert "1700000600" in script
+    assert "sleep 600" not in script  # a relative sleep restarts the clock when onstart runs again
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_dead_man_switch_retries_a_failed_delete_until_gone(status):
+    # curl -s exits 0 on any HTTP status: one 503/429 used to end the loop with the instance billing on.
+    with SimServer(seed=3, rate_scale=0.0, boot_seconds=0.05, faults=f"delete_fail:2:{status}") as sim, \
+            VastClient("account-key-abc", base_url=sim.url, pacing_scale=0) as client:
+        iid = _create(client, sim, build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=1))
+        inst = _wait_gone(sim, iid, 30)
+        assert not inst["live"], "the dead-man switch gave up after a failed DELETE"
+        time.sleep(1.5)  # the simulator logs the call after ending the host's processes
+        statuses = [c["status"] for c in sim.state()["calls"] if c["method"] == "DELETE"]
+        assert statuses == [status, status, 200]
+
+
+def _run_switch(sim, iid, tmp_path, *, no_curl=False):
+    """Run the switch's own script (the heredoc in the onstart) in a process of this test, with the
+    host's environment; `no_curl` leaves only python3 and coreutils on PATH (the fallback path)."""
+    env = dict(sim.backend.instances[iid].sandbox.env)
+    env["HOME"] = str(tmp_path)
+    del env[sandbox_mod.MARKER_VAR]  # else the host's destroy ends this test's process with the host
+    if no_curl:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        for tool in ("date", "sleep", "head", "grep"):
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+        (bin_dir / "python3").symlink_to(sys.executable)
+        env["PATH"] = str(bin_dir)
+    script = build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=0)
+    body = script.split("<<'VHEOF'\n", 1)[1].split("\nVHEOF\n", 1)[0]
+    return subprocess.run(["/bin/bash", "-c", body], env=env, capture_output=True, text=True, timeout=30,
+                          check=False)
+
+
+@pytest.mark.parametrize("no_curl", [False, True], ids=["curl", "python3"])
+def test_dead_man_switch_stops_on_404_for_an_instance_already_gone(tmp_path, no_curl):
+    with SimServer(seed=4, rate_scale=0.0, boot_seconds=0.05) as sim, \
+            VastClient("account-key-abc", base_url=sim.url, pacing_scale=0) as client:
+        iid = _create(client, sim, build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=600))
+        time.sleep(0.3)
+        client.destroy_instance(iid)  # the harness deleted it first; the switch's DELETE answers 404
+        done = _run_switch(sim, iid, tmp_path, no_curl=no_curl)
+        assert done.returncode == 0, done
+        assert "DELETE 404" in done.stdout
+        assert [c["status"] for c in sim.state()["calls"] if c["method"] == "DELETE"] == [200, 404]
+
+
+def test_dead_man_switch_without_curl_retries_with_python(tmp_path):
+    with SimServer(seed=6, rate_scale=0.0, boot_seconds=0.05, faults="delete_fail:1:503") as sim, \
+            VastClient("account-key-abc", base_url=sim.url, pacing_scale=0) as client:
+        iid = _create(client, sim, build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=600))
+        time.sleep(0.3)
+        done = _run_switch(sim, iid, tmp_path, no_curl=True)
+        assert done.returncode == 0, done
+        assert not next(i for i in sim.state()["instances"] if i["id"] == iid)["live"]
+        assert [c["status"] for c in sim.state()["calls"] if c["method"] == "DELETE"] == [503, 200]
+
+
+def test_a_rerun_of_onstart_keeps_the_original_deadline():
+    # A container restart re-runs onstart; the clock must not restart with it.
+    after_s = 5
+    with SimServer(seed=5, rate_scale=0.0, boot_seconds=0.05) as sim, \
+            VastClient("account-key-abc", base_url=sim.url, pacing_scale=0) as client:
+        script = build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=after_s)
+        iid = _create(client, sim, script)
+        created_at = next(i for i in sim.state()["instances"] if i["id"] == iid)["created_at"]
+        time.sleep(3)
+        sandbox = sim.backend.instances[iid].sandbox
+        # the restart: every process of the container ends, then onstart runs again
+        marker = sandbox.env[sandbox_mod.MARKER_VAR]
+        sandbox_mod._signal_all(set(sandbox_mod._marked_pids(marker)), signal.SIGKILL)
+        time.sleep(0.2)
+        rerun_at = time.time()
+        sandbox.start_onstart(script)
+        inst = _wait_gone(sim, iid, 20)
+        assert not inst["live"]
+        assert inst["destroyed_at"] < rerun_at + after_s - 1.0, "the re-run restarted the dead-man clock"
+        assert inst["destroyed_at"] >= created_at + after_s - 1.0

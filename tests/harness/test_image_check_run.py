@@ -1,0 +1,99 @@
+"""On the simulator over real HTTP and SSH: the env-probe step stops a run whose image is not what the
+profile declares before any workload minute (exit 1, deleted, proven absent), and no --remote-env value
+reaches any file of a run's evidence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from remote import envprobe
+from vast_harness.client import VastClient
+from vast_harness.config import load_driver_policy, resolve
+from vast_harness.output import Output
+from vast_harness.runner import GuardedRun
+from vast_harness.sim import SimServer
+
+ROOT = Path(__file__).resolve().parents[2]
+SCALE = 0.01
+KEY = "sim-image-key"
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimServer(seed=13, rate_scale=SCALE, boot_seconds=0.1, num_offers=200) as server:
+        yield server
+
+
+def _run(sim: SimServer, tmp_path: Path, profiles_dir: Path | None = None, remote_env: list[str] | None = None):
+    kw = {"profiles_dir": profiles_dir} if profiles_dir else {}
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
+                   remote_env=remote_env or [], **kw)
+    spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY), "teardown_margin_s": 2.0})
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = run.execute()
+    return run, result
+
+
+def test_an_image_that_is_not_the_declared_one_fails_before_the_workload(sim, tmp_path):
+    # smoke, declaring what its tag says (torch 2.11.0, CUDA 12.8, cuDNN 9); the simulated host has the
+    # local torch, which is not that image
+    prof_dir = tmp_path / "profiles"
+    (prof_dir / "harness").mkdir(parents=True)
+    text = (ROOT / "profiles" / "harness" / "smoke.toml").read_text()
+    text = text.replace("\n[caps]", '\n[image_expect]\ntorch = "2.11.0"\ncuda = "12.8"\ncudnn = "9"\n\n[caps]', 1)
+    text = text.replace("--out evidence/env.json", "--out evidence/env.json {image_expect}")
+    (prof_dir / "harness" / "smoke.toml").write_text(text)
+    actual = envprobe.image_facts()
+    assert not envprobe.version_matches("2.11.0", actual["torch"]), "this test needs a torch other than 2.11.0"
+
+    r, result = _run(sim, tmp_path, prof_dir)
+    assert result.exit_code == 1, result.message
+    assert "env-probe" in result.message
+    d = r.ev.dir
+    rows = (d / "steps.tsv").read_text().splitlines()
+    assert len(rows) == 1 and rows[0].startswith(f"env-probe\t{envprobe.IMAGE_MISMATCH_EXIT}\t")
+    assert not (d / "steps" / "tiny-round.log").exists()  # no workload minute
+    log = (d / "steps" / "env-probe.log").read_text()
+    assert f"torch: the profile declares 2.11.0, the image has {actual['torch']}" in log
+    assert (d / "remote" / "env.json").is_file()  # the probe's record still came back
+    inst = next(i for i in sim.state()["instances"] if i["id"] == r.created[0].instance_id)
+    assert not inst["live"]
+    import json
+    assert json.loads((d / "harness-result.json").read_text())["absence"]["verdict"] == "gone"
+
+
+def test_remote_env_values_never_reach_the_evidence(sim, tmp_path):
+    secrets = {"NCCL_SOCKET_IFNAME": "vhcanary-ifname-5521", "VH_PRIVATE_TOKEN": "vhcanary-token-7734"}
+    r, result = _run(sim, tmp_path, remote_env=[f"{k}={v}" for k, v in secrets.items()])
+    assert result.exit_code in (0, 4), result.message
+    files = [p for p in (tmp_path / "ev").rglob("*") if p.is_file()]
+    assert any(p.name == "env.json" for p in files) and any(p.name == "mfu-tiny.json" for p in files)
+    for path in files:
+        data = path.read_bytes()
+        for value in secrets.values():
+            assert value.encode() not in data, f"{value} in {path.relative_to(tmp_path)}"
+    env_json = (r.ev.dir / "remote" / "env.json").read_text()
+    assert '"NCCL_SOCKET_IFNAME": "***"' in env_json and "VH_PRIVATE_TOKEN" in env_json  # names, not values
+
+
+def test_a_step_that_prints_a_remote_env_value_has_it_scrubbed_from_log_and_console(sim, tmp_path, capsys):
+    from vast_harness.config import Step
+
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
+                   remote_env=["VH_PRIVATE_TOKEN=vhcanary-printed-4410", "SHORT=ab"])
+    prof = spec.profile.model_copy(update={"steps": [Step(name="leak", run="echo token=$VH_PRIVATE_TOKEN short=$SHORT",
+                                                          timeout_s=30)]})
+    spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
+                                   "teardown_margin_s": 2.0})
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output())
+        result = run.execute()
+    assert result.exit_code in (0, 4), result.message
+    log = (run.ev.dir / "steps" / "leak.log").read_text()
+    assert "token=***" in log and "vhcanary-printed-4410" not in log
+    out = capsys.readouterr()
+    assert "vhcanary-printed-4410" not in out.out + out.err
