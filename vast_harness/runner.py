@@ -76,6 +76,8 @@ PULL_MAX_BYTES = 1 << 30
 # cap): the rest of the margin belongs to DELETE and the absence proof, which a pull never delays.
 PULL_GRACE_SHARE = 0.25
 PULL_GRACE_MAX_S = 30.0
+# An SFTP channel with no byte for this long (a share of the margin, 1-30 s) is a stalled link: closed.
+SFTP_STALL_MAX_S = 30.0
 # How often (in printed bytes) a step's output re-asks the meter: printed bytes are billed bandwidth.
 _METER_EVERY_BYTES = 1 << 20
 
@@ -353,6 +355,7 @@ class GuardedRun:
             self.out.info(f"instance {inst.instance_id} running; connecting over SSH")
             self.session = HostSession.connect(endpoints_for(ready), key, deadline_monotonic=boot_deadline,
                                                retry_wait_s=min(2.0, max(self.spec.poll_s, 0.2)))
+            self.session.stall_timeout_s = min(SFTP_STALL_MAX_S, max(1.0, PULL_GRACE_SHARE * self.spec.teardown_margin_s))
         except (BootFailed, SshConnectError) as exc:
             # When the cap, not the boot timeout, cut the wait, the run stopped at its cap (exit 6): trying
             # another host would only spend past it.
@@ -511,7 +514,9 @@ class GuardedRun:
         if pulled.skipped:
             raise HarnessError(f"the host's evidence is over the {PULL_MAX_BYTES}-byte pull budget: "
                                f"{len(pulled.skipped)} file(s) left on the host")
-        self.out.warn(f"the host's evidence pull broke off: {pulled.detail}")
+        # A link that broke or stalled: the workload passed, but its evidence did not all come back.
+        raise HarnessError(f"the host's evidence pull broke off ({len(pulled.files)} file(s) pulled): "
+                           f"{pulled.detail}")
 
     # ---------------------------------------------------------------------------------- teardown
     def accrued_usd(self) -> float:

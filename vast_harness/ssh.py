@@ -265,6 +265,8 @@ class _LineSplitter:
 class HostSession:
     """One connected host. Use `connect`; close with `close()` or a `with` block."""
 
+    stall_timeout_s: float = 30.0  # an SFTP channel silent this long is a dead link
+
     def __init__(
         self,
         client: paramiko.SSHClient,
@@ -450,7 +452,14 @@ class HostSession:
     def _sftp_client(self) -> paramiko.SFTPClient:
         if self._sftp is None:
             self._sftp = self._client.open_sftp()
+            # No byte for this long on the SFTP channel: the link is stalled (TCP open, peer silent).
+            self._sftp.get_channel().settimeout(self.stall_timeout_s)
         return self._sftp
+
+    def _stalled(self, what: str) -> TransferAbandoned:
+        self.abort()
+        return TransferAbandoned(f"{what}: no byte for {self.stall_timeout_s:g} s, the link is stalled; "
+                                 "it was closed")
 
     def put(
         self, local: Path, remote: str, *, on_progress: Callable[[int, int], None] | None = None,
@@ -466,6 +475,8 @@ class HostSession:
         def work() -> int:
             try:
                 attrs = self._sftp_client().put(str(local), remote, callback=on_progress, confirm=True)
+            except TimeoutError:
+                raise self._stalled(f"upload to {remote}") from None
             except (*_CONNECT_ERRORS, paramiko.SFTPError) as exc:
                 raise SshTransferError(f"upload to {remote} failed: {_describe(exc)}") from exc
             return int(attrs.st_size or 0)
@@ -528,6 +539,8 @@ class HostSession:
             raise
         except _OverBudget as exc:
             raise SshTransferError(f"download of {remote} stopped: {exc}") from exc
+        except TimeoutError:
+            raise self._stalled(f"download of {remote}") from None
         except (*_CONNECT_ERRORS, paramiko.SFTPError) as exc:
             raise SshTransferError(f"download of {remote} failed: {_describe(exc)}") from exc
         finally:
@@ -569,6 +582,8 @@ class HostSession:
                 entries = sftp.listdir_attr(str(PurePosixPath(remote_dir) / rel_dir))
             except FileNotFoundError:
                 continue
+            except TimeoutError:
+                raise self._stalled(f"listing {remote_dir}/{rel_dir}") from None
             for entry in sorted(entries, key=lambda e: e.filename):
                 name = entry.filename
                 if name in (".", "..") or "/" in name or entry.st_mode is None:
