@@ -390,7 +390,7 @@ class GuardedRun:
             f"rm -rf ~/{REMOTE_DIR} && mkdir -p ~/{REMOTE_DIR}/evidence && tar -xzf ~/vh-bundle.tar.gz -C ~/{REMOTE_DIR}"
             f" && echo \"bundle sha256 $(sha256sum ~/vh-bundle.tar.gz | cut -c1-64)\"",
             on_line=lambda stream, line: self.out.info(f"[setup] {line}"),
-            timeout_s=self.meter.deadline(120.0) - time.monotonic(),
+            timeout_s=max(0.05, self.meter.deadline(120.0) - time.monotonic()),
         )
         if outcome.timed_out and time.monotonic() >= self.meter.work_deadline() - 0.05:
             raise CapReachedError("cap reached while unpacking the bundle")
@@ -429,7 +429,7 @@ class GuardedRun:
         for step in self.spec.profile.steps:
             self.meter.check(f"step {step.name}")
             started = time.monotonic()
-            timeout = self.meter.deadline(step.timeout_s) - started
+            timeout = max(0.05, self.meter.deadline(step.timeout_s) - started)
             log = self.ev.step_log(step.name)
             on_line, settle = self._step_printer(step.name, log, started)
             self.out.info(f"step [bold]{step.name}[/] (timeout {timeout:.0f} s)")
@@ -473,6 +473,8 @@ class GuardedRun:
         """
         if self.evidence_pulled or self.session is None or not self.session.is_active():
             return
+        if not in_teardown:
+            self.meter.check("the evidence pull")  # before marking it done: the teardown still tries, briefly
         self.evidence_pulled = True
         start = time.monotonic()
         work_deadline = self.meter.work_deadline(start)
@@ -481,7 +483,6 @@ class GuardedRun:
             deadline = min(start + PULL_MAX_S, max(work_deadline, start) + grace_s,
                            self.meter.hard_deadline(start) - 0.5 * self.spec.teardown_margin_s)
         else:
-            self.meter.check("the evidence pull")
             deadline = min(start + PULL_MAX_S, work_deadline)
         affordable = self.meter.affordable_down_bytes(deadline)
         budget = min(float(PULL_MAX_BYTES), affordable)
