@@ -1,102 +1,243 @@
-"""A run's evidence directory (design.md, "Evidence"): the files, their layout, and the closing manifest.
+"""A run's evidence directory: the files, their layout, the typed run record, and the closing manifest.
 
-harness-result.json, offer-quote.json, steps.tsv, steps/<name>.log, remote/, absence-proof.json, and
-manifest.sha256 (sha256 of every file above). Nothing here ever holds the API key or a remote_env value.
+harness-result.json (a `RunRecord`, versioned), offer-quote.json, steps.tsv, steps/<name>.log, remote/,
+absence-proof.json, and manifest.sha256 (sha256 of every file above). Nothing here ever holds the API key or
+a remote_env value.
+
+Writing evidence never stops a teardown: every write catches OSError (a full disk, a read-only mount) and
+records it in `write_failures`, which the run reports and turns into its exit code. Step logs are capped:
+past `head_bytes` only the last `tail_bytes` are kept, with a line saying how much was dropped between.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import platform
-import sys
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, TypeVar
 
-if TYPE_CHECKING:
-    from vast_harness.runner import GuardedRun
+from pydantic import BaseModel, Field
 
-RESULT_SCHEMA_VERSION = 1
+from vast_harness.lifecycle import InstanceTeardown
+
+RESULT_SCHEMA_VERSION = 2
+STEP_LOG_HEAD_BYTES = 8 * 1024 * 1024
+STEP_LOG_TAIL_BYTES = 2 * 1024 * 1024
+_T = TypeVar("_T")
+
+
+class StepRecord(BaseModel):
+    name: str
+    rc: int | None
+    seconds: float
+    timed_out: bool = False
+    connection_lost: bool = False
+    reconnect_ok: bool | None = None
+    workload: bool = True
+    detail: str = ""
+    log_bytes: int = 0  # what the step printed (stdout + stderr)
+    log_dropped_bytes: int = 0  # cut from the middle of its log by the size cap
+
+
+class CreatedInstance(BaseModel):
+    instance_id: int
+    label: str
+    offer_id: int
+    machine_id: int | None
+    dph_usd: float
+    t_created_mono: float
+    t_created_unix: float = Field(default_factory=time.time)
+    t_deleted_mono: float | None = None
+    status: str = "created"  # the create outcome (created, created_with_error, found_after_unknown, ...)
+    detail: str = ""
+    absence: str | None = None  # the teardown's verdict: gone, present or unknown
+
+
+class PullRecord(BaseModel):
+    """The host's evidence pull: what came back, what was left (budget, deadline), and why."""
+
+    files: int = 0
+    bytes: int = 0
+    skipped: list[str] = Field(default_factory=list)
+    complete: bool = False
+    detail: str = ""
+    deadline_s: float | None = None
+    max_bytes: float | None = None
+
+
+class RunRecord(BaseModel):
+    """harness-result.json. Built by the run, serialised here; readers check `schema_version`."""
+
+    schema_version: int = RESULT_SCHEMA_VERSION
+    run_id: str
+    profile: str
+    image: str
+    api_url: str
+    sim: bool
+    offer: dict[str, Any] | None
+    driver_qualified: bool | None
+    any_driver: bool
+    caps: dict[str, float]
+    worst_case_usd: float | None
+    accrued_usd: float
+    over_cap: str | None = None
+    bytes: dict[str, int]
+    bundle_sha256: str | None
+    host_key: dict[str, str] | None
+    remote_env: dict[str, str]
+    instances: list[dict[str, Any]]
+    price_changes: list[dict[str, Any]] = Field(default_factory=list)
+    steps: list[StepRecord]
+    pull: PullRecord | None = None
+    timings: dict[str, float]
+    absence: dict[str, Any]
+    api_calls: dict[str, Any]
+    evidence_write_failures: list[str] = Field(default_factory=list)
+    exit_code: int
+    message: str
+    finished_unix: float = Field(default_factory=time.time)
+    harness: dict[str, str]
+
+
+def overall_absence(teardowns: list[InstanceTeardown]) -> dict[str, Any]:
+    verdicts = {t.instance_id: t.verdict for t in teardowns}
+    if not verdicts:
+        verdict = "nothing-created"
+    else:
+        verdict = "gone" if all(v == "gone" for v in verdicts.values()) else "unproven"
+    return {"verdict": verdict, "per_instance": verdicts}
+
+
+class StepLog:
+    """A step's log with a size cap: the first `head_bytes` and the last `tail_bytes`, and what was dropped."""
+
+    def __init__(self, path: Path, head_bytes: int, tail_bytes: int, on_error: Callable[[str, OSError], None]):
+        self.path, self._on_error = path, on_error
+        self._head_left, self._tail_cap = head_bytes, tail_bytes
+        self._tail: deque[bytes] = deque()
+        self._tail_bytes = 0
+        self.total_bytes = 0
+        self.dropped_bytes = 0
+        self.dropped_lines = 0
+        self._fh: IO[bytes] | None = None
+        try:
+            self._fh = path.open("ab")
+        except OSError as exc:
+            on_error(f"steps/{path.name}", exc)
+
+    def write(self, line: str) -> bool:
+        """Record one line; True while it falls in the head (worth showing live), False once in the tail."""
+        data = line.encode("utf-8", "replace") + b"\n"
+        self.total_bytes += len(data)
+        if len(data) <= self._head_left:
+            self._head_left -= len(data)
+            self._put(data)
+            return True
+        self._head_left = 0  # from here on everything goes through the tail, in order
+        self._tail.append(data)
+        self._tail_bytes += len(data)
+        while self._tail_bytes > self._tail_cap and self._tail:
+            old = self._tail.popleft()
+            self._tail_bytes -= len(old)
+            self.dropped_bytes += len(old)
+            self.dropped_lines += 1
+        return False
+
+    def _put(self, data: bytes) -> None:
+        if self._fh is None:
+            return
+        try:
+            self._fh.write(data)
+        except OSError as exc:
+            self._on_error(f"steps/{self.path.name}", exc)
+            self._drop_handle()
+
+    def _drop_handle(self) -> None:
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            try:
+                fh.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self.dropped_bytes:
+            self._put(f"[vast-harness: {self.dropped_bytes} bytes in {self.dropped_lines} lines dropped here; "
+                      f"the log keeps its first and last bytes, {self.total_bytes} bytes were printed]\n"
+                      .encode())
+        while self._tail:
+            self._put(self._tail.popleft())
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            except OSError as exc:
+                self._on_error(f"steps/{self.path.name}", exc)
+            self._fh = None
 
 
 class RunEvidence:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
+        self.write_failures: list[str] = []
+        self.step_log_head_bytes = STEP_LOG_HEAD_BYTES
+        self.step_log_tail_bytes = STEP_LOG_TAIL_BYTES
         (self.dir / "steps").mkdir(parents=True, exist_ok=True)
         (self.dir / "remote").mkdir(parents=True, exist_ok=True)
 
-    def write_json(self, name: str, payload: Any) -> Path:
+    def _failed(self, what: str, exc: OSError) -> None:
+        self.write_failures.append(f"{what}: {exc.strerror or exc}")
+
+    def guarded(self, what: str, fn: Callable[[], _T]) -> _T | None:
+        """Run a write; an OSError is recorded, never raised (a full disk must not stop the teardown)."""
+        try:
+            return fn()
+        except OSError as exc:
+            self._failed(what, exc)
+            return None
+
+    def write_json(self, name: str, payload: Any) -> Path | None:
         path = self.dir / name
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-        tmp.replace(path)  # never a half-written evidence file
-        return path
 
-    def step_log(self, name: str) -> IO[str]:
-        return (self.dir / "steps" / f"{name}.log").open("a", encoding="utf-8")
+        def write() -> Path:
+            try:
+                tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+                tmp.replace(path)  # never a half-written evidence file
+            finally:
+                tmp.unlink(missing_ok=True)
+            return path
+
+        return self.guarded(name, write)
+
+    def step_log(self, name: str) -> StepLog:
+        return StepLog(self.dir / "steps" / f"{name}.log", self.step_log_head_bytes, self.step_log_tail_bytes,
+                       self._failed)
 
     def append_step_tsv(self, name: str, rc: int | None, seconds: float) -> None:
-        with (self.dir / "steps.tsv").open("a", encoding="utf-8") as fh:
-            fh.write(f"{name}\t{'NA' if rc is None else rc}\t{seconds:.3f}\n")
+        def write() -> None:
+            with (self.dir / "steps.tsv").open("a", encoding="utf-8") as fh:
+                fh.write(f"{name}\t{'NA' if rc is None else rc}\t{seconds:.3f}\n")
 
-    def write_result(self, run: GuardedRun, exit_code: int, message: str) -> None:
-        spec = run.spec
-        plan = run.plan
-        cand = run.candidate or (plan.chosen if plan else None)
-        verdicts = {t.instance_id: t.verdict for t in run.teardowns}
+        self.guarded("steps.tsv", write)
+
+    def write_result(self, record: RunRecord, teardowns: list[InstanceTeardown], proof_interval_s: float) -> None:
         self.write_json("absence-proof.json", {
-            "interval_s": spec.proof_interval_s,
-            "instances": [t.model_dump() for t in run.teardowns],
-            "verdict": _overall(verdicts),
+            "interval_s": proof_interval_s,
+            "instances": [t.model_dump() for t in teardowns],
+            "verdict": overall_absence(teardowns)["verdict"],
         })
-        workload_s = sum(s.seconds for s in run.steps if s.workload)
-        result = {
-            "schema_version": RESULT_SCHEMA_VERSION,
-            "run_id": run.run_id,
-            "profile": spec.profile.name,
-            "image": spec.profile.image,
-            "api_url": spec.api_url,
-            "sim": spec.sim,
-            "offer": plan.summary()["offer"] if plan else None,
-            "driver_qualified": cand.driver_qualified if cand else None,
-            "any_driver": spec.any_driver,
-            "caps": {"max_usd": spec.caps.max_usd, "max_minutes": spec.caps.max_minutes,
-                     "teardown_margin_s": spec.teardown_margin_s},
-            "worst_case_usd": cand.quote.worst_case_usd if cand else None,
-            "accrued_usd": round(run.accrued_usd(), 6),
-            "bytes": {"uploaded": run.bytes_up, "downloaded": run.bytes_down},
-            "bundle_sha256": plan.bundle_sha256 if plan else None,
-            "host_key": ({"fingerprint": run.session.host_key_fingerprint, "type": run.session.host_key_type,
-                          "endpoint": str(run.session.endpoint)} if run.session else None),
-            "remote_env": spec.masked_remote_env,
-            "instances": [i.model_dump(exclude={"t_created_mono", "t_deleted_mono"}) for i in run.created],
-            "steps": [s.model_dump() for s in run.steps],
-            "timings": run.timings | {"workload_steps_s": round(workload_s, 3)},
-            "absence": {"verdict": _overall(verdicts), "per_instance": verdicts},
-            "api_calls": _stats(run),
-            "exit_code": exit_code,
-            "message": message,
-            "finished_unix": time.time(),
-            "harness": {"python": sys.version.split()[0], "platform": platform.platform()},
-        }
-        self.write_json("harness-result.json", result)
+        self.write_json("harness-result.json", record.model_dump(mode="json"))
         self.write_manifest()
 
     def write_manifest(self) -> None:
-        lines = []
-        for path in sorted(p for p in self.dir.rglob("*") if p.is_file() and p.name != "manifest.sha256"):
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            lines.append(f"{digest}  {path.relative_to(self.dir).as_posix()}")
-        (self.dir / "manifest.sha256").write_text("\n".join(lines) + "\n")
+        def write() -> None:
+            lines = []
+            for path in sorted(p for p in self.dir.rglob("*") if p.is_file() and p.name != "manifest.sha256"):
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                lines.append(f"{digest}  {path.relative_to(self.dir).as_posix()}")
+            (self.dir / "manifest.sha256").write_text("\n".join(lines) + "\n")
 
-
-def _overall(verdicts: dict[int, str]) -> str:
-    if not verdicts:
-        return "nothing-created"
-    return "gone" if all(v == "gone" for v in verdicts.values()) else "unproven"
-
-
-def _stats(run: GuardedRun) -> dict:
-    return dataclasses.asdict(run.client.stats)
+        self.guarded("manifest.sha256", write)

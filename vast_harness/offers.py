@@ -7,6 +7,7 @@ cost (see quote.py), then reliability. Everything but `search_ranked` is a pure 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -124,9 +125,26 @@ def check_offer(offer: Offer, criteria: OfferCriteria) -> list[str]:
         reasons.append("not rentable")
     if offer.dph_base is None and offer.dph_total is None:
         reasons.append("no price")
+    reasons.extend(price_faults(offer))
     if offer.machine_id is not None and offer.machine_id in criteria.exclude_machine_ids:
         reasons.append(f"machine {offer.machine_id} failed to boot earlier in this run")
     return reasons
+
+
+def price_faults(offer: Offer) -> list[str]:
+    """Prices that cannot be trusted: non-finite, or not positive ($/h) / negative (storage, bandwidth).
+
+    Written as positive checks (`isfinite and > 0`), since every comparison with NaN is false."""
+    faults = []
+    for name, value in (("dph_total", offer.dph_total), ("dph_base", offer.dph_base)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            faults.append(f"{name} price {value} is not a positive finite number")
+    for name, value in (("storage_cost", offer.storage_cost_usd_per_gb_month),
+                        ("inet_up_cost", offer.inet_up_cost_usd_per_gb),
+                        ("inet_down_cost", offer.inet_down_cost_usd_per_gb)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            faults.append(f"{name} {value} is not a finite non-negative number")
+    return faults
 
 
 def choose(offers: Iterable[Offer], criteria: OfferCriteria, drivers: DriverPolicy) -> OfferChoice:
@@ -139,7 +157,7 @@ def choose(offers: Iterable[Offer], criteria: OfferCriteria, drivers: DriverPoli
         if not qualified and not criteria.any_driver:
             reasons.append(f"driver {offer.driver_version} not qualified (--any-driver to allow)")
         worst = None
-        if offer.dph_base is not None or offer.dph_total is not None:
+        if (offer.dph_base is not None or offer.dph_total is not None) and not price_faults(offer):
             worst = worst_case_usd(offer, max_minutes=criteria.max_minutes, disk_gb=criteria.disk_gb,
                                    upload_bytes=criteria.upload_bytes, download_bytes=criteria.download_bytes)
             if worst > criteria.max_usd:

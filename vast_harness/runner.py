@@ -7,15 +7,18 @@ decides the exit code: 3 beats everything when any instance is not proven gone.
 
 from __future__ import annotations
 
+import dataclasses
+import platform
 import secrets
 import signal
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from types import FrameType
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from vast_harness.bundle import Bundle, build_bundle
 from vast_harness.client import VastClient
@@ -29,18 +32,54 @@ from vast_harness.errors import (
     StepFailedError,
     VastError,
 )
-from vast_harness.evidence import RunEvidence
+from vast_harness.evidence import (
+    CreatedInstance,
+    PullRecord,
+    RunEvidence,
+    RunRecord,
+    StepLog,
+    StepRecord,
+    overall_absence,
+)
 from vast_harness.ledger import Ledger
-from vast_harness.lifecycle import BootFailed, InstanceTeardown, create, find_by_label, teardown_instance, wait_ready
+from vast_harness.lifecycle import (
+    BootFailed,
+    InstanceTeardown,
+    create,
+    find_by_label,
+    teardown_instance,
+    wait_ready,
+)
+from vast_harness.meter import CostMeter, finite_positive, minimum_cap_s
+from vast_harness.models import Instance
 from vast_harness.offers import Candidate
 from vast_harness.onstart import build_onstart
 from vast_harness.output import Output
 from vast_harness.plan import RunPlan, choose_offers, plan_run
-from vast_harness.ssh import HostSession, RunKey, SshConnectError, endpoints_for, generate_run_key
+from vast_harness.ssh import (
+    HostSession,
+    RunKey,
+    SshConnectError,
+    StepOutcome,
+    TransferAbandoned,
+    endpoints_for,
+    generate_run_key,
+)
 
 REMOTE_DIR = "vh"  # under the host's $HOME
 MAX_UNAVAILABLE_REPICKS = 3
 NULL_GRACE_S = 60.0  # reads lag creates: tolerate `instances: null` this long after create
+# The evidence pull: never longer than this, never more bytes than this (and never more than the cap affords).
+PULL_MAX_S = 600.0
+PULL_MAX_BYTES = 1 << 30
+# In teardown the pull may spend this share of the teardown margin past the work deadline (at most the
+# cap): the rest of the margin belongs to DELETE and the absence proof, which a pull never delays.
+PULL_GRACE_SHARE = 0.25
+PULL_GRACE_MAX_S = 30.0
+# An SFTP channel with no byte for this long (a share of the margin, 1-30 s) is a stalled link: closed.
+SFTP_STALL_MAX_S = 30.0
+# How often (in printed bytes) a step's output re-asks the meter: printed bytes are billed bandwidth.
+_METER_EVERY_BYTES = 1 << 20
 
 
 class Interrupted(BaseException):
@@ -49,31 +88,6 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-
-class StepRecord(BaseModel):
-    name: str
-    rc: int | None
-    seconds: float
-    timed_out: bool = False
-    connection_lost: bool = False
-    reconnect_ok: bool | None = None
-    workload: bool = True
-    detail: str = ""
-
-
-class CreatedInstance(BaseModel):
-    instance_id: int
-    label: str
-    offer_id: int
-    machine_id: int | None
-    dph_usd: float
-    t_created_mono: float
-    t_created_unix: float = Field(default_factory=time.time)
-    t_deleted_mono: float | None = None
-    status: str = "created"  # the create outcome (created, created_with_error, found_after_unknown, ...)
-    detail: str = ""
-    absence: str | None = None  # the teardown's verdict: gone, present or unknown
 
 
 class HarnessResult(BaseModel):
@@ -91,10 +105,12 @@ class _SignalGuard:
         self.out = out
         self.in_teardown = False
         self.received: int | None = None
+        self.hurry = False  # a signal during teardown: abandon the evidence pull, go straight to DELETE
         self._previous: dict[int, object] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.in_teardown or self.received is not None:
+            self.hurry = True
             self.out.err.print(f"[yellow]{signal.Signals(signum).name}: teardown is in progress and will finish; "
                                "it cannot be skipped[/]")
             return
@@ -110,6 +126,20 @@ class _SignalGuard:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+class _TeardownLedger:
+    """The ledger as teardown uses it: an append that fails (disk full) is recorded, never raised."""
+
+    def __init__(self, ledger: Ledger, failures: list[str]) -> None:
+        self._ledger, self._failures = ledger, failures
+
+    def append(self, run_id: str, event, label: str, **fields):
+        try:
+            return self._ledger.append(run_id, event, label, **fields)
+        except OSError as exc:
+            self._failures.append(f"ledger {event} for {fields.get('instance_id', label)}: {exc.strerror or exc}")
+            return None
 
 
 def new_run_id() -> str:
@@ -131,10 +161,13 @@ class GuardedRun:
         self.session: HostSession | None = None
         self.plan: RunPlan | None = None
         self.candidate: Candidate | None = None
-        self.cap_deadline = self.t0 + spec.max_seconds - spec.teardown_margin_s
-        self.bytes_up = 0
-        self.bytes_down = 0
+        # The one clock: every phase asks it for its deadline; it turns both caps into one.
+        self.meter = CostMeter(max_usd=spec.caps.max_usd, max_seconds=spec.max_seconds,
+                               teardown_margin_s=spec.teardown_margin_s, t0=self.t0)
         self.evidence_pulled = False
+        self.pull: PullRecord | None = None
+        self.guard: _SignalGuard | None = None
+        self.ledger_write_failures: list[str] = []
         self.t_last_step_end_unix: float | None = None
         self.excluded_machines: set[int] = set()
         # How long one instance's delete + absence proof may take before it is declared unproven (exit 3).
@@ -142,19 +175,23 @@ class GuardedRun:
 
     # ------------------------------------------------------------------------------------------- run
     def execute(self) -> HarnessResult:
-        guard = _SignalGuard(self.out)
+        guard = self.guard = _SignalGuard(self.out)
         code, message = 1, ""
         key: RunKey | None = None
         with guard, tempfile.TemporaryDirectory(prefix="vh-key-") as key_dir:
             try:
+                self._check_minimum_cap()
                 bundle = build_bundle()
                 self.plan = self._timed("plan", lambda: plan_run(self.spec, self.client, self.drivers, bundle))
                 self.ev.write_json("offer-quote.json", self.plan.summary())
+                if self.ev.write_failures:  # a full or read-only evidence dir: rent nothing
+                    raise ConfigError(f"--evidence-dir {self.ev.dir} cannot be written "
+                                      f"({'; '.join(self.ev.write_failures)}): nothing rented")
                 key = generate_run_key(Path(key_dir))
                 self._rent_and_connect(key)
                 self._timed("upload", lambda: self._upload(bundle))
                 self._run_steps()
-                self._pull_evidence()
+                self._pull_evidence(in_teardown=False)
                 qualified = self.candidate.driver_qualified if self.candidate else False
                 code, message = (0, "passed") if qualified else (4, "passed on a driver outside the qualified list")
             except Interrupted as exc:
@@ -178,6 +215,27 @@ class GuardedRun:
                 code, message = self._finish(code, message, key)
         return HarnessResult(run_id=self.run_id, exit_code=code, message=message)
 
+    def _check_minimum_cap(self) -> None:
+        minimum_s = minimum_cap_s(teardown_margin_s=self.spec.teardown_margin_s, sim=self.spec.sim)
+        if self.spec.max_seconds < minimum_s:
+            raise ConfigError(
+                f"--max-minutes {self.spec.caps.max_minutes:g} cannot cover boot and teardown: the minimum is "
+                f"{minimum_s / 60:.3g} min ({minimum_s - self.spec.teardown_margin_s:g} s to boot + "
+                f"{self.spec.teardown_margin_s:g} s teardown margin); nothing rented")
+
+    # The meter's figures under the names the chaos suite and the evidence read.
+    @property
+    def cap_deadline(self) -> float:
+        return self.meter.work_deadline()
+
+    @property
+    def bytes_up(self) -> int:
+        return self.meter.bytes_up
+
+    @property
+    def bytes_down(self) -> int:
+        return self.meter.bytes_down
+
     def _timed(self, name: str, fn):
         start = time.monotonic()
         try:
@@ -188,7 +246,9 @@ class GuardedRun:
     # ------------------------------------------------------------------------------- rent + connect
     def _candidates(self):
         assert self.plan is not None
-        yield from [self.plan.chosen, *self.plan.alternatives]
+        for cand in [self.plan.chosen, *self.plan.alternatives]:
+            self.meter.check("renting")  # each create asks the clock first
+            yield cand
         # The plan's list ran out: search again, excluding machines that failed to boot in this run.
         try:
             credit = self.client.current_user().available_usd
@@ -196,7 +256,9 @@ class GuardedRun:
                                    exclude_machine_ids=self.excluded_machines)
         except NoOfferError:
             return
-        yield from choice.ranked
+        for cand in choice.ranked:
+            self.meter.check("renting")
+            yield cand
 
     def _rent_and_connect(self, key: RunKey) -> None:
         boots_left = self.spec.boot_retries + 1
@@ -262,54 +324,106 @@ class GuardedRun:
                                machine_id=cand.offer.machine_id, dph_usd=cand.quote.dph_at_disk_usd,
                                t_created_mono=time.monotonic(), status=outcome.status, detail=outcome.detail[:300])
         self.created.append(inst)
-        # The money clock starts now: the cost cap becomes a deadline at this offer's price.
-        self._tighten_cost_deadline()
+        self._start_meter(inst, cand)  # the money clock starts now, at this offer's price
         return inst
 
+    def _start_meter(self, inst: CreatedInstance, cand: Candidate) -> None:
+        q = cand.quote
+        self.meter.set_transfer(inet_down_cost_usd_per_gb=cand.offer.inet_down_cost_usd_per_gb,
+                                inet_up_cost_usd_per_gb=cand.offer.inet_up_cost_usd_per_gb,
+                                expected_up_bytes=int(q.upload_gb * 1e9), expected_down_bytes=int(q.download_gb * 1e9))
+        self.meter.start_instance(inst.instance_id, inst.dph_usd, inst.t_created_mono)
+
+    def _on_instance_read(self, inst: CreatedInstance, read: Instance | None) -> None:
+        """Every per-id read of the rented instance: its own price replaces the search's when higher."""
+        if read is None or read.dph_total is None:
+            return  # no price sent: the search's stands
+        if finite_positive(read.dph_total) and read.dph_total > inst.dph_usd:
+            self.out.warn(f"instance {inst.instance_id} bills ${read.dph_total:.4f}/h, not the "
+                          f"${inst.dph_usd:.4f}/h the search showed: the cap deadline moves earlier")
+            inst.dph_usd = read.dph_total
+        self.meter.reprice(inst.instance_id, read.dph_total)  # raises CapReachedError when it breaks the cap
+
     def _boot(self, inst: CreatedInstance, key: RunKey) -> None:
-        boot_deadline = min(self.cap_deadline, time.monotonic() + self.spec.profile.boot_timeout_s)
+        boot_deadline = self.meter.deadline(self.spec.profile.boot_timeout_s)
         try:
             ready = wait_ready(self.client, inst.instance_id, deadline=boot_deadline, poll_s=self.spec.poll_s,
-                               null_grace_s=NULL_GRACE_S)
+                               null_grace_s=NULL_GRACE_S, on_poll=lambda read: self._on_instance_read(inst, read))
+            self._on_instance_read(inst, ready)
+            # The price may have moved the deadline: SSH gets what is left of the boot's, never more.
+            boot_deadline = min(boot_deadline, self.meter.deadline())
             self.out.info(f"instance {inst.instance_id} running; connecting over SSH")
             self.session = HostSession.connect(endpoints_for(ready), key, deadline_monotonic=boot_deadline,
                                                retry_wait_s=min(2.0, max(self.spec.poll_s, 0.2)))
+            self.session.stall_timeout_s = min(SFTP_STALL_MAX_S, max(1.0, PULL_GRACE_SHARE * self.spec.teardown_margin_s))
         except (BootFailed, SshConnectError) as exc:
             # When the cap, not the boot timeout, cut the wait, the run stopped at its cap (exit 6): trying
             # another host would only spend past it.
-            if time.monotonic() >= self.cap_deadline - 0.05:
+            if time.monotonic() >= self.meter.work_deadline() - 0.05:
                 raise CapReachedError(f"cap reached while instance {inst.instance_id} was booting: {exc}") from exc
             raise
-
-    def _tighten_cost_deadline(self) -> None:
-        """Accrued cost must stay under the cap with the teardown margin: turn dollars into a deadline."""
-        transfer_usd = self.plan.chosen.quote.upload_usd + self.plan.chosen.quote.download_usd if self.plan else 0.0
-        spent = self.accrued_usd()
-        dph = self.created[-1].dph_usd
-        if dph > 0:
-            affordable_s = max(0.0, (self.spec.caps.max_usd - transfer_usd - spent) * 3600.0 / dph)
-            margin_usd_s = self.spec.teardown_margin_s
-            self.cap_deadline = min(self.cap_deadline, time.monotonic() + affordable_s - margin_usd_s)
 
     # ---------------------------------------------------------------------------------- host work
     def _upload(self, bundle: Bundle) -> None:
         assert self.session is not None
-        if self.cap_deadline - time.monotonic() <= 0:
-            raise CapReachedError("cap reached before the bundle could be uploaded")
+        self.meter.check("the upload")
+        deadline = self.meter.deadline()
+        if bundle.size_bytes > self.meter.affordable_up_bytes(deadline):
+            raise CapReachedError(f"the {bundle.size_bytes}-byte bundle would cost more than the cap leaves")
+        reported = [0]
+
+        def progress(done: int, total: int) -> None:
+            self.meter.add_bytes(up=done - reported[0])
+            reported[0] = done
+
         with tempfile.NamedTemporaryFile(suffix=".tar.gz") as fh:
             fh.write(bundle.data)
             fh.flush()
-            self.bytes_up += self.session.put(Path(fh.name), "vh-bundle.tar.gz")
+            try:
+                sent = self.session.put(Path(fh.name), "vh-bundle.tar.gz", on_progress=progress, deadline=deadline)
+            except TransferAbandoned as exc:
+                raise CapReachedError(f"cap reached during the upload ({reported[0]} of {bundle.size_bytes} "
+                                      f"bytes sent): {exc}") from exc
+        self.meter.add_bytes(up=max(0, sent - reported[0]))
+        self.meter.check("unpacking the bundle")
         outcome = self.session.run(
             f"rm -rf ~/{REMOTE_DIR} && mkdir -p ~/{REMOTE_DIR}/evidence && tar -xzf ~/vh-bundle.tar.gz -C ~/{REMOTE_DIR}"
             f" && echo \"bundle sha256 $(sha256sum ~/vh-bundle.tar.gz | cut -c1-64)\"",
             on_line=lambda stream, line: self.out.info(f"[setup] {line}"),
-            timeout_s=max(1.0, min(120.0, self.cap_deadline - time.monotonic())),
+            timeout_s=max(0.05, self.meter.deadline(120.0) - time.monotonic()),
         )
-        if outcome.timed_out and time.monotonic() >= self.cap_deadline - 0.05:
+        if outcome.timed_out and time.monotonic() >= self.meter.work_deadline() - 0.05:
             raise CapReachedError("cap reached while unpacking the bundle")
         if not outcome.ok:
             raise StepFailedError(f"unpacking the bundle failed: rc={outcome.rc} {outcome.detail}", step="setup")
+
+    def _step_printer(self, name: str, log: StepLog, started: float, scrub: list[str]):
+        """The step's on_line: capped log, live console for the log's head, bytes into the meter."""
+        state = {"unmetered": 0, "said_cut": False}
+
+        def on_line(stream: str, line: str) -> None:
+            for value in scrub:  # a --remote-env value a step prints is neither logged nor shown
+                line = line.replace(value, "***")
+            shown = log.write(line)
+            state["unmetered"] += len(line) + 1
+            if shown:
+                self.out.step_line(name, time.monotonic() - started, self.meter.accrued_usd(), stream, line)
+            elif not state["said_cut"]:
+                state["said_cut"] = True
+                self.out.warn(f"step {name}: output past {self.ev.step_log_head_bytes} bytes is no longer shown; "
+                              "its log keeps the last part")
+            if state["unmetered"] >= _METER_EVERY_BYTES:
+                # Printed bytes leave the host and are billed: they can move the money deadline earlier.
+                self.meter.add_bytes(down=state["unmetered"])
+                state["unmetered"] = 0
+                if time.monotonic() >= self.meter.work_deadline():
+                    raise CapReachedError(f"step {name} stopped at the cap (its output is billed bandwidth)")
+
+        def settle() -> None:
+            self.meter.add_bytes(down=state["unmetered"])
+            state["unmetered"] = 0
+
+        return on_line, settle
 
     def _run_steps(self) -> None:
         assert self.session is not None
@@ -318,35 +432,34 @@ class GuardedRun:
         # longest first; values under 4 characters ("1", "on") would blank ordinary output and stay visible
         scrub = sorted({v for v in self.spec.remote_env.values() if len(v) >= 4}, key=len, reverse=True)
         for step in self.spec.profile.steps:
-            remaining = self.cap_deadline - time.monotonic()
-            if remaining <= 0:
-                raise CapReachedError(f"cap reached before step {step.name}: stopping to keep the teardown margin")
-            timeout = min(step.timeout_s, remaining)
-            log = self.ev.step_log(step.name)
+            self.meter.check(f"step {step.name}")
             started = time.monotonic()
-
-            def on_line(stream: str, line: str, _name=step.name, _log=log, _t=started) -> None:
-                for value in scrub:  # a --remote-env value a step prints is neither logged nor shown
-                    line = line.replace(value, "***")
-                _log.write(line + "\n")
-                _log.flush()
-                self.out.step_line(_name, time.monotonic() - _t, self.accrued_usd(), stream, line)
-
+            timeout = max(0.05, self.meter.deadline(step.timeout_s) - started)
+            log = self.ev.step_log(step.name)
+            on_line, settle = self._step_printer(step.name, log, started, scrub)
             self.out.info(f"step [bold]{step.name}[/] (timeout {timeout:.0f} s)")
+            cut: CapReachedError | None = None
             try:
                 outcome = self.session.run(f"cd ~/{REMOTE_DIR} && {step.run}", on_line=on_line, timeout_s=timeout,
                                            env=env)
+            except CapReachedError as exc:  # raised from inside the drain: the channel is closed already
+                cut = exc
+                outcome = StepOutcome(rc=None, seconds=time.monotonic() - started, timed_out=True, detail=str(exc))
             finally:
+                settle()
                 log.close()
             record = StepRecord(name=step.name, rc=outcome.rc, seconds=round(outcome.seconds, 3),
                                 timed_out=outcome.timed_out, connection_lost=outcome.connection_lost,
-                                workload=step.workload, detail=outcome.detail)
+                                workload=step.workload, detail=outcome.detail, log_bytes=log.total_bytes,
+                                log_dropped_bytes=log.dropped_bytes)
             if outcome.connection_lost:
                 record.reconnect_ok = self.session.reconnect_probe()
             self.steps.append(record)
             self.t_last_step_end_unix = time.time()
             self.ev.append_step_tsv(record.name, record.rc, record.seconds)
-            if outcome.timed_out and timeout < step.timeout_s:
+            if cut is not None:
+                raise cut
+            if outcome.timed_out and (timeout < step.timeout_s or time.monotonic() >= self.meter.work_deadline()):
                 raise CapReachedError(f"step {step.name} stopped at the cap (time/cost) after {outcome.seconds:.0f} s")
             if outcome.timed_out:
                 raise StepFailedError(f"step {step.name} timed out after {step.timeout_s:g} s", step=step.name)
@@ -357,41 +470,75 @@ class GuardedRun:
             if outcome.rc != 0:
                 raise StepFailedError(f"step {step.name} failed with rc={outcome.rc}", step=step.name, rc=outcome.rc)
 
-    def _pull_evidence(self) -> None:
+    def _pull_evidence(self, *, in_teardown: bool) -> None:
+        """Pull the host's evidence with a deadline and a size budget, both from the meter.
+
+        In the run, a pull the cap cuts is a cap stop (exit 6). In teardown it is best effort: it may use a
+        share of the teardown margin, a signal abandons it, and it never delays the DELETE beyond that.
+        """
         if self.evidence_pulled or self.session is None or not self.session.is_active():
             return
+        if not in_teardown:
+            self.meter.check("the evidence pull")  # before marking it done: the teardown still tries, briefly
         self.evidence_pulled = True
+        start = time.monotonic()
+        work_deadline = self.meter.work_deadline(start)
+        if in_teardown:
+            grace_s = min(PULL_GRACE_MAX_S, PULL_GRACE_SHARE * self.spec.teardown_margin_s)
+            deadline = min(start + PULL_MAX_S, max(work_deadline, start) + grace_s,
+                           self.meter.hard_deadline(start) - 0.5 * self.spec.teardown_margin_s)
+        else:
+            deadline = min(start + PULL_MAX_S, work_deadline)
+        affordable = self.meter.affordable_down_bytes(deadline)
+        budget = min(float(PULL_MAX_BYTES), affordable)
+        self.pull = PullRecord(deadline_s=round(deadline - start, 3), max_bytes=budget)
+        if deadline <= start:
+            self.pull.detail = "no time left for the pull before the teardown"
+            self.out.warn("no time left to pull the host's evidence; going straight to teardown")
+            return
+        abandon = (lambda: bool(self.guard and self.guard.hurry)) if in_teardown else None
         try:
-            start = time.monotonic()
-            files = self.session.get_tree(f"{REMOTE_DIR}/evidence", self.ev.dir / "remote")
-            self.bytes_down += sum((self.ev.dir / "remote" / f).stat().st_size for f in files
-                                   if (self.ev.dir / "remote" / f).exists())
-            self.timings["pull_s"] = round(time.monotonic() - start, 3)
-            self.out.info(f"pulled {len(files)} evidence file(s)")
-        except Exception as exc:  # evidence is best effort; teardown must still run
+            pulled = self.session.pull_tree(f"{REMOTE_DIR}/evidence", self.ev.dir / "remote", deadline=deadline,
+                                            max_bytes=budget, on_bytes=lambda n: self.meter.add_bytes(down=n),
+                                            abandon=abandon)
+        except Exception as exc:  # noqa: BLE001 - evidence is best effort; the teardown must still run
+            self.pull.detail = f"{type(exc).__name__}: {exc}"
             self.out.warn(f"could not pull the host's evidence: {exc}")
+            return
+        finally:
+            self.timings["pull_s"] = round(time.monotonic() - start, 3)
+        self.pull = self.pull.model_copy(update={"files": len(pulled.files), "bytes": pulled.bytes,
+                                                 "skipped": pulled.skipped, "complete": pulled.complete,
+                                                 "detail": pulled.detail})
+        self.out.info(f"pulled {len(pulled.files)} evidence file(s), {pulled.bytes} bytes"
+                      + ("" if pulled.complete else f"; incomplete: {pulled.detail}"))
+        if pulled.complete or in_teardown:
+            return
+        if time.monotonic() >= deadline - 0.05 or (pulled.skipped and affordable < PULL_MAX_BYTES):
+            raise CapReachedError(f"cap reached during the evidence pull ({len(pulled.files)} file(s) pulled, "
+                                  f"{len(pulled.skipped)} left on the host): {pulled.detail}")
+        if pulled.skipped:
+            raise HarnessError(f"the host's evidence is over the {PULL_MAX_BYTES}-byte pull budget: "
+                               f"{len(pulled.skipped)} file(s) left on the host")
+        # A link that broke or stalled: the workload passed, but its evidence did not all come back.
+        raise HarnessError(f"the host's evidence pull broke off ({len(pulled.files)} file(s) pulled): "
+                           f"{pulled.detail}")
 
     # ---------------------------------------------------------------------------------- teardown
     def accrued_usd(self) -> float:
-        now = time.monotonic()
-        total = 0.0
-        for inst in self.created:
-            end = inst.t_deleted_mono or now
-            total += (end - inst.t_created_mono) / 3600.0 * inst.dph_usd
-        if self.candidate:
-            o = self.candidate.offer
-            total += self.bytes_up / 1e9 * (o.inet_down_cost_usd_per_gb or 0.0)
-            total += self.bytes_down / 1e9 * (o.inet_up_cost_usd_per_gb or 0.0)
-        return total
+        return self.meter.accrued_usd()
 
     def _teardown_one(self, inst: CreatedInstance) -> InstanceTeardown:
         deadline = time.monotonic() + self.teardown_budget_s
-        report = teardown_instance(self.client, self.ledger, run_id=self.run_id, label=inst.label,
+        # A full disk must not stop a DELETE or its proof: ledger writes here are recorded when they fail.
+        ledger = _TeardownLedger(self.ledger, self.ledger_write_failures)
+        report = teardown_instance(self.client, ledger, run_id=self.run_id, label=inst.label,  # type: ignore[arg-type]
                                    instance_id=inst.instance_id, interval_s=self.spec.proof_interval_s,
                                    deadline=deadline)
         acks = [d for d in report.deletes if d.acknowledged]
         if acks:
             inst.t_deleted_mono = inst.t_created_mono + max(0.0, acks[0].t_ack_unix - inst.t_created_unix)
+            self.meter.stop_instance(inst.instance_id, inst.t_deleted_mono)
         inst.absence = report.verdict
         self.teardowns.append(report)
         return report
@@ -399,9 +546,9 @@ class GuardedRun:
     def _finish(self, code: int, message: str, key: RunKey | None) -> tuple[int, str]:
         # "After the last step" counts from the step's end when one ran (evidence pull included), else from now.
         t_last_step_end_unix = self.t_last_step_end_unix or time.time()
-        self._pull_evidence()
+        self._pull_evidence(in_teardown=True)
         if self.session is not None:
-            self.session.close()
+            self.session.close()  # transport first: a stalled link cannot hold this
         start = time.monotonic()
         for inst in self.created:
             if not any(t.instance_id == inst.instance_id for t in self.teardowns):
@@ -416,15 +563,57 @@ class GuardedRun:
         self.timings["teardown_s"] = round(time.monotonic() - start, 3)
         if key is not None:
             key.delete()
-        unproven = [t.instance_id for t in self.teardowns if t.verdict != "gone"]
-        if unproven:
-            code = 3
-            message = (f"teardown NOT proven for instance(s) {unproven}: they may still bill. "
-                       f"The ledger names them; run `vast-e2e reap`. ({message})")
+        code, message = self._verdict(code, message)
         self.timings["total_s"] = round(time.monotonic() - self.t0, 3)
-        self.ev.write_result(self, code, message)
+        self.ev.write_result(self._record(code, message), self.teardowns, self.spec.proof_interval_s)
+        code, message = self._verdict(code, message)  # the result file's own write may have failed
         self.out.result(self.run_id, code, message, self.ev.dir, self.steps, self.teardowns, self.accrued_usd())
         return code, message
+
+    def _verdict(self, code: int, message: str) -> tuple[int, str]:
+        """The exit code from what is known: unproven teardown (3) beats a cap overrun (6) beats lost evidence."""
+        unproven = [t.instance_id for t in self.teardowns if t.verdict != "gone"]
+        if unproven:
+            if code != 3:
+                message = (f"teardown NOT proven for instance(s) {unproven}: they may still bill. "
+                           f"The ledger names them; run `vast-e2e reap`. ({message})")
+            return 3, message
+        over = self.meter.over_cap()
+        if over and code in (0, 1, 4):
+            return 6, f"over the cap: {over} ({message})"
+        failures = self.ev.write_failures + self.ledger_write_failures
+        if failures and code in (0, 4):
+            return 1, (f"the instance is deleted and proven absent, but {len(failures)} evidence/ledger write(s) "
+                       f"failed, so the evidence is incomplete: {'; '.join(failures[:3])} ({message})")
+        return code, message
+
+    def _record(self, code: int, message: str) -> RunRecord:
+        spec, plan = self.spec, self.plan
+        cand = self.candidate or (plan.chosen if plan else None)
+        workload_s = sum(s.seconds for s in self.steps if s.workload)
+        return RunRecord(
+            run_id=self.run_id, profile=spec.profile.name, image=spec.profile.image, api_url=spec.api_url,
+            sim=spec.sim, offer=plan.summary()["offer"] if plan else None,
+            driver_qualified=cand.driver_qualified if cand else None, any_driver=spec.any_driver,
+            caps={"max_usd": spec.caps.max_usd, "max_minutes": spec.caps.max_minutes,
+                  "teardown_margin_s": spec.teardown_margin_s,
+                  "minimum_cap_s": minimum_cap_s(teardown_margin_s=spec.teardown_margin_s, sim=spec.sim)},
+            worst_case_usd=cand.quote.worst_case_usd if cand else None,
+            accrued_usd=round(self.meter.accrued_usd(), 6), over_cap=self.meter.over_cap(),
+            bytes={"uploaded": self.meter.bytes_up, "downloaded": self.meter.bytes_down},
+            bundle_sha256=plan.bundle_sha256 if plan else None,
+            host_key=({"fingerprint": self.session.host_key_fingerprint, "type": self.session.host_key_type,
+                       "endpoint": str(self.session.endpoint)} if self.session else None),
+            remote_env=spec.masked_remote_env,
+            instances=[i.model_dump(exclude={"t_created_mono", "t_deleted_mono"}) for i in self.created],
+            price_changes=[p.model_dump() for p in self.meter.price_changes],
+            steps=self.steps, pull=self.pull,
+            timings=self.timings | {"workload_steps_s": round(workload_s, 3)},
+            absence=overall_absence(self.teardowns), api_calls=dataclasses.asdict(self.client.stats),
+            evidence_write_failures=self.ev.write_failures + self.ledger_write_failures,
+            exit_code=code, message=message,
+            harness={"python": sys.version.split()[0], "platform": platform.platform()},
+        )
 
     def _sweep_labels(self) -> None:
         """Catch what the run did not know it created (a create that timed out and appeared late)."""

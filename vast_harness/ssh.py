@@ -21,10 +21,11 @@ import select
 import shlex
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import Literal, Self
+from typing import Literal, Self, TypeVar
 
 import paramiko
 import tenacity
@@ -38,6 +39,10 @@ from vast_harness.models import Instance
 RUN_KEY_COMMENT = "vh-run"
 KEEPALIVE_INTERVAL_S = 15
 _RECV_CHUNK_BYTES = 32768
+# A flooding command never lets `recv_ready` go false: read at most this much per turn, then look at the clock.
+_DRAIN_TURN_BYTES = 1 << 20
+# An abandoned transfer's worker gets this long to notice its closed link before we stop waiting for it.
+_ABANDON_JOIN_S = 2.0
 _POLL_INTERVAL_S = 0.1
 _MAX_TREE_DEPTH = 16
 # A progress bar redrawn with \r never ends its line: past this many characters, emit what we have.
@@ -47,6 +52,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CONNECT_ERRORS = (paramiko.SSHException, OSError, EOFError)
 
 LineCallback = Callable[[str, str], None]
+_T = TypeVar("_T")
 
 
 class SshEndpoint(BaseModel):
@@ -84,6 +90,24 @@ class StepOutcome(BaseModel):
 
 class SshTransferError(HarnessError):
     """An SFTP transfer broke off (the host dropped, or the file system refused)."""
+
+
+class TransferAbandoned(SshTransferError):
+    """A transfer ran past its deadline or was abandoned: the link was closed under it (the session is dead)."""
+
+
+class TreePull(BaseModel):
+    """What `pull_tree` brought back, and what it left behind (over the size budget) and why it stopped."""
+
+    files: list[str] = []
+    skipped: list[str] = []
+    bytes: int = 0
+    complete: bool = True
+    detail: str = ""
+
+
+class _OverBudget(Exception):
+    """Raised inside an SFTP progress callback to stop a file that grew past the size budget."""
 
 
 class SshConnectError(HarnessError):
@@ -241,6 +265,8 @@ class _LineSplitter:
 class HostSession:
     """One connected host. Use `connect`; close with `close()` or a `with` block."""
 
+    stall_timeout_s: float = 30.0  # an SFTP channel silent this long is a dead link
+
     def __init__(
         self,
         client: paramiko.SSHClient,
@@ -338,10 +364,17 @@ class HostSession:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         full_command = shell_with_env(command, env)
         started = time.monotonic()
+        start_limit_s = min(self._attempt_timeout_s, timeout_s)
+
+        def start() -> paramiko.Channel:
+            chan = self._transport.open_session(timeout=start_limit_s)
+            chan.exec_command(full_command)  # waits for the host's answer with no timeout of its own
+            return chan
+
         try:
-            channel = self._transport.open_session(timeout=min(self._attempt_timeout_s, timeout_s))
-            channel.exec_command(full_command)
-        except _CONNECT_ERRORS as exc:
+            # In a worker with a deadline: on a stalled link (TCP open, no bytes) exec_command never returns.
+            channel = self.bounded("starting a command", start, deadline=started + start_limit_s)
+        except (*_CONNECT_ERRORS, SshTransferError) as exc:
             # Deliberately not the command text: it may carry --remote-env values.
             return StepOutcome(
                 rc=None,
@@ -361,12 +394,23 @@ class HostSession:
 
         def drain() -> None:
             # Read both buffers every turn: a full stderr window must never stall stdout (or vice versa).
-            while channel.recv_ready():
-                for line in splitters["stdout"].feed(channel.recv(_RECV_CHUNK_BYTES)):
-                    on_line("stdout", line)
-            while channel.recv_stderr_ready():
-                for line in splitters["stderr"].feed(channel.recv_stderr(_RECV_CHUNK_BYTES)):
-                    on_line("stderr", line)
+            # Bounded by bytes and by the deadline: a command that floods must not keep us here past it.
+            budget = _DRAIN_TURN_BYTES
+            while budget > 0 and time.monotonic() < deadline:
+                got = 0
+                if channel.recv_ready():
+                    data = channel.recv(_RECV_CHUNK_BYTES)
+                    got += len(data)
+                    for line in splitters["stdout"].feed(data):
+                        on_line("stdout", line)
+                if channel.recv_stderr_ready():
+                    data = channel.recv_stderr(_RECV_CHUNK_BYTES)
+                    got += len(data)
+                    for line in splitters["stderr"].feed(data):
+                        on_line("stderr", line)
+                if not got:
+                    return
+                budget -= got
 
         def flush() -> None:
             for stream, splitter in splitters.items():
@@ -408,29 +452,95 @@ class HostSession:
     def _sftp_client(self) -> paramiko.SFTPClient:
         if self._sftp is None:
             self._sftp = self._client.open_sftp()
+            # No byte for this long on the SFTP channel: the link is stalled (TCP open, peer silent).
+            self._sftp.get_channel().settimeout(self.stall_timeout_s)
         return self._sftp
 
-    def put(self, local: Path, remote: str, *, on_progress: Callable[[int, int], None] | None = None) -> int:
+    def _stalled(self, what: str) -> TransferAbandoned:
+        self.abort()
+        return TransferAbandoned(f"{what}: no byte for {self.stall_timeout_s:g} s, the link is stalled; "
+                                 "it was closed")
+
+    def put(
+        self, local: Path, remote: str, *, on_progress: Callable[[int, int], None] | None = None,
+        deadline: float | None = None, abandon: Callable[[], bool] | None = None,
+    ) -> int:
         """Upload a file; returns the bytes written (paramiko checks the remote size matches).
 
         A host that drops mid-transfer raises SshTransferError (a HarnessError), never a raw paramiko error:
         the run must turn it into an exit code after teardown, not crash past it (found by the chaos suite).
+        With a `deadline` (monotonic) the transfer runs in a worker and is abandoned at it (TransferAbandoned).
         """
-        try:
-            attrs = self._sftp_client().put(str(local), remote, callback=on_progress, confirm=True)
-        except (*_CONNECT_ERRORS, paramiko.SFTPError) as exc:
-            raise SshTransferError(f"upload to {remote} failed: {_describe(exc)}") from exc
-        return int(attrs.st_size or 0)
 
-    def get(self, remote: str, local: Path) -> int:
-        """Download a file via a `.part` file, so a half-copied file never carries the final name."""
+        def work() -> int:
+            try:
+                attrs = self._sftp_client().put(str(local), remote, callback=on_progress, confirm=True)
+            except TimeoutError:
+                raise self._stalled(f"upload to {remote}") from None
+            except (*_CONNECT_ERRORS, paramiko.SFTPError) as exc:
+                raise SshTransferError(f"upload to {remote} failed: {_describe(exc)}") from exc
+            return int(attrs.st_size or 0)
+
+        if deadline is None:
+            return work()
+        return self.bounded(f"upload to {remote}", work, deadline=deadline, abandon=abandon)
+
+    def bounded(self, what: str, fn: Callable[[], _T], *, deadline: float,
+                abandon: Callable[[], bool] | None = None) -> _T:
+        """Run `fn` (SFTP work on this session) in a worker; at `deadline` or when `abandon()` says so, close
+        the link under it and raise TransferAbandoned. The calling thread only waits in short slices, so
+        signals are handled while a stalled link holds the worker."""
+        box: dict[str, object] = {}
+
+        def work() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the calling thread below
+                box["error"] = exc
+
+        worker = threading.Thread(target=work, daemon=True, name=f"vh-sftp {what}")
+        worker.start()
+        try:
+            while worker.is_alive():
+                now = time.monotonic()
+                if now >= deadline or (abandon is not None and abandon()):
+                    why = "its deadline passed" if now >= deadline else "it was abandoned"
+                    self.abort()
+                    worker.join(_ABANDON_JOIN_S)
+                    raise TransferAbandoned(f"{what}: {why}; the SSH link was closed under it")
+                worker.join(min(_POLL_INTERVAL_S, deadline - now))
+        except BaseException:
+            self.abort()  # an interrupt, too: never leave a worker writing behind our back
+            raise
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box["value"]  # type: ignore[return-value]
+
+    def get(self, remote: str, local: Path, *, max_bytes: float | None = None,
+            on_bytes: Callable[[int], None] | None = None) -> int:
+        """Download a file via a `.part` file, so a half-copied file never carries the final name.
+
+        `max_bytes`: stop (SshTransferError) once the file grows past it; `on_bytes(n)` reports progress."""
         local.parent.mkdir(parents=True, exist_ok=True)
         partial = local.with_name(local.name + ".part")
+        seen = [0]
+
+        def progress(done: int, total: int) -> None:
+            if on_bytes is not None:
+                on_bytes(done - seen[0])
+            seen[0] = done
+            if max_bytes is not None and done > max_bytes:
+                raise _OverBudget(f"{remote} passed the {max_bytes:.0f}-byte budget")
+
         try:
-            self._sftp_client().get(remote, str(partial))
+            self._sftp_client().get(remote, str(partial), callback=progress)
             partial.replace(local)
         except FileNotFoundError:
             raise
+        except _OverBudget as exc:
+            raise SshTransferError(f"download of {remote} stopped: {exc}") from exc
+        except TimeoutError:
+            raise self._stalled(f"download of {remote}") from None
         except (*_CONNECT_ERRORS, paramiko.SFTPError) as exc:
             raise SshTransferError(f"download of {remote} failed: {_describe(exc)}") from exc
         finally:
@@ -438,13 +548,33 @@ class HostSession:
         return local.stat().st_size
 
     def get_tree(self, remote_dir: str, local_dir: Path, pattern: str = "*") -> list[str]:
-        """Pull regular files whose name matches `pattern`, recursively. Returns their relative paths.
+        """Pull regular files whose name matches `pattern`, recursively. Returns their relative paths."""
+        return self._walk_pull(remote_dir, local_dir, pattern, TreePull(), None, None).files
 
-        Files that vanish between listing and copying are skipped. Symlinks and special files are
-        skipped too: a host's link could point the copy at a path it should not read.
-        """
+    def pull_tree(
+        self, remote_dir: str, local_dir: Path, *, deadline: float, max_bytes: float,
+        on_bytes: Callable[[int], None] | None = None, abandon: Callable[[], bool] | None = None,
+        pattern: str = "*",
+    ) -> TreePull:
+        """`get_tree` with a deadline and a size budget: files that would pass the budget are skipped, and
+        a pull still running at `deadline` (or abandoned) is cut by closing the link: what arrived is kept."""
+        result = TreePull()
+        try:
+            self.bounded(f"pull of {remote_dir}", lambda: self._walk_pull(remote_dir, local_dir, pattern, result,
+                                                                         max_bytes, on_bytes),
+                         deadline=deadline, abandon=abandon)
+        except SshTransferError as exc:
+            result.complete, result.detail = False, str(exc)
+        if result.skipped and result.complete:
+            result.complete, result.detail = False, f"{len(result.skipped)} file(s) over the size budget"
+        result.files = sorted(result.files)
+        return result
+
+    def _walk_pull(self, remote_dir: str, local_dir: Path, pattern: str, result: TreePull,
+                   max_bytes: float | None, on_bytes: Callable[[int], None] | None) -> TreePull:
+        """Files that vanish between listing and copying are skipped. Symlinks and special files are skipped
+        too: a host's link could point the copy at a path it should not read."""
         sftp = self._sftp_client()
-        pulled: list[str] = []
         pending: list[tuple[PurePosixPath, int]] = [(PurePosixPath("."), 0)]
         while pending:
             rel_dir, depth = pending.pop()
@@ -452,6 +582,8 @@ class HostSession:
                 entries = sftp.listdir_attr(str(PurePosixPath(remote_dir) / rel_dir))
             except FileNotFoundError:
                 continue
+            except TimeoutError:
+                raise self._stalled(f"listing {remote_dir}/{rel_dir}") from None
             for entry in sorted(entries, key=lambda e: e.filename):
                 name = entry.filename
                 if name in (".", "..") or "/" in name or entry.st_mode is None:
@@ -460,12 +592,24 @@ class HostSession:
                 if stat.S_ISDIR(entry.st_mode) and depth + 1 < _MAX_TREE_DEPTH:
                     pending.append((rel, depth + 1))
                 elif stat.S_ISREG(entry.st_mode) and fnmatch.fnmatch(name, pattern):
+                    left = None if max_bytes is None else max_bytes - result.bytes
+                    if left is not None and (entry.st_size or 0) > left:
+                        result.skipped.append(rel.as_posix())
+                        continue
                     try:
-                        self.get(str(PurePosixPath(remote_dir) / rel), local_dir / rel)
+                        size = self.get(str(PurePosixPath(remote_dir) / rel), local_dir / rel, max_bytes=left,
+                                        on_bytes=on_bytes)
                     except FileNotFoundError:
                         continue
-                    pulled.append(rel.as_posix())
-        return sorted(pulled)
+                    except SshTransferError:
+                        if not self.is_active():
+                            raise
+                        result.skipped.append(rel.as_posix())  # grew past the budget while copied
+                        continue
+                    result.bytes += size
+                    result.files.append(rel.as_posix())
+        result.files.sort()
+        return result
 
     def reconnect_probe(self) -> bool:
         """After a loss: does the endpoint we used accept a fresh connection? (reporting only)"""
@@ -476,7 +620,16 @@ class HostSession:
         client.close()
         return True
 
+    def abort(self) -> None:
+        """Close the link now, without any polite exchange: a stalled peer cannot hold this call."""
+        transport = self._client.get_transport()
+        if transport is not None:
+            transport.close()  # wakes every thread blocked on one of its channels
+
     def close(self) -> None:
+        # The transport first: a graceful SFTP close writes to the link, and on a stalled link with a full
+        # send buffer that write would wait forever.
+        self.abort()
         if self._sftp is not None:
             try:
                 self._sftp.close()
@@ -499,6 +652,8 @@ __all__ = [
     "SshConnectError",
     "SshEndpoint",
     "StepOutcome",
+    "TransferAbandoned",
+    "TreePull",
     "endpoints_for",
     "generate_run_key",
     "shell_with_env",

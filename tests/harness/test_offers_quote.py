@@ -198,3 +198,36 @@ def test_models_absorb_vast_quirks():
     assert Instance.model_validate({"id": 9, "status_msg": "Error: OCI runtime create failed"}).failed_reason
     assert Instance.model_validate({"id": 9, "status_msg": "success, running"}).failed_reason is None
     assert offer(geolocation=" Texas, US ").geolocation == "Texas, US"
+
+
+BAD_NUMBERS = [float("nan"), float("inf"), float("-inf"), -1.0, 0.0]
+
+
+@pytest.mark.parametrize("field", ["dph_total", "dph_base"])
+@pytest.mark.parametrize("value", BAD_NUMBERS, ids=repr)
+def test_non_finite_or_non_positive_price_is_rejected_with_a_reason(field, value):
+    # A search answer with NaN in the price was rented at "$nan/h": every comparison with NaN is false.
+    bad = offer(id=7, **{field: value})
+    choice = choose([bad, offer(id=8)], criteria(), DRIVERS)
+    assert [c.offer.id for c in choice.ranked] == [8]
+    (rej,) = choice.rejected
+    assert rej.offer.id == 7 and any(field in r and "price" in r for r in rej.reasons), rej.reasons
+
+
+@pytest.mark.parametrize("field", ["storage_cost", "inet_up_cost", "inet_down_cost"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.5], ids=repr)
+def test_non_finite_or_negative_cost_terms_are_rejected(field, value):
+    choice = choose([offer(id=7, **{field: value})], criteria(), DRIVERS)
+    assert not choice.ranked
+    assert any(field in r for r in choice.rejected[0].reasons), choice.rejected[0].reasons
+
+
+def test_nan_price_from_json_never_ranks_first():
+    # Python's json (and so httpx) reads the bare NaN literal a broken server may send.
+    import json
+
+    rows = json.loads('[{"id": 1, "dph_base": NaN, "dph_total": NaN}, {"id": 2, "dph_base": Infinity}]')
+    offers = [offer(**row) for row in rows] + [offer(id=3)]
+    choice = choose(offers, criteria(), DRIVERS)
+    assert [c.offer.id for c in choice.ranked] == [3]
+    assert all(r.worst_case_usd is None or r.worst_case_usd == r.worst_case_usd for r in choice.rejected)

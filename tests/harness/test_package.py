@@ -10,7 +10,7 @@ import vast_harness
 
 def test_exported_members_match_all():
     exported = {name for name in dir(vast_harness) if not name.startswith("_")}
-    modules = {"bundle", "cli", "client", "config", "errors", "evidence", "ledger", "lifecycle", "models", "offers",
+    modules = {"bundle", "cli", "client", "config", "errors", "evidence", "ledger", "lifecycle", "meter", "models", "offers",
                "onstart", "output", "pacing", "plan", "quote", "reap", "runner", "ssh", "sim", "chaos"}
     assert exported - modules == set(vast_harness.__all__)
 

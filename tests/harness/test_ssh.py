@@ -32,9 +32,11 @@ from vast_harness.ssh import (
     RunKey,
     SshConnectError,
     SshEndpoint,
+    TransferAbandoned,
     endpoints_for,
     generate_run_key,
 )
+from tests.harness.netproxy import TcpProxy
 
 # ---------------------------------------------------------------------------------------------------
 # The fake host
@@ -544,3 +546,85 @@ def test_get_tree__pulls_matching_files_recursively_skipping_vanished(
     assert (tmp_path / "local" / "sub" / "mfu-b.json").read_text() == '{"b": 1}'
     assert not (tmp_path / "local" / "notes.txt").exists()
     assert session.get_tree("no-such-dir", tmp_path / "none") == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bounds: a flooding command, a stalled link, a slow link, a size budget
+
+
+def test_run__flood_returns_at_its_deadline(session: HostSession) -> None:
+    # `yes` never lets recv_ready go false: the drain loop used to spin there past any deadline.
+    lines = [0]
+
+    def on_line(stream: str, line: str) -> None:
+        lines[0] += 1
+
+    started = time.monotonic()
+    outcome = session.run("yes", on_line=on_line, timeout_s=1.0)
+    assert outcome.timed_out and outcome.rc is None
+    assert time.monotonic() - started < 2.5
+    assert lines[0] > 1000
+
+
+@pytest.fixture
+def proxied(host: FakeHost, run_key: RunKey) -> Iterator[tuple[TcpProxy, HostSession]]:
+    proxy = TcpProxy("127.0.0.1", host.port)
+    endpoints = [SshEndpoint(host="127.0.0.1", port=proxy.port, kind="direct")]
+    sess = HostSession.connect(endpoints, run_key, deadline_monotonic=time.monotonic() + 5, retry_wait_s=0.1)
+    yield proxy, sess
+    sess.close()
+    proxy.close()
+
+
+def test_pull_tree__stalled_link_is_abandoned_at_its_deadline(
+    host: FakeHost, proxied: tuple[TcpProxy, HostSession], tmp_path: Path
+) -> None:
+    proxy, sess = proxied
+    (host.root / "evidence").mkdir()
+    (host.root / "evidence" / "a.json").write_text("{}")
+    proxy.stall()  # TCP open, no bytes: SFTP used to wait here forever
+    started = time.monotonic()
+    pulled = sess.pull_tree("evidence", tmp_path / "local", deadline=started + 1.0, max_bytes=1e9)
+    assert time.monotonic() - started < 1.0 + 2.5
+    assert not pulled.complete and "deadline" in pulled.detail
+    assert not sess.is_active()  # the link was closed under the worker
+    sess.close()  # and closing a session on a stalled link does not block either
+
+
+def test_run__stalled_link_cannot_hold_a_command_start(proxied: tuple[TcpProxy, HostSession]) -> None:
+    proxy, sess = proxied
+    proxy.stall()
+    started = time.monotonic()
+    outcome = sess.run("true", on_line=lambda s, line: None, timeout_s=1.0)
+    assert time.monotonic() - started < 1.0 + 2.5
+    assert outcome.rc is None and "could not start" in outcome.detail
+
+
+def test_put__slow_link_is_abandoned_at_its_deadline(
+    proxied: tuple[TcpProxy, HostSession], tmp_path: Path
+) -> None:
+    proxy, sess = proxied
+    proxy.bytes_per_s = 20_000
+    local = tmp_path / "bundle.tar"
+    local.write_bytes(os.urandom(400_000))  # 20 s at this rate
+    progress: list[int] = []
+    started = time.monotonic()
+    with pytest.raises(TransferAbandoned, match="deadline"):
+        sess.put(local, "bundle.tar", on_progress=lambda done, total: progress.append(done),
+                 deadline=started + 1.0)
+    assert time.monotonic() - started < 1.0 + 2.5
+
+
+def test_pull_tree__size_budget_skips_what_does_not_fit(
+    host: FakeHost, session: HostSession, tmp_path: Path
+) -> None:
+    out = host.root / "evidence"
+    out.mkdir()
+    (out / "small.json").write_text("x" * 100)
+    (out / "big.bin").write_bytes(b"y" * 50_000)
+    seen: list[int] = []
+    pulled = session.pull_tree("evidence", tmp_path / "local", deadline=time.monotonic() + 10, max_bytes=10_000,
+                               on_bytes=seen.append)
+    assert pulled.files == ["small.json"] and pulled.skipped == ["big.bin"] and not pulled.complete
+    assert pulled.bytes == 100 == sum(seen)
+    assert not (tmp_path / "local" / "big.bin").exists()

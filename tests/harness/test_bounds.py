@@ -1,0 +1,413 @@
+"""Every phase is bounded by the caps: the guarded run against the simulator over real HTTP and real SSH.
+
+A stalled SSH link (a test-only TCP proxy between the harness and the host), a flooding step, a slow upload,
+large evidence on a slow link, a search that shows a tenth of the billed price, a DELETE that lands after the
+time cap, a full disk at teardown, and a time cap too short to boot in. The simulator's own record (billed
+dollars, destroy time) is the judge, never the harness's word.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+import vast_harness.runner as runner_mod
+from vast_harness.bundle import build_bundle
+from vast_harness.client import VastClient
+from vast_harness.config import RunSpec, Step, load_driver_policy, resolve
+from vast_harness.evidence import RESULT_SCHEMA_VERSION, RunRecord
+from vast_harness.meter import CostMeter, minimum_cap_s
+from vast_harness.models import Offer
+from vast_harness.output import Output
+from vast_harness.plan import plan_run
+from vast_harness.runner import GuardedRun
+from vast_harness.sim import SimServer
+from tests.harness.netproxy import TcpProxy
+
+SCALE = 0.01
+KEY = "sim-bounds-key"
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimServer(seed=5, rate_scale=SCALE, boot_seconds=0.1, num_offers=300) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _clear_faults(sim):
+    sim.set_faults(None)
+    yield
+    sim.set_faults(None)
+
+
+def make_spec(sim: SimServer, tmp_path: Path, steps: list[Step], *, max_minutes: float = 1.0,
+              max_usd: float | None = None, **overrides) -> RunSpec:
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05)
+    prof = spec.profile.model_copy(update={"steps": steps})
+    caps = spec.caps.model_copy(update={"max_minutes": max_minutes} | ({"max_usd": max_usd} if max_usd else {}))
+    return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
+                                   "teardown_margin_s": 2.0, "caps": caps} | overrides)
+
+
+def execute(run: GuardedRun, *, within_s: float):
+    """Run in a worker so a harness that hangs fails the test instead of hanging it (no signals there)."""
+    box: dict = {}
+    worker = threading.Thread(target=lambda: box.setdefault("result", run.execute()), daemon=True)
+    worker.start()
+    worker.join(within_s)
+    assert not worker.is_alive(), f"the run did not finish within {within_s} s"
+    return box["result"]
+
+
+def sim_record(sim: SimServer, run: GuardedRun) -> list[dict]:
+    ids = {i.instance_id for i in run.created}
+    return [i for i in sim.state()["instances"] if i["id"] in ids]
+
+
+def assert_within_caps(sim: SimServer, run: GuardedRun, spec: RunSpec, start_unix: float) -> None:
+    insts = sim_record(sim, run)
+    assert insts and not any(i["live"] for i in insts)
+    billed = sum(i["billed_usd"] for i in insts)
+    assert billed <= spec.caps.max_usd, f"billed ${billed:.6f} > cap ${spec.caps.max_usd:.6f}"
+    for i in insts:
+        lived_s = i["destroyed_at"] - start_unix
+        assert lived_s <= spec.max_seconds, f"instance {i['id']} destroyed {lived_s:.2f} s after start"
+
+
+@pytest.fixture
+def proxies(monkeypatch):
+    """Route the run's SSH through TcpProxy instances the test can stall."""
+    made: list[TcpProxy] = []
+    real = runner_mod.endpoints_for
+
+    def via_proxy(instance):
+        out = []
+        for ep in real(instance):
+            proxy = TcpProxy(ep.host, ep.port)
+            made.append(proxy)
+            out.append(ep.model_copy(update={"port": proxy.port}))
+        return out
+
+    monkeypatch.setattr(runner_mod, "endpoints_for", via_proxy)
+    yield made
+    for proxy in made:
+        proxy.close()
+
+
+class StallAtTeardownPull(GuardedRun):
+    """The link goes silent exactly when the teardown's evidence pull starts."""
+
+    proxies: list[TcpProxy] = []
+
+    def _pull_evidence(self, *, in_teardown: bool) -> None:
+        if in_teardown:
+            for proxy in self.proxies:
+                proxy.stall()
+        super()._pull_evidence(in_teardown=in_teardown)
+
+
+# ------------------------------------------------------------------------------------------- stalls
+
+
+def test_stalled_link_at_the_teardown_pull_does_not_hold_the_delete(sim, tmp_path, proxies):
+    # The step fails; the teardown's pull meets a silent link. It used to wait on SFTP forever, before DELETE;
+    # now the silent SFTP channel is closed after the stall timeout (1 s with a 2 s margin).
+    spec = make_spec(sim, tmp_path, [Step(name="fail", run="echo x > evidence/a.txt; exit 7", timeout_s=20)])
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = StallAtTeardownPull(spec, client, load_driver_policy(), Output(quiet=True))
+        run.proxies = proxies
+        result = execute(run, within_s=25)
+    assert result.exit_code == 1 and "rc=7" in result.message
+    assert run.teardowns[0].verdict == "gone"
+    assert not any(i["live"] for i in sim_record(sim, run))
+    assert run.pull is not None and not run.pull.complete
+    assert run.timings["pull_s"] <= 0.25 * spec.teardown_margin_s + 1.5
+
+
+def test_signal_abandons_a_stalled_teardown_pull_and_the_delete_still_runs(sim, tmp_path, proxies):
+    # A long teardown margin gives the pull a long grace; SIGINT during it must cut it short, not be ignored.
+    spec = make_spec(sim, tmp_path, [Step(name="fail", run="exit 3", timeout_s=20)], max_minutes=2.0,
+                     teardown_margin_s=40.0)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = StallAtTeardownPull(spec, client, load_driver_policy(), Output(quiet=True))
+        run.proxies = proxies
+        sent: list[float] = []
+
+        def interrupt_once_stalled() -> None:
+            while not (proxies and proxies[0]._stalled.is_set()):
+                time.sleep(0.05)
+            time.sleep(0.5)
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt_once_stalled, daemon=True).start()
+        result = run.execute()  # main thread: the signal handlers are installed
+    assert sent, "the pull never started"
+    assert result.exit_code == 1
+    assert run.teardowns[0].verdict == "gone"
+    assert not any(i["live"] for i in sim_record(sim, run))
+    assert run.timings["pull_s"] < 0.5 + 1.5  # grace was 10 s: the signal ended it
+
+
+def test_stalled_link_at_the_pull_after_the_steps_is_abandoned_and_never_exit_0(sim, tmp_path, proxies):
+    # The SFTP channel is silent past the stall timeout: the link is closed, the evidence is incomplete (exit 1).
+    class StallAfterSteps(GuardedRun):
+        def _run_steps(self) -> None:
+            super()._run_steps()
+            for proxy in proxies:
+                proxy.stall()
+
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="echo x > evidence/a.txt", timeout_s=20)], max_minutes=0.1)
+    start_unix = time.time()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = StallAfterSteps(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=20)
+    assert result.exit_code == 1, result.message
+    assert "evidence pull broke off" in result.message and "stalled" in result.message
+    assert run.timings["pull_s"] < run.session.stall_timeout_s + 1.5
+    assert run.teardowns[0].verdict == "gone"
+    assert_within_caps(sim, run, spec, start_unix)
+
+
+# ------------------------------------------------------------------------------------------- floods
+
+
+def test_flooding_step_is_cut_at_its_timeout_and_its_log_is_capped(sim, tmp_path):
+    spec = make_spec(sim, tmp_path, [Step(name="flood", run="yes flood-line-of-output", timeout_s=2.0)])
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        run.ev.step_log_head_bytes, run.ev.step_log_tail_bytes = 100_000, 20_000
+        result = execute(run, within_s=25)
+    assert result.exit_code == 1 and "timed out" in result.message
+    step = run.steps[0]
+    assert step.timed_out and step.seconds < 2.0 + 1.5
+    assert step.log_bytes > 1_000_000 and step.log_dropped_bytes > 0
+    log = (run.ev.dir / "steps" / "flood.log").read_bytes()
+    assert len(log) <= 100_000 + 20_000 + 500
+    assert log.startswith(b"flood-line-of-output\n") and b"flood-line-of-output\n" in log[-20_000:]
+    assert b"bytes in" in log and b"dropped here" in log
+    assert run.teardowns[0].verdict == "gone"
+
+
+def test_flooding_step_is_cut_at_the_cap(sim, tmp_path):
+    spec = make_spec(sim, tmp_path, [Step(name="flood", run="yes", timeout_s=120)], max_minutes=0.1)
+    start_unix = time.time()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=20)
+    assert result.exit_code == 6, result.message
+    assert_within_caps(sim, run, spec, start_unix)
+
+
+# -------------------------------------------------------------------------------------- slow links
+
+
+def test_slow_upload_is_stopped_at_the_cap(sim, tmp_path):
+    # SFTP at 500 B/s: the bundle would take minutes; it used to bill past both caps.
+    sim.set_faults("slow_sftp:500")
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=20)], max_minutes=0.1)
+    start_unix = time.time()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=20)
+    assert result.exit_code == 6 and "upload" in result.message, result.message
+    assert not run.steps
+    assert_within_caps(sim, run, spec, start_unix)
+
+
+def test_large_evidence_on_a_slow_link_is_stopped_at_the_cap_and_never_exit_0(sim, tmp_path):
+    # 3 MB of evidence at 200 kB/s is 15 s; the cap leaves ~7 s. It used to exit 0, billed over the cap.
+    sim.set_faults("slow_sftp:200000")
+    steps = [Step(name="big", run="head -c 3000000 /dev/urandom > evidence/big.bin", timeout_s=20)]
+    spec = make_spec(sim, tmp_path, steps, max_minutes=0.15)
+    start_unix = time.time()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=25)
+    assert result.exit_code == 6, result.message
+    assert run.steps[0].rc == 0 and run.pull is not None and not run.pull.complete
+    assert_within_caps(sim, run, spec, start_unix)
+    res = json.loads((run.ev.dir / "harness-result.json").read_text())
+    assert res["exit_code"] == 6 and res["accrued_usd"] <= spec.caps.max_usd
+
+
+# ------------------------------------------------------------------------------------------ prices
+
+
+class TenthPriceClient(VastClient):
+    """A search that shows a tenth of what the host bills (a stale cache, a hostile proxy)."""
+
+    def search_offers(self, query: dict) -> list[Offer]:
+        def tenth(v: float | None) -> float | None:
+            return None if v is None else v / 10
+
+        return [o.model_copy(update={"dph_base": tenth(o.dph_base), "dph_total": tenth(o.dph_total),
+                                     "storage_cost_usd_per_gb_month": tenth(o.storage_cost_usd_per_gb_month)})
+                for o in super().search_offers(query)]
+
+
+def lied_worst_case(sim: SimServer, spec: RunSpec) -> float:
+    with TenthPriceClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        return plan_run(spec, client, load_driver_policy(), build_bundle()).chosen.quote.worst_case_usd
+
+
+def test_billed_price_above_the_search_price_tightens_the_deadline(sim, tmp_path):
+    # At the search's price the cap covers 45 s of a 30 s time cap; at the billed price only 4.5 s.
+    steps = [Step(name="long", run="sleep 30", timeout_s=60)]
+    spec = make_spec(sim, tmp_path, steps, max_minutes=0.5)
+    spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": lied_worst_case(sim, spec) * 1.5})})
+    start_unix = time.time()
+    with TenthPriceClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=40)
+    assert result.exit_code == 6, result.message
+    assert time.time() - start_unix < 15
+    assert_within_caps(sim, run, spec, start_unix)
+    res = json.loads((run.ev.dir / "harness-result.json").read_text())
+    assert res["price_changes"] and res["price_changes"][0]["outcome"] == "tightened"
+    assert res["price_changes"][0]["billed_dph_usd"] > 5 * res["price_changes"][0]["searched_dph_usd"]
+
+
+def test_billed_price_that_breaks_the_cap_stops_the_run_at_once(sim, tmp_path):
+    # At the billed price the cap covers ~3 s, less than the 5 s teardown margin: stop at the first read.
+    steps = [Step(name="long", run="sleep 30", timeout_s=60)]
+    spec = make_spec(sim, tmp_path, steps, max_minutes=0.5, teardown_margin_s=5.0)
+    spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": lied_worst_case(sim, spec) * 1.01})})
+    start_unix = time.time()
+    with TenthPriceClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=30)
+    assert result.exit_code == 6 and "bills" in result.message, result.message
+    assert not run.steps and run.session is None
+    assert_within_caps(sim, run, spec, start_unix)
+
+
+def test_a_run_over_its_time_cap_is_never_exit_0(sim, tmp_path):
+    # Everything passes, but the DELETE hangs past the time cap: the instance outlived the cap. Exit 6.
+    sim.set_faults("hang:destroy:6:1")
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=20)], max_minutes=0.1)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=40)
+    assert [s.rc for s in run.steps] == [0]
+    assert run.teardowns[0].verdict == "gone"
+    assert result.exit_code == 6 and "over the cap" in result.message, result.message
+    res = json.loads((run.ev.dir / "harness-result.json").read_text())
+    assert res["exit_code"] == 6 and "cap" in res["over_cap"]
+
+
+# ---------------------------------------------------------------------------------------- disk full
+
+
+def test_disk_full_at_teardown_does_not_stop_the_delete_or_the_proof(sim, tmp_path):
+    # After the steps, every ledger and result write fails with ENOSPC (the files point at /dev/full).
+    class DiskFillsAfterSteps(GuardedRun):
+        def _run_steps(self) -> None:
+            super()._run_steps()
+            self.ledger.path.unlink()
+            self.ledger.path.symlink_to("/dev/full")
+            for name in ("harness-result.json.tmp", "absence-proof.json.tmp", "manifest.sha256"):
+                (self.ev.dir / name).symlink_to("/dev/full")
+
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="echo hi", timeout_s=20)])
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = DiskFillsAfterSteps(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=30)
+    assert run.teardowns[0].verdict == "gone"
+    assert not any(i["live"] for i in sim_record(sim, run))
+    assert result.exit_code == 1, result.message
+    assert "write(s) failed" in result.message and "ledger delete_ack" in result.message
+
+
+# --------------------------------------------------------------------------------------- caps, record
+
+
+def test_time_cap_below_boot_plus_teardown_is_refused_before_renting(sim, tmp_path):
+    before = len(sim.state()["instances"])
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=20)], max_minutes=0.003)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=20)
+    minimum_s = minimum_cap_s(teardown_margin_s=spec.teardown_margin_s, sim=True)
+    assert result.exit_code == 2 and "minimum" in result.message and f"{minimum_s / 60:.3g} min" in result.message
+    assert len(sim.state()["instances"]) == before and not run.created
+
+
+def test_result_record_is_typed_and_versioned(sim, tmp_path):
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="echo '{}' > evidence/r.json", timeout_s=20)])
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=30)
+    assert result.exit_code in (0, 4), result.message
+    raw = json.loads((run.ev.dir / "harness-result.json").read_text())
+    record = RunRecord.model_validate(raw)
+    assert record.schema_version == RESULT_SCHEMA_VERSION == 2
+    assert record.pull is not None and record.pull.complete and record.pull.files == 1
+    for field in ("profile", "offer", "driver_qualified", "caps", "worst_case_usd", "accrued_usd", "timings",
+                  "steps", "absence", "exit_code", "finished_unix", "instances", "host_key", "bytes"):
+        assert field in raw, field
+    assert raw["absence"]["verdict"] == "gone"
+    assert raw["accrued_usd"] <= raw["caps"]["max_usd"] and raw["over_cap"] is None
+
+
+def test_evidence_module_does_not_import_the_runner():
+    source = Path(runner_mod.__file__).with_name("evidence.py").read_text()
+    imported = {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)}
+    assert "vast_harness.runner" not in imported
+
+
+# --------------------------------------------------------------------------------------- the meter
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_meter_turns_both_caps_into_one_deadline_with_the_teardown_margin():
+    clock = Clock()
+    m = CostMeter(max_usd=1.0, max_seconds=600, teardown_margin_s=60, clock=clock)
+    assert m.work_deadline() == 100 + 600 - 60  # nothing rented: the time cap alone
+    m.start_instance(1, 36.0)  # $0.01/s: the dollar cap is 100 s away
+    assert m.work_deadline() == pytest.approx(100 + 100 - 60)
+    clock.t += 10
+    assert m.accrued_usd() == pytest.approx(0.1)
+    m.set_transfer(inet_down_cost_usd_per_gb=0, inet_up_cost_usd_per_gb=10.0, expected_down_bytes=10**8)
+    assert m.work_deadline() == pytest.approx(100 + 100 - 60 - 100)  # $1 of expected evidence reserved
+    with pytest.raises(Exception, match="cap reached"):
+        m.check("a step")
+
+
+@pytest.mark.parametrize("price", [float("nan"), float("inf"), -1.0, 0.0])
+def test_meter_refuses_an_unusable_billed_price(price):
+    m = CostMeter(max_usd=1.0, max_seconds=600, teardown_margin_s=60, clock=Clock())
+    m.start_instance(1, 1.0)
+    with pytest.raises(Exception, match="positive finite"):
+        m.reprice(1, price)
+    assert m.price_changes[-1].outcome == "refused"
+
+
+def test_meter_over_cap_names_dollars_or_time():
+    clock = Clock()
+    m = CostMeter(max_usd=0.01, max_seconds=60, teardown_margin_s=10, clock=clock)
+    m.start_instance(1, 0.36)  # $0.0001/s
+    clock.t += 50
+    assert m.over_cap() is None
+    clock.t += 60
+    assert "over the $0.01 cap" in (m.over_cap() or "")
+    m2 = CostMeter(max_usd=100, max_seconds=60, teardown_margin_s=10, clock=clock)
+    m2.start_instance(1, 0.36)
+    clock.t += 61
+    assert "over the 60.0 s cap" in (m2.over_cap() or "")

@@ -1,0 +1,210 @@
+"""The run's one clock: what it has cost so far, and until when each phase may work.
+
+Every phase that can take time asks the meter for its deadline (create, boot wait, SSH connect, upload,
+each step, the drain of a step's output, the evidence pull) and reports the bytes it moved. The meter turns
+both caps into one monotonic *work deadline*:
+
+    hard deadline  = min(t0 + time cap,  now + (max_usd - accrued - reserved transfers) / live $/s)
+    work deadline  = hard deadline - teardown margin      (room for DELETE and the absence proof)
+
+Accrued dollars are per second at each instance's price from create to its DELETE acknowledgement, plus
+bytes into the host at `inet_down_cost` and out of it at `inet_up_cost` ($/GB, GB = 1e9 bytes). A price
+re-read from the rented instance replaces the search price when it is higher (retroactively: the host
+billed it from the start); a price that cannot be read as a positive finite number, or that leaves no time
+to work, stops the run (exit 6). Thread-safe: transfers report bytes from worker threads.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from pydantic import BaseModel, Field
+
+from vast_harness.errors import CapReachedError
+
+BYTES_PER_GB = 1e9
+# The least a booted host needs before teardown could start: the time cap must cover it plus the margin.
+MIN_BOOT_S = 60.0
+MIN_BOOT_S_SIM = 1.0
+
+
+def minimum_cap_s(*, teardown_margin_s: float, sim: bool) -> float:
+    """The shortest time cap a run can keep: boot allowance + teardown margin. The one place it is computed."""
+    return (MIN_BOOT_S_SIM if sim else MIN_BOOT_S) + teardown_margin_s
+
+
+def finite_positive(value: float | None) -> bool:
+    """True for a usable price. Written so NaN fails (every comparison with NaN is false)."""
+    return value is not None and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+class PriceChange(BaseModel):
+    instance_key: int
+    searched_dph_usd: float
+    billed_dph_usd: float | None
+    t_unix: float = Field(default_factory=time.time)
+    outcome: str  # tightened | unchanged | refused
+
+
+class _Accrual:
+    __slots__ = ("dph_usd", "end", "start")
+
+    def __init__(self, dph_usd: float, start: float) -> None:
+        self.dph_usd, self.start, self.end = dph_usd, start, None
+
+    def usd(self, now: float) -> float:
+        end = self.end if self.end is not None else now
+        return max(0.0, end - self.start) * self.dph_usd / 3600.0
+
+
+class CostMeter:
+    def __init__(self, *, max_usd: float, max_seconds: float, teardown_margin_s: float,
+                 t0: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_usd, self.max_seconds, self.teardown_margin_s = max_usd, max_seconds, teardown_margin_s
+        self.clock = clock
+        self.t0 = clock() if t0 is None else t0
+        self._lock = threading.Lock()
+        self._instances: dict[int, _Accrual] = {}
+        self.usd_per_byte_up = 0.0  # into the host: the offer's inet_down_cost
+        self.usd_per_byte_down = 0.0  # out of the host: inet_up_cost
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.expected_up = 0  # transfers the run will still make, reserved out of the money cap
+        self.expected_down = 0
+        self.price_changes: list[PriceChange] = []
+
+    # ------------------------------------------------------------------------------------- inputs
+    def set_transfer(self, *, inet_down_cost_usd_per_gb: float | None, inet_up_cost_usd_per_gb: float | None,
+                     expected_up_bytes: int = 0, expected_down_bytes: int = 0) -> None:
+        with self._lock:
+            self.usd_per_byte_up = max(self.usd_per_byte_up, (inet_down_cost_usd_per_gb or 0.0) / BYTES_PER_GB)
+            self.usd_per_byte_down = max(self.usd_per_byte_down, (inet_up_cost_usd_per_gb or 0.0) / BYTES_PER_GB)
+            self.expected_up, self.expected_down = expected_up_bytes, expected_down_bytes
+
+    def start_instance(self, key: int, dph_usd: float, t_start: float | None = None) -> None:
+        if not finite_positive(dph_usd):
+            raise CapReachedError(f"instance {key}: price ${dph_usd}/h is not a positive finite number; "
+                                  "the cap cannot be kept")
+        with self._lock:
+            self._instances[key] = _Accrual(dph_usd, self.clock() if t_start is None else t_start)
+
+    def stop_instance(self, key: int, t_end: float) -> None:
+        with self._lock:
+            acc = self._instances.get(key)
+            if acc is not None and acc.end is None:
+                acc.end = t_end
+
+    def reprice(self, key: int, billed_dph_usd: float | None) -> None:
+        """The instance's own price: tighten the deadline if higher; stop (CapReachedError) if it breaks the cap."""
+        with self._lock:
+            acc = self._instances.get(key)
+        if acc is None or billed_dph_usd is None:
+            return  # not sent: the search price stands
+        if not finite_positive(billed_dph_usd):
+            self.price_changes.append(PriceChange(instance_key=key, searched_dph_usd=acc.dph_usd,
+                                                  billed_dph_usd=None, outcome="refused"))
+            raise CapReachedError(f"instance {key} reports a price of ${billed_dph_usd}/h: not a positive finite "
+                                  "number, so the cap cannot be kept")
+        if billed_dph_usd <= acc.dph_usd * (1 + 1e-9):
+            return
+        searched = acc.dph_usd
+        with self._lock:
+            acc.dph_usd = billed_dph_usd
+        left_s = self.remaining_s()
+        outcome = "tightened" if left_s > 0 else "refused"
+        self.price_changes.append(PriceChange(instance_key=key, searched_dph_usd=searched,
+                                              billed_dph_usd=billed_dph_usd, outcome=outcome))
+        if left_s <= 0:
+            raise CapReachedError(
+                f"instance {key} bills ${billed_dph_usd:.4f}/h, not the ${searched:.4f}/h the search showed: "
+                f"at that price ${self.max_usd:g} leaves no time to work before the teardown margin")
+
+    def add_bytes(self, *, up: int = 0, down: int = 0) -> None:
+        with self._lock:
+            self.bytes_up += up
+            self.bytes_down += down
+
+    # ------------------------------------------------------------------------------------ figures
+    def accrued_usd(self, now: float | None = None) -> float:
+        now = self.clock() if now is None else now
+        with self._lock:
+            compute = sum(a.usd(now) for a in self._instances.values())
+            return compute + self.bytes_up * self.usd_per_byte_up + self.bytes_down * self.usd_per_byte_down
+
+    def _reserved_usd(self) -> float:
+        return (max(0, self.expected_up - self.bytes_up) * self.usd_per_byte_up
+                + max(0, self.expected_down - self.bytes_down) * self.usd_per_byte_down)
+
+    def live_usd_per_s(self) -> float:
+        with self._lock:
+            return sum(a.dph_usd for a in self._instances.values() if a.end is None) / 3600.0
+
+    def hard_deadline(self, now: float | None = None) -> float:
+        """When a cap is reached: the time cap, or the moment accrued dollars reach the money cap."""
+        now = self.clock() if now is None else now
+        deadline = self.t0 + self.max_seconds
+        rate = self.live_usd_per_s()
+        if rate > 0:
+            with self._lock:
+                reserved = self._reserved_usd()
+            deadline = min(deadline, now + (self.max_usd - self.accrued_usd(now) - reserved) / rate)
+        return deadline
+
+    def work_deadline(self, now: float | None = None) -> float:
+        """Until when work may go on and still leave the teardown margin before the cap."""
+        return self.hard_deadline(now) - self.teardown_margin_s
+
+    def remaining_s(self) -> float:
+        now = self.clock()
+        return self.work_deadline(now) - now
+
+    def deadline(self, limit_s: float | None = None) -> float:
+        """A phase's deadline: its own limit from now, never past the work deadline."""
+        now = self.clock()
+        wd = self.work_deadline(now)
+        return wd if limit_s is None else min(wd, now + limit_s)
+
+    def check(self, phase: str) -> None:
+        """Raise CapReachedError when no time is left for `phase`."""
+        if self.remaining_s() <= 0:
+            raise CapReachedError(f"cap reached before {phase}: stopping to keep the teardown margin "
+                                  f"(accrued ${self.accrued_usd():.4f} of ${self.max_usd:g}, "
+                                  f"{self.clock() - self.t0:.0f} s of {self.max_seconds:.0f} s)")
+
+    def affordable_down_bytes(self, until: float) -> float:
+        """Bytes out of the host that still fit the money cap if work goes on until `until` (inf when free)."""
+        if self.usd_per_byte_down <= 0:
+            return math.inf
+        now = self.clock()
+        spend = self.live_usd_per_s() * (max(0.0, until - now) + self.teardown_margin_s)
+        return max(0.0, (self.max_usd - self.accrued_usd(now) - spend) / self.usd_per_byte_down)
+
+    def affordable_up_bytes(self, until: float) -> float:
+        if self.usd_per_byte_up <= 0:
+            return math.inf
+        now = self.clock()
+        spend = self.live_usd_per_s() * (max(0.0, until - now) + self.teardown_margin_s)
+        with self._lock:
+            reserved_down = max(0, self.expected_down - self.bytes_down) * self.usd_per_byte_down
+        return max(0.0, (self.max_usd - self.accrued_usd(now) - spend - reserved_down) / self.usd_per_byte_up)
+
+    def elapsed_s(self) -> float:
+        """Time charged against the time cap: from t0 to the last DELETE acknowledgement (now while live)."""
+        now = self.clock()
+        with self._lock:
+            ends = [a.end if a.end is not None else now for a in self._instances.values()]
+        return (max(ends) if ends else now) - self.t0
+
+    def over_cap(self) -> str | None:
+        """Why the run went over a cap, or None. A run over its cap never exits 0."""
+        accrued = self.accrued_usd()
+        if accrued > self.max_usd:
+            return f"accrued ${accrued:.6f} is over the ${self.max_usd:g} cap"
+        with self._lock:
+            rented = bool(self._instances)
+        if rented and self.elapsed_s() > self.max_seconds:
+            return f"the instance lived {self.elapsed_s():.1f} s, over the {self.max_seconds:.1f} s cap"
+        return None
