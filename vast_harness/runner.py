@@ -121,7 +121,7 @@ class GuardedRun:
                  run_id: str | None = None) -> None:
         self.spec, self.client, self.drivers, self.out = spec, client, drivers, out
         self.run_id = run_id or new_run_id()
-        self.ledger = Ledger(spec.evidence_dir / "ledger.jsonl")
+        self.ledger = Ledger.for_spec(spec)
         self.ev = RunEvidence(spec.evidence_dir / self.run_id)
         self.t0 = time.monotonic()
         self.created: list[CreatedInstance] = []
@@ -145,7 +145,7 @@ class GuardedRun:
         guard = _SignalGuard(self.out)
         code, message = 1, ""
         key: RunKey | None = None
-        with guard, tempfile.TemporaryDirectory(prefix="vh-key-") as key_dir:
+        with guard, tempfile.TemporaryDirectory(prefix=self.ledger.key_dir_prefix(self.run_id)) as key_dir:
             try:
                 bundle = build_bundle()
                 self.plan = self._timed("plan", lambda: plan_run(self.spec, self.client, self.drivers, bundle))
@@ -327,7 +327,7 @@ class GuardedRun:
                 _log.flush()
                 self.out.step_line(_name, time.monotonic() - _t, self.accrued_usd(), stream, line)
 
-            self.out.info(f"step [bold]{step.name}[/] (timeout {timeout:.0f} s)")
+            self.out.info(f"step {step.name} (timeout {timeout:.0f} s)")
             try:
                 outcome = self.session.run(f"cd ~/{REMOTE_DIR} && {step.run}", on_line=on_line, timeout_s=timeout,
                                            env=env)
