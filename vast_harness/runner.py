@@ -95,8 +95,7 @@ class _SignalGuard:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.in_teardown or self.received is not None:
-            self.out.err.print(f"[yellow]{signal.Signals(signum).name}: teardown is in progress and will finish; "
-                               "it cannot be skipped[/]")
+            self.out.warn(f"{signal.Signals(signum).name}: teardown is in progress and will finish; it cannot be skipped")
             return
         self.received = signum
         raise Interrupted(signum)
