@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from typing import Annotated
 
 import typer
-from typer._click.exceptions import ClickException  # typer vendors click; usage errors subclass this
 from pydantic import SecretStr
+from typer._click.exceptions import ClickException  # typer vendors click; usage errors subclass this
 
 from vast_harness.config import RunSpec, load_driver_policy, path_flag, resolve
 from vast_harness.errors import ConfigError, HarnessError, NoOfferError

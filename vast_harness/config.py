@@ -337,7 +337,7 @@ def check_evidence_dir(path: Path, flag: str = "--evidence-dir") -> None:
         raise ConfigError(f"{where} is not writable ({exc.strerror or exc}); nothing was rented") from None
 
 
-def _check_number(flag: str, value: float | int | None, *, low: float, high: float, low_inclusive: bool = True,
+def _check_number(flag: str, value: float | None, *, low: float, high: float, low_inclusive: bool = True,
                   what: str = "") -> None:
     """A finite number within [low, high] (or (low, high]); `not ... <=` also catches NaN."""
     if value is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import math
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -79,7 +80,7 @@ def _check_absence(proof: dict, failed: list[str], floor_s: float = REAL_PROOF_I
         interval = max(float(proof.get("interval_s", 0)), floor_s)
     except (TypeError, ValueError):
         interval = floor_s
-    if not interval == interval:  # NaN recorded: hold the floor
+    if not math.isfinite(interval):  # NaN or inf recorded: hold the floor
         interval = floor_s
     instances = proof.get("instances", [])
     if not instances:

@@ -135,7 +135,7 @@ def test_ctrl_c_right_after_launch_is_130_with_a_message(delay_s, tmp_path):
     p = _cli("--profile", "smoke", "--sim", "--evidence-dir", str(tmp_path))
     time.sleep(delay_s)
     p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=120)
+    _, err = p.communicate(timeout=120)
     err = err.decode(errors="replace")
     assert p.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
