@@ -326,7 +326,7 @@ def check_evidence_dir(path: Path, flag: str = "--evidence-dir") -> None:
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".vh-write-probe-", dir=path)
         try:
-            data = b"\0" * 65536  # room for the ledger's first lines and a result
+            data = b"\0" * 4096  # room for the ledger's first lines
             if os.write(fd, data) != len(data):
                 raise OSError(28, "short write (disk full?)")
             os.fsync(fd)
