@@ -102,7 +102,7 @@ def test_a_bad_ledger_line_does_not_stop_reap(sim, tmp_path):
     spec = spec_for(sim, tmp_path)
     iid = rent(sim, "vh-badline")
     path = spec.evidence_dir / "ledger.jsonl"
-    path.parent.mkdir(parents=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"\xff\xfe torn\n")
     Ledger.for_spec(spec).append("r", "created", "vh-badline", offer_id=1, instance_id=iid)
     assert reap(sim, spec) == 0
