@@ -5,6 +5,19 @@ config (spec) -> client (API) -> offers/quote/plan (choice) -> lifecycle/ssh/run
 -> evidence -> reap. The control plane never imports torch.
 """
 
+import os as _os
+import signal as _signal
+import sys as _sys
+
+if _os.path.basename(_sys.argv[0] if _sys.argv else "") in ("vast-e2e", "vast_e2e.py"):
+    # The CLI takes ~1 s to import; a Ctrl-C meanwhile is a clean exit 130, not a traceback (nothing is
+    # rented yet). `cli.main` puts the default handler back before doing anything.
+    def _interrupted_while_starting(signum: int, frame: object) -> None:
+        _os.write(2, b"error: interrupted before anything was rented\n")
+        _os._exit(130)
+
+    _signal.signal(_signal.SIGINT, _interrupted_while_starting)
+
 from vast_harness.client import DEFAULT_API_URL, RawExchange, Timeouts, VastClient
 from vast_harness.config import DriverPolicy, HarnessProfile, RunSpec, load_driver_policy, load_profile, resolve
 from vast_harness.errors import (

@@ -8,15 +8,17 @@ unqualified driver · 5 no offer fits · 6 a cap was reached · 130 interrupted.
 from __future__ import annotations
 
 import secrets
+import signal
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from pydantic import SecretStr
+from typer._click.exceptions import ClickException  # typer vendors click; usage errors subclass this
 
-from vast_harness.config import RunSpec, load_driver_policy, resolve
+from vast_harness.config import RunSpec, load_driver_policy, path_flag, resolve
 from vast_harness.errors import ConfigError, HarnessError, NoOfferError
 from vast_harness.output import Output
 
@@ -32,7 +34,7 @@ SIM_PACING_SCALE = 0.1  # the embedded simulator enforces Vast's rate limits at 
 Profile = Annotated[str | None, typer.Option("--profile", help="Harness profile: mfu, proofs or smoke.")]
 NumGpus = Annotated[int | None, typer.Option("--num-gpus", help="GPUs per offer (overrides the profile).")]
 MinPcie = Annotated[float | None, typer.Option("--min-pcie-bw", help="Minimum PCIe bandwidth, GB/s.")]
-KeyFile = Annotated[Path | None, typer.Option("--key-file", help="File holding the API key (chmod 600). "
+KeyFile = Annotated[str | None, typer.Option("--key-file", help="File holding the API key (chmod 600). "
                                               "Else VAST_API_KEY.")]
 MaxUsd = Annotated[float | None, typer.Option("--max-usd", help="Cost cap in dollars (worst case and accrued).")]
 MaxMin = Annotated[float | None, typer.Option("--max-minutes", help="Time cap in minutes, boot to teardown.")]
@@ -42,7 +44,7 @@ AnyDriver = Annotated[bool, typer.Option("--any-driver", help="Allow drivers out
                                          "(result records driver_qualified: false; exit 4 on success).")]
 Eight = Annotated[bool, typer.Option("--eight-gpu-qualified", help="Rent 8 GPUs, qualified drivers only.")]
 BootRetries = Annotated[int | None, typer.Option("--boot-retries", help="Hosts to try after one fails to boot.")]
-EvidenceDir = Annotated[Path | None, typer.Option("--evidence-dir", help="Where runs write evidence "
+EvidenceDir = Annotated[str | None, typer.Option("--evidence-dir", help="Where runs write evidence "
                                                   "(default .evidence/vast).")]
 ApiUrl = Annotated[str | None, typer.Option("--api-url", help="API base URL (default Vast; VAST_URL honoured).")]
 Sim = Annotated[bool, typer.Option("--sim", help="Start the embedded simulator and run against it (no key).")]
@@ -76,7 +78,10 @@ def _client(spec: RunSpec, pacing_scale: float):
     return VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=pacing_scale)
 
 
-def _guard(out: Output, body: Callable[[], int]) -> None:
+_reported: list[int] = []  # exit codes whose message was already shown (by `_guard`)
+
+
+def _guard(out: Output, body: Callable[[], int], *, interrupted: str = "interrupted before anything was rented") -> None:
     """Run `body`, turning typed errors into one clear line and their exit code."""
     try:
         code = body()
@@ -84,13 +89,17 @@ def _guard(out: Output, body: Callable[[], int]) -> None:
         if exc.rejected:
             out.rejections(exc.rejected, title="Closest offers and why each was rejected")
         out.failure(str(exc), exc.exit_code)
+        _reported.append(exc.exit_code)
         raise typer.Exit(exc.exit_code) from None
     except HarnessError as exc:
         out.failure(str(exc), exc.exit_code)
+        _reported.append(exc.exit_code)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        out.failure("interrupted before anything was rented", 130)
+        out.failure(interrupted, 130)
+        _reported.append(130)
         raise typer.Exit(130) from None
+    _reported.append(code)
     raise typer.Exit(code)
 
 
@@ -125,9 +134,11 @@ def main_command(
         if profile is None:
             raise ConfigError("--profile is required (mfu, proofs or smoke)")
         spec = resolve(
-            profile=profile, num_gpus=num_gpus, min_pcie_bw=min_pcie_bw, key_file=key_file, max_usd=max_usd,
+            profile=profile, num_gpus=num_gpus, min_pcie_bw=min_pcie_bw, key_file=path_flag("--key-file", key_file),
+            max_usd=max_usd,
             max_minutes=max_minutes, remote_env=remote_env, dry_run=dry_run, any_driver=any_driver,
-            eight_gpu_qualified=eight_gpu_qualified, boot_retries=boot_retries, evidence_dir=evidence_dir,
+            eight_gpu_qualified=eight_gpu_qualified, boot_retries=boot_retries,
+            evidence_dir=path_flag("--evidence-dir", evidence_dir),
             api_url=api_url, sim=sim, json_output=json_output, proof_interval_s=proof_interval,
             pacing_scale=pacing_scale, poll_s=poll_interval,
         )
@@ -166,7 +177,8 @@ def offers(
 
     def body() -> int:
         spec = resolve(
-            profile=profile or "mfu", num_gpus=num_gpus, min_pcie_bw=min_pcie_bw, key_file=key_file,
+            profile="mfu" if profile is None else profile, num_gpus=num_gpus, min_pcie_bw=min_pcie_bw,
+            key_file=path_flag("--key-file", key_file),
             max_usd=max_usd, max_minutes=max_minutes, any_driver=any_driver,
             eight_gpu_qualified=eight_gpu_qualified, api_url=api_url, sim=sim, json_output=json_output,
             dry_run=True, pacing_scale=pacing_scale,
@@ -196,15 +208,28 @@ def reap(
     out = Output(json_mode=json_output)
 
     def body() -> int:
-        spec = resolve(profile="smoke", key_file=key_file, evidence_dir=evidence_dir, api_url=api_url,
+        spec = resolve(profile="smoke", key_file=path_flag("--key-file", key_file),
+                       evidence_dir=path_flag("--evidence-dir", evidence_dir), api_url=api_url,
                        json_output=json_output, proof_interval_s=proof_interval, pacing_scale=pacing_scale)
         from vast_harness.reap import reap_all
 
         with _client(spec, spec.pacing_scale) as client:
             return reap_all(spec, client, out)
 
-    _guard(out, body)
+    _guard(out, body, interrupted="reap interrupted before it deleted anything; run `vast-e2e reap` again")
 
 
 def main() -> None:
-    app()
+    """The program: every way out is an exit code and at most one clear line on stderr, never a traceback."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # replaces the quiet exit used while importing
+    _reported.clear()
+    try:
+        code = app(standalone_mode=False)
+    except ClickException as exc:  # usage errors: the flag and why, exit 2
+        Output().failure(exc.format_message(), exc.exit_code)
+        code = exc.exit_code
+    except (KeyboardInterrupt, typer.Abort):
+        code = 130
+    if code == 130 and 130 not in _reported:
+        Output().failure("interrupted before anything was rented", 130)
+    sys.exit(code if isinstance(code, int) else 0)

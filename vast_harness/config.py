@@ -6,9 +6,12 @@ the input is found here and raised as ConfigError naming the flag or field, befo
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
 import re
 import stat
+import tempfile
 import tomllib
 from functools import cached_property
 from pathlib import Path
@@ -33,6 +36,19 @@ _TAG_TORCH_RE = re.compile(r"^(\d+\.\d+\.\d+)-")
 _TAG_CUDNN_RE = re.compile(r"(?:^|-)cudnn(\d+)(?:-|$)")
 IMAGE_EXPECT_PLACEHOLDER = "{image_expect}"
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_REMOTE_ENV_VALUE_CHARS = 4096
+
+# Flag bounds: anything outside is a typo or an attack on the caps, refused before any network call.
+MAX_USD_LIMIT = 10_000.0
+MAX_MINUTES_LIMIT = 7 * 24 * 60.0
+MAX_PCIE_GBPS = 1_000.0
+MAX_BOOT_RETRIES = 20
+MAX_INTERVAL_S = 600.0
+MAX_PACING_SCALE = 100.0
+# Against a real API the absence proof's two rounds must be this far apart, and pacing may not go below
+# Vast's own rate limits: lower values are for the simulator (loopback or --sim) only.
+REAL_PROOF_INTERVAL_FLOOR_S = 10.0
+REAL_PACING_SCALE_FLOOR = 1.0
 
 
 class _Strict(BaseModel):
@@ -258,6 +274,13 @@ def parse_remote_env(items: list[str]) -> dict[str, str]:
             raise ConfigError(
                 f"--remote-env: expected KEY=VALUE with KEY like [A-Za-z_][A-Za-z0-9_]*, got {shown}=..."
             )
+        if "\x00" in value or len(value) > MAX_REMOTE_ENV_VALUE_CHARS:
+            raise ConfigError(f"--remote-env {key}: the value must be under {MAX_REMOTE_ENV_VALUE_CHARS} "
+                              "characters and contain no NUL")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"--remote-env {key}: the value is not valid UTF-8") from None
         env[key] = value
     return env
 
@@ -267,40 +290,149 @@ def mask_env(env: dict[str, str]) -> dict[str, str]:
     return {k: "***" for k in env}
 
 
+MAX_KEY_FILE_BYTES = 4096  # a Vast key is 64 hex characters; anything this large is not a key file
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """A user-supplied value as it may appear in a message: printable ASCII, quoted, bounded."""
+    text = ascii(str(value))
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
+
+
+def _checked_key(key: str, source: str) -> SecretStr:
+    if not key:
+        raise ConfigError(f"{source} is empty")
+    if len(key) > MAX_KEY_FILE_BYTES:
+        raise ConfigError(f"{source}: the key is {len(key)} characters long; a Vast API key is 64")
+    if not key.isascii() or any(ch.isspace() or not ch.isprintable() for ch in key):
+        raise ConfigError(f"{source}: the key must be printable ASCII without spaces (is this the right file?)")
+    return SecretStr(key)
+
+
 def read_api_key(key_file: Path | None, environ: dict[str, str] | None = None) -> SecretStr:
     """The key from --key-file (refused when group/world readable) or VAST_API_KEY."""
     environ = os.environ if environ is None else environ
     if key_file is not None:
         path = key_file.expanduser()
+        where = f"--key-file {shown(path)}"
         try:
-            mode = path.stat().st_mode
+            st = path.stat()
         except OSError as exc:
-            raise ConfigError(f"--key-file {path}: cannot read ({exc.strerror})") from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+        except ValueError as exc:  # an embedded NUL
+            raise ConfigError(f"{where}: not a usable path ({exc})") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{where} is not a regular file")  # a FIFO would block the run forever
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise ConfigError(
-                f"--key-file {path} is readable by group or others (mode {stat.S_IMODE(mode):o}): "
-                f"run chmod 600 {path}"
+                f"{where} is readable by group or others (mode {stat.S_IMODE(st.st_mode):o}): run chmod 600 on it"
             )
+        if st.st_size > MAX_KEY_FILE_BYTES:
+            raise ConfigError(f"{where} is {st.st_size} bytes; a Vast API key file is under {MAX_KEY_FILE_BYTES}")
         try:
-            key = path.read_text().strip()
+            raw = path.read_bytes()[: MAX_KEY_FILE_BYTES + 1]
         except OSError as exc:
-            raise ConfigError(f"--key-file {path}: cannot read ({exc.strerror})") from None
-        if not key:
-            raise ConfigError(f"--key-file {path} is empty")
-        return SecretStr(key)
+            raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+        try:
+            text = raw.decode("ascii")
+        except UnicodeDecodeError:
+            raise ConfigError(f"{where} is not ASCII text: a Vast API key is 64 hex characters") from None
+        return _checked_key(text.strip(), where)
     key = environ.get("VAST_API_KEY", "").strip()
     if not key:
         raise ConfigError("no API key: pass --key-file PATH (chmod 600) or set VAST_API_KEY (or use --sim)")
-    return SecretStr(key)
+    return _checked_key(key, "VAST_API_KEY")
 
 
-def validate_api_url(url: str) -> str:
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ConfigError(f"--api-url {url!r} is not an http(s) URL")
-    if parsed.query or "api_key" in url:
-        raise ConfigError("--api-url must not carry a query string (the key goes in a header only)")
+def validate_api_url(url: str, flag: str = "--api-url") -> str:
+    if not url or not url.strip():
+        raise ConfigError(f"{flag} is empty: give the API base URL (default {DEFAULT_API_URL})")
+    if not url.isascii() or any(not ch.isprintable() or ch.isspace() for ch in url):
+        raise ConfigError(f"{flag} {shown(url)} must be printable ASCII without spaces")
+    try:
+        parsed = urlparse(url)
+        port = parsed.port  # raises on a port out of range
+    except ValueError as exc:
+        raise ConfigError(f"{flag} {shown(url)} is not a valid URL ({exc})") from None
+    if len(url) > 2048 or len(parsed.hostname or "") > 253:
+        raise ConfigError(f"{flag} is too long ({len(url)} characters) to be an API base URL")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"{flag} {shown(url)} is not an http(s) URL")
+    if port == 0:
+        raise ConfigError(f"{flag} {shown(url)}: port 0 is not a port")
+    if parsed.query or parsed.fragment or parsed.username or parsed.password or "api_key" in url:
+        raise ConfigError(f"{flag} must not carry a query string, fragment or credentials (the key goes in a header only)")
     return url.rstrip("/")
+
+
+def is_loopback_url(url: str) -> bool:
+    """True for an API on this machine (the simulator): the only place where the safety floors may be lowered."""
+    host = (urlparse(url).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def path_flag(flag: str, raw: str | Path | None) -> Path | None:
+    """A path given on the command line: never empty (which would silently mean the current directory)."""
+    if raw is None:
+        return None
+    text = str(raw)
+    if not text.strip():
+        raise ConfigError(f"{flag} is empty: give a path")
+    if "\x00" in text:
+        raise ConfigError(f"{flag} {shown(text)} contains a NUL byte")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{flag} {shown(text)} is not valid UTF-8") from None
+    return Path(text)
+
+
+_SYSTEM_DIRS = ("/proc", "/sys", "/dev")
+
+
+def check_evidence_dir(path: Path, flag: str = "--evidence-dir") -> None:
+    """The evidence dir must be a writable directory with room, checked before anything is rented."""
+    where = f"{flag} {shown(path)}"
+    try:
+        resolved = str(path.resolve())
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise ConfigError(f"{where}: cannot resolve ({exc})") from None
+    if any(resolved == d or resolved.startswith(d + "/") for d in _SYSTEM_DIRS):
+        raise ConfigError(f"{where} is under a system directory ({resolved}); choose a normal directory")
+    try:
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{where} exists and is not a directory")
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".vh-write-probe-", dir=path)
+        try:
+            data = b"\0" * 4096  # room for the ledger's first lines
+            if os.write(fd, data) != len(data):
+                raise OSError(28, "short write (disk full?)")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"{where} is not writable ({exc.strerror or exc}); nothing was rented") from None
+
+
+def _check_number(flag: str, value: float | None, *, low: float, high: float, low_inclusive: bool = True,
+                  what: str = "") -> None:
+    """A finite number within [low, high] (or (low, high]); `not ... <=` also catches NaN."""
+    if value is None:
+        return
+    lower = "positive" if low == 0 and not low_inclusive else f"at least {low:g}"
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{flag} must be {lower} and finite, got {value}")
+    if not (low <= value if low_inclusive else low < value):
+        raise ConfigError(f"{flag} must be {lower}{what}, got {value}")
+    if not value <= high:
+        raise ConfigError(f"{flag} must be at most {high:g}{what}, got {value}")
 
 
 class RunSpec(BaseModel):
@@ -347,7 +479,7 @@ def resolve(
     profile: str,
     num_gpus: int | None = None,
     min_pcie_bw: float | None = None,
-    key_file: Path | None = None,
+    key_file: Path | str | None = None,
     max_usd: float | None = None,
     max_minutes: float | None = None,
     remote_env: list[str] | None = None,
@@ -355,7 +487,7 @@ def resolve(
     any_driver: bool = False,
     eight_gpu_qualified: bool = False,
     boot_retries: int | None = None,
-    evidence_dir: Path | None = None,
+    evidence_dir: Path | str | None = None,
     api_url: str | None = None,
     sim: bool = False,
     json_output: bool = False,
@@ -368,19 +500,16 @@ def resolve(
     """Flags > environment > profile, validated. Raises ConfigError naming the offending flag."""
     environ = os.environ if environ is None else environ
     prof = load_profile(profile, profiles_dir)
-    for flag, value, floor in (("--max-usd", max_usd, 0.0), ("--max-minutes", max_minutes, 0.0)):
-        if value is not None and not value > floor:  # `not >` also catches NaN
-            raise ConfigError(f"{flag} must be positive, got {value}")
-    if min_pcie_bw is not None and not min_pcie_bw >= 0:
-        raise ConfigError(f"--min-pcie-bw must be >= 0, got {min_pcie_bw}")
-    if num_gpus is not None and not 1 <= num_gpus <= 16:
-        raise ConfigError(f"--num-gpus must be between 1 and 16, got {num_gpus}")
-    if proof_interval_s is not None and not proof_interval_s >= 0:
-        raise ConfigError(f"--proof-interval must be >= 0, got {proof_interval_s}")
-    if poll_s is not None and not poll_s > 0:
-        raise ConfigError(f"--poll-interval must be positive, got {poll_s}")
-    if boot_retries is not None and boot_retries < 0:
-        raise ConfigError(f"--boot-retries must be >= 0, got {boot_retries}")
+    _check_number("--max-usd", max_usd, low=0, high=MAX_USD_LIMIT, low_inclusive=False)
+    _check_number("--max-minutes", max_minutes, low=0, high=MAX_MINUTES_LIMIT, low_inclusive=False)
+    _check_number("--min-pcie-bw", min_pcie_bw, low=0, high=MAX_PCIE_GBPS)
+    _check_number("--num-gpus", num_gpus, low=1, high=16)
+    _check_number("--boot-retries", boot_retries, low=0, high=MAX_BOOT_RETRIES)
+    _check_number("--proof-interval", proof_interval_s, low=0, high=MAX_INTERVAL_S)
+    _check_number("--poll-interval", poll_s, low=0, high=MAX_INTERVAL_S, low_inclusive=False)
+    _check_number("--pacing-scale", pacing_scale, low=0, high=MAX_PACING_SCALE)
+    evidence_dir = path_flag("--evidence-dir", evidence_dir)
+    key_file = path_flag("--key-file", key_file)
 
     filters = prof.filters.model_copy(
         update={
@@ -399,9 +528,23 @@ def resolve(
     env = dict(prof.remote_env)
     env.update(parse_remote_env(remote_env or []))
 
-    url = api_url or environ.get("VAST_URL") or DEFAULT_API_URL
-    url = validate_api_url(url)
+    if api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
+        url = validate_api_url(api_url)
+    elif environ.get("VAST_URL") is not None:
+        url = validate_api_url(environ["VAST_URL"], "VAST_URL")
+    else:
+        url = DEFAULT_API_URL
+    if not (sim or is_loopback_url(url)):  # the safety floors hold against any real API
+        if proof_interval_s is not None and proof_interval_s < REAL_PROOF_INTERVAL_FLOOR_S:
+            raise ConfigError(f"--proof-interval {proof_interval_s:g} is below the {REAL_PROOF_INTERVAL_FLOOR_S:g} s "
+                              f"floor against {url}; lower values are for the simulator (loopback or --sim)")
+        if pacing_scale is not None and pacing_scale < REAL_PACING_SCALE_FLOOR:
+            raise ConfigError(f"--pacing-scale {pacing_scale:g} is below {REAL_PACING_SCALE_FLOOR:g} against {url}: "
+                              "Vast's rate limits cannot be scaled down; lower values are for the simulator")
     key = None if sim else read_api_key(key_file, environ)
+    ev_dir = (evidence_dir or REPO_ROOT / ".evidence" / "vast").expanduser()
+    if not dry_run:  # a run or a reap writes its ledger and evidence here: find out now, not after renting
+        check_evidence_dir(ev_dir)
     try:
         return RunSpec(
             profile=prof,
@@ -414,7 +557,7 @@ def resolve(
             any_driver=any_driver,
             eight_gpu_qualified=eight_gpu_qualified,
             boot_retries=prof.boot_retries if boot_retries is None else boot_retries,
-            evidence_dir=(evidence_dir or REPO_ROOT / ".evidence" / "vast").expanduser(),
+            evidence_dir=ev_dir,
             sim=sim,
             json_output=json_output,
             proof_interval_s=proof_interval_s if proof_interval_s is not None else (0.5 if sim else 10.0),

@@ -2,6 +2,7 @@
 
     HarnessError
     ├── ConfigError                 bad input or configuration; nothing rented            exit 2
+    │   └── LedgerWriteError        the write-ahead intent could not be made durable: no PUT  exit 2
     ├── VastError                   anything the Vast API path raised
     │   ├── TransportError          nothing usable came back (timeout, connect, read): retryable
     │   └── ApiStatusError          the server answered with an error status or body
@@ -33,6 +34,13 @@ class ConfigError(HarnessError):
     """Bad input or configuration, found before anything was rented."""
 
     exit_code = 2
+
+
+class LedgerWriteError(ConfigError):
+    """The ledger could not be written whole and durably (disk full, read-only, short write).
+
+    Raised for the create intent, so no PUT is ever sent without it on disk: nothing was rented.
+    """
 
 
 class VastError(HarnessError):

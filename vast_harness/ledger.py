@@ -2,19 +2,52 @@
 
 Written *before* each PUT and the moment any response carries `new_contract`, so that a harness killed at any
 point leaves enough on disk for `reap` to find and delete what it may have rented.
+
+Writes are checked: the intent must be whole and on disk before the PUT (`LedgerWriteError` otherwise, so
+the caller never creates). Later lines (outcomes, deletes, proofs) are recorded best effort: a full disk must
+never stop a teardown, and a missing outcome only makes `reap` look again. Reads are tolerant: a torn,
+non-UTF-8 or malformed line is skipped and reported, never fatal. Each line names the API and the account
+(a key fingerprint, never the key) its instance belongs to, so `reap` with another key does not read
+"not visible to this key" as "gone".
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import time
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, StrictInt, ValidationError
 
-Event = Literal["intent", "created", "create_unknown", "create_failed", "delete_ack", "absence"]
+from vast_harness.errors import LedgerWriteError
+
+if TYPE_CHECKING:
+    from vast_harness.config import RunSpec
+
+Event = Literal["intent", "created", "create_unknown", "create_unresolved", "create_failed", "delete_ack",
+                "absence", "label_swept"]
+REQUIRED_EVENTS = frozenset({"intent"})  # no PUT without it on disk
+OUTCOME_EVENTS = ("created", "create_failed", "delete_ack")  # events that name an instance a run owned
+MAX_LINE_BYTES = 64 * 1024
+
+
+def account_fingerprint(api_key: str) -> str:
+    """Which account a key is, for the ledger: the first 12 hex of its sha256 (never the key itself)."""
+    return hashlib.sha256(api_key.strip().encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+class LedgerTarget(BaseModel):
+    """The API and account an instance belongs to: only a client of the same target can prove it gone."""
+
+    api_url: str
+    account: str
+
+    def describe(self) -> str:
+        return f"{self.api_url} (account key fingerprint {self.account})"
 
 
 class LedgerEntry(BaseModel):
@@ -22,54 +55,166 @@ class LedgerEntry(BaseModel):
     run_id: str
     event: Event
     label: str
-    offer_id: int | None = None
-    instance_id: int | None = None
+    offer_id: StrictInt | None = None
+    instance_id: StrictInt | None = None
     verdict: str | None = None  # for "absence": gone | unknown | present
     detail: str | None = None
+    api_url: str | None = None  # the target; absent on lines written before targets were recorded
+    account: str | None = None
+
+    @property
+    def target(self) -> LedgerTarget | None:
+        if self.api_url is None or self.account is None:
+            return None
+        return LedgerTarget(api_url=self.api_url, account=self.account)
+
+
+class BadLine(BaseModel):
+    line_no: int
+    reason: str
+
+
+class LedgerView(BaseModel):
+    """What the ledger says is still open, and the lines it could not read."""
+
+    pending: dict[int, LedgerEntry] = Field(default_factory=dict)  # created, never proven gone
+    unresolved: dict[str, LedgerEntry] = Field(default_factory=dict)  # label -> intent whose outcome is unknown
+    bad_lines: list[BadLine] = Field(default_factory=list)
 
 
 class Ledger:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, target: LedgerTarget | None = None) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.target = target
+        self.bad_lines: list[BadLine] = []  # from the last read
+        self.write_failures: list[str] = []  # best-effort lines that did not reach the disk
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerWriteError(f"cannot create the ledger directory {path.parent}: {exc.strerror}") from None
 
+    @classmethod
+    def for_spec(cls, spec: RunSpec) -> Ledger:
+        """The ledger of `spec`'s evidence dir, stamping every line with the spec's API and account."""
+        target = None
+        if spec.api_key is not None:
+            target = LedgerTarget(api_url=spec.api_url, account=account_fingerprint(spec.api_key.get_secret_value()))
+        return cls(spec.evidence_dir / "ledger.jsonl", target)
+
+    def key_dir_prefix(self, run_id: str) -> str:
+        """Prefix of a run's one-time SSH key directory: the pid lets `reap` tell a killed run's key from a live one."""
+        return f"vh-key-{os.getpid()}-{run_id}-"
+
+    # ------------------------------------------------------------------------------------ writing
     def append(self, run_id: str, event: Event, label: str, **fields) -> LedgerEntry:
+        if self.target is not None:
+            fields = {"api_url": self.target.api_url, "account": self.target.account} | fields
         entry = LedgerEntry(t_unix=time.time(), run_id=run_id, event=event, label=label, **fields)
         line = (entry.model_dump_json(exclude_none=True) + "\n").encode()
-        # O_APPEND keeps concurrent runs' lines whole; fsync makes the intent durable before the PUT.
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            self._write_line(line)
+        except LedgerWriteError as exc:
+            if event in REQUIRED_EVENTS:
+                raise
+            # An outcome that did not reach the disk must not stop a create's follow-up or a teardown.
+            self.write_failures.append(f"{event} {label}: {exc}")
         return entry
 
-    def entries(self) -> list[LedgerEntry]:
-        if not self.path.exists():
-            return []
-        out = []
-        for raw in self.path.read_text().splitlines():
+    def _write_line(self, line: bytes) -> None:
+        """One whole line, on a fresh line, on disk (fsync) before returning; LedgerWriteError otherwise."""
+        created = not self.path.exists()
+        try:
+            # O_APPEND keeps concurrent runs' lines whole; O_RDWR lets us look at the last byte.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise LedgerWriteError(f"cannot open the ledger {self.path}: {exc.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line  # a torn last line (a kill mid-write) must not swallow this one
+            written = os.write(fd, line)
+            if written != len(line):
+                raise LedgerWriteError(f"short write to the ledger {self.path}: {written} of {len(line)} bytes "
+                                       "(disk full?)")
+            os.fsync(fd)
+        except OSError as exc:
+            raise LedgerWriteError(f"cannot write the ledger {self.path}: "
+                                   f"{exc.strerror or errno.errorcode.get(exc.errno or 0, exc)}") from None
+        finally:
+            os.close(fd)
+        if created:  # the new file's directory entry must be durable too
             try:
-                out.append(LedgerEntry.model_validate(json.loads(raw)))
-            except (ValueError, TypeError):
-                continue  # a line torn by a kill mid-write: the next lines still count
+                dfd = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+            except OSError:
+                pass  # some filesystems refuse fsync on a directory; the file itself is synced
+
+    # ------------------------------------------------------------------------------------ reading
+    def entries(self) -> list[LedgerEntry]:
+        """Every readable line; unreadable ones are skipped and listed in `bad_lines`."""
+        self.bad_lines = []
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            self.bad_lines.append(BadLine(line_no=0, reason=f"cannot read {self.path}: {exc.strerror}"))
+            return []
+        out: list[LedgerEntry] = []
+        for n, raw in enumerate(data.split(b"\n"), 1):
+            if not raw.strip():
+                continue
+            reason = _bad_reason(raw)
+            if reason is None:
+                try:
+                    out.append(LedgerEntry.model_validate(json.loads(raw.decode("utf-8"))))
+                    continue
+                except ValidationError as exc:
+                    first = exc.errors()[0]
+                    reason = f"field {'.'.join(str(p) for p in first['loc']) or '?'}: {first['msg']}"
+                except (ValueError, RecursionError) as exc:
+                    reason = f"not JSON ({type(exc).__name__})"
+            self.bad_lines.append(BadLine(line_no=n, reason=reason))
         return out
 
-    def unproven(self) -> tuple[dict[int, LedgerEntry], set[str]]:
-        """Instances created but never proven gone, and labels whose create outcome is unknown."""
+    def view(self) -> LedgerView:
+        """Instances created and never proven gone; labels whose create may have made an instance."""
+        entries = self.entries()
         created: dict[int, LedgerEntry] = {}
         gone: set[int] = set()
         labels_with_instance: set[str] = set()
-        intents: set[str] = set()
-        for e in self.entries():
-            if e.event == "intent":
-                intents.add(e.label)
-            if e.instance_id is not None and e.event in ("created", "create_failed", "delete_ack"):
+        intents: dict[str, LedgerEntry] = {}
+        swept: set[str] = set()
+        for e in entries:
+            if e.event in ("intent", "create_unknown", "create_unresolved"):
+                intents.setdefault(e.label, e)
+            if e.instance_id is not None and e.event in OUTCOME_EVENTS:
                 created.setdefault(e.instance_id, e)
                 labels_with_instance.add(e.label)
             if e.event == "absence" and e.verdict == "gone" and e.instance_id is not None:
                 gone.add(e.instance_id)
+            if e.event == "label_swept":
+                swept.add(e.label)
         pending = {i: e for i, e in created.items() if i not in gone}
-        # An intent with no recorded instance may still have created one (a create that timed out).
-        return pending, intents - labels_with_instance
+        # An intent with no recorded instance may still have created one (a create that timed out, a held
+        # create, a kill between PUT and answer): `reap` looks for its label until a sweep found nothing.
+        unresolved = {lab: e for lab, e in intents.items() if lab not in labels_with_instance and lab not in swept}
+        return LedgerView(pending=pending, unresolved=unresolved, bad_lines=list(self.bad_lines))
+
+    def unproven(self) -> tuple[dict[int, LedgerEntry], set[str]]:
+        """Instances created but never proven gone, and labels whose create outcome is unknown."""
+        v = self.view()
+        return v.pending, set(v.unresolved)
+
+
+def _bad_reason(raw: bytes) -> str | None:
+    if len(raw) > MAX_LINE_BYTES:
+        return f"line longer than {MAX_LINE_BYTES} bytes"
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 (byte {exc.start})"
+    return None

@@ -1,27 +1,109 @@
 """The one sink for what the CLI shows: rich tables for people, one JSON object for `--json`.
 
 Human output goes to stdout; progress, warnings and errors to stderr, so `--json` stdout stays parseable.
+Everything shown is plain text to rich (consoles without markup, values wrapped in `Text`): a profile name,
+a path, a server message or a step's output containing `[/x]` prints as it is and can never raise. Writes
+never raise either: a closed or broken stdout (`| head`) must not end a run or skip its teardown.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from vast_harness.offers import Candidate, OfferChoice, Rejection
 from vast_harness.plan import RunPlan
 
 
+def _t(value: object, style: str = "") -> Text:
+    """Anything user- or server-supplied becomes a Text: never parsed as markup (`[/x]`), never an emoji code."""
+    return Text(str(value), style=style)
+
+
+def _line(*parts: str | tuple[str, str] | Text) -> Text:
+    """Styled literals as (text, style) tuples, values as plain strings: nothing inside is markup."""
+    return Text.assemble(*parts)
+
+
+class SafeStream:
+    """A text stream whose writes never raise.
+
+    A closed stdout (`>&-`), a reader that went away (`| head -3`: EPIPE) or a closed file must not end a run
+    early or skip its teardown: after the first failure the stream swallows writes, and the file descriptor is
+    pointed at /dev/null so the interpreter's final flush cannot complain either.
+    """
+
+    def __init__(self, stream: IO[str] | None, fd: int | None = None) -> None:
+        self._stream = stream
+        self._fd = fd
+        self.broken = stream is None
+
+    def _break(self, exc: BaseException) -> None:
+        self.broken = True
+        if self._fd is not None and isinstance(exc, OSError) and exc.errno in (errno.EPIPE, errno.EBADF):
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self._fd)
+                os.close(devnull)
+            except OSError:
+                pass
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self._stream.write(text)  # type: ignore[union-attr]
+            except (OSError, ValueError) as exc:
+                self._break(exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()  # type: ignore[union-attr]
+            except (OSError, ValueError) as exc:
+                self._break(exc)
+
+    def isatty(self) -> bool:
+        try:
+            return not self.broken and self._stream.isatty()  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            return False
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise OSError(errno.EBADF, "no file descriptor")
+        return self._fd
+
+
+def _safe(stream: IO[str] | None) -> SafeStream:
+    fd = None
+    if stream is not None:
+        try:
+            fd = stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            fd = None
+    return SafeStream(stream, fd)
+
+
 class Output:
     def __init__(self, *, json_mode: bool = False, quiet: bool = False) -> None:
         self.json_mode = json_mode
-        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=160)
-        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=False, width=160)
+        self.stdout = _safe(sys.stdout)
+        self.stderr = _safe(sys.stderr)
+        # markup=False: a string that reaches rich by any path prints as it is; styles come only from Text.
+        self.out = Console(file=self.stdout, highlight=False, soft_wrap=False, width=160, markup=False, emoji=False)
+        self.err = Console(file=self.stderr, highlight=False, soft_wrap=False, width=160, markup=False, emoji=False)
         self.quiet = quiet
         self.emitted = False  # --json promises exactly one object on stdout
         self.rejected_rows: list[dict] = []  # with --json, rejections ride along in that one object
@@ -29,10 +111,10 @@ class Output:
     # -- generic -------------------------------------------------------------------------------
     def info(self, message: str) -> None:
         if not self.quiet:
-            self.err.print(message)
+            self.err.print(_t(message))
 
     def warn(self, message: str) -> None:
-        self.err.print(f"[yellow]warning:[/] {message}")
+        self.err.print(_line(("warning:", "yellow"), " ", message))
 
     def failure(self, message: str, exit_code: int) -> None:
         """An error that ends the command: one line on stderr, and with --json the one stdout object."""
@@ -41,16 +123,16 @@ class Output:
             self.emit_json({"error": message, "exit_code": exit_code})
 
     def error(self, message: str, hint: str | None = None) -> None:
-        self.err.print(f"[bold red]error:[/] {message}", markup=True)
+        self.err.print(_line(("error:", "bold red"), " ", message))
         if hint:
-            self.err.print(f"[dim]{hint}[/]")
+            self.err.print(_t(hint, "dim"))
 
     def emit_json(self, payload: dict[str, Any]) -> None:
         if self.rejected_rows and "rejected" not in payload:
             payload = payload | {"rejected": self.rejected_rows}
         self.emitted = True
-        sys.stdout.write(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
-        sys.stdout.flush()
+        self.stdout.write(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+        self.stdout.flush()
 
     # -- a run -----------------------------------------------------------------------------------
     def step_line(self, step: str, elapsed_s: float, accrued_usd: float, stream: str, line: str) -> None:
@@ -59,8 +141,7 @@ class Output:
             return
         console = self.err if self.json_mode else self.out
         prefix = f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]"
-        style = "red" if stream == "stderr" else "dim"
-        console.print(f"[{style}]{escape(prefix)}[/] {escape(line)}")
+        console.print(_line((prefix, "red" if stream == "stderr" else "dim"), " ", line))
 
     def result(self, run_id: str, code: int, message: str, evidence_dir, steps, teardowns, accrued_usd: float) -> None:
         if self.json_mode:
@@ -69,19 +150,32 @@ class Output:
                             "steps": [s.model_dump() for s in steps],
                             "absence": {t.instance_id: t.verdict for t in teardowns}})
             return
-        t = Table(title=f"Run {run_id}", header_style="bold")
+        t = Table(title=_t(f"Run {run_id}"), header_style="bold")
         for col in ("step", "rc", "seconds", "note"):
             t.add_column(col)
         for s in steps:
             note = "timed out" if s.timed_out else ("connection lost" if s.connection_lost else "")
-            t.add_row(s.name, "NA" if s.rc is None else str(s.rc), f"{s.seconds:.1f}", note)
+            t.add_row(_t(s.name), _t("NA" if s.rc is None else s.rc), _t(f"{s.seconds:.1f}"), _t(note))
         self.out.print(t)
         for td in teardowns:
             color = "green" if td.verdict == "gone" else "bold red"
-            self.out.print(f"instance {td.instance_id}: [{color}]{td.verdict}[/] "
-                           f"({len(td.proof.rounds) if td.proof else 0} proof rounds)")
+            self.out.print(_line(f"instance {td.instance_id}: ", (str(td.verdict), color),
+                                 f" ({len(td.proof.rounds) if td.proof else 0} proof rounds)"))
         color = "green" if code in (0, 4) else "red"
-        self.out.print(f"[{color}]exit {code}[/]: {escape(message)}  accrued ${accrued_usd:.4f}  evidence {evidence_dir}")
+        self.out.print(_line((f"exit {code}", color), f": {message}  accrued ${accrued_usd:.4f}  "
+                                                       f"evidence {evidence_dir}"))
+
+    def reap_report(self, rows: list[tuple[int, str, int, str]], lines: list[str], *, ok: bool) -> None:
+        """`reap`'s table (instance, label, deletes, verdict) and what it could not prove, one line each."""
+        t = Table(title=_t(f"reap: {len(rows)} instance(s)"), header_style="bold")
+        for col in ("instance", "label", "deletes", "verdict"):
+            t.add_column(col)
+        for instance_id, label, deletes, verdict in rows:
+            t.add_row(_t(instance_id), _t(label), _t(deletes), _t(verdict, "" if verdict == "gone" else "red"))
+        self.out.print(t)
+        for line in lines:
+            self.out.print(_t(line, "red"))
+        self.out.print(_t("all proven absent", "green") if ok else _t("NOT all proven absent", "bold red"))
 
     # -- plans and offers ----------------------------------------------------------------------
     def plan(self, plan: RunPlan) -> None:
@@ -89,18 +183,19 @@ class Output:
             self.emit_json({"dry_run": True} | plan.summary())
             return
         o, q = plan.chosen.offer, plan.chosen.quote
-        self.out.print(f"[bold]Dry run[/] — profile [cyan]{plan.profile}[/]")
+        self.out.print(_line(("Dry run", "bold"), " — profile ", (str(plan.profile), "cyan")))
         repo_tag, _, digest = plan.image.partition("@")  # repo:tag@sha256:... (config refuses any other form)
-        self.out.print(f"[bold]image[/] {escape(repo_tag)}  [bold]digest[/] {escape(digest)}"
-                       f"{'' if plan.image_digest_verified else ' (unverified)'}", soft_wrap=True)
+        self.out.print(_line(("image", "bold"), f" {repo_tag}  ", ("digest", "bold"),
+                             f" {digest}{'' if plan.image_digest_verified else ' (unverified)'}"), soft_wrap=True)
         t = Table(title="Chosen offer", show_header=True, header_style="bold")
         for col in ("id", "GPU", "count", "driver", "qualified", "CUDA", "PCIe GB/s", "$/h", "reliability",
                     "location"):
             t.add_column(col)
         t.add_row(
-            str(o.id), o.gpu_name, str(o.num_gpus), o.driver_version or "?",
-            "yes" if plan.chosen.driver_qualified else "[yellow]no[/]", f"{o.cuda_max_good}",
-            f"{o.pcie_bw_gbps}", f"{q.dph_at_disk_usd:.4f}", f"{o.reliability_score:.3f}", o.geolocation or "?",
+            _t(o.id), _t(o.gpu_name), _t(o.num_gpus), _t(o.driver_version or "?"),
+            _t("yes") if plan.chosen.driver_qualified else _t("no", "yellow"), _t(o.cuda_max_good),
+            _t(o.pcie_bw_gbps), _t(f"{q.dph_at_disk_usd:.4f}"), _t(f"{o.reliability_score:.3f}"),
+            _t(o.geolocation or "?"),
         )
         self.out.print(t)
         steps = Table(title="Steps", show_header=True, header_style="bold")
@@ -109,23 +204,19 @@ class Output:
         steps.add_column("timeout")
         steps.add_column("command", overflow="fold")
         for i, s in enumerate(plan.steps, 1):
-            steps.add_row(str(i), s["name"], f"{s['timeout_s']:g} s", s["run"])
+            steps.add_row(_t(i), _t(s["name"]), _t(f"{s['timeout_s']:g} s"), _t(s["run"]))
         self.out.print(steps)
         if plan.pytest_node_ids:
-            self.out.print("[bold]pytest node ids[/] (a skip fails the run):")
+            self.out.print(_line(("pytest node ids", "bold"), " (a skip fails the run):"))
             for node in plan.pytest_node_ids:
-                self.out.print(f"  {node}")
-        self.out.print(
-            f"[bold]Caps[/]: ${plan.caps['max_usd']:.2f}, {plan.caps['max_minutes']:g} min   "
-            f"[bold]Credit[/]: ${plan.credit_usd:.2f}"
-        )
-        self.out.print(f"[bold]Worst case[/]: {q.arithmetic}")
+                self.out.print(_t(f"  {node}"))
+        self.out.print(_line(("Caps", "bold"), f": ${plan.caps['max_usd']:.2f}, {plan.caps['max_minutes']:g} min   ",
+                             ("Credit", "bold"), f": ${plan.credit_usd:.2f}"))
+        self.out.print(_line(("Worst case", "bold"), f": {q.arithmetic}"))
         env = " ".join(f"{k}={v}" for k, v in plan.remote_env_masked.items()) or "(none)"
-        self.out.print(f"[bold]remote_env[/]: {env}")
-        self.out.print(
-            f"[dim]bundle sha256 {plan.bundle_sha256[:16]}… ({plan.bundle_bytes} bytes); {plan.offers_seen} "
-            f"offers seen in {plan.pages} page(s); nothing was created.[/]"
-        )
+        self.out.print(_line(("remote_env", "bold"), f": {env}"))
+        self.out.print(_t(f"bundle sha256 {plan.bundle_sha256[:16]}… ({plan.bundle_bytes} bytes); {plan.offers_seen} "
+                          f"offers seen in {plan.pages} page(s); nothing was created.", "dim"))
         for w in plan.warnings:
             self.warn(w)
 
@@ -140,13 +231,13 @@ class Output:
                 }
             )
             return
-        t = Table(title=f"Ranked offers ({len(choice.ranked)} of {choice.offers_seen} seen)", header_style="bold")
+        t = Table(title=_t(f"Ranked offers ({len(choice.ranked)} of {choice.offers_seen} seen)"), header_style="bold")
         for col in ("rank", "id", "GPU", "n", "driver", "qual", "CUDA", "PCIe", "$/h", "worst $", "rel", "location"):
             t.add_column(col)
         for i, c in enumerate(choice.ranked, 1):
             r = _candidate_row(c)
-            t.add_row(str(i), *(str(r[k]) for k in ("id", "gpu", "n", "driver", "qualified", "cuda", "pcie_bw",
-                                                   "dph", "worst_case_usd", "reliability", "location")))
+            t.add_row(_t(i), *(_t(r[k]) for k in ("id", "gpu", "n", "driver", "qualified", "cuda", "pcie_bw",
+                                                  "dph", "worst_case_usd", "reliability", "location")))
         self.out.print(t)
         self.rejections(choice.closest_rejections(show_rejected), title="Closest rejected offers")
 
@@ -154,14 +245,14 @@ class Output:
         if self.json_mode:
             self.rejected_rows = [_rejection_row(r) for r in rejected]
             return
-        t = Table(title=title, header_style="bold")
+        t = Table(title=_t(title), header_style="bold")
         for col in ("id", "GPU", "n", "driver", "worst $", "why rejected"):
             t.add_column(col, overflow="fold")
         for r in rejected:
             row = _rejection_row(r)
-            t.add_row(str(row["id"]), row["gpu"], str(row["n"]), str(row["driver"]), str(row["worst_case_usd"]),
-                      "; ".join(row["reasons"]))
-        (self.err if self.json_mode else self.out).print(t)
+            t.add_row(_t(row["id"]), _t(row["gpu"]), _t(row["n"]), _t(row["driver"]), _t(row["worst_case_usd"]),
+                      _t("; ".join(row["reasons"])))
+        self.out.print(t)
 
 
 def _candidate_row(c: Candidate) -> dict:

@@ -1,61 +1,184 @@
 """`vast-e2e reap`: delete and prove absent every instance a run may have left billing.
 
 Two sources, because either alone can miss one: the ledger (every instance a run recorded and never proved
-gone, and every create intent whose outcome is unknown, looked up by label) and the live list (every
-instance whose label carries the project's prefix). Exit 0 only when all are proven absent.
+gone, and every create whose outcome is unknown, looked up by label) and the live list (every instance whose
+label carries the project's prefix). The ledger's ids are deleted whatever the list does. Only instances of
+this reap's own target (API URL and account) are touched: with another account's key a per-id `null` means
+"not visible to this key", not "gone", so those are reported as unproven. Exit 0 only when all are proven
+absent and every scan answered. Also removes the one-time SSH keys that killed runs left in the temp dir.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import tempfile
 import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
 
 from vast_harness.client import VastClient
 from vast_harness.config import LABEL_PREFIX, RunSpec
 from vast_harness.errors import VastError
 from vast_harness.evidence import RunEvidence
-from vast_harness.ledger import Ledger
-from vast_harness.lifecycle import InstanceTeardown, find_by_label, teardown_instance
+from vast_harness.ledger import Ledger, LedgerEntry
+from vast_harness.lifecycle import InstanceTeardown, teardown_instance
 from vast_harness.output import Output
 
+# A label is marked swept (no longer searched) only once its intent is older than any read lag we know of.
+LABEL_SWEEP_AFTER_S = 3600.0
+# Key dirs of runs from before the pid was in the name: removed once older than any run can last.
+LEGACY_KEY_DIR_AGE_S = 8 * 24 * 3600.0
+_KEY_DIR_PID = re.compile(r"^vh-key-(\d+)-")
+TEARDOWN_MIN_S = 60.0  # per instance: delete + absence proof, at least this long
 
-def _live_with_prefix(client: VastClient) -> dict[int, str]:
-    return {i.id: i.label or "" for i in client.list_instances() if (i.label or "").startswith(LABEL_PREFIX)}
+
+class ReapOutcome(BaseModel):
+    reports: list[InstanceTeardown] = Field(default_factory=list)
+    labels: dict[int, str] = Field(default_factory=dict)
+    not_proven: list[str] = Field(default_factory=list)  # one line per thing reap could not prove
+    foreign: list[int] = Field(default_factory=list)
+    key_dirs_removed: list[str] = Field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def unproven_ids(self) -> list[int]:
+        return sorted({r.instance_id for r in self.reports if r.verdict != "gone"} |
+                      {i for i in self.labels if i not in {r.instance_id for r in self.reports}} | set(self.foreign))
+
+    @property
+    def ok(self) -> bool:
+        return not self.not_proven and not self.unproven_ids and not self.interrupted
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, not ours to signal
+    return True
+
+
+def remove_stale_key_dirs(tmp_dir: Path | None = None, *, now: float | None = None) -> list[Path]:
+    """Remove `vh-key-*` dirs (one-time SSH private keys) whose run process is gone."""
+    tmp_dir = Path(tmp_dir or tempfile.gettempdir())
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    for path in sorted(tmp_dir.glob("vh-key-*")):
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid():
+            continue
+        m = _KEY_DIR_PID.match(path.name)
+        if m:
+            if _pid_alive(int(m.group(1))):
+                continue
+        elif now - st.st_mtime < LEGACY_KEY_DIR_AGE_S:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed.append(path)
+    return removed
+
+
+def _describe(entry: LedgerEntry) -> str:
+    return entry.target.describe() if entry.target else "an unrecorded target"
+
+
+def _collect(client: VastClient, ledger: Ledger, out: Output, result: ReapOutcome, run_id: str) -> None:
+    """Fill `result.labels` (instance id -> label) with everything this key must delete."""
+    view = ledger.view()
+    for bad in view.bad_lines:
+        out.warn(f"ledger {ledger.path} line {bad.line_no} skipped: {bad.reason}")
+    mine = ledger.target
+
+    def own(entry: LedgerEntry) -> bool:
+        return entry.target is None or mine is None or entry.target == mine  # lines without a target: legacy
+
+    for instance_id, entry in sorted(view.pending.items()):
+        if own(entry):
+            result.labels[instance_id] = entry.label
+        else:
+            result.foreign.append(instance_id)
+            result.not_proven.append(f"instance {instance_id} ({entry.label}) belongs to {_describe(entry)}: it "
+                                     "cannot be proven absent with this key/URL; reap with that key and --api-url")
+    for label, entry in sorted(view.unresolved.items()):
+        if not own(entry):
+            result.not_proven.append(f"label {label} (create outcome unknown) belongs to {_describe(entry)}: "
+                                     "cannot look for it with this key/URL")
+            continue
+        try:
+            found = [i.id for i in client.list_instances(label=label)]
+        except VastError as exc:
+            result.not_proven.append(f"label {label} (create outcome unknown): could not list it: {exc}")
+            continue
+        for instance_id in found:
+            result.labels.setdefault(instance_id, label)
+        if not found and time.time() - entry.t_unix > LABEL_SWEEP_AFTER_S:
+            ledger.append(run_id, "label_swept", label, detail="no instance with this label long after its create")
+    try:
+        for inst in client.list_instances():
+            if (inst.label or "").startswith(LABEL_PREFIX):
+                result.labels.setdefault(inst.id, inst.label or "")
+    except VastError as exc:
+        result.not_proven.append(f"could not list live instances (the {LABEL_PREFIX}* scan did not run): {exc}")
 
 
 def reap_all(spec: RunSpec, client: VastClient, out: Output) -> int:
-    ledger = Ledger(spec.evidence_dir / "ledger.jsonl")
-    pending, unknown_labels = ledger.unproven()
-    targets: dict[int, str] = {i: e.label for i, e in pending.items()}
-    for label in sorted(unknown_labels):
-        for instance_id in find_by_label(client, label, attempts=1, wait_s=0, sleep=time.sleep):
-            targets.setdefault(instance_id, label)
-    try:
-        targets.update({i: lab for i, lab in _live_with_prefix(client).items() if i not in targets})
-    except VastError as exc:
-        out.error(f"could not list live instances: {exc}")
-        return 3
+    ledger = Ledger.for_spec(spec)
     run_id = "reap-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    reports: list[InstanceTeardown] = []
-    for instance_id, label in sorted(targets.items()):
-        deadline = time.monotonic() + max(60.0, 8 * spec.proof_interval_s + 60.0)
-        reports.append(teardown_instance(client, ledger, run_id=run_id, label=label, instance_id=instance_id,
-                                         interval_s=spec.proof_interval_s, deadline=deadline))
-    ev = RunEvidence(spec.evidence_dir / run_id)
-    ev.write_json("absence-proof.json", {"interval_s": spec.proof_interval_s,
-                                         "instances": [r.model_dump() for r in reports]})
-    ev.write_manifest()
-    unproven = [r.instance_id for r in reports if r.verdict != "gone"]
+    result = ReapOutcome()
+    result.key_dirs_removed = [str(p) for p in remove_stale_key_dirs()]
+    if result.key_dirs_removed:
+        out.info(f"removed {len(result.key_dirs_removed)} one-time SSH key dir(s) left by killed runs")
+    scanned = False
+    try:
+        _collect(client, ledger, out, result, run_id)
+        scanned = True
+        for instance_id, label in sorted(result.labels.items()):
+            out.info(f"deleting instance {instance_id} ({label})")
+            deadline = time.monotonic() + max(TEARDOWN_MIN_S, 8 * spec.proof_interval_s + TEARDOWN_MIN_S)
+            result.reports.append(teardown_instance(client, ledger, run_id=run_id, label=label,
+                                                    instance_id=instance_id, interval_s=spec.proof_interval_s,
+                                                    deadline=deadline))
+    except KeyboardInterrupt:
+        result.interrupted = True
+        if not scanned:
+            result.not_proven.append("reap interrupted before its ledger and label scans finished; run "
+                                     "`vast-e2e reap` again")
+        left = [i for i in sorted(result.labels) if i not in {r.instance_id for r in result.reports if r.proof}]
+        if left:
+            result.not_proven.append(f"reap interrupted while deleting: instance(s) {left} not proven absent; "
+                                     "run `vast-e2e reap` again")
+        result.reports = [r for r in result.reports if r.proof]
+    try:
+        ev = RunEvidence(spec.evidence_dir / run_id)
+        ev.write_json("absence-proof.json", {"interval_s": spec.proof_interval_s,
+                                             "instances": [r.model_dump() for r in result.reports],
+                                             "not_proven": result.not_proven})
+        ev.write_manifest()
+        evidence_dir = str(ev.dir)
+    except OSError as exc:  # evidence is best effort; the verdicts below still stand
+        out.warn(f"could not write reap evidence under {spec.evidence_dir}: {exc}")
+        evidence_dir = None
     if out.json_mode:
-        out.emit_json({"reaped": {r.instance_id: r.verdict for r in reports}, "unproven": unproven,
-                       "evidence_dir": str(ev.dir)})
+        out.emit_json({"reaped": {r.instance_id: r.verdict for r in result.reports}, "unproven": result.unproven_ids,
+                       "not_proven": result.not_proven, "key_dirs_removed": result.key_dirs_removed,
+                       "evidence_dir": evidence_dir, "exit_code": _code(result)})
     else:
-        from rich.table import Table
+        rows = [(r.instance_id, result.labels.get(r.instance_id, ""), len(r.deletes), r.verdict)
+                for r in result.reports]
+        out.reap_report(rows, result.not_proven, ok=result.ok)
+    return _code(result)
 
-        t = Table(title=f"reap: {len(reports)} instance(s)", header_style="bold")
-        for col in ("instance", "label", "deletes", "verdict"):
-            t.add_column(col)
-        for r in reports:
-            t.add_row(str(r.instance_id), targets[r.instance_id], str(len(r.deletes)), r.verdict)
-        out.out.print(t)
-        out.out.print("all proven absent" if not unproven else f"[red]NOT proven absent: {unproven}[/]")
-    return 0 if not unproven else 3
+
+def _code(result: ReapOutcome) -> int:
+    if result.not_proven or result.unproven_ids:
+        return 3  # something may still bill
+    return 130 if result.interrupted else 0

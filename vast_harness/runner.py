@@ -111,8 +111,7 @@ class _SignalGuard:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.in_teardown or self.received is not None:
             self.hurry = True
-            self.out.err.print(f"[yellow]{signal.Signals(signum).name}: teardown is in progress and will finish; "
-                               "it cannot be skipped[/]")
+            self.out.warn(f"{signal.Signals(signum).name}: teardown is in progress and will finish; it cannot be skipped")
             return
         self.received = signum
         raise Interrupted(signum)
@@ -151,7 +150,7 @@ class GuardedRun:
                  run_id: str | None = None) -> None:
         self.spec, self.client, self.drivers, self.out = spec, client, drivers, out
         self.run_id = run_id or new_run_id()
-        self.ledger = Ledger(spec.evidence_dir / "ledger.jsonl")
+        self.ledger = Ledger.for_spec(spec)
         self.ev = RunEvidence(spec.evidence_dir / self.run_id)
         self.t0 = time.monotonic()
         self.created: list[CreatedInstance] = []
@@ -178,7 +177,7 @@ class GuardedRun:
         guard = self.guard = _SignalGuard(self.out)
         code, message = 1, ""
         key: RunKey | None = None
-        with guard, tempfile.TemporaryDirectory(prefix="vh-key-") as key_dir:
+        with guard, tempfile.TemporaryDirectory(prefix=self.ledger.key_dir_prefix(self.run_id)) as key_dir:
             try:
                 self._check_minimum_cap()
                 bundle = build_bundle()
@@ -437,7 +436,7 @@ class GuardedRun:
             timeout = max(0.05, self.meter.deadline(step.timeout_s) - started)
             log = self.ev.step_log(step.name)
             on_line, settle = self._step_printer(step.name, log, started, scrub)
-            self.out.info(f"step [bold]{step.name}[/] (timeout {timeout:.0f} s)")
+            self.out.info(f"step {step.name} (timeout {timeout:.0f} s)")
             cut: CapReachedError | None = None
             try:
                 outcome = self.session.run(f"cd ~/{REMOTE_DIR} && {step.run}", on_line=on_line, timeout_s=timeout,

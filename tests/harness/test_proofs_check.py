@@ -67,3 +67,16 @@ def test_absence_rounds_too_close_or_unknown_fail(run_dir, tmp_path):
     failed = check(copy)
     assert any("less than 3600" in f for f in failed)
     assert any("list_by_label is not a 200" in f for f in failed)
+
+
+def test_the_interval_floor_holds_for_a_real_api_whatever_the_run_recorded(run_dir, tmp_path):
+    """A run against a non-loopback API that recorded a 0.1 s interval does not pass: the floor is 10 s."""
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    assert not [f for f in check(copy) if "apart" in f]  # loopback: the recorded interval stands
+    result = json.loads((copy / "harness-result.json").read_text())
+    result |= {"api_url": "https://console.vast.ai", "sim": False}
+    (copy / "harness-result.json").write_text(json.dumps(result))
+    assert any("less than 10.0 s apart" in f for f in check(copy))

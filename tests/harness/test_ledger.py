@@ -1,0 +1,130 @@
+"""The write-ahead ledger: checked, durable writes (no PUT without an intent on disk) and tolerant reads."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+import respx
+
+from vast_harness.client import VastClient
+from vast_harness.config import load_driver_policy
+from vast_harness.errors import LedgerWriteError
+from vast_harness.ledger import Ledger, LedgerTarget, account_fingerprint
+from vast_harness.lifecycle import create
+from vast_harness.output import Output
+from vast_harness.runner import GuardedRun
+
+from .conftest import VAST_TEST_BASE, VAST_TEST_KEY
+
+
+def _is_ledger_fd(fd: int, ledger: Path) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == str(ledger)
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def disk(monkeypatch):
+    """Make writes to one file fail as a nearly full disk does: short, or ENOSPC. Other fds are untouched."""
+    real_write = os.write
+    state = {"path": None, "mode": None}
+
+    def write(fd: int, data) -> int:
+        if state["path"] is not None and _is_ledger_fd(fd, state["path"]):
+            if state["mode"] == "short":
+                return real_write(fd, bytes(data)[: max(1, len(data) // 2)])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+
+    def fail(path: Path, mode: str) -> None:
+        state["path"], state["mode"] = path, mode
+
+    return fail
+
+
+def test_torn_last_line_does_not_swallow_the_next_intent(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    ledger.append("r1", "intent", "vh-r1", offer_id=1)
+    with path.open("ab") as fh:
+        fh.write(b'{"t_unix": 1.0, "run_id": "r1", "event": "crea')  # killed mid-write
+    ledger.append("r2", "intent", "vh-r2", offer_id=2)
+    entries = ledger.entries()
+    assert [e.label for e in entries] == ["vh-r1", "vh-r2"]
+    assert [b.line_no for b in ledger.bad_lines] == [2]
+    assert path.read_bytes().endswith(b"\n")
+
+
+def test_bad_lines_are_skipped_and_reported_never_fatal(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    good = {"t_unix": 1.0, "run_id": "r", "event": "created", "label": "vh-r", "instance_id": 42}
+    path.write_bytes(
+        b"\xff\xfe not utf-8\n"
+        + b"[1, 2]\n"
+        + json.dumps(good | {"instance_id": "42"}).encode() + b"\n"  # wrong type: a string id
+        + json.dumps(good | {"instance_id": True}).encode() + b"\n"
+        + b"[" * 100_000 + b"\n"  # deep nesting
+        + json.dumps(good).encode() + b"\n"
+    )
+    ledger = Ledger(path)
+    view = ledger.view()
+    assert list(view.pending) == [42]
+    assert [b.line_no for b in view.bad_lines] == [1, 2, 3, 4, 5]
+    assert "UTF-8" in view.bad_lines[0].reason
+
+
+@pytest.mark.parametrize("mode", ["short", "enospc"])
+def test_no_put_without_a_durable_intent(tmp_path, disk, mode):
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    disk(path, mode)
+    with respx.mock(base_url=VAST_TEST_BASE, assert_all_called=False) as router:
+        put = router.put(url__regex=r"/api/v0/asks/\d+/").mock(return_value=httpx.Response(200, json={
+            "success": True, "new_contract": 7}))
+        with VastClient(VAST_TEST_KEY, base_url=VAST_TEST_BASE) as client, pytest.raises(LedgerWriteError):
+            create(client, ledger, run_id="r", label="vh-r", offer_id=5, body={})
+        assert not put.called
+
+
+def test_outcome_write_failure_is_recorded_not_raised(tmp_path, disk):
+    """After the PUT, a full disk must not stop the create's follow-up or a teardown."""
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    disk(path, "enospc")
+    ledger.append("r", "delete_ack", "vh-r", instance_id=3)
+    assert ledger.write_failures and "delete_ack" in ledger.write_failures[0]
+
+
+def test_a_run_whose_intent_cannot_be_written_rents_nothing(tmp_path, disk):
+    from pydantic import SecretStr
+
+    from vast_harness.config import resolve
+    from vast_harness.sim import SimServer
+
+    with SimServer(seed=11, rate_scale=0.01, boot_seconds=0.1, num_offers=200) as sim:
+        spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev")
+        spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr("k")})
+        disk(spec.evidence_dir / "ledger.jsonl", "short")
+        with VastClient("k", base_url=sim.url, pacing_scale=0.01) as client:
+            result = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True)).execute()
+        assert result.exit_code == 2 and "ledger" in result.message
+        assert not sim.state()["instances"]
+        assert not [c for c in sim.state()["calls"] if c["method"] == "PUT"]
+
+
+def test_lines_carry_the_target_never_the_key(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    target = LedgerTarget(api_url="https://console.vast.ai", account=account_fingerprint(VAST_TEST_KEY))
+    Ledger(path, target).append("r", "intent", "vh-r", offer_id=1)
+    text = path.read_text()
+    assert VAST_TEST_KEY not in text
+    entry = Ledger(path).entries()[0]
+    assert entry.target == target and len(entry.account or "") == 12

@@ -1,0 +1,164 @@
+"""What the CLI prints: no value ever reaches rich as markup, `--json` is one object on stdout, a closed or
+broken stdout never ends a run or skips its teardown, and Ctrl-C is exit 130 with a message, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from vast_harness.client import VastClient
+from vast_harness.config import Step, load_driver_policy, resolve, validate_api_url
+from vast_harness.ledger import Ledger, LedgerTarget, account_fingerprint
+from vast_harness.output import Output
+from vast_harness.runner import GuardedRun
+from vast_harness.sim import SimServer
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKUP = "[/x] [bold]not bold[/bold] [link=file:///etc] :warning:"
+SCALE = 0.01
+KEY = "sim-output-key"
+
+
+def _cli(*args: str, **kw) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | kw.pop("env", {})
+    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args], cwd=ROOT, env=env,
+                            stdout=kw.pop("stdout", subprocess.PIPE), stderr=subprocess.PIPE, **kw)
+
+
+def test_every_output_path_prints_markup_literally(capsys):
+    class Td:
+        instance_id, verdict, proof = 7, MARKUP, None
+
+    class St:
+        name, rc, seconds, timed_out, connection_lost = MARKUP, 0, 1.0, False, False
+
+        def model_dump(self):
+            return {}
+
+    out = Output()
+    out.info(MARKUP)
+    out.warn(f"instance 7 did not come up: {MARKUP}")
+    out.error(MARKUP, hint=MARKUP)
+    out.step_line(MARKUP, 1.0, 0.1, "stderr", MARKUP)
+    out.result(MARKUP, 1, MARKUP, Path("/tmp") / MARKUP, [St()], [Td()], 0.1)
+    out.reap_report([(7, MARKUP, 1, MARKUP)], [MARKUP], ok=False)
+    out.failure(MARKUP, 2)
+    captured = capsys.readouterr()
+    assert captured.out.count("[/x]") >= 4 and captured.err.count("[/x]") >= 5
+    assert ":warning:" in captured.err  # no emoji substitution either
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimServer(seed=21, rate_scale=SCALE, boot_seconds=0.1, num_offers=300) as server:
+        yield server
+
+
+class MarkupStatus(httpx.HTTPTransport):
+    """The first instance's per-id read carries an error `status_msg` with rich markup in the server's `status_msg`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.poisoned: int | None = None
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.method == "GET" and re.fullmatch(r"/api/v0/instances/\d+/", request.url.path):
+            response.read()
+            data = response.json()
+            inst = data.get("instances") if isinstance(data, dict) else None
+            if isinstance(inst, dict) and self.poisoned in (None, inst.get("id")):
+                self.poisoned = inst.get("id")
+                inst.update(actual_status="loading", status_msg=f"Error: {MARKUP} OCI runtime create failed")
+                return httpx.Response(response.status_code, json=data)
+        return response
+
+
+def test_markup_in_step_output_server_message_and_path_does_not_change_the_run(sim, tmp_path, capsys):
+    """A passed run stays passed (it was exit 1 with a traceback); a boot failure with markup in the server's
+    message still moves on to the next host (its retry was skipped)."""
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "[/x]", proof_interval_s=0.05)
+    prof = spec.profile.model_copy(update={"steps": [Step(name="echo", run=f"echo '{MARKUP}'; echo '{MARKUP}' >&2",
+                                                          timeout_s=20)], "boot_retries": 1})
+    spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
+                                   "teardown_margin_s": 2.0, "boot_retries": 1})
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, transport=MarkupStatus()) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output())
+        result = run.execute()
+    captured = capsys.readouterr()
+    assert result.exit_code in (0, 4), result.message
+    assert "[/x]" in captured.out
+    assert len(run.created) == 2 and all(i.absence == "gone" for i in run.created)  # the retry happened
+    assert "did not come up" in captured.err and "[/x]" in captured.err
+
+
+def _sim_args(sim: SimServer) -> list[str]:
+    return ["--api-url", sim.url, "--pacing-scale", "0.01", "--proof-interval", "0.05", "--poll-interval", "0.05"]
+
+
+def test_stdout_closed_by_the_reader_does_not_end_the_run(sim, tmp_path):
+    """`| head -3`: the reader goes away after three lines; the run carries on, tears down, exits 0."""
+    p = _cli("--profile", "smoke", "--evidence-dir", str(tmp_path), *_sim_args(sim), env={"VAST_API_KEY": KEY})
+    for _ in range(3):
+        p.stdout.readline()
+    p.stdout.close()
+    _, err = p.communicate(timeout=240)
+    err = err.decode(errors="replace")
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
+    assert p.returncode in (0, 4), err[-3000:]
+    result = json.loads(next(tmp_path.glob("*/harness-result.json")).read_text())
+    assert result["absence"]["verdict"] == "gone"
+
+
+def test_closed_stdout_with_json_does_not_traceback(sim, tmp_path):
+    p = _cli("--profile", "smoke", "--json", "--evidence-dir", str(tmp_path), *_sim_args(sim),
+             env={"VAST_API_KEY": KEY}, stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
+    _, err = p.communicate(timeout=240)
+    err = err.decode(errors="replace")
+    assert p.returncode in (0, 4) and "Traceback" not in err, err[-3000:]
+    result = json.loads(next(tmp_path.glob("*/harness-result.json")).read_text())
+    assert result["absence"]["verdict"] == "gone"
+
+
+@pytest.mark.parametrize("delay_s", [0.3, 1.0])
+def test_ctrl_c_right_after_launch_is_130_with_a_message(delay_s, tmp_path):
+    p = _cli("--profile", "smoke", "--sim", "--evidence-dir", str(tmp_path))
+    time.sleep(delay_s)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    err = err.decode(errors="replace")
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "interrupted" in err
+
+
+def test_ctrl_c_during_reap_says_what_it_had_not_proven(sim, tmp_path):
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        offer = client.search_offers({"limit": 5})[0]
+        iid = client.create_instance(offer.id, {"image": "img", "disk": 10, "label": "vh-reap-sigint"}).new_contract
+    target = LedgerTarget(api_url=validate_api_url(sim.url), account=account_fingerprint(KEY))
+    Ledger(tmp_path / "ledger.jsonl", target).append("r", "created", "vh-reap-sigint", offer_id=offer.id,
+                                                     instance_id=iid)
+    p = _cli("reap", "--evidence-dir", str(tmp_path), "--api-url", sim.url, "--pacing-scale", "0.01",
+             "--proof-interval", "30", env={"VAST_API_KEY": KEY})
+    deadline = time.monotonic() + 60
+    seen = b""
+    while b"deleting instance" not in seen and time.monotonic() < deadline:
+        seen += p.stderr.readline()
+    time.sleep(0.5)  # inside the absence proof's 30 s interval
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    text = (seen + out + err).decode(errors="replace")
+    assert p.returncode == 3, text
+    assert "before anything was rented" not in text and "Traceback" not in text, text
+    assert "reap interrupted while deleting" in text and str(iid) in text

@@ -1,0 +1,138 @@
+"""`reap` against the simulator over real HTTP: the ledger's ids are deleted whatever the list does, unresolved
+creates are looked up by label, other accounts' instances are never "proven" with this key, and the one-time
+SSH keys of killed runs are removed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from vast_harness.client import VastClient
+from vast_harness.config import RunSpec, resolve
+from vast_harness.ledger import Ledger
+from vast_harness.output import Output
+from vast_harness.reap import reap_all, remove_stale_key_dirs
+from vast_harness.sim import SimServer
+
+SCALE = 0.01
+KEY = "sim-reap-key"
+OTHER_KEY = "sim-other-account-key"
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimServer(seed=9, rate_scale=SCALE, boot_seconds=0.1, num_offers=200) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _clear_faults(sim):
+    sim.set_faults(None)
+    yield
+    sim.set_faults(None)
+
+
+def spec_for(sim: SimServer, tmp_path: Path, key: str = KEY) -> RunSpec:
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05)
+    return spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(key)})
+
+
+def rent(sim: SimServer, label: str, key: str = KEY) -> int:
+    with VastClient(key, base_url=sim.url, pacing_scale=SCALE) as client:
+        offer = client.search_offers({"limit": 5})[0]
+        return client.create_instance(offer.id, {"image": "img", "disk": 10, "label": label}).new_contract
+
+
+def live(sim: SimServer) -> set[int]:
+    return {i["id"] for i in sim.state()["instances"] if i["live"]}
+
+
+def reap(sim: SimServer, spec: RunSpec, key: str = KEY, **client_kw) -> int:
+    with VastClient(key, base_url=sim.url, pacing_scale=SCALE, **client_kw) as client:
+        return reap_all(spec, client, Output(quiet=True))
+
+
+def test_ledger_ids_are_deleted_even_when_the_list_fails(sim, tmp_path, monkeypatch):
+    monkeypatch.setattr("vast_harness.reap.TEARDOWN_MIN_S", 1.0)
+    spec = spec_for(sim, tmp_path)
+    iid = rent(sim, "vh-listfail")
+    Ledger.for_spec(spec).append("r", "created", "vh-listfail", offer_id=1, instance_id=iid)
+    sim.set_faults("5xx:list:*:503")  # the live scan (and the proof's list reads) fail
+    code = reap(sim, spec, max_retry_s=0.2)
+    deletes = [c for c in sim.state()["calls"] if c["method"] == "DELETE" and str(iid) in c["path"]]
+    assert deletes, "the ledger's id was not deleted because the list failed"
+    assert iid not in live(sim)
+    assert code == 3  # the proof and the scan could not complete: not proven, and it says so
+
+
+def test_unresolved_create_is_found_by_label(sim, tmp_path):
+    spec = spec_for(sim, tmp_path)
+    label = "custom-unresolved-label"  # no vh- prefix: only the ledger can lead reap to it
+    iid = rent(sim, label)
+    ledger = Ledger.for_spec(spec)
+    ledger.append("r", "intent", label, offer_id=1)
+    ledger.append("r", "create_unresolved", label, offer_id=1)
+    assert reap(sim, spec) == 0
+    assert iid not in live(sim)
+
+
+def test_another_accounts_instance_is_never_proven_with_this_key(sim, tmp_path, capsys):
+    owner = spec_for(sim, tmp_path, key=OTHER_KEY)
+    iid = rent(sim, "vh-foreign", key=OTHER_KEY)
+    Ledger.for_spec(owner).append("r", "created", "vh-foreign", offer_id=1, instance_id=iid)
+    intruder = spec_for(sim, tmp_path, key=KEY)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        code = reap_all(intruder, client, Output())
+    err = capsys.readouterr()
+    assert code == 3
+    assert "cannot be proven absent with this key" in err.out
+    assert iid in live(sim)
+    pending, _ = Ledger(owner.evidence_dir / "ledger.jsonl").unproven()
+    assert iid in pending  # still named for its owner
+    assert reap(sim, owner, key=OTHER_KEY) == 0 and iid not in live(sim)
+
+
+def test_a_bad_ledger_line_does_not_stop_reap(sim, tmp_path):
+    spec = spec_for(sim, tmp_path)
+    iid = rent(sim, "vh-badline")
+    path = spec.evidence_dir / "ledger.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\xff\xfe torn\n")
+    Ledger.for_spec(spec).append("r", "created", "vh-badline", offer_id=1, instance_id=iid)
+    assert reap(sim, spec) == 0
+    assert iid not in live(sim)
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_key_dirs_of_killed_runs_are_removed(tmp_path):
+    dead = tmp_path / f"vh-key-{_dead_pid()}-20250101T000000Z-abc123-x1"
+    mine = tmp_path / f"vh-key-{os.getpid()}-20250101T000000Z-def456-x2"
+    legacy_old, legacy_new = tmp_path / "vh-key-oldabcde", tmp_path / "vh-key-newabcde"
+    for d in (dead, mine, legacy_old, legacy_new):
+        d.mkdir()
+        (d / "id_ed25519").write_text("PRIVATE")
+    os.utime(legacy_old, (0, 0))
+    removed = remove_stale_key_dirs(tmp_path)
+    assert set(removed) == {dead, legacy_old}
+    assert mine.exists() and legacy_new.exists()
+
+
+def test_reap_removes_key_dirs(sim, tmp_path, monkeypatch):
+    keys = tmp_path / "tmp"
+    keys.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(keys))
+    dead = keys / f"vh-key-{_dead_pid()}-run-x"
+    dead.mkdir()
+    assert reap(sim, spec_for(sim, tmp_path)) == 0
+    assert not dead.exists()
