@@ -542,6 +542,11 @@ class GuardedRun:
         self.teardowns.append(report)
         return report
 
+    def _write_failures(self) -> list[str]:
+        """Every evidence or ledger write that did not reach the disk (the ledger records its own best-effort ones)."""
+        return (self.ev.write_failures + self.ledger_write_failures
+                + [f"ledger {f}" for f in self.ledger.write_failures])
+
     def _finish(self, code: int, message: str, key: RunKey | None) -> tuple[int, str]:
         # "After the last step" counts from the step's end when one ran (evidence pull included), else from now.
         t_last_step_end_unix = self.t_last_step_end_unix or time.time()
@@ -580,7 +585,7 @@ class GuardedRun:
         over = self.meter.over_cap()
         if over and code in (0, 1, 4):
             return 6, f"over the cap: {over} ({message})"
-        failures = self.ev.write_failures + self.ledger_write_failures
+        failures = self._write_failures()
         if failures and code in (0, 4):
             return 1, (f"the instance is deleted and proven absent, but {len(failures)} evidence/ledger write(s) "
                        f"failed, so the evidence is incomplete: {'; '.join(failures[:3])} ({message})")
@@ -609,7 +614,7 @@ class GuardedRun:
             steps=self.steps, pull=self.pull,
             timings=self.timings | {"workload_steps_s": round(workload_s, 3)},
             absence=overall_absence(self.teardowns), api_calls=dataclasses.asdict(self.client.stats),
-            evidence_write_failures=self.ev.write_failures + self.ledger_write_failures,
+            evidence_write_failures=self._write_failures(),
             exit_code=code, message=message,
             harness={"python": sys.version.split()[0], "platform": platform.platform()},
         )
