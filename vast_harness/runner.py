@@ -36,6 +36,7 @@ from vast_harness.offers import Candidate
 from vast_harness.onstart import build_onstart
 from vast_harness.output import Output
 from vast_harness.plan import RunPlan, choose_offers, plan_run
+from vast_harness.report import write_run_report_safely
 from vast_harness.ssh import HostSession, RunKey, SshConnectError, endpoints_for, generate_run_key
 
 REMOTE_DIR = "vh"  # under the host's $HOME
@@ -49,6 +50,14 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+class RunCancelled(HarnessError):
+    """`GuardedRun.cancel` was called (a fleet's total cap, or a signal the fleet received): stop and tear down."""
+
+    def __init__(self, reason: str, exit_code: int) -> None:
+        super().__init__(reason)
+        self.exit_code = exit_code
 
 
 class StepRecord(BaseModel):
@@ -139,6 +148,20 @@ class GuardedRun:
         self.excluded_machines: set[int] = set()
         # How long one instance's delete + absence proof may take before it is declared unproven (exit 3).
         self.teardown_budget_s = max(60.0, 8 * spec.proof_interval_s + 60.0)
+        # Set by `cancel` from another thread; checked wherever the cap deadline is, and by a running step.
+        self.cancelled = threading.Event()
+        self.cancel_reason, self.cancel_exit_code = "", 6
+
+    def cancel(self, reason: str, *, exit_code: int = 6) -> None:
+        """Thread-safe: stop at the next phase boundary (a running step within its poll interval), then the
+        usual teardown. exit_code 6 for a cap, 130 for a signal. A run that already finished is unaffected."""
+        if not self.cancelled.is_set():
+            self.cancel_reason, self.cancel_exit_code = reason, exit_code
+            self.cancelled.set()
+
+    def _check_cancelled(self, *_: object) -> None:
+        if self.cancelled.is_set():
+            raise RunCancelled(f"cancelled: {self.cancel_reason}", self.cancel_exit_code)
 
     # ------------------------------------------------------------------------------------------- run
     def execute(self) -> HarnessResult:
@@ -150,6 +173,7 @@ class GuardedRun:
                 bundle = build_bundle()
                 self.plan = self._timed("plan", lambda: plan_run(self.spec, self.client, self.drivers, bundle))
                 self.ev.write_json("offer-quote.json", self.plan.summary())
+                self._check_cancelled()
                 key = generate_run_key(Path(key_dir))
                 self._rent_and_connect(key)
                 self._timed("upload", lambda: self._upload(bundle))
@@ -165,6 +189,8 @@ class GuardedRun:
                     self.out.rejections(exc.rejected, title="Closest offers and why each was rejected")
             except (ConfigError, AuthError) as exc:
                 code, message = 2, str(exc)
+            except RunCancelled as exc:
+                code, message = exc.exit_code, str(exc)
             except CapReachedError as exc:
                 code, message = 6, str(exc)
             except (StepFailedError, BootFailed, SshConnectError) as exc:
@@ -207,6 +233,7 @@ class GuardedRun:
             if cand.offer.id in tried or cand.offer.machine_id in self.excluded_machines:
                 continue
             tried.add(cand.offer.id)
+            self._check_cancelled()
             label = LABEL_PREFIX + self.run_id + (f"-r{len(self.created)}" if self.created else "")
             inst = self._create(cand, label, key)
             if inst is None:
@@ -270,7 +297,8 @@ class GuardedRun:
         boot_deadline = min(self.cap_deadline, time.monotonic() + self.spec.profile.boot_timeout_s)
         try:
             ready = wait_ready(self.client, inst.instance_id, deadline=boot_deadline, poll_s=self.spec.poll_s,
-                               null_grace_s=NULL_GRACE_S)
+                               null_grace_s=NULL_GRACE_S, on_poll=self._check_cancelled)
+            self._check_cancelled()
             self.out.info(f"instance {inst.instance_id} running; connecting over SSH")
             self.session = HostSession.connect(endpoints_for(ready), key, deadline_monotonic=boot_deadline,
                                                retry_wait_s=min(2.0, max(self.spec.poll_s, 0.2)))
@@ -294,6 +322,7 @@ class GuardedRun:
     # ---------------------------------------------------------------------------------- host work
     def _upload(self, bundle: Bundle) -> None:
         assert self.session is not None
+        self._check_cancelled()
         if self.cap_deadline - time.monotonic() <= 0:
             raise CapReachedError("cap reached before the bundle could be uploaded")
         with tempfile.NamedTemporaryFile(suffix=".tar.gz") as fh:
@@ -315,6 +344,7 @@ class GuardedRun:
         assert self.session is not None
         env = dict(self.spec.remote_env) | {"VH_RUN_ID": self.run_id}
         for step in self.spec.profile.steps:
+            self._check_cancelled()
             remaining = self.cap_deadline - time.monotonic()
             if remaining <= 0:
                 raise CapReachedError(f"cap reached before step {step.name}: stopping to keep the teardown margin")
@@ -330,17 +360,18 @@ class GuardedRun:
             self.out.info(f"step [bold]{step.name}[/] (timeout {timeout:.0f} s)")
             try:
                 outcome = self.session.run(f"cd ~/{REMOTE_DIR} && {step.run}", on_line=on_line, timeout_s=timeout,
-                                           env=env)
+                                           env=env, stop=self.cancelled)
             finally:
                 log.close()
             record = StepRecord(name=step.name, rc=outcome.rc, seconds=round(outcome.seconds, 3),
                                 timed_out=outcome.timed_out, connection_lost=outcome.connection_lost,
                                 workload=step.workload, detail=outcome.detail)
-            if outcome.connection_lost:
+            if outcome.connection_lost and not self.cancelled.is_set():
                 record.reconnect_ok = self.session.reconnect_probe()
             self.steps.append(record)
             self.t_last_step_end_unix = time.time()
             self.ev.append_step_tsv(record.name, record.rc, record.seconds)
+            self._check_cancelled()
             if outcome.timed_out and timeout < step.timeout_s:
                 raise CapReachedError(f"step {step.name} stopped at the cap (time/cost) after {outcome.seconds:.0f} s")
             if outcome.timed_out:
@@ -418,6 +449,7 @@ class GuardedRun:
                        f"The ledger names them; run `vast-e2e reap`. ({message})")
         self.timings["total_s"] = round(time.monotonic() - self.t0, 3)
         self.ev.write_result(self, code, message)
+        write_run_report_safely(self.ev.dir, self.out.warn)
         self.out.result(self.run_id, code, message, self.ev.dir, self.steps, self.teardowns, self.accrued_usd())
         return code, message
 
