@@ -160,16 +160,22 @@ def offers(
     sim: Sim = False,
     json_output: Json = False,
     pacing_scale: PacingScale = None,
+    rank_by: Annotated[str, typer.Option("--rank-by", help="dph (worst case, then reliability) or usd-per-mtok "
+                                         "(measured tokens/s from committed evidence and your fleet results; "
+                                         "$/h for GPUs with none).")] = "dph",
+    evidence_dir: EvidenceDir = None,
 ) -> None:
     """Search and rank offers for a profile; show why each rejected offer failed."""
     out = Output(json_mode=json_output)
 
     def body() -> int:
+        if rank_by not in ("dph", "usd-per-mtok"):
+            raise ConfigError(f"--rank-by must be dph or usd-per-mtok, got {rank_by!r}")
         spec = resolve(
             profile=profile or "mfu", num_gpus=num_gpus, min_pcie_bw=min_pcie_bw, key_file=key_file,
             max_usd=max_usd, max_minutes=max_minutes, any_driver=any_driver,
             eight_gpu_qualified=eight_gpu_qualified, api_url=api_url, sim=sim, json_output=json_output,
-            dry_run=True, pacing_scale=pacing_scale,
+            dry_run=True, pacing_scale=pacing_scale, evidence_dir=evidence_dir,
         )
         from vast_harness.bundle import build_bundle
         from vast_harness.plan import choose_offers
@@ -177,6 +183,12 @@ def offers(
         with _api_target(spec) as (target, scale), _client(target, scale) as client:
             credit = client.current_user().available_usd
             choice = choose_offers(target, client, load_driver_policy(), build_bundle(), credit_usd=credit)
+        if rank_by == "usd-per-mtok":
+            from vast_harness.tokrate import load_measurements, print_ranked, rank_by_usd_per_mtok
+
+            measurements = load_measurements(spec.evidence_dir)
+            print_ranked(out, rank_by_usd_per_mtok(choice, measurements), measurements)
+            return 0 if choice.ranked else NoOfferError.exit_code
         out.offers(choice)
         return 0 if choice.ranked else NoOfferError.exit_code
 

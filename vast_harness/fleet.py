@@ -449,7 +449,7 @@ def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
     rows = build_rows(list(fleet.outcomes.values()))
     summary = {"fleet_id": fleet.fleet_id, "dir": str(fleet.dir), "exit_code": code, "total_cap_usd": total_usd,
                "per_run_usd": per_run_usd, "accrued_usd": round(fleet.accrued_usd(), 6),
-               "stop_reason": fleet.stop_reason or None, "cap_events": fleet.cap_events,
+               "stop_reason": fleet.stop_reason or None, "cap_events": fleet.cap_events, "sim": base.sim,
                "preflight": pre.summary(), "exit_precedence": list(EXIT_PRECEDENCE)}
     report = write_fleet_report(fleet.dir, fleet.fleet_id, rows, summary)
     print_table(out, rows, title=f"Fleet {fleet.fleet_id}: ranked by $ per million training tokens")
