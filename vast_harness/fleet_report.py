@@ -103,11 +103,11 @@ def fleet_html(fleet_id: str, rows: list[FleetRow], summary: dict[str, Any]) -> 
                                "MFU vs $ per million tokens")
                if points else "<p class=muted>no run produced both an MFU and a token rate</p>")
     parts = [f"<h1>Fleet {escape(fleet_id)}</h1>",
-             f"<p>Exit code <b>{escape(str(summary.get('exit_code')))}</b> · total cap "
-             f"${escape(str(summary.get('total_cap_usd')))} · accrued ${escape(str(summary.get('accrued_usd')))}"
-             f" · {escape(str(summary.get('stop_reason') or 'not cancelled'))}</p>",
-             "<p>$ per million training tokens = $/h ÷ (tokens/s total × 3600 ÷ 10⁶), with the run's best-MFU "
-             "measurement.</p>",
+             (f"<p>Exit code <b>{escape(str(summary.get('exit_code')))}</b> · total cap "
+              f"${escape(str(summary.get('total_cap_usd')))} · accrued ${escape(str(summary.get('accrued_usd')))}"
+              f" · {escape(str(summary.get('stop_reason') or 'not cancelled'))}</p>"),
+             ("<p>$ per million training tokens = $/h ÷ (tokens/s total × 3600 ÷ 10⁶), with the run's best-MFU "
+              "measurement.</p>"),
              "<h2>Ranked by $ per million training tokens</h2>", table(headers, body_rows, cls="fleet"), scatter]
     for r in rows:
         parts.append(f"<h2 id=\"run-{escape(r.gpu)}\">{escape(r.gpu)}: run {escape(str(r.run_id or '(not started)'))}"

@@ -56,8 +56,8 @@ class _Frame:
             f'<rect width="{W}" height="{H}" fill="white"/>',
             f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{escape(title)}</text>',
             f'<text x="{W / 2}" y="{H - 10}" text-anchor="middle" font-size="12">{escape(xlabel)}</text>',
-            f'<text x="16" y="{H / 2}" text-anchor="middle" font-size="12" '
-            f'transform="rotate(-90 16 {H / 2})">{escape(ylabel)}</text>',
+            (f'<text x="16" y="{H / 2}" text-anchor="middle" font-size="12" '
+             f'transform="rotate(-90 16 {H / 2})">{escape(ylabel)}</text>'),
         ]
         for t in self.xt if x_ticks else ():
             x = self.px(t)

@@ -28,7 +28,7 @@ def offers(sim, evidence_dir: Path, *extra: str) -> dict:
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "offers", "--profile", "mfu",
                         "--num-gpus", "1", "--min-pcie-bw", "0", "--rank-by", "usd-per-mtok", "--json",
                         "--api-url", sim.url, "--pacing-scale", "0.01", "--evidence-dir", str(evidence_dir), *extra],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "VAST_API_KEY": KEY})
+                       check=False, capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "VAST_API_KEY": KEY})
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
