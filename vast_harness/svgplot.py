@@ -27,10 +27,9 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     first = math.floor(lo / step) * step
-    ticks, t = [], first
-    while t <= hi + step * 0.5 and len(ticks) < 50:
-        ticks.append(round(t, 12))
-        t += step
+    ticks = [round(first, 12)]
+    while ticks[-1] < hi - step * 1e-9 and len(ticks) < 50:  # the last tick is at or above hi: nothing clipped
+        ticks.append(round(first + step * len(ticks), 12))
     return ticks
 
 
@@ -49,7 +48,7 @@ class _Frame:
                  y_from_zero: bool = True, x_ticks: bool = True) -> None:
         ylo = min([0.0, *ys]) if y_from_zero else min(ys, default=0.0)
         self.xt = nice_ticks(min(xs, default=0.0), max(xs, default=1.0))
-        self.yt = nice_ticks(ylo, max(ys, default=1.0))
+        self.yt = nice_ticks(ylo, max(ys, default=1.0) * 1.08)  # headroom for labels above the top point
         self.x0, self.x1 = self.xt[0], self.xt[-1]
         self.y0, self.y1 = self.yt[0], self.yt[-1]
         self.parts: list[str] = [

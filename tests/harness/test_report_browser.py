@@ -117,3 +117,11 @@ def test_fleet_report_renders_the_ranking_the_scatter_and_every_run(browser, tmp
     assert_all_rendered(info, min_tables=1 + 5 * 2, min_images=1 + 2 * 2)
     assert info["tables"][0]["cls"] == "fleet" and info["tables"][0]["rows"] == 3
     assert info["images"][0]["alt"].startswith("MFU vs")
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(0.0049, 0.0344), (0.0, 8.7), (3.0, 3.0), (-2.0, 97.0), (0.0, 1e-7)])
+def test_axis_ticks_cover_the_data(lo, hi):
+    from vast_harness.svgplot import nice_ticks
+
+    ticks = nice_ticks(lo, hi)
+    assert ticks[0] <= lo and ticks[-1] >= hi and ticks == sorted(ticks) and len(ticks) <= 12
