@@ -289,9 +289,14 @@ def write_run_report(directory: Path) -> Path:
 
 
 def write_run_report_safely(directory: Path, warn) -> Path | None:
-    """The run's last act, after teardown: a report that cannot be written is a warning, never a failure."""
+    """The run's last act, after teardown and the result: the report, then the manifest again so that it
+    covers the report. A report that cannot be written is a warning, never a failure."""
+    from vast_harness.evidence import RunEvidence
+
     try:
-        return write_run_report(directory)
+        path = write_run_report(directory)
+        RunEvidence(directory).write_manifest()  # the report is evidence too: the manifest covers it
+        return path
     except Exception as exc:  # noqa: BLE001 - the evidence files stay; the report can be rebuilt from them
         warn(f"could not write {REPORT_NAME}: {type(exc).__name__}: {exc}")
         return None
