@@ -171,17 +171,23 @@ def offers(
     sim: Sim = False,
     json_output: Json = False,
     pacing_scale: PacingScale = None,
+    rank_by: Annotated[str, typer.Option("--rank-by", help="dph (worst case, then reliability) or usd-per-mtok "
+                                         "(measured tokens/s from committed evidence and your fleet results; "
+                                         "$/h for GPUs with none).")] = "dph",
+    evidence_dir: EvidenceDir = None,
 ) -> None:
     """Search and rank offers for a profile; show why each rejected offer failed."""
     out = Output(json_mode=json_output)
 
     def body() -> int:
+        if rank_by not in ("dph", "usd-per-mtok"):
+            raise ConfigError(f"--rank-by must be dph or usd-per-mtok, got {rank_by!r}")
         spec = resolve(
             profile="mfu" if profile is None else profile, num_gpus=num_gpus, min_pcie_bw=min_pcie_bw,
             key_file=path_flag("--key-file", key_file),
             max_usd=max_usd, max_minutes=max_minutes, any_driver=any_driver,
             eight_gpu_qualified=eight_gpu_qualified, api_url=api_url, sim=sim, json_output=json_output,
-            dry_run=True, pacing_scale=pacing_scale,
+            dry_run=True, pacing_scale=pacing_scale, evidence_dir=evidence_dir,
         )
         from vast_harness.bundle import build_bundle
         from vast_harness.plan import choose_offers
@@ -189,8 +195,69 @@ def offers(
         with _api_target(spec) as (target, scale), _client(target, scale) as client:
             credit = client.current_user().available_usd
             choice = choose_offers(target, client, load_driver_policy(), build_bundle(), credit_usd=credit)
+        if rank_by == "usd-per-mtok":
+            from vast_harness.tokrate import load_measurements, print_ranked, rank_by_usd_per_mtok
+
+            measurements = load_measurements(spec.evidence_dir)
+            print_ranked(out, rank_by_usd_per_mtok(choice, measurements), measurements)
+            return 0 if choice.ranked else NoOfferError.exit_code
         out.offers(choice)
         return 0 if choice.ranked else NoOfferError.exit_code
+
+    _guard(out, body)
+
+
+@app.command()
+def fleet(
+    gpus: Annotated[str, typer.Option("--gpus", help='GPU types, comma separated: "RTX 5090,RTX 4090,H100 SXM".')],
+    max_usd: Annotated[float, typer.Option("--max-usd", help="Total cost cap of the whole fleet, dollars: the "
+                                           "summed worst cases before renting, the summed accrual while running.")],
+    profile: Profile = "mfu",
+    per_run_usd: Annotated[float | None, typer.Option("--per-run-usd", help="Cost cap of each run (default: "
+                                                      "--max-usd / number of GPU types).")] = None,
+    parallel: Annotated[int, typer.Option("--parallel", help="Runs at once.")] = 3,
+    allow_overcommit: Annotated[bool, typer.Option("--allow-overcommit", help="Start even when the summed worst "
+                                                   "cases exceed --max-usd: the live monitor alone holds the "
+                                                   "total (runs are cancelled when it is reached).")] = False,
+    num_gpus: NumGpus = None,
+    min_pcie_bw: MinPcie = None,
+    key_file: KeyFile = None,
+    max_minutes: MaxMin = None,
+    remote_env: RemoteEnv = None,
+    dry_run: DryRun = False,
+    any_driver: AnyDriver = False,
+    boot_retries: BootRetries = None,
+    evidence_dir: EvidenceDir = None,
+    api_url: ApiUrl = None,
+    sim: Sim = False,
+    json_output: Json = False,
+    proof_interval: ProofInterval = None,
+    pacing_scale: PacingScale = None,
+    poll_interval: PollInterval = None,
+) -> None:
+    """One guarded run per GPU type, K at once, under one total cap; ranked by $ per million training tokens."""
+    out = Output(json_mode=json_output)
+
+    def body() -> int:
+        from vast_harness.fleet import parse_gpus, run_fleet
+
+        names = parse_gpus(gpus)
+        if not max_usd > 0:
+            raise ConfigError(f"--max-usd must be positive, got {max_usd}")
+        per_run = per_run_usd if per_run_usd is not None else max_usd / len(names)
+        if not per_run > 0:
+            raise ConfigError(f"--per-run-usd must be positive, got {per_run_usd}")
+        if parallel < 1:
+            raise ConfigError(f"--parallel must be at least 1, got {parallel}")
+        spec = resolve(
+            profile=profile or "mfu", num_gpus=num_gpus, min_pcie_bw=min_pcie_bw, key_file=key_file,
+            max_usd=per_run, max_minutes=max_minutes, remote_env=remote_env, dry_run=dry_run,
+            any_driver=any_driver, boot_retries=boot_retries, evidence_dir=evidence_dir, api_url=api_url, sim=sim,
+            json_output=json_output, proof_interval_s=proof_interval, pacing_scale=pacing_scale, poll_s=poll_interval,
+        )
+        with _api_target(spec) as (target, scale), _client(target, scale) as client:
+            return run_fleet(target, names, client, load_driver_policy(), out, total_usd=max_usd,
+                             per_run_usd=per_run, parallel=parallel, allow_overcommit=allow_overcommit)
 
     _guard(out, body)
 

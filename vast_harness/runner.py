@@ -56,6 +56,7 @@ from vast_harness.offers import Candidate
 from vast_harness.onstart import build_onstart
 from vast_harness.output import Output
 from vast_harness.plan import RunPlan, choose_offers, plan_run
+from vast_harness.report import write_run_report_safely
 from vast_harness.ssh import (
     HostSession,
     RunKey,
@@ -88,6 +89,14 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+class RunCancelled(HarnessError):
+    """`GuardedRun.cancel` was called (a fleet's total cap, or a signal the fleet received): stop and tear down."""
+
+    def __init__(self, reason: str, exit_code: int) -> None:
+        super().__init__(reason)
+        self.exit_code = exit_code
 
 
 class HarnessResult(BaseModel):
@@ -171,6 +180,20 @@ class GuardedRun:
         self.excluded_machines: set[int] = set()
         # How long one instance's delete + absence proof may take before it is declared unproven (exit 3).
         self.teardown_budget_s = max(60.0, 8 * spec.proof_interval_s + 60.0)
+        # Set by `cancel` from another thread; checked wherever the cap deadline is, and by a running step.
+        self.cancelled = threading.Event()
+        self.cancel_reason, self.cancel_exit_code = "", 6
+
+    def cancel(self, reason: str, *, exit_code: int = 6) -> None:
+        """Thread-safe: stop at the next phase boundary (a running step within its poll interval), then the
+        usual teardown. exit_code 6 for a cap, 130 for a signal. A run that already finished is unaffected."""
+        if not self.cancelled.is_set():
+            self.cancel_reason, self.cancel_exit_code = reason, exit_code
+            self.cancelled.set()
+
+    def _check_cancelled(self, *_: object) -> None:
+        if self.cancelled.is_set():
+            raise RunCancelled(f"cancelled: {self.cancel_reason}", self.cancel_exit_code)
 
     # ------------------------------------------------------------------------------------------- run
     def execute(self) -> HarnessResult:
@@ -186,6 +209,7 @@ class GuardedRun:
                 if self.ev.write_failures:  # a full or read-only evidence dir: rent nothing
                     raise ConfigError(f"--evidence-dir {self.ev.dir} cannot be written "
                                       f"({'; '.join(self.ev.write_failures)}): nothing rented")
+                self._check_cancelled()
                 key = generate_run_key(Path(key_dir))
                 self._rent_and_connect(key)
                 self._timed("upload", lambda: self._upload(bundle))
@@ -201,6 +225,8 @@ class GuardedRun:
                     self.out.rejections(exc.rejected, title="Closest offers and why each was rejected")
             except (ConfigError, AuthError) as exc:
                 code, message = 2, str(exc)
+            except RunCancelled as exc:
+                code, message = exc.exit_code, str(exc)
             except CapReachedError as exc:
                 code, message = 6, str(exc)
             except (StepFailedError, BootFailed, SshConnectError) as exc:
@@ -268,6 +294,7 @@ class GuardedRun:
             if cand.offer.id in tried or cand.offer.machine_id in self.excluded_machines:
                 continue
             tried.add(cand.offer.id)
+            self._check_cancelled()
             label = LABEL_PREFIX + self.run_id + (f"-r{len(self.created)}" if self.created else "")
             inst = self._create(cand, label, key)
             if inst is None:
@@ -333,6 +360,10 @@ class GuardedRun:
                                 expected_up_bytes=int(q.upload_gb * 1e9), expected_down_bytes=int(q.download_gb * 1e9))
         self.meter.start_instance(inst.instance_id, inst.dph_usd, inst.t_created_mono)
 
+    def _on_poll(self, inst: CreatedInstance, read: Instance | None) -> None:
+        self._check_cancelled()
+        self._on_instance_read(inst, read)
+
     def _on_instance_read(self, inst: CreatedInstance, read: Instance | None) -> None:
         """Every per-id read of the rented instance: its own price replaces the search's when higher."""
         if read is None or read.dph_total is None:
@@ -347,8 +378,9 @@ class GuardedRun:
         boot_deadline = self.meter.deadline(self.spec.profile.boot_timeout_s)
         try:
             ready = wait_ready(self.client, inst.instance_id, deadline=boot_deadline, poll_s=self.spec.poll_s,
-                               null_grace_s=NULL_GRACE_S, on_poll=lambda read: self._on_instance_read(inst, read))
+                               null_grace_s=NULL_GRACE_S, on_poll=lambda read: self._on_poll(inst, read))
             self._on_instance_read(inst, ready)
+            self._check_cancelled()
             # The price may have moved the deadline: SSH gets what is left of the boot's, never more.
             boot_deadline = min(boot_deadline, self.meter.deadline())
             self.out.info(f"instance {inst.instance_id} running; connecting over SSH")
@@ -365,6 +397,7 @@ class GuardedRun:
     # ---------------------------------------------------------------------------------- host work
     def _upload(self, bundle: Bundle) -> None:
         assert self.session is not None
+        self._check_cancelled()
         self.meter.check("the upload")
         deadline = self.meter.deadline()
         if bundle.size_bytes > self.meter.affordable_up_bytes(deadline):
@@ -431,6 +464,7 @@ class GuardedRun:
         # longest first; values under 4 characters ("1", "on") would blank ordinary output and stay visible
         scrub = sorted({v for v in self.spec.remote_env.values() if len(v) >= 4}, key=len, reverse=True)
         for step in self.spec.profile.steps:
+            self._check_cancelled()
             self.meter.check(f"step {step.name}")
             started = time.monotonic()
             timeout = max(0.05, self.meter.deadline(step.timeout_s) - started)
@@ -440,7 +474,7 @@ class GuardedRun:
             cut: CapReachedError | None = None
             try:
                 outcome = self.session.run(f"cd ~/{REMOTE_DIR} && {step.run}", on_line=on_line, timeout_s=timeout,
-                                           env=env)
+                                           env=env, stop=self.cancelled)
             except CapReachedError as exc:  # raised from inside the drain: the channel is closed already
                 cut = exc
                 outcome = StepOutcome(rc=None, seconds=time.monotonic() - started, timed_out=True, detail=str(exc))
@@ -451,13 +485,14 @@ class GuardedRun:
                                 timed_out=outcome.timed_out, connection_lost=outcome.connection_lost,
                                 workload=step.workload, detail=outcome.detail, log_bytes=log.total_bytes,
                                 log_dropped_bytes=log.dropped_bytes)
-            if outcome.connection_lost:
+            if outcome.connection_lost and not self.cancelled.is_set():
                 record.reconnect_ok = self.session.reconnect_probe()
             self.steps.append(record)
             self.t_last_step_end_unix = time.time()
             self.ev.append_step_tsv(record.name, record.rc, record.seconds)
             if cut is not None:
                 raise cut
+            self._check_cancelled()
             if outcome.timed_out and (timeout < step.timeout_s or time.monotonic() >= self.meter.work_deadline()):
                 raise CapReachedError(f"step {step.name} stopped at the cap (time/cost) after {outcome.seconds:.0f} s")
             if outcome.timed_out:
@@ -571,6 +606,7 @@ class GuardedRun:
         self.timings["total_s"] = round(time.monotonic() - self.t0, 3)
         self.ev.write_result(self._record(code, message), self.teardowns, self.spec.proof_interval_s)
         code, message = self._verdict(code, message)  # the result file's own write may have failed
+        write_run_report_safely(self.ev.dir, self.out.warn)
         self.out.result(self.run_id, code, message, self.ev.dir, self.steps, self.teardowns, self.accrued_usd())
         return code, message
 

@@ -357,9 +357,11 @@ class HostSession:
         return transport is not None and transport.is_active()
 
     def run(
-        self, command: str, *, on_line: LineCallback, timeout_s: float, env: dict[str, str] | None = None
+        self, command: str, *, on_line: LineCallback, timeout_s: float, env: dict[str, str] | None = None,
+        stop: threading.Event | None = None,
     ) -> StepOutcome:
-        """Run `command`, streaming each stdout/stderr line to `on_line(stream, line)` as it arrives."""
+        """Run `command`, streaming each stdout/stderr line to `on_line(stream, line)` as it arrives.
+        `stop`, when set by another thread, ends the wait like the timeout does (the channel is closed)."""
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         full_command = shell_with_env(command, env)
@@ -383,12 +385,13 @@ class HostSession:
                 detail=f"could not start the command: {_describe(exc)}",
             )
         try:
-            return self._pump(channel, on_line, started, started + timeout_s)
+            return self._pump(channel, on_line, started, started + timeout_s, stop)
         finally:
             channel.close()
 
     def _pump(
-        self, channel: paramiko.Channel, on_line: LineCallback, started: float, deadline: float
+        self, channel: paramiko.Channel, on_line: LineCallback, started: float, deadline: float,
+        stop: threading.Event | None = None,
     ) -> StepOutcome:
         splitters = {"stdout": _LineSplitter(), "stderr": _LineSplitter()}
 
@@ -426,13 +429,14 @@ class HostSession:
                 flush()
                 break
             now = time.monotonic()
-            if now >= deadline:
+            if now >= deadline or (stop is not None and stop.is_set()):
                 flush()
                 return StepOutcome(
                     rc=None,
                     seconds=now - started,
                     timed_out=True,
-                    detail=f"timed out after {deadline - started:.1f} s; channel closed",
+                    detail=(f"timed out after {deadline - started:.1f} s" if now >= deadline
+                            else f"stopped after {now - started:.1f} s") + "; channel closed",
                 )
             select.select([channel], [], [], min(_POLL_INTERVAL_S, deadline - now))
         seconds = time.monotonic() - started

@@ -11,7 +11,8 @@ import vast_harness
 def test_exported_members_match_all():
     exported = {name for name in dir(vast_harness) if not name.startswith("_")}
     modules = {"bundle", "cli", "client", "config", "errors", "evidence", "ledger", "lifecycle", "meter", "models", "offers",
-               "onstart", "output", "pacing", "plan", "quote", "reap", "runner", "ssh", "sim", "chaos"}
+               "onstart", "output", "pacing", "plan", "quote", "reap", "runner", "ssh", "sim", "chaos",
+               "report", "svgplot", "fleet", "fleet_report", "tokrate"}
     assert exported - modules == set(vast_harness.__all__)
 
 

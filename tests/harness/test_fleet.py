@@ -1,0 +1,191 @@
+"""The fleet against the simulator over real HTTP and SSH: three GPU types end to end, the preflight refusal,
+SIGINT with every run live, the total cap reached while running, and `GuardedRun.cancel` mid-step.
+
+Every verdict is the simulator's own record (`/_sim/state`), not the harness's word.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from vast_harness.client import VastClient
+from vast_harness.config import Step, load_driver_policy, resolve
+from vast_harness.fleet import EXIT_PRECEDENCE, SerialClient, parse_gpus, run_fleet, worst_exit
+from vast_harness.ledger import Ledger
+from vast_harness.output import Output
+from vast_harness.runner import GuardedRun
+from vast_harness.sim import SimServer
+
+ROOT = Path(__file__).resolve().parents[2]
+SCALE = 0.1
+KEY = "sim-fleet-key"
+GPUS = ["RTX 5090", "RTX 4090", "H100 SXM"]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimServer(seed=0, rate_scale=SCALE, boot_seconds=0.5, num_offers=1000) as server:
+        yield server
+
+
+def live(sim: SimServer) -> list[dict]:
+    return [i for i in sim.state()["instances"] if i["live"]]
+
+
+def base_spec(sim: SimServer, tmp_path: Path, **kw):
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.2,
+                   poll_s=0.2, **kw)
+    return spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)})
+
+
+def test_worst_exit_precedence():
+    assert worst_exit([0, 4, 6, 3, 130]) == 3  # 3 beats everything
+    assert worst_exit([0, 130, 1]) == 130
+    assert worst_exit([0, 1, 6, 5]) == 1
+    assert worst_exit([0, 4]) == 4
+    assert worst_exit([]) == 0
+    assert EXIT_PRECEDENCE[0] == 3
+    assert parse_gpus(" RTX 4090, H100 SXM,RTX 4090,") == ["RTX 4090", "H100 SXM"]
+
+
+def test_three_gpu_types_end_to_end_with_reports(sim, tmp_path):
+    spec = base_spec(sim, tmp_path)
+    out = Output(json_mode=True, quiet=True)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        code = run_fleet(spec, GPUS, client, load_driver_policy(), out, total_usd=2.0, per_run_usd=0.6, parallel=3)
+    assert code == 0
+    assert not live(sim)
+    fleet_dir = next((tmp_path / "ev").glob("fleet-*"))
+    result = json.loads((fleet_dir / "fleet-result.json").read_text())
+    rows = result["rows"]
+    assert sorted(r["gpu"] for r in rows) == sorted(GPUS)
+    costs = [r["usd_per_mtok"] for r in rows]
+    assert all(c > 0 for c in costs) and costs == sorted(costs)  # ranked by $ per million tokens
+    for r in rows:
+        assert r["exit_code"] == 0 and r["absence"] == "gone" and r["replay_match"] is True
+        assert r["usd_per_mtok"] == pytest.approx(r["dph_usd"] / (r["tokens_per_s"] * 3600 / 1e6))
+        run_dir = Path(r["evidence_dir"])
+        assert run_dir.parent == fleet_dir and (run_dir / "report.html").is_file()
+        assert "MFU per measurement" in (run_dir / "report.html").read_text()
+    # the runs' MFU is against a nominal peak per GPU type, so it differs by type
+    assert len({round(r["mfu"], 6) for r in rows}) == 3
+    # reap reads the shared ledger: every fleet run's create and absence lines are there
+    entries = Ledger(tmp_path / "ev" / "ledger.jsonl").entries()
+    assert {e.run_id for e in entries} == {r["run_id"] for r in rows}
+    assert Ledger(tmp_path / "ev" / "ledger.jsonl").unproven() == ({}, set())
+    events = [json.loads(line)["event"] for line in (fleet_dir / "fleet.jsonl").read_text().splitlines()]
+    assert events[0] == "fleet-start" and events[-1] == "fleet-end" and events.count("run-end") == 3
+    html = (fleet_dir / "fleet-report.html").read_text()
+    assert "data:image/svg+xml;base64," in html and all(g in html for g in GPUS)
+    # the simulator billed each instance no more than its run's cap, and the fleet no more than its total
+    billed = [i["billed_usd"] for i in sim.state()["instances"] if i["label"] in {f"vh-{r['run_id']}" for r in rows}]
+    assert len(billed) == 3 and sum(billed) <= 2.0
+
+
+def test_summed_worst_cases_over_the_total_cap_refuse_before_renting(sim, tmp_path):
+    before = len(sim.state()["instances"])
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "fleet", "--profile", "smoke",
+                        "--gpus", ",".join(GPUS), "--max-usd", "0.1", "--per-run-usd", "0.5", "--json",
+                        "--api-url", sim.url, "--pacing-scale", str(SCALE), "--evidence-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+                       env={**os.environ, "VAST_API_KEY": KEY})
+    assert p.returncode == 5, p.stderr
+    doc = json.loads(p.stdout)
+    assert "exceed the total cap" in doc["error"] and len(doc["preflight"]["rows"]) == 3
+    assert doc["preflight"]["worst_case_sum_usd"] > 0.1
+    assert len(sim.state()["instances"]) == before  # nothing rented
+    assert "GPU" in p.stderr and "worst case" in p.stderr  # the table
+
+
+def test_sigint_with_every_run_live_tears_all_down(sim, tmp_path):
+    before = {i["id"] for i in sim.state()["instances"]}
+    argv = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "fleet", "--profile", "smoke",
+            "--gpus", ",".join(GPUS), "--max-usd", "2", "--parallel", "3", "--api-url", sim.url,
+            "--pacing-scale", str(SCALE), "--poll-interval", "0.2", "--proof-interval", "0.2",
+            "--evidence-dir", str(tmp_path)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "VAST_API_KEY": KEY})
+    deadline = time.monotonic() + 90
+    mine: list[dict] = []
+    while time.monotonic() < deadline:
+        mine = [i for i in live(sim) if i["id"] not in before and i["actual_status"] == "running"]
+        if len(mine) == 3:
+            break
+        time.sleep(0.1)
+    assert len(mine) == 3, "three runs were never live at once"
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)  # a second Ctrl-C must not skip any teardown
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "teardown is in progress" in stderr
+    state = {i["id"]: i for i in sim.state()["instances"]}
+    assert all(not state[i["id"]]["live"] for i in mine)
+    assert not [i for i in live(sim) if i["id"] not in before]
+    fleet_dir = next(tmp_path.glob("fleet-*"))
+    result = json.loads((fleet_dir / "fleet-result.json").read_text())
+    assert {r["exit_code"] for r in result["rows"]} == {130}
+    assert {r["absence"] for r in result["rows"]} == {"gone"}
+    for r in result["rows"]:
+        proof = json.loads((Path(r["evidence_dir"]) / "absence-proof.json").read_text())
+        assert proof["verdict"] == "gone"
+    # and reap, reading the same ledger, finds nothing left to do
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "reap", "--api-url", sim.url,
+                        "--evidence-dir", str(tmp_path), "--pacing-scale", str(SCALE), "--proof-interval", "0.2",
+                        "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+                       env={**os.environ, "VAST_API_KEY": KEY})
+    assert p.returncode == 0 and json.loads(p.stdout)["unproven"] == []
+
+
+def test_total_cap_reached_while_running_cancels_every_run(sim, tmp_path):
+    spec = base_spec(sim, tmp_path)
+    gpus = ["RTX 4090", "RTX 5090"]
+    out = Output(json_mode=True, quiet=True)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        # Each run alone fits its own cap, together they cannot: only the live monitor holds the total.
+        code = run_fleet(spec, gpus, client, load_driver_policy(), out, total_usd=0.0045, per_run_usd=0.5,
+                         parallel=2, allow_overcommit=True)
+    assert code == 6
+    fleet_dir = next((tmp_path / "ev").glob("fleet-*"))
+    result = json.loads((fleet_dir / "fleet-result.json").read_text())
+    assert "fleet total cap" in result["stop_reason"] and result["cap_events"]
+    assert {r["exit_code"] for r in result["rows"]} == {6}
+    labels = {f"vh-{r['run_id']}" for r in result["rows"]}
+    mine = [i for i in sim.state()["instances"] if i["label"] in labels]
+    assert len(mine) == 2 and not [i for i in mine if i["live"]]
+    assert sum(i["billed_usd"] for i in mine) <= 0.0045  # the simulator's bill, not the harness's estimate
+    assert any(json.loads(line)["event"] == "cancel" for line in (fleet_dir / "fleet.jsonl").read_text().splitlines())
+
+
+def test_cancel_stops_a_running_step_and_tears_down(sim, tmp_path):
+    spec = base_spec(sim, tmp_path)
+    spec = spec.model_copy(update={"profile": spec.profile.model_copy(
+        update={"steps": [Step(name="long", run="sleep 60", timeout_s=120)]})})
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, SerialClient(client), load_driver_policy(), Output(quiet=True))  # type: ignore[arg-type]
+        box: dict = {}
+        t = threading.Thread(target=lambda: box.update(result=run.execute()))
+        t.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (run.ev.dir / "steps" / "long.log").exists():
+            time.sleep(0.05)
+        started = time.monotonic()
+        run.cancel("test cancel", exit_code=6)
+        t.join(timeout=60)
+    assert box["result"].exit_code == 6 and "test cancel" in box["result"].message
+    assert time.monotonic() - started < 15  # not the step's 60 s
+    assert run.steps[0].timed_out and "stopped" in run.steps[0].detail
+    assert not [i for i in live(sim) if i["id"] == run.created[0].instance_id]
+    assert json.loads((run.ev.dir / "harness-result.json").read_text())["absence"]["verdict"] == "gone"

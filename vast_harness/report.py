@@ -1,0 +1,302 @@
+"""`report.html` of one run, built only from the files the run wrote (so it can be rebuilt at any time).
+
+Reads harness-result.json, offer-quote.json, steps.tsv, absence-proof.json and remote/*.json; writes one
+self-contained HTML file (inline CSS, charts as embedded SVG data URIs, no script, no network). Missing or
+odd files shrink the report, never break it: the report runs after teardown and must never fail a run.
+The same sections make up each run's part of the fleet report (`fleet_report.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from vast_harness import svgplot
+
+REPORT_NAME = "report.html"
+CSS = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}h3{font-size:15px}
+table{border-collapse:collapse;margin:8px 0 16px}th,td{border:1px solid #ccc;padding:4px 8px;font-size:13px;
+text-align:left}th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.ok{color:#1a7f37;font-weight:bold}.bad{color:#c62828;font-weight:bold}.muted{color:#777}
+img.plot{border:1px solid #ddd;margin:8px 0;max-width:100%;height:auto}
+"""
+
+
+@dataclass
+class Workload:
+    """The headline workload figures of a run: the best-MFU measurement and the replay verdict."""
+
+    mfu: float | None = None
+    tokens_per_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    world_size: int | None = None
+    replay_match: bool | None = None
+    source: str = ""
+
+
+@dataclass
+class RunFacts:
+    dir: Path
+    result: dict[str, Any] = field(default_factory=dict)
+    quote: dict[str, Any] = field(default_factory=dict)
+    absence: dict[str, Any] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    workloads: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (file name, mfu JSON)
+
+    @property
+    def offer(self) -> dict[str, Any]:
+        return self.result.get("offer") or self.quote.get("offer") or {}
+
+    @property
+    def dph_usd(self) -> float | None:
+        return self.offer.get("dph_at_disk_usd") or self.offer.get("dph_total_usd")
+
+    def workload(self) -> Workload:
+        best: Workload = Workload()
+        replays = [d["replay_match"] for _, d in self.workloads if isinstance(d.get("replay_match"), bool)]
+        for name, d in self.workloads:
+            mfu = d.get("mfu")
+            if isinstance(mfu, (int, float)) and (best.mfu is None or mfu > best.mfu):
+                best = Workload(mfu=float(mfu), tokens_per_s=_num(d.get("tokens_per_s")),
+                                tokens_per_s_per_gpu=_num(d.get("tokens_per_s_per_gpu")),
+                                world_size=d.get("world_size"), source=name)
+        best.replay_match = all(replays) if replays else None
+        return best
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def load_run(directory: Path) -> RunFacts:
+    facts = RunFacts(dir=directory)
+    facts.result = _read_json(directory / "harness-result.json") or {}
+    facts.quote = _read_json(directory / "offer-quote.json") or {}
+    facts.absence = _read_json(directory / "absence-proof.json") or {}
+    facts.steps = list(facts.result.get("steps") or [])
+    if not facts.steps and (directory / "steps.tsv").is_file():
+        for line in (directory / "steps.tsv").read_text().splitlines():
+            name, rc, secs = (line.split("\t") + ["", "", ""])[:3]
+            facts.steps.append({"name": name, "rc": None if rc == "NA" else rc, "seconds": float(secs or 0)})
+    for path in sorted((directory / "remote").glob("*.json")):
+        data = _read_json(path)
+        if isinstance(data, dict) and str(data.get("schema", "")).startswith("vast-harness/mfu"):
+            facts.workloads.append((path.name, data))
+    return facts
+
+
+def usd_per_mtok(dph_usd: float | None, tokens_per_s_total: float | None) -> float | None:
+    """Dollars per million training tokens: $/h / (tokens/s × 3600 / 1e6)."""
+    if not dph_usd or not tokens_per_s_total or tokens_per_s_total <= 0:
+        return None
+    return dph_usd / (tokens_per_s_total * 3600.0 / 1e6)
+
+
+# ------------------------------------------------------------------------------------------ HTML pieces
+def table(headers: list[str], rows: list[list[Any]], *, cls: str = "") -> str:
+    """An HTML table; every cell escaped. Numbers right-aligned."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = []
+        for v in row:
+            if isinstance(v, Cell):
+                cells.append(v.html())
+            else:
+                num = isinstance(v, (int, float)) and not isinstance(v, bool)
+                cells.append(f'<td{" class=num" if num else ""}>{escape(_show(v))}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    if not body:
+        body.append(f'<tr><td colspan="{len(headers)}" class="muted">(none)</td></tr>')
+    return (f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>' + "".join(body) + "</tbody></table>")
+
+
+@dataclass
+class Cell:
+    text: str
+    cls: str = ""
+
+    def html(self) -> str:
+        return f'<td class="{escape(self.cls)}">{escape(self.text)}</td>'
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def page(title: str, body: str) -> str:
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+            f"<style>{CSS}</style></head><body>{body}"
+            f'<p class="muted">Generated {escape(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))} '
+            f"from the evidence files in this directory.</p></body></html>\n")
+
+
+def exit_cell(code: Any) -> Cell:
+    return Cell(str(code), "ok" if code in (0, 4) else "bad")
+
+
+def summary_section(f: RunFacts) -> str:
+    r, o = f.result, f.offer
+    caps = r.get("caps") or {}
+    rows = [
+        ["run id", r.get("run_id", f.dir.name)], ["profile", r.get("profile")],
+        ["exit code", exit_cell(r.get("exit_code"))], ["message", r.get("message")],
+        ["offer", f"{o.get('id')} · {o.get('num_gpus')}× {o.get('gpu_name')} · {o.get('geolocation')}" if o else None],
+        ["$/h (at disk)", f.dph_usd], ["driver", f"{o.get('driver_version')} (qualified: "
+                                                 f"{_show(r.get('driver_qualified'))})" if o else None],
+        ["caps", f"${caps.get('max_usd')} · {caps.get('max_minutes')} min" if caps else None],
+        ["worst case $", r.get("worst_case_usd")], ["accrued $", r.get("accrued_usd")],
+        ["absence", (r.get("absence") or {}).get("verdict")], ["simulated", r.get("sim")],
+    ]
+    return table(["", ""], [[k, v] for k, v in rows], cls="summary")
+
+
+def steps_section(f: RunFacts) -> str:
+    rows = [[s.get("name"), s.get("rc"), s.get("seconds"), "yes" if s.get("timed_out") else "",
+             "yes" if s.get("connection_lost") else "", s.get("detail") or ""] for s in f.steps]
+    timings = f.result.get("timings") or {}
+    return ("<h3>Steps</h3>" + table(["step", "rc", "seconds", "timed out", "connection lost", "detail"], rows,
+                                     cls="steps")
+            + "<h3>Timings</h3>" + table(["phase", "seconds"], [[k, v] for k, v in timings.items()], cls="timings"))
+
+
+def cost_series(f: RunFacts) -> tuple[list[tuple[str, list[tuple[float, float]]]], list[tuple[float, str]]]:
+    """Accrued dollars over seconds since the first create, per instance (dph × time until the DELETE ack),
+    with step ends as markers (counted back from the first DELETE request)."""
+    instances = f.result.get("instances") or []
+    acks: dict[int, float] = {}
+    first_delete: float | None = None
+    for td in f.absence.get("instances") or []:
+        for d in td.get("deletes") or []:
+            if d.get("t_request_unix"):
+                first_delete = min(first_delete or d["t_request_unix"], d["t_request_unix"])
+            if d.get("acknowledged") and d.get("t_ack_unix"):
+                acks.setdefault(td.get("instance_id"), d["t_ack_unix"])
+    starts = [i.get("t_created_unix") for i in instances if i.get("t_created_unix")]
+    if not starts:
+        return [], []
+    t0 = min(starts)
+    series, total_pts = [], []
+    for inst in instances:
+        tc, dph = inst.get("t_created_unix"), inst.get("dph_usd") or 0.0
+        if not tc:
+            continue
+        end = acks.get(inst.get("instance_id")) or f.result.get("finished_unix") or tc
+        n = 20
+        pts = [(tc - t0 + (end - tc) * k / n, dph * (end - tc) * k / n / 3600.0) for k in range(n + 1)]
+        series.append((f"instance {inst.get('instance_id')} @ ${dph:.3f}/h", pts))
+        total_pts.append(pts[-1][1])
+    markers: list[tuple[float, str]] = []
+    if first_delete:
+        t = first_delete - (f.result.get("timings") or {}).get("pull_s", 0.0)
+        for s in reversed(f.steps):
+            markers.append((t - t0, f"end {s.get('name')}"))
+            t -= float(s.get("seconds") or 0.0)
+        markers.append((first_delete - t0, "DELETE"))
+    return series, [m for m in markers if m[0] >= 0]
+
+
+def cost_section(f: RunFacts) -> str:
+    series, markers = cost_series(f)
+    if not series:
+        return "<h3>Cost over time</h3><p class=muted>nothing was rented</p>"
+    svg = svgplot.lines(series, markers=markers, title="Accrued cost while rented",
+                        xlabel="seconds since the first create", ylabel="accrued $")
+    return "<h3>Cost over time</h3>" + svgplot.img_tag(svg, "accrued cost over time")
+
+
+def absence_section(f: RunFacts) -> str:
+    rows = []
+    for td in f.absence.get("instances") or []:
+        deletes = td.get("deletes") or []
+        outcome = "; ".join(f"{d.get('outcome')}" for d in deletes) or "–"
+        proof = td.get("proof") or {}
+        for i, rd in enumerate(proof.get("rounds") or [], 1):
+            rows.append([td.get("instance_id"), outcome, i, time.strftime("%H:%M:%S", time.gmtime(rd.get("t_unix", 0))),
+                         _exchange(rd.get("per_id")), _exchange(rd.get("list_by_id")),
+                         _exchange(rd.get("list_by_label")), Cell(str(rd.get("verdict")),
+                                                                  "ok" if rd.get("verdict") == "gone" else "bad")])
+        if not proof.get("rounds"):
+            rows.append([td.get("instance_id"), outcome, "–", "–", "–", "–", "–",
+                         Cell(str(td.get("verdict")), "bad")])
+    verdict = f.absence.get("verdict") or (f.result.get("absence") or {}).get("verdict") or "nothing-created"
+    return (f"<h3>Absence proof</h3><p>verdict: <b class={'ok' if verdict in ('gone', 'nothing-created') else 'bad'}>"
+            f"{escape(str(verdict))}</b> (interval {escape(str(f.absence.get('interval_s')))} s)</p>"
+            + table(["instance", "DELETE", "round", "time (UTC)", "GET by id", "list by id", "list by label",
+                     "verdict"], rows, cls="absence"))
+
+
+def _exchange(ex: dict | None) -> str:
+    if not ex:
+        return "–"
+    body = ex.get("json")
+    if isinstance(body, dict) and "instances" in body:
+        inst = body["instances"]
+        shown = "null" if inst is None else f"{len(inst) if isinstance(inst, list) else 1} row(s)"
+    else:
+        shown = (ex.get("error") or "")[:40]
+    return f"{ex.get('status')} {shown}".strip()
+
+
+def workload_section(f: RunFacts) -> str:
+    if not f.workloads:
+        return ""
+    rows = [[name, d.get("world_size"), d.get("micro_batch"), d.get("reduction"),
+             round(100 * d["mfu"], 2) if isinstance(d.get("mfu"), (int, float)) else None,
+             d.get("tokens_per_s"), d.get("tokens_per_s_per_gpu"), d.get("peak_tflops"), d.get("replay_match"),
+             d.get("attention_backend")] for name, d in f.workloads]
+    svg = svgplot.bars([(name.removesuffix(".json"), 100 * float(d.get("mfu") or 0)) for name, d in f.workloads],
+                       title="MFU per measurement", ylabel="MFU %")
+    return ("<h3>Workload (MFU)</h3>"
+            + table(["file", "world", "micro-batch", "reduction", "MFU %", "tokens/s", "tokens/s per GPU",
+                     "peak TFLOP/s", "replay match", "attention"], rows, cls="mfu")
+            + svgplot.img_tag(svg, "MFU per measurement"))
+
+
+def run_sections(f: RunFacts) -> str:
+    return (summary_section(f) + steps_section(f) + cost_section(f) + absence_section(f) + workload_section(f))
+
+
+def write_run_report(directory: Path) -> Path:
+    """Build `report.html` in a run's evidence directory from its files; returns its path."""
+    f = load_run(directory)
+    run_id = f.result.get("run_id", directory.name)
+    html = page(f"Run {run_id}", f"<h1>Run {escape(str(run_id))}</h1>" + run_sections(f))
+    path = directory / REPORT_NAME
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def write_run_report_safely(directory: Path, warn) -> Path | None:
+    """The run's last act, after teardown and the result: the report, then the manifest again so that it
+    covers the report. A report that cannot be written is a warning, never a failure."""
+    from vast_harness.evidence import RunEvidence
+
+    try:
+        path = write_run_report(directory)
+        RunEvidence(directory).write_manifest()  # the report is evidence too: the manifest covers it
+        return path
+    except Exception as exc:  # noqa: BLE001 - the evidence files stay; the report can be rebuilt from them
+        warn(f"could not write {REPORT_NAME}: {type(exc).__name__}: {exc}")
+        return None

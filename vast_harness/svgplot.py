@@ -1,0 +1,133 @@
+"""Small dependency-free SVG charts for the HTML reports (scatter, lines, bars), embedded as data URIs.
+
+The control plane has no plotting dependency (matplotlib is a dev tool here), and a report must open offline:
+each chart is a standalone SVG document embedded as `<img src="data:image/svg+xml;base64,...">`, so a
+malformed chart fails to load in a browser (naturalWidth 0) instead of half-rendering.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Sequence
+from html import escape
+
+W, H = 640, 360
+ML, MR, MT, MB = 70, 20, 36, 52  # margins: left, right, top, bottom
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About `n` round tick values covering [lo, hi]."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return [0.0, 1.0]
+    if hi <= lo:
+        hi = lo + (abs(lo) or 1.0)
+    raw = (hi - lo) / max(1, n)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.floor(lo / step) * step
+    ticks = [round(first, 12)]
+    while ticks[-1] < hi - step * 1e-9 and len(ticks) < 50:  # the last tick is at or above hi: nothing clipped
+        ticks.append(round(first + step * len(ticks), 12))
+    return ticks
+
+
+def _fmt(v: float) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000 or abs(v) < 0.001:
+        return f"{v:.3g}"
+    return f"{v:.4g}"
+
+
+class _Frame:
+    """Axes mapping data to pixels, with ticks, grid and labels."""
+
+    def __init__(self, xs: Sequence[float], ys: Sequence[float], *, title: str, xlabel: str, ylabel: str,
+                 y_from_zero: bool = True, x_ticks: bool = True) -> None:
+        ylo = min([0.0, *ys]) if y_from_zero else min(ys, default=0.0)
+        self.xt = nice_ticks(min(xs, default=0.0), max(xs, default=1.0))
+        self.yt = nice_ticks(ylo, max(ys, default=1.0) * 1.08)  # headroom for labels above the top point
+        self.x0, self.x1 = self.xt[0], self.xt[-1]
+        self.y0, self.y1 = self.yt[0], self.yt[-1]
+        self.parts: list[str] = [
+            f'<rect width="{W}" height="{H}" fill="white"/>',
+            f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{escape(title)}</text>',
+            f'<text x="{W / 2}" y="{H - 10}" text-anchor="middle" font-size="12">{escape(xlabel)}</text>',
+            (f'<text x="16" y="{H / 2}" text-anchor="middle" font-size="12" '
+             f'transform="rotate(-90 16 {H / 2})">{escape(ylabel)}</text>'),
+        ]
+        for t in self.xt if x_ticks else ():
+            x = self.px(t)
+            self.parts.append(f'<line x1="{x:.1f}" y1="{MT}" x2="{x:.1f}" y2="{H - MB}" stroke="#eee"/>')
+            self.parts.append(f'<text x="{x:.1f}" y="{H - MB + 16}" text-anchor="middle" font-size="11">'
+                              f'{_fmt(t)}</text>')
+        for t in self.yt:
+            y = self.py(t)
+            self.parts.append(f'<line x1="{ML}" y1="{y:.1f}" x2="{W - MR}" y2="{y:.1f}" stroke="#eee"/>')
+            self.parts.append(f'<text x="{ML - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
+        self.parts.append(f'<rect x="{ML}" y="{MT}" width="{W - ML - MR}" height="{H - MT - MB}" fill="none" '
+                          f'stroke="#333"/>')
+
+    def px(self, x: float) -> float:
+        return ML + (x - self.x0) / ((self.x1 - self.x0) or 1.0) * (W - ML - MR)
+
+    def py(self, y: float) -> float:
+        return H - MB - (y - self.y0) / ((self.y1 - self.y0) or 1.0) * (H - MT - MB)
+
+    def svg(self) -> str:
+        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
+                f'font-family="sans-serif">' + "".join(self.parts) + "</svg>")
+
+
+def scatter(points: Sequence[tuple[float, float, str]], *, title: str, xlabel: str, ylabel: str) -> str:
+    """One labelled dot per (x, y, label)."""
+    f = _Frame([p[0] for p in points], [p[1] for p in points], title=title, xlabel=xlabel, ylabel=ylabel)
+    for i, (x, y, label) in enumerate(points):
+        cx, cy = f.px(x), f.py(y)
+        color = PALETTE[i % len(PALETTE)]
+        f.parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="6" fill="{color}"/>')
+        f.parts.append(f'<text x="{cx + 9:.1f}" y="{cy - 7:.1f}" font-size="12" fill="{color}">{escape(label)}</text>')
+    return f.svg()
+
+
+def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, title: str, xlabel: str, ylabel: str,
+          markers: Sequence[tuple[float, str]] = ()) -> str:
+    """Polylines (name, [(x, y), ...]) with optional vertical markers (x, label)."""
+    xs = [x for _, pts in series for x, _ in pts] + [m[0] for m in markers]
+    ys = [y for _, pts in series for _, y in pts]
+    f = _Frame(xs, ys, title=title, xlabel=xlabel, ylabel=ylabel)
+    for x, label in markers:
+        px = f.px(x)
+        f.parts.append(f'<line x1="{px:.1f}" y1="{MT}" x2="{px:.1f}" y2="{H - MB}" stroke="#999" '
+                       f'stroke-dasharray="4 3"/>')
+        f.parts.append(f'<text x="{px + 3:.1f}" y="{MT + 12}" font-size="10" fill="#666" '
+                       f'transform="rotate(90 {px + 3:.1f} {MT + 12})">{escape(label)}</text>')
+    for i, (name, pts) in enumerate(series):
+        color = PALETTE[i % len(PALETTE)]
+        coords = " ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in pts)
+        f.parts.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="2"/>')
+        f.parts.append(f'<text x="{W - MR - 4}" y="{MT + 14 + 14 * i}" text-anchor="end" font-size="11" '
+                       f'fill="{color}">{escape(name)}</text>')
+    return f.svg()
+
+
+def bars(items: Sequence[tuple[str, float]], *, title: str, ylabel: str) -> str:
+    """One bar per (label, value); labels under the bars."""
+    f = _Frame([0.0, float(len(items))], [v for _, v in items], title=title, xlabel="", ylabel=ylabel,
+               x_ticks=False)
+    slot = (f.px(float(len(items))) - ML) / max(1, len(items))
+    for i, (label, value) in enumerate(items):
+        x = ML + slot * i + slot * 0.15
+        y = f.py(value)
+        f.parts.append(f'<rect class="bar" x="{x:.1f}" y="{y:.1f}" width="{slot * 0.7:.1f}" '
+                       f'height="{max(0.0, f.py(0.0) - y):.1f}" fill="{PALETTE[i % len(PALETTE)]}"/>')
+        f.parts.append(f'<text x="{x + slot * 0.35:.1f}" y="{H - MB + 16}" text-anchor="middle" font-size="10">'
+                       f'{escape(label[:28])}</text>')
+    return f.svg()
+
+
+def img_tag(svg: str, alt: str) -> str:
+    data = base64.b64encode(svg.encode()).decode()
+    return f'<img class="plot" alt="{escape(alt)}" width="{W}" height="{H}" src="data:image/svg+xml;base64,{data}">'
