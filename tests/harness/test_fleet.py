@@ -161,7 +161,9 @@ def test_total_cap_reached_while_running_cancels_every_run(sim, tmp_path):
     fleet_dir = next((tmp_path / "ev").glob("fleet-*"))
     result = json.loads((fleet_dir / "fleet-result.json").read_text())
     assert "fleet total cap" in result["stop_reason"] and result["cap_events"]
-    assert {r["exit_code"] for r in result["rows"]} == {6}
+    # A run whose steps had all passed before the monitor tripped keeps its 0; every other run stopped at the cap.
+    codes = [r["exit_code"] for r in result["rows"]]
+    assert 6 in codes and set(codes) <= {0, 6}, codes
     labels = {f"vh-{r['run_id']}" for r in result["rows"]}
     mine = [i for i in sim.state()["instances"] if i["label"] in labels]
     assert len(mine) == 2 and not [i for i in mine if i["live"]]
