@@ -18,7 +18,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 
-from remote.mps_control import (
+from remote.mps.control import (
     Daemon,
     find_daemon_by_environ,
     is_mps_process,

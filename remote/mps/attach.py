@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from remote.mps_control import DEFAULT_LOG_DIR, MpsError, control, find_control_binary, parse_pids
+from remote.mps.control import DEFAULT_LOG_DIR, MpsError, control, find_control_binary, parse_pids
 
 CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 133  # cuda.h: "contexts created on this device will be shared via MPS"
 MODE_ENV = "VH_MPS_MODE"

@@ -27,11 +27,11 @@ import threading
 import time
 from pathlib import Path
 
-from remote.mps import owned_daemon
-from remote.mps_control import DEFAULT_PIPE_DIR, daemon_answers, find_control_binary
+from remote.mps.control import DEFAULT_PIPE_DIR, daemon_answers, find_control_binary
+from remote.mps.wrapper import owned_daemon
 
-_ROOT = Path(__file__).resolve().parents[1]
-WORKER_MODULE = "remote.mps_bench_worker"  # the CPU tests swap in a fake worker
+_ROOT = Path(__file__).resolve().parents[2]
+WORKER_MODULE = "remote.mps.bench_worker"  # the CPU tests swap in a fake worker
 
 
 class Pool:
