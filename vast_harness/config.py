@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from vast_harness.errors import ConfigError
 from vast_harness.models import pack_driver_version
+from vast_harness.resources import profiles_dir as _profiles_dir
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PROFILES_DIR = REPO_ROOT / "profiles"
+PROFILES_DIR = _profiles_dir()  # the checkout's profiles/, or the wheel's packaged copy (resources.py)
 DEFAULT_API_URL = "https://console.vast.ai"
 PROFILE_NAMES = ("mfu", "proofs", "smoke")
 LABEL_PREFIX = "vh-"
@@ -330,7 +330,7 @@ def resolve(
             any_driver=any_driver,
             eight_gpu_qualified=eight_gpu_qualified,
             boot_retries=prof.boot_retries if boot_retries is None else boot_retries,
-            evidence_dir=(evidence_dir or REPO_ROOT / ".evidence" / "vast").expanduser(),
+            evidence_dir=(evidence_dir or Path.cwd() / ".evidence" / "vast").expanduser(),  # never site-packages
             sim=sim,
             json_output=json_output,
             proof_interval_s=proof_interval_s if proof_interval_s is not None else (0.5 if sim else 10.0),

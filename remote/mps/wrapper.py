@@ -66,13 +66,13 @@ from remote.mps.manifest import (
 )
 from remote.mps.stop import StopReport, StopTimeouts, drain_clients, stop_owned
 from remote.mps.supervisor import start_ticks
+from remote.paths import ROOT
 
 __all__ = ["main", "owned_daemon", "parse_args", "run"]
 
 EXIT_NOT_PROVEN = 1
 EXIT_SETUP = 2
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the dir holding remote/
 
 
 def _say(msg: str) -> None:
@@ -129,7 +129,7 @@ class _Supervisor:
 
     def __init__(self, daemon: Daemon, t: StopTimeouts):
         read_fd, self._write_fd = os.pipe()
-        path = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         assert daemon.log_dir is not None
         with (daemon.log_dir / "supervisor.log").open("ab") as log:
             self.proc = subprocess.Popen(

@@ -11,7 +11,7 @@ import vast_harness
 def test_exported_members_match_all():
     exported = {name for name in dir(vast_harness) if not name.startswith("_")}
     modules = {"bundle", "cli", "client", "config", "errors", "evidence", "ledger", "lifecycle", "models", "offers",
-               "onstart", "output", "pacing", "plan", "quote", "reap", "runner", "ssh", "sim"}
+               "onstart", "output", "pacing", "plan", "quote", "reap", "resources", "runner", "ssh", "sim"}
     assert exported - modules == set(vast_harness.__all__)
 
 

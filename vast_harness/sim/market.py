@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# resources is a stdlib-only leaf: the simulator imports nothing else of the harness
+from vast_harness.resources import profiles_dir
 from vast_harness.sim.errors import invalid_args
 
-QUALIFIED_DRIVERS_PATH = Path(__file__).resolve().parents[2] / "profiles" / "qualified-drivers.toml"
+QUALIFIED_DRIVERS_PATH = profiles_dir() / "qualified-drivers.toml"
 HOURS_PER_MONTH = 720  # storage_cost is $/GB/month; Vast divides by 30 × 24 (vast-api.md §4)
 DEFAULT_ALLOCATED_STORAGE_GB = 8.0  # search_offers.yaml: "Default is 8GB"
 DEFAULT_LIMIT = 64  # the server's default limit is UNCONFIRMED; callers should always send one
