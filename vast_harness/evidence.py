@@ -1,4 +1,4 @@
-"""A run's evidence directory (design.md, "Evidence"): the files, their layout, and the closing manifest.
+"""A run's evidence directory (README, "Evidence"): the files, their layout, and the closing manifest.
 
 harness-result.json, offer-quote.json, steps.tsv, steps/<name>.log, remote/, absence-proof.json, and
 manifest.sha256 (sha256 of every file above). Nothing here ever holds the API key or a remote_env value.

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         if cmd["cmd"] == "exit":
             break
         _emit(run_phase(work, cmd))
-    torch.cuda.synchronize()  # never leave with GPU work in flight under MPS (reference/mps.md §1.8)
+    torch.cuda.synchronize()  # never leave with GPU work in flight under MPS (docs/mps.md)
     return 0
 
 

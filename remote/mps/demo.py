@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         helper = [sys.executable, "-m", "remote.mps.demo", "--role", "helper", "--hold-s", str(a.hold_s)]
         rc = subprocess.run(helper + (["--no-attach"] if a.no_attach else []), check=False).returncode
     time.sleep(a.hold_s)
-    torch.cuda.synchronize()  # no GPU work in flight at exit (reference/mps.md §1.8)
+    torch.cuda.synchronize()  # no GPU work in flight at exit (docs/mps.md)
     print(f"mps_demo {a.role}: checksum {checksum:.3e}, helper rc {rc}", file=sys.stderr)
     return rc
 
