@@ -9,10 +9,9 @@ xfail with a matching KNOWN_ISSUES entry in vast_harness/sim/chaos.py until it i
 
 from __future__ import annotations
 
-import re
-
 import json
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -23,13 +22,11 @@ from vast_harness.ledger import Ledger
 from vast_harness.sim import chaos
 from vast_harness.sim.chaos import (
     FAULT_KINDS,
-    KNOWN_ISSUES,
     ScenarioOutcome,
     ScenarioPlan,
     Violation,
     check_scenario,
 )
-
 
 SUITE_SCENARIOS = 200
 SUITE_KILL9 = 4  # one per trigger window: intent (create stalled), created, a random time, delete_ack
