@@ -27,7 +27,7 @@ from remote.merkle import raw_bytes
 
 PATHS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-# Fastest first on Hopper (mfu.md §3.3: cuDNN SDPA 1.7-2.3x FA2 for training shapes). Under strict
+# Fastest first on Hopper (docs/mfu.md; cuDNN SDPA 1.7-2.3x FA2 for training shapes). Under strict
 # deterministic mode PyTorch removes cuDNN itself, so the probe then lands on flash.
 FAST_ORDER = {"cuda": ["cudnn", "flash", "efficient"], "cpu": ["flash"]}
 

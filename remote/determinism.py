@@ -1,8 +1,8 @@
-"""Everything bitwise replay needs, in one function, called before CUDA starts (mfu.md §4.1).
+"""Everything bitwise replay needs, in one function, called before CUDA starts (docs/mfu.md).
 
 What is NOT set here on purpose: NCCL's algorithm stays whatever the flags chose. At world size 2 every
 reduced element is one IEEE addition a+b, which is commutative, so the sum is the same bits whatever the
-ring/tree/channel choice (mfu.md §4.4); for >2 ranks `--nccl-pcie` pins Ring/Simple and the channel count.
+ring/tree/channel choice (docs/mfu.md); for >2 ranks `--nccl-pcie` pins Ring/Simple and the channel count.
 """
 
 from __future__ import annotations

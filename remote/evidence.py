@@ -1,4 +1,4 @@
-"""The MFU evidence record (design.md "Workload" contract) and its atomic writer.
+"""The MFU evidence record (docs/mfu.md; README "The workload") and its atomic writer.
 
 Checked by remote.checks.mfu; the field names below are the contract, so add fields rather than rename.
 """

@@ -1,4 +1,4 @@
-"""sha256 Merkle root over named tensors (mfu.md §5.2).
+"""sha256 Merkle root over named tensors (docs/mfu.md).
 
 Leaf = sha256(name ‖ 0x00 ‖ dtype ‖ 0x00 ‖ shape ‖ 0x00 ‖ raw little-endian contiguous bytes); leaves are
 sorted by name; a level with an odd count carries its last node up unchanged. Never torch.save bytes

@@ -27,7 +27,7 @@ class Peak:
 
 # (lower-case substrings that must all appear, TFLOP/s, source); 0 = known but unsourced: refuse
 PEAK_TABLE: list[tuple[tuple[str, ...], float, str]] = [
-    (("h200", "nvl"), 0.0, "H200 NVL dense bf16 peak unconfirmed (mfu.md §2.4): pass --peak-tflops"),
+    (("h200", "nvl"), 0.0, "H200 NVL dense bf16 peak unconfirmed (docs/mfu.md): pass --peak-tflops"),
     (("h200",), 989.0, f"{H200_DS}; {TORCHTITAN}"),
     (("h100", "pcie"), 756.0, f"{H100_DS}; {TORCHTITAN}"),
     (("h100", "nvl"), 835.0, f"{H100_DS}; {TORCHTITAN}"),

@@ -13,11 +13,11 @@ import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from remote.paths import HARNESS_PROFILES_DIR
 
 
 def pytest_ids(profile: str) -> list[str]:
-    path = ROOT / "profiles" / "harness" / f"{profile}.toml"
+    path = HARNESS_PROFILES_DIR / f"{profile}.toml"
     with path.open("rb") as fh:
         ids = tomllib.load(fh).get("pytest_node_ids", [])
     if not ids:

@@ -11,8 +11,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from remote.model import ModelConfig
+from remote.paths import MODEL_PROFILES_DIR
 
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "models"
+PROFILE_DIR = MODEL_PROFILES_DIR
 ATTENTION_PATHS = ("cudnn", "flash", "efficient", "math")
 
 

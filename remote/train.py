@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--nccl-pcie", action="store_true", help="NCCL settings for PCIe-only hosts")
     ap.add_argument("--micro-batch", type=int, help="sequences per rank per step (profile default)")
     ap.add_argument("--steps", type=int, help="steps per round, warm-up included (profile default)")
-    ap.add_argument("--deterministic", action="store_true", help="bitwise-replayable mode (mfu.md §4)")
+    ap.add_argument("--deterministic", action="store_true", help="bitwise-replayable mode (docs/mfu.md)")
     ap.add_argument("--replay", action="store_true", help="run the round twice, compare leaf roots")
     ap.add_argument("--attention", default="auto", choices=["auto", *attention.PATHS])
     ap.add_argument("--peak-tflops", type=float, help="peak bf16 TFLOP/s when the GPU is not in the table")

@@ -15,11 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import random  # noqa: E402
+
 from vast_harness.config import Filters, load_driver_policy  # noqa: E402
 from vast_harness.models import Offer  # noqa: E402
 from vast_harness.offers import OfferCriteria, choose  # noqa: E402
-import random  # noqa: E402
-
 from vast_harness.sim.market import generate_offers  # noqa: E402
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import torch
+import torch  # noqa: E402
 
-from remote import data, envprobe, evidence, mfu, parallel
-from remote.profiles import load_profile
+from remote import data, envprobe, evidence, mfu, parallel  # noqa: E402
+from remote.profiles import load_profile  # noqa: E402
 
 SCHEMA = "vast-harness/bench-vs-reference/1"
 

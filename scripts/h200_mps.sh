@@ -22,19 +22,19 @@ echo "CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-unset}"; ls -la /tmp/nv
 mps_procs
 
 say "1. wrapper around two attached processes (learner + helper)"
-$PY -m remote.mps --manifest "$OUT/mps-manifest.json" --log-dir "$OUT/mps-logs" -- $PY -m remote.mps_demo
+$PY -m remote.mps --manifest "$OUT/mps-manifest.json" --log-dir "$OUT/mps-logs" -- $PY -m remote.mps.demo
 echo "wrapper rc=$?"
 $PY -m remote.checks.mps "$OUT/mps-manifest.json"; echo "checker rc=$?"
 echo "after stop:"; mps_procs
 
 say "2. fail closed: CUDA used but attachment never proven -> expect rc 1"
-$PY -m remote.mps --manifest /tmp/neg.json --log-dir /tmp/neg-logs -- $PY -m remote.mps_demo --no-attach
+$PY -m remote.mps --manifest /tmp/neg.json --log-dir /tmp/neg-logs -- $PY -m remote.mps.demo --no-attach
 echo "wrapper rc=$? (expect 1)"
 $PY -m remote.checks.mps /tmp/neg.json; echo "checker rc=$? (expect 1)"
 mps_procs
 
 say "3. SIGKILL of the wrapper -> the supervisor stops the daemon"
-$PY -m remote.mps --log-dir /tmp/kill-logs -- $PY -m remote.mps_demo --hold-s 120 &
+$PY -m remote.mps --log-dir /tmp/kill-logs -- $PY -m remote.mps.demo --hold-s 120 &
 W=$!
 for _ in $(seq 60); do [ -n "$(ls /tmp/kill-logs 2>/dev/null | grep supervisor)" ] && grep -q "NEW CLIENT" /tmp/kill-logs/control.log 2>/dev/null && break; sleep 0.5; done
 sleep 4; echo "before kill:"; mps_procs

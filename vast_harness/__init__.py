@@ -1,4 +1,4 @@
-"""vast_harness: a guarded Vast.ai GPU-rental harness (control plane). See README.md and design.md.
+"""vast_harness: a guarded Vast.ai GPU-rental harness (control plane). See README.md and docs/.
 
 The public surface is re-exported here; the modules behind it are the parts of a run, in flow order:
 config (spec) -> client (API) -> offers/quote/plan (choice) -> lifecycle/ssh/runner (the guarded run)

@@ -1,4 +1,4 @@
-"""The workload bundle: a reproducible tarball of `remote/`, `profiles/` and `scripts/`.
+"""The workload bundle: a reproducible tarball of exactly what the host needs (`HOST_PAYLOAD`).
 
 Reproducible (sorted entries, zeroed mtimes and owners, fixed gzip header) so that the same tree always gives
 the same sha256, which goes into the evidence: a reader can check which code ran on the host.
@@ -14,11 +14,24 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from vast_harness.config import REPO_ROOT
+from vast_harness.errors import ConfigError
+from vast_harness.resources import data_root
 
-BUNDLE_DIRS = ("remote", "profiles", "scripts")
-# The GPU tests the proofs profile runs on the host travel too (with their package markers).
-BUNDLE_FILES = ("tests/__init__.py", "tests/remote/__init__.py", "tests/remote/test_gpu.py")
+# What goes to the host, relative to data_root(), read off the profiles' step commands; local-only tools
+# (chaos, benchmarks, the CLI script) stay here. A directory ships whole. The wheel packages the same paths
+# (pyproject.toml force-include; tests/harness/test_wheel.py keeps the two in step).
+HOST_PAYLOAD = (
+    "remote",                         # python3 -m remote.{envprobe,mps,plan}, imported by the scripts below
+    "profiles/models",                # remote.profiles: the model/training profiles
+    "profiles/harness",               # remote.plan pytest-ids: the proofs profile's node ids
+    "scripts/run_mfu_dist.py",        # every profile's training round
+    "scripts/vast_mfu_remote.sh",     # mfu: the sweep
+    "scripts/sweep_report.py",        # mfu: the sweep's table and plot
+    "scripts/check_gpu_evidence.py",  # every profile's check step
+    "tests/__init__.py",              # proofs: the GPU tests, with their package markers
+    "tests/remote/__init__.py",
+    "tests/remote/test_gpu.py",
+)
 _SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 _SKIP_SUFFIXES = {".pyc", ".pyo"}
 
@@ -33,18 +46,28 @@ class Bundle(BaseModel):
         return len(self.data)
 
 
+class PayloadMissing(ConfigError):
+    """A HOST_PAYLOAD entry is not under the data root: the host would fail mid-run, so nothing is rented."""
+
+
 def _members(root: Path) -> list[Path]:
-    paths: list[Path] = []
-    for top in BUNDLE_DIRS:
-        for path in sorted((root / top).rglob("*")):
+    paths: set[Path] = set()
+    for entry in HOST_PAYLOAD:
+        top = root / entry
+        if top.is_file():
+            paths.add(Path(entry))
+            continue
+        if not top.is_dir():
+            raise PayloadMissing(f"host payload {entry!r} missing under {root}")
+        for path in top.rglob("*"):
             rel = path.relative_to(root)
             if path.is_file() and not _SKIP_PARTS.intersection(rel.parts) and path.suffix not in _SKIP_SUFFIXES:
-                paths.append(rel)
-    paths.extend(Path(f) for f in BUNDLE_FILES if (root / f).is_file())
-    return paths
+                paths.add(rel)
+    return sorted(paths)
 
 
-def build_bundle(root: Path = REPO_ROOT) -> Bundle:
+def build_bundle(root: Path | None = None) -> Bundle:
+    root = root or data_root()
     raw = io.BytesIO()
     members = _members(root)
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:

@@ -1,6 +1,6 @@
 """`vast-e2e` / `python scripts/vast_e2e.py`: declarations only; the work happens in the library.
 
-Typed errors become exit codes here, in one place (`_run_guarded_cli`), per design.md:
+Typed errors become exit codes here, in one place (`_run_guarded_cli`), per docs/invariants.md:
 0 passed on a qualified driver · 1 a step failed · 2 bad input · 3 teardown not proven · 4 passed on an
 unqualified driver · 5 no offer fits · 6 a cap was reached · 130 interrupted.
 """

@@ -7,7 +7,7 @@ Three layers, each written once:
   * `exchange` `_send` without mapping or retries, recording the raw outcome for the absence proof.
 
 The API key lives only in the `Authorization` header: a request hook refuses any URL that carries it,
-and every error text and recorded body is scrubbed of it (reference/vast-api.md §1, design.md inv. 3).
+and every error text and recorded body is scrubbed of it (docs/invariants.md, "The key never leaves").
 """
 
 from __future__ import annotations

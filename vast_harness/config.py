@@ -15,16 +15,16 @@ import tempfile
 import tomllib
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from vast_harness.errors import ConfigError
 from vast_harness.models import pack_driver_version
+from vast_harness.resources import profiles_dir as _profiles_dir
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PROFILES_DIR = REPO_ROOT / "profiles"
+PROFILES_DIR = _profiles_dir()  # the checkout's profiles/, or the wheel's packaged copy (resources.py)
 DEFAULT_API_URL = "https://console.vast.ai"
 PROFILE_NAMES = ("mfu", "proofs", "smoke")
 LABEL_PREFIX = "vh-"
@@ -542,7 +542,7 @@ def resolve(
             raise ConfigError(f"--pacing-scale {pacing_scale:g} is below {REAL_PACING_SCALE_FLOOR:g} against {url}: "
                               "Vast's rate limits cannot be scaled down; lower values are for the simulator")
     key = None if sim else read_api_key(key_file, environ)
-    ev_dir = (evidence_dir or REPO_ROOT / ".evidence" / "vast").expanduser()
+    ev_dir = (evidence_dir or Path.cwd() / ".evidence" / "vast").expanduser()  # never site-packages
     if not dry_run:  # a run or a reap writes its ledger and evidence here: find out now, not after renting
         check_evidence_dir(ev_dir)
     try:

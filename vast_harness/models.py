@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# Vast's `actual_status` values, as data (reference/vast-api.md §6).
+# Vast's `actual_status` values, as data (docs/vast-behaviours.md).
 PENDING_STATUSES = frozenset({None, "created", "restarting", "rebooting", "loading", "scheduling"})
 FAILED_STATUSES = frozenset({"exited", "offline", "unknown", "stopped", "frozen"})
 READY_STATUS = "running"

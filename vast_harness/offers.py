@@ -69,7 +69,7 @@ class OfferChoice(BaseModel):
 
 
 def build_query(criteria: OfferCriteria, *, exclude_ids: Iterable[int] = (), limit: int = PAGE_LIMIT) -> dict:
-    """The POST /api/v0/bundles/ body for these criteria (reference/vast-api.md §3)."""
+    """The POST /api/v0/bundles/ body for these criteria (docs/vast-behaviours.md)."""
     f = criteria.filters
     query: dict = {
         "verified": {"eq": True} if f.verified else None,

@@ -27,7 +27,7 @@ class RateRule:
 
 
 # Keyed by "METHOD /path/with/{id}/". Thresholds from the per-endpoint OpenAPI `x-rate-limit`
-# (reference/vast-api.md §2); endpoints without a documented one get the cautious default.
+# (docs/vast-behaviours.md); endpoints without a documented one get the cautious default.
 RATE_RULES: dict[str, RateRule] = {
     "POST /api/v0/bundles/": RateRule(calls=10, per_s=60.0),
     "PUT /api/v0/asks/{id}/": RateRule.interval(4.5),

@@ -4,7 +4,7 @@ worst case = time cap (h) x $/h at the real disk size
            + bundle upload (GB) x inet_down_cost      (bytes into the host)
            + evidence download (GB) x inet_up_cost     (bytes out of the host)
 
-`dph_total` excludes bandwidth (reference/vast-api.md §4), so both transfer terms are added; the disk part is
+`dph_total` excludes bandwidth (docs/vast-behaviours.md), so both transfer terms are added; the disk part is
 recomputed from `storage_cost` ($/GB/month, /720 for $/h) at the disk size we will ask for, since the
 search may have priced a different `allocated_storage`.
 """

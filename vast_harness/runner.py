@@ -1,4 +1,4 @@
-"""The guarded run, steps 2-11 of design.md, read top to bottom in `GuardedRun.execute`.
+"""The guarded run of docs/architecture.md, read top to bottom in `GuardedRun.execute`.
 
 Whatever happens after the first create (an error, a cap, Ctrl-C, SIGTERM, SIGHUP), the `finally` block
 pulls what evidence it can, deletes every instance this run created, proves each absent, and only then

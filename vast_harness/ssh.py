@@ -3,7 +3,7 @@
 A fresh Vast host has no known host key, so unknown keys are accepted and their SHA256 fingerprint is
 recorded for the evidence instead. Vast publishes two endpoints per instance, a direct port on the
 host's public IP and a proxy gateway (`ssh_host:ssh_port`); sources disagree on which is more reliable
-(reference/vast-api.md §6), so `connect` tries direct first, proxy second, round after round until a
+(docs/vast-behaviours.md), so `connect` tries direct first, proxy second, round after round until a
 monotonic deadline. Auth failures are retried too: Vast's banner says "if authentication fails, try
 again after a few seconds" while the onstart is still installing the key.
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from rich.table import Table
 
-from vast_harness.config import REPO_ROOT
 from vast_harness.offers import Candidate, OfferChoice
 from vast_harness.output import Output
 from vast_harness.report import usd_per_mtok
+from vast_harness.resources import data_root
 
 COMMITTED_GLOBS = (".evidence/h200*/**/mfu*.json", ".evidence/h200*/**/dp*.json")
 _IGNORED = {"nvidia", "geforce", "tesla", "hbm3", "hbm3e", "sxm", "sxm4", "sxm5"}
@@ -76,8 +76,9 @@ def _from_fleet_results(evidence_dir: Path) -> list[Measurement]:
     return found
 
 
-def load_measurements(evidence_dir: Path | None, root: Path = REPO_ROOT) -> list[Measurement]:
+def load_measurements(evidence_dir: Path | None, root: Path | None = None) -> list[Measurement]:
     """The fastest measurement per (GPU, world size) from committed evidence and the user's fleet results."""
+    root = root or data_root()  # the checkout (an installed wheel carries no committed evidence)
     found: list[Measurement] = []
     for pattern in COMMITTED_GLOBS:
         for path in sorted(root.glob(pattern)):

@@ -11,12 +11,14 @@ import math
 import re
 from pathlib import Path
 
+from remote.paths import MODEL_PROFILES_DIR
+
 MFU_SCHEMA = "vast-harness/mfu/1"  # remote/evidence.py writes it; kept here so checks never import torch
 
 BENCH_SCHEMA = "vast-harness/bench-vs-reference/1"
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles" / "models"
+PROFILE_DIR = MODEL_PROFILES_DIR
 
 # field -> accepted types
 REQUIRED: dict[str, tuple[type, ...]] = {

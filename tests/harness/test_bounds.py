@@ -20,6 +20,7 @@ import pytest
 from pydantic import SecretStr
 
 import vast_harness.runner as runner_mod
+from tests.harness.netproxy import TcpProxy
 from vast_harness.bundle import build_bundle
 from vast_harness.client import VastClient
 from vast_harness.config import RunSpec, Step, load_driver_policy, resolve
@@ -30,7 +31,6 @@ from vast_harness.output import Output
 from vast_harness.plan import plan_run
 from vast_harness.runner import GuardedRun
 from vast_harness.sim import SimServer
-from tests.harness.netproxy import TcpProxy
 
 SCALE = 0.01
 KEY = "sim-bounds-key"

@@ -20,7 +20,6 @@ from vast_harness.client import (
     Timeouts,
     VastClient,
 )
-from vast_harness.pacing import Pacer, endpoint_key
 from vast_harness.errors import (
     ApiStatusError,
     AuthError,
@@ -32,6 +31,7 @@ from vast_harness.errors import (
     TransportError,
     VastError,
 )
+from vast_harness.pacing import Pacer, endpoint_key
 
 INSTANCE_ROW = {
     "id": 7835610,

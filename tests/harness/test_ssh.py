@@ -24,6 +24,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from tests.harness.netproxy import TcpProxy
 from vast_harness.errors import HarnessError
 from vast_harness.models import Instance
 from vast_harness.ssh import (
@@ -36,7 +37,6 @@ from vast_harness.ssh import (
     endpoints_for,
     generate_run_key,
 )
-from tests.harness.netproxy import TcpProxy
 
 # ---------------------------------------------------------------------------------------------------
 # The fake host

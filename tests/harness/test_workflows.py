@@ -130,3 +130,12 @@ def test_proofs_uploads_the_evidence_always_then_reaps_after_exit_3():
     reap = steps[-1]
     assert upload_at < len(steps) - 1 and "vast-e2e reap" in reap["run"]
     assert "always()" in reap["if"] and "steps.run.outputs.exit_code == '3'" in reap["if"]
+
+
+def test_ci_lints_with_ruff_before_the_tests():
+    """Both CI entry points run `ruff check .` (rules pinned in pyproject.toml) before pytest."""
+    for where, text in (("ci.yml", _runs(_load(CI))), (".ci/run", (REPO / ".ci" / "run").read_text())):
+        lines = [line.strip() for line in text.splitlines()]
+        lint = next((i for i, line in enumerate(lines) if line == "uv run ruff check ."), None)
+        tests = next(i for i, line in enumerate(lines) if line.startswith("uv run --extra workload pytest"))
+        assert lint is not None and lint < tests, f"{where}: `uv run ruff check .` must run before pytest"

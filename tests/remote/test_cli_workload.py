@@ -13,7 +13,7 @@ from remote import checks, train
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
-import check_gpu_evidence
+import check_gpu_evidence  # noqa: E402  (scripts/ is not a package: found through the path above)
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from remote import mps_bench
+from remote.mps import bench as mps_bench
 from tests.remote.fake_mps import fake_env
 
 pytestmark = pytest.mark.timeout(60)

@@ -120,6 +120,6 @@ def test_unreadable_file(tmp_path):
     ids=["proprietary", "open-module", "unparsable"],
 )
 def test_driver_version_parsed_from_proc(text, version):
-    from remote.mps_manifest import parse_proc_driver_version
+    from remote.mps.manifest import parse_proc_driver_version
 
     assert parse_proc_driver_version(text) == version

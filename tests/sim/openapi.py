@@ -37,7 +37,7 @@ def response_schema(name: str, path: str, method: str, status: int) -> dict[str,
     response = doc["paths"][path][method.lower()]["responses"][str(status)]
     schema = copy.deepcopy(_inline(response["content"]["application/json"]["schema"], doc))
     if name == "show_instance.yaml" and status == 200:
-        # show_instance.yaml disagrees with show_instances.yaml (and with Vast's wire, vast-api.md §6)
+        # show_instance.yaml disagrees with show_instances.yaml (and with Vast's wire, docs/vast-behaviours.md)
         # on two fields of the same object: `ports` is a {"22/tcp": [{HostIp, HostPort}]} dict or null,
         # `extra_env` a list of [key, value] pairs. Take the list endpoint's (correct) definitions.
         item = _document("show_instances.yaml")["paths"]["/api/v1/instances/"]["get"]["responses"]["200"]

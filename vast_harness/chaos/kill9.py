@@ -21,8 +21,8 @@ from pydantic import BaseModel, Field
 
 from vast_harness.chaos.engine import KEY, SCALE
 from vast_harness.chaos.judge import Violation, classify, false_absences, traceback_violations
-from vast_harness.config import REPO_ROOT
 from vast_harness.ledger import Ledger
+from vast_harness.resources import data_root
 from vast_harness.sim.server import spawn_standalone
 
 Trigger = Literal["time", "intent", "created", "delete_ack"]
@@ -114,7 +114,7 @@ def run_kill9(plan: Kill9Plan) -> Kill9Outcome:
             with (work / "harness.log").open("wb") as log:
                 harness = subprocess.Popen(
                     _cli("--profile", "smoke", "--poll-interval", "0.1", url=url, evidence=work / "ev"),
-                    cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                    cwd=data_root(), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 t_start_unix = time.time()
                 outcome.killed = _wait_trigger(harness, plan, ledger, time.monotonic())
                 if outcome.killed:
@@ -123,7 +123,7 @@ def run_kill9(plan: Kill9Plan) -> Kill9Outcome:
                 outcome.harness_rc = harness.wait(timeout=30)
                 if outcome.killed:
                     outcome.harness_rc = None
-            reap = subprocess.run(_cli("reap", url=url, evidence=work / "ev"), cwd=REPO_ROOT, env=env, check=False,
+            reap = subprocess.run(_cli("reap", url=url, evidence=work / "ev"), cwd=data_root(), env=env, check=False,
                                   capture_output=True, text=True, timeout=KILL9_REAP_LIMIT_S)
             outcome.reap_rc = reap.returncode
             state = httpx.get(f"{url}/_sim/state", timeout=10).json()

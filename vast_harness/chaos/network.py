@@ -41,9 +41,10 @@ from vast_harness.chaos.engine import (
 )
 from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences, traceback_violations
 from vast_harness.chaos.netproxy import FaultProxy
-from vast_harness.config import REPO_ROOT, Step
+from vast_harness.config import Step
 from vast_harness.ledger import Ledger
 from vast_harness.reap import reap_all
+from vast_harness.resources import data_root
 from vast_harness.sim.server import SimServer
 
 API_EPS = ("search", "create", "show", "list", "destroy", "user", "any")
@@ -240,7 +241,7 @@ def _run_child(plan: NetPlan, sim: SimServer, proxy: FaultProxy, work: Path, out
     launched_unix = time.time()
     with (work / "stdout").open("wb") as out, (work / "stderr").open("wb") as err:
         child = subprocess.Popen([sys.executable, "-m", "vast_harness.chaos.child", str(work / "job.json")],
-                                 cwd=REPO_ROOT, stdout=out, stderr=err, start_new_session=True,
+                                 cwd=data_root(), stdout=out, stderr=err, start_new_session=True,
                                  env=dict(os.environ, PYTHONUNBUFFERED="1"))
         try:
             outcome.exit_code = child.wait(timeout=outcome.budget_s)

@@ -1,7 +1,7 @@
 """Vast's error bodies, as the simulator answers them.
 
 Each error knows its wire shape (status, body, content type), moto-style, so a handler raises
-`SimHTTPError` and the server renders it. The shapes follow `reference/vast-api.md` §5, §7, §8 and the
+`SimHTTPError` and the server renders it. The shapes follow `docs/vast-behaviours.md` and the
 OpenAPI files: most errors are `{"success": false, "error": CODE, "msg": TEXT}`; create's and show's
 429 is `{"detail": ...}`; search's 429 is plain text; gateway 5xx bodies are HTML, not JSON.
 """

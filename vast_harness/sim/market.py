@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# resources is a stdlib-only leaf: the simulator imports nothing else of the harness
+from vast_harness.resources import profiles_dir
 from vast_harness.sim.errors import invalid_args
 
-QUALIFIED_DRIVERS_PATH = Path(__file__).resolve().parents[2] / "profiles" / "qualified-drivers.toml"
-HOURS_PER_MONTH = 720  # storage_cost is $/GB/month; Vast divides by 30 × 24 (vast-api.md §4)
+QUALIFIED_DRIVERS_PATH = profiles_dir() / "qualified-drivers.toml"
+HOURS_PER_MONTH = 720  # storage_cost is $/GB/month; Vast divides by 30 × 24 (docs/vast-behaviours.md)
 DEFAULT_ALLOCATED_STORAGE_GB = 8.0  # search_offers.yaml: "Default is 8GB"
 DEFAULT_LIMIT = 64  # the server's default limit is UNCONFIRMED; callers should always send one
 DEFAULT_FILTERS = {"verified": {"eq": True}, "rentable": {"eq": True}, "rented": {"eq": False}}
@@ -166,7 +168,7 @@ def _offer(rng: random.Random, gpu: Gpu, offer_id: int, machine_id: int, now: fl
 
 
 def priced(offer: dict[str, Any], storage_gb: float, bid: bool, rn: int = 0) -> dict[str, Any]:
-    """A copy of `offer` with the price fields computed for `storage_gb` of disk (vast-api.md §4)."""
+    """A copy of `offer` with the price fields computed for `storage_gb` of disk (docs/vast-behaviours.md)."""
     out = dict(offer)
     gpu_h = offer["min_bid"] if bid else offer["dph_base"]
     disk_h = storage_gb * offer["storage_cost"] / HOURS_PER_MONTH

@@ -1,6 +1,6 @@
 """Vast instance states as data, and `--boot-seconds` as time progression.
 
-A created instance walks `null -> loading -> running` (`reference/vast-api.md` §6). The walk is the
+A created instance walks `null -> loading -> running` (`docs/vast-behaviours.md`). The walk is the
 table `BOOT_PATH`: each step names the share of the boot time at which it is reached. `running` is
 reached by an event (the boot timer fires, the host's onstart starts), not by a read, so a reader never
 sees `running` before the SSH endpoint accepts connections. Faults and the create body can leave the

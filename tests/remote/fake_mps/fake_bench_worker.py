@@ -1,4 +1,4 @@
-"""A CPU stand-in for remote.mps_bench_worker: same stdin/stdout protocol, sleeps instead of GEMMs.
+"""A CPU stand-in for remote.mps.bench_worker: same stdin/stdout protocol, sleeps instead of GEMMs.
 
 With VH_MPS_MODE=on it registers with the fake daemon and reports attribute 1, otherwise 0, so the
 benchmark's own on/off checks run for real.
@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 
-from remote.mps_attach import CudaDeviceFacts, attach_current_process
-from remote.mps_bench_worker import run_phase
+from remote.mps.attach import CudaDeviceFacts, attach_current_process
+from remote.mps.bench_worker import run_phase
 
 UUID = "GPU-0123abcd-0000-1111-2222-333344445555"
 

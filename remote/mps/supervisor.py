@@ -4,7 +4,7 @@ Started by the wrapper right after `nvidia-cuda-mps-control -d`, in its own sess
 Ctrl-C or a kill of the training process group never reaches it). It holds the read end of a pipe
 whose only write end the wrapper holds: EOF without a `released` line means the wrapper is gone (no
 PID polling, so no PID-reuse race). It then asks the child tree to stop (SIGTERM to its process group),
-and runs the same stop as the wrapper (remote.mps_stop), writing its report to
+and runs the same stop as the wrapper (remote.mps.stop), writing its report to
 <log_dir>/supervisor-stop.json.
 
 Protocol on the pipe, one line each: `child <pid> <start_ticks>`, `released`.
@@ -19,8 +19,8 @@ import signal
 import time
 from pathlib import Path
 
-from remote.mps_control import Daemon, pid_alive, wait_gone
-from remote.mps_stop import StopTimeouts, stop_owned
+from remote.mps.control import Daemon, pid_alive, wait_gone
+from remote.mps.stop import StopTimeouts, stop_owned
 
 
 def start_ticks(pid: int) -> int | None:
@@ -72,7 +72,7 @@ def _kill_child_group(child: tuple[int, int] | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="remote.mps_supervisor")
+    parser = argparse.ArgumentParser(prog="remote.mps.supervisor")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--binary", required=True)
     parser.add_argument("--pipe-dir", required=True)

@@ -27,11 +27,11 @@ import threading
 import time
 from pathlib import Path
 
-from remote.mps import owned_daemon
-from remote.mps_control import DEFAULT_PIPE_DIR, daemon_answers, find_control_binary
+from remote.mps.control import DEFAULT_PIPE_DIR, daemon_answers, find_control_binary
+from remote.mps.wrapper import owned_daemon
+from remote.paths import ROOT
 
-_ROOT = Path(__file__).resolve().parents[1]
-WORKER_MODULE = "remote.mps_bench_worker"  # the CPU tests swap in a fake worker
+WORKER_MODULE = "remote.mps.bench_worker"  # the CPU tests swap in a fake worker
 
 
 class Pool:
@@ -42,7 +42,7 @@ class Pool:
         for i, role in enumerate(["learner"] + ["helper"] * helpers):
             proc = subprocess.Popen(
                 [sys.executable, "-m", WORKER_MODULE, "--role", role, "--cpu", str(i)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=_ROOT,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
             )
             q: queue.Queue = queue.Queue()
             self.threads.append(threading.Thread(target=self._pump, args=(proc, q), daemon=True))
@@ -113,7 +113,7 @@ def _median(values) -> float | None:
 def run_pool(mode: str, a: argparse.Namespace) -> dict:
     """All phases of one arm in one pool of processes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
-    env.update(VH_MPS_MODE=mode, PYTHONPATH=str(_ROOT))
+    env.update(VH_MPS_MODE=mode, PYTHONPATH=str(ROOT))
     if mode == "on":
         env.update({k: v for k, v in a.daemon_env.items()})
     pool = Pool(max(a.helper_counts), env)

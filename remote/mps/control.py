@@ -1,9 +1,9 @@
 """Talk to `nvidia-cuda-mps-control`: find it, query it, start a private daemon, stop only our own.
 
 Every query goes through the control binary on stdin (`echo CMD | nvidia-cuda-mps-control`), the
-documented form (reference/mps.md §1.1). Liveness is never read off files alone: a pipe directory
+documented form (docs/mps.md). Liveness is never read off files alone: a pipe directory
 outlives its daemon, so "live" means a pid file whose PID is a running MPS process AND a pipe that
-answers `get_server_list` (§3.6 "Stale pipe dir"). Standard library only: this runs on the GPU host.
+answers `get_server_list` (docs/mps.md). Standard library only: this runs on the GPU host.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PID_FILE_NAME = "nvidia-cuda-mps-control.pid"  # NVIDIA MPS docs, appendix tools (§1.3)
+PID_FILE_NAME = "nvidia-cuda-mps-control.pid"  # NVIDIA MPS docs, appendix tools
 DEFAULT_PIPE_DIR = Path("/tmp/nvidia-mps")  # what the CUDA driver uses when the env var is unset
 DEFAULT_LOG_DIR = Path("/var/log/nvidia-mps")
 CONTROL_NAME = "nvidia-cuda-mps-control"
 # AF_UNIX paths hold 107 bytes; the daemon puts `control_privileged` (18) in the pipe dir, and a
-# too-long path only shows up as "Cannot find MPS control daemon process" (§3.5), so stay well under.
+# too-long path only shows up as "Cannot find MPS control daemon process" (docs/mps.md), so stay well under.
 PIPE_DIR_MAX_BYTES = 80
 _FALLBACK_BINARIES = ("/usr/local/nvidia/bin/nvidia-cuda-mps-control", "/usr/bin/nvidia-cuda-mps-control")
 _NEW_SERVER_RE = re.compile(r"Starting new server (\d+)")
@@ -231,7 +231,7 @@ def launch_daemon(binary: Path, pipe_dir: Path, log_dir: Path, timeout_s: float 
     """Run `binary -d` and wait for it to return (it forks the daemon and exits)."""
     env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe_dir), CUDA_MPS_LOG_DIRECTORY=str(log_dir))
     # A CUDA_VISIBLE_DEVICES seen by the daemon makes the server renumber devices, and clients
-    # keeping the same list then break (§1.4): the daemon sees every GPU, clients pick their own.
+    # keeping the same list then break (docs/mps.md): the daemon sees every GPU, clients pick their own.
     env.pop("CUDA_VISIBLE_DEVICES", None)
     out_path = log_dir / "control-d.out"
     # Output goes to a file, not a pipe: a daemon that kept an inherited pipe open would hang us.

@@ -1,6 +1,6 @@
-"""Per-process proof that this CUDA process really is an MPS client (reference/mps.md §1.7).
+"""Per-process proof that this CUDA process really is an MPS client (docs/mps.md).
 
-A CUDA process that cannot reach the daemon silently runs without MPS (§0.1), so "the daemon is
+A CUDA process that cannot reach the daemon silently runs without MPS, so "the daemon is
 running" proves nothing. Each process proves it for itself, after CUDA init:
 
 1. `CU_DEVICE_ATTRIBUTE_MPS_ENABLED` (133 in cuda.h, CUDA 12.3+) read through libcuda in this process;
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from remote.mps_control import DEFAULT_LOG_DIR, MpsError, control, find_control_binary, parse_pids
+from remote.mps.control import DEFAULT_LOG_DIR, MpsError, control, find_control_binary, parse_pids
 
 CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 133  # cuda.h: "contexts created on this device will be shared via MPS"
 MODE_ENV = "VH_MPS_MODE"

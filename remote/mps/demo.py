@@ -2,7 +2,7 @@
 
 The learner initialises CUDA, calls `attach_current_process` (which raises before any helper is
 spawned if it is not attached), then starts one helper on the same GPU, which does the same. Run it
-under the wrapper: `python -m remote.mps --manifest m.json -- python -m remote.mps_demo`.
+under the wrapper: `python -m remote.mps --manifest m.json -- python -m remote.mps.demo`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import time
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="remote.mps_demo")
+    p = argparse.ArgumentParser(prog="remote.mps.demo")
     p.add_argument("--role", choices=("learner", "helper"), default="learner")
     p.add_argument("--hold-s", type=float, default=0.0, help="stay alive this long after attaching")
     p.add_argument("--no-attach", action="store_true", help="use CUDA but never prove attachment")
     a = p.parse_args(argv)
     import torch
 
-    from remote.mps_attach import MpsNotAttached, attach_current_process
+    from remote.mps.attach import MpsNotAttached, attach_current_process
 
     torch.cuda.set_device(0)
     x = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
@@ -36,10 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: rec[k] for k in ("role", "pid", "device_uuid", "mps_enabled_attr", "attached")}))
     rc = 0
     if a.role == "learner":
-        helper = [sys.executable, "-m", "remote.mps_demo", "--role", "helper", "--hold-s", str(a.hold_s)]
+        helper = [sys.executable, "-m", "remote.mps.demo", "--role", "helper", "--hold-s", str(a.hold_s)]
         rc = subprocess.run(helper + (["--no-attach"] if a.no_attach else []), check=False).returncode
     time.sleep(a.hold_s)
-    torch.cuda.synchronize()  # no GPU work in flight at exit (reference/mps.md §1.8)
+    torch.cuda.synchronize()  # no GPU work in flight at exit (docs/mps.md)
     print(f"mps_demo {a.role}: checksum {checksum:.3e}, helper rc {rc}", file=sys.stderr)
     return rc
 

@@ -1,4 +1,4 @@
-"""Stop a daemon we own, in the order that does not wedge the server (reference/mps.md §5 "Stop").
+"""Stop a daemon we own, in the order that does not wedge the server (docs/mps.md).
 
 1. let clients exit on their own (bounded);
 2. a client still connected gets `terminate_client <server> <client>` (its contexts are torn down
@@ -18,7 +18,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 
-from remote.mps_control import (
+from remote.mps.control import (
     Daemon,
     find_daemon_by_environ,
     is_mps_process,

@@ -9,17 +9,17 @@ host, each with its own manifest; nothing here spans hosts.
 Start: a daemon we did not start (CUDA_MPS_PIPE_DIRECTORY already set, or one answering in
 /tmp/nvidia-mps) is refused, or with `--foreign use` used as external and never stopped. Otherwise a
 private 0700 pipe directory with a short path, `nvidia-cuda-mps-control -d`, a supervisor (see
-remote.mps_supervisor) so that even a SIGKILLed wrapper leaves no daemon behind, readiness through
+remote.mps.supervisor) so that even a SIGKILLed wrapper leaves no daemon behind, readiness through
 the pipe plus a live PID from the pid file, defaults before the first client, and only then the
 child, with CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY, VH_MPS_MODE=on and VH_MPS_CLIENT_DIR
 in its environment before any CUDA init.
 
-Validate (fail closed): each CUDA process calls `attach_current_process` (remote.mps_attach), which
+Validate (fail closed): each CUDA process calls `attach_current_process` (remote.mps.attach), which
 writes its record into VH_MPS_CLIENT_DIR; the wrapper cross-checks every PID against our
 control.log and rejects mixed modes or a rank whose processes sit on different GPUs (by UUID). No
 record, or any failed record, makes the exit code non-zero even when CMD succeeded.
 
-Stop: see remote.mps_stop. SIGINT/SIGTERM/SIGHUP are forwarded to the child's process group (the
+Stop: see remote.mps.stop. SIGINT/SIGTERM/SIGHUP are forwarded to the child's process group (the
 child leads its own group, so a terminal's Ctrl-C reaches it once, through us).
 
 Exit codes: CMD's own code when it failed (128+N when killed by signal N); 1 when CMD succeeded but
@@ -43,15 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from remote.checks.mps import client_claim_errors
-from remote.mps_attach import (
-    CudaDeviceFacts,
-    MpsNotAttached,
-    MpsUnexpectedlyAttached,
-    attach_current_process,
-    configured_mode,
-    probe_cuda_device,
-)
-from remote.mps_control import (
+from remote.mps.control import (
     DEFAULT_PIPE_DIR,
     Daemon,
     ForeignDaemonError,
@@ -64,7 +56,7 @@ from remote.mps_control import (
     read_pid_file,
     wait_ready,
 )
-from remote.mps_manifest import (
+from remote.mps.manifest import (
     build_manifest,
     confirm_in_log,
     load_client_records,
@@ -72,18 +64,15 @@ from remote.mps_manifest import (
     server_record,
     write_manifest,
 )
-from remote.mps_stop import StopReport, StopTimeouts, drain_clients, stop_owned
-from remote.mps_supervisor import start_ticks
+from remote.mps.stop import StopReport, StopTimeouts, drain_clients, stop_owned
+from remote.mps.supervisor import start_ticks
+from remote.paths import ROOT
 
-__all__ = [
-    "CudaDeviceFacts", "MpsError", "MpsNotAttached", "MpsUnexpectedlyAttached", "attach_current_process",
-    "configured_mode", "main", "owned_daemon", "probe_cuda_device",
-]
+__all__ = ["main", "owned_daemon", "parse_args", "run"]
 
 EXIT_NOT_PROVEN = 1
 EXIT_SETUP = 2
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _say(msg: str) -> None:
@@ -136,15 +125,15 @@ class _Signals:
 
 
 class _Supervisor:
-    """Handle on remote.mps_supervisor: tell it the child's PID, release it on a clean stop."""
+    """Handle on remote.mps.supervisor: tell it the child's PID, release it on a clean stop."""
 
     def __init__(self, daemon: Daemon, t: StopTimeouts):
         read_fd, self._write_fd = os.pipe()
-        path = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         assert daemon.log_dir is not None
         with (daemon.log_dir / "supervisor.log").open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "remote.mps_supervisor", "--fd", str(read_fd),
+                [sys.executable, "-m", "remote.mps.supervisor", "--fd", str(read_fd),
                  "--binary", str(daemon.binary), "--pipe-dir", str(daemon.pipe_dir),
                  "--log-dir", str(daemon.log_dir), "--client-grace-s", str(t.client_grace_s),
                  "--quit-timeout-s", str(t.quit_timeout_s), "--kill-wait-s", str(t.kill_wait_s)],

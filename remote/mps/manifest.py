@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from remote.envprobe import driver_version, parse_proc_driver_version  # noqa: F401 (re-exported)
-from remote.mps_control import Daemon
+from remote.mps.control import Daemon
 
 SCHEMA_VERSION = 1
 # "NVIDIA UNIX x86_64 Kernel Module  535.104.05  ..." and, for the open modules,

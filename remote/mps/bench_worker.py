@@ -1,6 +1,6 @@
 """One benchmark process: a learner (large bf16 GEMMs) or a helper (many small kernels) on GPU 0.
 
-Started by remote.mps_bench with VH_MPS_MODE set. It initialises CUDA, proves its MPS state with
+Started by remote.mps.bench with VH_MPS_MODE set. It initialises CUDA, proves its MPS state with
 `attach_current_process` (on: attached; off: attribute 0), prints one JSON line, then serves phases
 read from stdin as JSON lines. In a phase, an active worker runs steps until `t_end`; only steps that
 start at or after `t_start` and finish by `t_end` count (the rest is warm-up). CLOCK_MONOTONIC is
@@ -70,7 +70,7 @@ def run_phase(work: Work, cmd: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="remote.mps_bench_worker")
+    p = argparse.ArgumentParser(prog="remote.mps.bench_worker")
     p.add_argument("--role", choices=("learner", "helper"), required=True)
     p.add_argument("--cpu", type=int, help="pin to this CPU core (host-side launch jitter stays put)")
     a = p.parse_args(argv)
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {a.cpu})
     import torch
 
-    from remote.mps_attach import MpsNotAttached, attach_current_process
+    from remote.mps.attach import MpsNotAttached, attach_current_process
 
     torch.cuda.set_device(0)
     work = Work(torch, a.role)
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         if cmd["cmd"] == "exit":
             break
         _emit(run_phase(work, cmd))
-    torch.cuda.synchronize()  # never leave with GPU work in flight under MPS (reference/mps.md §1.8)
+    torch.cuda.synchronize()  # never leave with GPU work in flight under MPS (docs/mps.md)
     return 0
 
 
