@@ -261,6 +261,8 @@ def _run(args: argparse.Namespace, profile: Profile, device: torch.device, rank:
     log(rank, f"profile {profile.name} world {world} reduction {args.reduction} device {device_name} "
               f"peak {peak.tflops} TFLOP/s kv {choice.kv_mode}")
     kern = kernels.describe(device) | {"ce_chunk_tokens": kernels.ce_chunk_tokens(profile.train.ce_chunk_tokens)}
+    if args.reduction == "ddp":  # the fused optimizer is wired into the zero2 runners only
+        kern["active"] = [k for k in kern["active"] if k != "optim"]
     log(rank, f"kernels active: {','.join(kern['active']) or 'none'} (requested "
               f"{','.join(kern['requested']) or 'none'}, triton {kern['triton']}, ce chunk {kern['ce_chunk_tokens']})")
     first = run_round(args, profile, device, rank)

@@ -1,13 +1,13 @@
-"""SwiGLU, act = silu(gate) * up over the fused w13 output gu = [gate | up], with a one-pass backward.
+"""SwiGLU, act = silu(gate) * up over the fused w13 output gu = [gate | up], as two custom ops.
 
-The forward stays plain torch (inside the compiled block Inductor fuses it into one kernel that already
-runs near copy bandwidth). The backward is a custom op (opaque to Inductor) whose CUDA path is one Triton
-kernel: it reads dact and gu once and writes d(gu) = [d gate | d up] once, 3 reads + 2 writes of [N, F]
-instead of Inductor's cat-shaped kernel that reads each input twice.
+Forward: one Triton pass, gu in, act out (what Inductor's fused kernel does). Backward: one Triton pass that
+reads dact and gu once and writes d(gu) = [d gate | d up] once: 3 reads + 2 writes of [N, F], instead of
+Inductor's cat-shaped kernel. Both ops are opaque to the compiler on purpose: the partitioner then keeps
+`act` saved for the down projection's weight gradient instead of recomputing it from gu in backward (an
+extra pass over gu per layer). fp32 math inside, one rounding per output, as Inductor computes it.
 """
 
 import torch
-import torch.nn.functional as F
 import triton.language as tl
 
 from remote import kernels
@@ -35,11 +35,47 @@ def _swiglu_bwd(dact_ptr, gu_ptr, dgu_ptr, n_rows, n_ffn, n_col_blocks, ROWS: tl
 _SWIGLU_BWD = kernels.LazyKernel(_swiglu_bwd)
 
 
+def _swiglu_fwd(gu_ptr, act_ptr, n_rows, n_ffn, n_col_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = (pid // n_col_blocks) * ROWS + tl.arange(0, ROWS)
+    cols = (pid % n_col_blocks) * BLOCK + tl.arange(0, BLOCK)
+    mask = (rows < n_rows)[:, None] & (cols < n_ffn)[None, :]
+    rows64 = tl.cast(rows, tl.int64)[:, None]
+    in_gate = rows64 * (2 * n_ffn) + cols[None, :]
+    g = tl.load(gu_ptr + in_gate, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + in_gate + n_ffn, mask=mask, other=0.0).to(tl.float32)
+    act = g * tl.sigmoid(g) * u
+    tl.store(act_ptr + rows64 * n_ffn + cols[None, :], act.to(act_ptr.dtype.element_ty), mask=mask)
+
+
+_SWIGLU_FWD = kernels.LazyKernel(_swiglu_fwd)
+
+
 def launch_config(device: torch.device) -> dict:
     if device.type != "cuda":  # the interpreter pays per program: big tiles
         return {"ROWS": 64, "BLOCK": 1024, "num_warps": 4}
     return {"ROWS": kernels.env_int("VH_SWIGLU_ROWS", 1), "BLOCK": kernels.env_int("VH_SWIGLU_BLOCK", 1024),
             "num_warps": kernels.env_int("VH_SWIGLU_WARPS", 4)}
+
+
+def _grid(rows: int, n_ffn: int, cfg: dict) -> tuple[int, int, int]:
+    block = min(cfg["BLOCK"], 1 << max(0, (n_ffn - 1).bit_length()))
+    blocks = -(-n_ffn // block)
+    return -(-rows // cfg["ROWS"]) * blocks, blocks, block
+
+
+def forward_triton(gu: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+    n_ffn = gu.shape[-1] // 2
+    gu = gu.contiguous()
+    rows = gu.numel() // max(1, 2 * n_ffn)
+    act = torch.empty((*gu.shape[:-1], n_ffn), dtype=gu.dtype, device=gu.device)
+    if rows == 0:
+        return act
+    cfg = config or launch_config(gu.device)
+    programs, blocks, block = _grid(rows, n_ffn, cfg)
+    _SWIGLU_FWD[(programs,)](gu, act, rows, n_ffn, blocks, ROWS=cfg["ROWS"], BLOCK=block,
+                             num_warps=cfg["num_warps"])
+    return act
 
 
 def backward_triton(dact: torch.Tensor, gu: torch.Tensor, config: dict | None = None) -> torch.Tensor:
@@ -50,12 +86,15 @@ def backward_triton(dact: torch.Tensor, gu: torch.Tensor, config: dict | None = 
     if rows == 0:
         return dgu
     cfg = config or launch_config(gu.device)
-    block = min(cfg["BLOCK"], 1 << max(0, (n_ffn - 1).bit_length()))
-    blocks = -(-n_ffn // block)
-    row_tiles = -(-rows // cfg["ROWS"])
-    _SWIGLU_BWD[(row_tiles * blocks,)](dact, gu, dgu, rows, n_ffn, blocks, ROWS=cfg["ROWS"], BLOCK=block,
-                                       num_warps=cfg["num_warps"])
+    programs, blocks, block = _grid(rows, n_ffn, cfg)
+    _SWIGLU_BWD[(programs,)](dact, gu, dgu, rows, n_ffn, blocks, ROWS=cfg["ROWS"], BLOCK=block,
+                             num_warps=cfg["num_warps"])
     return dgu
+
+
+def forward_reference(gu: torch.Tensor) -> torch.Tensor:
+    g, u = gu.float().chunk(2, dim=-1)
+    return (g * torch.sigmoid(g) * u).to(gu.dtype)
 
 
 def backward_reference(dact: torch.Tensor, gu: torch.Tensor) -> torch.Tensor:
@@ -64,6 +103,18 @@ def backward_reference(dact: torch.Tensor, gu: torch.Tensor) -> torch.Tensor:
     da = dact.float()
     sg = torch.sigmoid(g)
     return torch.cat([da * u * (sg * (1 + g * (1 - sg))), da * (g * sg)], dim=-1).to(gu.dtype)
+
+
+@torch.library.custom_op("vh_kernels::swiglu_forward", mutates_args=())
+def swiglu_forward(gu: torch.Tensor) -> torch.Tensor:
+    if kernels.runs_triton(gu.device):
+        return forward_triton(gu)
+    return forward_reference(gu).contiguous()
+
+
+@swiglu_forward.register_fake
+def _(gu: torch.Tensor) -> torch.Tensor:
+    return gu.new_empty((*gu.shape[:-1], gu.shape[-1] // 2))
 
 
 @torch.library.custom_op("vh_kernels::swiglu_backward", mutates_args=())
@@ -78,18 +129,18 @@ def _(dact: torch.Tensor, gu: torch.Tensor) -> torch.Tensor:
     return gu.new_empty(gu.shape)
 
 
-class SwiGLU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gu: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(gu)
-        gate, up = gu.chunk(2, dim=-1)
-        return F.silu(gate) * up
+def _setup_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[0])
 
-    @staticmethod
-    def backward(ctx, dact: torch.Tensor) -> torch.Tensor:
-        (gu,) = ctx.saved_tensors
-        return torch.ops.vh_kernels.swiglu_backward(dact, gu)
+
+def _backward(ctx, dact: torch.Tensor) -> torch.Tensor:
+    (gu,) = ctx.saved_tensors
+    return swiglu_backward(dact, gu)
+
+
+swiglu_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def swiglu(gu: torch.Tensor) -> torch.Tensor:
-    return SwiGLU.apply(gu)
+    """silu(gate) * up of gu = [gate | up] (last dimension), with the one-pass backward."""
+    return swiglu_forward(gu)

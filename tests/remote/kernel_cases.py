@@ -151,7 +151,17 @@ def test_swiglu_backward_matches_autograd_in_fp64(rows: int, ffn: int) -> None:
     assert within_one_bf16_ulp(out, torch.cat([da * u * (sg * (1 + g * (1 - sg))), da * (g * sg)], -1))
 
 
-def test_swiglu_function_gives_the_unfused_gradients_and_traces_under_compile() -> None:
+@pytest.mark.parametrize(("rows", "ffn"), [(70, 96), (5, 130)])
+def test_swiglu_forward_is_one_rounding_of_the_fp32_product(rows: int, ffn: int) -> None:
+    gu = torch.randn(2, rows, 2 * ffn).to(torch.bfloat16)
+    config = {"ROWS": 16, "BLOCK": 64, "num_warps": 4}
+    out = swiglu.forward_triton(gu, config)
+    g, u = gu.float().chunk(2, -1)
+    assert out.shape == (2, rows, ffn) and within_one_bf16_ulp(out, F.silu(g) * u)
+    assert torch.equal(out, swiglu.forward_triton(gu, config))
+
+
+def test_swiglu_op_gives_the_unfused_gradients_and_traces_under_compile() -> None:
     x = torch.randn(3, 11, 2 * 40).to(torch.bfloat16)
     up = torch.randn(3, 11, 40).to(torch.bfloat16)
     grads = []
