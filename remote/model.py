@@ -144,8 +144,11 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w13 = nn.Linear(cfg.d_model, 2 * cfg.ffn_hidden, bias=False)
         self.w2 = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
+        self.swiglu = None  # remote.kernels.swiglu.swiglu when that kernel is active (one-pass backward)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu is not None:
+            return self.w2(self.swiglu(self.w13(x)))
         gate, up = self.w13(x).chunk(2, dim=-1)
         return self.w2(F.silu(gate) * up)
 
@@ -172,6 +175,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ce_chunk_tokens = 8192
         self.ce_kernel = _ce_chunk  # replaced by a compiled version under --compile
+        self.ce_fused = False  # remote.kernels.loss: one logits buffer, Triton CE, fp32 GEMM accumulation
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
@@ -193,7 +197,7 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin)
         h = self.norm(h)
         return linear_cross_entropy(h.flatten(0, 1), self.tok_embeddings.weight, targets.flatten(),
-                                    self.ce_chunk_tokens, self.ce_kernel)
+                                    self.ce_chunk_tokens, self.ce_kernel, fused=self.ce_fused)
 
 
 def build_model(cfg: ModelConfig, device: torch.device, seed: int) -> Transformer:
@@ -219,10 +223,21 @@ def _ce_chunk(logits: torch.Tensor, targets: torch.Tensor, scale: float
 
 class _LinearCrossEntropy(torch.autograd.Function):
     """Head matmul + cross-entropy in token chunks; the gradients are formed in forward (Liger-style),
-    so at most one chunk of logits exists at a time and none is saved for backward."""
+    so at most one chunk of logits exists at a time and none is saved for backward.
+
+    fused=True: remote.kernels.loss (one reused logits buffer, Triton CE written over the logits, grad_h
+    written in place, the head gradient kept in fp32 inside the GEMM and cast once in backward)."""
 
     @staticmethod
-    def forward(ctx, h, weight, targets, chunk_tokens, kernel):
+    def forward(ctx, h, weight, targets, chunk_tokens, kernel, fused=False):
+        ctx.fused = fused
+        if fused:
+            from remote.kernels import loss
+
+            total, grad_h, grad_w32 = loss.forward_backward(h, weight, targets, chunk_tokens, use_triton=True)
+            ctx.weight_dtype = weight.dtype
+            ctx.save_for_backward(grad_h, grad_w32)
+            return total
         n = h.shape[0]
         grad_h = torch.empty_like(h)
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
@@ -239,9 +254,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_out.to(grad_h.dtype), grad_w * grad_out.to(grad_w.dtype), None, None, None
+        if ctx.fused:
+            from remote.kernels import loss
+
+            grad_w = loss.scale_cast(grad_w, grad_out, ctx.weight_dtype, use_triton=True)
+            return grad_h * grad_out.to(grad_h.dtype), grad_w, None, None, None, None
+        return grad_h * grad_out.to(grad_h.dtype), grad_w * grad_out.to(grad_w.dtype), None, None, None, None
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         chunk_tokens: int = 8192, kernel=_ce_chunk) -> torch.Tensor:
-    return _LinearCrossEntropy.apply(h, weight, targets, chunk_tokens, kernel)
+                         chunk_tokens: int = 8192, kernel=_ce_chunk, fused: bool = False) -> torch.Tensor:
+    return _LinearCrossEntropy.apply(h, weight, targets, chunk_tokens, kernel, fused)

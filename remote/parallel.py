@@ -11,6 +11,10 @@ optimizer, so the update is not lost to bf16 rounding. Gradients are reduced in 
 - `apply_zero2(overlap=True)` ("zero2o"): the same buckets and the same collectives in the same order,
   but each bucket's reduce-scatter is issued from a post-accumulate-grad hook as soon as its last gradient
   lands, so communication overlaps the rest of backward. Bitwise equal to zero2 by construction.
+- `apply_zero2(fused_optim=True)`: the same state, updated by one fused kernel pass per bucket shard
+  (remote.kernels.adamw). At world size 1 there is nothing to reduce: no gradient buckets, no zeroing, no
+  collectives; autograd hands each gradient over as is and the kernel writes the bf16 weight in place.
+  zero2 and zero2o take the identical path there, so they stay bitwise equal.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from remote import kernels
 from remote.envprobe import mask_env
 from remote.model import Transformer, _ce_chunk
 from remote.profiles import TrainConfig
@@ -34,7 +39,8 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 PCIE = {"NCCL_P2P_DISABLE": "1", "NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_MIN_NCHANNELS": "4",
         "NCCL_MAX_NCHANNELS": "8", "NCCL_BUFFSIZE": "8388608"}
 RECORDED_ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "PYTORCH_CUDA_ALLOC_CONF",
-                         "CUBLAS_WORKSPACE_CONFIG", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "VH_MPS_MODE")
+                         "CUBLAS_WORKSPACE_CONFIG", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "VH_MPS_MODE",
+                         *kernels.ENV_PREFIXES)
 _ALIGN = 64  # elements: every parameter and every shard starts 128-byte aligned in the flat buffers
 
 
@@ -59,6 +65,22 @@ def apply_act_ckpt(model: Transformer) -> None:
     for block in model.layers:
         inner = block.forward
         block.forward = lambda *args, _f=inner: checkpoint(_f, *args, use_reentrant=False)
+
+
+def apply_kernels(model: Transformer, device: torch.device) -> list[str]:
+    """Switch the model onto the hand-written kernels that are active here (before compile: Dynamo
+    traces the choice as a constant). Returns the active model-side kernels."""
+    done = []
+    if kernels.active("loss", device):
+        model.ce_fused = True
+        done.append("loss")
+    if kernels.active("swiglu", device):
+        from remote.kernels.swiglu import swiglu
+
+        for block in model.layers:
+            block.ffn.swiglu = swiglu
+        done.append("swiglu")
+    return done
 
 
 def apply_compile(model: Transformer) -> None:
@@ -139,9 +161,10 @@ def apply_ddp(model: Transformer, names: dict[int, str], train: TrainConfig, gro
 
 
 class _Bucket:
-    """A run of parameters sharing one flat bf16 weight buffer and one flat bf16 gradient buffer."""
+    """A run of parameters sharing one flat bf16 weight buffer and one flat bf16 gradient buffer
+    (with_grads=False: weights only; autograd's own gradient tensors are read where they land)."""
 
-    def __init__(self, params: list[nn.Parameter], world: int, rank: int) -> None:
+    def __init__(self, params: list[nn.Parameter], world: int, rank: int, with_grads: bool = True) -> None:
         self.params, self.offsets = params, []
         total = 0
         for p in params:
@@ -151,30 +174,39 @@ class _Bucket:
         self.shard = self.numel // world
         ref = params[0]
         self.flat_param = torch.zeros(self.numel, dtype=ref.dtype, device=ref.device)
-        self.flat_grad = torch.zeros_like(self.flat_param)
-        self.shard_grad = torch.empty(self.shard, dtype=ref.dtype, device=ref.device)
-        self.shard_out = torch.empty_like(self.shard_grad)  # updated shard, all-gather input
         self.my_slice = slice(rank * self.shard, (rank + 1) * self.shard)
+        if with_grads:
+            self.flat_grad = torch.zeros_like(self.flat_param)
+            self.shard_grad = torch.empty(self.shard, dtype=ref.dtype, device=ref.device)
+            self.shard_out = torch.empty_like(self.shard_grad)  # updated shard, all-gather input
         with torch.no_grad():
             for p, off in zip(params, self.offsets, strict=True):
                 view = self.flat_param[off:off + p.numel()].view_as(p)
                 view.copy_(p)
                 p.data = view  # the Parameter object (and its name) survives; its storage is the bucket
                 # autograd accumulates in place into an existing .grad: the bucket fills with no copy
-                p.grad = self.flat_grad[off:off + p.numel()].view_as(p)
+                p.grad = self.flat_grad[off:off + p.numel()].view_as(p) if with_grads else None
         self.ready = 0
 
 
 class Zero2Runner:
     def __init__(self, model: Transformer, names: dict[int, str], train: TrainConfig,
-                 group: dist.ProcessGroup, overlap: bool) -> None:
+                 group: dist.ProcessGroup, overlap: bool, fused_optim: bool = False) -> None:
         self.module, self.names, self.group, self.overlap = model, names, group, overlap
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.fused = fused_optim
+        self.direct = fused_optim and self.world == 1  # nothing to reduce: read autograd's gradients as is
         self.buckets = self._make_buckets(list(model.parameters()), train.bucket_cap_mb * 2**20)
-        self.optim = _MasterAdamW([b.flat_param[b.my_slice] for b in self.buckets], train)
+        shards = [b.flat_param[b.my_slice] for b in self.buckets]
+        if fused_optim:
+            from remote.kernels.adamw import FusedMasterAdamW
+
+            self.optim = FusedMasterAdamW(shards, train.lr, train.beta1, train.beta2, train.weight_decay)
+        else:
+            self.optim = _MasterAdamW(shards, train)
         self.handles: list = []
         self.launched = 0
-        if overlap:
+        if overlap and not self.direct:
             for i, b in enumerate(self.buckets):
                 for p in b.params:
                     p.register_post_accumulate_grad_hook(lambda _p, _i=i: self._on_grad_ready(_i))
@@ -190,7 +222,7 @@ class Zero2Runner:
                 size = 0
             groups[-1].append(p)
             size += nbytes
-        return [_Bucket(g, self.world, self.rank) for g in groups]
+        return [_Bucket(g, self.world, self.rank, with_grads=not self.direct) for g in groups]
 
     def _launch(self, i: int) -> None:
         b = self.buckets[i]
@@ -212,12 +244,20 @@ class Zero2Runner:
 
     @torch.no_grad()
     def step(self) -> None:
+        if self.direct:
+            self._step_direct()
+            return
         for i in range(self.launched, len(self.buckets)):  # zero2: all of them; zero2o: none normally
             self._launch(i)
         for h in self.handles:
             h.wait()
-        self.optim.step([b.shard_grad for b in self.buckets], [b.shard_out for b in self.buckets],
-                        grad_scale=1.0 / self.world)
+        if self.fused:
+            self.optim.begin_step()
+            for i, b in enumerate(self.buckets):
+                self.optim.update(i, b.shard_grad, b.shard_out, grad_scale=1.0 / self.world)
+        else:
+            self.optim.step([b.shard_grad for b in self.buckets], [b.shard_out for b in self.buckets],
+                            grad_scale=1.0 / self.world)
         gathers = [dist.all_gather_into_tensor(b.flat_param, b.shard_out, group=self.group, async_op=True)
                    for b in self.buckets]
         for g in gathers:
@@ -226,6 +266,17 @@ class Zero2Runner:
             b.flat_grad.zero_()
             b.ready = 0
         self.handles, self.launched = [], 0
+
+    def _step_direct(self) -> None:
+        """World size 1, fused optimizer: one kernel per parameter reads the gradient autograd produced
+        (its storage, no copy into a bucket) and writes master/m/v and the bf16 weight in place; the
+        gradient is then dropped, so the next backward hands over a fresh one (no zeroing pass)."""
+        self.optim.begin_step()
+        for i, b in enumerate(self.buckets):
+            for p, off in zip(b.params, b.offsets, strict=True):
+                grad = p.grad if p.grad is not None else torch.zeros_like(p)  # unused: AdamW on zero grad
+                self.optim.update(i, grad, p.data, offset=off)
+                p.grad = None
 
     def optimizer_numel(self) -> int:
         return self.optim.numel()
@@ -251,9 +302,9 @@ class Zero2Runner:
 
 
 def apply_zero2(model: Transformer, names: dict[int, str], train: TrainConfig, group: dist.ProcessGroup,
-                overlap: bool) -> Zero2Runner:
-    return Zero2Runner(model, names, train, group, overlap)
+                overlap: bool, fused_optim: bool = False) -> Zero2Runner:
+    return Zero2Runner(model, names, train, group, overlap, fused_optim)
 
 
 __all__ = ["MULTICAST_OFF", "PCIE", "DdpRunner", "Zero2Runner", "apply_act_ckpt", "apply_compile", "apply_ddp",
-           "apply_zero2", "recorded_env", "set_process_env"]
+           "apply_kernels", "apply_zero2", "recorded_env", "set_process_env"]

@@ -19,7 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from remote import attention, data, determinism, envprobe, evidence, merkle, mfu, parallel
+from remote import attention, data, determinism, envprobe, evidence, kernels, merkle, mfu, parallel
 from remote.comm import all_gather_json
 from remote.model import build_model
 from remote.profiles import Profile, ProfileError, load_profile
@@ -162,8 +162,9 @@ def run_round(args: argparse.Namespace, profile: Profile, device: torch.device, 
     group = dist.new_group(backend=backend, timeout=timedelta(seconds=ROUND_TIMEOUT_S))  # fresh communicator
     torch.manual_seed(train.seed)
     model = build_model(cfg, device, train.seed)
-    model.ce_chunk_tokens = train.ce_chunk_tokens
+    model.ce_chunk_tokens = kernels.ce_chunk_tokens(train.ce_chunk_tokens)
     names = {id(p): n for n, p in model.named_parameters()}  # canonical names, before any wrapping
+    parallel.apply_kernels(model, device)  # before compile: the choice is traced as a constant
     if args.act_ckpt:
         parallel.apply_act_ckpt(model)
     if args.compile:
@@ -171,7 +172,8 @@ def run_round(args: argparse.Namespace, profile: Profile, device: torch.device, 
     if args.reduction == "ddp":
         runner = parallel.apply_ddp(model, names, train, group, device)
     else:
-        runner = parallel.apply_zero2(model, names, train, group, overlap=args.reduction == "zero2o")
+        runner = parallel.apply_zero2(model, names, train, group, overlap=args.reduction == "zero2o",
+                                      fused_optim=kernels.active("optim", device))
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -222,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = load_profile(args.profile)
         validate(args, profile, world)
-    except (ProfileError, UsageError) as exc:
+        kernels.requested()  # a typo in VH_KERNELS stops here, not after the first round
+        kernels.ce_chunk_tokens(profile.train.ce_chunk_tokens)
+    except (ProfileError, UsageError, kernels.KnobError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     env = parallel.set_process_env(args.nccl_pcie)
@@ -256,6 +260,11 @@ def _run(args: argparse.Namespace, profile: Profile, device: torch.device, rank:
     log(rank, f"attention backend: {choice.path}")
     log(rank, f"profile {profile.name} world {world} reduction {args.reduction} device {device_name} "
               f"peak {peak.tflops} TFLOP/s kv {choice.kv_mode}")
+    kern = kernels.describe(device) | {"ce_chunk_tokens": kernels.ce_chunk_tokens(profile.train.ce_chunk_tokens)}
+    if args.reduction == "ddp":  # the fused optimizer is wired into the zero2 runners only
+        kern["active"] = [k for k in kern["active"] if k != "optim"]
+    log(rank, f"kernels active: {','.join(kern['active']) or 'none'} (requested "
+              f"{','.join(kern['requested']) or 'none'}, triton {kern['triton']}, ce chunk {kern['ce_chunk_tokens']})")
     first = run_round(args, profile, device, rank)
     second = run_round(args, profile, device, rank) if args.replay else None
     comm = _comm_device(local_rank)
@@ -265,6 +274,7 @@ def _run(args: argparse.Namespace, profile: Profile, device: torch.device, rank:
         record = evidence.build(args=args, profile=profile, world=world, peak=peak, choice=choice,
                                 first=first, second=second, identities=identities, mems=mems, env=env,
                                 det=det, mps=mps_rec, device=device)
+        record["kernels"] = kern
         evidence.write(args.out, record)
         log(rank, f"mfu {record['mfu']:.4f} tokens/s {record['tokens_per_s']:.0f} "
                   f"leaf_root {record['leaf_root'][:16]} replay_match {record.get('replay_match')}")

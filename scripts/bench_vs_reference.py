@@ -114,10 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         ours = ours_run(args.profile, args.micro_batch, args.steps, [])
     record = {"schema": SCHEMA, "created_unix": time.time(), "profile": args.profile,
               "micro_batch": args.micro_batch, "reference": reference, "ours": ours,
-              "ratio": ours["mfu"] / reference["mfu"], "versions": envprobe.versions()}
+              "ratio": ours["mfu"] / reference["mfu"], "versions": envprobe.versions(),
+              "ours_kernels": ours.get("kernels", {}).get("active")}
     evidence.write(args.out, record)
-    print(f"[bench] ours mfu {ours['mfu']:.4f}  reference mfu {reference['mfu']:.4f}  "
-          f"ratio {record['ratio']:.3f}", flush=True)
+    print(f"[bench] ours mfu {ours['mfu']:.4f} (kernels {record['ours_kernels']})  reference mfu "
+          f"{reference['mfu']:.4f}  ratio {record['ratio']:.3f}", flush=True)
     return 0
 
 

@@ -1,0 +1,111 @@
+"""Hand-written kernels for the 1B workload, each behind a knob so one device call can measure each change.
+
+Knobs (environment, read when the model/runner is built; recorded in the evidence):
+
+- `VH_KERNELS`: comma list of `loss`, `swiglu`, `optim`, or `all` (the default) / `none`.
+  - `loss`: the chunked LM-head + cross-entropy with one reused logits buffer, a single Triton pass per row
+    (online max/sum, then the gradient written over the logits in place), input gradients written in
+    place, and the head gradient accumulated in fp32 inside the GEMM (`addmm(out_dtype=float32)`).
+  - `swiglu`: SwiGLU backward in one pass (reads the upstream gradient and gate/up once, writes both).
+  - `optim`: one fused AdamW pass (bf16 grad + fp32 master/m/v in, fp32 state + bf16 params out); at world
+    size 1 no collectives, no gradient buckets and no bucket zeroing.
+- `VH_CE_CHUNK`: tokens per loss chunk (overrides the profile's `ce_chunk_tokens`).
+- `VH_CE_BLOCK`, `VH_CE_WARPS`, `VH_CE_PROGRAMS`: the loss kernel's launch (programs 0 = one per row).
+- `VH_SWIGLU_BLOCK`, `VH_SWIGLU_WARPS`, `VH_ADAMW_BLOCK`, `VH_ADAMW_WARPS`: the other two launches.
+
+A kernel is active only on CUDA with Triton importable; elsewhere the torch path runs, unchanged. For tests,
+`VH_KERNELS_CPU=1` together with `TRITON_INTERPRET=1` runs the Triton kernels on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+KNOWN = ("loss", "swiglu", "optim")
+ENV_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_")
+
+try:
+    import triton
+
+    TRITON_VERSION: str | None = triton.__version__
+except Exception:  # noqa: BLE001 - a broken triton must only switch the kernels off, never end a run
+    TRITON_VERSION = None
+
+
+class KnobError(ValueError):
+    """A kernel knob names something unknown."""
+
+
+def requested() -> frozenset[str]:
+    raw = os.environ.get("VH_KERNELS", "all").strip().lower()
+    if raw in ("", "none", "off", "0"):
+        return frozenset()
+    if raw in ("all", "on", "1"):
+        return frozenset(KNOWN)
+    names = {n.strip() for n in raw.split(",") if n.strip()}
+    unknown = sorted(names - set(KNOWN))
+    if unknown:
+        raise KnobError(f"VH_KERNELS names unknown kernel(s) {unknown}; known: {', '.join(KNOWN)}, all, none")
+    return frozenset(names)
+
+
+def interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
+
+
+def runs_triton(device: torch.device) -> bool:
+    """Can Triton kernels run on tensors of this device (compiled on CUDA, interpreted on CPU in tests)?"""
+    if TRITON_VERSION is None:
+        return False
+    if device.type == "cuda":
+        return not interpret()
+    return device.type == "cpu" and interpret() and os.environ.get("VH_KERNELS_CPU") == "1"
+
+
+def active(name: str, device: torch.device) -> bool:
+    if name not in KNOWN:
+        raise KnobError(f"unknown kernel {name!r}")
+    return name in requested() and runs_triton(device)
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise KnobError(f"{name}={raw!r} is not an integer") from None
+    if value < 0:
+        raise KnobError(f"{name}={raw!r} must be >= 0")
+    return value
+
+
+def ce_chunk_tokens(profile_default: int) -> int:
+    return env_int("VH_CE_CHUNK", profile_default) or profile_default
+
+
+def describe(device: torch.device) -> dict:
+    """What ran, for the evidence record."""
+    return {"requested": sorted(requested()), "active": sorted(n for n in KNOWN if active(n, device)),
+            "triton": TRITON_VERSION,
+            "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}}
+
+
+class LazyKernel:
+    """A Triton kernel decorated on first launch, once per interpret mode: `TRITON_INTERPRET` is read at
+    decoration time, so tests can switch to the interpreter after this module was imported."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self._jitted: dict[bool, object] = {}
+
+    def __getitem__(self, grid):
+        mode = interpret()
+        if mode not in self._jitted:
+            import triton
+
+            self._jitted[mode] = triton.jit(self.fn)
+        return self._jitted[mode][grid]

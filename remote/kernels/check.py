@@ -1,0 +1,284 @@
+"""On the GPU: each kernel against its torch reference at the 1B shapes, then timed against the path it
+replaces and against the copy ceiling measured here.
+
+    python -m remote.kernels.check --out kernels-check.json [--tokens 32768]
+
+Correctness per METHOD: fresh random inputs, outputs poisoned first where the kernel writes into a given
+buffer, ||out - ref|| / ||ref|| against an fp32 (or fp64) reference, two runs on the same input compared
+bit for bit. Timing: CUDA events (triton.testing.do_bench), median. Exit 1 if any check fails.
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+
+import torch
+
+from remote import kernels
+
+SHAPES = {"d_model": 2048, "ffn": 8192, "vocab": 128256, "ce_rows": 8192, "adamw_check": 64 * 2**20,
+          "params": 1_235_814_400}  # params: non-embedding + embedding parameters of the 1B profile
+# --small: the same code paths at toy sizes, for a dry run on CPU through Triton's interpreter
+SMALL = {"d_model": 32, "ffn": 48, "vocab": 300, "ce_rows": 40, "adamw_check": 5000, "params": 7000}
+
+
+def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def bench_ms(fn) -> float:
+    if not torch.cuda.is_available():  # dry run: one call, host clock
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
+class Report:
+    def __init__(self) -> None:
+        self.checks: list[dict] = []
+        self.timings: list[dict] = []
+        self.errors: list[str] = []
+
+    def check(self, name: str, value: float | bool, limit: float | None = None) -> None:
+        ok = bool(value) if limit is None else (not math.isnan(value) and value < limit)
+        self.checks.append({"name": name, "value": value, "limit": limit, "ok": ok})
+        print(f"[check] {'ok  ' if ok else 'FAIL'} {name}: {value}" + (f" (< {limit})" if limit else ""),
+              flush=True)
+
+    def time(self, name: str, ms: float, nbytes: float | None = None, note: str = "") -> None:
+        row = {"name": name, "ms": ms, "bytes": nbytes, "tb_s": nbytes / ms / 1e9 if nbytes else None,
+               "note": note}
+        self.timings.append(row)
+        bw = f" {row['tb_s']:.2f} TB/s" if nbytes else ""
+        print(f"[time] {name}: {ms:.3f} ms{bw} {note}", flush=True)
+
+
+def copy_ceiling(rep: Report, dev: torch.device, sh: dict) -> float:
+    src = torch.randn(2**29 if dev.type == "cuda" else 2**16, device=dev, dtype=torch.float32)  # 2 GiB
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    rep.time("copy 2 GiB (read+write)", ms, 2 * src.numel() * 4)
+    return 2 * src.numel() * 4 / ms / 1e9
+
+
+def check_ce(rep: Report, dev: torch.device, sh: dict) -> None:
+    from remote.kernels import loss
+
+    rows, VOCAB = sh["ce_rows"], sh["vocab"]
+    logits = (torch.randn(rows, VOCAB, device=dev) * 3).to(torch.bfloat16)
+    targets = torch.randint(0, VOCAB, (rows,), device=dev)
+    ref_buf, ref_loss = logits.clone(), torch.empty(rows, device=dev)
+    loss.ce_rows_reference(ref_buf, targets, ref_loss, 1.0 / rows)
+    outs = []
+    for _ in range(2):
+        buf, row_loss = logits.clone(), torch.full((rows,), float("nan"), device=dev)
+        loss.ce_rows_inplace(buf, targets, row_loss, 1.0 / rows)
+        outs.append((buf, row_loss))
+    rep.check("ce: row loss rel err vs fp32 torch", rel(outs[0][1], ref_loss), 1e-5)
+    rep.check("ce: gradient rel err vs fp32 torch", rel(outs[0][0], ref_buf), 1e-2)
+    rep.check("ce: every row loss written", bool(torch.isfinite(outs[0][1]).all()))
+    rep.check("ce: bitwise across two runs", torch.equal(outs[0][0], outs[1][0]) and
+              torch.equal(outs[0][1], outs[1][1]))
+    nbytes = 2 * logits.numel() * 2  # the floor: read once, write once
+    base = _compiled_ce(dev)
+    rep.time(f"ce baseline (Inductor _ce_chunk) {rows}x{VOCAB}",
+             bench_ms(lambda: base(logits, targets, 1.0)), nbytes)
+    work = logits.clone()
+    row_loss = torch.empty(rows, device=dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+    configs = [{"ROWS": 1, "BLOCK": 4096, "num_warps": 8, "programs": 0},
+               {"ROWS": 1, "BLOCK": 8192, "num_warps": 8, "programs": 0},
+               {"ROWS": 1, "BLOCK": 8192, "num_warps": 16, "programs": 0},
+               {"ROWS": 1, "BLOCK": 8192, "num_warps": 16, "programs": sms},
+               {"ROWS": 1, "BLOCK": 16384, "num_warps": 16, "programs": sms},
+               {"ROWS": 1, "BLOCK": 8192, "num_warps": 8, "programs": 2 * sms},
+               {"ROWS": 2, "BLOCK": 4096, "num_warps": 8, "programs": 0}]
+    default = loss.launch_config(dev, rows)
+    for cfg in configs:
+        work.copy_(logits)
+        ms = bench_ms(lambda c=cfg: loss.ce_rows_inplace(work, targets, row_loss, 1e-9, c))
+        tag = " (default)" if cfg == default else ""
+        rep.time(f"ce triton {cfg}{tag}", ms, nbytes)
+
+
+_COMPILED: dict = {}
+
+
+def _compiled_ce(dev: torch.device):
+    """The baseline's loss kernel, compiled once and shared by the two sections that time it."""
+    from remote.model import _ce_chunk
+
+    if dev.type != "cuda":
+        return _ce_chunk
+    if "ce" not in _COMPILED:
+        _COMPILED["ce"] = torch.compile(_ce_chunk, fullgraph=True)
+    return _COMPILED["ce"]
+
+
+def check_loss_path(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
+    from remote.kernels import loss
+    from remote.model import linear_cross_entropy
+
+    D_MODEL, VOCAB = sh["d_model"], sh["vocab"]
+    chunks = (8192, 16384, 32768) if dev.type == "cuda" else (16, 32, 64)
+    h = torch.randn(tokens, D_MODEL, device=dev).to(torch.bfloat16)
+    w = (torch.randn(VOCAB, D_MODEL, device=dev) * 0.02).to(torch.bfloat16)
+    t = torch.randint(0, VOCAB, (tokens,), device=dev)
+    rep.check("loss: fp32-accumulating GEMM available (addmm out_dtype=float32)", loss.fp32_accumulate_gemm(dev))
+    compiled = _compiled_ce(dev)
+    results = {}
+    for name, fused, chunk in (("baseline", False, chunks[0]), *(("fused", True, c) for c in chunks)):
+        def run(fused=fused, chunk=chunk):
+            hh, ww = h.detach().requires_grad_(), w.detach().requires_grad_()
+            out = linear_cross_entropy(hh, ww, t, chunk, compiled, fused=fused)
+            out.backward()
+            return out.detach(), hh.grad, ww.grad
+
+        results[(name, chunk)] = run()
+        cuda = dev.type == "cuda"
+        torch.cuda.reset_peak_memory_stats(dev) if cuda else None
+        ms = bench_ms(run)
+        peak = torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else 0.0
+        rep.time(f"loss path {name} chunk {chunk} ({tokens} tokens, fwd+bwd)", ms, note=f"peak {peak:.1f} GiB")
+    base = results[("baseline", chunks[0])]
+    for key, val in results.items():
+        if key[0] != "fused":
+            continue
+        rep.check(f"loss chunk {key[1]}: loss rel diff vs baseline", rel(val[0], base[0]), 1e-4)
+        rep.check(f"loss chunk {key[1]}: grad_h rel err vs baseline", rel(val[1], base[1]), 2e-2)
+        rep.check(f"loss chunk {key[1]}: grad_w rel err vs baseline", rel(val[2], base[2]), 2e-2)
+    again = (lambda: linear_cross_entropy(h.detach().requires_grad_(), w, t, chunks[0], fused=True))
+    rep.check("loss: fused loss bitwise across two runs", torch.equal(again(), again()))
+    src = torch.randn(VOCAB, D_MODEL, device=dev)
+    rep.check("loss: scale_cast == (src * s).to(bf16) bitwise",
+              torch.equal(loss.scale_cast(src, torch.tensor(0.5, device=dev), torch.bfloat16, True),
+                          (src * 0.5).to(torch.bfloat16)))
+
+
+def check_swiglu(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
+    import torch.nn.functional as F
+
+    from remote.kernels import swiglu
+
+    FFN = sh["ffn"]
+    gu = torch.randn(tokens, 2 * FFN, device=dev).to(torch.bfloat16)
+    dact = torch.randn(tokens, FFN, device=dev).to(torch.bfloat16)
+    g, u = gu.float().chunk(2, -1)
+    act = swiglu.forward_triton(gu)
+    rep.check("swiglu fwd rel err vs fp32 torch", rel(act, F.silu(g) * u), 1e-2)
+    ref_act = (F.silu(g) * u).abs()
+    rep.check("swiglu fwd within one bf16 ulp of fp32 torch",
+              bool(((act.float() - F.silu(g) * u).abs() <= ref_act * 2.0**-7 + 1e-30).all()))
+    dgu = swiglu.backward_triton(dact, gu)
+    ref = swiglu.backward_reference(dact, gu)
+    rep.check("swiglu bwd rel err vs fp32 torch", rel(dgu, ref), 1e-2)
+    rep.check("swiglu bwd bitwise across two runs", torch.equal(dgu, swiglu.backward_triton(dact, gu)))
+    n = tokens * FFN * 2
+    fwd_bytes, bwd_bytes = 3 * n, 5 * n
+    inductor_bwd = torch.compile(_inductor_swiglu_bwd, fullgraph=True) if dev.type == "cuda" else \
+        _inductor_swiglu_bwd
+    rep.time(f"swiglu bwd Inductor (cat formula) [{tokens}x{FFN}]", bench_ms(lambda: inductor_bwd(dact, gu)),
+             bwd_bytes)
+    default = swiglu.launch_config(dev)
+    for cfg in ({"ROWS": 1, "BLOCK": 1024, "num_warps": 4}, {"ROWS": 1, "BLOCK": 2048, "num_warps": 8},
+                {"ROWS": 4, "BLOCK": 1024, "num_warps": 8}, default):
+        tag = " (default)" if cfg == default else ""
+        rep.time(f"swiglu bwd triton {cfg}{tag}", bench_ms(lambda c=cfg: swiglu.backward_triton(dact, gu, c)),
+                 bwd_bytes)
+    rep.time("swiglu fwd triton (default)", bench_ms(lambda: swiglu.forward_triton(gu)), fwd_bytes)
+
+
+def _inductor_swiglu_bwd(dact, gu):
+    """The ops of the unfused block's backward graph for silu(gate) * up, which Inductor fuses into the
+    cat-shaped kernel the baseline profile shows."""
+    gate, up = gu.chunk(2, dim=-1)
+    sg = torch.sigmoid(gate)
+    return torch.cat([dact * up * (sg * (1 + gate * (1 - sg))), dact * (gate * sg)], dim=-1)
+
+
+def check_adamw(rep: Report, dev: torch.device, sh: dict) -> None:
+    from remote.kernels import adamw
+
+    n = sh["adamw_check"]
+    g = torch.randn(n, device=dev).to(torch.bfloat16)
+    start = [torch.randn(n, device=dev), torch.randn(n, device=dev) * 1e-3, torch.rand(n, device=dev) * 1e-6]
+    hp = adamw.hyper(3e-4, 0.9, 0.95, 0.1, 1e-8, step=5)
+    res = []
+    for kind in ("triton", "triton", "reference"):
+        master, m, v = (x.clone() for x in start)
+        out = torch.full((n,), float("nan"), device=dev, dtype=torch.bfloat16)
+        (adamw.step_triton if kind == "triton" else adamw.step_reference)(g, master, m, v, out, hp, 0.5)
+        res.append((master, m, v, out))
+    rep.check("adamw bitwise across two runs", all(torch.equal(a, b) for a, b in zip(res[0], res[1])))
+    rep.check("adamw master rel err vs torch-op reference", rel(res[0][0], res[2][0]), 1e-6)
+    rep.check("adamw exp_avg_sq rel err vs torch-op reference", rel(res[0][2], res[2][2]), 1e-6)
+    rep.check("adamw bf16 weights written (no NaN left)", bool(torch.isfinite(res[0][3]).all()))
+    # timed at the 1B parameter count: the fused pass vs the path it replaces (copy in, fused AdamW, copy out)
+    del res, start
+    p = sh["params"]
+    grad = torch.randn(p, device=dev).to(torch.bfloat16)
+    master = torch.randn(p, device=dev)
+    moments = [torch.zeros(p, device=dev), torch.zeros(p, device=dev)]
+    out = torch.empty(p, device=dev, dtype=torch.bfloat16)
+    rep.time("adamw fused triton, 1.24e9 params",
+             bench_ms(lambda: adamw.step_triton(grad, master, moments[0], moments[1], out, hp)), 28 * p)
+    moments.clear()  # free 10 GB before the baseline allocates its own moments
+    mp = torch.nn.Parameter(master)
+    mp.grad = torch.zeros_like(master)
+    opt = torch.optim.AdamW([mp], lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=dev.type == "cuda")
+
+    def old():
+        mp.grad.copy_(grad)
+        opt.step()
+        out.copy_(mp.detach())
+
+    rep.time("adamw baseline: copy-in + torch fused AdamW + copy-out", bench_ms(old), 28 * p,
+             note="(bytes counted as the fused floor)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tokens", type=int, default=32768, help="tokens per step (mb 16 x seq 2048)")
+    ap.add_argument("--only", default="copy,ce,loss,swiglu,adamw")
+    ap.add_argument("--small", action="store_true", help="toy sizes on CPU (TRITON_INTERPRET=1 VH_KERNELS_CPU=1)")
+    args = ap.parse_args(argv)
+    dev = torch.device("cpu" if args.small else "cuda")
+    sh = SMALL if args.small else SHAPES
+    tokens = 100 if args.small else args.tokens
+    rep = Report()
+    t0 = time.monotonic()
+    record = {"gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+              "triton": kernels.TRITON_VERSION, "tokens": tokens, "shapes": sh}
+    sections = {"copy": lambda: record.update(copy_tb_s=copy_ceiling(rep, dev, sh)),
+                "ce": lambda: check_ce(rep, dev, sh), "loss": lambda: check_loss_path(rep, dev, tokens, sh),
+                "swiglu": lambda: check_swiglu(rep, dev, tokens, sh), "adamw": lambda: check_adamw(rep, dev, sh)}
+    for name in args.only.split(","):
+        try:
+            sections[name]()
+        except Exception as exc:  # noqa: BLE001 - record and go on: one broken kernel must not hide the rest
+            rep.errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            rep.check(f"{name}: ran without error", False)
+            traceback.print_exc()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        record |= {"checks": rep.checks, "timings": rep.timings, "errors": rep.errors,
+                   "wall_s": time.monotonic() - t0}
+        with open(args.out, "w") as fh:  # after every section: a time limit still leaves what was measured
+            json.dump(record, fh, indent=1)
+    failed = [c["name"] for c in rep.checks if not c["ok"]]
+    print(f"[check] {len(rep.checks) - len(failed)}/{len(rep.checks)} passed; failed: {failed}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The hand-written Triton kernels against torch references, on CPU tensors through Triton's interpreter.
+
+Run by tests/remote/test_kernels.py in a child pytest with TRITON_INTERPRET=1 set before Triton is
+imported (Triton's own library functions are bound to the interpreter at import time). Small shapes with ragged edges (rows and columns that are not multiples of the tile); fresh random inputs
+per test; outputs poisoned first where the kernel writes into a given buffer; every kernel run twice on the
+same input must give the same bits (deterministic mode relies on it). The GPU versions of the same checks,
+at the 1B shapes, are `python -m remote.kernels.check` (scripts/h200_kernels.sh).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("run through tests/remote/test_kernels.py (needs TRITON_INTERPRET=1 from the start)",
+                allow_module_level=True)
+pytest.importorskip("triton")
+
+import torch
+import torch.nn.functional as F
+
+from remote import kernels
+from remote.kernels import adamw, loss, swiglu
+from remote.model import linear_cross_entropy
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("VH_KERNELS_CPU", "1")
+    assert kernels.runs_triton(torch.device("cpu"))
+
+
+def within_one_bf16_ulp(out: torch.Tensor, ref: torch.Tensor) -> bool:
+    """The interpreter rounds fp32 -> bf16 toward zero (the GPU rounds to nearest even): allow one ulp."""
+    ref = ref.float()
+    return bool(((out.float() - ref).abs() <= ref.abs() * 2.0 ** -7 + 1e-30).all())
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def test_knobs_parse_and_refuse_typos(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VH_KERNELS", raising=False)
+    assert kernels.requested() == frozenset(kernels.KNOWN)
+    monkeypatch.setenv("VH_KERNELS", "none")
+    assert kernels.requested() == frozenset()
+    monkeypatch.setenv("VH_KERNELS", "loss, optim")
+    assert kernels.requested() == {"loss", "optim"}
+    assert kernels.active("loss", torch.device("cpu")) and not kernels.active("swiglu", torch.device("cpu"))
+    monkeypatch.setenv("VH_KERNELS", "loss,swigl")
+    with pytest.raises(kernels.KnobError, match="swigl"):
+        kernels.requested()
+    monkeypatch.setenv("VH_CE_CHUNK", "many")
+    with pytest.raises(kernels.KnobError, match="VH_CE_CHUNK"):
+        kernels.ce_chunk_tokens(8192)
+
+
+def test_kernels_stay_off_on_cpu_without_the_test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VH_KERNELS_CPU")
+    assert not kernels.active("loss", torch.device("cpu"))
+    monkeypatch.setenv("VH_KERNELS_CPU", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not kernels.active("loss", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("config", [{"ROWS": 1, "BLOCK": 64, "num_warps": 4, "programs": 0},
+                                    {"ROWS": 16, "BLOCK": 128, "num_warps": 4, "programs": 3}])
+def test_ce_rows_match_the_reference_and_write_every_element(config: dict) -> None:
+    n, v, scale = 37, 301, 1.0 / 50
+    logits = (torch.randn(n, v) * 4).to(torch.bfloat16)
+    targets = torch.randint(0, v, (n,))
+    x = logits.double()
+    ref_loss = torch.logsumexp(x, -1) - x.gather(1, targets[:, None]).squeeze(1)
+    ref_grad = (torch.softmax(x, -1) - F.one_hot(targets, v).double()) * scale
+    outs = []
+    for _ in range(2):
+        buf = logits.clone()
+        row_loss = torch.full((n,), float("nan"))
+        loss.ce_rows_inplace(buf, targets, row_loss, scale, config)
+        assert rel_err(row_loss, ref_loss) < 1e-5
+        assert rel_err(buf, ref_grad) < 1e-2  # one bf16 rounding of each gradient element
+        outs.append((buf, row_loss))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_ce_rows_equal_the_torch_reference_within_rounding() -> None:
+    logits = torch.randn(20, 130).to(torch.bfloat16)
+    targets = torch.randint(0, 130, (20,))
+    a, b = logits.clone(), logits.clone()
+    la, lb = torch.empty(20), torch.empty(20)
+    loss.ce_rows_reference(a, targets, la, 0.25)
+    loss.ce_rows_inplace(b, targets, lb, 0.25, {"ROWS": 8, "BLOCK": 32, "num_warps": 4, "programs": 0})
+    assert torch.allclose(la, lb, rtol=1e-6, atol=1e-6)
+    assert (a.float() - b.float()).abs().max() <= 2 ** -8 * 0.25  # at most one bf16 ulp of the scale
+
+
+@pytest.mark.parametrize("chunk", [16, 23, 64])
+def test_fused_linear_cross_entropy_matches_fp64_and_the_unfused_path(chunk: int) -> None:
+    n, d, v = 50, 24, 77
+    h = torch.randn(n, d).to(torch.bfloat16)
+    w = (torch.randn(v, d) * 0.5).to(torch.bfloat16)
+    t = torch.randint(0, v, (n,))
+    hd, wd = h.double().requires_grad_(), w.double().requires_grad_()
+    F.cross_entropy(hd @ wd.t(), t).backward()
+    total, grad_h, grad_w = loss.forward_backward(h, w, t, chunk, use_triton=True)
+    ref = F.cross_entropy(h.double() @ w.double().t(), t)
+    assert abs(total.item() - ref.item()) < 2e-3 * ref.item()  # bf16 logits: each one rounded once
+    assert grad_w.dtype == torch.float32 and grad_h.dtype == torch.bfloat16
+    assert rel_err(grad_h, hd.grad) < 1e-2 and rel_err(grad_w, wd.grad) < 1e-2
+    # the model's autograd entry: fused and unfused agree within bf16 tolerance, grad_out is honoured
+    grads, losses = [], []
+    for fused in (False, True):
+        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+        out = linear_cross_entropy(hh, ww, t, chunk, fused=fused)
+        (2 * out).backward()
+        grads.append((hh.grad, ww.grad))
+        losses.append(out.item())
+    assert abs(losses[0] - losses[1]) < 1e-5 * losses[0]  # the same bf16 logits, fp32 sums
+    assert rel_err(grads[1][0], grads[0][0]) < 1e-2 and rel_err(grads[1][1], grads[0][1]) < 1e-2
+    assert rel_err(grads[1][1], 2 * wd.grad) < 1e-2
+    again = loss.forward_backward(h, w, t, chunk, use_triton=True)
+    assert all(torch.equal(a, b) for a, b in zip((total, grad_h, grad_w), again, strict=True))
+
+
+def test_scale_cast_is_one_rounding_of_the_product() -> None:
+    src = torch.randn(1000, 7)
+    out = loss.scale_cast(src, torch.tensor(0.75), torch.bfloat16, use_triton=True)
+    assert out.dtype == torch.bfloat16 and within_one_bf16_ulp(out, src * 0.75)
+
+
+@pytest.mark.parametrize(("rows", "ffn"), [(70, 96), (5, 130)])
+def test_swiglu_backward_matches_autograd_in_fp64(rows: int, ffn: int) -> None:
+    gu = torch.randn(rows, 2 * ffn).to(torch.bfloat16)
+    dact = torch.randn(rows, ffn).to(torch.bfloat16)
+    ref_in = gu.double().requires_grad_()
+    g, u = ref_in.chunk(2, -1)
+    (F.silu(g) * u).backward(dact.double())
+    config = {"ROWS": 16, "BLOCK": 64, "num_warps": 4}
+    out = swiglu.backward_triton(dact, gu, config)
+    assert rel_err(out, ref_in.grad) < 1e-2
+    assert torch.equal(out, swiglu.backward_triton(dact, gu, config))
+    # against the fp32 reference it is the same math: at most one bf16 rounding apart
+    g, u = gu.float().chunk(2, -1)
+    sg, da = torch.sigmoid(g), dact.float()
+    assert within_one_bf16_ulp(out, torch.cat([da * u * (sg * (1 + g * (1 - sg))), da * (g * sg)], -1))
+
+
+@pytest.mark.parametrize(("rows", "ffn"), [(70, 96), (5, 130)])
+def test_swiglu_forward_is_one_rounding_of_the_fp32_product(rows: int, ffn: int) -> None:
+    gu = torch.randn(2, rows, 2 * ffn).to(torch.bfloat16)
+    config = {"ROWS": 16, "BLOCK": 64, "num_warps": 4}
+    out = swiglu.forward_triton(gu, config)
+    g, u = gu.float().chunk(2, -1)
+    assert out.shape == (2, rows, ffn) and within_one_bf16_ulp(out, F.silu(g) * u)
+    assert torch.equal(out, swiglu.forward_triton(gu, config))
+
+
+def test_swiglu_op_gives_the_unfused_gradients_and_traces_under_compile() -> None:
+    x = torch.randn(3, 11, 2 * 40).to(torch.bfloat16)
+    up = torch.randn(3, 11, 40).to(torch.bfloat16)
+    grads = []
+    for fn in (lambda t: F.silu(t.chunk(2, -1)[0]) * t.chunk(2, -1)[1], swiglu.swiglu):
+        t = x.clone().requires_grad_()
+        fn(t).backward(up)
+        grads.append(t.grad)
+    assert rel_err(grads[1], grads[0]) < 1e-2
+    torch._dynamo.reset()
+    compiled = torch.compile(swiglu.swiglu, backend="aot_eager", fullgraph=True)
+    t = x.clone().requires_grad_()
+    compiled(t).backward(up)
+    assert torch.equal(t.grad, grads[1])
+
+
+def test_fused_adamw_matches_torch_adamw_over_steps() -> None:
+    n, lr, b1, b2, wd = 3001, 1e-2, 0.9, 0.95, 0.1
+    p0 = torch.randn(n)
+    ref = torch.nn.Parameter(p0.clone())
+    opt = torch.optim.AdamW([ref], lr=lr, betas=(b1, b2), weight_decay=wd, foreach=False)
+    fused = adamw.FusedMasterAdamW([p0.to(torch.bfloat16)], lr, b1, b2, wd)
+    fused.masters[0].copy_(p0)  # same fp32 start as the reference
+    out = torch.full((n,), float("nan"), dtype=torch.bfloat16)
+    for _ in range(4):
+        g = torch.randn(n).to(torch.bfloat16)
+        ref.grad = g.float()
+        opt.step()
+        fused.begin_step()
+        fused.update(0, g, out)
+    assert fused.state(0)["step"].item() == opt.state[ref]["step"].item() == 4
+    assert rel_err(fused.masters[0], ref.detach()) < 1e-6
+    assert rel_err(fused.exp_avg_sq[0], opt.state[ref]["exp_avg_sq"]) < 1e-6
+    assert within_one_bf16_ulp(out, fused.masters[0])
+
+
+def test_fused_adamw_kernel_is_the_reference_update_and_repeats_bitwise() -> None:
+    n = 2500
+    g = torch.randn(n).to(torch.bfloat16)
+    start = [torch.randn(n), torch.randn(n) * 0.1, torch.rand(n) * 0.01]
+    hp = adamw.hyper(3e-3, 0.9, 0.95, 0.1, 1e-8, step=3)
+    results = []
+    for kernel in ("triton", "triton", "reference"):
+        master, m, v = (t.clone() for t in start)
+        out = torch.full((n,), float("nan"), dtype=torch.bfloat16)
+        if kernel == "triton":
+            adamw.step_triton(g, master, m, v, out, hp, grad_scale=0.5, config={"BLOCK": 256, "num_warps": 4})
+        else:
+            adamw.step_reference(g, master, m, v, out, hp, grad_scale=0.5)
+        results.append((master, m, v, out))
+    assert all(torch.equal(a, b) for a, b in zip(results[0], results[1], strict=True))
+    for a, b in zip(results[0][:3], results[2][:3], strict=True):  # fp32 state: a few ulps apart
+        assert rel_err(a, b) < 1e-6
+    assert rel_err(results[0][3], results[2][3]) < 1e-2  # the bf16 weights: at most one rounding apart
