@@ -9,6 +9,7 @@ vocab 128256, tied embeddings). q/k/v and the two SwiGLU input projections are f
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -176,6 +177,9 @@ class Transformer(nn.Module):
         self.ce_chunk_tokens = 8192
         self.ce_kernel = _ce_chunk  # replaced by a compiled version under --compile
         self.ce_fused = False  # remote.kernels.loss: one logits buffer, Triton CE, fp32 GEMM accumulation
+        # Called with -1 before the embedding, i before layer i and n_layers before the final norm and head:
+        # a data-parallel wrapper waits there for the parameters it is still gathering (None: nothing to wait).
+        self.before_stage: Callable[[int], None] | None = None
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
@@ -191,10 +195,14 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy over all positions (fp32 scalar)."""
+        wait = self.before_stage or (lambda _stage: None)
+        wait(-1)
         h = self.tok_embeddings(tokens)
         cos, sin = rope_tables(self.cfg, tokens.shape[1], h.dtype, h.device)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            wait(i)
             h = layer(h, cos, sin)
+        wait(len(self.layers))
         h = self.norm(h)
         return linear_cross_entropy(h.flatten(0, 1), self.tok_embeddings.weight, targets.flatten(),
                                     self.ce_chunk_tokens, self.ce_kernel, fused=self.ce_fused)

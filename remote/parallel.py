@@ -206,7 +206,13 @@ class Zero2Runner:
             self.optim = _MasterAdamW(shards, train)
         self.handles: list = []
         self.launched = 0
+        self.pending_gathers: dict[int, object] = {}  # bucket -> all-gather still in flight (zero2o only)
         if overlap and not self.direct:
+            # zero2o also overlaps the parameter all-gather with the next forward: each bucket is waited for
+            # just before the first stage that reads it, and gathered in that order.
+            self.stage_buckets = self._stage_buckets(model)
+            self.gather_order = sorted(range(len(self.buckets)), key=self._first_stage)
+            model.before_stage = self._wait_stage
             for i, b in enumerate(self.buckets):
                 for p in b.params:
                     p.register_post_accumulate_grad_hook(lambda _p, _i=i: self._on_grad_ready(_i))
@@ -223,6 +229,33 @@ class Zero2Runner:
             groups[-1].append(p)
             size += nbytes
         return [_Bucket(g, self.world, self.rank, with_grads=not self.direct) for g in groups]
+
+    def _stage_of(self, p: nn.Parameter) -> int:
+        """The forward stage that first reads `p`: -1 the embedding (and the tied head), i layer i, n the norm."""
+        name = self.names[id(p)]
+        if name.startswith("layers."):
+            return int(name.split(".")[1])
+        return -1 if name.startswith("tok_embeddings.") else len(self.module.layers)
+
+    def _first_stage(self, i: int) -> int:
+        return min(self._stage_of(p) for p in self.buckets[i].params)
+
+    def _stage_buckets(self, model: Transformer) -> dict[int, list[int]]:
+        stages: dict[int, list[int]] = {}
+        for i in range(len(self.buckets)):
+            stages.setdefault(self._first_stage(i), []).append(i)
+        return stages
+
+    def _wait_stage(self, stage: int) -> None:
+        for i in self.stage_buckets.get(stage, ()):
+            work = self.pending_gathers.pop(i, None)
+            if work is not None:
+                work.wait()  # the compute stream waits for the gather; the host does not block
+
+    def wait_params(self) -> None:
+        """Every parameter whole again (before reading them outside a forward: the leaf root, evidence)."""
+        for i in list(self.pending_gathers):
+            self.pending_gathers.pop(i).wait()
 
     def _launch(self, i: int) -> None:
         b = self.buckets[i]
@@ -251,21 +284,29 @@ class Zero2Runner:
             self._launch(i)
         for h in self.handles:
             h.wait()
-        if self.fused:
+        self.wait_params()  # a previous step's gathers (none normally: the forward waited for them)
+        order = self.gather_order if self.overlap else range(len(self.buckets))
+        if self.fused:  # each bucket's gather starts as soon as its update is done
             self.optim.begin_step()
-            for i, b in enumerate(self.buckets):
+            for i in order:
+                b = self.buckets[i]
                 self.optim.update(i, b.shard_grad, b.shard_out, grad_scale=1.0 / self.world)
+                self.pending_gathers[i] = self._gather(i)
         else:
             self.optim.step([b.shard_grad for b in self.buckets], [b.shard_out for b in self.buckets],
                             grad_scale=1.0 / self.world)
-        gathers = [dist.all_gather_into_tensor(b.flat_param, b.shard_out, group=self.group, async_op=True)
-                   for b in self.buckets]
-        for g in gathers:
-            g.wait()
+            for i in order:
+                self.pending_gathers[i] = self._gather(i)
+        if not self.overlap:
+            self.wait_params()
         for b in self.buckets:
             b.flat_grad.zero_()
             b.ready = 0
         self.handles, self.launched = [], 0
+
+    def _gather(self, i: int):
+        b = self.buckets[i]
+        return dist.all_gather_into_tensor(b.flat_param, b.shard_out, group=self.group, async_op=True)
 
     def _step_direct(self) -> None:
         """World size 1, fused optimizer: one kernel per parameter reads the gradient autograd produced
@@ -284,6 +325,7 @@ class Zero2Runner:
     def canonical_state(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Collective: every rank must iterate. Rank 0 receives full, unpadded tensors under the same
         names DDP uses; other ranks get nothing (they still take part in the gathers)."""
+        self.wait_params()
         for i, b in enumerate(self.buckets):
             st = self.optim.state(i)
             full = {}
