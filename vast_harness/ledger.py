@@ -14,7 +14,10 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-Event = Literal["intent", "created", "create_unknown", "create_failed", "delete_ack", "absence"]
+# create_unresolved: a create whose outcome stayed unknown (answer lost, interrupted while held): `reap` must
+# keep looking for its label.
+Event = Literal["intent", "created", "create_unknown", "create_unresolved", "create_failed", "delete_ack",
+                "absence"]
 
 
 class LedgerEntry(BaseModel):
