@@ -39,8 +39,11 @@ Sleep = Callable[[float], None]
 READ_LAG_WINDOW_S = 30.0
 SIM_READ_LAG_WINDOW_S = 3.0
 LINGERING_STATUSES = frozenset({"destroyed", "terminated"})  # vast-cli's instance_exist counts these as gone
-# 504 means the gateway gave up waiting: the API may still be creating. 500/502/503 did not reach it or failed.
-UNKNOWN_OUTCOME_STATUSES = frozenset({504})
+# HTTP statuses after which a create not found by label (through the lag window) counts as unresolved rather
+# than "not created". Empty: a 5xx is looked up by label until the window has passed, then the next offer is
+# tried, and the final sweep scans its label again. A 504 (the gateway gave up while the API may still be
+# working) is the arguable one; add it here to make such creates exit 3.
+UNKNOWN_OUTCOME_STATUSES: frozenset[int] = frozenset()
 
 
 class BootFailed(HarnessError):
