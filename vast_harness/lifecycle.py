@@ -35,9 +35,9 @@ Sleep = Callable[[float], None]
 
 # How long after a create reads may still not see the instance. Vast documents no figure (its SDK and
 # SkyPilot retry the read); 30 s is our bound, and an absence proof or "not found" inside it counts for
-# nothing. The simulator's lag faults stay within SIM_READ_LAG_WINDOW_S, which --sim runs use.
+# nothing. --sim runs use SIM_READ_LAG_WINDOW_S: a simulated lag longer than that is outside the model.
 READ_LAG_WINDOW_S = 30.0
-SIM_READ_LAG_WINDOW_S = 3.0
+SIM_READ_LAG_WINDOW_S = 1.0
 LINGERING_STATUSES = frozenset({"destroyed", "terminated"})  # vast-cli's instance_exist counts these as gone
 # HTTP statuses after which a create not found by label (through the lag window) counts as unresolved rather
 # than "not created". Empty: a 5xx is looked up by label until the window has passed, then the next offer is

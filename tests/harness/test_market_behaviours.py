@@ -86,7 +86,7 @@ class _CtrlCAfterCreate(GuardedRun):
 
 def test_ctrl_c_right_after_create_with_lagging_reads_still_deletes(sim, tmp_path):
     sim.set_faults("read_lag:1.5")
-    r = guarded(sim, make_spec(sim, tmp_path, OK), cls=_CtrlCAfterCreate)
+    r = guarded(sim, make_spec(sim, tmp_path, OK), cls=_CtrlCAfterCreate, read_lag_window_s=2.0)
     result = execute(r)
     assert result.exit_code == 130, result.message
     assert r.teardowns[0].verdict == "gone"
@@ -95,7 +95,7 @@ def test_ctrl_c_right_after_create_with_lagging_reads_still_deletes(sim, tmp_pat
 
 def test_a_lost_create_answer_found_within_the_lag_window_runs(sim, tmp_path):
     sim.set_faults("create_timeout;read_lag:1.5")
-    r = guarded(sim, make_spec(sim, tmp_path, OK))
+    r = guarded(sim, make_spec(sim, tmp_path, OK), read_lag_window_s=2.5)
     result = execute(r)
     assert result.exit_code in (0, 4), result.message
     assert len(of_run(sim, r)) == 1 and not of_run(sim, r)[0]["live"]
