@@ -3,7 +3,10 @@
 Three layers, each written once:
   * `_send`    one paced HTTP request; httpx errors become `TransportError` here and nowhere else.
   * `_call`    `_send` + body parsing + status mapping to the tree in `errors.py`; reads and DELETE go
-               through the single tenacity policy, create never does (a blind re-PUT can rent twice).
+               through the single tenacity policy; create only for a 429 (documented to create nothing,
+               with a penalty to wait out), never on a transport error or 5xx (a blind re-PUT can rent twice).
+               Any body it cannot read (not JSON, nested too deep, too large, wrong types) is an
+               `ApiStatusError`, on every endpoint: callers see only the typed tree.
   * `exchange` `_send` without mapping or retries, recording the raw outcome for the absence proof.
 
 The API key lives only in the `Authorization` header: a request hook refuses any URL that carries it,
@@ -23,7 +26,14 @@ from typing import Any, Literal, Self, TypeVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    wait_combine,
+    wait_exponential_jitter,
+    wait_fixed,
+)
 
 from vast_harness.errors import (
     RETRYABLE,
@@ -46,6 +56,9 @@ DEFAULT_API_URL = "https://console.vast.ai"
 V1_PAGE_LIMIT_MAX = 25  # show_instances.yaml: "max 25"
 MAX_LIST_PAGES = 100  # 2,500 instances: far above any account we drive; a bound against a looping token
 MAX_RECORDED_TEXT_CHARS = 1_000_000
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # far above 8 pages of 1,000 offers; a bound against a flooding proxy
+# create_instance.yaml documents threshold 4.5 s and "penalty: 12" for PUT /asks/: after a 429, wait at least this.
+CREATE_429_PENALTY_S = 12.0
 _SENSITIVE_FIELDS = frozenset({"api_key", "instance_api_key"})
 _GONE_CODES = frozenset({"not_found", "no_such_instance"})
 _OFFER_GONE_WORDS = ("unavailable", "no longer rentable", "already been rented", "already rented")
@@ -130,12 +143,21 @@ def _redact_text(text: str, parsed: Any, secret: str) -> str:
 
 
 def _parse_json(text: str) -> Any | None:
+    """The parsed body, or None for an empty or unreadable one (bad JSON, nested too deep for Python)."""
     if not text.strip():
         return None
     try:
         return jsonlib.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError, MemoryError):
         return None
+
+
+@dataclass
+class _Reply:
+    """What `_send` hands on: the status and the (size-bounded) decoded body."""
+
+    status_code: int
+    text: str
 
 
 def _error_fields(data: Any, text: str) -> tuple[str | None, str | None]:
@@ -207,6 +229,7 @@ class VastClient:
         )
         self._sleep = sleep
         self._clock = clock
+        self._pacer_scale = pacing_scale
         self._pacer = Pacer(scale=pacing_scale, clock=clock, sleep=sleep)
         self._stats = CallStats()
         self._stats_lock = threading.Lock()
@@ -245,9 +268,12 @@ class VastClient:
         return [self._model(Offer, row, "POST", path) for row in self._rows(data, "offers", "POST", path)]
 
     def create_instance(self, offer_id: int, body: dict[str, Any]) -> CreateResult:
-        """Rent an offer. Never retried: a lost answer may still have rented (list by label first)."""
+        """Rent an offer. Retried only on 429 (nothing was created), waiting out the documented penalty;
+        never on a transport error or 5xx: a lost answer may still have rented (list by label first)."""
         path = f"/api/v0/asks/{int(offer_id)}/"
-        data = self._call("PUT", path, json=body, retry=False)
+        penalty_s = CREATE_429_PENALTY_S * self._pacer_scale
+        data = self._call("PUT", path, json=body, retry=True, retry_on=(RateLimitError,),
+                          min_wait_s=penalty_s)
         return self._model(CreateResult, data, "PUT", path)
 
     def get_instance(self, instance_id: int) -> Instance | None:
@@ -302,11 +328,20 @@ class VastClient:
                 return rows
         raise VastError(f"GET /api/v1/instances/ still had a next_token after {MAX_LIST_PAGES} pages")
 
-    def destroy_instance(self, instance_id: int) -> Literal["deleted", "already_gone"]:
-        """DELETE, retried on 429/5xx/transport. A 404 not_found/no_such_instance means already gone."""
+    def instance_price(self, instance_id: int) -> float | None:
+        """The rented instance's own `dph_total` ($/h) now, or None when the read shows none. Hosts re-price
+        at any time; this, not the search price, is what the instance bills."""
+        inst = self.get_instance(instance_id)
+        return inst.dph_total if inst is not None else None
+
+    def destroy_instance(
+        self, instance_id: int, *, max_retry_s: float | None = None
+    ) -> Literal["deleted", "already_gone"]:
+        """DELETE, retried on 429/5xx/transport (for at most `max_retry_s`, default the client's bound).
+        A 404 not_found/no_such_instance is "already gone" as far as DELETE can tell: only a proof says gone."""
         path = f"/api/v0/instances/{int(instance_id)}/"
         try:
-            self._call("DELETE", path, json={}, retry=True)
+            self._call("DELETE", path, json={}, retry=True, max_retry_s=max_retry_s)
         except NotFoundError:
             return "already_gone"
         return "deleted"
@@ -349,7 +384,7 @@ class VastClient:
         try:
             resp = self._send(method, path, params=params, json=json)
             status, text = resp.status_code, resp.text[:MAX_RECORDED_TEXT_CHARS]
-            parsed = _parse_json(text)
+            parsed = _parse_json(resp.text)
             text = _redact_text(text, parsed, self._key)
             parsed = _redact(parsed, self._key)
         except Exception as exc:  # noqa: BLE001 - the contract is to record, never to raise
@@ -360,8 +395,9 @@ class VastClient:
     # ---- internals
     def _send(
         self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None
-    ) -> httpx.Response:
-        """One paced request. The single place httpx exceptions become TransportError."""
+    ) -> _Reply:
+        """One paced request, its body read up to MAX_RESPONSE_BYTES. The single place httpx exceptions
+        become TransportError."""
         method = method.upper()
         if not path.startswith("/") or "?" in path:
             raise ConfigError(f"path must start with '/' and carry no query string, got {path!r}")
@@ -370,24 +406,34 @@ class VastClient:
         token = self._pacer.acquire(method, path)
         self._count(endpoint_key(method, path))
         try:
-            resp = self._http.request(method, path, params=params, json=json)
+            with self._http.stream(method, path, params=params, json=json) as resp:
+                body = bytearray()
+                for chunk in resp.iter_bytes():  # decoded: the bound holds against a compression bomb too
+                    body += chunk
+                    if len(body) > MAX_RESPONSE_BYTES:
+                        raise ApiStatusError(method=method, path=path, status=resp.status_code,
+                                             error="response_too_large",
+                                             msg=f"the body exceeds {MAX_RESPONSE_BYTES} bytes; not read further")
+                reply = _Reply(resp.status_code, bytes(body).decode(resp.encoding or "utf-8", errors="replace"))
         except httpx.RequestError as exc:
             detail = _redact(f"{type(exc).__name__}: {exc}", self._key)
             raise TransportError(f"{method} {path}: {detail}", method=method, path=path) from exc
         finally:
             self._pacer.release(token)
-        if resp.status_code == 429:
+        if reply.status_code == 429:
             with self._stats_lock:
                 self._stats.rate_limited += 1
-        log.debug("%s %s -> %s", method, path, resp.status_code)
-        return resp
+        log.debug("%s %s -> %s", method, path, reply.status_code)
+        return reply
 
     def _call(
-        self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None, retry: bool
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None, retry: bool,
+        retry_on: tuple[type[Exception], ...] = RETRYABLE, min_wait_s: float = 0.0,
+        max_retry_s: float | None = None,
     ) -> Any:
         if not retry:
             return self._call_once(method, path, params, json)
-        for attempt in self._retrying():
+        for attempt in self._retrying(retry_on, min_wait_s, max_retry_s):
             with attempt:
                 return self._call_once(method, path, params, json)
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
@@ -395,6 +441,15 @@ class VastClient:
     def _call_once(self, method: str, path: str, params: dict[str, Any] | None, json: Any) -> Any:
         """Send, parse, and raise the typed error for any non-2xx or `success: false` answer."""
         resp = self._send(method, path, params=params, json=json)
+        try:
+            return self._interpret(method, path, resp)
+        except ApiStatusError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any body we cannot read is a typed error, never a crash
+            raise self._invalid(method, path, f"unreadable body ({type(exc).__name__})", None,
+                                status=resp.status_code) from None
+
+    def _interpret(self, method: str, path: str, resp: _Reply) -> Any:
         data = _parse_json(resp.text)
         status = resp.status_code
         failed = not 200 <= status < 300 or (isinstance(data, dict) and data.get("success") is False)
@@ -406,16 +461,22 @@ class VastClient:
             body = data if data is not None else (text[:2000] or None)
             raise cls(method=method, path=path, status=status, error=error, msg=msg, body=body)
         if data is None and resp.text.strip():
-            raise self._invalid(method, path, "the body is not JSON", None, status=status)
+            raise self._invalid(method, path, "the body is not JSON (or nested too deep)", None, status=status)
         return data
 
-    def _retrying(self) -> Iterator[Any]:
-        """The retry policy, defined once: RETRYABLE errors, jittered exponential waits, a total bound
-        measured on the injected clock (so it includes pacing waits and holds under a fake sleep)."""
+    def _retrying(
+        self, retry_on: tuple[type[Exception], ...] = RETRYABLE, min_wait_s: float = 0.0,
+        max_retry_s: float | None = None,
+    ) -> Iterator[Any]:
+        """The retry policy, defined once: `retry_on` errors (RETRYABLE by default), jittered exponential
+        waits of at least `min_wait_s`, a total bound measured on the injected clock (so it includes pacing
+        waits and holds under a fake sleep)."""
         start = self._clock()
+        bound_s = self._max_retry_s if max_retry_s is None else min(self._max_retry_s, max_retry_s)
+        wait = self._wait if min_wait_s <= 0 else wait_combine(self._wait, wait_fixed(min_wait_s))
 
         def stop(state: RetryCallState) -> bool:
-            return self._clock() - start + state.upcoming_sleep > self._max_retry_s
+            return self._clock() - start + state.upcoming_sleep > bound_s
 
         def before_sleep(state: RetryCallState) -> None:
             with self._stats_lock:
@@ -425,8 +486,8 @@ class VastClient:
 
         return iter(
             Retrying(
-                retry=retry_if_exception_type(RETRYABLE),
-                wait=self._wait,
+                retry=retry_if_exception_type(retry_on),
+                wait=wait,
                 stop=stop,
                 sleep=self._sleep,
                 before_sleep=before_sleep,
@@ -441,6 +502,9 @@ class VastClient:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "body"
             raise self._invalid(method, path, f"{model.__name__}: {where}: {first['msg']}", data) from None
+        except Exception as exc:  # noqa: BLE001 - e.g. RecursionError on a pathological body
+            raise self._invalid(method, path, f"{model.__name__}: unreadable ({type(exc).__name__})",
+                                None) from None
 
     def _rows(self, data: Any, name: str, method: str, path: str) -> list[Any]:
         rows = data.get(name) if isinstance(data, dict) else None
@@ -450,7 +514,10 @@ class VastClient:
 
     def _invalid(self, method: str, path: str, why: str, data: Any, *, status: int = 200) -> ApiStatusError:
         """A 2xx whose body is not what the endpoint promises: surfaced (scrubbed), never guessed around."""
-        body = _redact(data, self._key)
+        try:
+            body = _redact(data, self._key)
+        except RecursionError:
+            body = None
         return ApiStatusError(
             method=method, path=path, status=status, error="invalid_response", msg=why, body=body
         )

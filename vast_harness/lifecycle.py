@@ -2,6 +2,12 @@
 
 Each takes a monotonic deadline or a bounded count: nothing here waits forever. Create is never retried
 blindly; a create whose outcome is unknown is followed by a list by label (reads lag creates).
+
+Two Vast behaviours shape the teardown (docs/vast-behaviours.md):
+  * a destroyed instance lingers: reads keep showing its row as `intended_status: destroyed` for a while.
+    Such a row is "going": neither present (nothing to delete again) nor gone (not a proof).
+  * reads lag creates: for a while after create, the per-id read, the v1 list and even DELETE may not see
+    the instance. A DELETE or an absence proof inside that window (READ_LAG_WINDOW_S) proves nothing.
 """
 
 from __future__ import annotations
@@ -14,67 +20,126 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from vast_harness.client import RawExchange, VastClient
-from vast_harness.errors import ApiStatusError, HarnessError, OfferUnavailable, TransportError, VastError
+from vast_harness.errors import (
+    ApiStatusError,
+    HarnessError,
+    OfferUnavailable,
+    RateLimitError,
+    TransportError,
+    VastError,
+)
 from vast_harness.ledger import Ledger
 from vast_harness.models import Instance
 
 Sleep = Callable[[float], None]
+
+# How long after a create reads may still not see the instance. Vast documents no figure (its SDK and
+# SkyPilot retry the read); 30 s is our bound, and an absence proof or "not found" inside it counts for
+# nothing. --sim runs use SIM_READ_LAG_WINDOW_S: a simulated lag longer than that is outside the model.
+READ_LAG_WINDOW_S = 30.0
+SIM_READ_LAG_WINDOW_S = 1.0
+LINGERING_STATUSES = frozenset({"destroyed", "terminated"})  # vast-cli's instance_exist counts these as gone
+# HTTP statuses after which a create not found by label (through the lag window) counts as unresolved rather
+# than "not created". Empty: a 5xx is looked up by label until the window has passed, then the next offer is
+# tried, and the final sweep scans its label again. A 504 (the gateway gave up while the API may still be
+# working) is the arguable one; add it here to make such creates exit 3.
+UNKNOWN_OUTCOME_STATUSES: frozenset[int] = frozenset()
 
 
 class BootFailed(HarnessError):
     """The instance will not become ready (failed state, status_msg error, deadline, SSH never answered)."""
 
 
+class CreateUnresolved(HarnessError):
+    """A create whose outcome is unknown and whose instance no read has shown: it may exist and bill."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, label: str) -> None:
+        super().__init__(message)
+        self.label = label
+
+
 class CreateOutcome(BaseModel):
-    status: Literal["created", "created_with_error", "unavailable", "found_after_unknown", "not_created"]
+    status: Literal["created", "created_with_error", "unavailable", "found_after_unknown", "not_created",
+                    "unresolved"]
     instance_id: int | None = None
     detail: str = ""
     t_unix: float = Field(default_factory=time.time)
 
 
-def find_by_label(client: VastClient, label: str, *, attempts: int, wait_s: float, sleep: Sleep) -> list[int]:
-    """Ids of instances carrying `label`, tolerating read lag and transient errors for `attempts` tries."""
-    for i in range(attempts):
+def find_by_label(client: VastClient, label: str, *, attempts: int, wait_s: float, sleep: Sleep,
+                  until_unix: float = 0.0) -> list[int]:
+    """Ids of instances carrying `label` (lingering destroyed rows excluded), tolerating read lag and
+    transient errors for `attempts` tries and, when `until_unix` is later, until then."""
+    i = 0
+    while True:
         try:
-            found = [inst.id for inst in client.list_instances(label=label)]
+            found = [inst.id for inst in client.list_instances(label=label) if not is_lingering(inst)]
             if found:
                 return found
         except VastError:
             pass
-        if i + 1 < attempts:
-            sleep(wait_s)
-    return []
+        i += 1
+        if i >= attempts and time.time() >= until_unix:
+            return []
+        sleep(max(0.0, min(wait_s, until_unix - time.time())) if i >= attempts else wait_s)
+
+
+def is_lingering(inst: Instance | dict) -> bool:
+    """A destroyed instance's row that reads still show for a while (not billing, not yet gone)."""
+    get = inst.get if isinstance(inst, dict) else lambda k: getattr(inst, k, None)
+    return get("intended_status") in LINGERING_STATUSES or get("actual_status") in LINGERING_STATUSES
 
 
 def create(
     client: VastClient, ledger: Ledger, *, run_id: str, label: str, offer_id: int, body: dict,
-    lag_attempts: int = 6, lag_wait_s: float = 5.0, sleep: Sleep = time.sleep,
+    lag_attempts: int = 6, lag_wait_s: float = 5.0, lag_window_s: float = READ_LAG_WINDOW_S,
+    sleep: Sleep = time.sleep,
 ) -> CreateOutcome:
+    """PUT the create once (the client retries only a 429, which creates nothing). An unknown outcome is
+    looked up by label until the read-lag window has passed; not found then, it is `unresolved` (ledger
+    `create_unresolved`, which `reap` keeps looking for). An interrupt during the PUT is recorded the same
+    way before it propagates."""
     ledger.append(run_id, "intent", label, offer_id=offer_id)
+    t_sent = time.time()
+
+    def unresolved(detail: str) -> CreateOutcome:
+        ledger.append(run_id, "create_unresolved", label, offer_id=offer_id, detail=detail[:300])
+        return CreateOutcome(status="unresolved", detail=detail)
+
+    def look(exc: Exception, *, unknown: bool) -> CreateOutcome:
+        found = find_by_label(client, label, attempts=lag_attempts if unknown else 2, wait_s=lag_wait_s,
+                              sleep=sleep, until_unix=t_sent + lag_window_s)
+        if found:
+            ledger.append(run_id, "created", label, offer_id=offer_id, instance_id=found[0], detail="found by label")
+            return CreateOutcome(status="found_after_unknown", instance_id=found[0], detail=str(exc))
+        if unknown:
+            return unresolved(f"{exc}; no instance with label {label} appeared within {lag_window_s:g} s")
+        return CreateOutcome(status="not_created", detail=str(exc))
+
     try:
         result = client.create_instance(offer_id, body)
     except OfferUnavailable as exc:
         ledger.append(run_id, "create_failed", label, offer_id=offer_id, detail=str(exc)[:300])
         return CreateOutcome(status="unavailable", detail=str(exc))
+    except RateLimitError as exc:  # 429: nothing was created (the client already waited and retried)
+        ledger.append(run_id, "create_failed", label, offer_id=offer_id, detail=str(exc)[:300])
+        return CreateOutcome(status="not_created", detail=str(exc))
     except ApiStatusError as exc:
         if exc.new_contract is not None:  # bid too low etc.: created stopped, bills storage until deleted
             ledger.append(run_id, "create_failed", label, offer_id=offer_id, instance_id=exc.new_contract,
                           detail=str(exc)[:300])
             return CreateOutcome(status="created_with_error", instance_id=exc.new_contract, detail=str(exc))
         ledger.append(run_id, "create_failed", label, offer_id=offer_id, detail=str(exc)[:300])
-        # Some errors still create (e.g. a 5xx after the contract was written): look before leaving.
-        found = find_by_label(client, label, attempts=2, wait_s=lag_wait_s, sleep=sleep)
-        if found:
-            ledger.append(run_id, "created", label, offer_id=offer_id, instance_id=found[0], detail="found by label")
-            return CreateOutcome(status="found_after_unknown", instance_id=found[0], detail=str(exc))
-        return CreateOutcome(status="not_created", detail=str(exc))
+        # A 5xx may still have created (the contract was written before the gateway failed): look first.
+        return look(exc, unknown=exc.status in UNKNOWN_OUTCOME_STATUSES)
     except TransportError as exc:
         ledger.append(run_id, "create_unknown", label, offer_id=offer_id, detail=str(exc)[:300])
-        found = find_by_label(client, label, attempts=lag_attempts, wait_s=lag_wait_s, sleep=sleep)
-        if found:
-            ledger.append(run_id, "created", label, offer_id=offer_id, instance_id=found[0], detail="found by label")
-            return CreateOutcome(status="found_after_unknown", instance_id=found[0], detail=str(exc))
-        return CreateOutcome(status="not_created", detail=f"{exc}; no instance with label {label} appeared")
+        return look(exc, unknown=True)
+    except BaseException as exc:  # Ctrl-C, SIGTERM, a bug: the server may still be creating
+        unresolved(f"interrupted while the create was in flight ({type(exc).__name__})")
+        raise
     ledger.append(run_id, "created", label, offer_id=offer_id, instance_id=result.new_contract)
     return CreateOutcome(status="created", instance_id=result.new_contract)
 
@@ -119,18 +184,20 @@ class DeleteAck(BaseModel):
     t_ack_unix: float | None = None
 
 
-def destroy(client: VastClient, instance_id: int) -> DeleteAck:
-    """DELETE with the client's retry policy (429/5xx/transport); never raises."""
+def destroy(client: VastClient, instance_id: int, *, max_retry_s: float | None = None) -> DeleteAck:
+    """DELETE with the client's retry policy (429/5xx/transport), bounded by `max_retry_s`; never raises."""
     t0 = time.time()
     try:
-        outcome = client.destroy_instance(instance_id)
-    except VastError as exc:
-        return DeleteAck(instance_id=instance_id, acknowledged=False, outcome=str(exc), t_request_unix=t0)
+        outcome = client.destroy_instance(instance_id, max_retry_s=max_retry_s)
+    except Exception as exc:  # noqa: BLE001 - the client raises only typed errors; this is the backstop
+        return DeleteAck(instance_id=instance_id, acknowledged=False, outcome=f"{type(exc).__name__}: {exc}"[:500],
+                         t_request_unix=t0)
     return DeleteAck(instance_id=instance_id, acknowledged=True, outcome=outcome, t_request_unix=t0,
                      t_ack_unix=time.time())
 
 
-Verdict = Literal["gone", "present", "unknown"]
+# gone: parsed absence everywhere; going: only lingering destroyed rows; present: a live row; unknown: no answer
+Verdict = Literal["gone", "going", "present", "unknown"]
 
 
 class ProofRound(BaseModel):
@@ -139,12 +206,14 @@ class ProofRound(BaseModel):
     list_by_id: dict
     list_by_label: dict
     verdict: Verdict
+    in_lag_window: bool = False  # taken before the read-lag window closed: a "gone" here counts for nothing
 
 
 class AbsenceProof(BaseModel):
     instance_id: int
     label: str
     interval_s: float
+    not_before_unix: float = 0.0  # absence observed before this (create + read-lag window) proves nothing
     rounds: list[ProofRound] = Field(default_factory=list)
     verdict: Verdict = "unknown"
 
@@ -161,7 +230,7 @@ def _per_id_verdict(x: RawExchange, instance_id: int) -> Verdict:
     if inst is None:
         return "gone"
     if isinstance(inst, dict) and inst.get("id") == instance_id:
-        return "present"
+        return "going" if is_lingering(inst) else "present"
     return "unknown"  # some other shape: never read as absence
 
 
@@ -169,43 +238,48 @@ def _list_verdict(x: RawExchange, instance_id: int, label: str) -> Verdict:
     if x.status != 200 or not isinstance(x.json, dict) or not isinstance(x.json.get("instances"), list):
         return "unknown"
     rows = x.json["instances"]
-    if any(isinstance(r, dict) and (r.get("id") == instance_id or r.get("label") == label) for r in rows):
-        return "present"
+    ours = [r for r in rows if isinstance(r, dict) and (r.get("id") == instance_id or r.get("label") == label)]
+    if ours:
+        return "going" if all(is_lingering(r) for r in ours) else "present"
     total = x.json.get("total_instances")
-    if rows or (total not in (None, 0)):
-        return "unknown"  # rows we cannot attribute, or a count that disagrees: not a proof
+    if rows or (total not in (None, 0)) or x.json.get("next_token"):
+        return "unknown"  # rows we cannot attribute, a count that disagrees, more pages: not a proof
     return "gone"
 
 
-def _one_round(client: VastClient, instance_id: int, label: str) -> ProofRound:
+def _one_round(client: VastClient, instance_id: int, label: str, not_before_unix: float) -> ProofRound:
     per_id = client.exchange("GET", f"/api/v0/instances/{instance_id}/")
     by_id = _list_exchange(client, "id", instance_id)
     by_label = _list_exchange(client, "label", label)
     verdicts = {_per_id_verdict(per_id, instance_id), _list_verdict(by_id, instance_id, label),
                 _list_verdict(by_label, instance_id, label)}
-    verdict: Verdict = "present" if "present" in verdicts else ("gone" if verdicts == {"gone"} else "unknown")
-    return ProofRound(t_unix=time.time(), per_id=per_id.to_dict(), list_by_id=by_id.to_dict(),
-                      list_by_label=by_label.to_dict(), verdict=verdict)
+    verdict: Verdict = ("present" if "present" in verdicts else "going" if "going" in verdicts
+                        else "gone" if verdicts == {"gone"} else "unknown")
+    t = time.time()
+    return ProofRound(t_unix=t, per_id=per_id.to_dict(), list_by_id=by_id.to_dict(),
+                      list_by_label=by_label.to_dict(), verdict=verdict, in_lag_window=t < not_before_unix)
 
 
 def prove_absent(
     client: VastClient, instance_id: int, label: str, *, interval_s: float, deadline: float,
-    sleep: Sleep = time.sleep,
+    sleep: Sleep = time.sleep, not_before_unix: float = 0.0,
 ) -> AbsenceProof:
-    """Invariant 2: two consecutive all-'gone' rounds at least `interval_s` apart, before `deadline`.
+    """Two consecutive all-'gone' rounds at least `interval_s` apart, both at or after `not_before_unix`
+    (the end of the read-lag window), before `deadline`.
 
-    Any non-200, timeout or unparsable body makes a round 'unknown' and restarts the count. If a round sees
-    the instance, the verdict is 'present' (the caller deletes again).
+    Any non-200, timeout or unparsable body makes a round 'unknown' and restarts the count; a lingering
+    destroyed row ('going') restarts it too and the proof keeps going until the deadline. If a round sees
+    the instance live, the verdict is 'present' (the caller deletes again).
     """
-    proof = AbsenceProof(instance_id=instance_id, label=label, interval_s=interval_s)
+    proof = AbsenceProof(instance_id=instance_id, label=label, interval_s=interval_s, not_before_unix=not_before_unix)
     streak_start: float | None = None
     while True:
-        r = _one_round(client, instance_id, label)
+        r = _one_round(client, instance_id, label, not_before_unix)
         proof.rounds.append(r)
         if r.verdict == "present":
             proof.verdict = "present"
             return proof
-        if r.verdict == "gone":
+        if r.verdict == "gone" and not r.in_lag_window:
             if streak_start is None:
                 streak_start = r.t_unix
             elif r.t_unix - streak_start >= interval_s:
@@ -213,10 +287,13 @@ def prove_absent(
                 return proof
         else:
             streak_start = None
-        if time.monotonic() + interval_s > deadline:
-            proof.verdict = "unknown"
+        wait_s = interval_s
+        if r.in_lag_window:  # nothing read now counts: sleep to the window's end (polling for a late row)
+            wait_s = max(interval_s, min(not_before_unix - time.time(), max(interval_s, 1.0)))
+        if time.monotonic() + wait_s > deadline:
+            proof.verdict = "going" if r.verdict == "going" else "unknown"
             return proof
-        sleep(interval_s)
+        sleep(wait_s)
 
 
 class InstanceTeardown(BaseModel):
@@ -231,17 +308,27 @@ class InstanceTeardown(BaseModel):
 
 def teardown_instance(
     client: VastClient, ledger: Ledger, *, run_id: str, label: str, instance_id: int, interval_s: float,
-    deadline: float, sleep: Sleep = time.sleep, max_deletes: int = 3,
+    deadline: float, sleep: Sleep = time.sleep, created_unix: float | None = None,
+    lag_window_s: float = READ_LAG_WINDOW_S,
 ) -> InstanceTeardown:
-    """Delete, then prove absent; delete again if a proof still sees it. Ledger gets every outcome."""
+    """Delete, then prove absent; delete again whenever a proof sees it live, until proven or `deadline`.
+
+    `created_unix` (when known) opens the read-lag window: a "not found" DELETE or an absence observed
+    before `created_unix + lag_window_s` proves nothing, so the proof waits it out. The ledger gets every
+    acknowledged DELETE and the verdict.
+    """
     report = InstanceTeardown(instance_id=instance_id)
-    for _ in range(max_deletes):
-        ack = destroy(client, instance_id)
+    not_before = created_unix + lag_window_s if created_unix is not None else 0.0
+    while True:
+        remaining = deadline - time.monotonic()
+        ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining))
         report.deletes.append(ack)
         if ack.acknowledged:
             ledger.append(run_id, "delete_ack", label, instance_id=instance_id, detail=ack.outcome)
-        report.proof = prove_absent(client, instance_id, label, interval_s=interval_s, deadline=deadline, sleep=sleep)
-        if report.proof.verdict != "present" or time.monotonic() > deadline:
+        report.proof = prove_absent(client, instance_id, label, interval_s=interval_s, deadline=deadline,
+                                    sleep=sleep, not_before_unix=not_before)
+        if report.proof.verdict != "present" or time.monotonic() + interval_s > deadline:
             break
+        sleep(min(interval_s, max(0.0, deadline - time.monotonic())))  # live again: pace the next DELETE
     ledger.append(run_id, "absence", label, instance_id=instance_id, verdict=report.verdict)
     return report

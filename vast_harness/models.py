@@ -6,6 +6,7 @@ so nothing downstream has to. Unknown fields are ignored (the API grows).
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import Any
 
@@ -25,6 +26,17 @@ STATUS_MSG_ERROR_TOKENS = (
     "oci runtime",
     "permission denied",
 )
+
+
+def finite_price(value: Any) -> float | None:
+    """A price field as a finite float >= 0 (numbers sent as strings accepted), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
 
 
 class _VastModel(BaseModel):
@@ -156,6 +168,12 @@ class Instance(_VastModel):
             value = value.strip()
             return value or None
         return value
+
+    @field_validator("dph_total", mode="before")
+    @classmethod
+    def _price(cls, value: Any) -> float | None:
+        """$/h as a finite non-negative number, or None: a price we cannot read is never taken as a figure."""
+        return finite_price(value)
 
     @field_validator("ports", mode="before")
     @classmethod

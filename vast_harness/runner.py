@@ -43,7 +43,10 @@ from vast_harness.evidence import (
 )
 from vast_harness.ledger import Ledger
 from vast_harness.lifecycle import (
+    READ_LAG_WINDOW_S,
+    SIM_READ_LAG_WINDOW_S,
     BootFailed,
+    CreateUnresolved,
     InstanceTeardown,
     create,
     find_by_label,
@@ -69,6 +72,9 @@ from vast_harness.ssh import (
 
 REMOTE_DIR = "vh"  # under the host's $HOME
 MAX_UNAVAILABLE_REPICKS = 3
+# A boot failure that says the offer was sold twice (Vast accepts both buys; one container cannot bind its
+# ports): the offer was taken, like no_such_ask, so it costs a re-pick, not one of the boot retries.
+_OFFER_CONFLICT_WORDS = ("port is already allocated", "already rented", "no longer available")
 NULL_GRACE_S = 60.0  # reads lag creates: tolerate `instances: null` this long after create
 # The evidence pull: never longer than this, never more bytes than this (and never more than the cap affords).
 PULL_MAX_S = 600.0
@@ -180,6 +186,10 @@ class GuardedRun:
         self.excluded_machines: set[int] = set()
         # How long one instance's delete + absence proof may take before it is declared unproven (exit 3).
         self.teardown_budget_s = max(60.0, 8 * spec.proof_interval_s + 60.0)
+        # Reads may not see an instance this long after its create (lifecycle.READ_LAG_WINDOW_S).
+        self.read_lag_window_s = SIM_READ_LAG_WINDOW_S if spec.sim else READ_LAG_WINDOW_S
+        self.create_attempts: list[tuple[str, float]] = []  # (label, t_unix the PUT was sent)
+        self.unresolved_labels: set[str] = set()  # creates whose outcome no read has settled
         # Set by `cancel` from another thread; checked wherever the cap deadline is, and by a running step.
         self.cancelled = threading.Event()
         self.cancel_reason, self.cancel_exit_code = "", 6
@@ -290,19 +300,26 @@ class GuardedRun:
         repicks_left = MAX_UNAVAILABLE_REPICKS
         tried: set[int] = set()
         start = time.monotonic()
+
+        def repick(why: str) -> None:
+            nonlocal repicks_left
+            repicks_left -= 1
+            if repicks_left < 0:
+                if self.created:
+                    raise BootFailed(f"every further offer was taken or refused before it could be rented ({why})")
+                raise NoOfferError(f"every offer tried was taken or refused before it could be rented ({why})")
+
         for cand in self._candidates():
             if cand.offer.id in tried or cand.offer.machine_id in self.excluded_machines:
                 continue
             tried.add(cand.offer.id)
             self._check_cancelled()
-            label = LABEL_PREFIX + self.run_id + (f"-r{len(self.created)}" if self.created else "")
+            # One label per create attempt, so a late instance of an earlier attempt is told apart.
+            n = len(self.create_attempts)
+            label = LABEL_PREFIX + self.run_id + (f"-r{n}" if n else "")
             inst = self._create(cand, label, key)
-            if inst is None:
-                repicks_left -= 1
-                if repicks_left < 0:
-                    if self.created:
-                        raise BootFailed("every further offer was taken before it could be rented")
-                    raise NoOfferError("every offer tried was taken by someone else before it could be rented")
+            if isinstance(inst, str):
+                repick(inst)
                 continue
             try:
                 if inst.status == "created_with_error":
@@ -313,18 +330,23 @@ class GuardedRun:
                 self.timings["rent_and_connect_s"] = round(time.monotonic() - start, 3)
                 return
             except (BootFailed, SshConnectError) as exc:
-                boots_left -= 1
                 self.out.warn(f"instance {inst.instance_id} did not come up: {exc}")
                 self._teardown_one(inst)
                 if inst.machine_id is not None:
                     self.excluded_machines.add(inst.machine_id)
+                if any(w in str(exc).lower() for w in _OFFER_CONFLICT_WORDS):
+                    repick(f"offer {cand.offer.id} was sold twice: {exc}")
+                    continue
+                boots_left -= 1
                 if boots_left <= 0:
                     raise BootFailed(f"no host came up after {self.spec.boot_retries + 1} attempt(s): {exc}") from None
         if self.created:  # something was rented (and deleted): "nothing rented" (exit 5) would be untrue
             raise BootFailed("no further offer to try after boot failures")
         raise NoOfferError("no further offer to try after boot failures")
 
-    def _create(self, cand: Candidate, label: str, key: RunKey) -> CreatedInstance | None:
+    def _create(self, cand: Candidate, label: str, key: RunKey) -> CreatedInstance | str:
+        """The created instance, or why nothing was created (the caller tries the next offer). An unknown
+        outcome that no read settles raises CreateUnresolved (exit 3 unless the final sweep finds it)."""
         deadman_s = int(self.spec.max_seconds + self.spec.deadman_grace_s)
         body = {
             "client_id": "me",
@@ -339,13 +361,17 @@ class GuardedRun:
         }
         self.out.info(f"renting offer {cand.offer.id} ({cand.offer.num_gpus}x {cand.offer.gpu_name}, "
                       f"${cand.quote.dph_at_disk_usd:.3f}/h) as {label}")
+        self.create_attempts.append((label, time.time()))
+        self.unresolved_labels.add(label)  # until an answer or a read settles it (an interrupt leaves it)
         outcome = create(self.client, self.ledger, run_id=self.run_id, label=label, offer_id=cand.offer.id, body=body,
-                         lag_wait_s=max(self.spec.poll_s, 0.2))
+                         lag_wait_s=max(self.spec.poll_s, 0.2), lag_window_s=self.read_lag_window_s)
+        if outcome.status == "unresolved":
+            raise CreateUnresolved(f"create of offer {cand.offer.id} has an unknown outcome: {outcome.detail}",
+                                   label=label)
+        self.unresolved_labels.discard(label)
         if outcome.instance_id is None:
-            if outcome.status == "unavailable":
-                self.out.warn(f"offer {cand.offer.id} was taken: {outcome.detail}")
-                return None
-            raise StepFailedError(f"create failed: {outcome.detail}", step="create")
+            self.out.warn(f"offer {cand.offer.id}: nothing rented ({outcome.status}): {outcome.detail}")
+            return f"offer {cand.offer.id}: {outcome.status}: {outcome.detail[:200]}"
         inst = CreatedInstance(instance_id=outcome.instance_id, label=label, offer_id=cand.offer.id,
                                machine_id=cand.offer.machine_id, dph_usd=cand.quote.dph_at_disk_usd,
                                t_created_mono=time.monotonic(), status=outcome.status, detail=outcome.detail[:300])
@@ -568,7 +594,8 @@ class GuardedRun:
         ledger = _TeardownLedger(self.ledger, self.ledger_write_failures)
         report = teardown_instance(self.client, ledger, run_id=self.run_id, label=inst.label,  # type: ignore[arg-type]
                                    instance_id=inst.instance_id, interval_s=self.spec.proof_interval_s,
-                                   deadline=deadline)
+                                   deadline=deadline, created_unix=inst.t_created_unix,
+                                   lag_window_s=self.read_lag_window_s)
         acks = [d for d in report.deletes if d.acknowledged]
         if acks:
             inst.t_deleted_mono = inst.t_created_mono + max(0.0, acks[0].t_ack_unix - inst.t_created_unix)
@@ -618,6 +645,11 @@ class GuardedRun:
                 message = (f"teardown NOT proven for instance(s) {unproven}: they may still bill. "
                            f"The ledger names them; run `vast-e2e reap`. ({message})")
             return 3, message
+        if self.unresolved_labels:  # a create that may yet appear: the ledger's create_unresolved names it
+            if code != 3:
+                message = (f"create outcome unknown for label(s) {sorted(self.unresolved_labels)}: an instance "
+                           f"may appear and bill. Run `vast-e2e reap`, which keeps looking for them. ({message})")
+            return 3, message
         over = self.meter.over_cap()
         if over and code in (0, 1, 4):
             return 6, f"over the cap: {over} ({message})"
@@ -656,17 +688,31 @@ class GuardedRun:
         )
 
     def _sweep_labels(self) -> None:
-        """Catch what the run did not know it created (a create that timed out and appeared late)."""
+        """Catch what the run did not know it created (a create whose answer was lost or interrupted, a 5xx
+        that created, an instance that appeared late): every label this run sent, scanned once the read-lag
+        window after its create has passed (bounded by the teardown budget)."""
         known = {t.instance_id for t in self.teardowns}
-        labels = {i.label for i in self.created} | {LABEL_PREFIX + self.run_id}
+        sent = dict(self.create_attempts)
+        labels = set(sent) | {i.label for i in self.created} | {LABEL_PREFIX + self.run_id}
+        give_up = time.monotonic() + self.teardown_budget_s
         for label in sorted(labels):
-            for instance_id in find_by_label(self.client, label, attempts=1, wait_s=0, sleep=time.sleep):
+            ready_at = sent.get(label, 0.0) + self.read_lag_window_s
+            wait_s = min(ready_at - time.time(), give_up - time.monotonic())
+            if wait_s > 0:
+                time.sleep(wait_s)
+            found = find_by_label(self.client, label, attempts=2, wait_s=self.spec.proof_interval_s, sleep=time.sleep)
+            if found:
+                self.unresolved_labels.discard(label)
+            for instance_id in found:
                 if instance_id not in known:
                     self.out.warn(f"found instance {instance_id} with this run's label {label}; deleting it")
+                    self.ledger.append(self.run_id, "created", label, instance_id=instance_id, detail="found by sweep")
                     stray = CreatedInstance(instance_id=instance_id, label=label, offer_id=-1, machine_id=None,
-                                            dph_usd=0.0, t_created_mono=self.t0, status="found by label")
+                                            dph_usd=0.0, t_created_mono=self.t0, status="found by label",
+                                            t_created_unix=sent.get(label, time.time()))
                     self.created.append(stray)
                     self._teardown_one(stray)
+                    known.add(instance_id)
 
 
 def run_guarded(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output) -> HarnessResult:

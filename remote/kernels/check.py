@@ -156,7 +156,9 @@ def check_loss_path(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
         rep.check(f"loss chunk {key[1]}: loss rel diff vs baseline", rel(val[0], base[0]), 1e-4)
         rep.check(f"loss chunk {key[1]}: grad_h rel err vs baseline", rel(val[1], base[1]), 2e-2)
         rep.check(f"loss chunk {key[1]}: grad_w rel err vs baseline", rel(val[2], base[2]), 2e-2)
-    again = (lambda: linear_cross_entropy(h.detach().requires_grad_(), w, t, chunks[0], fused=True))
+    def again():
+        return linear_cross_entropy(h.detach().requires_grad_(), w, t, chunks[0], fused=True)
+
     rep.check("loss: fused loss bitwise across two runs", torch.equal(again(), again()))
     src = torch.randn(VOCAB, D_MODEL, device=dev)
     rep.check("loss: scale_cast == (src * s).to(bf16) bitwise",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -73,9 +75,13 @@ def test_label_counts_and_select_cols(api: httpx.Client, seven: list[int]) -> No
     assert set(body["instances"][0]) == {"id", "label", "nope"} and body["instances"][0]["nope"] is None
 
 
-def test_destroyed_instances_leave_the_list(api: httpx.Client, seven: list[int]) -> None:
+def test_destroyed_instances_linger_then_leave_the_list(api: httpx.Client, seven: list[int]) -> None:
     api.delete(f"/api/v0/instances/{seven[0]}/")
-    body = api.get(LIST, params={"select_filters": f'{{"id": {{"eq": {seven[0]}}}}}'}).json()
+    params = {"select_filters": f'{{"id": {{"eq": {seven[0]}}}}}'}
+    lingering = api.get(LIST, params=params).json()["instances"]
+    assert [(r["intended_status"], r["cur_state"]) for r in lingering] == [("destroyed", "unloaded")]
+    time.sleep(1.05)  # the simulator's default linger
+    body = api.get(LIST, params=params).json()
     assert body["total_instances"] == 0 and body["instances"] == []
 
 

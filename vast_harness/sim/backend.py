@@ -25,13 +25,21 @@ from vast_harness.sim.faults import FaultPlan
 from vast_harness.sim.instances import Instance, list_page, render
 from vast_harness.sim.market import generate_offers, priced, search
 from vast_harness.sim.ratelimit import RateLimiter
-from vast_harness.sim.sandbox import Sandbox, SandboxClosed, container_env
+from vast_harness.sim.sandbox import Sandbox, SandboxClosed, container_env, ssh_session_env
 from vast_harness.sim.sshhost import SshHost
 
 MIN_DISK_GB = 8.0
 MAX_ONSTART_ARGS_CHARS = 4096
 MAX_LABEL_CHARS = 256
 OTHER_RENTER = -1  # the account index recorded when "someone else" rented an offer (offer_taken)
+# Seconds a destroyed instance's row stays readable (per-id read and v1 list) as destroyed/unloaded. Vast
+# does this always (vast-cli's self-test counts such rows as gone); how long is not documented.
+DEFAULT_LINGER_S = 1.0
+DOUBLE_ACCEPT_MSG = ("Error response from daemon: driver failed programming external connectivity on endpoint "
+                     "C.{id}: Bind for 0.0.0.0:{port} failed: port is already allocated")
+OCI_FAIL_MSG = ("Error: container failed to start: OCI runtime create failed: runc create failed: unable to "
+                "start container process: error during container init")
+MANIFEST_MSG = "Error response from daemon: manifest for {image} not found: manifest unknown"
 
 
 @dataclass
@@ -40,6 +48,7 @@ class Account:
     key: str
     user_id: int
     ssh_keys: list[dict[str, Any]] = field(default_factory=list)
+    charged_usd: float = 0.0  # credit taken outside instance billing (the credit_zero fault)
 
 
 @dataclass(frozen=True)
@@ -60,8 +69,9 @@ class Identity:
 class Backend:
     def __init__(self, seed: int = 0, boot_seconds: float = 0.0, faults: Any = None, num_offers: int = 300,
                  rate_scale: float = 1.0, api_keys: list[str] | None = None, credit_usd: float = 100.0,
-                 host_root: str | Path | None = None) -> None:
+                 host_root: str | Path | None = None, linger_seconds: float = DEFAULT_LINGER_S) -> None:
         self.seed, self.boot_s, self.credit_usd = seed, max(0.0, boot_seconds), credit_usd
+        self.linger_s = max(0.0, linger_seconds)
         self.rng = random.Random(seed)
         self.lock = threading.RLock()
         self.limiter = RateLimiter(rate_scale)
@@ -105,7 +115,7 @@ class Backend:
 
     def credit(self, account: Account, now: float) -> float:
         spent = sum(i.billed_usd(now) for i in self.instances.values() if i.account == account.index)
-        return self.credit_usd - spent
+        return self.credit_usd - spent - account.charged_usd
 
     def user(self, account: Account) -> dict[str, Any]:
         with self.lock:
@@ -168,6 +178,9 @@ class Backend:
     def create(self, account: Account, offer_id: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """(status, body) of PUT /asks/{offer_id}/; raises SimHTTPError for plain errors."""
         req = _CreateRequest.parse(offer_id, body)
+        hold = self.faults.take("create_hold")
+        if hold is not None:  # the server holds the request; the instance appears when it is done
+            time.sleep(hold.seconds or 0.0)
         with self.lock:
             offer = self.offers_by_id.get(offer_id)
             if offer is None:
@@ -185,16 +198,29 @@ class Backend:
             underbid = req.price is not None and req.price < offer["min_bid"]
             stopped_fault = self.faults.take("create_stopped")
             inst = self._new_instance(account, offer, req, now)
+            reprice = self.faults.take("reprice_offer")
+            if reprice is not None:  # the host re-listed at a new price after the caller's search
+                for key in ("dph_base", "dph_total", "min_bid"):
+                    inst.offer[key] = inst.offer[key] * (reprice.factor or 1.0)
             if underbid or stopped_fault or req.target_state == transitions.STOPPED:
                 inst.status_override = transitions.STOPPED
             elif self.faults.take("boot_stall"):
                 inst.never_boots = True
+            elif self.faults.take("double_accept"):
+                inst.boot_error = DOUBLE_ACCEPT_MSG.format(id=inst.id, port=40_000 + inst.id % 20_000)
+            elif self.faults.take("oci_fail"):
+                inst.boot_error = OCI_FAIL_MSG
+            elif self.faults.take("manifest_missing"):
+                inst.boot_error = MANIFEST_MSG.format(image=req.image)
             lag = self.faults.take("read_lag")
             inst.read_lag_until = now + (lag.seconds or 0.0) if lag else 0.0
             self.rented[offer_id] = (account.index, inst.id)
             self.instances[inst.id] = inst
             self.container_keys[inst.api_key] = inst.id
         self._start_host(inst)
+        gateway = self.faults.take("create_5xx")
+        if gateway is not None:  # created, then the gateway in front answers an error page
+            raise errors.gateway_error(self.faults.draw_status(gateway))
         if underbid or stopped_fault:
             return 400, {"success": False, "error": "invalid_price", "ask_id": offer_id,
                          "msg": f"error 400/3471: bid too low for ask {offer_id}; instance created stopped",
@@ -221,7 +247,9 @@ class Backend:
         vast_vars = {"CONTAINER_ID": str(inst.id), "CONTAINER_API_KEY": inst.api_key,
                      "VAST_CONTAINERLABEL": f"C.{inst.id}", "PUBLIC_IPADDR": "127.0.0.1",
                      "SSH_PUBLIC_KEY": account.ssh_keys[-1]["key"] if account.ssh_keys else ""}
-        sandbox = Sandbox(home, container_env(home, f"{inst.id}-{id(inst)}", vast_vars, inst.extra_env))
+        marker = f"{inst.id}-{id(inst)}"
+        sandbox = Sandbox(home, container_env(home, marker, vast_vars, inst.extra_env),
+                          ssh_session_env(home, marker))
         host = SshHost(inst.id, sandbox, self.host_key, lambda blob: self._authorized(inst.id, blob),
                        lambda: self.faults, lambda w, r: self._on_bytes(inst.id, w, r))
         with self.lock:
@@ -231,7 +259,7 @@ class Backend:
             if not inst.live:  # destroyed while the host was being built
                 self._teardown(inst)
                 return
-            if inst.status_override is not None or inst.never_boots:
+            if inst.status_override is not None or inst.never_boots or inst.boot_error is not None:
                 return
         delay = transitions.boot_delay_s(self.boot_s)
         if delay <= 0:
@@ -251,32 +279,74 @@ class Backend:
                 return
             inst.booted_at = time.time()
             inst.host.accepting = True
-            offline = self.faults.take("offline")
+            later = [(self.faults.take("offline"), self._go_offline), (self.faults.take("exit"), self._exit),
+                     (self.faults.take("credit_zero"), self._credit_zero), (self.faults.take("reprice"), None)]
         if inst.onstart:
             # destroyed in the meantime (SandboxClosed) or the host dir is gone: nothing left to start
             with contextlib.suppress(SandboxClosed, OSError):
                 inst.sandbox.start_onstart(inst.onstart)
-        if offline is not None:
-            self._schedule(inst, offline.seconds or 0.0, self._go_offline)
+        for rule, action in later:
+            if rule is not None:
+                act = action or (lambda i, f=rule.factor: self._reprice(i, f or 1.0))
+                self._schedule(inst, rule.seconds or 0.0, act)
 
-    def _go_offline(self, inst: Instance) -> None:
+    def _halt(self, inst: Instance, status: str) -> None:
+        """The container stops being reachable with `status` (offline, exited, stopped); billing follows."""
         with self.lock:
             if not inst.live:
                 return
             inst.settle(time.time())
-            inst.status_override = transitions.OFFLINE
+            inst.status_override = status
         inst.host.close()
         inst.sandbox.close()
+
+    def _go_offline(self, inst: Instance) -> None:
+        self._halt(inst, transitions.OFFLINE)
+
+    def _exit(self, inst: Instance) -> None:
+        self._halt(inst, transitions.EXITED)
+
+    def _credit_zero(self, inst: Instance) -> None:
+        """The account's credit drops to $0 (charged outside billing): Vast stops its instances."""
+        with self.lock:
+            account = next(a for a in self.accounts.values() if a.index == inst.account)
+            account.charged_usd += max(0.0, self.credit(account, time.time()))
+        self.enforce_credit()
+
+    def enforce_credit(self) -> None:
+        """Stop every running instance of an account whose credit is at or below $0 (storage still bills)."""
+        now = time.time()
+        with self.lock:
+            broke = {a.index for a in self.accounts.values() if self.credit(a, now) <= 0}
+            victims = [i for i in self.instances.values() if i.live and i.account in broke
+                       and i.status_override is None]
+        for inst in victims:
+            self._halt(inst, transitions.STOPPED)
+
+    def _reprice(self, inst: Instance, factor: float) -> None:
+        with self.lock:
+            if not inst.live:
+                return
+            inst.settle(time.time())
+            for key in ("dph_base", "dph_total"):
+                inst.offer[key] = inst.offer[key] * factor
 
     def _on_bytes(self, instance_id: int, to_host: int, from_host: int) -> None:
         with self.lock:
             self.instances[instance_id].add_bandwidth(to_host, from_host)
 
+    def _readable(self, inst: Instance | None, now: float) -> bool:
+        """Whether reads show `inst` now: live and past its read lag, or destroyed and still lingering."""
+        if inst is None or now < inst.read_lag_until:
+            return False
+        return inst.live or inst.lingering(now)
+
     def show(self, ident: Identity, instance_id: int) -> dict[str, Any] | None:
+        self.enforce_credit()
         with self.lock:
             inst = self._visible(ident, instance_id)
             now = time.time()
-            if inst is None or not inst.live or now < inst.read_lag_until:
+            if not self._readable(inst, now):
                 return None
             return render(inst, now, self.boot_s)
 
@@ -288,21 +358,27 @@ class Backend:
         return self._owned(ident.account, instance_id)
 
     def list(self, account: Account, params: dict[str, str]) -> dict[str, Any]:
+        self.enforce_credit()
         with self.lock:
             now = time.time()
             rows = [render(i, now, self.boot_s) for i in self.instances.values()
-                    if i.live and i.account == account.index]
+                    if i.account == account.index and self._readable(i, now)]
         return list_page(rows, params)
 
     def destroy(self, ident: Identity, instance_id: int) -> None:
         """End an instance: billing stops, the offer returns, processes die, SSH closes."""
         with self.lock:
             inst = self._visible(ident, instance_id)
-            if inst is None or not inst.live:
-                raise errors.destroy_not_found()
             now = time.time()
+            if inst is None or now < inst.read_lag_until:  # a lagging DELETE: not found, nothing deleted
+                raise errors.destroy_not_found()
+            if not inst.live:  # a repeat DELETE, lingering or long gone
+                raise errors.no_such_instance()
             inst.settle(now)
             inst.destroyed_at = now
+            linger = self.faults.take("linger")
+            inst.linger_until = now + (linger.seconds if linger is not None and linger.seconds is not None
+                                       else self.linger_s)
             if self.rented.get(inst.offer["id"], (None, None))[1] == inst.id:
                 del self.rented[inst.offer["id"]]
         self._teardown(inst)
@@ -353,6 +429,8 @@ class Backend:
                     inst.sandbox.remove()
             self.instances.clear()
             self.container_keys.clear()
+            for account in self.accounts.values():
+                account.charged_usd = 0.0
             self.rented.clear()
             self.calls.clear()
             self.limiter.reset()

@@ -8,6 +8,7 @@ import sys
 import threading
 
 from vast_harness.sim import faults as faults_module
+from vast_harness.sim.backend import DEFAULT_LINGER_S
 from vast_harness.sim.faults import FaultPlan, FaultSpecError
 from vast_harness.sim.server import SimServer
 
@@ -30,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--credit-usd", type=float, default=100.0, help="starting credit per account")
     parser.add_argument("--rate-scale", type=float, default=1.0,
                         help="multiplies every rate-limit interval and window; 0 disables limits")
+    parser.add_argument("--linger-seconds", type=float, default=DEFAULT_LINGER_S,
+                        help="seconds a destroyed instance stays readable as a destroyed/unloaded row")
     parser.add_argument("--host-root", default=None, help="where host sandboxes live (default a temp dir)")
     return parser
 
@@ -41,12 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     except FaultSpecError as exc:
         print(f"error: --faults: {exc}", file=sys.stderr)
         return 2
-    if args.rate_scale < 0 or args.offers < 1:
-        print("error: --rate-scale must be >= 0 and --offers >= 1", file=sys.stderr)
+    if not args.rate_scale >= 0 or args.offers < 1 or not 0 <= args.linger_seconds < float("inf"):
+        print("error: --rate-scale and --linger-seconds must be >= 0 (finite) and --offers >= 1", file=sys.stderr)
         return 2
     sim = SimServer(seed=args.seed, boot_seconds=args.boot_seconds, faults=plan if args.faults else None,
                     num_offers=args.offers, rate_scale=args.rate_scale, api_keys=args.api_keys,
-                    credit_usd=args.credit_usd, host_root=args.host_root, port=args.port)
+                    credit_usd=args.credit_usd, host_root=args.host_root, port=args.port,
+                    linger_seconds=args.linger_seconds)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

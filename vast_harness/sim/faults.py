@@ -22,8 +22,29 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
                                             (410 no_such_ask with cancel_unavail, else 404)
     delete_fail[:COUNT[:STATUS]]            DELETE fails COUNT times with STATUS (default 503; 429 gives
                                             the rate-limit body)
-    read_lag:SECONDS[:COUNT]                v0 GET /instances/{id}/ answers {"instances": null} for
-                                            SECONDS after create (for the next COUNT creates, default *)
+    read_lag:SECONDS[:COUNT]                for SECONDS after create the instance is invisible to reads:
+                                            the per-id read answers {"instances": null}, the v1 list has
+                                            no row for it, and DELETE answers 404 not_found (deleting
+                                            nothing) (for the next COUNT creates, default *)
+    create_5xx[:COUNT[:STATUS]]             create the instance, then answer 502/503/504 (an HTML page)
+    create_hold:SECONDS[:COUNT]             hold the create SECONDS before creating (a client that gives
+                                            up or is interrupted meanwhile still gets an instance)
+    linger:SECONDS[:COUNT]                  the next COUNT destroyed instances linger SECONDS (instead of
+                                            the simulator's --linger-seconds) as destroyed/unloaded rows
+    double_accept[:COUNT]                   the offer was also sold to someone else: the create succeeds,
+                                            the container never starts (port already allocated)
+    oci_fail[:COUNT]                        actual_status stays `created`, status_msg "OCI runtime create
+                                            failed ..."
+    manifest_missing[:COUNT]                actual_status stays `created`, status_msg "... manifest for
+                                            IMAGE not found ..."
+    exit:SECONDS[:COUNT]                    SECONDS after running the container exits: actual_status
+                                            exited, processes killed, SSH closed, storage still bills
+    credit_zero:SECONDS[:COUNT]             SECONDS after running the account's credit reaches $0: its
+                                            instances are stopped (SSH closed), storage still bills
+    reprice_offer:FACTOR[:COUNT]            the host re-priced the offer after the search: the instance
+                                            is billed at FACTOR x the searched price
+    reprice:FACTOR:SECONDS[:COUNT]          SECONDS after running the instance's dph_total becomes
+                                            FACTOR x its price (the read shows it, billing follows)
     boot_stall[:COUNT]                      the next COUNT instances never leave `loading`
     offline:SECONDS[:COUNT]                 SECONDS after reaching running the host goes offline:
                                             actual_status offline, processes killed, SSH closed
@@ -47,11 +68,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_taken", "delete_fail",
-               "read_lag", "boot_stall", "offline", "ssh_refuse", "ssh_drop", "slow_sftp"]
+               "read_lag", "boot_stall", "offline", "ssh_refuse", "ssh_drop", "slow_sftp", "create_5xx",
+               "create_hold", "linger", "double_accept", "oci_fail", "manifest_missing", "exit",
+               "credit_zero", "reprice_offer", "reprice"]
 ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "any")
 GATEWAY_STATUSES = (502, 503, 504)
 _NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
-_NEEDS_SECONDS = frozenset({"hang", "read_lag", "offline", "ssh_drop"})
+_NEEDS_SECONDS = frozenset({"hang", "read_lag", "offline", "ssh_drop", "create_hold", "linger", "exit",
+                            "credit_zero", "reprice"})
+_NEEDS_FACTOR = frozenset({"reprice_offer", "reprice"})
 _UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp"})
 # Positional ARGs per kind, in SPEC order (after the kind, and after the endpoint where there is one).
 _POSITIONAL: dict[str, tuple[str, ...]] = {
@@ -59,7 +84,10 @@ _POSITIONAL: dict[str, tuple[str, ...]] = {
     "create_timeout": ("count", "seconds"), "create_stopped": ("count",), "offer_taken": ("count",),
     "delete_fail": ("count", "status"), "read_lag": ("seconds", "count"), "boot_stall": ("count",),
     "offline": ("seconds", "count"), "ssh_refuse": ("count",), "ssh_drop": ("seconds", "count"),
-    "slow_sftp": ("bytes_per_s", "count"),
+    "slow_sftp": ("bytes_per_s", "count"), "create_5xx": ("count", "status"), "create_hold": ("seconds", "count"),
+    "linger": ("seconds", "count"), "double_accept": ("count",), "oci_fail": ("count",),
+    "manifest_missing": ("count",), "exit": ("seconds", "count"), "credit_zero": ("seconds", "count"),
+    "reprice_offer": ("factor", "count"), "reprice": ("factor", "seconds", "count"),
 }
 
 
@@ -79,6 +107,7 @@ class FaultRule(BaseModel):
     status: int | None = None
     seconds: float | None = Field(default=None, ge=0.0)
     bytes_per_s: int | None = Field(default=None, gt=0)
+    factor: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
     fired: int = 0
 
     @model_validator(mode="after")
@@ -89,9 +118,11 @@ class FaultRule(BaseModel):
             self.endpoint = "destroy"
         if self.kind in _NEEDS_SECONDS and self.seconds is None:
             raise ValueError(f"fault {self.kind} needs SECONDS")
+        if self.kind in _NEEDS_FACTOR and self.factor is None:
+            raise ValueError(f"fault {self.kind} needs FACTOR")
         if self.kind == "slow_sftp" and self.bytes_per_s is None:
             raise ValueError("fault slow_sftp needs BYTES_PER_S")
-        if self.status is not None and self.kind == "5xx" and self.status not in GATEWAY_STATUSES:
+        if self.status is not None and self.kind in ("5xx", "create_5xx") and self.status not in GATEWAY_STATUSES:
             raise ValueError(f"fault 5xx status must be one of {GATEWAY_STATUSES}, got {self.status}")
         if self.status is not None and self.kind == "delete_fail" and self.status not in (429, 500,
                                                                                          *GATEWAY_STATUSES):

@@ -49,6 +49,8 @@ class Instance:
     never_boots: bool = False
     read_lag_until: float = 0.0
     destroyed_at: float | None = None
+    linger_until: float = 0.0  # reads keep showing a destroyed row until then
+    boot_error: str | None = None  # status_msg of a container that could not start (status `created`)
     ssh_keys: list[dict[str, Any]] = field(default_factory=list)
     direct_port: int = 0
     proxy_port: int = 0
@@ -65,7 +67,14 @@ class Instance:
     def live(self) -> bool:
         return self.destroyed_at is None
 
+    def lingering(self, now: float) -> bool:
+        return not self.live and now < self.linger_until
+
     def actual_status(self, now: float, boot_s: float) -> str | None:
+        if not self.live:
+            return transitions.DESTROYED
+        if self.boot_error is not None:
+            return transitions.CREATED
         if self.status_override is not None:
             return self.status_override
         if self.booted_at is not None:
@@ -152,6 +161,12 @@ _OFFER_COPIED = (
 
 
 def _status_msg(inst: Instance, status: str | None) -> str | None:
+    if status == transitions.CREATED:
+        return inst.boot_error
+    if status == transitions.EXITED:
+        return "Exited (1) container process ended"
+    if status == transitions.DESTROYED:
+        return None
     if status == transitions.RUNNING:
         return f"success, running {inst.image.replace(':', '_')}/ssh"
     if status == transitions.LOADING:

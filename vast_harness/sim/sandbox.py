@@ -1,7 +1,10 @@
 """A simulated host's "container": a private HOME directory, the Vast environment, and its processes.
 
 Every command runs as `bash -c CMD` in its own process group (start_new_session) with HOME = cwd = the
-sandbox, so destroy can end it with SIGTERM, then SIGKILL after a grace period. Each process also
+sandbox, so destroy can end it with SIGTERM, then SIGKILL after a grace period. The onstart sees the
+container's whole environment (Vast's variables and the create-time `env`); an SSH session sees only what
+sshd gives it, as on Vast, where create-time variables are not visible in SSH sessions unless exported to
+/etc/environment (docs: docker-environment). Each process also
 carries a per-sandbox marker variable, so a child that escaped into its own session (setsid) is still
 found through /proc and ended. The environment is built from an allowlist: the simulator's own
 environment may hold an API key, and nothing of it must reach the host.
@@ -49,22 +52,28 @@ def container_env(home: Path, marker: str, vast_vars: dict[str, str],
     return env
 
 
+def ssh_session_env(home: Path, marker: str) -> dict[str, str]:
+    """An SSH session's environment: sshd's login variables and the image's PATH, nothing from create."""
+    return container_env(home, marker, {}, [])
+
+
 class Sandbox:
-    def __init__(self, home: Path, env: dict[str, str]) -> None:
+    def __init__(self, home: Path, env: dict[str, str], ssh_env: dict[str, str] | None = None) -> None:
         self.home = home
         self.env = env
+        self.ssh_env = ssh_env if ssh_env is not None else env
         self._procs: list[subprocess.Popen[bytes]] = []
         self._lock = threading.Lock()
         self.closed = False
         (home / ".ssh").mkdir(parents=True, exist_ok=True)
 
     def spawn(self, command: str, stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE,
-              stdin: Any = subprocess.PIPE) -> subprocess.Popen[bytes]:
+              stdin: Any = subprocess.PIPE, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start `bash -c command` in its own process group; SandboxClosed once the host is gone."""
         with self._lock:
             if self.closed:
                 raise SandboxClosed(f"host {self.home.name} is gone")
-            proc = subprocess.Popen(["bash", "-c", command], cwd=self.home, env=self.env, stdin=stdin,
+            proc = subprocess.Popen(["bash", "-c", command], cwd=self.home, env=env or self.env, stdin=stdin,
                                     stdout=stdout, stderr=stderr, start_new_session=True)
             self._procs = [p for p in self._procs if p.poll() is None] + [proc]
             return proc

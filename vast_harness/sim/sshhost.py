@@ -111,7 +111,7 @@ class SshHost:
     def run_exec(self, channel: paramiko.Channel, command: str, transport: paramiko.Transport) -> None:
         """Run one exec request to completion and report its exit status on the channel."""
         try:
-            proc = self.sandbox.spawn(command)
+            proc = self.sandbox.spawn(command, env=self.sandbox.ssh_env)
         except (SandboxClosed, OSError) as exc:
             with contextlib.suppress(Exception):
                 channel.sendall_stderr(f"sim host: cannot run command: {exc}\n".encode())

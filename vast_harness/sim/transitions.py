@@ -5,7 +5,9 @@ table `BOOT_PATH`: each step names the share of the boot time at which it is rea
 reached by an event (the boot timer fires, the host's onstart starts), not by a read, so a reader never
 sees `running` before the SSH endpoint accepts connections. Faults and the create body can leave the
 walk: `stopped` (a create error that still created, or `target_state: stopped`), `offline` (the host
-vanished), or a boot that never completes (stuck in `loading`).
+vanished), `exited` (the container ended), `created` with an error in `status_msg` (the container could
+not start), or a boot that never completes (stuck in `loading`). A destroyed instance lingers for a while
+as a `destroyed` row (intended `destroyed`, cur_state `unloaded`) before reads stop showing it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ RUNNING = "running"
 LOADING = "loading"
 STOPPED = "stopped"
 OFFLINE = "offline"
+EXITED = "exited"
+CREATED = "created"  # the contract exists but the container failed to start (status_msg says why)
+DESTROYED = "destroyed"  # a destroyed instance's row while it lingers (vast-cli tests model this shape)
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,7 @@ BOOT_PATH: tuple[Step, ...] = (Step(None, 0.0), Step(LOADING, 0.2), Step(RUNNING
 
 PENDING_STATUSES = frozenset({None, LOADING})
 # States that bill storage only (GPU compute stopped) and the ones that bill nothing.
-STORAGE_ONLY_STATUSES = frozenset({STOPPED})
+STORAGE_ONLY_STATUSES = frozenset({STOPPED, EXITED})
 UNBILLED_STATUSES = frozenset({OFFLINE})
 
 
@@ -55,4 +60,8 @@ def contract_states(actual_status: str | None) -> dict[str, str | None]:
     """intended/cur/next states that go with an actual status (dstack reads all three on stop)."""
     if actual_status == STOPPED:
         return {"intended_status": STOPPED, "cur_state": STOPPED, "next_state": STOPPED}
+    if actual_status == DESTROYED:  # released on destroy (show-instance docs: `unloaded`)
+        return {"intended_status": DESTROYED, "cur_state": "unloaded", "next_state": "unloaded"}
+    if actual_status == EXITED:
+        return {"intended_status": RUNNING, "cur_state": STOPPED, "next_state": STOPPED}
     return {"intended_status": RUNNING, "cur_state": RUNNING, "next_state": RUNNING}

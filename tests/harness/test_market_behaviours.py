@@ -1,0 +1,237 @@
+"""The guarded run against Vast's real behaviours as the simulator models them (docs/vast-behaviours.md):
+lingering rows, read lag, creates under load or with lost answers, hosts that fail, paging.
+
+Every test judges by the simulator's own record (live instances, what billed), not by the harness's word.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tests.harness.test_runner import KEY, SCALE, make_spec
+from vast_harness.client import VastClient
+from vast_harness.config import Step, load_driver_policy
+from vast_harness.ledger import Ledger
+from vast_harness.output import Output
+from vast_harness.reap import reap_all
+from vast_harness.runner import GuardedRun, Interrupted
+from vast_harness.sim import SimServer
+
+OK = [Step(name="ok", run="true", timeout_s=10)]
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimServer(seed=5, rate_scale=SCALE, boot_seconds=0.1, num_offers=400) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _clear_faults(sim):
+    sim.set_faults(None)
+    yield
+    sim.set_faults(None)
+    for account in sim.backend.accounts.values():  # credit_zero charges the account: give it back
+        account.charged_usd = 0.0
+
+
+def guarded(sim, spec, cls=GuardedRun, **attrs) -> GuardedRun:
+    client = VastClient(KEY, base_url=sim.url, pacing_scale=SCALE)
+    r = cls(spec, client, load_driver_policy(), Output(quiet=True))
+    for name, value in attrs.items():
+        setattr(r, name, value)
+    return r
+
+
+def execute(r: GuardedRun):
+    try:
+        return r.execute()
+    finally:
+        r.client.close()
+
+
+def of_run(sim, r: GuardedRun) -> list[dict]:
+    return [i for i in sim.state()["instances"] if (i["label"] or "").startswith("vh-" + r.run_id)]
+
+
+def test_a_lingering_row_is_going_and_the_proof_waits_for_absence(sim, tmp_path):
+    sim.set_faults("linger:3")
+    r = guarded(sim, make_spec(sim, tmp_path, OK), read_lag_window_s=0.0)
+    result = execute(r)
+    assert result.exit_code in (0, 4), result.message
+    assert r.teardowns[0].verdict == "gone" and r.timings["teardown_s"] >= 2.5
+    assert any(rd.verdict == "going" for rd in r.teardowns[0].proof.rounds)
+    assert not [i for i in of_run(sim, r) if i["live"]]
+
+
+def test_a_linger_past_the_budget_uses_the_budget_then_exits_3(sim, tmp_path):
+    sim.set_faults("linger:30")
+    r = guarded(sim, make_spec(sim, tmp_path, OK), read_lag_window_s=0.0, teardown_budget_s=2.0)
+    started = time.monotonic()
+    result = execute(r)
+    assert result.exit_code == 3 and r.teardowns[0].verdict == "going"
+    assert time.monotonic() - started >= 1.8  # the budget was used, not given up in a blink
+    assert len(r.teardowns[0].deletes) == 1  # a lingering row is not deleted again and again
+
+
+class _CtrlCAfterCreate(GuardedRun):
+    def _boot(self, inst, key):
+        raise Interrupted(signal.SIGINT)
+
+
+def test_ctrl_c_right_after_create_with_lagging_reads_still_deletes(sim, tmp_path):
+    sim.set_faults("read_lag:1.5")
+    r = guarded(sim, make_spec(sim, tmp_path, OK), cls=_CtrlCAfterCreate, read_lag_window_s=2.0)
+    result = execute(r)
+    assert result.exit_code == 130, result.message
+    assert r.teardowns[0].verdict == "gone"
+    assert [i["live"] for i in of_run(sim, r)] == [False]  # the first DELETE hit the lag; a later one did not
+
+
+def test_a_lost_create_answer_found_within_the_lag_window_runs(sim, tmp_path):
+    sim.set_faults("create_timeout;read_lag:1.5")
+    r = guarded(sim, make_spec(sim, tmp_path, OK), read_lag_window_s=2.5)
+    result = execute(r)
+    assert result.exit_code in (0, 4), result.message
+    assert len(of_run(sim, r)) == 1 and not of_run(sim, r)[0]["live"]
+
+
+def test_a_lost_create_answer_never_seen_is_exit_3_and_reap_finds_it(sim, tmp_path):
+    sim.set_faults("create_timeout;read_lag:4")
+    spec = make_spec(sim, tmp_path, OK)
+    r = guarded(sim, spec, read_lag_window_s=0.5)
+    result = execute(r)
+    assert result.exit_code == 3 and "create outcome unknown" in result.message
+    events = [e for e in Ledger(spec.evidence_dir / "ledger.jsonl").entries() if e.event == "create_unresolved"]
+    assert [(e.run_id, e.label) for e in events] == [(r.run_id, "vh-" + r.run_id)] and events[0].offer_id
+    assert [i["live"] for i in of_run(sim, r)] == [True]  # it exists: exit 3 was the truth
+    time.sleep(4)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        assert reap_all(spec, client, Output(quiet=True)) == 0
+    assert [i["live"] for i in of_run(sim, r)] == [False]
+
+
+def test_ctrl_c_while_the_create_is_held_is_exit_3_not_130(sim, tmp_path):
+    sim.set_faults("create_hold:4")
+    spec = make_spec(sim, tmp_path, OK)
+    r = guarded(sim, spec, read_lag_window_s=0.5)
+
+    def interrupt_when_held() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not sim.backend.faults.rules[0].fired:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_held, daemon=True).start()
+    result = execute(r)
+    assert result.exit_code == 3 and "create outcome unknown" in result.message
+    assert any(e.event == "create_unresolved" for e in Ledger(spec.evidence_dir / "ledger.jsonl").entries())
+    deadline = time.monotonic() + 10
+    while not of_run(sim, r) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        assert reap_all(spec, client, Output(quiet=True)) == 0
+    assert [i["live"] for i in of_run(sim, r)] == [False]
+
+
+def test_create_429_waits_and_retries_the_same_offer(sim, tmp_path):
+    sim.set_faults("429:create:2")
+    r = guarded(sim, make_spec(sim, tmp_path, OK))
+    result = execute(r)
+    assert result.exit_code in (0, 4), result.message
+    assert len(of_run(sim, r)) == 1 and r.created[0].offer_id == r.plan.chosen.offer.id
+
+
+def test_a_5xx_create_that_created_is_found_by_label_and_only_one_bills(sim, tmp_path):
+    sim.set_faults("create_5xx:1:502")
+    r = guarded(sim, make_spec(sim, tmp_path, OK))
+    result = execute(r)
+    assert result.exit_code in (0, 4), result.message
+    assert len(of_run(sim, r)) == 1 and r.created[0].status == "found_after_unknown"
+
+
+def test_a_5xx_create_that_created_nothing_moves_on(sim, tmp_path):
+    sim.set_faults("5xx:create:1:502")
+    r = guarded(sim, make_spec(sim, tmp_path, OK))
+    result = execute(r)
+    assert result.exit_code in (0, 4), result.message
+    assert len(of_run(sim, r)) == 1
+
+
+def test_an_offer_sold_twice_moves_to_the_next_offer_without_a_boot_retry(sim, tmp_path):
+    sim.set_faults("double_accept")
+    r = guarded(sim, make_spec(sim, tmp_path, OK, boot_retries=0))
+    result = execute(r)
+    assert result.exit_code in (0, 4), result.message
+    assert len(r.created) == 2 and all(t.verdict == "gone" for t in r.teardowns)
+    assert not [i for i in of_run(sim, r) if i["live"]]
+
+
+@pytest.mark.parametrize("fault", ["oci_fail", "manifest_missing"])
+def test_a_container_that_cannot_start_fails_fast_and_the_next_machine_is_tried(sim, tmp_path, fault):
+    sim.set_faults(fault)
+    r = guarded(sim, make_spec(sim, tmp_path, OK, boot_retries=1))
+    started = time.monotonic()
+    result = execute(r)
+    assert result.exit_code in (0, 4), result.message
+    assert r.created[0].machine_id in r.excluded_machines and time.monotonic() - started < 30
+    assert not [i for i in of_run(sim, r) if i["live"]]
+
+
+def test_a_container_that_cannot_start_without_retries_is_exit_1_and_gone(sim, tmp_path):
+    sim.set_faults("manifest_missing")
+    r = guarded(sim, make_spec(sim, tmp_path, OK, boot_retries=0))
+    result = execute(r)
+    assert result.exit_code == 1 and "manifest" in result.message
+    assert [t.verdict for t in r.teardowns] == ["gone"]
+
+
+@pytest.mark.parametrize("fault", ["exit:0.5", "credit_zero:0.5", "offline:0.5"])
+def test_the_host_going_away_mid_step_fails_fast_and_is_deleted(sim, tmp_path, fault):
+    sim.set_faults(fault)
+    r = guarded(sim, make_spec(sim, tmp_path, [Step(name="long", run="sleep 20", timeout_s=30)]))
+    started = time.monotonic()
+    result = execute(r)
+    assert result.exit_code == 1, result.message
+    assert time.monotonic() - started < 15
+    assert [t.verdict for t in r.teardowns] == ["gone"]
+    assert not [i for i in of_run(sim, r) if i["live"]]
+
+
+def test_wait_ready_returns_the_rented_price(sim, tmp_path):
+    sim.set_faults("reprice_offer:2")
+    r = guarded(sim, make_spec(sim, tmp_path, OK))
+    result = execute(r)
+    assert result.exit_code in (0, 4), result.message
+    billed_dph = of_run(sim, r)[0]["dph_total"]
+    assert billed_dph > 1.5 * r.created[0].dph_usd  # the search price understated it
+    from vast_harness.lifecycle import wait_ready
+
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        offer = client.search_offers({"limit": 1, "order": [["dph_total", "asc"]]})[0]
+        sim.set_faults("reprice_offer:3")
+        made = client.create_instance(offer.id, {"image": "x", "disk": 10, "label": "vh-price"})
+        ready = wait_ready(client, made.new_contract, deadline=time.monotonic() + 10, poll_s=0.05, null_grace_s=5)
+        assert ready.dph_total == pytest.approx(client.instance_price(made.new_contract))
+        assert ready.dph_total > 2.5 * offer.dph_total
+        client.destroy_instance(made.new_contract)
+
+
+def test_label_scans_page_past_25(sim, tmp_path):
+    sim.set_faults("linger:0:*")  # 30 teardowns: do not wait out 30 lingers
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        offers = client.search_offers({"limit": 40, "order": [["dph_total", "asc"]]})
+        ids = [client.create_instance(o.id, {"image": "x", "disk": 10, "label": f"vh-page-{n}"}).new_contract
+               for n, o in enumerate(offers[:30])]
+        assert {i.id for i in client.list_instances()} >= set(ids)  # 30 rows: two pages followed
+        spec = make_spec(sim, tmp_path, OK)
+        assert reap_all(spec, client, Output(quiet=True)) == 0
+    live = {i["id"] for i in sim.state()["instances"] if i["live"]}
+    assert not live & set(ids)

@@ -1,0 +1,138 @@
+"""Behaviours of the real Vast market the simulator models (docs/vast-behaviours.md), on the wire."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import paramiko
+import pytest
+
+from tests.sim.conftest import KEY, cheapest_offer, create, direct_port, rented_host, run, show, ssh_connect, wait_for
+from vast_harness.sim import SimServer
+
+
+def list_rows(api: httpx.Client, **filters) -> list[dict]:
+    import json
+
+    params = {"select_filters": json.dumps({k: {"eq": v} for k, v in filters.items()})} if filters else {}
+    response = api.get("/api/v1/instances/", params=params)
+    assert response.status_code == 200, response.text
+    return response.json()["instances"]
+
+
+def test_linger_fault_overrides_the_default(api: httpx.Client, fresh: SimServer) -> None:
+    fresh.set_faults("linger:1.5")
+    instance_id = create(api)["new_contract"]
+    api.delete(f"/api/v0/instances/{instance_id}/")
+    time.sleep(1.1)  # past the default 1 s linger
+    assert show(api, instance_id)["intended_status"] == "destroyed"
+    assert [r["id"] for r in list_rows(api, label="t")] == [instance_id]
+    wait_for(lambda: show(api, instance_id) is None, timeout_s=3)
+    assert list_rows(api, label="t") == []
+
+
+def test_read_lag_hides_the_instance_from_every_read_and_delete(api: httpx.Client, fresh: SimServer) -> None:
+    fresh.set_faults("read_lag:0.8")
+    instance_id = create(api)["new_contract"]
+    assert show(api, instance_id) is None
+    assert list_rows(api, id=instance_id) == [] and list_rows(api, label="t") == []
+    lagging = api.delete(f"/api/v0/instances/{instance_id}/")
+    assert lagging.status_code == 404 and lagging.json()["error"] == "not_found"
+    # the 404 deleted nothing: the instance is live and appears once the lag is over
+    assert [i["live"] for i in fresh.state()["instances"]] == [True]
+    assert wait_for(lambda: show(api, instance_id), timeout_s=3)["id"] == instance_id
+    assert [r["id"] for r in list_rows(api, label="t")] == [instance_id]
+
+
+def test_create_5xx_still_creates(api: httpx.Client, fresh: SimServer) -> None:
+    fresh.set_faults("create_5xx:1:502")
+    offer = cheapest_offer(api)
+    response = api.put(f"/api/v0/asks/{offer['id']}/", json={"image": "x", "disk": 10, "label": "five"})
+    assert response.status_code == 502 and "<html>" in response.text
+    assert [r["label"] for r in list_rows(api, label="five")] == ["five"]
+
+
+def test_create_hold_creates_after_the_client_gave_up(fresh: SimServer) -> None:
+    fresh.set_faults("create_hold:0.8")
+    with httpx.Client(base_url=fresh.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=0.3) as quick:
+        offer = cheapest_offer(quick)
+        with pytest.raises(httpx.ReadTimeout):
+            quick.put(f"/api/v0/asks/{offer['id']}/", json={"image": "x", "disk": 10, "label": "held"})
+    assert not fresh.state()["instances"]
+    wait_for(lambda: fresh.state()["instances"], timeout_s=3)
+    assert fresh.state()["instances"][0]["label"] == "held"
+
+
+@pytest.mark.parametrize(("fault", "needle"), [("oci_fail", "OCI runtime create failed"),
+                                               ("manifest_missing", "manifest for"),
+                                               ("double_accept", "port is already allocated")])
+def test_containers_that_cannot_start(api: httpx.Client, fresh: SimServer, fault: str, needle: str) -> None:
+    fresh.set_faults(fault)
+    instance_id = create(api)["new_contract"]
+    time.sleep(0.2)
+    row = show(api, instance_id)
+    assert row["actual_status"] == "created" and needle in row["status_msg"] and row["ports"] is None
+
+
+def test_exit_stops_the_container_and_bills_storage(api: httpx.Client, fresh: SimServer,
+                                                    ssh_key: paramiko.PKey) -> None:
+    fresh.set_faults("exit:0.4")
+    instance_id, instance = rented_host(api, ssh_key)
+    with ssh_connect(direct_port(instance), ssh_key) as client:
+        wait_for(lambda: show(api, instance_id)["actual_status"] == "exited", timeout_s=5)
+        wait_for(lambda: not client.get_transport().is_active(), timeout_s=5)
+    billed = fresh.state()["instances"][0]["billed_usd"]
+    time.sleep(0.3)
+    assert fresh.state()["instances"][0]["billed_usd"] > billed  # storage still bills until deleted
+
+
+def test_credit_zero_stops_instances_and_storage_still_bills(api: httpx.Client, fresh: SimServer,
+                                                             ssh_key: paramiko.PKey) -> None:
+    fresh.set_faults("credit_zero:0.3")
+    instance_id, instance = rented_host(api, ssh_key)
+    with ssh_connect(direct_port(instance), ssh_key) as client:
+        wait_for(lambda: show(api, instance_id)["actual_status"] == "stopped", timeout_s=5)
+        wait_for(lambda: not client.get_transport().is_active(), timeout_s=5)
+    assert api.get("/api/v0/users/current/").json()["credit"] <= 0
+    record = fresh.state()["instances"][0]
+    assert record["live"] and record["actual_status"] == "stopped"
+    offer = cheapest_offer(api)
+    refused = api.put(f"/api/v0/asks/{offer['id']}/", json={"image": "x", "disk": 10})
+    assert refused.status_code == 400 and "credit" in refused.json()["msg"]
+
+
+def test_reprice_between_search_and_create(api: httpx.Client, fresh: SimServer) -> None:
+    offer = cheapest_offer(api)
+    fresh.set_faults("reprice_offer:3")
+    instance_id = create(api, offer["id"])["new_contract"]
+    assert show(api, instance_id)["dph_total"] > 2.5 * offer["dph_total"]
+
+
+def test_reprice_of_a_running_instance(api: httpx.Client, fresh: SimServer) -> None:
+    fresh.set_faults("reprice:2:0.2")
+    instance_id = create(api)["new_contract"]
+    before = show(api, instance_id)["dph_total"]
+    assert wait_for(lambda: show(api, instance_id)["dph_total"] > 1.9 * before, timeout_s=3)
+
+
+def test_ssh_sessions_do_not_see_create_time_env(api: httpx.Client, fresh: SimServer,
+                                                 ssh_key: paramiko.PKey) -> None:
+    onstart = "echo \"$MY_VAR $CONTAINER_ID\" > onstart-env.txt"
+    instance_id, instance = rented_host(api, ssh_key, env={"MY_VAR": "from-create"}, onstart=onstart)
+    with ssh_connect(direct_port(instance), ssh_key) as client:
+        wait_for(lambda: run(client, "cat onstart-env.txt")[1].strip(), timeout_s=5)
+        assert run(client, "cat onstart-env.txt")[1].strip() == f"from-create {instance_id}"
+        rc, out, _ = run(client, 'echo "[$MY_VAR][$CONTAINER_API_KEY][$CONTAINER_ID]"; echo "$HOME"')
+        assert out.splitlines()[0] == "[][][]" and out.splitlines()[1]
+        assert run(client, "export MY_VAR=given; echo $MY_VAR")[1] == "given\n"  # what the command sets
+
+
+def test_v1_list_pages_of_25_with_next_token(api: httpx.Client, fresh: SimServer) -> None:
+    offers = api.post("/api/v0/bundles/", json={"limit": 40, "order": [["dph_total", "asc"]]}).json()["offers"]
+    for offer in offers[:30]:
+        create(api, offer["id"], label="vh-many")
+    first = api.get("/api/v1/instances/", params={"limit": 100}).json()
+    assert len(first["instances"]) == 25 and first["next_token"] and first["total_instances"] == 30
+    second = api.get("/api/v1/instances/", params={"after_token": first["next_token"]}).json()
+    assert len(second["instances"]) == 5 and second["next_token"] is None
