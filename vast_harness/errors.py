@@ -83,7 +83,8 @@ class ApiStatusError(VastError):
         """The instance id an error response may still carry (bid too low: created stopped)."""
         if isinstance(self.body, dict):
             value = self.body.get("new_contract")
-            if isinstance(value, int) and not isinstance(value, bool):
+            # a real contract id is positive: 0, negatives or an emptied field are no instance to act on
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
         return None
 

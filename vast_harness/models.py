@@ -245,7 +245,7 @@ class CreateResult(_VastModel):
     """`PUT /api/v0/asks/{id}/` success body. `instance_api_key` is a secret: excluded from dumps."""
 
     success: bool = True
-    new_contract: int
+    new_contract: int = Field(gt=0)  # an emptied or zero id is an unreadable answer, never "instance 0"
     instance_api_key: str | None = Field(default=None, exclude=True, repr=False)
 
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from vast_harness.bundle import Bundle, build_bundle
 from vast_harness.client import VastClient
-from vast_harness.config import LABEL_PREFIX, DriverPolicy, RunSpec
+from vast_harness.config import LABEL_PREFIX, DriverPolicy, RunSpec, check_evidence_dir
 from vast_harness.errors import (
     AuthError,
     CapReachedError,
@@ -213,6 +213,7 @@ class GuardedRun:
         with guard, tempfile.TemporaryDirectory(prefix=self.ledger.key_dir_prefix(self.run_id)) as key_dir:
             try:
                 self._check_minimum_cap()
+                check_evidence_dir(self.spec.evidence_dir)  # a full or read-only evidence dir: rent nothing
                 bundle = build_bundle()
                 self.plan = self._timed("plan", lambda: plan_run(self.spec, self.client, self.drivers, bundle))
                 self.ev.write_json("offer-quote.json", self.plan.summary())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import codecs
 import fnmatch
+import logging
 import os
 import re
 import select
@@ -35,6 +36,12 @@ from pydantic import BaseModel
 
 from vast_harness.errors import HarnessError
 from vast_harness.models import Instance
+
+# paramiko logs a failed handshake ("Error reading SSH protocol banner") with its traceback at ERROR; with
+# no handler configured, Python's last-resort handler prints that to stderr. Failures reach the user as our
+# own typed errors instead, so its records stay out of the console.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 RUN_KEY_COMMENT = "vh-run"
 KEEPALIVE_INTERVAL_S = 15

@@ -2,8 +2,8 @@
 kill -9 of the CLI.
 
 The big test runs the whole suite (>= 300 scenarios: in-process, network, kill -9) and asserts the invariants
-held in every scenario; it runs when VH_CHAOS_FULL=1 (network kinds still fail until the harness fixes for
-issue 12 are merged; then .ci/run sets it). Without it, the in-process and kill -9 part runs as before. The small ones show the
+held in every scenario; it always runs (VH_CHAOS_FULL=0 skips it for a quick local pass, and the smaller
+in-process + kill -9 suite runs instead). The small ones show the
 checks can fail (a leak and a false absence are caught when planted) and keep, as regression tests, the four
 harness bugs the suite found (a host dropping mid-upload crashed the run; exit 5 after renting; a cap reached
 while booting exited 1; a timing that included the absence proof). A bug found next is pinned as a strict
@@ -38,7 +38,7 @@ SUITE_KILL9 = 4  # one per trigger window: intent (create stalled), created, a r
 SUITE_WALL_LIMIT_S = 300.0
 SUITE_NET = 110  # with the 200 above and the kill -9 runs: >= 300 scenarios per CI run
 SUITE_SEED = int(os.environ.get("VH_CHAOS_SEED", "1"))
-FULL = os.environ.get("VH_CHAOS_FULL") == "1"
+FULL = os.environ.get("VH_CHAOS_FULL", "1") != "0"  # on by default (CI); VH_CHAOS_FULL=0 skips it locally
 FULL_WALL_LIMIT_S = 540.0
 
 
@@ -150,7 +150,7 @@ def test_chaos_suite_holds_every_invariant():
 
 @pytest.mark.slow
 @pytest.mark.timeout(660)
-@pytest.mark.skipif(not FULL, reason="set VH_CHAOS_FULL=1 (network kinds fail until the issue-12 fixes merge)")
+@pytest.mark.skipif(not FULL, reason="VH_CHAOS_FULL=0: the full chaos suite is skipped")
 def test_full_chaos_suite_holds_every_invariant():
     report = chaos.run_suite(SUITE_SCENARIOS, SUITE_SEED, workers=6, kill9=SUITE_KILL9, net=SUITE_NET)
     bad = [(o.seed, getattr(o.plan, "kind", "sim"), v.kind, v.detail[:200])
@@ -221,8 +221,9 @@ def test_a_clean_run_behind_the_proxy_passes_and_a_stalled_one_is_killed_as_a_ha
 
 
 def test_host_dropping_mid_upload_exits_1_not_an_exception(tmp_path: Path):
-    # 61 kB bundle at 10 kB/s: the upload lasts ~6 s; the host goes offline 1 s after it came up.
-    outcome = chaos.run_scenario(plan("slow_sftp:10000:1;offline:1.0:1"), tmp_path)
+    # A ~60 kB bundle at 10 kB/s: the upload lasts ~6 s; every host goes offline 1 s after it came up (on a
+    # loaded machine the SSH connect itself can outlast that second: then a retry host drops mid-upload).
+    outcome = chaos.run_scenario(plan("slow_sftp:10000:*;offline:1.0:*"), tmp_path)
     assert not outcome.violations and outcome.exit_code == 1, (outcome.violations, outcome.log[-1500:])
 
 

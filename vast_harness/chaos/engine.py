@@ -68,7 +68,17 @@ SIM_RULES: dict[str, Draw] = {
     "ssh_drop": lambda r, n: f"ssh_drop:{r.uniform(0.05, 0.4):.2f}:1",
     # the bundle (a few hundred kB) takes a fraction of a second to a few seconds
     "slow_sftp": lambda r, n: f"slow_sftp:{r.randint(200_000, 4_000_000)}:1",
-    # e.g. "linger": lambda r, n: f"linger:{r.uniform(1, 5):.1f}",  (once the simulator speaks it)
+    # Vast's real-market behaviours (docs/vast-behaviours.md)
+    "linger": lambda r, n: f"linger:{r.uniform(0.2, 2.0):.1f}",
+    "create_5xx": lambda r, n: f"create_5xx:1:{r.choice((502, 503, 504))}",
+    "create_hold": lambda r, n: f"create_hold:{r.uniform(0.1, 1.0):.2f}",
+    "double_accept": lambda r, n: "double_accept:1",
+    "oci_fail": lambda r, n: "oci_fail:1",
+    "manifest_missing": lambda r, n: "manifest_missing:1",
+    "exit": lambda r, n: f"exit:{r.uniform(0.0, 1.0):.2f}:1",
+    "credit_zero": lambda r, n: f"credit_zero:{r.uniform(0.0, 1.0):.2f}:1",
+    "reprice_offer": lambda r, n: f"reprice_offer:{r.choice((1.5, 3.0, 10.0))}",
+    "reprice": lambda r, n: f"reprice:{r.choice((1.5, 3.0, 10.0))}:{r.uniform(0.0, 1.0):.2f}",
 }
 FAULT_KINDS = tuple(SIM_RULES)
 
@@ -162,10 +172,10 @@ def chaos_spec(*, api_url: str, evidence_dir: Path, steps: list[Step], max_minut
     """The smoke profile with the scenario's steps and every clock scaled down (also built by `child`)."""
     base = resolve(profile="smoke", sim=True, environ={}, evidence_dir=evidence_dir, max_usd=max_usd,
                    proof_interval_s=proof_interval_s, poll_s=0.05, boot_retries=boot_retries,
-                   max_minutes=max_minutes)
+                   max_minutes=max_minutes, dry_run=True)  # the run itself checks its evidence dir (disk kinds)
     profile = base.profile.model_copy(update={"steps": steps, "boot_timeout_s": BOOT_TIMEOUT_S})
     return base.model_copy(update={"profile": profile, "api_url": api_url, "api_key": SecretStr(KEY),
-                                   "teardown_margin_s": TEARDOWN_MARGIN_S})
+                                   "teardown_margin_s": TEARDOWN_MARGIN_S, "dry_run": False})
 
 
 def quote_cap_usd(spec: RunSpec, sim: SimServer, usd_factor: float) -> float:

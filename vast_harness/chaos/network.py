@@ -40,7 +40,7 @@ from vast_harness.chaos.engine import (
     quote_cap_usd,
 )
 from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences, traceback_violations
-from vast_harness.chaos.netproxy import FaultProxy
+from vast_harness.chaos.netproxy import FaultProxy, NetFaultPlan
 from vast_harness.config import Step
 from vast_harness.ledger import Ledger
 from vast_harness.reap import reap_all
@@ -261,11 +261,12 @@ def _run_child(plan: NetPlan, sim: SimServer, proxy: FaultProxy, work: Path, out
         start_unix = float((work / "t0").read_text())
     except (OSError, ValueError):
         start_unix = launched_unix
-    judge_net(plan, spec, outcome, at_exit, start_unix, text, sim)
+    proxy.plan = NetFaultPlan("")  # reap goes through the same API URL the run's ledger names, faults off
+    judge_net(plan, spec, outcome, at_exit, start_unix, text, sim, reap_url=proxy.url)
 
 
 def judge_net(plan: NetPlan, spec: Any, outcome: NetOutcome, at_exit: dict[str, Any], start_unix: float,
-              text: str, sim: SimServer | None) -> None:
+              text: str, sim: SimServer | None, reap_url: str | None = None) -> None:
     instances = at_exit["instances"]
     outcome.instances = len(instances)
     outcome.billed_usd = sum(i["billed_usd"] for i in instances)
@@ -277,7 +278,7 @@ def judge_net(plan: NetPlan, spec: Any, outcome: NetOutcome, at_exit: dict[str, 
         found.append(Violation(kind="leak", detail=f"instance(s) {outcome.live_at_exit} live at exit {code}"))
     final = at_exit
     if may_bill and outcome.live_at_exit and sim is not None:
-        found += _reap(spec, sim)
+        found += _reap(spec, sim, reap_url or sim.url)
         final = sim.state()
     found += false_absences(final["instances"], spec.evidence_dir)
     if not (may_bill and outcome.live_at_exit):  # one left live bills on: the caps cannot be judged then
@@ -287,15 +288,16 @@ def judge_net(plan: NetPlan, spec: Any, outcome: NetOutcome, at_exit: dict[str, 
     outcome.violations += [classify(v) for v in found]
 
 
-def _reap(spec: Any, sim: SimServer) -> list[Violation]:
-    """`reap` against the simulator directly, faults cleared; anything still live then is a leak."""
+def _reap(spec: Any, sim: SimServer, url: str) -> list[Violation]:
+    """`reap` at `url` (the run's own API URL: the ledger binds instances to it), faults cleared; anything
+    still live then is a leak."""
     sim.set_faults(None)
     buf_code: int | None = None
     try:
         import io
 
-        with _client(sim.url) as client:
-            buf_code = reap_all(spec.model_copy(update={"api_url": sim.url}), client, _output(io.StringIO()))
+        with _client(url) as client:
+            buf_code = reap_all(spec.model_copy(update={"api_url": url}), client, _output(io.StringIO()))
     except Exception as exc:  # noqa: BLE001 - reap's own failure is a finding
         return [Violation(kind="reap_failed", detail=f"reap raised {type(exc).__name__}: {exc}")]
     live = [i["id"] for i in sim.state()["instances"] if i["live"]]
