@@ -27,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 
 from rich.markup import escape
+from rich.text import Text
 
 from vast_harness.bundle import Bundle, build_bundle
 from vast_harness.client import VastClient
@@ -232,24 +233,24 @@ class RunOutput(Output):
 
     def info(self, message: str) -> None:
         if not self.quiet:
-            self.err.print(f"[cyan]{self.tag}[/] {message}")
+            self.err.print(Text.from_markup(f"[cyan]{self.tag}[/] {escape(message)}"))
 
     def warn(self, message: str) -> None:
-        self.err.print(f"[cyan]{self.tag}[/] [yellow]warning:[/] {message}")
+        self.err.print(Text.from_markup(f"[cyan]{self.tag}[/] [yellow]warning:[/] {escape(message)}"))
 
     def step_line(self, step: str, elapsed_s: float, accrued_usd: float, stream: str, line: str) -> None:
         if not self.quiet:
             prefix = escape(f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]")
-            self.err.print(f"[cyan]{self.tag}[/][dim]{prefix}[/] {escape(line)}")
+            self.err.print(Text.from_markup(f"[cyan]{self.tag}[/][dim]{prefix}[/] {escape(line)}"))
 
     def result(self, run_id, code, message, evidence_dir, steps, teardowns, accrued_usd) -> None:
         verdicts = ", ".join(f"{t.instance_id} {t.verdict}" for t in teardowns) or "nothing rented"
         color = "green" if code in (0, 4) else "red"
-        self.err.print(f"[cyan]{self.tag}[/] [{color}]exit {code}[/]: {escape(message)}; {verdicts}; "
-                       f"accrued ${accrued_usd:.4f}")
+        self.err.print(Text.from_markup(f"[cyan]{self.tag}[/] [{color}]exit {code}[/]: {escape(message)}; {verdicts}; "
+                       f"accrued ${accrued_usd:.4f}"))
 
     def rejections(self, rejected, *, title: str) -> None:
-        self.err.print(f"[cyan]{self.tag}[/] {escape(title)}: {len(rejected)} offer(s)")
+        self.err.print(Text.from_markup(f"[cyan]{self.tag}[/] {escape(title)}: {len(rejected)} offer(s)"))
 
 
 @dataclass
@@ -309,8 +310,8 @@ class Fleet:
             runs = list(self.runs.values())
         if first:
             self.ledger.append("cancel", reason=reason, exit_code=exit_code)
-            self.err.err.print(f"[bold red]fleet:[/] {escape(reason)}: cancelling {len(runs)} run(s); each is "
-                               "deleted and proven absent")
+            self.err.err.print(Text.from_markup(f"[bold red]fleet:[/] {escape(reason)}: cancelling {len(runs)} run(s); each is "
+                               "deleted and proven absent"))
         for run in runs:
             run.cancel(reason, exit_code=exit_code)
 
@@ -359,8 +360,8 @@ class Fleet:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals_seen += 1
         if self._signals_seen > 1:
-            self.err.err.print(f"[yellow]{signal.Signals(signum).name}: teardown is in progress and will finish; "
-                               "it cannot be skipped[/]")
+            self.err.err.print(Text.from_markup(f"[yellow]{signal.Signals(signum).name}: teardown is in progress and will finish; "
+                               "it cannot be skipped[/]"))
             return
         self._signal = signum  # acted on by the monitor loop (never take a lock inside a handler)
 
@@ -409,15 +410,15 @@ def print_preflight(out: Output, pre: Preflight, *, title: str) -> None:
     for e in pre.entries:
         r = e.row()
         if e.plan is None:
-            t.add_row(e.gpu, "–", "–", "–", "–", "–", "–", f"[red]{escape(e.no_offer)}[/]")
+            t.add_row(e.gpu, "–", "–", "–", "–", "–", "–", Text.from_markup(f"[red]{escape(e.no_offer)}[/]"))
             continue
         t.add_row(e.gpu, str(r["offer_id"]), str(r["num_gpus"]), f"{r['dph_usd']:.4f}", str(r["driver"]),
-                  "yes" if r["driver_qualified"] else "[yellow]no[/]", f"{r['worst_case_usd']:.4f}",
+                  "yes" if r["driver_qualified"] else Text("no", style="yellow"), f"{r['worst_case_usd']:.4f}",
                   escape(str(r["location"])))
     console = out.err if out.json_mode else out.out
     console.print(t)
-    console.print(f"[bold]Summed worst case[/] ${pre.worst_case_sum_usd:.4f} · total cap ${pre.total_usd:.2f} · "
-                  f"per run ${pre.per_run_usd:.2f} · credit ${pre.credit_usd:.2f}")
+    console.print(Text.from_markup(f"[bold]Summed worst case[/] ${pre.worst_case_sum_usd:.4f} · total cap ${pre.total_usd:.2f} · "
+                  f"per run ${pre.per_run_usd:.2f} · credit ${pre.credit_usd:.2f}"))
 
 
 def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: DriverPolicy, out: Output, *,
@@ -440,7 +441,7 @@ def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
             out.emit_json({"dry_run": base.dry_run, "preflight": pre.summary(), "exit_code": code,
                            **({"error": refusal} if refusal else {})})
         elif not refusal:
-            out.out.print("[dim]dry run: nothing was created[/]")
+            out.out.print(Text.from_markup("[dim]dry run: nothing was created[/]"))
         return code
     fleet = Fleet(pre, SerialClient(client), drivers, base.evidence_dir, parallel,  # type: ignore[arg-type]
                   quiet=out.quiet)
@@ -459,6 +460,6 @@ def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
         out.emit_json(summary | {"report": str(report), "rows": [asdict(r) for r in rows]})
     else:
         color = "green" if code in (0, 4) else "red"
-        out.out.print(f"[{color}]fleet exit {code}[/] (worst run by {'>'.join(map(str, EXIT_PRECEDENCE))}); "
-                      f"accrued ${summary['accrued_usd']:.4f} of ${total_usd:.2f}; report {report}")
+        out.out.print(Text.from_markup(f"[{color}]fleet exit {code}[/] (worst run by {'>'.join(map(str, EXIT_PRECEDENCE))}); "
+                      f"accrued ${summary['accrued_usd']:.4f} of ${total_usd:.2f}; report {report}"))
     return code

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from vast_harness import svgplot
 from vast_harness.output import Output
@@ -80,7 +81,7 @@ def print_table(out: Output, rows: list[FleetRow], *, title: str) -> None:
         driver = f"{r.driver or '–'}{'' if r.driver_qualified in (True, None) else ' (unqual.)'}"
         t.add_row(str(i), r.gpu, str(r.offer_id or "–"), _f(r.dph_usd, ".4f"), driver, _pct(r.mfu),
                   _f(r.tokens_per_s_per_gpu, ",.0f"), _f(r.tokens_per_s, ",.0f"), _f(r.usd_per_mtok, ".4f"),
-                  {True: "yes", False: "[red]NO[/]", None: "–"}[r.replay_match],
+                  {True: "yes", False: Text("NO", style="red"), None: "–"}[r.replay_match],
                   f"[{'green' if r.exit_code in (0, 4) else 'red'}]{r.exit_code}[/]", _f(r.accrued_usd, ".4f"),
                   r.absence or "–")
     (out.err if out.json_mode else out.out).print(t)

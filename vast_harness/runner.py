@@ -28,6 +28,7 @@ from vast_harness.errors import (
     CapReachedError,
     ConfigError,
     HarnessError,
+    LedgerWriteError,
     NoOfferError,
     StepFailedError,
     VastError,
@@ -364,8 +365,13 @@ class GuardedRun:
                       f"${cand.quote.dph_at_disk_usd:.3f}/h) as {label}")
         self.create_attempts.append((label, time.time()))
         self.unresolved_labels.add(label)  # until an answer or a read settles it (an interrupt leaves it)
-        outcome = create(self.client, self.ledger, run_id=self.run_id, label=label, offer_id=cand.offer.id, body=body,
-                         lag_wait_s=max(self.spec.poll_s, 0.2), lag_window_s=self.read_lag_window_s)
+        try:
+            outcome = create(self.client, self.ledger, run_id=self.run_id, label=label, offer_id=cand.offer.id,
+                             body=body, lag_wait_s=max(self.spec.poll_s, 0.2), lag_window_s=self.read_lag_window_s)
+        except LedgerWriteError:  # the intent never reached the disk, so no PUT was sent: nothing to look for
+            self.unresolved_labels.discard(label)
+            self.create_attempts.pop()
+            raise
         if outcome.status == "unresolved":
             raise CreateUnresolved(f"create of offer {cand.offer.id} has an unknown outcome: {outcome.detail}",
                                    label=label)

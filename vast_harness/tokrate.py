@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from vast_harness.offers import Candidate, OfferChoice
 from vast_harness.output import Output
@@ -146,7 +147,7 @@ def print_ranked(out: Output, ranked: list[RankedOffer], measurements: list[Meas
     out.out.print(t)
     unmeasured = sorted({r.candidate.offer.gpu_name for r in ranked if r.usd_per_mtok is None})
     if unmeasured:
-        out.out.print(f"[yellow]No measured tokens/s for {', '.join(unmeasured)}: those offers are ranked after the "
-                      "measured ones, by $/h.[/]")
-    out.out.print(f"[dim]{len(measurements)} measurement(s) considered (fastest per GPU and GPU count), from "
-                  "committed evidence (.evidence/h200*) and this evidence directory's real fleet results.[/]")
+        out.out.print(Text.from_markup(f"[yellow]No measured tokens/s for {', '.join(unmeasured)}: those offers are ranked after the "
+                      "measured ones, by $/h.[/]"))
+    out.out.print(Text.from_markup(f"[dim]{len(measurements)} measurement(s) considered (fastest per GPU and GPU count), from "
+                  "committed evidence (.evidence/h200*) and this evidence directory's real fleet results.[/]"))

@@ -211,7 +211,8 @@ def test_wait_ready_returns_the_rented_price(sim, tmp_path):
     result = execute(r)
     assert result.exit_code in (0, 4), result.message
     billed_dph = of_run(sim, r)[0]["dph_total"]
-    assert billed_dph > 1.5 * r.created[0].dph_usd  # the search price understated it
+    assert billed_dph > 1.5 * r.plan.chosen.quote.dph_at_disk_usd  # the search price understated it
+    assert r.created[0].dph_usd == pytest.approx(billed_dph)  # the rented price replaced it in the meter
     from vast_harness.lifecycle import wait_ready
 
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
