@@ -192,3 +192,37 @@ def test_cancel_stops_a_running_step_and_tears_down(sim, tmp_path):
     assert run.steps[0].timed_out and "stopped" in run.steps[0].detail
     assert not [i for i in live(sim) if i["id"] == run.created[0].instance_id]
     assert json.loads((run.ev.dir / "harness-result.json").read_text())["absence"]["verdict"] == "gone"
+
+
+def test_kill9_of_the_fleet_mid_parallel_creates_then_reap_leaves_nothing_live(sim, tmp_path):
+    """kill -9 while three creates are held by the server (they land after the fleet is dead): `reap`, reading
+    the shared ledger, finds every one by its label and proves it gone."""
+    before = {i["id"] for i in sim.state()["instances"]}
+    sim.set_faults("create_hold:1.5:3")
+    try:
+        argv = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "fleet", "--profile", "smoke",
+                "--gpus", ",".join(GPUS), "--max-usd", "2", "--parallel", "3", "--api-url", sim.url,
+                "--pacing-scale", str(SCALE), "--poll-interval", "0.2", "--proof-interval", "0.2",
+                "--evidence-dir", str(tmp_path)]
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                                env={**os.environ, "VAST_API_KEY": KEY})
+        ledger = tmp_path / "ledger.jsonl"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # every run has written its intent: three PUTs are in flight
+            if ledger.exists() and ledger.read_text().count('"intent"') >= 3:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert ledger.read_text().count('"intent"') >= 3, "the creates never started"
+        time.sleep(2.5)  # the held creates land after the fleet is dead
+        landed = [i for i in live(sim) if i["id"] not in before]
+        assert landed, "the kill came after the creates were answered: nothing tested"
+    finally:
+        sim.set_faults(None)
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "reap", "--api-url", sim.url,
+                        "--evidence-dir", str(tmp_path), "--pacing-scale", str(SCALE), "--proof-interval", "0.2",
+                        "--json"], capture_output=True, text=True, timeout=180, cwd=ROOT, check=False,
+                       env={**os.environ, "VAST_API_KEY": KEY})
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    assert not [i for i in live(sim) if i["id"] not in before]
