@@ -82,7 +82,7 @@ def print_table(out: Output, rows: list[FleetRow], *, title: str) -> None:
         t.add_row(str(i), r.gpu, str(r.offer_id or "–"), _f(r.dph_usd, ".4f"), driver, _pct(r.mfu),
                   _f(r.tokens_per_s_per_gpu, ",.0f"), _f(r.tokens_per_s, ",.0f"), _f(r.usd_per_mtok, ".4f"),
                   {True: "yes", False: Text("NO", style="red"), None: "–"}[r.replay_match],
-                  f"[{'green' if r.exit_code in (0, 4) else 'red'}]{r.exit_code}[/]", _f(r.accrued_usd, ".4f"),
+                  Text(str(r.exit_code), style="green" if r.exit_code in (0, 4) else "red"), _f(r.accrued_usd, ".4f"),
                   r.absence or "–")
     (out.err if out.json_mode else out.out).print(t)
 
