@@ -40,6 +40,7 @@ class ReapOutcome(BaseModel):
     labels: dict[int, str] = Field(default_factory=dict)
     not_proven: list[str] = Field(default_factory=list)  # one line per thing reap could not prove
     foreign: list[int] = Field(default_factory=list)
+    unresolved_labels: list[str] = Field(default_factory=list)  # creates of unknown outcome, no instance seen yet
     key_dirs_removed: list[str] = Field(default_factory=list)
     interrupted: bool = False
 
@@ -120,8 +121,16 @@ def _collect(client: VastClient, ledger: Ledger, out: Output, result: ReapOutcom
             continue
         for instance_id in found:
             result.labels.setdefault(instance_id, label)
-        if not found and time.time() - entry.t_unix > LABEL_SWEEP_AFTER_S:
+        age_s = time.time() - entry.t_unix
+        if not found and age_s > LABEL_SWEEP_AFTER_S:
             ledger.append(run_id, "label_swept", label, detail="no instance with this label long after its create")
+        elif not found:
+            # Not seen is not gone: reads lag creates, and a create whose answer was lost may still land. Say so
+            # (exit 3) until the label is older than any lag we allow for; never "all proven absent".
+            result.unresolved_labels.append(label)
+            result.not_proven.append(f"label {label}: a create {age_s:.0f} s ago has an unknown outcome and no "
+                                     f"instance carries the label yet; run reap again later (it keeps looking "
+                                     f"until {LABEL_SWEEP_AFTER_S / 3600:g} h after the create)")
     try:
         for inst in client.list_instances():
             if (inst.label or "").startswith(LABEL_PREFIX):

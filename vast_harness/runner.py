@@ -7,6 +7,7 @@ decides the exit code: 3 beats everything when any instance is not proven gone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import platform
 import secrets
@@ -225,7 +226,8 @@ class GuardedRun:
                 key = generate_run_key(Path(key_dir))
                 self._rent_and_connect(key)
                 self._timed("upload", lambda: self._upload(bundle))
-                self._run_steps()
+                with self._price_watch():
+                    self._run_steps()
                 self._pull_evidence(in_teardown=False)
                 qualified = self.candidate.driver_qualified if self.candidate else False
                 code, message = (0, "passed") if qualified else (4, "passed on a driver outside the qualified list")
@@ -392,6 +394,37 @@ class GuardedRun:
                                 inet_up_cost_usd_per_gb=cand.offer.inet_up_cost_usd_per_gb,
                                 expected_up_bytes=int(q.upload_gb * 1e9), expected_down_bytes=int(q.download_gb * 1e9))
         self.meter.start_instance(inst.instance_id, inst.dph_usd, inst.t_created_mono)
+
+    @contextlib.contextmanager
+    def _price_watch(self):
+        """While the steps run, re-read the rented instance's price every poll interval (hosts re-price running
+        contracts): a higher price re-prices the meter; one that breaks the cap, or moves the work deadline into
+        the past, cancels the run (exit 6) and the running step is cut."""
+        inst = self.created[-1] if self.created else None
+        stop = threading.Event()
+
+        def watch() -> None:
+            while inst is not None and not stop.wait(self.spec.poll_s):
+                try:
+                    read = self.client.get_instance(inst.instance_id)
+                except VastError:
+                    continue  # a failed read changes nothing: the known price stands
+                try:
+                    self._on_instance_read(inst, read)
+                    if time.monotonic() >= self.meter.work_deadline():
+                        raise CapReachedError(f"instance {inst.instance_id} now bills ${inst.dph_usd:.4f}/h: "
+                                              "the cap is reached")
+                except CapReachedError as exc:
+                    self.cancel(str(exc), exit_code=6)
+                    return
+
+        thread = threading.Thread(target=watch, name=f"vh-price-{self.run_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=5.0)
 
     def _on_poll(self, inst: CreatedInstance, read: Instance | None) -> None:
         self._check_cancelled()

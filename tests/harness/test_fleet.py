@@ -224,5 +224,9 @@ def test_kill9_of_the_fleet_mid_parallel_creates_then_reap_leaves_nothing_live(s
                         "--evidence-dir", str(tmp_path), "--pacing-scale", str(SCALE), "--proof-interval", "0.2",
                         "--json"], capture_output=True, text=True, timeout=180, cwd=ROOT, check=False,
                        env={**os.environ, "VAST_API_KEY": KEY})
-    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    # 0, or 3 only for a create whose outcome is still unknown with no instance carrying its label (not seen is
+    # not gone: reap says so rather than "all absent")
+    doc = json.loads(p.stdout)
+    assert p.returncode == 0 or (p.returncode == 3 and doc["unproven"] == []
+                                 and all("unknown outcome" in line for line in doc["not_proven"])), doc
     assert not [i for i in live(sim) if i["id"] not in before]

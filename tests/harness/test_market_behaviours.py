@@ -236,3 +236,33 @@ def test_label_scans_page_past_25(sim, tmp_path):
         assert reap_all(spec, client, Output(quiet=True)) == 0
     live = {i["id"] for i in sim.state()["instances"] if i["live"]}
     assert not live & set(ids)
+
+
+def test_a_running_instance_repriced_past_the_cap_is_stopped_and_never_exit_0(sim, tmp_path):
+    # Found from outside: `reprice:1000:3` billed twice the cap while the run, never re-reading the price once the
+    # host was running, said exit 0. The price is now watched while the steps run.
+    sim.set_faults("reprice:1000:0.3")
+    spec = make_spec(sim, tmp_path, [Step(name="long", run="sleep 20", timeout_s=60)])
+    spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.05})})
+    r = guarded(sim, spec)
+    started = time.monotonic()
+    result = execute(r)
+    assert result.exit_code == 6, result.message
+    assert time.monotonic() - started < 15  # the step was cut, not waited out
+    assert r.meter.price_changes and not any(i["live"] for i in of_run(sim, r))
+
+
+def test_reap_never_calls_an_unresolved_create_absent_while_it_may_still_land(sim, tmp_path):
+    # Found from outside: `create_timeout;read_lag:60` → the run says exit 3 (create outcome unknown), then reap
+    # said "all proven absent" (exit 0) while the instance, still hidden by the lag, was live.
+    sim.set_faults("create_timeout;read_lag:5")
+    r = guarded(sim, make_spec(sim, tmp_path, OK), read_lag_window_s=0.5)
+    result = execute(r)
+    assert result.exit_code == 3, result.message
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        code = reap_all(r.spec, client, Output(quiet=True))
+    assert code == 3  # not seen is not gone
+    time.sleep(5)  # the lag passes: now reap finds it and proves it gone
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        assert reap_all(r.spec, client, Output(quiet=True)) in (0, 3)
+    assert not any(i["live"] for i in of_run(sim, r))
