@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from typer._click.exceptions import ClickException  # typer vendors click; usage errors subclass this
 
 from vast_harness.config import RunSpec, load_driver_policy, path_flag, resolve
-from vast_harness.errors import ConfigError, HarnessError, NoOfferError
+from vast_harness.errors import ConfigError, ExitCode, HarnessError, NoOfferError, describe, exit_code_for
 from vast_harness.output import Output
 
 app = typer.Typer(
@@ -82,23 +82,14 @@ _reported: list[int] = []  # exit codes whose message was already shown (by `_gu
 
 
 def _guard(out: Output, body: Callable[[], int], *, interrupted: str = "interrupted before anything was rented") -> None:
-    """Run `body`, turning typed errors into one clear line and their exit code."""
+    """Run `body`, turning typed errors into one clear line and their exit code (errors.exit_code_for)."""
     try:
-        code = body()
-    except NoOfferError as exc:
-        if exc.rejected:
+        code = ExitCode(body())
+    except (HarnessError, KeyboardInterrupt) as exc:
+        if isinstance(exc, NoOfferError) and exc.rejected:
             out.rejections(exc.rejected, title="Closest offers and why each was rejected")
-        out.failure(str(exc), exc.exit_code)
-        _reported.append(exc.exit_code)
-        raise typer.Exit(exc.exit_code) from None
-    except HarnessError as exc:
-        out.failure(str(exc), exc.exit_code)
-        _reported.append(exc.exit_code)
-        raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        out.failure(interrupted, 130)
-        _reported.append(130)
-        raise typer.Exit(130) from None
+        code = exit_code_for(exc)
+        out.failure(interrupted if isinstance(exc, KeyboardInterrupt) else describe(exc), code)
     _reported.append(code)
     raise typer.Exit(code)
 
@@ -200,9 +191,9 @@ def offers(
 
             measurements = load_measurements(spec.evidence_dir)
             print_ranked(out, rank_by_usd_per_mtok(choice, measurements), measurements)
-            return 0 if choice.ranked else NoOfferError.exit_code
+            return ExitCode.PASSED if choice.ranked else NoOfferError.exit_code
         out.offers(choice)
-        return 0 if choice.ranked else NoOfferError.exit_code
+        return ExitCode.PASSED if choice.ranked else NoOfferError.exit_code
 
     _guard(out, body)
 
@@ -296,7 +287,7 @@ def main() -> None:
         Output().failure(exc.format_message(), exc.exit_code)
         code = exc.exit_code
     except (KeyboardInterrupt, typer.Abort):
-        code = 130
-    if code == 130 and 130 not in _reported:
-        Output().failure("interrupted before anything was rented", 130)
+        code = ExitCode.INTERRUPTED
+    if code == ExitCode.INTERRUPTED and ExitCode.INTERRUPTED not in _reported:
+        Output().failure("interrupted before anything was rented", ExitCode.INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)

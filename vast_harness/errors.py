@@ -1,39 +1,113 @@
-"""Typed errors of the control plane, and the one exit code each maps to.
+"""Typed errors of the control plane, the exit codes, and the one mapping from an error to its exit code.
 
-    HarnessError
-    ├── ConfigError                 bad input or configuration; nothing rented            exit 2
-    │   └── LedgerWriteError        the write-ahead intent could not be made durable: no PUT  exit 2
-    ├── VastError                   anything the Vast API path raised
-    │   ├── TransportError          nothing usable came back (timeout, connect, read): retryable
-    │   └── ApiStatusError          the server answered with an error status or body
-    │       ├── AuthError           401/403, or 404 with auth_error: fatal configuration   exit 2
-    │       ├── RateLimitError      429 (Vast sends no Retry-After): retryable
-    │       ├── ServerError         502/503/504: retryable
-    │       ├── NotFoundError       404 not_found / no_such_instance
-    │       └── OfferUnavailable    the offer left the market between search and create
-    ├── NoOfferError                no offer satisfies the filters and caps                exit 5
-    ├── CapReachedError             the time or cost cap stopped the run                   exit 6
-    ├── StepFailedError             a step of the plan failed                              exit 1
-    └── TeardownUnprovenError       an instance may still bill; names the ids              exit 3
+Every way a command ends is an `ExitCode` (the README's table is tested against it). An error declares its
+code on its class; `exit_code_for` is the only function that turns an exception into a code, and `worst`
+the only place that ranks codes (a fleet's runs, a run's outcome against its teardown).
+
+    BaseException
+    ├── Interrupted                 SIGINT/SIGTERM/SIGHUP during a run                     exit 130
+    └── HarnessError                anything the harness raises on purpose                 exit 1
+        ├── ConfigError             bad input or configuration; nothing rented             exit 2
+        │   └── LedgerWriteError    the write-ahead intent could not be made durable: no PUT  exit 2
+        ├── VastError               anything the Vast API path raised
+        │   ├── TransportError      nothing usable came back (timeout, connect, read): retryable
+        │   └── ApiStatusError      the server answered with an error status or body
+        │       ├── AuthError       401/403, or 404 with auth_error: fatal configuration   exit 2
+        │       ├── RateLimitError  429 (Vast sends no Retry-After): retryable
+        │       ├── ServerError     502/503/504: retryable
+        │       ├── NotFoundError   404 not_found / no_such_instance
+        │       └── OfferUnavailable  the offer left the market between search and create
+        ├── NoOfferError            no offer satisfies the filters and caps                exit 5
+        ├── CapReachedError         the time or cost cap stopped the run                   exit 6
+        ├── RunCancelled            a fleet's total cap (6) or a signal the fleet got (130)   exit 6 | 130
+        ├── StepFailedError         a step of the plan failed                              exit 1
+        ├── BootFailed              the instance never became ready                        exit 1
+        ├── SshConnectError         no SSH endpoint accepted the run's key in time          exit 1
+        ├── SshTransferError        an SFTP transfer broke off                              exit 1
+        │   └── TransferAbandoned   ... or ran past its deadline and was cut                exit 1
+        └── CreateUnresolved        a create of unknown outcome no read has settled        exit 3
 
 Errors never carry the API key: they hold method, path (no query string) and the parsed body fields.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import signal
+from collections.abc import Iterable
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from vast_harness.ssh import ConnectAttempt
+
+
+class ExitCode(IntEnum):
+    """How a run (or a fleet, or a reap) ended: the process's exit status."""
+
+    PASSED = 0  # passed on a qualified driver
+    FAILED = 1  # a step failed, no host booted, or the evidence is incomplete; deleted and proven absent
+    BAD_INPUT = 2  # bad input or configuration (a rejected key included); nothing rented
+    NOT_PROVEN_GONE = 3  # an instance may still bill: the ledger names it; `vast-e2e reap`
+    UNQUALIFIED_DRIVER = 4  # passed on a driver outside the qualified list (no bitwise claim)
+    NO_OFFER = 5  # no offer satisfies the filters and caps
+    CAP_REACHED = 6  # a cap stopped the run, or the run went over one (never 0)
+    INTERRUPTED = 130  # a signal stopped the run; deleted and proven absent
+
+
+# Worst first: an instance that may still bill, an interrupted run, a rejected input, a failure, a cap, no
+# offer, a pass on an unqualified driver, a pass. A fleet exits with its worst run's code.
+PRECEDENCE: tuple[ExitCode, ...] = (
+    ExitCode.NOT_PROVEN_GONE, ExitCode.INTERRUPTED, ExitCode.BAD_INPUT, ExitCode.FAILED, ExitCode.CAP_REACHED,
+    ExitCode.NO_OFFER, ExitCode.UNQUALIFIED_DRIVER, ExitCode.PASSED,
+)
+_RANK = {code: i for i, code in enumerate(PRECEDENCE)}
+
+
+def worst(codes: Iterable[int]) -> ExitCode:
+    """The worst of `codes` by PRECEDENCE (PASSED for none). A code outside the table counts as FAILED."""
+    known = [ExitCode(c) if c in ExitCode._value2member_map_ else ExitCode.FAILED for c in codes]
+    return min(known, key=_RANK.__getitem__, default=ExitCode.PASSED)
+
+
+def exit_code_for(exc: BaseException) -> ExitCode:
+    """The exit code an exception ends a command with: its own for the harness's errors, 130 for a signal,
+    FAILED for anything else (a bug still ends in teardown and a code, never past them)."""
+    if isinstance(exc, (HarnessError, Interrupted)):
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return ExitCode.INTERRUPTED
+    return ExitCode.FAILED
+
+
+def describe(exc: BaseException) -> str:
+    """The one line a user reads for `exc`: its message, with the type for what the harness did not expect."""
+    if isinstance(exc, Interrupted):
+        return f"interrupted by {exc}"
+    if isinstance(exc, HarnessError):
+        return str(exc)
+    return f"unexpected {type(exc).__name__}: {exc}"
+
+
+class Interrupted(BaseException):
+    """SIGINT/SIGTERM/SIGHUP during the run. A BaseException so no `except Exception` can swallow it."""
+
+    exit_code: ClassVar[ExitCode] = ExitCode.INTERRUPTED
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 class HarnessError(Exception):
     """Base of every error the harness raises on purpose."""
 
-    exit_code: int = 1
+    exit_code: ExitCode = ExitCode.FAILED
 
 
 class ConfigError(HarnessError):
     """Bad input or configuration, found before anything was rented."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
 
 class LedgerWriteError(ConfigError):
@@ -92,7 +166,7 @@ class ApiStatusError(VastError):
 class AuthError(ApiStatusError):
     """The key is wrong, expired or lacks a scope. Fatal: retrying cannot help."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
 
 class RateLimitError(ApiStatusError):
@@ -114,7 +188,7 @@ class OfferUnavailable(ApiStatusError):
 class NoOfferError(HarnessError):
     """No offer satisfies the filters and caps. Carries the closest rejects and why."""
 
-    exit_code = 5
+    exit_code = ExitCode.NO_OFFER
 
     def __init__(self, message: str, *, rejected: list[Any] | None = None) -> None:
         super().__init__(message)
@@ -124,13 +198,11 @@ class NoOfferError(HarnessError):
 class CapReachedError(HarnessError):
     """The watchdog stopped the run: the time or cost cap (less the teardown margin) was reached."""
 
-    exit_code = 6
+    exit_code = ExitCode.CAP_REACHED
 
 
 class StepFailedError(HarnessError):
     """A step of the plan exited non-zero, timed out, or lost its connection."""
-
-    exit_code = 1
 
     def __init__(self, message: str, *, step: str = "", rc: int | None = None) -> None:
         super().__init__(message)
@@ -138,14 +210,48 @@ class StepFailedError(HarnessError):
         self.rc = rc
 
 
-class TeardownUnprovenError(HarnessError):
-    """An instance this run created could not be proven absent: it may still bill."""
+class RunCancelled(HarnessError):
+    """`GuardedRun.cancel` was called (a fleet's total cap, or a signal the fleet received): stop and tear down."""
 
-    exit_code = 3
+    def __init__(self, reason: str, exit_code: ExitCode) -> None:
+        super().__init__(reason)
+        self.exit_code = exit_code
 
-    def __init__(self, message: str, *, instance_ids: list[int]) -> None:
+
+class BootFailed(HarnessError):
+    """The instance will not become ready (failed state, status_msg error, deadline, SSH never answered)."""
+
+
+class CreateUnresolved(HarnessError):
+    """A create whose outcome is unknown and whose instance no read has shown: it may exist and bill."""
+
+    exit_code = ExitCode.NOT_PROVEN_GONE
+
+    def __init__(self, message: str, *, label: str) -> None:
         super().__init__(message)
-        self.instance_ids = instance_ids
+        self.label = label
+
+
+class SshConnectError(HarnessError):
+    """No endpoint accepted our key before the deadline. `attempts` holds every try, in order."""
+
+    _MAX_LISTED = 30
+
+    def __init__(self, message: str, *, attempts: list[ConnectAttempt]) -> None:
+        self.attempts = attempts
+        lines = [f"  #{a.number} {a.endpoint}: {a.outcome} ({a.seconds:.1f} s)" for a in attempts]
+        if len(lines) > self._MAX_LISTED:
+            skipped = len(lines) - self._MAX_LISTED
+            lines = lines[:5] + [f"  ... {skipped} more ..."] + lines[-(self._MAX_LISTED - 5) :]
+        super().__init__("\n".join([message, *lines]))
+
+
+class SshTransferError(HarnessError):
+    """An SFTP transfer broke off (the host dropped, or the file system refused)."""
+
+
+class TransferAbandoned(SshTransferError):
+    """A transfer ran past its deadline or was abandoned: the link was closed under it (the session is dead)."""
 
 
 RETRYABLE = (TransportError, RateLimitError, ServerError)

@@ -10,7 +10,7 @@ dollars plus a teardown reserve per live instance and cancels every run when tha
 Policies: a run's failure does not stop the others (the shared cap is what they share, and the monitor guards
 it; an instance left unproven keeps counting as billing). SIGINT/SIGTERM/SIGHUP cancel every run (exit 130
 each); a second signal only says teardown is in progress. The fleet's exit code is the worst run's by
-EXIT_PRECEDENCE: 3 (an instance may still bill) beats everything.
+errors.PRECEDENCE: 3 (an instance may still bill) beats everything.
 """
 
 from __future__ import annotations
@@ -32,28 +32,18 @@ from rich.text import Text
 from vast_harness.bundle import Bundle, build_bundle
 from vast_harness.client import VastClient
 from vast_harness.config import Caps, DriverPolicy, RunSpec, load_profile
-from vast_harness.errors import ConfigError, NoOfferError
+from vast_harness.errors import PRECEDENCE, ConfigError, ExitCode, NoOfferError, describe, exit_code_for, worst
 from vast_harness.ledger import Ledger
 from vast_harness.output import Output
 from vast_harness.pacing import endpoint_key
 from vast_harness.plan import RunPlan, plan_run
 from vast_harness.runner import GuardedRun, new_run_id
 
-# Worst first: an instance that may still bill, then an interrupted fleet, a rejected key, a failed step, a
-# cap, no offer, a pass on an unqualified driver, a pass.
-EXIT_PRECEDENCE = (3, 130, 2, 1, 6, 5, 4, 0)
 MONITOR_INTERVAL_S = 0.2
 # On --sim the tiny CPU round stands in for the GPU workload; its MFU is against a nominal peak per GPU type
 # (the sourced bf16 peak scaled down to what one CPU core reaches), so the figures differ per type.
 SIM_PEAK_SCALE = 2e-4
 SIM_FALLBACK_PEAK_TFLOPS = 100.0
-
-
-def worst_exit(codes: list[int]) -> int:
-    if not codes:
-        return 0
-    rank = {c: i for i, c in enumerate(EXIT_PRECEDENCE)}
-    return min(codes, key=lambda c: rank.get(c, 3.5))  # an unlisted code ranks just after a failed step
 
 
 def parse_gpus(text: str) -> list[str]:
@@ -245,7 +235,7 @@ class RunOutput(Output):
 
     def result(self, run_id, code, message, evidence_dir, steps, teardowns, accrued_usd) -> None:
         verdicts = ", ".join(f"{t.instance_id} {t.verdict}" for t in teardowns) or "nothing rented"
-        color = "green" if code in (0, 4) else "red"
+        color = "green" if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) else "red"
         self.err.print(Text.from_markup(f"[cyan]{self.tag}[/] [{color}]exit {code}[/]: {escape(message)}; {verdicts}; "
                        f"accrued ${accrued_usd:.4f}"))
 
@@ -257,7 +247,7 @@ class RunOutput(Output):
 class RunOutcome:
     gpu: str
     run_id: str | None
-    exit_code: int
+    exit_code: ExitCode
     message: str
     evidence_dir: Path | None = None
     accrued_usd: float = 0.0
@@ -278,7 +268,7 @@ class Fleet:
     runs: dict[str, GuardedRun] = field(default_factory=dict)
     outcomes: dict[str, RunOutcome] = field(default_factory=dict)
     stop_reason: str = ""
-    stop_code: int = 0
+    stop_code: ExitCode = ExitCode.PASSED
     cap_events: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -302,7 +292,7 @@ class Fleet:
         return sum(r.spec.teardown_margin_s * i.dph_usd / 3600.0 for r in runs for i in list(r.created)
                    if i.absence is None)
 
-    def cancel_all(self, reason: str, exit_code: int) -> None:
+    def cancel_all(self, reason: str, exit_code: ExitCode) -> None:
         with self._lock:
             first = not self.stop_reason
             if first:
@@ -320,7 +310,7 @@ class Fleet:
         if spent + reserve >= self.pre.total_usd and not self.stop_reason:
             self.cap_events.append({"t_unix": time.time(), "accrued_usd": spent, "reserve_usd": reserve})
             self.cancel_all(f"fleet total cap ${self.pre.total_usd:.4f} reached (accrued ${spent:.4f} + teardown "
-                            f"reserve ${reserve:.4f})", 6)
+                            f"reserve ${reserve:.4f})", ExitCode.CAP_REACHED)
 
     # ---------------------------------------------------------------------------------- the runs
     def _worker(self, work: queue.Queue[FleetEntry]) -> None:
@@ -350,7 +340,7 @@ class Fleet:
             result = run.execute()
             code, message = result.exit_code, result.message
         except Exception as exc:  # noqa: BLE001 - execute already tore down; record, never lose the outcome
-            code, message = 1, f"unexpected {type(exc).__name__}: {exc}"
+            code, message = exit_code_for(exc), describe(exc)
         accrued = run.accrued_usd()
         self.outcomes[entry.gpu] = RunOutcome(entry.gpu, run.run_id, code, message, run.ev.dir, accrued)
         self.ledger.append("run-end", gpu=entry.gpu, run_id=run.run_id, exit_code=code, message=message,
@@ -365,7 +355,7 @@ class Fleet:
             return
         self._signal = signum  # acted on by the monitor loop (never take a lock inside a handler)
 
-    def run(self) -> int:
+    def run(self) -> ExitCode:
         self.ledger.append("fleet-start", fleet_id=self.fleet_id, parallel=self.parallel, **self.pre.summary())
         work: queue.Queue[FleetEntry] = queue.Queue()
         for entry in self.pre.entries:
@@ -381,7 +371,7 @@ class Fleet:
                 w.start()
             while any(w.is_alive() for w in workers):
                 if self._signal is not None and not self.stop_reason:
-                    self.cancel_all(f"interrupted by {signal.Signals(self._signal).name}", 130)
+                    self.cancel_all(f"interrupted by {signal.Signals(self._signal).name}", ExitCode.INTERRUPTED)
                 self._check_cap()
                 for w in workers:
                     w.join(timeout=MONITOR_INTERVAL_S / max(1, len(workers)))
@@ -391,7 +381,7 @@ class Fleet:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)  # type: ignore[arg-type]
         codes = [o.exit_code for o in self.outcomes.values()]
-        code = worst_exit(codes)
+        code = worst(codes)
         self.ledger.append("fleet-end", exit_code=code, accrued_usd=round(self.accrued_usd(), 6),
                            outcomes={g: o.exit_code for g, o in self.outcomes.items()})
         return code
@@ -422,7 +412,7 @@ def print_preflight(out: Output, pre: Preflight, *, title: str) -> None:
 
 
 def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: DriverPolicy, out: Output, *,
-              total_usd: float, per_run_usd: float, parallel: int, allow_overcommit: bool = False) -> int:
+              total_usd: float, per_run_usd: float, parallel: int, allow_overcommit: bool = False) -> ExitCode:
     """The whole `fleet` command after validation: preflight, (dry run stops), runs, report. Returns the exit."""
     from vast_harness.fleet_report import build_rows, print_table, write_fleet_report
 
@@ -434,7 +424,7 @@ def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
                  f"a nominal peak per GPU type ({SIM_PEAK_SCALE:g} × its bf16 peak)")
     refusal = pre.refusal()
     if refusal or base.dry_run:
-        code = NoOfferError.exit_code if refusal else 0
+        code = NoOfferError.exit_code if refusal else ExitCode.PASSED
         if refusal:
             out.error(f"fleet refused before renting anything: {refusal}")
         if out.json_mode:
@@ -451,7 +441,7 @@ def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
     summary = {"fleet_id": fleet.fleet_id, "dir": str(fleet.dir), "exit_code": code, "total_cap_usd": total_usd,
                "per_run_usd": per_run_usd, "accrued_usd": round(fleet.accrued_usd(), 6),
                "stop_reason": fleet.stop_reason or None, "cap_events": fleet.cap_events, "sim": base.sim,
-               "preflight": pre.summary(), "exit_precedence": list(EXIT_PRECEDENCE)}
+               "preflight": pre.summary(), "exit_precedence": [int(c) for c in PRECEDENCE]}
     report = write_fleet_report(fleet.dir, fleet.fleet_id, rows, summary)
     print_table(out, rows, title=f"Fleet {fleet.fleet_id}: ranked by $ per million training tokens")
     if out.json_mode:
@@ -459,7 +449,7 @@ def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
 
         out.emit_json(summary | {"report": str(report), "rows": [asdict(r) for r in rows]})
     else:
-        color = "green" if code in (0, 4) else "red"
-        out.out.print(Text.from_markup(f"[{color}]fleet exit {code}[/] (worst run by {'>'.join(map(str, EXIT_PRECEDENCE))}); "
+        color = "green" if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) else "red"
+        out.out.print(Text.from_markup(f"[{color}]fleet exit {code}[/] (worst run by {'>'.join(str(int(c)) for c in PRECEDENCE)}); "
                       f"accrued ${summary['accrued_usd']:.4f} of ${total_usd:.2f}; report {report}"))
     return code

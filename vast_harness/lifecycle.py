@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from vast_harness.client import RawExchange, VastClient
 from vast_harness.errors import (
     ApiStatusError,
-    HarnessError,
+    BootFailed,
     OfferUnavailable,
     RateLimitError,
     TransportError,
@@ -44,20 +44,6 @@ LINGERING_STATUSES = frozenset({"destroyed", "terminated"})  # vast-cli's instan
 # tried, and the final sweep scans its label again. A 504 (the gateway gave up while the API may still be
 # working) is the arguable one; add it here to make such creates exit 3.
 UNKNOWN_OUTCOME_STATUSES: frozenset[int] = frozenset()
-
-
-class BootFailed(HarnessError):
-    """The instance will not become ready (failed state, status_msg error, deadline, SSH never answered)."""
-
-
-class CreateUnresolved(HarnessError):
-    """A create whose outcome is unknown and whose instance no read has shown: it may exist and bill."""
-
-    exit_code = 3
-
-    def __init__(self, message: str, *, label: str) -> None:
-        super().__init__(message)
-        self.label = label
 
 
 class CreateOutcome(BaseModel):

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from vast_harness.client import VastClient
 from vast_harness.config import LABEL_PREFIX, RunSpec
-from vast_harness.errors import VastError
+from vast_harness.errors import ExitCode, VastError
 from vast_harness.evidence import RunEvidence
 from vast_harness.ledger import Ledger, LedgerEntry
 from vast_harness.lifecycle import InstanceTeardown, teardown_instance
@@ -139,7 +139,7 @@ def _collect(client: VastClient, ledger: Ledger, out: Output, result: ReapOutcom
         result.not_proven.append(f"could not list live instances (the {LABEL_PREFIX}* scan did not run): {exc}")
 
 
-def reap_all(spec: RunSpec, client: VastClient, out: Output) -> int:
+def reap_all(spec: RunSpec, client: VastClient, out: Output) -> ExitCode:
     ledger = Ledger.for_spec(spec)
     run_id = "reap-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     result = ReapOutcome()
@@ -187,7 +187,7 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output) -> int:
     return _code(result)
 
 
-def _code(result: ReapOutcome) -> int:
+def _code(result: ReapOutcome) -> ExitCode:
     if result.not_proven or result.unproven_ids:
-        return 3  # something may still bill
-    return 130 if result.interrupted else 0
+        return ExitCode.NOT_PROVEN_GONE  # something may still bill
+    return ExitCode.INTERRUPTED if result.interrupted else ExitCode.PASSED

@@ -25,14 +25,22 @@ from vast_harness.bundle import Bundle, build_bundle
 from vast_harness.client import VastClient
 from vast_harness.config import LABEL_PREFIX, DriverPolicy, RunSpec, check_evidence_dir
 from vast_harness.errors import (
-    AuthError,
+    BootFailed,
     CapReachedError,
     ConfigError,
+    CreateUnresolved,
+    ExitCode,
     HarnessError,
+    Interrupted,
     LedgerWriteError,
     NoOfferError,
+    RunCancelled,
+    SshConnectError,
     StepFailedError,
+    TransferAbandoned,
     VastError,
+    describe,
+    exit_code_for,
 )
 from vast_harness.evidence import (
     CreatedInstance,
@@ -47,8 +55,6 @@ from vast_harness.ledger import Ledger
 from vast_harness.lifecycle import (
     READ_LAG_WINDOW_S,
     SIM_READ_LAG_WINDOW_S,
-    BootFailed,
-    CreateUnresolved,
     InstanceTeardown,
     create,
     find_by_label,
@@ -65,9 +71,7 @@ from vast_harness.report import write_run_report_safely
 from vast_harness.ssh import (
     HostSession,
     RunKey,
-    SshConnectError,
     StepOutcome,
-    TransferAbandoned,
     endpoints_for,
     generate_run_key,
 )
@@ -91,25 +95,9 @@ SFTP_STALL_MAX_S = 30.0
 _METER_EVERY_BYTES = 1 << 20
 
 
-class Interrupted(BaseException):
-    """SIGINT/SIGTERM/SIGHUP during the run. A BaseException so no `except Exception` can swallow it."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class RunCancelled(HarnessError):
-    """`GuardedRun.cancel` was called (a fleet's total cap, or a signal the fleet received): stop and tear down."""
-
-    def __init__(self, reason: str, exit_code: int) -> None:
-        super().__init__(reason)
-        self.exit_code = exit_code
-
-
 class HarnessResult(BaseModel):
     run_id: str
-    exit_code: int
+    exit_code: ExitCode
     message: str = ""
 
 
@@ -194,11 +182,11 @@ class GuardedRun:
         self.unresolved_labels: set[str] = set()  # creates whose outcome no read has settled
         # Set by `cancel` from another thread; checked wherever the cap deadline is, and by a running step.
         self.cancelled = threading.Event()
-        self.cancel_reason, self.cancel_exit_code = "", 6
+        self.cancel_reason, self.cancel_exit_code = "", ExitCode.CAP_REACHED
 
-    def cancel(self, reason: str, *, exit_code: int = 6) -> None:
+    def cancel(self, reason: str, *, exit_code: ExitCode = ExitCode.CAP_REACHED) -> None:
         """Thread-safe: stop at the next phase boundary (a running step within its poll interval), then the
-        usual teardown. exit_code 6 for a cap, 130 for a signal. A run that already finished is unaffected."""
+        usual teardown: CAP_REACHED for a cap, INTERRUPTED for a signal. A finished run is unaffected."""
         if not self.cancelled.is_set():
             self.cancel_reason, self.cancel_exit_code = reason, exit_code
             self.cancelled.set()
@@ -210,7 +198,7 @@ class GuardedRun:
     # ------------------------------------------------------------------------------------------- run
     def execute(self) -> HarnessResult:
         guard = self.guard = _SignalGuard(self.out)
-        code, message = 1, ""
+        code, message = ExitCode.FAILED, ""
         key: RunKey | None = None
         with guard, tempfile.TemporaryDirectory(prefix=self.ledger.key_dir_prefix(self.run_id)) as key_dir:
             try:
@@ -230,25 +218,12 @@ class GuardedRun:
                     self._run_steps()
                 self._pull_evidence(in_teardown=False)
                 qualified = self.candidate.driver_qualified if self.candidate else False
-                code, message = (0, "passed") if qualified else (4, "passed on a driver outside the qualified list")
-            except Interrupted as exc:
-                code, message = 130, f"interrupted by {exc}"
-            except NoOfferError as exc:
-                code, message = exc.exit_code, str(exc)
-                if exc.rejected:
+                code, message = ((ExitCode.PASSED, "passed") if qualified else
+                                 (ExitCode.UNQUALIFIED_DRIVER, "passed on a driver outside the qualified list"))
+            except (Exception, Interrupted) as exc:  # a bug too must end in teardown and an exit code
+                code, message = exit_code_for(exc), describe(exc)
+                if isinstance(exc, NoOfferError) and exc.rejected:
                     self.out.rejections(exc.rejected, title="Closest offers and why each was rejected")
-            except (ConfigError, AuthError) as exc:
-                code, message = 2, str(exc)
-            except RunCancelled as exc:
-                code, message = exc.exit_code, str(exc)
-            except CapReachedError as exc:
-                code, message = 6, str(exc)
-            except (StepFailedError, BootFailed, SshConnectError) as exc:
-                code, message = 1, str(exc)
-            except (VastError, HarnessError) as exc:
-                code, message = 1, str(exc)
-            except Exception as exc:  # a bug must still end in teardown and an exit code, never past them
-                code, message = 1, f"unexpected {type(exc).__name__}: {exc}"
             finally:
                 guard.in_teardown = True
                 code, message = self._finish(code, message, key)
@@ -415,7 +390,7 @@ class GuardedRun:
                         raise CapReachedError(f"instance {inst.instance_id} now bills ${inst.dph_usd:.4f}/h: "
                                               "the cap is reached")
                 except CapReachedError as exc:
-                    self.cancel(str(exc), exit_code=6)
+                    self.cancel(str(exc), exit_code=ExitCode.CAP_REACHED)
                     return
 
         thread = threading.Thread(target=watch, name=f"vh-price-{self.run_id}", daemon=True)
@@ -649,7 +624,11 @@ class GuardedRun:
         return (self.ev.write_failures + self.ledger_write_failures
                 + [f"ledger {f}" for f in self.ledger.write_failures])
 
-    def _finish(self, code: int, message: str, key: RunKey | None) -> tuple[int, str]:
+    def _finish(self, code: ExitCode, message: str, key: RunKey | None) -> tuple[ExitCode, str]:
+        # "May still bill" is decided by `_verdict` from the teardowns and the sweep, not by the error that
+        # stopped the run: a create of unknown outcome that the sweep then finds and deletes is a failure.
+        if code == ExitCode.NOT_PROVEN_GONE:
+            code = ExitCode.FAILED
         # "After the last step" counts from the step's end when one ran (evidence pull included), else from now.
         t_last_step_end_unix = self.t_last_step_end_unix or time.time()
         self._pull_evidence(in_teardown=True)
@@ -677,26 +656,28 @@ class GuardedRun:
         self.out.result(self.run_id, code, message, self.ev.dir, self.steps, self.teardowns, self.accrued_usd())
         return code, message
 
-    def _verdict(self, code: int, message: str) -> tuple[int, str]:
-        """The exit code from what is known: unproven teardown (3) beats a cap overrun (6) beats lost evidence."""
+    def _verdict(self, code: ExitCode, message: str) -> tuple[ExitCode, str]:
+        """The exit code from what is known: unproven teardown beats a cap overrun beats lost evidence."""
         unproven = [t.instance_id for t in self.teardowns if t.verdict != "gone"]
         if unproven:
-            if code != 3:
+            if code != ExitCode.NOT_PROVEN_GONE:
                 message = (f"teardown NOT proven for instance(s) {unproven}: they may still bill. "
                            f"The ledger names them; run `vast-e2e reap`. ({message})")
-            return 3, message
+            return ExitCode.NOT_PROVEN_GONE, message
         if self.unresolved_labels:  # a create that may yet appear: the ledger's create_unresolved names it
-            if code != 3:
+            if code != ExitCode.NOT_PROVEN_GONE:
                 message = (f"create outcome unknown for label(s) {sorted(self.unresolved_labels)}: an instance "
                            f"may appear and bill. Run `vast-e2e reap`, which keeps looking for them. ({message})")
-            return 3, message
+            return ExitCode.NOT_PROVEN_GONE, message
         over = self.meter.over_cap()
-        if over and code in (0, 1, 4):
-            return 6, f"over the cap: {over} ({message})"
+        # over a cap is never a pass, nor hidden behind a failure: a signal, bad input or no offer keep theirs
+        if over and code in (ExitCode.PASSED, ExitCode.FAILED, ExitCode.UNQUALIFIED_DRIVER):
+            return ExitCode.CAP_REACHED, f"over the cap: {over} ({message})"
         failures = self._write_failures()
-        if failures and code in (0, 4):
-            return 1, (f"the instance is deleted and proven absent, but {len(failures)} evidence/ledger write(s) "
-                       f"failed, so the evidence is incomplete: {'; '.join(failures[:3])} ({message})")
+        if failures and code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER):
+            return ExitCode.FAILED, (f"the instance is deleted and proven absent, but {len(failures)} evidence/ledger "
+                                     f"write(s) failed, so the evidence is incomplete: {'; '.join(failures[:3])} "
+                                     f"({message})")
         return code, message
 
     def _record(self, code: int, message: str) -> RunRecord:

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import BaseModel
 
-from vast_harness.errors import HarnessError
+from vast_harness.errors import SshConnectError, SshTransferError, TransferAbandoned
 from vast_harness.models import Instance
 
 # paramiko logs a failed handshake ("Error reading SSH protocol banner") with its traceback at ERROR; with
@@ -95,14 +95,6 @@ class StepOutcome(BaseModel):
         return self.rc == 0
 
 
-class SshTransferError(HarnessError):
-    """An SFTP transfer broke off (the host dropped, or the file system refused)."""
-
-
-class TransferAbandoned(SshTransferError):
-    """A transfer ran past its deadline or was abandoned: the link was closed under it (the session is dead)."""
-
-
 class TreePull(BaseModel):
     """What `pull_tree` brought back, and what it left behind (over the size budget) and why it stopped."""
 
@@ -115,20 +107,6 @@ class TreePull(BaseModel):
 
 class _OverBudget(Exception):
     """Raised inside an SFTP progress callback to stop a file that grew past the size budget."""
-
-
-class SshConnectError(HarnessError):
-    """No endpoint accepted our key before the deadline. `attempts` holds every try, in order."""
-
-    _MAX_LISTED = 30
-
-    def __init__(self, message: str, *, attempts: list[ConnectAttempt]) -> None:
-        self.attempts = attempts
-        lines = [f"  #{a.number} {a.endpoint}: {a.outcome} ({a.seconds:.1f} s)" for a in attempts]
-        if len(lines) > self._MAX_LISTED:
-            skipped = len(lines) - self._MAX_LISTED
-            lines = lines[:5] + [f"  ... {skipped} more ..."] + lines[-(self._MAX_LISTED - 5) :]
-        super().__init__("\n".join([message, *lines]))
 
 
 class RunKey:
@@ -660,10 +638,8 @@ __all__ = [
     "ConnectAttempt",
     "HostSession",
     "RunKey",
-    "SshConnectError",
     "SshEndpoint",
     "StepOutcome",
-    "TransferAbandoned",
     "TreePull",
     "endpoints_for",
     "generate_run_key",

@@ -20,7 +20,8 @@ from pydantic import SecretStr
 
 from vast_harness.client import VastClient
 from vast_harness.config import Step, load_driver_policy, resolve
-from vast_harness.fleet import EXIT_PRECEDENCE, SerialClient, parse_gpus, run_fleet, worst_exit
+from vast_harness.errors import PRECEDENCE, worst
+from vast_harness.fleet import SerialClient, parse_gpus, run_fleet
 from vast_harness.ledger import Ledger
 from vast_harness.output import Output
 from vast_harness.runner import GuardedRun
@@ -51,12 +52,12 @@ def base_spec(sim: SimServer, tmp_path: Path, **kw):
 
 
 def test_worst_exit_precedence():
-    assert worst_exit([0, 4, 6, 3, 130]) == 3  # 3 beats everything
-    assert worst_exit([0, 130, 1]) == 130
-    assert worst_exit([0, 1, 6, 5]) == 1
-    assert worst_exit([0, 4]) == 4
-    assert worst_exit([]) == 0
-    assert EXIT_PRECEDENCE[0] == 3
+    assert worst([0, 4, 6, 3, 130]) == 3  # 3 beats everything
+    assert worst([0, 130, 1]) == 130
+    assert worst([0, 1, 6, 5]) == 1
+    assert worst([0, 4]) == 4
+    assert worst([]) == 0
+    assert PRECEDENCE[0] == 3
     assert parse_gpus(" RTX 4090, H100 SXM,RTX 4090,") == ["RTX 4090", "H100 SXM"]
 
 

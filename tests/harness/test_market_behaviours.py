@@ -16,10 +16,11 @@ import pytest
 from tests.harness.test_runner import KEY, SCALE, make_spec
 from vast_harness.client import VastClient
 from vast_harness.config import Step, load_driver_policy
+from vast_harness.errors import Interrupted
 from vast_harness.ledger import Ledger
 from vast_harness.output import Output
 from vast_harness.reap import reap_all
-from vast_harness.runner import GuardedRun, Interrupted
+from vast_harness.runner import GuardedRun
 from vast_harness.sim import SimServer
 
 OK = [Step(name="ok", run="true", timeout_s=10)]

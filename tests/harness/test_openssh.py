@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from vast_harness.ssh import HostSession, RunKey, SshConnectError, SshEndpoint, generate_run_key
+from vast_harness.errors import SshConnectError
+from vast_harness.ssh import HostSession, RunKey, SshEndpoint, generate_run_key
 
 pytestmark = pytest.mark.openssh
 

@@ -25,15 +25,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.harness.netproxy import TcpProxy
-from vast_harness.errors import HarnessError
+from vast_harness.errors import HarnessError, SshConnectError, TransferAbandoned
 from vast_harness.models import Instance
 from vast_harness.ssh import (
     ConnectAttempt,
     HostSession,
     RunKey,
-    SshConnectError,
     SshEndpoint,
-    TransferAbandoned,
     endpoints_for,
     generate_run_key,
 )
