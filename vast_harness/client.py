@@ -54,6 +54,19 @@ log = logging.getLogger(__name__)
 
 DEFAULT_API_URL = "https://console.vast.ai"
 V1_PAGE_LIMIT_MAX = 25  # show_instances.yaml: "max 25"
+# The path (a pacing key: the id as `{id}`) each endpoint method calls. GET and DELETE of an instance share
+# one, as the pacing assumes. The only place the control plane spells Vast URLs.
+ENDPOINT_PATHS = {
+    "search_offers": "/api/v0/bundles/",
+    "create_instance": "/api/v0/asks/{id}/",
+    "get_instance": "/api/v0/instances/{id}/",
+    "read_instance_raw": "/api/v0/instances/{id}/",
+    "destroy_instance": "/api/v0/instances/{id}/",
+    "list_instances": "/api/v1/instances/",
+    "list_instances_page": "/api/v1/instances/",
+    "list_instances_raw": "/api/v1/instances/",
+    "current_user": "/api/v0/users/current/",
+}
 MAX_LIST_PAGES = 100  # 2,500 instances: far above any account we drive; a bound against a looping token
 MAX_RECORDED_TEXT_CHARS = 1_000_000
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # far above 8 pages of 1,000 offers; a bound against a flooding proxy
@@ -263,14 +276,14 @@ class VastClient:
 
     # ---- endpoints
     def search_offers(self, query: dict[str, Any]) -> list[Offer]:
-        path = "/api/v0/bundles/"
+        path = ENDPOINT_PATHS["search_offers"]
         data = self._call("POST", path, json=query, retry=True)
         return [self._model(Offer, row, "POST", path) for row in self._rows(data, "offers", "POST", path)]
 
     def create_instance(self, offer_id: int, body: dict[str, Any]) -> CreateResult:
         """Rent an offer. Retried only on 429 (nothing was created), waiting out the documented penalty;
         never on a transport error or 5xx: a lost answer may still have rented (list by label first)."""
-        path = f"/api/v0/asks/{int(offer_id)}/"
+        path = ENDPOINT_PATHS["create_instance"].format(id=int(offer_id))
         penalty_s = CREATE_429_PENALTY_S * self._pacer_scale
         data = self._call("PUT", path, json=body, retry=True, retry_on=(RateLimitError,),
                           min_wait_s=penalty_s)
@@ -278,7 +291,7 @@ class VastClient:
 
     def get_instance(self, instance_id: int) -> Instance | None:
         """The instance, or None for 200 `{"instances": null}` (destroyed, or not yet visible)."""
-        path = f"/api/v0/instances/{int(instance_id)}/"
+        path = ENDPOINT_PATHS["get_instance"].format(id=int(instance_id))
         data = self._call("GET", path, retry=True)
         row = data.get("instances", ...) if isinstance(data, dict) else ...  # ... = key missing
         if row is None:
@@ -286,6 +299,15 @@ class VastClient:
         if not isinstance(row, dict):
             raise self._invalid("GET", path, "'instances' is neither an object nor null", data)
         return self._model(Instance, row, "GET", path)
+
+    def read_instance_raw(self, instance_id: int) -> RawExchange:
+        """The per-id read as one unretried exchange, recorded whole: a round of the absence proof."""
+        return self.exchange("GET", ENDPOINT_PATHS["get_instance"].format(id=int(instance_id)))
+
+    def list_instances_raw(self, *, label: str | None = None, instance_id: int | None = None) -> RawExchange:
+        """One page of the v1 list filtered by label or id, as one unretried exchange: a proof round's read."""
+        params = _list_params(label=label, instance_id=instance_id, limit=V1_PAGE_LIMIT_MAX, after_token=None)
+        return self.exchange("GET", ENDPOINT_PATHS["list_instances"], params=params)
 
     def list_instances_page(
         self,
@@ -297,17 +319,8 @@ class VastClient:
     ) -> InstancePage:
         if not 1 <= limit <= V1_PAGE_LIMIT_MAX:
             raise ConfigError(f"limit must be within 1..{V1_PAGE_LIMIT_MAX}, got {limit}")
-        filters: dict[str, Any] = {}
-        if label is not None:
-            filters["label"] = {"eq": label}
-        if instance_id is not None:
-            filters["id"] = {"eq": int(instance_id)}
-        params: dict[str, Any] = {"limit": limit}
-        if filters:
-            params["select_filters"] = jsonlib.dumps(filters, separators=(",", ":"))
-        if after_token is not None:
-            params["after_token"] = after_token
-        path = "/api/v1/instances/"
+        params = _list_params(label=label, instance_id=instance_id, limit=limit, after_token=after_token)
+        path = ENDPOINT_PATHS["list_instances"]
         data = self._call("GET", path, params=params, retry=True)
         self._rows(data, "instances", "GET", path)  # a missing list must not read as "no instances"
         return self._model(InstancePage, data, "GET", path)
@@ -326,7 +339,7 @@ class VastClient:
             token = page.next_token
             if not token:
                 return rows
-        raise VastError(f"GET /api/v1/instances/ still had a next_token after {MAX_LIST_PAGES} pages")
+        raise VastError(f"GET {ENDPOINT_PATHS['list_instances']} still had a next_token after {MAX_LIST_PAGES} pages")
 
     def instance_price(self, instance_id: int) -> float | None:
         """The rented instance's own `dph_total` ($/h) now, or None when the read shows none. Hosts re-price
@@ -339,7 +352,7 @@ class VastClient:
     ) -> Literal["deleted", "already_gone"]:
         """DELETE, retried on 429/5xx/transport (for at most `max_retry_s`, default the client's bound).
         A 404 not_found/no_such_instance is "already gone" as far as DELETE can tell: only a proof says gone."""
-        path = f"/api/v0/instances/{int(instance_id)}/"
+        path = ENDPOINT_PATHS["destroy_instance"].format(id=int(instance_id))
         try:
             self._call("DELETE", path, json={}, retry=True, max_retry_s=max_retry_s)
         except NotFoundError:
@@ -347,7 +360,7 @@ class VastClient:
         return "deleted"
 
     def current_user(self) -> User:
-        path = "/api/v0/users/current/"
+        path = ENDPOINT_PATHS["current_user"]
         return self._model(User, self._call("GET", path, retry=True), "GET", path)
 
     def list_ssh_keys(self) -> list[SshKey]:
@@ -536,6 +549,21 @@ class VastClient:
         if in_path or self._key in str(url.query, "ascii", "replace") or "api_key" in url.params:
             where = _redact(f"{request.method} {request.url.path}", self._key)
             raise ConfigError(f"refusing to send the API key in a URL ({where})")
+
+
+def _list_params(*, label: str | None, instance_id: int | None, limit: int, after_token: str | None) -> dict[str, Any]:
+    """The v1 list's query: `select_filters` as a JSON string of `{column: {"eq": value}}` (show_instances.yaml)."""
+    filters: dict[str, Any] = {}
+    if label is not None:
+        filters["label"] = {"eq": label}
+    if instance_id is not None:
+        filters["id"] = {"eq": int(instance_id)}
+    params: dict[str, Any] = {"limit": limit}
+    if filters:
+        params["select_filters"] = jsonlib.dumps(filters, separators=(",", ":"))
+    if after_token is not None:
+        params["after_token"] = after_token
+    return params
 
 
 def _validated_key(api_key: str) -> str:

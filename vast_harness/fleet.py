@@ -30,7 +30,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from vast_harness.bundle import Bundle, build_bundle
-from vast_harness.client import VastClient
+from vast_harness.client import ENDPOINT_PATHS, VastClient
 from vast_harness.config import Caps, DriverPolicy, RunSpec, load_profile
 from vast_harness.errors import PRECEDENCE, ConfigError, ExitCode, NoOfferError, describe, exit_code_for, worst
 from vast_harness.ledger import Ledger
@@ -150,16 +150,6 @@ def preflight(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
     return Preflight(entries, total_usd, per_run_usd, credit, allow_overcommit)
 
 
-# The pacing key (normalised path) each client method's requests fall under; GET and DELETE of an instance
-# share one, as the client's pacing assumes.
-_METHOD_KEYS = {
-    "search_offers": "/api/v0/bundles/", "create_instance": "/api/v0/asks/{id}/",
-    "get_instance": "/api/v0/instances/{id}/", "destroy_instance": "/api/v0/instances/{id}/",
-    "list_instances": "/api/v1/instances/", "list_instances_page": "/api/v1/instances/",
-    "current_user": "/api/v0/users/current/",
-}
-
-
 class SerialClient:
     """The fleet's one client, shared by its runs, with one request per endpoint in flight at a time.
 
@@ -189,7 +179,7 @@ class SerialClient:
                 path = kwargs.get("path", args[1] if len(args) > 1 else "")
                 key = endpoint_key(str(method), str(path)).split(" ", 1)[1]
             else:
-                key = _METHOD_KEYS.get(name, name)
+                key = ENDPOINT_PATHS.get(name, name)
             with self._lock_for(key):
                 return attr(*args, **kwargs)
 

@@ -12,7 +12,6 @@ Two Vast behaviours shape the teardown (docs/vast-behaviours.md):
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -78,8 +77,22 @@ def is_lingering(inst: Instance | dict) -> bool:
     return get("intended_status") in LINGERING_STATUSES or get("actual_status") in LINGERING_STATUSES
 
 
+class CreateRequest(BaseModel):
+    """The body of `PUT /api/v0/asks/{offer}/` (create_instance.yaml): an SSH-direct container that boots into
+    `onstart` (our key, the dead-man switch) and is refused, not queued, when the offer is gone."""
+
+    image: str
+    disk: float  # GB
+    label: str
+    onstart: str
+    runtype: Literal["ssh_direct"] = "ssh_direct"
+    client_id: Literal["me"] = "me"
+    cancel_unavail: bool = True  # an offer taken meanwhile fails the create instead of renting it stopped
+    target_state: Literal["running"] = "running"
+
+
 def create(
-    client: VastClient, ledger: Ledger, *, run_id: str, label: str, offer_id: int, body: dict,
+    client: VastClient, ledger: Ledger, *, run_id: str, offer_id: int, request: CreateRequest,
     lag_attempts: int = 6, lag_wait_s: float = 5.0, lag_window_s: float = READ_LAG_WINDOW_S,
     sleep: Sleep = time.sleep,
 ) -> CreateOutcome:
@@ -87,6 +100,7 @@ def create(
     looked up by label until the read-lag window has passed; not found then, it is `unresolved` (ledger
     `create_unresolved`, which `reap` keeps looking for). An interrupt during the PUT is recorded the same
     way before it propagates."""
+    label = request.label
     ledger.append(run_id, "intent", label, offer_id=offer_id)
     t_sent = time.time()
 
@@ -105,7 +119,7 @@ def create(
         return CreateOutcome(status="not_created", detail=str(exc))
 
     try:
-        result = client.create_instance(offer_id, body)
+        result = client.create_instance(offer_id, request.model_dump())
     except OfferUnavailable as exc:
         ledger.append(run_id, "create_failed", label, offer_id=offer_id, detail=str(exc)[:300])
         return CreateOutcome(status="unavailable", detail=str(exc))
@@ -204,11 +218,6 @@ class AbsenceProof(BaseModel):
     verdict: Verdict = "unknown"
 
 
-def _list_exchange(client: VastClient, column: str, value: object) -> RawExchange:
-    params = {"select_filters": json.dumps({column: {"eq": value}}), "limit": 25}
-    return client.exchange("GET", "/api/v1/instances/", params=params)
-
-
 def _per_id_verdict(x: RawExchange, instance_id: int) -> Verdict:
     if x.status != 200 or not isinstance(x.json, dict) or "instances" not in x.json:
         return "unknown"
@@ -234,9 +243,9 @@ def _list_verdict(x: RawExchange, instance_id: int, label: str) -> Verdict:
 
 
 def _one_round(client: VastClient, instance_id: int, label: str, not_before_unix: float) -> ProofRound:
-    per_id = client.exchange("GET", f"/api/v0/instances/{instance_id}/")
-    by_id = _list_exchange(client, "id", instance_id)
-    by_label = _list_exchange(client, "label", label)
+    per_id = client.read_instance_raw(instance_id)
+    by_id = client.list_instances_raw(instance_id=instance_id)
+    by_label = client.list_instances_raw(label=label)
     verdicts = {_per_id_verdict(per_id, instance_id), _list_verdict(by_id, instance_id, label),
                 _list_verdict(by_label, instance_id, label)}
     verdict: Verdict = ("present" if "present" in verdicts else "going" if "going" in verdicts

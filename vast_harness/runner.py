@@ -55,6 +55,7 @@ from vast_harness.ledger import Ledger
 from vast_harness.lifecycle import (
     READ_LAG_WINDOW_S,
     SIM_READ_LAG_WINDOW_S,
+    CreateRequest,
     InstanceTeardown,
     create,
     find_by_label,
@@ -327,24 +328,17 @@ class GuardedRun:
         """The created instance, or why nothing was created (the caller tries the next offer). An unknown
         outcome that no read settles raises CreateUnresolved (exit 3 unless the final sweep finds it)."""
         deadman_s = int(self.spec.max_seconds + self.spec.deadman_grace_s)
-        body = {
-            "client_id": "me",
-            "image": self.spec.profile.image,
-            "disk": self.spec.profile.disk_gb,
-            "label": label,
-            "runtype": "ssh_direct",
-            "onstart": build_onstart(public_key=key.public_openssh, api_url=self.spec.api_url,
-                                     deadman_after_s=deadman_s),
-            "cancel_unavail": True,
-            "target_state": "running",
-        }
+        request = CreateRequest(
+            image=self.spec.profile.image, disk=self.spec.profile.disk_gb, label=label,
+            onstart=build_onstart(public_key=key.public_openssh, api_url=self.spec.api_url, deadman_after_s=deadman_s),
+        )
         self.out.info(f"renting offer {cand.offer.id} ({cand.offer.num_gpus}x {cand.offer.gpu_name}, "
                       f"${cand.quote.dph_at_disk_usd:.3f}/h) as {label}")
         self.create_attempts.append((label, time.time()))
         self.unresolved_labels.add(label)  # until an answer or a read settles it (an interrupt leaves it)
         try:
-            outcome = create(self.client, self.ledger, run_id=self.run_id, label=label, offer_id=cand.offer.id,
-                             body=body, lag_wait_s=max(self.spec.poll_s, 0.2), lag_window_s=self.read_lag_window_s)
+            outcome = create(self.client, self.ledger, run_id=self.run_id, offer_id=cand.offer.id,
+                             request=request, lag_wait_s=max(self.spec.poll_s, 0.2), lag_window_s=self.read_lag_window_s)
         except LedgerWriteError:  # the intent never reached the disk, so no PUT was sent: nothing to look for
             self.unresolved_labels.discard(label)
             self.create_attempts.pop()

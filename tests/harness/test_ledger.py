@@ -15,7 +15,7 @@ from vast_harness.client import VastClient
 from vast_harness.config import load_driver_policy
 from vast_harness.errors import LedgerWriteError
 from vast_harness.ledger import Ledger, LedgerTarget, account_fingerprint
-from vast_harness.lifecycle import create
+from vast_harness.lifecycle import CreateRequest, create
 from vast_harness.output import Output
 from vast_harness.runner import GuardedRun
 
@@ -90,7 +90,7 @@ def test_no_put_without_a_durable_intent(tmp_path, disk, mode):
         put = router.put(url__regex=r"/api/v0/asks/\d+/").mock(return_value=httpx.Response(200, json={
             "success": True, "new_contract": 7}))
         with VastClient(VAST_TEST_KEY, base_url=VAST_TEST_BASE) as client, pytest.raises(LedgerWriteError):
-            create(client, ledger, run_id="r", label="vh-r", offer_id=5, body={})
+            create(client, ledger, run_id="r", offer_id=5, request=CreateRequest(image="img", disk=8, label="vh-r", onstart=""))
         assert not put.called
 
 
