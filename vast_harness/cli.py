@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import SecretStr
@@ -21,6 +21,9 @@ from typer._click.exceptions import ClickException  # typer vendors click; usage
 from vast_harness.config import RunSpec, load_driver_policy, path_flag, resolve
 from vast_harness.errors import ConfigError, ExitCode, HarnessError, NoOfferError, describe, exit_code_for
 from vast_harness.output import Output
+
+if TYPE_CHECKING:  # the client (httpx, tenacity) is imported when a command needs it, not at startup
+    from vast_harness.client import VastClient
 
 app = typer.Typer(
     add_completion=False,
@@ -71,7 +74,7 @@ def _api_target(spec: RunSpec) -> Iterator[tuple[RunSpec, float]]:
         yield spec.model_copy(update={"api_url": sim.url, "api_key": key}), SIM_PACING_SCALE
 
 
-def _client(spec: RunSpec, pacing_scale: float):
+def _client(spec: RunSpec, pacing_scale: float) -> VastClient:
     from vast_harness.client import VastClient
 
     assert spec.api_key is not None

@@ -22,9 +22,11 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from rich.markup import escape
 from rich.text import Text
@@ -33,11 +35,13 @@ from vast_harness.bundle import Bundle, build_bundle
 from vast_harness.client import ENDPOINT_PATHS, VastClient
 from vast_harness.config import Caps, DriverPolicy, RunSpec, load_profile
 from vast_harness.errors import PRECEDENCE, ConfigError, ExitCode, NoOfferError, describe, exit_code_for, worst
+from vast_harness.evidence import StepRecord
 from vast_harness.ledger import Ledger
+from vast_harness.lifecycle import InstanceTeardown
 from vast_harness.output import Output
 from vast_harness.pacing import endpoint_key
 from vast_harness.plan import RunPlan, plan_run
-from vast_harness.runner import GuardedRun, new_run_id
+from vast_harness.runner import GuardedRun, SignalHandler, new_run_id
 
 MONITOR_INTERVAL_S = 0.2
 # On --sim the tiny CPU round stands in for the GPU workload; its MFU is against a nominal peak per GPU type
@@ -94,7 +98,7 @@ class FleetEntry:
     def worst_case_usd(self) -> float:
         return self.plan.chosen.quote.worst_case_usd if self.plan else 0.0
 
-    def row(self) -> dict:
+    def row(self) -> dict[str, Any]:
         if self.plan is None:
             return {"gpu": self.gpu, "offer_id": None, "no_offer": self.no_offer}
         o, q = self.plan.chosen.offer, self.plan.chosen.quote
@@ -128,7 +132,7 @@ class Preflight:
                     "monitor hold the total)")
         return None
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {"rows": [e.row() for e in self.entries], "worst_case_sum_usd": round(self.worst_case_sum_usd, 6),
                 "total_cap_usd": self.total_usd, "per_run_usd": self.per_run_usd, "credit_usd": self.credit_usd,
                 "allow_overcommit": self.allow_overcommit, "refused": self.refusal()}
@@ -168,12 +172,12 @@ class SerialClient:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
         if not callable(attr) or name.startswith("_") or name in ("close",):
             return attr
 
-        def call(*args, **kwargs):
+        def call(*args: Any, **kwargs: Any) -> Any:
             if name == "exchange":
                 method = kwargs.get("method", args[0] if args else "")
                 path = kwargs.get("path", args[1] if len(args) > 1 else "")
@@ -193,7 +197,7 @@ class FleetLedger:
         self.path = path
         self._lock = threading.Lock()
 
-    def append(self, event: str, **fields) -> None:
+    def append(self, event: str, **fields: Any) -> None:
         line = (json.dumps({"t_unix": time.time(), "event": event, **fields}, default=str) + "\n").encode()
         with self._lock:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -223,13 +227,14 @@ class RunOutput(Output):
             prefix = escape(f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]")
             self.err.print(Text.from_markup(f"[cyan]{self.tag}[/][dim]{prefix}[/] {escape(line)}"))
 
-    def result(self, run_id, code, message, evidence_dir, steps, teardowns, accrued_usd) -> None:
+    def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
+               teardowns: Sequence[InstanceTeardown], accrued_usd: float) -> None:
         verdicts = ", ".join(f"{t.instance_id} {t.verdict}" for t in teardowns) or "nothing rented"
         color = "green" if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) else "red"
         self.err.print(Text.from_markup(f"[cyan]{self.tag}[/] [{color}]exit {code}[/]: {escape(message)}; {verdicts}; "
                        f"accrued ${accrued_usd:.4f}"))
 
-    def rejections(self, rejected, *, title: str) -> None:
+    def rejections(self, rejected: Sequence[Any], *, title: str) -> None:
         self.err.print(Text.from_markup(f"[cyan]{self.tag}[/] {escape(title)}: {len(rejected)} offer(s)"))
 
 
@@ -259,7 +264,7 @@ class Fleet:
     outcomes: dict[str, RunOutcome] = field(default_factory=dict)
     stop_reason: str = ""
     stop_code: ExitCode = ExitCode.PASSED
-    cap_events: list[dict] = field(default_factory=list)
+    cap_events: list[dict[str, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.dir = self.root / self.fleet_id
@@ -352,7 +357,7 @@ class Fleet:
             work.put(entry)
         workers = [threading.Thread(target=self._worker, args=(work,), name=f"fleet-worker-{i}")
                    for i in range(max(1, min(self.parallel, len(self.pre.entries))))]
-        previous: dict[int, object] = {}
+        previous: dict[signal.Signals, SignalHandler] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 previous[sig] = signal.signal(sig, self._on_signal)
@@ -369,7 +374,7 @@ class Fleet:
             for w in workers:  # only reached early by a bug in the loop: the runs still finish their teardown
                 w.join()
             for sig, handler in previous.items():
-                signal.signal(sig, handler)  # type: ignore[arg-type]
+                signal.signal(sig, handler)
         codes = [o.exit_code for o in self.outcomes.values()]
         code = worst(codes)
         self.ledger.append("fleet-end", exit_code=code, accrued_usd=round(self.accrued_usd(), 6),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -27,7 +27,7 @@ from vast_harness.errors import (
     TransportError,
     VastError,
 )
-from vast_harness.ledger import Ledger
+from vast_harness.ledger import Event, Ledger, LedgerEntry
 from vast_harness.models import Instance
 
 Sleep = Callable[[float], None]
@@ -71,10 +71,13 @@ def find_by_label(client: VastClient, label: str, *, attempts: int, wait_s: floa
         sleep(max(0.0, min(wait_s, until_unix - time.time())) if i >= attempts else wait_s)
 
 
-def is_lingering(inst: Instance | dict) -> bool:
+def is_lingering(inst: Instance | dict[str, Any]) -> bool:
     """A destroyed instance's row that reads still show for a while (not billing, not yet gone)."""
-    get = inst.get if isinstance(inst, dict) else lambda k: getattr(inst, k, None)
-    return get("intended_status") in LINGERING_STATUSES or get("actual_status") in LINGERING_STATUSES
+    if isinstance(inst, dict):
+        intended, actual = inst.get("intended_status"), inst.get("actual_status")
+    else:
+        intended, actual = inst.intended_status, inst.actual_status
+    return intended in LINGERING_STATUSES or actual in LINGERING_STATUSES
 
 
 class CreateRequest(BaseModel):
@@ -202,9 +205,9 @@ Verdict = Literal["gone", "going", "present", "unknown"]
 
 class ProofRound(BaseModel):
     t_unix: float
-    per_id: dict
-    list_by_id: dict
-    list_by_label: dict
+    per_id: dict[str, Any]
+    list_by_id: dict[str, Any]
+    list_by_label: dict[str, Any]
     verdict: Verdict
     in_lag_window: bool = False  # taken before the read-lag window closed: a "gone" here counts for nothing
 
@@ -301,8 +304,14 @@ class InstanceTeardown(BaseModel):
         return self.proof.verdict if self.proof else "unknown"
 
 
+class LedgerAppend(Protocol):
+    """What teardown needs of a ledger: an append (the runner's may record a failed write and go on)."""
+
+    def append(self, run_id: str, event: Event, label: str, **fields: Any) -> LedgerEntry | None: ...
+
+
 def teardown_instance(
-    client: VastClient, ledger: Ledger, *, run_id: str, label: str, instance_id: int, interval_s: float,
+    client: VastClient, ledger: LedgerAppend, *, run_id: str, label: str, instance_id: int, interval_s: float,
     deadline: float, sleep: Sleep = time.sleep, created_unix: float | None = None,
     lag_window_s: float = READ_LAG_WINDOW_S,
 ) -> InstanceTeardown:

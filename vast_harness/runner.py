@@ -16,8 +16,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -30,14 +32,11 @@ from vast_harness.errors import (
     ConfigError,
     CreateUnresolved,
     ExitCode,
-    HarnessError,
     Interrupted,
     LedgerWriteError,
     NoOfferError,
     RunCancelled,
     SshConnectError,
-    StepFailedError,
-    TransferAbandoned,
     VastError,
     describe,
     exit_code_for,
@@ -47,11 +46,11 @@ from vast_harness.evidence import (
     PullRecord,
     RunEvidence,
     RunRecord,
-    StepLog,
     StepRecord,
     overall_absence,
 )
-from vast_harness.ledger import Ledger
+from vast_harness.hostwork import PULL_GRACE_SHARE, HostWork
+from vast_harness.ledger import Event, Ledger, LedgerEntry
 from vast_harness.lifecycle import (
     READ_LAG_WINDOW_S,
     SIM_READ_LAG_WINDOW_S,
@@ -72,28 +71,20 @@ from vast_harness.report import write_run_report_safely
 from vast_harness.ssh import (
     HostSession,
     RunKey,
-    StepOutcome,
     endpoints_for,
     generate_run_key,
 )
 
-REMOTE_DIR = "vh"  # under the host's $HOME
 MAX_UNAVAILABLE_REPICKS = 3
 # A boot failure that says the offer was sold twice (Vast accepts both buys; one container cannot bind its
 # ports): the offer was taken, like no_such_ask, so it costs a re-pick, not one of the boot retries.
 _OFFER_CONFLICT_WORDS = ("port is already allocated", "already rented", "no longer available")
 NULL_GRACE_S = 60.0  # reads lag creates: tolerate `instances: null` this long after create
-# The evidence pull: never longer than this, never more bytes than this (and never more than the cap affords).
-PULL_MAX_S = 600.0
-PULL_MAX_BYTES = 1 << 30
-# In teardown the pull may spend this share of the teardown margin past the work deadline (at most the
-# cap): the rest of the margin belongs to DELETE and the absence proof, which a pull never delays.
-PULL_GRACE_SHARE = 0.25
-PULL_GRACE_MAX_S = 30.0
 # An SFTP channel with no byte for this long (a share of the margin, 1-30 s) is a stalled link: closed.
 SFTP_STALL_MAX_S = 30.0
-# How often (in printed bytes) a step's output re-asks the meter: printed bytes are billed bandwidth.
-_METER_EVERY_BYTES = 1 << 20
+_T = TypeVar("_T")
+# What signal.signal takes and returns (typeshed's private _HANDLER).
+SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 class HarnessResult(BaseModel):
@@ -112,7 +103,7 @@ class _SignalGuard:
         self.in_teardown = False
         self.received: int | None = None
         self.hurry = False  # a signal during teardown: abandon the evidence pull, go straight to DELETE
-        self._previous: dict[int, object] = {}
+        self._previous: dict[signal.Signals, SignalHandler] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.in_teardown or self.received is not None:
@@ -130,7 +121,7 @@ class _SignalGuard:
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, handler)
 
 
 class _TeardownLedger:
@@ -139,7 +130,7 @@ class _TeardownLedger:
     def __init__(self, ledger: Ledger, failures: list[str]) -> None:
         self._ledger, self._failures = ledger, failures
 
-    def append(self, run_id: str, event, label: str, **fields):
+    def append(self, run_id: str, event: Event, label: str, **fields: Any) -> LedgerEntry | None:
         try:
             return self._ledger.append(run_id, event, label, **fields)
         except OSError as exc:
@@ -161,7 +152,6 @@ class GuardedRun:
         self.t0 = time.monotonic()
         self.created: list[CreatedInstance] = []
         self.teardowns: list[InstanceTeardown] = []
-        self.steps: list[StepRecord] = []
         self.timings: dict[str, float] = {}
         self.session: HostSession | None = None
         self.plan: RunPlan | None = None
@@ -169,11 +159,9 @@ class GuardedRun:
         # The one clock: every phase asks it for its deadline; it turns both caps into one.
         self.meter = CostMeter(max_usd=spec.caps.max_usd, max_seconds=spec.max_seconds,
                                teardown_margin_s=spec.teardown_margin_s, t0=self.t0)
-        self.evidence_pulled = False
-        self.pull: PullRecord | None = None
+        self.work: HostWork | None = None  # the host's phases, once SSH is up
         self.guard: _SignalGuard | None = None
         self.ledger_write_failures: list[str] = []
-        self.t_last_step_end_unix: float | None = None
         self.excluded_machines: set[int] = set()
         # How long one instance's delete + absence proof may take before it is declared unproven (exit 3).
         self.teardown_budget_s = max(60.0, 8 * spec.proof_interval_s + 60.0)
@@ -251,7 +239,7 @@ class GuardedRun:
     def bytes_down(self) -> int:
         return self.meter.bytes_down
 
-    def _timed(self, name: str, fn):
+    def _timed(self, name: str, fn: Callable[[], _T]) -> _T:
         start = time.monotonic()
         try:
             return fn()
@@ -259,7 +247,7 @@ class GuardedRun:
             self.timings[f"{name}_s"] = round(time.monotonic() - start, 3)
 
     # ------------------------------------------------------------------------------- rent + connect
-    def _candidates(self):
+    def _candidates(self) -> Iterator[Candidate]:
         assert self.plan is not None
         for cand in [self.plan.chosen, *self.plan.alternatives]:
             self.meter.check("renting")  # each create asks the clock first
@@ -365,7 +353,7 @@ class GuardedRun:
         self.meter.start_instance(inst.instance_id, inst.dph_usd, inst.t_created_mono)
 
     @contextlib.contextmanager
-    def _price_watch(self):
+    def _price_watch(self) -> Iterator[None]:
         """While the steps run, re-read the rented instance's price every poll interval (hosts re-price running
         contracts): a higher price re-prices the meter; one that breaks the cap, or moves the work deadline into
         the past, cancels the run (exit 6) and the running step is cut."""
@@ -422,6 +410,9 @@ class GuardedRun:
             self.session = HostSession.connect(endpoints_for(ready), key, deadline_monotonic=boot_deadline,
                                                retry_wait_s=min(2.0, max(self.spec.poll_s, 0.2)))
             self.session.stall_timeout_s = min(SFTP_STALL_MAX_S, max(1.0, PULL_GRACE_SHARE * self.spec.teardown_margin_s))
+            self.work = HostWork(self.session, spec=self.spec, meter=self.meter, ev=self.ev, out=self.out,
+                                 run_id=self.run_id, cancelled=self.cancelled, check_cancelled=self._check_cancelled,
+                                 hurry=lambda: bool(self.guard and self.guard.hurry), timings=self.timings)
         except (BootFailed, SshConnectError) as exc:
             # When the cap, not the boot timeout, cut the wait, the run stopped at its cap (exit 6): trying
             # another host would only spend past it.
@@ -430,168 +421,26 @@ class GuardedRun:
             raise
 
     # ---------------------------------------------------------------------------------- host work
+    # The phases on the host (hostwork.py); thin here so the run reads top to bottom in `execute`.
     def _upload(self, bundle: Bundle) -> None:
-        assert self.session is not None
-        self._check_cancelled()
-        self.meter.check("the upload")
-        deadline = self.meter.deadline()
-        if bundle.size_bytes > self.meter.affordable_up_bytes(deadline):
-            raise CapReachedError(f"the {bundle.size_bytes}-byte bundle would cost more than the cap leaves")
-        reported = [0]
-
-        def progress(done: int, total: int) -> None:
-            self.meter.add_bytes(up=done - reported[0])
-            reported[0] = done
-
-        with tempfile.NamedTemporaryFile(suffix=".tar.gz") as fh:
-            fh.write(bundle.data)
-            fh.flush()
-            try:
-                sent = self.session.put(Path(fh.name), "vh-bundle.tar.gz", on_progress=progress, deadline=deadline)
-            except TransferAbandoned as exc:
-                raise CapReachedError(f"cap reached during the upload ({reported[0]} of {bundle.size_bytes} "
-                                      f"bytes sent): {exc}") from exc
-        self.meter.add_bytes(up=max(0, sent - reported[0]))
-        self.meter.check("unpacking the bundle")
-        outcome = self.session.run(
-            f"rm -rf ~/{REMOTE_DIR} && mkdir -p ~/{REMOTE_DIR}/evidence && tar -xzf ~/vh-bundle.tar.gz -C ~/{REMOTE_DIR}"
-            f" && echo \"bundle sha256 $(sha256sum ~/vh-bundle.tar.gz | cut -c1-64)\"",
-            on_line=lambda stream, line: self.out.info(f"[setup] {line}"),
-            timeout_s=max(0.05, self.meter.deadline(120.0) - time.monotonic()),
-        )
-        if outcome.timed_out and time.monotonic() >= self.meter.work_deadline() - 0.05:
-            raise CapReachedError("cap reached while unpacking the bundle")
-        if not outcome.ok:
-            raise StepFailedError(f"unpacking the bundle failed: rc={outcome.rc} {outcome.detail}", step="setup")
-
-    def _step_printer(self, name: str, log: StepLog, started: float, scrub: list[str]):
-        """The step's on_line: capped log, live console for the log's head, bytes into the meter."""
-        state = {"unmetered": 0, "said_cut": False}
-
-        def on_line(stream: str, line: str) -> None:
-            for value in scrub:  # a --remote-env value a step prints is neither logged nor shown
-                line = line.replace(value, "***")
-            shown = log.write(line)
-            state["unmetered"] += len(line) + 1
-            if shown:
-                self.out.step_line(name, time.monotonic() - started, self.meter.accrued_usd(), stream, line)
-            elif not state["said_cut"]:
-                state["said_cut"] = True
-                self.out.warn(f"step {name}: output past {self.ev.step_log_head_bytes} bytes is no longer shown; "
-                              "its log keeps the last part")
-            if state["unmetered"] >= _METER_EVERY_BYTES:
-                # Printed bytes leave the host and are billed: they can move the money deadline earlier.
-                self.meter.add_bytes(down=state["unmetered"])
-                state["unmetered"] = 0
-                if time.monotonic() >= self.meter.work_deadline():
-                    raise CapReachedError(f"step {name} stopped at the cap (its output is billed bandwidth)")
-
-        def settle() -> None:
-            self.meter.add_bytes(down=state["unmetered"])
-            state["unmetered"] = 0
-
-        return on_line, settle
+        assert self.work is not None
+        self.work.upload(bundle)
 
     def _run_steps(self) -> None:
-        assert self.session is not None
-        # VH_MASKED_ENV names the --remote-env variables whose values host-side evidence must mask
-        env = dict(self.spec.remote_env) | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_env)}
-        # longest first; values under 4 characters ("1", "on") would blank ordinary output and stay visible
-        scrub = sorted({v for v in self.spec.remote_env.values() if len(v) >= 4}, key=len, reverse=True)
-        for step in self.spec.profile.steps:
-            self._check_cancelled()
-            self.meter.check(f"step {step.name}")
-            started = time.monotonic()
-            timeout = max(0.05, self.meter.deadline(step.timeout_s) - started)
-            log = self.ev.step_log(step.name)
-            on_line, settle = self._step_printer(step.name, log, started, scrub)
-            self.out.info(f"step {step.name} (timeout {timeout:.0f} s)")
-            cut: CapReachedError | None = None
-            try:
-                outcome = self.session.run(f"cd ~/{REMOTE_DIR} && {step.run}", on_line=on_line, timeout_s=timeout,
-                                           env=env, stop=self.cancelled)
-            except CapReachedError as exc:  # raised from inside the drain: the channel is closed already
-                cut = exc
-                outcome = StepOutcome(rc=None, seconds=time.monotonic() - started, timed_out=True, detail=str(exc))
-            finally:
-                settle()
-                log.close()
-            record = StepRecord(name=step.name, rc=outcome.rc, seconds=round(outcome.seconds, 3),
-                                timed_out=outcome.timed_out, connection_lost=outcome.connection_lost,
-                                workload=step.workload, detail=outcome.detail, log_bytes=log.total_bytes,
-                                log_dropped_bytes=log.dropped_bytes)
-            if outcome.connection_lost and not self.cancelled.is_set():
-                record.reconnect_ok = self.session.reconnect_probe()
-            self.steps.append(record)
-            self.t_last_step_end_unix = time.time()
-            self.ev.append_step_tsv(record.name, record.rc, record.seconds)
-            if cut is not None:
-                raise cut
-            self._check_cancelled()
-            if outcome.timed_out and (timeout < step.timeout_s or time.monotonic() >= self.meter.work_deadline()):
-                raise CapReachedError(f"step {step.name} stopped at the cap (time/cost) after {outcome.seconds:.0f} s")
-            if outcome.timed_out:
-                raise StepFailedError(f"step {step.name} timed out after {step.timeout_s:g} s", step=step.name)
-            if outcome.connection_lost:
-                raise StepFailedError(f"step {step.name}: connection lost ({outcome.detail}); reconnect "
-                                      f"{'succeeded' if record.reconnect_ok else 'failed'}; not re-run",
-                                      step=step.name)
-            if outcome.rc != 0:
-                raise StepFailedError(f"step {step.name} failed with rc={outcome.rc}", step=step.name, rc=outcome.rc)
+        assert self.work is not None
+        self.work.run_steps()
 
     def _pull_evidence(self, *, in_teardown: bool) -> None:
-        """Pull the host's evidence with a deadline and a size budget, both from the meter.
+        if self.work is not None:
+            self.work.pull_evidence(in_teardown=in_teardown)
 
-        In the run, a pull the cap cuts is a cap stop (exit 6). In teardown it is best effort: it may use a
-        share of the teardown margin, a signal abandons it, and it never delays the DELETE beyond that.
-        """
-        if self.evidence_pulled or self.session is None or not self.session.is_active():
-            return
-        if not in_teardown:
-            self.meter.check("the evidence pull")  # before marking it done: the teardown still tries, briefly
-        self.evidence_pulled = True
-        start = time.monotonic()
-        work_deadline = self.meter.work_deadline(start)
-        if in_teardown:
-            grace_s = min(PULL_GRACE_MAX_S, PULL_GRACE_SHARE * self.spec.teardown_margin_s)
-            deadline = min(start + PULL_MAX_S, max(work_deadline, start) + grace_s,
-                           self.meter.hard_deadline(start) - 0.5 * self.spec.teardown_margin_s)
-        else:
-            deadline = min(start + PULL_MAX_S, work_deadline)
-        affordable = self.meter.affordable_down_bytes(deadline)
-        budget = min(float(PULL_MAX_BYTES), affordable)
-        self.pull = PullRecord(deadline_s=round(deadline - start, 3), max_bytes=budget)
-        if deadline <= start:
-            self.pull.detail = "no time left for the pull before the teardown"
-            self.out.warn("no time left to pull the host's evidence; going straight to teardown")
-            return
-        abandon = (lambda: bool(self.guard and self.guard.hurry)) if in_teardown else None
-        try:
-            pulled = self.session.pull_tree(f"{REMOTE_DIR}/evidence", self.ev.dir / "remote", deadline=deadline,
-                                            max_bytes=budget, on_bytes=lambda n: self.meter.add_bytes(down=n),
-                                            abandon=abandon)
-        except Exception as exc:  # noqa: BLE001 - evidence is best effort; the teardown must still run
-            self.pull.detail = f"{type(exc).__name__}: {exc}"
-            self.out.warn(f"could not pull the host's evidence: {exc}")
-            return
-        finally:
-            self.timings["pull_s"] = round(time.monotonic() - start, 3)
-        self.pull = self.pull.model_copy(update={"files": len(pulled.files), "bytes": pulled.bytes,
-                                                 "skipped": pulled.skipped, "complete": pulled.complete,
-                                                 "detail": pulled.detail})
-        self.out.info(f"pulled {len(pulled.files)} evidence file(s), {pulled.bytes} bytes"
-                      + ("" if pulled.complete else f"; incomplete: {pulled.detail}"))
-        if pulled.complete or in_teardown:
-            return
-        if time.monotonic() >= deadline - 0.05 or (pulled.skipped and affordable < PULL_MAX_BYTES):
-            raise CapReachedError(f"cap reached during the evidence pull ({len(pulled.files)} file(s) pulled, "
-                                  f"{len(pulled.skipped)} left on the host): {pulled.detail}")
-        if pulled.skipped:
-            raise HarnessError(f"the host's evidence is over the {PULL_MAX_BYTES}-byte pull budget: "
-                               f"{len(pulled.skipped)} file(s) left on the host")
-        # A link that broke or stalled: the workload passed, but its evidence did not all come back.
-        raise HarnessError(f"the host's evidence pull broke off ({len(pulled.files)} file(s) pulled): "
-                           f"{pulled.detail}")
+    @property
+    def steps(self) -> list[StepRecord]:
+        return self.work.steps if self.work else []
+
+    @property
+    def pull(self) -> PullRecord | None:
+        return self.work.pull if self.work else None
 
     # ---------------------------------------------------------------------------------- teardown
     def accrued_usd(self) -> float:
@@ -601,13 +450,14 @@ class GuardedRun:
         deadline = time.monotonic() + self.teardown_budget_s
         # A full disk must not stop a DELETE or its proof: ledger writes here are recorded when they fail.
         ledger = _TeardownLedger(self.ledger, self.ledger_write_failures)
-        report = teardown_instance(self.client, ledger, run_id=self.run_id, label=inst.label,  # type: ignore[arg-type]
+        report = teardown_instance(self.client, ledger, run_id=self.run_id, label=inst.label,
                                    instance_id=inst.instance_id, interval_s=self.spec.proof_interval_s,
                                    deadline=deadline, created_unix=inst.t_created_unix,
                                    lag_window_s=self.read_lag_window_s)
         acks = [d for d in report.deletes if d.acknowledged]
         if acks:
-            inst.t_deleted_mono = inst.t_created_mono + max(0.0, acks[0].t_ack_unix - inst.t_created_unix)
+            t_ack_unix = acks[0].t_ack_unix or time.time()
+            inst.t_deleted_mono = inst.t_created_mono + max(0.0, t_ack_unix - inst.t_created_unix)
             self.meter.stop_instance(inst.instance_id, inst.t_deleted_mono)
         inst.absence = report.verdict
         self.teardowns.append(report)
@@ -624,7 +474,7 @@ class GuardedRun:
         if code == ExitCode.NOT_PROVEN_GONE:
             code = ExitCode.FAILED
         # "After the last step" counts from the step's end when one ran (evidence pull included), else from now.
-        t_last_step_end_unix = self.t_last_step_end_unix or time.time()
+        t_last_step_end_unix = (self.work and self.work.t_last_step_end_unix) or time.time()
         self._pull_evidence(in_teardown=True)
         if self.session is not None:
             self.session.close()  # transport first: a stalled link cannot hold this

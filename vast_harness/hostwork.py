@@ -1,0 +1,217 @@
+"""The run's work on the rented host, each phase under the cost meter's deadlines.
+
+`HostWork` uploads the bundle, runs the profile's steps (output streamed to the console, capped in the
+step log, billed as bandwidth) and pulls the host's evidence back. Every phase asks the meter first and
+is cut at the cap (exit 6); a stalled link is abandoned, never waited on. The run (`runner.GuardedRun`)
+owns the instance and the teardown; this owns nothing that bills.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from vast_harness.bundle import Bundle
+from vast_harness.config import RunSpec
+from vast_harness.errors import CapReachedError, HarnessError, StepFailedError, TransferAbandoned
+from vast_harness.evidence import PullRecord, RunEvidence, StepLog, StepRecord
+from vast_harness.meter import CostMeter
+from vast_harness.output import Output
+from vast_harness.ssh import HostSession, StepOutcome
+
+REMOTE_DIR = "vh"  # under the host's $HOME
+# The evidence pull: never longer than this, never more bytes than this (and never more than the cap affords).
+PULL_MAX_S = 600.0
+PULL_MAX_BYTES = 1 << 30
+# In teardown the pull may spend this share of the teardown margin past the work deadline (at most the
+# cap): the rest of the margin belongs to DELETE and the absence proof, which a pull never delays.
+PULL_GRACE_SHARE = 0.25
+PULL_GRACE_MAX_S = 30.0
+# How often (in printed bytes) a step's output re-asks the meter: printed bytes are billed bandwidth.
+_METER_EVERY_BYTES = 1 << 20
+
+
+class HostWork:
+    """Upload, steps and evidence pull on one connected host. `steps`, `pull` and `t_last_step_end_unix`
+    are what the run's record reports; `timings` is the run's own dict (phases add their seconds)."""
+
+    def __init__(self, session: HostSession, *, spec: RunSpec, meter: CostMeter, ev: RunEvidence, out: Output,
+                 run_id: str, cancelled: threading.Event, check_cancelled: Callable[[], None],
+                 hurry: Callable[[], bool], timings: dict[str, float]) -> None:
+        self.session, self.spec, self.meter, self.ev, self.out = session, spec, meter, ev, out
+        self.run_id = run_id
+        self.cancelled = cancelled
+        self._check_cancelled = check_cancelled
+        self._hurry = hurry  # a signal during teardown: abandon the pull, go straight to DELETE
+        self.timings = timings
+        self.steps: list[StepRecord] = []
+        self.pull: PullRecord | None = None
+        self.evidence_pulled = False
+        self.t_last_step_end_unix: float | None = None
+
+    def upload(self, bundle: Bundle) -> None:
+        """Send the bundle (cut at the cap) and unpack it under ~/vh on the host."""
+        self._check_cancelled()
+        self.meter.check("the upload")
+        deadline = self.meter.deadline()
+        if bundle.size_bytes > self.meter.affordable_up_bytes(deadline):
+            raise CapReachedError(f"the {bundle.size_bytes}-byte bundle would cost more than the cap leaves")
+        reported = [0]
+
+        def progress(done: int, total: int) -> None:
+            self.meter.add_bytes(up=done - reported[0])
+            reported[0] = done
+
+        with tempfile.NamedTemporaryFile(suffix=".tar.gz") as fh:
+            fh.write(bundle.data)
+            fh.flush()
+            try:
+                sent = self.session.put(Path(fh.name), "vh-bundle.tar.gz", on_progress=progress, deadline=deadline)
+            except TransferAbandoned as exc:
+                raise CapReachedError(f"cap reached during the upload ({reported[0]} of {bundle.size_bytes} "
+                                      f"bytes sent): {exc}") from exc
+        self.meter.add_bytes(up=max(0, sent - reported[0]))
+        self.meter.check("unpacking the bundle")
+        outcome = self.session.run(
+            f"rm -rf ~/{REMOTE_DIR} && mkdir -p ~/{REMOTE_DIR}/evidence && tar -xzf ~/vh-bundle.tar.gz -C ~/{REMOTE_DIR}"
+            f" && echo \"bundle sha256 $(sha256sum ~/vh-bundle.tar.gz | cut -c1-64)\"",
+            on_line=lambda stream, line: self.out.info(f"[setup] {line}"),
+            timeout_s=max(0.05, self.meter.deadline(120.0) - time.monotonic()),
+        )
+        if outcome.timed_out and time.monotonic() >= self.meter.work_deadline() - 0.05:
+            raise CapReachedError("cap reached while unpacking the bundle")
+        if not outcome.ok:
+            raise StepFailedError(f"unpacking the bundle failed: rc={outcome.rc} {outcome.detail}", step="setup")
+
+    def _step_printer(self, name: str, log: StepLog, started: float,
+                      scrub: list[str]) -> tuple[Callable[[str, str], None], Callable[[], None]]:
+        """The step's on_line: capped log, live console for the log's head, bytes into the meter."""
+        state = {"unmetered": 0, "said_cut": False}
+
+        def on_line(stream: str, line: str) -> None:
+            for value in scrub:  # a --remote-env value a step prints is neither logged nor shown
+                line = line.replace(value, "***")
+            shown = log.write(line)
+            state["unmetered"] += len(line) + 1
+            if shown:
+                self.out.step_line(name, time.monotonic() - started, self.meter.accrued_usd(), stream, line)
+            elif not state["said_cut"]:
+                state["said_cut"] = True
+                self.out.warn(f"step {name}: output past {self.ev.step_log_head_bytes} bytes is no longer shown; "
+                              "its log keeps the last part")
+            if state["unmetered"] >= _METER_EVERY_BYTES:
+                # Printed bytes leave the host and are billed: they can move the money deadline earlier.
+                self.meter.add_bytes(down=state["unmetered"])
+                state["unmetered"] = 0
+                if time.monotonic() >= self.meter.work_deadline():
+                    raise CapReachedError(f"step {name} stopped at the cap (its output is billed bandwidth)")
+
+        def settle() -> None:
+            self.meter.add_bytes(down=state["unmetered"])
+            state["unmetered"] = 0
+
+        return on_line, settle
+
+    def run_steps(self) -> None:
+        """The profile's steps in order; the first that fails, times out or meets the cap ends the work."""
+        # VH_MASKED_ENV names the --remote-env variables whose values host-side evidence must mask
+        env = dict(self.spec.remote_env) | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_env)}
+        # longest first; values under 4 characters ("1", "on") would blank ordinary output and stay visible
+        scrub = sorted({v for v in self.spec.remote_env.values() if len(v) >= 4}, key=len, reverse=True)
+        for step in self.spec.profile.steps:
+            self._check_cancelled()
+            self.meter.check(f"step {step.name}")
+            started = time.monotonic()
+            timeout = max(0.05, self.meter.deadline(step.timeout_s) - started)
+            log = self.ev.step_log(step.name)
+            on_line, settle = self._step_printer(step.name, log, started, scrub)
+            self.out.info(f"step {step.name} (timeout {timeout:.0f} s)")
+            cut: CapReachedError | None = None
+            try:
+                outcome = self.session.run(f"cd ~/{REMOTE_DIR} && {step.run}", on_line=on_line, timeout_s=timeout,
+                                           env=env, stop=self.cancelled)
+            except CapReachedError as exc:  # raised from inside the drain: the channel is closed already
+                cut = exc
+                outcome = StepOutcome(rc=None, seconds=time.monotonic() - started, timed_out=True, detail=str(exc))
+            finally:
+                settle()
+                log.close()
+            record = StepRecord(name=step.name, rc=outcome.rc, seconds=round(outcome.seconds, 3),
+                                timed_out=outcome.timed_out, connection_lost=outcome.connection_lost,
+                                workload=step.workload, detail=outcome.detail, log_bytes=log.total_bytes,
+                                log_dropped_bytes=log.dropped_bytes)
+            if outcome.connection_lost and not self.cancelled.is_set():
+                record.reconnect_ok = self.session.reconnect_probe()
+            self.steps.append(record)
+            self.t_last_step_end_unix = time.time()
+            self.ev.append_step_tsv(record.name, record.rc, record.seconds)
+            if cut is not None:
+                raise cut
+            self._check_cancelled()
+            if outcome.timed_out and (timeout < step.timeout_s or time.monotonic() >= self.meter.work_deadline()):
+                raise CapReachedError(f"step {step.name} stopped at the cap (time/cost) after {outcome.seconds:.0f} s")
+            if outcome.timed_out:
+                raise StepFailedError(f"step {step.name} timed out after {step.timeout_s:g} s", step=step.name)
+            if outcome.connection_lost:
+                raise StepFailedError(f"step {step.name}: connection lost ({outcome.detail}); reconnect "
+                                      f"{'succeeded' if record.reconnect_ok else 'failed'}; not re-run",
+                                      step=step.name)
+            if outcome.rc != 0:
+                raise StepFailedError(f"step {step.name} failed with rc={outcome.rc}", step=step.name, rc=outcome.rc)
+
+    def pull_evidence(self, *, in_teardown: bool) -> None:
+        """Pull the host's evidence with a deadline and a size budget, both from the meter.
+
+        In the run, a pull the cap cuts is a cap stop (exit 6). In teardown it is best effort: it may use a
+        share of the teardown margin, a signal abandons it, and it never delays the DELETE beyond that.
+        """
+        if self.evidence_pulled or not self.session.is_active():
+            return
+        if not in_teardown:
+            self.meter.check("the evidence pull")  # before marking it done: the teardown still tries, briefly
+        self.evidence_pulled = True
+        start = time.monotonic()
+        work_deadline = self.meter.work_deadline(start)
+        if in_teardown:
+            grace_s = min(PULL_GRACE_MAX_S, PULL_GRACE_SHARE * self.spec.teardown_margin_s)
+            deadline = min(start + PULL_MAX_S, max(work_deadline, start) + grace_s,
+                           self.meter.hard_deadline(start) - 0.5 * self.spec.teardown_margin_s)
+        else:
+            deadline = min(start + PULL_MAX_S, work_deadline)
+        affordable = self.meter.affordable_down_bytes(deadline)
+        budget = min(float(PULL_MAX_BYTES), affordable)
+        self.pull = PullRecord(deadline_s=round(deadline - start, 3), max_bytes=budget)
+        if deadline <= start:
+            self.pull.detail = "no time left for the pull before the teardown"
+            self.out.warn("no time left to pull the host's evidence; going straight to teardown")
+            return
+        abandon = self._hurry if in_teardown else None
+        try:
+            pulled = self.session.pull_tree(f"{REMOTE_DIR}/evidence", self.ev.dir / "remote", deadline=deadline,
+                                            max_bytes=budget, on_bytes=lambda n: self.meter.add_bytes(down=n),
+                                            abandon=abandon)
+        except Exception as exc:  # noqa: BLE001 - evidence is best effort; the teardown must still run
+            self.pull.detail = f"{type(exc).__name__}: {exc}"
+            self.out.warn(f"could not pull the host's evidence: {exc}")
+            return
+        finally:
+            self.timings["pull_s"] = round(time.monotonic() - start, 3)
+        self.pull = self.pull.model_copy(update={"files": len(pulled.files), "bytes": pulled.bytes,
+                                                 "skipped": pulled.skipped, "complete": pulled.complete,
+                                                 "detail": pulled.detail})
+        self.out.info(f"pulled {len(pulled.files)} evidence file(s), {pulled.bytes} bytes"
+                      + ("" if pulled.complete else f"; incomplete: {pulled.detail}"))
+        if pulled.complete or in_teardown:
+            return
+        if time.monotonic() >= deadline - 0.05 or (pulled.skipped and affordable < PULL_MAX_BYTES):
+            raise CapReachedError(f"cap reached during the evidence pull ({len(pulled.files)} file(s) pulled, "
+                                  f"{len(pulled.skipped)} left on the host): {pulled.detail}")
+        if pulled.skipped:
+            raise HarnessError(f"the host's evidence is over the {PULL_MAX_BYTES}-byte pull budget: "
+                               f"{len(pulled.skipped)} file(s) left on the host")
+        # A link that broke or stalled: the workload passed, but its evidence did not all come back.
+        raise HarnessError(f"the host's evidence pull broke off ({len(pulled.files)} file(s) pulled): "
+                           f"{pulled.detail}")
