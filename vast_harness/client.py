@@ -275,9 +275,9 @@ class VastClient:
             return CallStats(s.total, dict(s.by_endpoint), s.rate_limited, s.retries)
 
     # ---- endpoints
-    def search_offers(self, query: dict[str, Any]) -> list[Offer]:
+    def search_offers(self, query: dict[str, Any], *, max_retry_s: float | None = None) -> list[Offer]:
         path = ENDPOINT_PATHS["search_offers"]
-        data = self._call("POST", path, json=query, retry=True)
+        data = self._call("POST", path, json=query, retry=True, max_retry_s=max_retry_s)
         return [self._model(Offer, row, "POST", path) for row in self._rows(data, "offers", "POST", path)]
 
     def create_instance(self, offer_id: int, body: dict[str, Any]) -> CreateResult:
@@ -359,9 +359,9 @@ class VastClient:
             return "already_gone"
         return "deleted"
 
-    def current_user(self) -> User:
+    def current_user(self, *, max_retry_s: float | None = None) -> User:
         path = ENDPOINT_PATHS["current_user"]
-        return self._model(User, self._call("GET", path, retry=True), "GET", path)
+        return self._model(User, self._call("GET", path, retry=True, max_retry_s=max_retry_s), "GET", path)
 
     def list_ssh_keys(self) -> list[SshKey]:
         path = "/api/v0/ssh/"
