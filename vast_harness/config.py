@@ -137,7 +137,8 @@ class HarnessProfile(_Strict):
     remote_env: dict[str, str] = Field(default_factory=dict)
     steps: list[Step]
     pytest_node_ids: list[str] = Field(default_factory=list)
-    evidence_glob: str = "evidence/*"
+    # False: the steps run on any host (the smoke profile's CPU round). `fleet --sim` swaps a GPU profile's
+    # steps for the smoke profile's, since simulated hosts have no GPU.
     require_gpu: bool = True
 
     @field_validator("image")
@@ -452,7 +453,6 @@ class RunSpec(BaseModel):
     boot_retries: int = 0
     evidence_dir: Path
     sim: bool = False
-    json_output: bool = False
     proof_interval_s: float = 10.0
     teardown_margin_s: float = 120.0
     poll_s: float = 10.0  # instance polling while it boots (Vast's docs: every 10 s)
@@ -490,7 +490,6 @@ def resolve(
     evidence_dir: Path | str | None = None,
     api_url: str | None = None,
     sim: bool = False,
-    json_output: bool = False,
     proof_interval_s: float | None = None,
     pacing_scale: float | None = None,
     poll_s: float | None = None,
@@ -559,7 +558,6 @@ def resolve(
             boot_retries=prof.boot_retries if boot_retries is None else boot_retries,
             evidence_dir=ev_dir,
             sim=sim,
-            json_output=json_output,
             proof_interval_s=proof_interval_s if proof_interval_s is not None else (0.5 if sim else 10.0),
             teardown_margin_s=15.0 if sim else 120.0,
             poll_s=poll_s if poll_s is not None else (0.25 if sim else 10.0),
