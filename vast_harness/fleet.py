@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import secrets
 import signal
 import threading
 import time
@@ -33,11 +32,11 @@ from vast_harness.bundle import Bundle, build_bundle
 from vast_harness.client import VastClient
 from vast_harness.config import Caps, DriverPolicy, RunSpec, load_profile
 from vast_harness.errors import ConfigError, NoOfferError
-from vast_harness.ledger import Ledger
+from vast_harness.ledger import LEDGER_FILE, Ledger, new_run_id
 from vast_harness.output import Output
 from vast_harness.pacing import endpoint_key
 from vast_harness.plan import RunPlan, plan_run
-from vast_harness.runner import GuardedRun, new_run_id
+from vast_harness.runner import GuardedRun
 
 # Worst first: an instance that may still bill, then an interrupted fleet, a rejected key, a failed step, a
 # cap, no offer, a pass on an unqualified driver, a pass.
@@ -338,7 +337,7 @@ class Fleet:
             if not stopped:
                 run = GuardedRun(run_spec, self.client, self.drivers, RunOutput(entry.gpu, quiet=self.quiet),
                                  run_id=new_run_id())
-                run.ledger = Ledger(self.root / "ledger.jsonl")  # the shared ledger: `reap` finds fleet runs
+                run.ledger = Ledger(self.root / LEDGER_FILE)  # the shared ledger: `reap` finds fleet runs
                 self.runs[entry.gpu] = run
         if stopped:
             self.outcomes[entry.gpu] = RunOutcome(entry.gpu, None, self.stop_code, f"not started: {stopped}")
@@ -398,7 +397,7 @@ class Fleet:
 
 
 def new_fleet_id() -> str:
-    return "fleet-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+    return new_run_id("fleet-")
 
 
 def print_preflight(out: Output, pre: Preflight, *, title: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import platform
-import secrets
 import signal
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from vast_harness.evidence import (
     StepRecord,
     overall_absence,
 )
-from vast_harness.ledger import Ledger
+from vast_harness.ledger import Ledger, new_run_id
 from vast_harness.lifecycle import (
     READ_LAG_WINDOW_S,
     SIM_READ_LAG_WINDOW_S,
@@ -55,7 +54,7 @@ from vast_harness.lifecycle import (
     teardown_instance,
     wait_ready,
 )
-from vast_harness.meter import CostMeter, finite_positive, minimum_cap_s
+from vast_harness.meter import CostMeter, finite_positive, minimum_cap_s, teardown_budget_s
 from vast_harness.models import Instance
 from vast_harness.offers import Candidate
 from vast_harness.onstart import build_onstart
@@ -158,10 +157,6 @@ class _TeardownLedger:
             return None
 
 
-def new_run_id() -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-
-
 class GuardedRun:
     def __init__(self, spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output, *,
                  run_id: str | None = None) -> None:
@@ -187,7 +182,7 @@ class GuardedRun:
         self.t_last_step_end_unix: float | None = None
         self.excluded_machines: set[int] = set()
         # How long one instance's delete + absence proof may take before it is declared unproven (exit 3).
-        self.teardown_budget_s = max(60.0, 8 * spec.proof_interval_s + 60.0)
+        self.teardown_budget_s = teardown_budget_s(spec.proof_interval_s)
         # Reads may not see an instance this long after its create (lifecycle.READ_LAG_WINDOW_S).
         self.read_lag_window_s = SIM_READ_LAG_WINDOW_S if spec.sim else READ_LAG_WINDOW_S
         self.create_attempts: list[tuple[str, float]] = []  # (label, t_unix the PUT was sent)
