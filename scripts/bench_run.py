@@ -42,7 +42,6 @@ from vast_harness.output import Output
 from vast_harness.runner import GuardedRun
 from vast_harness.sim.server import spawn_standalone
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 KEY = "sim-bench-key"
 COLUMNS = ("exit", "last step -> DELETE ack (s)", "DELETE sent -> ack (s)", "DELETE sent -> absence proven (s)",
            "teardown (s)", "proof rounds", "API calls", "429s",

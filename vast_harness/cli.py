@@ -133,7 +133,7 @@ def main_command(
             max_minutes=max_minutes, remote_env=remote_env, dry_run=dry_run, any_driver=any_driver,
             eight_gpu_qualified=eight_gpu_qualified, boot_retries=boot_retries,
             evidence_dir=path_flag("--evidence-dir", evidence_dir),
-            api_url=api_url, sim=sim, json_output=json_output, proof_interval_s=proof_interval,
+            api_url=api_url, sim=sim, proof_interval_s=proof_interval,
             pacing_scale=pacing_scale, poll_s=poll_interval,
         )
         drivers = load_driver_policy()
@@ -180,7 +180,7 @@ def offers(
             profile="mfu" if profile is None else profile, num_gpus=num_gpus, min_pcie_bw=min_pcie_bw,
             key_file=path_flag("--key-file", key_file),
             max_usd=max_usd, max_minutes=max_minutes, any_driver=any_driver,
-            eight_gpu_qualified=eight_gpu_qualified, api_url=api_url, sim=sim, json_output=json_output,
+            eight_gpu_qualified=eight_gpu_qualified, api_url=api_url, sim=sim,
             dry_run=True, pacing_scale=pacing_scale, evidence_dir=evidence_dir,
         )
         from vast_harness.bundle import build_bundle
@@ -247,7 +247,7 @@ def fleet(
             profile=profile or "mfu", num_gpus=num_gpus, min_pcie_bw=min_pcie_bw, key_file=key_file,
             max_usd=per_run, max_minutes=max_minutes, remote_env=remote_env, dry_run=dry_run,
             any_driver=any_driver, boot_retries=boot_retries, evidence_dir=evidence_dir, api_url=api_url, sim=sim,
-            json_output=json_output, proof_interval_s=proof_interval, pacing_scale=pacing_scale, poll_s=poll_interval,
+            proof_interval_s=proof_interval, pacing_scale=pacing_scale, poll_s=poll_interval,
         )
         with _api_target(spec) as (target, scale), _client(target, scale) as client:
             return run_fleet(target, names, client, load_driver_policy(), out, total_usd=max_usd,
@@ -271,7 +271,7 @@ def reap(
     def body() -> int:
         spec = resolve(profile="smoke", key_file=path_flag("--key-file", key_file),
                        evidence_dir=path_flag("--evidence-dir", evidence_dir), api_url=api_url,
-                       json_output=json_output, proof_interval_s=proof_interval, pacing_scale=pacing_scale)
+                       proof_interval_s=proof_interval, pacing_scale=pacing_scale)
         from vast_harness.reap import reap_all
 
         with _client(spec, spec.pacing_scale) as client:

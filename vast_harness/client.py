@@ -35,6 +35,7 @@ from tenacity import (
     wait_fixed,
 )
 
+from vast_harness.apiurl import DEFAULT_API_URL, validate_api_url
 from vast_harness.errors import (
     RETRYABLE,
     ApiStatusError,
@@ -52,7 +53,6 @@ from vast_harness.pacing import Pacer, endpoint_key
 
 log = logging.getLogger(__name__)
 
-DEFAULT_API_URL = "https://console.vast.ai"
 V1_PAGE_LIMIT_MAX = 25  # show_instances.yaml: "max 25"
 # The path (a pacing key: the id as `{id}`) each endpoint method calls. GET and DELETE of an instance share
 # one, as the pacing assumes. The only place the control plane spells Vast URLs.
@@ -228,7 +228,7 @@ class VastClient:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._key = _validated_key(api_key)
-        self.base_url = _validated_base_url(base_url)
+        self.base_url = validate_api_url(base_url, "base_url")
         if pacing_scale < 0:
             raise ConfigError(f"pacing_scale must be >= 0 (0 disables pacing), got {pacing_scale}")
         if max_retry_s < 0 or retry_wait_min_s <= 0 or retry_wait_max_s < retry_wait_min_s:
@@ -573,16 +573,3 @@ def _validated_key(api_key: str) -> str:
     if any(ch.isspace() or not ch.isprintable() for ch in key):
         raise ConfigError("the Vast API key contains whitespace or control characters")
     return key
-
-
-def _validated_base_url(base_url: str) -> str:
-    try:
-        url = httpx.URL(base_url)
-    except (httpx.InvalidURL, TypeError) as exc:
-        raise ConfigError(f"base_url {base_url!r} is not a URL: {exc}") from None
-    shown = str(url.copy_with(query=None, fragment=None, username=None, password=None))
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ConfigError(f"base_url must be an http(s) URL with a host, got {shown!r}")
-    if url.query or url.userinfo or url.fragment:
-        raise ConfigError(f"base_url must carry no query, fragment or credentials, got {shown!r}")
-    return shown.rstrip("/")

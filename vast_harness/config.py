@@ -6,7 +6,6 @@ the input is found here and raised as ConfigError naming the flag or field, befo
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import os
 import re
@@ -16,16 +15,15 @@ import tomllib
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from vast_harness.apiurl import DEFAULT_API_URL, is_loopback_url, shown, validate_api_url
 from vast_harness.errors import ConfigError
 from vast_harness.models import pack_driver_version
 from vast_harness.resources import profiles_dir as _profiles_dir
 
 PROFILES_DIR = _profiles_dir()  # the checkout's profiles/, or the wheel's packaged copy (resources.py)
-DEFAULT_API_URL = "https://console.vast.ai"
 PROFILE_NAMES = ("mfu", "proofs", "smoke")
 LABEL_PREFIX = "vh-"
 
@@ -137,7 +135,8 @@ class HarnessProfile(_Strict):
     remote_env: dict[str, str] = Field(default_factory=dict)
     steps: list[Step]
     pytest_node_ids: list[str] = Field(default_factory=list)
-    evidence_glob: str = "evidence/*"
+    # False: the steps run on any host (the smoke profile's CPU round). `fleet --sim` swaps a GPU profile's
+    # steps for the smoke profile's, since simulated hosts have no GPU.
     require_gpu: bool = True
 
     @field_validator("image")
@@ -293,12 +292,6 @@ def mask_env(env: dict[str, str]) -> dict[str, str]:
 MAX_KEY_FILE_BYTES = 4096  # a Vast key is 64 hex characters; anything this large is not a key file
 
 
-def shown(value: object, limit: int = 60) -> str:
-    """A user-supplied value as it may appear in a message: printable ASCII, quoted, bounded."""
-    text = ascii(str(value))
-    return text if len(text) <= limit else text[: limit - 4] + "...'"
-
-
 def _checked_key(key: str, source: str) -> SecretStr:
     if not key:
         raise ConfigError(f"{source} is empty")
@@ -342,38 +335,6 @@ def read_api_key(key_file: Path | None, environ: dict[str, str] | None = None) -
     if not key:
         raise ConfigError("no API key: pass --key-file PATH (chmod 600) or set VAST_API_KEY (or use --sim)")
     return _checked_key(key, "VAST_API_KEY")
-
-
-def validate_api_url(url: str, flag: str = "--api-url") -> str:
-    if not url or not url.strip():
-        raise ConfigError(f"{flag} is empty: give the API base URL (default {DEFAULT_API_URL})")
-    if not url.isascii() or any(not ch.isprintable() or ch.isspace() for ch in url):
-        raise ConfigError(f"{flag} {shown(url)} must be printable ASCII without spaces")
-    try:
-        parsed = urlparse(url)
-        port = parsed.port  # raises on a port out of range
-    except ValueError as exc:
-        raise ConfigError(f"{flag} {shown(url)} is not a valid URL ({exc})") from None
-    if len(url) > 2048 or len(parsed.hostname or "") > 253:
-        raise ConfigError(f"{flag} is too long ({len(url)} characters) to be an API base URL")
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(f"{flag} {shown(url)} is not an http(s) URL")
-    if port == 0:
-        raise ConfigError(f"{flag} {shown(url)}: port 0 is not a port")
-    if parsed.query or parsed.fragment or parsed.username or parsed.password or "api_key" in url:
-        raise ConfigError(f"{flag} must not carry a query string, fragment or credentials (the key goes in a header only)")
-    return url.rstrip("/")
-
-
-def is_loopback_url(url: str) -> bool:
-    """True for an API on this machine (the simulator): the only place where the safety floors may be lowered."""
-    host = (urlparse(url).hostname or "").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def path_flag(flag: str, raw: str | Path | None) -> Path | None:
@@ -452,7 +413,6 @@ class RunSpec(BaseModel):
     boot_retries: int = 0
     evidence_dir: Path
     sim: bool = False
-    json_output: bool = False
     proof_interval_s: float = 10.0
     teardown_margin_s: float = 120.0
     poll_s: float = 10.0  # instance polling while it boots (Vast's docs: every 10 s)
@@ -490,7 +450,6 @@ def resolve(
     evidence_dir: Path | str | None = None,
     api_url: str | None = None,
     sim: bool = False,
-    json_output: bool = False,
     proof_interval_s: float | None = None,
     pacing_scale: float | None = None,
     poll_s: float | None = None,
@@ -559,7 +518,6 @@ def resolve(
             boot_retries=prof.boot_retries if boot_retries is None else boot_retries,
             evidence_dir=ev_dir,
             sim=sim,
-            json_output=json_output,
             proof_interval_s=proof_interval_s if proof_interval_s is not None else (0.5 if sim else 10.0),
             teardown_margin_s=15.0 if sim else 120.0,
             poll_s=poll_s if poll_s is not None else (0.25 if sim else 10.0),

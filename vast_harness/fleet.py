@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import secrets
 import signal
 import threading
 import time
@@ -36,12 +35,12 @@ from vast_harness.client import ENDPOINT_PATHS, VastClient
 from vast_harness.config import Caps, DriverPolicy, RunSpec, load_profile
 from vast_harness.errors import PRECEDENCE, ConfigError, ExitCode, NoOfferError, describe, exit_code_for, worst
 from vast_harness.evidence import StepRecord
-from vast_harness.ledger import Ledger
+from vast_harness.ledger import LEDGER_FILE, Ledger, new_run_id
 from vast_harness.lifecycle import InstanceTeardown
 from vast_harness.output import Output
 from vast_harness.pacing import endpoint_key
 from vast_harness.plan import RunPlan, plan_run
-from vast_harness.runner import GuardedRun, SignalHandler, new_run_id
+from vast_harness.runner import GuardedRun, SignalHandler
 
 MONITOR_INTERVAL_S = 0.2
 # On --sim the tiny CPU round stands in for the GPU workload; its MFU is against a nominal peak per GPU type
@@ -323,7 +322,7 @@ class Fleet:
             if not stopped:
                 run = GuardedRun(run_spec, self.client, self.drivers, RunOutput(entry.gpu, quiet=self.quiet),
                                  run_id=new_run_id())
-                run.ledger = Ledger(self.root / "ledger.jsonl")  # the shared ledger: `reap` finds fleet runs
+                run.ledger = Ledger(self.root / LEDGER_FILE)  # the shared ledger: `reap` finds fleet runs
                 self.runs[entry.gpu] = run
         if stopped:
             self.outcomes[entry.gpu] = RunOutcome(entry.gpu, None, self.stop_code, f"not started: {stopped}")
@@ -383,7 +382,7 @@ class Fleet:
 
 
 def new_fleet_id() -> str:
-    return "fleet-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+    return new_run_id("fleet-")
 
 
 def print_preflight(out: Output, pre: Preflight, *, title: str) -> None:

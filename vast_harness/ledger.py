@@ -17,6 +17,7 @@ import errno
 import hashlib
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -33,6 +34,14 @@ Event = Literal["intent", "created", "create_unknown", "create_unresolved", "cre
 REQUIRED_EVENTS = frozenset({"intent"})  # no PUT without it on disk
 OUTCOME_EVENTS = ("created", "create_failed", "delete_ack")  # events that name an instance a run owned
 MAX_LINE_BYTES = 64 * 1024
+LEDGER_FILE = "ledger.jsonl"  # in the evidence dir, shared by every run, fleet and reap that writes there
+
+
+def new_run_id(prefix: str = "", *, unique: bool = True) -> str:
+    """The id of a run (its evidence subdirectory, its ledger lines): `<prefix>YYYYmmddTHHMMSSZ` in UTC, so ids
+    sort by time, then `-` and 6 random hex unless `unique` is False (reap's, one at a time)."""
+    stamp = prefix + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return f"{stamp}-{secrets.token_hex(3)}" if unique else stamp
 
 
 def account_fingerprint(api_key: str) -> str:
@@ -99,7 +108,7 @@ class Ledger:
         target = None
         if spec.api_key is not None:
             target = LedgerTarget(api_url=spec.api_url, account=account_fingerprint(spec.api_key.get_secret_value()))
-        return cls(spec.evidence_dir / "ledger.jsonl", target)
+        return cls(spec.evidence_dir / LEDGER_FILE, target)
 
     def key_dir_prefix(self, run_id: str) -> str:
         """Prefix of a run's one-time SSH key directory: the pid lets `reap` tell a killed run's key from a live one."""

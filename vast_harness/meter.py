@@ -29,11 +29,18 @@ BYTES_PER_GB = 1e9
 # The least a booted host needs before teardown could start: the time cap must cover it plus the margin.
 MIN_BOOT_S = 60.0
 MIN_BOOT_S_SIM = 1.0
+TEARDOWN_MIN_S = 60.0  # per instance: delete + absence proof, at least this long
 
 
 def minimum_cap_s(*, teardown_margin_s: float, sim: bool) -> float:
     """The shortest time cap a run can keep: boot allowance + teardown margin. The one place it is computed."""
     return (MIN_BOOT_S_SIM if sim else MIN_BOOT_S) + teardown_margin_s
+
+
+def teardown_budget_s(proof_interval_s: float) -> float:
+    """How long one instance's delete + absence proof may take before it is declared unproven (exit 3), for a
+    run and for reap: room for eight proof intervals above the floor. The one place it is computed."""
+    return max(TEARDOWN_MIN_S, 8 * proof_interval_s + TEARDOWN_MIN_S)
 
 
 def finite_positive(value: float | None) -> bool:

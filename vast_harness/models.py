@@ -13,7 +13,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Vast's `actual_status` values, as data (docs/vast-behaviours.md).
-PENDING_STATUSES = frozenset({None, "created", "restarting", "rebooting", "loading", "scheduling"})
 FAILED_STATUSES = frozenset({"exited", "offline", "unknown", "stopped", "frozen"})
 READY_STATUS = "running"
 # Tokens in `status_msg` that mean the container will not come up (vast-cli machines.py self-test).
@@ -103,15 +102,6 @@ class Offer(_VastModel):
             if value is not None:
                 return float(value)
         return 0.0
-
-    @property
-    def driver_packed(self) -> int | None:
-        if not self.driver_version:
-            return None
-        try:
-            return pack_driver_version(self.driver_version)
-        except ValueError:
-            return None
 
     def dph_at_disk(self, disk_gb: float) -> float:
         """$/h for this offer with `disk_gb` of storage: GPU part plus disk at storage_cost/720.

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from vast_harness.meter import BYTES_PER_GB
 from vast_harness.models import Offer
-
-BYTES_PER_GB = 1e9
 
 
 class Quote(BaseModel):

@@ -23,8 +23,9 @@ from vast_harness.client import VastClient
 from vast_harness.config import LABEL_PREFIX, RunSpec
 from vast_harness.errors import ExitCode, VastError
 from vast_harness.evidence import RunEvidence
-from vast_harness.ledger import Ledger, LedgerEntry
+from vast_harness.ledger import Ledger, LedgerEntry, new_run_id
 from vast_harness.lifecycle import InstanceTeardown, teardown_instance
+from vast_harness.meter import teardown_budget_s
 from vast_harness.output import Output
 
 # A label is marked swept (no longer searched) only once its intent is older than any read lag we know of.
@@ -32,7 +33,6 @@ LABEL_SWEEP_AFTER_S = 3600.0
 # Key dirs of runs from before the pid was in the name: removed once older than any run can last.
 LEGACY_KEY_DIR_AGE_S = 8 * 24 * 3600.0
 _KEY_DIR_PID = re.compile(r"^vh-key-(\d+)-")
-TEARDOWN_MIN_S = 60.0  # per instance: delete + absence proof, at least this long
 
 
 class ReapOutcome(BaseModel):
@@ -141,7 +141,7 @@ def _collect(client: VastClient, ledger: Ledger, out: Output, result: ReapOutcom
 
 def reap_all(spec: RunSpec, client: VastClient, out: Output) -> ExitCode:
     ledger = Ledger.for_spec(spec)
-    run_id = "reap-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    run_id = new_run_id("reap-", unique=False)
     result = ReapOutcome()
     result.key_dirs_removed = [str(p) for p in remove_stale_key_dirs()]
     if result.key_dirs_removed:
@@ -152,7 +152,7 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output) -> ExitCode:
         scanned = True
         for instance_id, label in sorted(result.labels.items()):
             out.info(f"deleting instance {instance_id} ({label})")
-            deadline = time.monotonic() + max(TEARDOWN_MIN_S, 8 * spec.proof_interval_s + TEARDOWN_MIN_S)
+            deadline = time.monotonic() + teardown_budget_s(spec.proof_interval_s)
             result.reports.append(teardown_instance(client, ledger, run_id=run_id, label=label,
                                                     instance_id=instance_id, interval_s=spec.proof_interval_s,
                                                     deadline=deadline))

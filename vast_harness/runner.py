@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import platform
-import secrets
 import signal
 import sys
 import tempfile
@@ -50,7 +49,7 @@ from vast_harness.evidence import (
     overall_absence,
 )
 from vast_harness.hostwork import PULL_GRACE_SHARE, HostWork
-from vast_harness.ledger import Event, Ledger, LedgerEntry
+from vast_harness.ledger import Event, Ledger, LedgerEntry, new_run_id
 from vast_harness.lifecycle import (
     READ_LAG_WINDOW_S,
     SIM_READ_LAG_WINDOW_S,
@@ -61,7 +60,7 @@ from vast_harness.lifecycle import (
     teardown_instance,
     wait_ready,
 )
-from vast_harness.meter import CostMeter, finite_positive, minimum_cap_s
+from vast_harness.meter import CostMeter, finite_positive, minimum_cap_s, teardown_budget_s
 from vast_harness.models import Instance
 from vast_harness.offers import Candidate
 from vast_harness.onstart import build_onstart
@@ -138,10 +137,6 @@ class _TeardownLedger:
             return None
 
 
-def new_run_id() -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-
-
 class GuardedRun:
     def __init__(self, spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output, *,
                  run_id: str | None = None) -> None:
@@ -164,7 +159,7 @@ class GuardedRun:
         self.ledger_write_failures: list[str] = []
         self.excluded_machines: set[int] = set()
         # How long one instance's delete + absence proof may take before it is declared unproven (exit 3).
-        self.teardown_budget_s = max(60.0, 8 * spec.proof_interval_s + 60.0)
+        self.teardown_budget_s = teardown_budget_s(spec.proof_interval_s)
         # Reads may not see an instance this long after its create (lifecycle.READ_LAG_WINDOW_S).
         self.read_lag_window_s = SIM_READ_LAG_WINDOW_S if spec.sim else READ_LAG_WINDOW_S
         self.create_attempts: list[tuple[str, float]] = []  # (label, t_unix the PUT was sent)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import vast_harness
+
+REPO = Path(vast_harness.__file__).resolve().parents[1]
 
 
 def test_exported_members_match_all():
     exported = {name for name in dir(vast_harness) if not name.startswith("_")}
-    modules = {"bundle", "cli", "client", "config", "errors", "evidence", "ledger", "lifecycle", "meter", "models", "offers",
+    modules = {"apiurl", "bundle", "cli", "client", "config", "errors", "evidence", "ledger", "lifecycle", "meter", "models", "offers",
                "onstart", "output", "pacing", "plan", "quote", "reap", "resources", "runner", "ssh", "sim", "chaos",
                "report", "svgplot", "fleet", "fleet_report", "tokrate"}
     assert exported - modules == set(vast_harness.__all__)
@@ -41,3 +45,79 @@ def test_simulator_imports_nothing_of_the_harness():
                 if name.startswith("vast_harness") and not name.startswith(allowed):
                     bad.setdefault(path.name, []).append(name)
     assert not bad
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports(tree: ast.Module, name: str, is_package: bool, modules: set[str]) -> set[str]:
+    """The modules of `modules` a module imports when it is loaded: statements at module level, also inside
+    if/try/with, not under `if TYPE_CHECKING:` and not in functions (those are deliberate lazy imports). A
+    package's own __init__, which Python runs before any of its submodules, counts only when named itself."""
+    found: set[str] = set()
+    package = name if is_package else name.rpartition(".")[0]
+    stack: list[ast.stmt] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:  # `from pkg import sub` is the submodule when there is one, else pkg's name
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        elif isinstance(node, ast.If):
+            if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                stack.extend(node.body)
+            stack.extend(node.orelse)
+        elif isinstance(node, ast.Try):
+            stack.extend([*node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers for s in h.body)])
+        elif isinstance(node, ast.With):
+            stack.extend(node.body)
+    return found & modules
+
+
+def _import_graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for top in ("vast_harness", "remote") for p in sorted((REPO / top).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        imported = _top_level_imports(ast.parse(path.read_text()), name, path.name == "__init__.py", set(files))
+        graph[name] = imported - {name}
+    return graph
+
+
+def test_no_import_cycle_in_vast_harness_or_remote():
+    """Top-level imports form no cycle: a cycle makes the import order decide which names exist."""
+    graph = _import_graph()
+    assert {"vast_harness.config", "vast_harness.client", "remote.mps.control"} <= graph.keys()
+    assert "vast_harness.apiurl" in graph["vast_harness.client"]  # the graph sees `from x import y` edges
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt):], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not cycles, [" -> ".join(c) for c in cycles]
+
+
+def test_remote_does_not_import_the_harness():
+    """remote/ is the workload on the GPU host, shipped without the control plane."""
+    graph = _import_graph()
+    assert not {m: sorted(i) for m, i in graph.items() if m.startswith("remote") and
+                any(x.startswith("vast_harness") for x in i)}

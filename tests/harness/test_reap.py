@@ -59,7 +59,7 @@ def reap(sim: SimServer, spec: RunSpec, key: str = KEY, **client_kw) -> int:
 
 
 def test_ledger_ids_are_deleted_even_when_the_list_fails(sim, tmp_path, monkeypatch):
-    monkeypatch.setattr("vast_harness.reap.TEARDOWN_MIN_S", 1.0)
+    monkeypatch.setattr("vast_harness.meter.TEARDOWN_MIN_S", 1.0)
     spec = spec_for(sim, tmp_path)
     iid = rent(sim, "vh-listfail")
     Ledger.for_spec(spec).append("r", "created", "vh-listfail", offer_id=1, instance_id=iid)

@@ -30,7 +30,7 @@ from vast_harness.bundle import build_bundle
 from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences
 from vast_harness.client import Timeouts, VastClient
 from vast_harness.config import RunSpec, Step, load_driver_policy, resolve
-from vast_harness.ledger import Ledger
+from vast_harness.ledger import LEDGER_FILE, Ledger
 from vast_harness.output import Output
 from vast_harness.plan import plan_run
 from vast_harness.reap import reap_all
@@ -253,7 +253,7 @@ def check_scenario(plan: ScenarioPlan, spec: RunSpec, outcome: ScenarioOutcome, 
     instances = state["instances"]
     outcome.instances = len(instances)
     outcome.billed_usd = sum(i["billed_usd"] for i in instances)
-    ledger = Ledger(spec.evidence_dir / "ledger.jsonl")
+    ledger = Ledger(spec.evidence_dir / LEDGER_FILE)
     pending, unknown_labels = ledger.unproven()
     live = [i for i in instances if i["live"]]
     found: list[Violation] = []

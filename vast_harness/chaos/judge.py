@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vast_harness.ledger import Ledger
+from vast_harness.ledger import LEDGER_FILE, Ledger
 
 VIOLATION_KINDS = ("leak", "false_absence", "over_cap_usd", "over_cap_time", "exit_mismatch", "reap_failed",
                    "hang", "crash", "traceback")
@@ -52,7 +52,7 @@ def false_absences(instances: list[dict[str, Any]], evidence_dir: Path) -> list[
     by_id = {i["id"]: i for i in instances}
     claims: list[tuple[int, float, str]] = []
     try:
-        claims += [(e.instance_id, e.t_unix, "ledger") for e in Ledger(evidence_dir / "ledger.jsonl").entries()
+        claims += [(e.instance_id, e.t_unix, "ledger") for e in Ledger(evidence_dir / LEDGER_FILE).entries()
                    if e.event == "absence" and e.verdict == "gone" and e.instance_id is not None]
     except (OSError, ValueError):
         pass  # an unreadable ledger claims nothing (the leak check still sees what is live)

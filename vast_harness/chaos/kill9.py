@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from vast_harness.chaos.engine import KEY, SCALE
 from vast_harness.chaos.judge import Violation, classify, false_absences, traceback_violations
-from vast_harness.ledger import Ledger
+from vast_harness.ledger import LEDGER_FILE, Ledger
 from vast_harness.resources import data_root
 from vast_harness.sim.server import spawn_standalone
 
@@ -109,7 +109,7 @@ def run_kill9(plan: Kill9Plan) -> Kill9Outcome:
         work = Path(tmp)
         sim, url = _start_sim(plan, sim_log)
         env = dict(os.environ, VAST_API_KEY=KEY)
-        ledger = Ledger(work / "ev" / "ledger.jsonl")
+        ledger = Ledger(work / "ev" / LEDGER_FILE)
         try:
             with (work / "harness.log").open("wb") as log:
                 harness = subprocess.Popen(

@@ -42,7 +42,7 @@ from vast_harness.chaos.engine import (
 from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences, traceback_violations
 from vast_harness.chaos.netproxy import FaultProxy, NetFaultPlan
 from vast_harness.config import Step
-from vast_harness.ledger import Ledger
+from vast_harness.ledger import LEDGER_FILE, Ledger
 from vast_harness.reap import reap_all
 from vast_harness.resources import data_root
 from vast_harness.sim.server import SimServer
@@ -343,7 +343,7 @@ def net_exit_mismatches(plan: NetPlan, outcome: NetOutcome, spec: Any) -> list[s
 
 def _unproven(evidence_dir: Path) -> tuple[set[int], set[str]]:
     try:
-        return Ledger(evidence_dir / "ledger.jsonl").unproven()
+        return Ledger(evidence_dir / LEDGER_FILE).unproven()
     except (OSError, ValueError):
         return set(), set()
 

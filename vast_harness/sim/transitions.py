@@ -34,7 +34,6 @@ class Step:
 # null for the first fifth of the boot (scheduling), loading for the rest (image pull), then running.
 BOOT_PATH: tuple[Step, ...] = (Step(None, 0.0), Step(LOADING, 0.2), Step(RUNNING, 1.0))
 
-PENDING_STATUSES = frozenset({None, LOADING})
 # States that bill storage only (GPU compute stopped) and the ones that bill nothing.
 STORAGE_ONLY_STATUSES = frozenset({STOPPED, EXITED})
 UNBILLED_STATUSES = frozenset({OFFLINE})
