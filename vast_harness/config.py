@@ -13,9 +13,10 @@ import re
 import stat
 import tempfile
 import tomllib
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -230,7 +231,7 @@ class DriverPolicy(BaseModel):
         return floor is not None and packed >= floor
 
 
-def _load_toml(path: Path) -> dict:
+def _load_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
@@ -309,7 +310,7 @@ def _checked_key(key: str, source: str) -> SecretStr:
     return SecretStr(key)
 
 
-def read_api_key(key_file: Path | None, environ: dict[str, str] | None = None) -> SecretStr:
+def read_api_key(key_file: Path | None, environ: Mapping[str, str] | None = None) -> SecretStr:
     """The key from --key-file (refused when group/world readable) or VAST_API_KEY."""
     environ = os.environ if environ is None else environ
     if key_file is not None:
@@ -494,7 +495,7 @@ def resolve(
     proof_interval_s: float | None = None,
     pacing_scale: float | None = None,
     poll_s: float | None = None,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
     profiles_dir: Path = PROFILES_DIR,
 ) -> RunSpec:
     """Flags > environment > profile, validated. Raises ConfigError naming the offending flag."""
