@@ -74,7 +74,9 @@ class RunPlan(BaseModel):
         }
 
 
-def criteria_for(spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exclude_machine_ids: Iterable[int] = ()) -> OfferCriteria:
+def criteria_for(
+    spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exclude_machine_ids: Iterable[int] = ()
+) -> OfferCriteria:
     prof = spec.profile
     return OfferCriteria(
         filters=spec.filters,
