@@ -72,12 +72,12 @@ class LedgerEntry(BaseModel):
 class EntryFields(TypedDict, total=False):
     """The optional fields of a LedgerEntry that `Ledger.append` takes as keywords."""
 
-    offer_id: int
-    instance_id: int
-    verdict: str
-    detail: str
-    api_url: str
-    account: str
+    offer_id: int | None
+    instance_id: int | None
+    verdict: str | None
+    detail: str | None
+    api_url: str | None
+    account: str | None
 
 
 class BadLine(BaseModel):
