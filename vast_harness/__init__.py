@@ -18,7 +18,8 @@ if _os.path.basename(_sys.argv[0] if _sys.argv else "") in ("vast-e2e", "vast_e2
 
     _signal.signal(_signal.SIGINT, _interrupted_while_starting)
 
-from vast_harness.client import DEFAULT_API_URL, RawExchange, Timeouts, VastClient
+from vast_harness.apiurl import DEFAULT_API_URL
+from vast_harness.client import RawExchange, Timeouts, VastClient
 from vast_harness.config import DriverPolicy, HarnessProfile, RunSpec, load_driver_policy, load_profile, resolve
 from vast_harness.errors import (
     ApiStatusError,

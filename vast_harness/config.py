@@ -12,9 +12,10 @@ import re
 import stat
 import tempfile
 import tomllib
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
@@ -229,7 +230,7 @@ class DriverPolicy(BaseModel):
         return floor is not None and packed >= floor
 
 
-def _load_toml(path: Path) -> dict:
+def _load_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
@@ -302,7 +303,7 @@ def _checked_key(key: str, source: str) -> SecretStr:
     return SecretStr(key)
 
 
-def read_api_key(key_file: Path | None, environ: dict[str, str] | None = None) -> SecretStr:
+def read_api_key(key_file: Path | None, environ: Mapping[str, str] | None = None) -> SecretStr:
     """The key from --key-file (refused when group/world readable) or VAST_API_KEY."""
     environ = os.environ if environ is None else environ
     if key_file is not None:
@@ -453,7 +454,7 @@ def resolve(
     proof_interval_s: float | None = None,
     pacing_scale: float | None = None,
     poll_s: float | None = None,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
     profiles_dir: Path = PROFILES_DIR,
 ) -> RunSpec:
     """Flags > environment > profile, validated. Raises ConfigError naming the offending flag."""

@@ -79,9 +79,10 @@ def print_table(out: Output, rows: list[FleetRow], *, title: str) -> None:
         t.add_column(col)
     for i, r in enumerate(rows, 1):
         driver = f"{r.driver or '–'}{'' if r.driver_qualified in (True, None) else ' (unqual.)'}"
+        replay_cells: dict[bool | None, str | Text] = {True: "yes", False: Text("NO", style="red"), None: "–"}
         t.add_row(str(i), r.gpu, str(r.offer_id or "–"), _f(r.dph_usd, ".4f"), driver, _pct(r.mfu),
                   _f(r.tokens_per_s_per_gpu, ",.0f"), _f(r.tokens_per_s, ",.0f"), _f(r.usd_per_mtok, ".4f"),
-                  {True: "yes", False: Text("NO", style="red"), None: "–"}[r.replay_match],
+                  replay_cells[r.replay_match],
                   Text(str(r.exit_code), style="green" if r.exit_code in (0, 4) else "red"), _f(r.accrued_usd, ".4f"),
                   r.absence or "–")
     (out.err if out.json_mode else out.out).print(t)

@@ -20,7 +20,7 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
 
 from pydantic import BaseModel, Field, StrictInt, ValidationError
 
@@ -78,6 +78,17 @@ class LedgerEntry(BaseModel):
         return LedgerTarget(api_url=self.api_url, account=self.account)
 
 
+class EntryFields(TypedDict, total=False):
+    """The optional fields of a LedgerEntry that `Ledger.append` takes as keywords."""
+
+    offer_id: int | None
+    instance_id: int | None
+    verdict: str | None
+    detail: str | None
+    api_url: str | None
+    account: str | None
+
+
 class BadLine(BaseModel):
     line_no: int
     reason: str
@@ -115,10 +126,11 @@ class Ledger:
         return f"vh-key-{os.getpid()}-{run_id}-"
 
     # ------------------------------------------------------------------------------------ writing
-    def append(self, run_id: str, event: Event, label: str, **fields) -> LedgerEntry:
+    def append(self, run_id: str, event: Event, label: str, **fields: Unpack[EntryFields]) -> LedgerEntry:
+        data: dict[str, Any] = dict(fields)
         if self.target is not None:
-            fields = {"api_url": self.target.api_url, "account": self.target.account} | fields
-        entry = LedgerEntry(t_unix=time.time(), run_id=run_id, event=event, label=label, **fields)
+            data = {"api_url": self.target.api_url, "account": self.target.account} | data
+        entry = LedgerEntry(t_unix=time.time(), run_id=run_id, event=event, label=label, **data)
         line = (entry.model_dump_json(exclude_none=True) + "\n").encode()
         try:
             self._write_line(line)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, Unpack
 
 from pydantic import BaseModel, Field
 
@@ -27,7 +27,7 @@ from vast_harness.errors import (
     TransportError,
     VastError,
 )
-from vast_harness.ledger import Event, Ledger, LedgerEntry
+from vast_harness.ledger import EntryFields, Event, Ledger, LedgerEntry
 from vast_harness.models import Instance
 
 Sleep = Callable[[float], None]
@@ -307,7 +307,7 @@ class InstanceTeardown(BaseModel):
 class LedgerAppend(Protocol):
     """What teardown needs of a ledger: an append (the runner's may record a failed write and go on)."""
 
-    def append(self, run_id: str, event: Event, label: str, **fields: Any) -> LedgerEntry | None: ...
+    def append(self, run_id: str, event: Event, label: str, **fields: Unpack[EntryFields]) -> LedgerEntry | None: ...
 
 
 def teardown_instance(

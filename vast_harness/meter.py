@@ -60,7 +60,8 @@ class _Accrual:
     __slots__ = ("dph_usd", "end", "start")
 
     def __init__(self, dph_usd: float, start: float) -> None:
-        self.dph_usd, self.start, self.end = dph_usd, start, None
+        self.dph_usd, self.start = dph_usd, start
+        self.end: float | None = None  # set when the instance stops accruing
 
     def usd(self, now: float) -> float:
         end = self.end if self.end is not None else now

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -68,10 +69,12 @@ class OfferChoice(BaseModel):
         )[:n]
 
 
-def build_query(criteria: OfferCriteria, *, exclude_ids: Iterable[int] = (), limit: int = PAGE_LIMIT) -> dict:
+def build_query(
+    criteria: OfferCriteria, *, exclude_ids: Iterable[int] = (), limit: int = PAGE_LIMIT
+) -> dict[str, Any]:
     """The POST /api/v0/bundles/ body for these criteria (docs/vast-behaviours.md)."""
     f = criteria.filters
-    query: dict = {
+    query: dict[str, Any] = {
         "verified": {"eq": True} if f.verified else None,
         "external": {"eq": False},
         "rentable": {"eq": True},
@@ -176,7 +179,7 @@ def choose(offers: Iterable[Offer], criteria: OfferCriteria, drivers: DriverPoli
 
 
 def search_ranked(
-    search: Callable[[dict], list[Offer]],
+    search: Callable[[dict[str, Any]], list[Offer]],
     criteria: OfferCriteria,
     drivers: DriverPolicy,
     *,

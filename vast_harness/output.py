@@ -12,7 +12,9 @@ import errno
 import json
 import os
 import sys
-from typing import IO, Any
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.table import Table
@@ -20,6 +22,10 @@ from rich.text import Text
 
 from vast_harness.offers import Candidate, OfferChoice, Rejection
 from vast_harness.plan import RunPlan
+
+if TYPE_CHECKING:  # annotations only: output keeps importing nothing of the run machinery at runtime
+    from vast_harness.evidence import StepRecord
+    from vast_harness.lifecycle import InstanceTeardown
 
 
 def _t(value: object, style: str = "") -> Text:
@@ -56,23 +62,23 @@ class SafeStream:
                 pass
 
     def write(self, text: str) -> int:
-        if not self.broken:
+        if not self.broken and self._stream is not None:  # broken whenever there is no stream
             try:
-                return self._stream.write(text)  # type: ignore[union-attr]
+                return self._stream.write(text)
             except (OSError, ValueError) as exc:
                 self._break(exc)
         return len(text)
 
     def flush(self) -> None:
-        if not self.broken:
+        if not self.broken and self._stream is not None:
             try:
-                self._stream.flush()  # type: ignore[union-attr]
+                self._stream.flush()
             except (OSError, ValueError) as exc:
                 self._break(exc)
 
     def isatty(self) -> bool:
         try:
-            return not self.broken and self._stream.isatty()  # type: ignore[union-attr]
+            return not self.broken and self._stream is not None and self._stream.isatty()
         except (OSError, ValueError):
             return False
 
@@ -102,11 +108,14 @@ class Output:
         self.stdout = _safe(sys.stdout)
         self.stderr = _safe(sys.stderr)
         # markup=False: a string that reaches rich by any path prints as it is; styles come only from Text.
-        self.out = Console(file=self.stdout, highlight=False, soft_wrap=False, width=160, markup=False, emoji=False)
-        self.err = Console(file=self.stderr, highlight=False, soft_wrap=False, width=160, markup=False, emoji=False)
+        # rich wants an IO[str]; it only calls write, flush, isatty, fileno and encoding, all of which SafeStream has.
+        self.out = Console(file=cast(IO[str], self.stdout), highlight=False, soft_wrap=False, width=160, markup=False,
+                           emoji=False)
+        self.err = Console(file=cast(IO[str], self.stderr), highlight=False, soft_wrap=False, width=160, markup=False,
+                           emoji=False)
         self.quiet = quiet
         self.emitted = False  # --json promises exactly one object on stdout
-        self.rejected_rows: list[dict] = []  # with --json, rejections ride along in that one object
+        self.rejected_rows: list[dict[str, Any]] = []  # with --json, rejections ride along in that one object
 
     # -- generic -------------------------------------------------------------------------------
     def info(self, message: str) -> None:
@@ -143,7 +152,8 @@ class Output:
         prefix = f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]"
         console.print(_line((prefix, "red" if stream == "stderr" else "dim"), " ", line))
 
-    def result(self, run_id: str, code: int, message: str, evidence_dir, steps, teardowns, accrued_usd: float) -> None:
+    def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
+               teardowns: Sequence[InstanceTeardown], accrued_usd: float) -> None:
         if self.json_mode:
             self.emit_json({"run_id": run_id, "exit_code": code, "message": message,
                             "evidence_dir": str(evidence_dir), "accrued_usd": round(accrued_usd, 6),
@@ -165,7 +175,7 @@ class Output:
         self.out.print(_line((f"exit {code}", color), f": {message}  accrued ${accrued_usd:.4f}  "
                                                        f"evidence {evidence_dir}"))
 
-    def reap_report(self, rows: list[tuple[int, str, int, str]], lines: list[str], *, ok: bool) -> None:
+    def reap_report(self, rows: Sequence[tuple[int, str, int, str]], lines: Sequence[str], *, ok: bool) -> None:
         """`reap`'s table (instance, label, deletes, verdict) and what it could not prove, one line each."""
         t = Table(title=_t(f"reap: {len(rows)} instance(s)"), header_style="bold")
         for col in ("instance", "label", "deletes", "verdict"):
@@ -255,7 +265,7 @@ class Output:
         self.out.print(t)
 
 
-def _candidate_row(c: Candidate) -> dict:
+def _candidate_row(c: Candidate) -> dict[str, Any]:
     o = c.offer
     return {
         "id": o.id, "gpu": o.gpu_name, "n": o.num_gpus, "driver": o.driver_version, "qualified": c.driver_qualified,
@@ -265,7 +275,7 @@ def _candidate_row(c: Candidate) -> dict:
     }
 
 
-def _rejection_row(r: Rejection) -> dict:
+def _rejection_row(r: Rejection) -> dict[str, Any]:
     o = r.offer
     return {
         "id": o.id, "gpu": o.gpu_name, "n": o.num_gpus, "driver": o.driver_version,

@@ -5,6 +5,9 @@ Only read-only calls happen here: `users/current` and at most MAX_PAGES offer se
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from pydantic import BaseModel
 
 from vast_harness.bundle import Bundle
@@ -28,16 +31,16 @@ class RunPlan(BaseModel):
     offers_seen: int
     pages: int
     credit_usd: float
-    steps: list[dict]
+    steps: list[dict[str, Any]]
     pytest_node_ids: list[str]
-    caps: dict
+    caps: dict[str, Any]
     remote_env_masked: dict[str, str]
     bundle_sha256: str
     bundle_bytes: int
     any_driver: bool
     warnings: list[str]
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """The JSON form (`--json`): the same facts as the human table."""
         o, q = self.chosen.offer, self.chosen.quote
         return {
@@ -71,7 +74,9 @@ class RunPlan(BaseModel):
         }
 
 
-def criteria_for(spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exclude_machine_ids=()) -> OfferCriteria:
+def criteria_for(
+    spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exclude_machine_ids: Iterable[int] = ()
+) -> OfferCriteria:
     prof = spec.profile
     return OfferCriteria(
         filters=spec.filters,
@@ -90,7 +95,7 @@ def criteria_for(spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exc
 
 def choose_offers(
     spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle, *, credit_usd: float | None,
-    exclude_machine_ids=(),
+    exclude_machine_ids: Iterable[int] = (),
 ) -> OfferChoice:
     criteria = criteria_for(spec, credit_usd=credit_usd, bundle=bundle, exclude_machine_ids=exclude_machine_ids)
     return search_ranked(client.search_offers, criteria, drivers)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
@@ -245,7 +246,7 @@ def absence_section(f: RunFacts) -> str:
                      "verdict"], rows, cls="absence"))
 
 
-def _exchange(ex: dict | None) -> str:
+def _exchange(ex: dict[str, Any] | None) -> str:
     if not ex:
         return "–"
     body = ex.get("json")
@@ -288,7 +289,7 @@ def write_run_report(directory: Path) -> Path:
     return path
 
 
-def write_run_report_safely(directory: Path, warn) -> Path | None:
+def write_run_report_safely(directory: Path, warn: Callable[[str], None]) -> Path | None:
     """The run's last act, after teardown and the result: the report, then the manifest again so that it
     covers the report. A report that cannot be written is a warning, never a failure."""
     from vast_harness.evidence import RunEvidence

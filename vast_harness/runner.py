@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from pydantic import BaseModel
 
@@ -49,7 +49,7 @@ from vast_harness.evidence import (
     overall_absence,
 )
 from vast_harness.hostwork import PULL_GRACE_SHARE, HostWork
-from vast_harness.ledger import Event, Ledger, LedgerEntry, new_run_id
+from vast_harness.ledger import EntryFields, Event, Ledger, LedgerEntry, new_run_id
 from vast_harness.lifecycle import (
     READ_LAG_WINDOW_S,
     SIM_READ_LAG_WINDOW_S,
@@ -129,7 +129,7 @@ class _TeardownLedger:
     def __init__(self, ledger: Ledger, failures: list[str]) -> None:
         self._ledger, self._failures = ledger, failures
 
-    def append(self, run_id: str, event: Event, label: str, **fields: Any) -> LedgerEntry | None:
+    def append(self, run_id: str, event: Event, label: str, **fields: Unpack[EntryFields]) -> LedgerEntry | None:
         try:
             return self._ledger.append(run_id, event, label, **fields)
         except OSError as exc:

@@ -442,7 +442,9 @@ class HostSession:
         if self._sftp is None:
             self._sftp = self._client.open_sftp()
             # No byte for this long on the SFTP channel: the link is stalled (TCP open, peer silent).
-            self._sftp.get_channel().settimeout(self.stall_timeout_s)
+            channel = self._sftp.get_channel()
+            if channel is not None:  # open_sftp always opens one; the stub allows None
+                channel.settimeout(self.stall_timeout_s)
         return self._sftp
 
     def _stalled(self, what: str) -> TransferAbandoned:

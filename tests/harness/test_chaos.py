@@ -199,6 +199,20 @@ def test_the_network_judge_catches_tracebacks_leaks_and_a_zero_over_the_cap(tmp_
     assert [v.kind for v in disk.violations] == ["exit_mismatch"]
 
 
+def test_an_exit_0_with_the_ledger_naming_an_unproven_instance_is_a_mismatch(tmp_path: Path):
+    from vast_harness.chaos.network import _unproven, net_exit_mismatches
+
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, max_usd=0.01, max_minutes=0.35)
+    out = NetOutcome(seed=5, plan=_net(), exit_code=0, max_usd=0.01)
+    assert _unproven(tmp_path) == (set(), set()) and net_exit_mismatches(out.plan, out, spec) == []
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    ledger.append("r", "created", "vh-x", instance_id=42)
+    ledger.append("r", "intent", "vh-y", offer_id=1)
+    assert _unproven(tmp_path) == ({42}, {"vh-y"})  # instance ids, not the ledger's entries
+    assert net_exit_mismatches(out.plan, out, spec) == [
+        "exit 0 with the ledger naming unproven instances [42] ['vh-y']"]
+
+
 @pytest.mark.slow
 def test_a_clean_run_behind_the_proxy_passes_and_a_stalled_one_is_killed_as_a_hang():
     clean = chaos.run_net(_net("clean", net="seed=5"))

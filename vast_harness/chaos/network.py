@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,6 +53,8 @@ FLOOD_BYTES = 100_000_000
 DISK_BYTES = 2 * 1024 * 1024
 GENEROUS_MINUTES = 0.35  # 21 s: the steps take < 1 s; faults add seconds, not tens of them
 Disk = Literal["full_at_start", "fills_mid_run"]
+CapMode = Literal["generous", "time", "cost", "unrentable"]
+CAP_MODES: tuple[CapMode, ...] = ("generous", "time", "cost", "unrentable")
 
 
 class Mix(BaseModel):
@@ -119,7 +121,7 @@ class NetPlan(BaseModel):
     faults: str  # simulator SPEC
     steps: list[str]
     disk: Disk | None = None
-    cap_mode: Literal["generous", "time", "cost", "unrentable"]
+    cap_mode: CapMode
     max_minutes: float
     usd_factor: float | None = None
     boot_retries: int
@@ -165,7 +167,7 @@ def draw_net(seed: int, kinds: tuple[str, ...] | None = None) -> NetPlan:
         sim.append(_draw_rule(rng, SIM_RULES))
     if mix.step:
         steps.append(mix.step)
-    cap_mode = mix.cap_mode or rng.choices(("generous", "time", "cost", "unrentable"), weights=(75, 12, 10, 3))[0]
+    cap_mode = mix.cap_mode or rng.choices(CAP_MODES, weights=(75, 12, 10, 3))[0]
     max_minutes, usd_factor = GENEROUS_MINUTES, None
     if cap_mode in ("time", "cost"):
         max_minutes = round((TEARDOWN_MARGIN_S + rng.uniform(2.0, 5.0)) / 60.0, 4)
@@ -186,7 +188,7 @@ def budget_s(plan: NetPlan) -> float:
 
 
 @contextlib.contextmanager
-def _small_disk(path: Path, plan: NetPlan):
+def _small_disk(path: Path, plan: NetPlan) -> Iterator[str | None]:
     """`path` on a 2 MB tmpfs (full at start: filled to the last byte). Yields a skip reason, or None."""
     path.mkdir(parents=True, exist_ok=True)
     if plan.disk is None:
@@ -342,10 +344,12 @@ def net_exit_mismatches(plan: NetPlan, outcome: NetOutcome, spec: Any) -> list[s
 
 
 def _unproven(evidence_dir: Path) -> tuple[set[int], set[str]]:
+    """Ids of the instances the ledger names as never proven gone, and labels whose create is unknown."""
     try:
-        return Ledger(evidence_dir / LEDGER_FILE).unproven()
+        pending, labels = Ledger(evidence_dir / LEDGER_FILE).unproven()
     except (OSError, ValueError):
         return set(), set()
+    return set(pending), labels
 
 
 __all__ = ["KEY", "NET_KINDS", "NetOutcome", "NetPlan", "budget_s", "draw_net", "judge_net", "run_net"]

@@ -11,7 +11,7 @@ import fnmatch
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -123,7 +123,8 @@ def run_suite(count: int, suite_seed: int, *, workers: int = 4, kill9: int = 0, 
         net_futures = [pool.submit(run_net, p) for p in net_plans]
         sim_futures = [pool.submit(run_bounded, p) for p in plans]
         total = len(plans) + len(net_plans)
-        for future in [*net_futures, *sim_futures]:
+        futures: list[Future[NetOutcome] | Future[ScenarioOutcome]] = [*net_futures, *sim_futures]
+        for future in futures:
             outcome = future.result()
             if isinstance(outcome, NetOutcome):
                 report.network.append(outcome)

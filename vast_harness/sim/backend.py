@@ -8,20 +8,22 @@ closing its SSH ports) happens outside it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import shlex
 import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import paramiko
 
 from vast_harness.sim import errors, transitions
-from vast_harness.sim.faults import FaultPlan
+from vast_harness.sim.faults import FaultPlan, FaultRule
 from vast_harness.sim.instances import Instance, list_page, render
 from vast_harness.sim.market import generate_offers, priced, search
 from vast_harness.sim.ratelimit import RateLimiter
@@ -267,7 +269,7 @@ class Backend:
         else:
             self._schedule(inst, delay, self._boot)
 
-    def _schedule(self, inst: Instance, delay_s: float, action: Any) -> None:
+    def _schedule(self, inst: Instance, delay_s: float, action: Callable[[Instance], None]) -> None:
         timer = threading.Timer(delay_s, action, args=(inst,))
         timer.daemon = True
         inst.timers.append(timer)
@@ -279,15 +281,16 @@ class Backend:
                 return
             inst.booted_at = time.time()
             inst.host.accepting = True
-            later = [(self.faults.take("offline"), self._go_offline), (self.faults.take("exit"), self._exit),
-                     (self.faults.take("credit_zero"), self._credit_zero), (self.faults.take("reprice"), None)]
+            later: list[tuple[FaultRule | None, Callable[[Instance], None] | None]] = [
+                (self.faults.take("offline"), self._go_offline), (self.faults.take("exit"), self._exit),
+                (self.faults.take("credit_zero"), self._credit_zero), (self.faults.take("reprice"), None)]
         if inst.onstart:
             # destroyed in the meantime (SandboxClosed) or the host dir is gone: nothing left to start
             with contextlib.suppress(SandboxClosed, OSError):
                 inst.sandbox.start_onstart(inst.onstart)
         for rule, action in later:
             if rule is not None:
-                act = action or (lambda i, f=rule.factor: self._reprice(i, f or 1.0))
+                act = action or functools.partial(self._reprice, factor=rule.factor or 1.0)
                 self._schedule(inst, rule.seconds or 0.0, act)
 
     def _halt(self, inst: Instance, status: str) -> None:
@@ -335,7 +338,7 @@ class Backend:
         with self.lock:
             self.instances[instance_id].add_bandwidth(to_host, from_host)
 
-    def _readable(self, inst: Instance | None, now: float) -> bool:
+    def _readable(self, inst: Instance | None, now: float) -> TypeGuard[Instance]:
         """Whether reads show `inst` now: live and past its read lag, or destroyed and still lingering."""
         if inst is None or now < inst.read_lag_until:
             return False

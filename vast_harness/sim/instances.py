@@ -85,8 +85,8 @@ class Instance:
         if not self.live or self.status_override in transitions.UNBILLED_STATUSES:
             return 0.0
         if self.status_override in transitions.STORAGE_ONLY_STATUSES:
-            return self.offer["storage_total_cost"]
-        return self.offer["dph_total"]
+            return float(self.offer["storage_total_cost"])
+        return float(self.offer["dph_total"])
 
     def settle(self, now: float) -> None:
         """Fold the accrual so far into settled_usd; call before anything changes the rate."""
@@ -240,7 +240,7 @@ def _after(row: dict[str, Any], mark: dict[str, Any], order: list[tuple[str, boo
             continue
         if a is None or b is None:
             return a is None
-        return (a > b) != desc
+        return bool((a > b) != desc)
     return False
 
 

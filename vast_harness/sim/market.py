@@ -229,22 +229,23 @@ def _coerce(have: Any, want: Any) -> Any:
 
 def compare(have: Any, op: str, want: Any) -> bool:
     want = _coerce(have, want)
+    # bool(): the values are JSON scalars and lists, whose comparisons are bools already
     if op == "eq":
-        return have == want
+        return bool(have == want)
     if op == "neq":
-        return have != want
+        return bool(have != want)
     if op in ("in", "notin"):
         return (have in want) == (op == "in")
     if have is None or want is None:
         return False
     try:
         if op == "gt":
-            return have > want
+            return bool(have > want)
         if op == "gte":
-            return have >= want
+            return bool(have >= want)
         if op == "lt":
-            return have < want
-        return have <= want
+            return bool(have < want)
+        return bool(have <= want)
     except TypeError:
         return False
 

@@ -11,10 +11,13 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 import paramiko
-from paramiko.sftp import SFTP_OK
+from paramiko.sftp import SFTP_FAILURE, SFTP_OK
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 
 class Meter:
@@ -31,6 +34,11 @@ class Meter:
 
 
 class _MeteredHandle(paramiko.SFTPHandle):
+    # Set by SandboxSFTP.open; paramiko's SFTPHandle reads and writes through them (its stub leaves them out).
+    filename: str
+    readfile: IO[bytes]
+    writefile: IO[bytes]
+
     def __init__(self, flags: int, meter: Meter) -> None:
         super().__init__(flags)
         self.meter = meter
@@ -41,14 +49,16 @@ class _MeteredHandle(paramiko.SFTPHandle):
             self.meter.count(0, len(data))
         return data
 
-    def write(self, offset: int, data: bytes) -> int:
+    def write(self, offset: int, data: ReadableBuffer) -> int:
         result = super().write(offset, data)
         if result == SFTP_OK:
-            self.meter.count(len(data), 0)
+            self.meter.count(memoryview(data).nbytes, 0)
         return result
 
 
 def _errno(exc: OSError) -> int:
+    if exc.errno is None:
+        return SFTP_FAILURE  # what convert_errno answers for any errno it does not name
     return paramiko.SFTPServer.convert_errno(exc.errno)
 
 
@@ -94,7 +104,8 @@ class SandboxSFTP(paramiko.SFTPServerInterface):
         except OSError as exc:
             return _errno(exc)
         if flags & os.O_CREAT and attr is not None:
-            attr._flags &= ~attr.FLAG_PERMISSIONS  # mode already applied by os.open
+            # The mode is already applied by os.open. _flags is private to paramiko (its stub leaves it out).
+            attr._flags &= ~attr.FLAG_PERMISSIONS  # type: ignore[attr-defined]
             paramiko.SFTPServer.set_file_attr(real, attr)
         if flags & os.O_WRONLY:
             fmode = "ab" if flags & os.O_APPEND else "wb"

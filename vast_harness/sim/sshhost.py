@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 import paramiko
+from paramiko.common import AUTH_FAILED, AUTH_SUCCESSFUL, OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED, OPEN_SUCCEEDED
 
 from vast_harness.sim.faults import FaultPlan
 from vast_harness.sim.sandbox import Sandbox, SandboxClosed
@@ -180,13 +181,13 @@ class _Session(paramiko.ServerInterface):
     def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
         blob = key.get_base64()
         if self.host.is_authorized(blob) or blob in self.host.sandbox.authorized_key_blobs():
-            return paramiko.AUTH_SUCCESSFUL
-        return paramiko.AUTH_FAILED
+            return AUTH_SUCCESSFUL
+        return AUTH_FAILED
 
     def check_channel_request(self, kind: str, chanid: int) -> int:
         if kind == "session":
-            return paramiko.OPEN_SUCCEEDED
-        return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+            return OPEN_SUCCEEDED
+        return OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         threading.Thread(target=self.host.run_exec,
