@@ -184,10 +184,10 @@ def offers(
             dry_run=True, pacing_scale=pacing_scale, evidence_dir=evidence_dir,
         )
         from vast_harness.bundle import build_bundle
-        from vast_harness.plan import choose_offers
+        from vast_harness.plan import account_credit_usd, choose_offers
 
         with _api_target(spec) as (target, scale), _client(target, scale) as client:
-            credit = client.current_user().available_usd
+            credit = account_credit_usd(client)
             choice = choose_offers(target, client, load_driver_policy(), build_bundle(), credit_usd=credit)
         if rank_by == "usd-per-mtok":
             from vast_harness.tokrate import load_measurements, print_ranked, rank_by_usd_per_mtok

@@ -39,7 +39,7 @@ from vast_harness.ledger import LEDGER_FILE, Ledger, new_run_id
 from vast_harness.lifecycle import InstanceTeardown
 from vast_harness.output import Output
 from vast_harness.pacing import endpoint_key
-from vast_harness.plan import RunPlan, plan_run
+from vast_harness.plan import RunPlan, account_credit_usd, plan_run
 from vast_harness.runner import GuardedRun, SignalHandler
 
 MONITOR_INTERVAL_S = 0.2
@@ -149,7 +149,7 @@ def preflight(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
             closest = exc.rejected[0].reasons if exc.rejected else []
             entry.no_offer = str(exc) + (f"; closest offer: {'; '.join(closest)}" if closest else "")
         entries.append(entry)
-    credit = client.current_user().available_usd
+    credit = account_credit_usd(client)
     return Preflight(entries, total_usd, per_run_usd, credit, allow_overcommit)
 
 

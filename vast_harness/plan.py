@@ -5,18 +5,23 @@ Only read-only calls happen here: `users/current` and at most MAX_PAGES offer se
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from vast_harness.bundle import Bundle
 from vast_harness.client import VastClient
 from vast_harness.config import DriverPolicy, RunSpec
-from vast_harness.errors import NoOfferError
+from vast_harness.errors import NoOfferError, TransportError
 from vast_harness.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
 
 MB = 1_000_000
+# Nothing is rented while the preflight's read-only calls run: an API that does not answer is said after this
+# many seconds of retries, not after the client's whole retry budget (which is there to protect a DELETE).
+PREFLIGHT_RETRY_S = 30.0
+_T = TypeVar("_T")
 
 
 class RunPlan(BaseModel):
@@ -98,13 +103,26 @@ def choose_offers(
     exclude_machine_ids: Iterable[int] = (),
 ) -> OfferChoice:
     criteria = criteria_for(spec, credit_usd=credit_usd, bundle=bundle, exclude_machine_ids=exclude_machine_ids)
-    return search_ranked(client.search_offers, criteria, drivers)
+    return _preflight(client, lambda: search_ranked(partial(client.search_offers, max_retry_s=PREFLIGHT_RETRY_S),
+                                                    criteria, drivers))
+
+
+def account_credit_usd(client: VastClient) -> float:
+    """The credit the account can spend now (`users/current`), asked within the preflight's retry bound."""
+    return _preflight(client, lambda: client.current_user(max_retry_s=PREFLIGHT_RETRY_S)).available_usd
+
+
+def _preflight(client: VastClient, call: Callable[[], _T]) -> _T:
+    try:
+        return call()
+    except TransportError as exc:
+        raise TransportError(f"the Vast API at {client.base_url} did not answer within {PREFLIGHT_RETRY_S:g} s of "
+                             f"retries ({exc})", method=exc.method, path=exc.path) from exc
 
 
 def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle) -> RunPlan:
     """Preflight (credit) and offer choice. Raises NoOfferError (exit 5) with the closest rejects."""
-    user = client.current_user()
-    credit = user.available_usd
+    credit = account_credit_usd(client)
     choice = choose_offers(spec, client, drivers, bundle, credit_usd=credit)
     if not choice.ranked:
         raise NoOfferError(

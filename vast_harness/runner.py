@@ -65,7 +65,7 @@ from vast_harness.models import Instance
 from vast_harness.offers import Candidate
 from vast_harness.onstart import build_onstart
 from vast_harness.output import Output
-from vast_harness.plan import RunPlan, choose_offers, plan_run
+from vast_harness.plan import RunPlan, account_credit_usd, choose_offers, plan_run
 from vast_harness.report import write_run_report_safely
 from vast_harness.ssh import (
     HostSession,
@@ -249,7 +249,7 @@ class GuardedRun:
             yield cand
         # The plan's list ran out: search again, excluding machines that failed to boot in this run.
         try:
-            credit = self.client.current_user().available_usd
+            credit = account_credit_usd(self.client)
             choice = choose_offers(self.spec, self.client, self.drivers, build_bundle(), credit_usd=credit,
                                    exclude_machine_ids=self.excluded_machines)
         except NoOfferError:
@@ -553,7 +553,8 @@ class GuardedRun:
         window after its create has passed (bounded by the teardown budget)."""
         known = {t.instance_id for t in self.teardowns}
         sent = dict(self.create_attempts)
-        labels = set(sent) | {i.label for i in self.created} | {LABEL_PREFIX + self.run_id}
+        # Only labels a PUT was sent for (each attempt is recorded before its PUT): none sent, nothing to find.
+        labels = set(sent) | {i.label for i in self.created}
         give_up = time.monotonic() + self.teardown_budget_s
         for label in sorted(labels):
             ready_at = sent.get(label, 0.0) + self.read_lag_window_s

@@ -342,6 +342,17 @@ def test_time_cap_below_boot_plus_teardown_is_refused_before_renting(sim, tmp_pa
     assert len(sim.state()["instances"]) == before and not run.created
 
 
+def test_a_run_refused_before_any_create_asks_the_api_nothing_after(sim, tmp_path):
+    # No PUT was sent, so no instance can carry the run's label: the teardown's label sweep has nothing to look
+    # for. Against an API that does not answer it used to spend the client's retries twice (4 min) on it.
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=20)], max_minutes=0.003)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=20)
+        assert result.exit_code == 2
+        assert client.stats.total == 0, client.stats
+
+
 def test_result_record_is_typed_and_versioned(sim, tmp_path):
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="echo '{}' > evidence/r.json", timeout_s=20)])
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:

@@ -715,3 +715,29 @@ def test_base_url_is_used_verbatim(vast_api: respx.MockRouter, client: VastClien
     route = vast_api.get("/api/v0/users/current/").mock(return_value=_json(200, {"id": 1}))
     client.current_user()
     assert str(route.calls.last.request.url) == f"{VAST_TEST_BASE}/api/v0/users/current/"
+
+
+# ------------------------------------------------------------------------------------- preflight bound
+
+
+def test_preflight_gives_up_on_a_silent_api_within_its_bound(fake_clock: FakeClock) -> None:
+    # Nothing is rented yet: an API that never answers is reported after PREFLIGHT_RETRY_S of retries, not after
+    # the client's whole budget (120 s, there for a DELETE), and the message names the URL and the bound.
+    from vast_harness.plan import PREFLIGHT_RETRY_S, account_credit_usd
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("Connection refused", request=request)
+
+    with VastClient(VAST_TEST_KEY, transport=httpx.MockTransport(refuse), sleep=fake_clock.sleep,
+                    clock=fake_clock) as c:
+        start = fake_clock()
+        with pytest.raises(TransportError) as info:
+            account_credit_usd(c)
+        assert fake_clock() - start <= PREFLIGHT_RETRY_S
+        assert c.stats.retries >= 2
+        start = fake_clock()
+        with pytest.raises(TransportError):
+            c.current_user()  # the client's own bound is unchanged for everything else
+        assert fake_clock() - start > PREFLIGHT_RETRY_S
+    assert f"did not answer within {PREFLIGHT_RETRY_S:g} s" in str(info.value)
+    assert DEFAULT_API_URL in str(info.value) and "Connection refused" in str(info.value)
