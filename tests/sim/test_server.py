@@ -73,3 +73,38 @@ def test_module_runs_and_stops_on_sigterm() -> None:
         assert proc.wait(timeout=10) == 0
         if proc.stdout:
             proc.stdout.close()
+
+
+def test_a_client_that_hangs_up_mid_answer_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
+    # The embedded simulator shares the user's stderr (`--sim`): a Ctrl-C'd client used to leave a
+    # BrokenPipeError traceback there. A big answer to a socket closed right after the request.
+    import socket
+
+    with SimServer(num_offers=300) as sim:
+        body = json.dumps({"limit": 1000}).encode()
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", sim.port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+            s.sendall(b"POST /api/v0/bundles/ HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            s.close()
+        time.sleep(0.5)
+        assert sim.state()["server_errors"] == []
+    out, err = capfd.readouterr()
+    assert "Traceback" not in err and "Exception occurred" not in err, err
+
+
+def test_a_simulator_bug_is_kept_in_state_not_printed(monkeypatch: pytest.MonkeyPatch,
+                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    import vast_harness.sim.server as server_mod
+
+    def broken(backend: object, req: object) -> None:
+        raise KeyError("a bug in a route")
+
+    monkeypatch.setattr(server_mod, "dispatch", broken)
+    with SimServer() as sim:
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{sim.url}/api/v0/users/current/", timeout=5)
+        errors = sim.state()["server_errors"]
+    assert len(errors) == 1 and "KeyError" in errors[0] and "a bug in a route" in errors[0]
+    assert "Traceback" not in capfd.readouterr().err

@@ -90,6 +90,7 @@ class Backend:
         self.instances: dict[int, Instance] = {}
         self.container_keys: dict[str, int] = {}
         self.calls: list[dict[str, Any]] = []
+        self.server_errors: list[str] = []  # exceptions the HTTP server caught (a simulator bug), newest last
         self._next_instance_id = self.rng.randint(20_000_000, 30_000_000)
         self._next_key_id = 1000
         for key in self.api_keys or []:
@@ -409,6 +410,10 @@ class Backend:
             self.faults = plan
         return plan
 
+    def record_server_error(self, text: str) -> None:
+        with self.lock:
+            self.server_errors = [*self.server_errors[-49:], text[:4000]]
+
     def state(self) -> dict[str, Any]:
         with self.lock:
             now = time.time()
@@ -420,7 +425,7 @@ class Backend:
                 "accounts": [{"index": a.index, "user_id": a.user_id, "credit_usd": self.credit(a, now),
                               "ssh_keys": len(a.ssh_keys)} for a in self.accounts.values()],
                 "calls": list(self.calls), "faults": self.faults.to_json(),
-                "offers_total": len(self.offers),
+                "offers_total": len(self.offers), "server_errors": list(self.server_errors),
             }
 
     def reset(self) -> None:

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
@@ -64,6 +65,15 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    backend: Backend
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Never print (the embedded simulator shares the user's stderr). A client that hung up mid-answer is
+        its own business; anything else is a simulator bug, kept in `/_sim/state` `server_errors`."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return
+        self.backend.record_server_error(f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}")
 
 
 class SimServer:
@@ -93,6 +103,7 @@ class SimServer:
     def start(self) -> Self:
         handler = type("Handler", (_Handler,), {"backend": self.backend})
         self._httpd = _Server(("127.0.0.1", self._port), handler)
+        self._httpd.backend = self.backend
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
                                         daemon=True, name="vast-sim-http")
         self._thread.start()
