@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field, SecretStr
 from rich.console import Console
 
 from vast_harness.bundle import build_bundle
-from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences
+from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences, sim_bugs
 from vast_harness.client import Timeouts, VastClient
 from vast_harness.config import RunSpec, Step, load_driver_policy, resolve
 from vast_harness.ledger import LEDGER_FILE, Ledger
@@ -263,6 +263,7 @@ def check_scenario(plan: ScenarioPlan, spec: RunSpec, outcome: ScenarioOutcome, 
             found.append(Violation(kind="leak", detail=f"instance {inst['id']} live at the end (exit "
                                    f"{outcome.exit_code}, named by the ledger: {named})"))
     found += false_absences(instances, spec.evidence_dir)
+    found += sim_bugs(state)
     # An instance left live (exit 3 says "may still bill", or a crash) bills on: the caps cannot be judged then.
     if not (outcome.exit_code in (3, None) and live):
         found += cap_violations(instances, state["now"], start_unix, spec.caps.max_usd, spec.max_seconds)

@@ -11,6 +11,8 @@ Every scenario kind (in-process, network, kill -9) ends in the same checks, on t
 * hang           a scenario over its wall budget (caps + a teardown allowance); the run is killed
 * crash          an exception out of the in-process run
 * traceback      "Traceback" in a subprocess run's output
+* sim_bug        an exception the simulator's HTTP server caught (`/_sim/state` `server_errors`): the scenario
+                 did not test what it meant to
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pydantic import BaseModel
 from vast_harness.ledger import LEDGER_FILE, Ledger
 
 VIOLATION_KINDS = ("leak", "false_absence", "over_cap_usd", "over_cap_time", "exit_mismatch", "reap_failed",
-                   "hang", "crash", "traceback")
+                   "hang", "crash", "traceback", "sim_bug")
 
 
 class Violation(BaseModel):
@@ -87,6 +89,11 @@ def cap_violations(instances: list[dict[str, Any]], now_unix: float, start_unix:
             found.append(Violation(kind="over_cap_time", detail=f"instance {inst['id']} lived {late_s:.2f} s "
                                    f"past the {max_seconds:.1f} s cap"))
     return found
+
+
+def sim_bugs(state: dict[str, Any]) -> list[Violation]:
+    """Exceptions the simulator's server caught while the scenario ran (a state without the field has none)."""
+    return [Violation(kind="sim_bug", detail=text[:3000]) for text in state.get("server_errors", [])]
 
 
 def traceback_violations(text: str, where: str) -> list[Violation]:

@@ -20,7 +20,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from vast_harness.chaos.engine import KEY, SCALE
-from vast_harness.chaos.judge import Violation, classify, false_absences, traceback_violations
+from vast_harness.chaos.judge import Violation, classify, false_absences, sim_bugs, traceback_violations
 from vast_harness.ledger import LEDGER_FILE, Ledger
 from vast_harness.resources import data_root
 from vast_harness.sim.server import spawn_standalone
@@ -158,6 +158,7 @@ def _check_kill9(outcome: Kill9Outcome, state: dict[str, Any], ledger: Ledger, r
     if pending_ids:
         found.append(Violation(kind="reap_failed", detail=f"ledger still pending: {sorted(ledger.unproven()[0])}"))
     found += false_absences(instances, ledger.path.parent)
+    found += sim_bugs(state)
     if not outcome.killed and outcome.harness_rc not in (0, 1, 4):
         found.append(Violation(kind="exit_mismatch", detail=f"fault-free run ended with {outcome.harness_rc}"))
     return found

@@ -39,7 +39,14 @@ from vast_harness.chaos.engine import (
     quiet_paramiko,
     quote_cap_usd,
 )
-from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences, traceback_violations
+from vast_harness.chaos.judge import (
+    Violation,
+    cap_violations,
+    classify,
+    false_absences,
+    sim_bugs,
+    traceback_violations,
+)
 from vast_harness.chaos.netproxy import FaultProxy, NetFaultPlan
 from vast_harness.config import Step
 from vast_harness.ledger import LEDGER_FILE, Ledger
@@ -283,6 +290,7 @@ def judge_net(plan: NetPlan, spec: Any, outcome: NetOutcome, at_exit: dict[str, 
         found += _reap(spec, sim, reap_url or sim.url)
         final = sim.state()
     found += false_absences(final["instances"], spec.evidence_dir)
+    found += sim_bugs(final)
     if not (may_bill and outcome.live_at_exit):  # one left live bills on: the caps cannot be judged then
         found += cap_violations(instances, at_exit["now"], start_unix, spec.caps.max_usd, spec.max_seconds)
     found += traceback_violations(text, "harness output")
