@@ -289,10 +289,10 @@ class VastClient:
                           min_wait_s=penalty_s)
         return self._model(CreateResult, data, "PUT", path)
 
-    def get_instance(self, instance_id: int) -> Instance | None:
+    def get_instance(self, instance_id: int, *, max_retry_s: float | None = None) -> Instance | None:
         """The instance, or None for 200 `{"instances": null}` (destroyed, or not yet visible)."""
         path = ENDPOINT_PATHS["get_instance"].format(id=int(instance_id))
-        data = self._call("GET", path, retry=True)
+        data = self._call("GET", path, retry=True, max_retry_s=max_retry_s)
         row = data.get("instances", ...) if isinstance(data, dict) else ...  # ... = key missing
         if row is None:
             return None

@@ -54,6 +54,7 @@ class CreatedInstance(BaseModel):
     status: str = "created"  # the create outcome (created, created_with_error, found_after_unknown, ...)
     detail: str = ""
     absence: str | None = None  # the teardown's verdict: gone, present or unknown
+    seen: bool = False  # a read has shown it (or listed it): only then do null reads soon mean gone
 
 
 class PullRecord(BaseModel):

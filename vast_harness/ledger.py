@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from vast_harness.config import RunSpec
 
 Event = Literal["intent", "created", "create_unknown", "create_unresolved", "create_failed", "delete_ack",
-                "absence", "label_swept"]
+                "absence", "label_swept", "seen"]
 REQUIRED_EVENTS = frozenset({"intent"})  # no PUT without it on disk
 OUTCOME_EVENTS = ("created", "create_failed", "delete_ack")  # events that name an instance a run owned
 MAX_LINE_BYTES = 64 * 1024
@@ -98,6 +98,8 @@ class LedgerView(BaseModel):
     """What the ledger says is still open, and the lines it could not read."""
 
     pending: dict[int, LedgerEntry] = Field(default_factory=dict)  # created, never proven gone
+    # instances a read showed or a DELETE acknowledged deleting: only for these do null reads soon mean gone
+    seen: set[int] = Field(default_factory=set)
     unresolved: dict[str, LedgerEntry] = Field(default_factory=dict)  # label -> intent whose outcome is unknown
     bad_lines: list[BadLine] = Field(default_factory=list)
 
@@ -209,7 +211,10 @@ class Ledger:
         labels_with_instance: set[str] = set()
         intents: dict[str, LedgerEntry] = {}
         swept: set[str] = set()
+        seen: set[int] = set()
         for e in entries:
+            if e.instance_id is not None and (e.event == "seen" or (e.event == "delete_ack" and e.detail == "deleted")):
+                seen.add(e.instance_id)
             if e.event in ("intent", "create_unknown", "create_unresolved"):
                 intents.setdefault(e.label, e)
             if e.instance_id is not None and e.event in OUTCOME_EVENTS:
@@ -223,7 +228,7 @@ class Ledger:
         # An intent with no recorded instance may still have created one (a create that timed out, a held
         # create, a kill between PUT and answer): `reap` looks for its label until a sweep found nothing.
         unresolved = {lab: e for lab, e in intents.items() if lab not in labels_with_instance and lab not in swept}
-        return LedgerView(pending=pending, unresolved=unresolved, bad_lines=list(self.bad_lines))
+        return LedgerView(pending=pending, unresolved=unresolved, seen=seen, bad_lines=list(self.bad_lines))
 
     def unproven(self) -> tuple[dict[int, LedgerEntry], set[str]]:
         """Instances created but never proven gone, and labels whose create outcome is unknown."""

@@ -12,6 +12,7 @@ Two Vast behaviours shape the teardown (docs/vast-behaviours.md):
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol, Unpack
@@ -22,6 +23,7 @@ from vast_harness.client import RawExchange, VastClient
 from vast_harness.errors import (
     ApiStatusError,
     BootFailed,
+    LedgerWriteError,
     OfferUnavailable,
     RateLimitError,
     TransportError,
@@ -80,6 +82,12 @@ def is_lingering(inst: Instance | dict[str, Any]) -> bool:
     return intended in LINGERING_STATUSES or actual in LINGERING_STATUSES
 
 
+# No read lag we know of lasts this long. An instance whose id a create returned but that no read has shown and
+# no DELETE has acknowledged deleting may be hidden by a lag longer than READ_LAG_WINDOW_S: until this long after
+# its create, null reads and not-found DELETEs prove nothing for it (exit 3; `reap` keeps it).
+UNSEEN_TRUST_AFTER_S = 3600.0
+
+
 class CreateRequest(BaseModel):
     """The body of `PUT /api/v0/asks/{offer}/` (create_instance.yaml): an SSH-direct container that boots into
     `onstart` (our key, the dead-man switch) and is refused, not queued, when the offer is gone."""
@@ -116,6 +124,8 @@ def create(
                               sleep=sleep, until_unix=t_sent + lag_window_s)
         if found:
             ledger.append(run_id, "created", label, offer_id=offer_id, instance_id=found[0], detail="found by label")
+            with contextlib.suppress(LedgerWriteError):  # lost, reap is only more careful with it
+                ledger.append(run_id, "seen", label, instance_id=found[0], detail="in the list by label")
             return CreateOutcome(status="found_after_unknown", instance_id=found[0], detail=str(exc))
         if unknown:
             return unresolved(f"{exc}; no instance with label {label} appeared within {lag_window_s:g} s")
@@ -217,6 +227,7 @@ class AbsenceProof(BaseModel):
     label: str
     interval_s: float
     not_before_unix: float = 0.0  # absence observed before this (create + read-lag window) proves nothing
+    seen_by_reads: bool = False  # a round showed the instance (live or lingering)
     rounds: list[ProofRound] = Field(default_factory=list)
     verdict: Verdict = "unknown"
 
@@ -260,10 +271,11 @@ def _one_round(client: VastClient, instance_id: int, label: str, not_before_unix
 
 def prove_absent(
     client: VastClient, instance_id: int, label: str, *, interval_s: float, deadline: float,
-    sleep: Sleep = time.sleep, not_before_unix: float = 0.0,
+    sleep: Sleep = time.sleep, not_before_unix: float = 0.0, not_before_once_seen_unix: float | None = None,
 ) -> AbsenceProof:
     """Two consecutive all-'gone' rounds at least `interval_s` apart, both at or after `not_before_unix`
-    (the end of the read-lag window), before `deadline`.
+    (the end of the read-lag window), before `deadline`. Once a round shows the instance (live or lingering),
+    the window is `not_before_once_seen_unix` when given (an instance reads can show is past any lag).
 
     Any non-200, timeout or unparsable body makes a round 'unknown' and restarts the count; a lingering
     destroyed row ('going') restarts it too and the proof keeps going until the deadline. If a round sees
@@ -272,8 +284,12 @@ def prove_absent(
     proof = AbsenceProof(instance_id=instance_id, label=label, interval_s=interval_s, not_before_unix=not_before_unix)
     streak_start: float | None = None
     while True:
-        r = _one_round(client, instance_id, label, not_before_unix)
+        r = _one_round(client, instance_id, label, proof.not_before_unix)
         proof.rounds.append(r)
+        if r.verdict in ("present", "going") and not proof.seen_by_reads:
+            proof.seen_by_reads = True
+            if not_before_once_seen_unix is not None:
+                proof.not_before_unix = min(proof.not_before_unix, not_before_once_seen_unix)
         if r.verdict == "present":
             proof.verdict = "present"
             return proof
@@ -287,7 +303,7 @@ def prove_absent(
             streak_start = None
         wait_s = interval_s
         if r.in_lag_window:  # nothing read now counts: sleep to the window's end (polling for a late row)
-            wait_s = max(interval_s, min(not_before_unix - time.time(), max(interval_s, 1.0)))
+            wait_s = max(interval_s, min(proof.not_before_unix - time.time(), max(interval_s, 1.0)))
         if time.monotonic() + wait_s > deadline:
             proof.verdict = "going" if r.verdict == "going" else "unknown"
             return proof
@@ -296,6 +312,7 @@ def prove_absent(
 
 class InstanceTeardown(BaseModel):
     instance_id: int
+    seen: bool = True  # a read showed it or a DELETE deleted it (else its null reads proved nothing)
     deletes: list[DeleteAck] = Field(default_factory=list)
     proof: AbsenceProof | None = None
 
@@ -313,26 +330,41 @@ class LedgerAppend(Protocol):
 def teardown_instance(
     client: VastClient, ledger: LedgerAppend, *, run_id: str, label: str, instance_id: int, interval_s: float,
     deadline: float, sleep: Sleep = time.sleep, created_unix: float | None = None,
-    lag_window_s: float = READ_LAG_WINDOW_S,
+    lag_window_s: float = READ_LAG_WINDOW_S, seen: bool = True,
 ) -> InstanceTeardown:
     """Delete, then prove absent; delete again whenever a proof sees it live, until proven or `deadline`.
 
     `created_unix` (when known) opens the read-lag window: a "not found" DELETE or an absence observed
-    before `created_unix + lag_window_s` proves nothing, so the proof waits it out. The ledger gets every
-    acknowledged DELETE and the verdict.
+    before `created_unix + lag_window_s` proves nothing, so the proof waits it out. For an instance that no
+    read has shown yet (`seen` False: the create's answer named it, nothing since), the window is
+    UNSEEN_TRUST_AFTER_S, until a DELETE acknowledges deleting it or a round shows it. The ledger gets every
+    acknowledged DELETE, the first sight, and the verdict.
     """
     report = InstanceTeardown(instance_id=instance_id)
-    not_before = created_unix + lag_window_s if created_unix is not None else 0.0
+
+    def window_end(seen_now: bool) -> float:
+        if created_unix is None:
+            return 0.0
+        return created_unix + (lag_window_s if seen_now else max(lag_window_s, UNSEEN_TRUST_AFTER_S))
+
     while True:
         remaining = deadline - time.monotonic()
         ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining))
         report.deletes.append(ack)
         if ack.acknowledged:
             ledger.append(run_id, "delete_ack", label, instance_id=instance_id, detail=ack.outcome)
+            seen = seen or ack.outcome == "deleted"  # it existed, as far as the API could tell
         report.proof = prove_absent(client, instance_id, label, interval_s=interval_s, deadline=deadline,
-                                    sleep=sleep, not_before_unix=not_before)
+                                    sleep=sleep, not_before_unix=window_end(seen),
+                                    not_before_once_seen_unix=window_end(True))
+        if report.proof.seen_by_reads and not seen:
+            seen = True
+            ledger.append(run_id, "seen", label, instance_id=instance_id, detail="in an absence-proof round")
         if report.proof.verdict != "present" or time.monotonic() + interval_s > deadline:
             break
         sleep(min(interval_s, max(0.0, deadline - time.monotonic())))  # live again: pace the next DELETE
-    ledger.append(run_id, "absence", label, instance_id=instance_id, verdict=report.verdict)
+    report.seen = seen
+    detail = None if seen else ("no read has shown this instance and no DELETE deleted it: null reads may be a "
+                                "read lag; reap keeps it")
+    ledger.append(run_id, "absence", label, instance_id=instance_id, verdict=report.verdict, detail=detail)
     return report

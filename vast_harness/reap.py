@@ -24,12 +24,12 @@ from vast_harness.config import LABEL_PREFIX, RunSpec
 from vast_harness.errors import ExitCode, VastError
 from vast_harness.evidence import RunEvidence
 from vast_harness.ledger import Ledger, LedgerEntry, new_run_id
-from vast_harness.lifecycle import InstanceTeardown, teardown_instance
+from vast_harness.lifecycle import UNSEEN_TRUST_AFTER_S, InstanceTeardown, teardown_instance
 from vast_harness.meter import teardown_budget_s
 from vast_harness.output import Output
 
 # A label is marked swept (no longer searched) only once its intent is older than any read lag we know of.
-LABEL_SWEEP_AFTER_S = 3600.0
+LABEL_SWEEP_AFTER_S = UNSEEN_TRUST_AFTER_S
 # Key dirs of runs from before the pid was in the name: removed once older than any run can last.
 LEGACY_KEY_DIR_AGE_S = 8 * 24 * 3600.0
 _KEY_DIR_PID = re.compile(r"^vh-key-(\d+)-")
@@ -41,6 +41,7 @@ class ReapOutcome(BaseModel):
     not_proven: list[str] = Field(default_factory=list)  # one line per thing reap could not prove
     foreign: list[int] = Field(default_factory=list)
     unresolved_labels: list[str] = Field(default_factory=list)  # creates of unknown outcome, no instance seen yet
+    unseen: dict[int, float] = Field(default_factory=dict)  # ledger ids no read has shown -> their create's t_unix
     key_dirs_removed: list[str] = Field(default_factory=list)
     interrupted: bool = False
 
@@ -105,6 +106,8 @@ def _collect(client: VastClient, ledger: Ledger, out: Output, result: ReapOutcom
     for instance_id, entry in sorted(view.pending.items()):
         if own(entry):
             result.labels[instance_id] = entry.label
+            if instance_id not in view.seen:  # the create named it, no read showed it: a lag may still hide it
+                result.unseen[instance_id] = entry.t_unix
         else:
             result.foreign.append(instance_id)
             result.not_proven.append(f"instance {instance_id} ({entry.label}) belongs to {_describe(entry)}: it "
@@ -135,6 +138,7 @@ def _collect(client: VastClient, ledger: Ledger, out: Output, result: ReapOutcom
         for inst in client.list_instances():
             if (inst.label or "").startswith(LABEL_PREFIX):
                 result.labels.setdefault(inst.id, inst.label or "")
+            result.unseen.pop(inst.id, None)  # listed: seen now
     except VastError as exc:
         result.not_proven.append(f"could not list live instances (the {LABEL_PREFIX}* scan did not run): {exc}")
 
@@ -153,9 +157,17 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output) -> ExitCode:
         for instance_id, label in sorted(result.labels.items()):
             out.info(f"deleting instance {instance_id} ({label})")
             deadline = time.monotonic() + teardown_budget_s(spec.proof_interval_s)
-            result.reports.append(teardown_instance(client, ledger, run_id=run_id, label=label,
-                                                    instance_id=instance_id, interval_s=spec.proof_interval_s,
-                                                    deadline=deadline))
+            unseen_since = result.unseen.get(instance_id)
+            report = teardown_instance(client, ledger, run_id=run_id, label=label, instance_id=instance_id,
+                                       interval_s=spec.proof_interval_s, deadline=deadline,
+                                       created_unix=unseen_since, seen=unseen_since is None)
+            result.reports.append(report)
+            if not report.seen and report.verdict != "gone" and unseen_since is not None:
+                result.not_proven.append(
+                    f"instance {instance_id} ({label}): its create named it {time.time() - unseen_since:.0f} s ago "
+                    f"but no read has shown it and every DELETE answered not found; reads may lag a create, so "
+                    f"this is not proof it is gone: run reap again later (null reads count once it is "
+                    f"{UNSEEN_TRUST_AFTER_S / 3600:g} h old)")
     except KeyboardInterrupt:
         result.interrupted = True
         if not scanned:

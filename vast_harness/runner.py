@@ -81,6 +81,7 @@ _OFFER_CONFLICT_WORDS = ("port is already allocated", "already rented", "no long
 NULL_GRACE_S = 60.0  # reads lag creates: tolerate `instances: null` this long after create
 # An SFTP channel with no byte for this long (a share of the margin, 1-30 s) is a stalled link: closed.
 SFTP_STALL_MAX_S = 30.0
+LAST_PRICE_READ_RETRY_S = 5.0  # the price read after the steps: brief, DELETE comes next
 _T = TypeVar("_T")
 # What signal.signal takes and returns (typeshed's private _HANDLER).
 SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
@@ -318,6 +319,7 @@ class GuardedRun:
         self.out.info(f"renting offer {cand.offer.id} ({cand.offer.num_gpus}x {cand.offer.gpu_name}, "
                       f"${cand.quote.dph_at_disk_usd:.3f}/h) as {label}")
         self.create_attempts.append((label, time.time()))
+        t_put_mono = time.monotonic()  # billing may start as the PUT lands: the meter starts here, not at the answer
         self.unresolved_labels.add(label)  # until an answer or a read settles it (an interrupt leaves it)
         try:
             outcome = create(self.client, self.ledger, run_id=self.run_id, offer_id=cand.offer.id,
@@ -335,7 +337,8 @@ class GuardedRun:
             return f"offer {cand.offer.id}: {outcome.status}: {outcome.detail[:200]}"
         inst = CreatedInstance(instance_id=outcome.instance_id, label=label, offer_id=cand.offer.id,
                                machine_id=cand.offer.machine_id, dph_usd=cand.quote.dph_at_disk_usd,
-                               t_created_mono=time.monotonic(), status=outcome.status, detail=outcome.detail[:300])
+                               t_created_mono=t_put_mono, status=outcome.status, detail=outcome.detail[:300],
+                               seen=outcome.status == "found_after_unknown")  # found in the list by label
         self.created.append(inst)
         self._start_meter(inst, cand)  # the money clock starts now, at this offer's price
         return inst
@@ -377,13 +380,30 @@ class GuardedRun:
         finally:
             stop.set()
             thread.join(timeout=5.0)
+            if inst is not None and not self.cancelled.is_set():
+                self._last_price_read(inst)
+
+    def _last_price_read(self, inst: CreatedInstance) -> None:
+        """One more read of the rented price when the steps end (a re-price can land between two polls, or
+        steps can be shorter than one): the record bills what the host billed, and a run over the cap is
+        not a pass (the verdict turns it into exit 6). Bounded: the teardown is waiting."""
+        try:
+            read = self.client.get_instance(inst.instance_id, max_retry_s=LAST_PRICE_READ_RETRY_S)
+            self._on_instance_read(inst, read)
+        except CapReachedError as exc:
+            self.out.warn(str(exc))
+        except VastError as exc:
+            self.out.warn(f"could not re-read instance {inst.instance_id}'s price after the steps: {exc}")
 
     def _on_poll(self, inst: CreatedInstance, read: Instance | None) -> None:
         self._check_cancelled()
         self._on_instance_read(inst, read)
 
     def _on_instance_read(self, inst: CreatedInstance, read: Instance | None) -> None:
-        """Every per-id read of the rented instance: its own price replaces the search's when higher."""
+        """Every per-id read of the rented instance: the first that shows it is recorded (from then on null
+        reads can prove it gone), and its own price replaces the search's when higher."""
+        if read is not None and not inst.seen:
+            self._mark_seen(inst, "in a per-id read")
         if read is None or read.dph_total is None:
             return  # no price sent: the search's stands
         if finite_positive(read.dph_total) and read.dph_total > inst.dph_usd:
@@ -391,6 +411,11 @@ class GuardedRun:
                           f"${inst.dph_usd:.4f}/h the search showed: the cap deadline moves earlier")
             inst.dph_usd = read.dph_total
         self.meter.reprice(inst.instance_id, read.dph_total)  # raises CapReachedError when it breaks the cap
+
+    def _mark_seen(self, inst: CreatedInstance, how: str) -> None:
+        inst.seen = True
+        _TeardownLedger(self.ledger, self.ledger_write_failures).append(
+            self.run_id, "seen", inst.label, instance_id=inst.instance_id, detail=how)
 
     def _boot(self, inst: CreatedInstance, key: RunKey) -> None:
         boot_deadline = self.meter.deadline(self.spec.profile.boot_timeout_s)
@@ -448,11 +473,12 @@ class GuardedRun:
         report = teardown_instance(self.client, ledger, run_id=self.run_id, label=inst.label,
                                    instance_id=inst.instance_id, interval_s=self.spec.proof_interval_s,
                                    deadline=deadline, created_unix=inst.t_created_unix,
-                                   lag_window_s=self.read_lag_window_s)
+                                   lag_window_s=self.read_lag_window_s, seen=inst.seen)
+        inst.seen = report.seen
         acks = [d for d in report.deletes if d.acknowledged]
         if acks:
             t_ack_unix = acks[0].t_ack_unix or time.time()
-            inst.t_deleted_mono = inst.t_created_mono + max(0.0, t_ack_unix - inst.t_created_unix)
+            inst.t_deleted_mono = time.monotonic() - max(0.0, time.time() - t_ack_unix)
             self.meter.stop_instance(inst.instance_id, inst.t_deleted_mono)
         inst.absence = report.verdict
         self.teardowns.append(report)
@@ -570,7 +596,7 @@ class GuardedRun:
                     self.ledger.append(self.run_id, "created", label, instance_id=instance_id, detail="found by sweep")
                     stray = CreatedInstance(instance_id=instance_id, label=label, offer_id=-1, machine_id=None,
                                             dph_usd=0.0, t_created_mono=self.t0, status="found by label",
-                                            t_created_unix=sent.get(label, time.time()))
+                                            t_created_unix=sent.get(label, time.time()), seen=True)
                     self.created.append(stray)
                     self._teardown_one(stray)
                     known.add(instance_id)

@@ -94,6 +94,27 @@ def test_ctrl_c_right_after_create_with_lagging_reads_still_deletes(sim, tmp_pat
     assert [i["live"] for i in of_run(sim, r)] == [False]  # the first DELETE hit the lag; a later one did not
 
 
+def test_an_instance_no_read_ever_showed_is_never_proven_gone_by_null_reads(sim, tmp_path, monkeypatch):
+    # Found from outside: `read_lag:200` on a 3-minute run → the DELETE answered 404 (the lag hides it from
+    # DELETE too), the reads said null after the 30 s window, and the run said "gone" (exit 6) while the
+    # instance ran on and billed. A create's id that no read ever showed is not proven gone by null reads
+    # while a longer lag is possible: the run exits 3 and reap keeps it until a read or a DELETE sees it.
+    sim.set_faults("read_lag:6")
+    spec = make_spec(sim, tmp_path, OK)
+    r = guarded(sim, spec, cls=_CtrlCAfterCreate, read_lag_window_s=0.5, teardown_budget_s=2.0)
+    result = execute(r)
+    assert [i["live"] for i in of_run(sim, r)] == [True]  # the truth: it runs, hidden by the lag
+    assert result.exit_code == 3, result.message
+    assert r.teardowns[0].verdict != "gone"
+    with monkeypatch.context() as m, VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        m.setattr("vast_harness.meter.TEARDOWN_MIN_S", 1.0)  # a reap that ends while the lag still hides it
+        assert reap_all(spec, client, Output(quiet=True)) == 3  # not proven, never "all absent"
+    assert [i["live"] for i in of_run(sim, r)] == [True]
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:  # its budget outlasts the lag
+        assert reap_all(spec, client, Output(quiet=True)) == 0
+    assert not any(i["live"] for i in of_run(sim, r))
+
+
 def test_a_lost_create_answer_found_within_the_lag_window_runs(sim, tmp_path):
     sim.set_faults("create_timeout;read_lag:1.5")
     r = guarded(sim, make_spec(sim, tmp_path, OK), read_lag_window_s=2.5)
@@ -251,6 +272,40 @@ def test_a_running_instance_repriced_past_the_cap_is_stopped_and_never_exit_0(si
     assert result.exit_code == 6, result.message
     assert time.monotonic() - started < 15  # the step was cut, not waited out
     assert r.meter.price_changes and not any(i["live"] for i in of_run(sim, r))
+
+
+class _NoPriceWatch(GuardedRun):
+    """Steps shorter than one poll interval: the watcher never gets to read the price while they run."""
+
+    def _price_watch(self):
+        parent = super()._price_watch()
+        self.spec = self.spec.model_copy(update={"poll_s": 3600.0})  # the watcher thread sleeps through the steps
+        return parent
+
+
+def test_a_reprice_after_running_is_read_when_the_steps_end_and_never_exit_0(sim, tmp_path):
+    # Found from outside: `reprice:2000:2` with a short step → exit 0, "accrued $0.0003", while the simulator
+    # billed $0.31 against a $0.05 cap: the price was re-read only while a step ran, and the step ended first.
+    sim.set_faults("reprice:2000:0.3")
+    spec = make_spec(sim, tmp_path, [Step(name="short", run="sleep 1", timeout_s=60)])
+    spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.05})})
+    r = guarded(sim, spec, cls=_NoPriceWatch)
+    result = execute(r)
+    billed_usd = sum(i["billed_usd"] for i in of_run(sim, r))
+    assert billed_usd > 0.05  # the simulator's truth: over the cap
+    assert result.exit_code == 6 and "cap" in result.message, result.message
+    assert r.meter.accrued_usd() >= 0.9 * billed_usd  # the record says what was billed, not the search price
+
+
+def test_the_meter_bills_from_the_create_request_not_its_answer(sim, tmp_path):
+    # Found from outside: with a lost create answer the meter started when the instance was found by label,
+    # billing half of what the simulator billed. It starts when the PUT is sent.
+    sim.set_faults("create_timeout;read_lag:1.5")
+    r = guarded(sim, make_spec(sim, tmp_path, OK), read_lag_window_s=2.5)
+    result = execute(r)
+    assert result.exit_code in (0, 4), result.message
+    billed_usd = sum(i["billed_usd"] for i in of_run(sim, r))
+    assert r.meter.accrued_usd() >= billed_usd * 0.97, (r.meter.accrued_usd(), billed_usd)
 
 
 def test_reap_never_calls_an_unresolved_create_absent_while_it_may_still_land(sim, tmp_path):
