@@ -45,7 +45,7 @@ class ExitCode(IntEnum):
     """How a run (or a fleet, or a reap) ended: the process's exit status."""
 
     PASSED = 0  # passed on a qualified driver
-    FAILED = 1  # a step failed, no host booted, or the evidence is incomplete; deleted and proven absent
+    FAILED = 1  # a step failed, no host booted, the API gave no usable answer, or the evidence is incomplete
     BAD_INPUT = 2  # bad input or configuration (a rejected key included); nothing rented
     NOT_PROVEN_GONE = 3  # an instance may still bill: the ledger names it; `vast-e2e reap`
     UNQUALIFIED_DRIVER = 4  # passed on a driver outside the qualified list (no bitwise claim)
