@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import json as jsonlib
 import logging
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Any, Literal, Self, TypeVar
@@ -85,7 +86,9 @@ except metadata.PackageNotFoundError:  # a source tree that was never installed
 
 
 class Timeouts(BaseModel):
-    """httpx's four timeout phases, in seconds, with named defaults (Vast reads can take ~10 s)."""
+    """httpx's four timeout phases, in seconds, with named defaults (Vast reads can take ~10 s), and
+    `total_s`: one request's whole answer (connect + headers + body) on the wall clock. The phases bound
+    each socket operation only: a server that trickles a byte a second never trips them."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -93,9 +96,76 @@ class Timeouts(BaseModel):
     read_s: float = Field(default=30.0, gt=0)
     write_s: float = Field(default=30.0, gt=0)
     pool_s: float = Field(default=10.0, gt=0)
+    total_s: float = Field(default=45.0, gt=0)
 
     def to_httpx(self) -> httpx.Timeout:
         return httpx.Timeout(connect=self.connect_s, read=self.read_s, write=self.write_s, pool=self.pool_s)
+
+
+# httpcore trace events whose return value is the stream a request reads from: the TCP connect, then TLS
+# (which detaches the TCP socket object, so only the TLS socket can still be cut); proxies emit their own.
+_STREAM_EVENTS = (".connect_tcp.complete", ".start_tls.complete")
+
+
+class _AnswerBound:
+    """One request's whole-answer deadline. httpx has no total timeout, and a read blocked on a trickling
+    server returns only when a byte comes: at the deadline a timer shuts this request's socket down, which
+    fails the blocked read at once (headers or body alike). The socket comes from httpcore's trace extension
+    (see _STREAM_EVENTS); the client opens a fresh connection per request, so every request emits those
+    events and the socket is never one another request is using."""
+
+    def __init__(self, total_s: float) -> None:
+        self.total_s = total_s
+        self.deadline = time.monotonic() + total_s  # the real clock: this bound is wall time, not pacing
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._fired = False
+        self._done = False
+        self._timer = threading.Timer(total_s, self._fire)
+        self._timer.name = "vast-answer-bound"
+        self._timer.daemon = True
+
+    def __enter__(self) -> Self:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:  # after this the timer can touch nothing, even if it is already running
+            self._done = True
+            self._sock = None
+        self._timer.cancel()
+
+    @property
+    def expired(self) -> bool:
+        return self._fired or time.monotonic() >= self.deadline
+
+    def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        """httpcore's trace callback: keep this request's newest socket; cut it at once if the deadline
+        passed while connecting."""
+        if not event.endswith(_STREAM_EVENTS):
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        with self._lock:
+            if self._done or not isinstance(sock, socket.socket):
+                return
+            self._sock = sock
+            if self._fired:
+                self._cut()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._fired = True
+            self._cut()
+
+    def _cut(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed by the peer or by httpcore: nothing left to cut
+                pass
 
 
 # ---------------------------------------------------------------------------------- records and stats
@@ -246,11 +316,18 @@ class VastClient:
         self._pacer = Pacer(scale=pacing_scale, clock=clock, sleep=sleep)
         self._stats = CallStats()
         self._stats_lock = threading.Lock()
+        timeouts = timeouts or Timeouts()
+        self._total_s = timeouts.total_s
         self._http = httpx.Client(
             base_url=self.base_url,
             headers={"Authorization": f"Bearer {self._key}", "User-Agent": USER_AGENT},
-            timeout=(timeouts or Timeouts()).to_httpx(),
+            timeout=timeouts.to_httpx(),
             transport=transport,
+            # No keep-alive: each request opens its own connection, so the answer bound's trace callback
+            # always sees the connect and owns the socket it may cut (a reused connection emits no connect
+            # event, and a socket shared across requests could be cut under a later one). Requests are paced
+            # 1-4.5 s apart, so a fresh connection per request costs nothing that matters.
+            limits=httpx.Limits(max_keepalive_connections=0),
             event_hooks={"request": [self._refuse_key_in_url]},
         )
 
@@ -418,8 +495,12 @@ class VastClient:
             raise ConfigError("the API key goes in the Authorization header only, never in the URL")
         token = self._pacer.acquire(method, path)
         self._count(endpoint_key(method, path))
+        cut = TransportError(f"{method} {path}: no complete answer within {self._total_s:g} s (the server "
+                             "trickled or stalled)", method=method, path=path)
         try:
-            with self._http.stream(method, path, params=params, json=json) as resp:
+            with _AnswerBound(self._total_s) as bound, self._http.stream(
+                method, path, params=params, json=json, extensions={"trace": bound.trace}
+            ) as resp:
                 body = bytearray()
                 for chunk in resp.iter_bytes():  # decoded: the bound holds against a compression bomb too
                     body += chunk
@@ -427,8 +508,16 @@ class VastClient:
                         raise ApiStatusError(method=method, path=path, status=resp.status_code,
                                              error="response_too_large",
                                              msg=f"the body exceeds {MAX_RESPONSE_BYTES} bytes; not read further")
+                    if bound.expired:  # also holds where no socket was seen (a custom transport)
+                        raise cut
                 reply = _Reply(resp.status_code, bytes(body).decode(resp.encoding or "utf-8", errors="replace"))
-        except httpx.RequestError as exc:
+        except (ApiStatusError, TransportError):
+            raise
+        except Exception as exc:
+            if bound.expired:  # whatever the cut socket raised (httpx's error, or an OSError from TLS)
+                raise cut from exc
+            if not isinstance(exc, httpx.RequestError):
+                raise
             detail = _redact(f"{type(exc).__name__}: {exc}", self._key)
             raise TransportError(f"{method} {path}: {detail}", method=method, path=path) from exc
         finally:

@@ -5,6 +5,7 @@ Only read-only calls happen here: `users/current` and at most MAX_PAGES offer se
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, TypeVar
@@ -113,11 +114,14 @@ def account_credit_usd(client: VastClient) -> float:
 
 
 def _preflight(client: VastClient, call: Callable[[], _T]) -> _T:
+    start_s = time.monotonic()  # the measured time, said as it was: retries stop early when a wait won't fit
     try:
         return call()
     except TransportError as exc:
-        raise TransportError(f"the Vast API at {client.base_url} did not answer within {PREFLIGHT_RETRY_S:g} s of "
-                             f"retries ({exc})", method=exc.method, path=exc.path) from exc
+        elapsed_s = time.monotonic() - start_s
+        raise TransportError(f"the Vast API at {client.base_url} gave no usable answer in {elapsed_s:.0f} s "
+                             f"(retried for up to {PREFLIGHT_RETRY_S:g} s) ({exc})",
+                             method=exc.method, path=exc.path) from exc
 
 
 def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle) -> RunPlan:

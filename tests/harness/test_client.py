@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import itertools
 import json
 import logging
+import socket
+import ssl
 import threading
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -739,5 +748,210 @@ def test_preflight_gives_up_on_a_silent_api_within_its_bound(fake_clock: FakeClo
         with pytest.raises(TransportError):
             c.current_user()  # the client's own bound is unchanged for everything else
         assert fake_clock() - start > PREFLIGHT_RETRY_S
-    assert f"did not answer within {PREFLIGHT_RETRY_S:g} s" in str(info.value)
+    assert f"(retried for up to {PREFLIGHT_RETRY_S:g} s)" in str(info.value)
     assert DEFAULT_API_URL in str(info.value) and "Connection refused" in str(info.value)
+    assert "retried for up to" in str(info.value) and "usable answer in" in str(info.value)
+
+
+# ----------------------------------------------------------------------- whole-answer bound (total_s)
+# A real local server, not respx: the bound must hold on a real socket, where a trickling server (one byte a
+# second) never trips httpx's per-read timeout.
+
+_FAST_BODY = b'{"id": 1, "credit": 5.0}'
+
+
+def _answer(conn: socket.socket, body: bytes, *, pieces: int = 1, gap_s: float = 0.0) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+    step = max(1, -(-len(body) // pieces))
+    for i in range(0, len(body), step):
+        time.sleep(gap_s)
+        conn.sendall(body[i : i + step])
+
+
+def _body_trickle(conn: socket.socket) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+    for _ in range(60):
+        conn.sendall(b" ")
+        time.sleep(0.25)
+
+
+def _header_trickle(conn: socket.socket) -> None:
+    for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 200:
+        conn.sendall(bytes([byte]))
+        time.sleep(0.25)
+
+
+def _self_signed_tls(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) TLS contexts for 127.0.0.1, from a throwaway self-signed certificate."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert_path, key_path)
+    return server, ssl.create_default_context(cafile=str(cert_path))
+
+
+class _LocalApi:
+    """A tiny HTTP/1.1 server on 127.0.0.1: the n-th request (over any connection; keep-alive honoured, so a
+    client that reuses a connection is exercised too) is answered by `handlers[n]` (the last one repeats)."""
+
+    def __init__(self, handlers: list[Callable[[socket.socket], None]], tls: ssl.SSLContext | None = None) -> None:
+        self.handlers = handlers
+        self._tls = tls
+        self.requests = 0
+        self.connections = 0
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self.base_url = f"{'https' if tls else 'http'}://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(10)
+        if self._tls is not None:
+            try:
+                conn = self._tls.wrap_socket(conn, server_side=True)
+            except OSError:
+                conn.close()
+                return
+        with conn:
+            buf = b""
+            try:
+                while not self._stop.is_set():
+                    while b"\r\n\r\n" not in buf:
+                        data = conn.recv(65536)
+                        if not data:
+                            return
+                        buf += data
+                    head, _, buf = buf.partition(b"\r\n\r\n")
+                    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length:")), 0)
+                    while len(buf) < length:
+                        buf += conn.recv(65536)
+                    buf = buf[length:]
+                    handler = self.handlers[min(self.requests, len(self.handlers) - 1)]
+                    self.requests += 1
+                    handler(conn)
+            except OSError:  # the client cut the connection: what the bound is for
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture
+def local_api() -> Iterator[Callable[..., tuple[_LocalApi, VastClient]]]:
+    made: list[tuple[_LocalApi, VastClient]] = []
+
+    def make(handlers: list[Callable[[socket.socket], None]], total_s: float) -> tuple[_LocalApi, VastClient]:
+        server = _LocalApi(handlers)
+        client = VastClient(VAST_TEST_KEY, base_url=server.base_url, timeouts=Timeouts(total_s=total_s),
+                            pacing_scale=0, max_retry_s=0)  # one attempt: the bound of one request is measured
+        made.append((server, client))
+        return server, client
+
+    yield make
+    for server, client in made:
+        client.close()
+        server.close()
+
+
+def _watchdogs() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("vast-answer-bound") and t.is_alive()]
+
+
+def test_timeouts__total_s_default_and_validated() -> None:
+    assert Timeouts().total_s == 45.0
+    with pytest.raises(ValueError):
+        Timeouts(total_s=0)
+
+
+@pytest.mark.parametrize("handler", [_body_trickle, _header_trickle], ids=["body", "headers"])
+def test_total_bound__cuts_a_trickling_answer(local_api: Any, handler: Callable[[socket.socket], None]) -> None:
+    # Each byte arrives well within read_s, so only the whole-answer bound can end the request.
+    _, client = local_api([handler], total_s=2)
+    start = time.monotonic()
+    with pytest.raises(TransportError) as info:
+        client.current_user()
+    elapsed_s = time.monotonic() - start
+    assert 1.9 <= elapsed_s < 4.0
+    assert str(info.value).startswith("GET /api/v0/users/current/: no complete answer within 2 s")
+    assert "trickled or stalled" in str(info.value)
+    _assert_key_absent(info.value)
+
+
+def test_total_bound__cuts_a_trickling_answer_over_tls(tmp_path: Path) -> None:
+    # Production is HTTPS: TLS wraps (and detaches) the TCP socket, so the cut must reach the TLS socket.
+    server_tls, client_tls = _self_signed_tls(tmp_path)
+    server = _LocalApi([_header_trickle], tls=server_tls)  # headers: only the socket cut can end it
+    transport = httpx.HTTPTransport(verify=client_tls, limits=httpx.Limits(max_keepalive_connections=0))
+    try:
+        with VastClient(VAST_TEST_KEY, base_url=server.base_url, timeouts=Timeouts(total_s=2),
+                        transport=transport, pacing_scale=0, max_retry_s=0) as client:
+            start = time.monotonic()
+            with pytest.raises(TransportError, match="no complete answer within 2 s"):
+                client.current_user()
+            assert time.monotonic() - start < 4.0
+    finally:
+        server.close()
+
+
+def test_total_bound__a_slow_but_complete_answer_succeeds(local_api: Any) -> None:
+    server, client = local_api([partial(_answer, body=_FAST_BODY, pieces=4, gap_s=0.3)], total_s=3)
+    assert client.current_user().id == 1
+    assert server.requests == 1
+    time.sleep(0.2)
+    assert _watchdogs() == []  # cancelled on success, not left to fire
+
+
+def test_total_bound__exchange_records_the_cut(local_api: Any) -> None:
+    _, client = local_api([_body_trickle], total_s=1.5)
+    start = time.monotonic()
+    record = client.exchange("GET", "/api/v0/instances/7/")
+    assert time.monotonic() - start < 3.5
+    assert record.status is None and not record.ok_json
+    assert record.error is not None and "no complete answer within 1.5 s" in record.error
+    assert record.error.startswith("TransportError: ")
+
+
+def test_total_bound__never_cuts_a_later_request(local_api: Any) -> None:
+    # The first request answers at once; its bound would expire at ~2 s, in the middle of the second
+    # (t = 1.0 .. 2.5 s), which completes within its own bound and must not be cut by the first's timer.
+    server, client = local_api([partial(_answer, body=_FAST_BODY),
+                                partial(_answer, body=_FAST_BODY, pieces=5, gap_s=0.3)], total_s=2)
+    assert client.current_user().id == 1
+    time.sleep(1.0)
+    assert client.current_user().id == 1
+    assert (server.requests, server.connections) == (2, 2)  # no keep-alive: each request owns its socket
+    time.sleep(0.2)
+    assert _watchdogs() == []
