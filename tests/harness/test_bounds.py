@@ -246,7 +246,7 @@ def test_large_evidence_on_a_slow_link_is_stopped_at_the_cap_and_never_exit_0(si
 class TenthPriceClient(VastClient):
     """A search that shows a tenth of what the host bills (a stale cache, a hostile proxy)."""
 
-    def search_offers(self, query: dict) -> list[Offer]:
+    def search_offers(self, query: dict, **kw: object) -> list[Offer]:
         def tenth(v: float | None) -> float | None:
             return None if v is None else v / 10
 
