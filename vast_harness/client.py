@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import json as jsonlib
 import logging
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Any, Literal, Self, TypeVar
@@ -36,6 +35,7 @@ from tenacity import (
     wait_fixed,
 )
 
+from vast_harness.answerbound import AnswerBound
 from vast_harness.apiurl import DEFAULT_API_URL, validate_api_url
 from vast_harness.errors import (
     RETRYABLE,
@@ -100,72 +100,6 @@ class Timeouts(BaseModel):
 
     def to_httpx(self) -> httpx.Timeout:
         return httpx.Timeout(connect=self.connect_s, read=self.read_s, write=self.write_s, pool=self.pool_s)
-
-
-# httpcore trace events whose return value is the stream a request reads from: the TCP connect, then TLS
-# (which detaches the TCP socket object, so only the TLS socket can still be cut); proxies emit their own.
-_STREAM_EVENTS = (".connect_tcp.complete", ".start_tls.complete")
-
-
-class _AnswerBound:
-    """One request's whole-answer deadline. httpx has no total timeout, and a read blocked on a trickling
-    server returns only when a byte comes: at the deadline a timer shuts this request's socket down, which
-    fails the blocked read at once (headers or body alike). The socket comes from httpcore's trace extension
-    (see _STREAM_EVENTS); the client opens a fresh connection per request, so every request emits those
-    events and the socket is never one another request is using."""
-
-    def __init__(self, total_s: float) -> None:
-        self.total_s = total_s
-        self.deadline = time.monotonic() + total_s  # the real clock: this bound is wall time, not pacing
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self._fired = False
-        self._done = False
-        self._timer = threading.Timer(total_s, self._fire)
-        self._timer.name = "vast-answer-bound"
-        self._timer.daemon = True
-
-    def __enter__(self) -> Self:
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:  # after this the timer can touch nothing, even if it is already running
-            self._done = True
-            self._sock = None
-        self._timer.cancel()
-
-    @property
-    def expired(self) -> bool:
-        return self._fired or time.monotonic() >= self.deadline
-
-    def trace(self, event: str, info: Mapping[str, Any]) -> None:
-        """httpcore's trace callback: keep this request's newest socket; cut it at once if the deadline
-        passed while connecting."""
-        if not event.endswith(_STREAM_EVENTS):
-            return
-        stream = info.get("return_value")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        with self._lock:
-            if self._done or not isinstance(sock, socket.socket):
-                return
-            self._sock = sock
-            if self._fired:
-                self._cut()
-
-    def _fire(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._fired = True
-            self._cut()
-
-    def _cut(self) -> None:
-        if self._sock is not None:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:  # already closed by the peer or by httpcore: nothing left to cut
-                pass
 
 
 # ---------------------------------------------------------------------------------- records and stats
@@ -498,7 +432,7 @@ class VastClient:
         cut = TransportError(f"{method} {path}: no complete answer within {self._total_s:g} s (the server "
                              "trickled or stalled)", method=method, path=path)
         try:
-            with _AnswerBound(self._total_s) as bound, self._http.stream(
+            with AnswerBound(self._total_s) as bound, self._http.stream(
                 method, path, params=params, json=json, extensions={"trace": bound.trace}
             ) as resp:
                 body = bytearray()

@@ -24,6 +24,7 @@ REAL_PROOF_INTERVAL_FLOOR_S = 10.0
 
 
 def _is_loopback(url: str) -> bool:
+    # The same rule as vast_harness/apiurl.is_loopback_url: remote/ runs on the host and never imports it.
     host = (urlparse(url or "").hostname or "").lower()
     if host == "localhost":
         return True

@@ -1,0 +1,77 @@
+"""One HTTP request's whole-answer deadline on the wall clock, for the Vast client (client.py).
+
+httpx bounds each socket operation, not the answer: a server that trickles a byte a second never trips it.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Self
+
+# httpcore trace events whose return value is the stream a request reads from: the TCP connect, then TLS
+# (which detaches the TCP socket object, so only the TLS socket can still be cut); proxies emit their own.
+STREAM_EVENTS = (".connect_tcp.complete", ".start_tls.complete")
+
+
+class AnswerBound:
+    """One request's whole-answer deadline. httpx has no total timeout, and a read blocked on a trickling
+    server returns only when a byte comes: at the deadline a timer shuts this request's socket down, which
+    fails the blocked read at once (headers or body alike). The socket comes from httpcore's trace extension
+    (see STREAM_EVENTS); the client opens a fresh connection per request, so every request emits those
+    events and the socket is never one another request is using."""
+
+    def __init__(self, total_s: float) -> None:
+        self.total_s = total_s
+        self.deadline = time.monotonic() + total_s  # the real clock: this bound is wall time, not pacing
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._fired = False
+        self._done = False
+        self._timer = threading.Timer(total_s, self._fire)
+        self._timer.name = "vast-answer-bound"
+        self._timer.daemon = True
+
+    def __enter__(self) -> Self:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:  # after this the timer can touch nothing, even if it is already running
+            self._done = True
+            self._sock = None
+        self._timer.cancel()
+
+    @property
+    def expired(self) -> bool:
+        return self._fired or time.monotonic() >= self.deadline
+
+    def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        """httpcore's trace callback: keep this request's newest socket; cut it at once if the deadline
+        passed while connecting."""
+        if not event.endswith(STREAM_EVENTS):
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        with self._lock:
+            if self._done or not isinstance(sock, socket.socket):
+                return
+            self._sock = sock
+            if self._fired:
+                self._cut()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._fired = True
+            self._cut()
+
+    def _cut(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed by the peer or by httpcore: nothing left to cut
+                pass
