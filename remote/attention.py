@@ -7,6 +7,11 @@ fast path accepts stops with a message unless the math path was asked for.
 
 `python -m remote.attention --qualify --out FILE` runs every path at a given shape several times and
 records which ones give the same bits each time (the source of profiles/attention-qualification.json).
+
+Besides PyTorch's SDPA backends there is "cudnn-det" (remote.cudnn_sdpa): cuDNN's attention through its
+own graph API with cuDNN's deterministic backward. PyTorch's SDPA refuses cuDNN in deterministic mode, so
+without it a deterministic run lands on FlashAttention-2's slower deterministic backward; with the
+nvidia-cudnn-frontend wheel present, deterministic runs probe cudnn-det first.
 """
 
 from __future__ import annotations
@@ -27,9 +32,13 @@ from remote.merkle import raw_bytes
 
 PATHS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+CUSTOM = ("cudnn-det",)  # not an SDPA backend: remote.cudnn_sdpa
+CHOICES = (*PATHS, *CUSTOM)
 # Fastest first on Hopper (docs/mfu.md; cuDNN SDPA 1.7-2.3x FA2 for training shapes). Under strict
-# deterministic mode PyTorch removes cuDNN itself, so the probe then lands on flash.
+# deterministic mode PyTorch removes cuDNN itself; cudnn-det (cuDNN's deterministic backward, called
+# directly) goes first there, then flash with its deterministic backward.
 FAST_ORDER = {"cuda": ["cudnn", "flash", "efficient"], "cpu": ["flash"]}
+DETERMINISTIC_ORDER = {"cuda": ["cudnn-det", "flash", "efficient"], "cpu": ["flash"]}
 
 
 class AttentionUnavailable(RuntimeError):
@@ -54,14 +63,20 @@ _ACTIVE: Choice | None = None
 def _try(path: str, kv_mode: str, device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int,
          head_dim: int, seq: int = 128) -> str | None:
     """Run one causal fwd+bwd on this path; None if it ran, else the reason."""
+    if path == "cudnn-det":
+        if kv_mode != "gqa":
+            return "cudnn-det reads the KV heads directly (gqa) only"
+        from remote import cudnn_sdpa
+
+        return cudnn_sdpa.available(device, dtype, n_heads, n_kv, head_dim, seq)
     _base, (q, k, v) = _inputs(device, dtype, 1, seq, n_heads, n_kv, head_dim, seed=0)
     # A rejected path makes PyTorch warn once per reason ("... kernel not used because"); the probe reports
     # the reason itself, so the warnings are only noise in the step's log.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         try:
-            with sdpa_kernel([PATHS[path]]):
-                out = _call(q, k, v, kv_mode)
+            with sdpa_kernel([PATHS.get(path, SDPBackend.MATH)]):
+                out = _call(q, k, v, kv_mode, path)
             out.float().sum().backward()
             if not torch.isfinite(out).all():
                 return "non-finite output"
@@ -80,7 +95,11 @@ def _inputs(device: torch.device, dtype: torch.dtype, batch: int, seq: int, n_he
     return base, base.transpose(1, 2).split([n_heads, n_kv, n_kv], dim=1)
 
 
-def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mode: str) -> torch.Tensor:
+def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mode: str, path: str = "") -> torch.Tensor:
+    if path == "cudnn-det":
+        from remote import cudnn_sdpa
+
+        return cudnn_sdpa.attention(q, k, v)
     if q.shape[1] == k.shape[1]:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if kv_mode == "gqa":
@@ -98,11 +117,12 @@ def choose(device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int, he
     if key in _PROBED:
         return _PROBED[key]
     if requested == "auto":
-        candidates = FAST_ORDER.get(device.type, [])
-    elif requested in PATHS:
+        order = DETERMINISTIC_ORDER if torch.are_deterministic_algorithms_enabled() else FAST_ORDER
+        candidates = order.get(device.type, [])
+    elif requested in CHOICES:
         candidates = [requested]
     else:
-        raise ValueError(f"--attention {requested!r} is not one of auto, {', '.join(PATHS)}")
+        raise ValueError(f"--attention {requested!r} is not one of auto, {', '.join(CHOICES)}")
     rejected: dict[str, str] = {}
     for path in candidates:
         for kv_mode in ("gqa", "expand"):
@@ -129,7 +149,9 @@ def activate(choice: Choice) -> None:
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention on [B, H, T, D] through the activated path (math/gqa when none was chosen)."""
-    return _call(q, k, v, _ACTIVE.kv_mode if _ACTIVE else "gqa")
+    if _ACTIVE is None:
+        return _call(q, k, v, "gqa")
+    return _call(q, k, v, _ACTIVE.kv_mode, _ACTIVE.path)
 
 
 # --- qualification ----------------------------------------------------------------------------------
@@ -139,7 +161,8 @@ def qualify(device: torch.device, dtype: torch.dtype, batch: int, seq: int, n_he
             head_dim: int, repeats: int = 3) -> dict:
     """Run each path `repeats` times on the same inputs; bitwise_stable = output and dq/dk/dv identical."""
     results = {}
-    for path, backend in PATHS.items():
+    for path in CHOICES:
+        backend = PATHS.get(path, SDPBackend.MATH)
         for kv_mode in ("gqa", "expand"):
             if _try(path, kv_mode, device, dtype, n_heads, n_kv, head_dim) is not None:
                 continue
@@ -148,7 +171,7 @@ def qualify(device: torch.device, dtype: torch.dtype, batch: int, seq: int, n_he
                 base, (q, k, v) = _inputs(device, dtype, batch, seq, n_heads, n_kv, head_dim, seed=1)
                 start, end = _events(device)
                 with sdpa_kernel([backend]):
-                    out = _call(q, k, v, kv_mode)
+                    out = _call(q, k, v, kv_mode, path)
                     out.backward(torch.ones_like(out))
                 end_ms = _elapsed_ms(start, end)
                 times_ms.append(end_ms)

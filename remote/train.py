@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, help="steps per round, warm-up included (profile default)")
     ap.add_argument("--deterministic", action="store_true", help="bitwise-replayable mode (docs/mfu.md)")
     ap.add_argument("--replay", action="store_true", help="run the round twice, compare leaf roots")
-    ap.add_argument("--attention", default="auto", choices=["auto", *attention.PATHS])
+    ap.add_argument("--attention", default="auto", choices=["auto", *attention.CHOICES])
     ap.add_argument("--peak-tflops", type=float, help="peak bf16 TFLOP/s when the GPU is not in the table")
     ap.add_argument("--out", required=True, help="evidence JSON path (written by rank 0)")
     return ap.parse_args(argv)

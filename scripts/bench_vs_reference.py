@@ -1,18 +1,27 @@
-"""Our trainer against HF transformers' LlamaForCausalLM at the same shape, micro-batch and sequence.
+"""Our trainer against the stacks a user would pick instead, all in one call, at one micro-batch and shape.
 
-The reference is what a careful user would write: LlamaForCausalLM built from a LlamaConfig (no download),
-bf16 weights, SDPA attention, fused AdamW on the bf16 weights, torch.compile (per decoder layer by
-default, the same scope ours uses; --compile-scope model compiles the whole model). Both are timed with
-CUDA events after the same warm-up and scored with the same FLOPs/token and peak. Ours is either run
-here in a subprocess or read from an evidence file written in the same session (--ours-evidence).
+Runs, each in its own process (a crash, a compile cache or a memory pool never leaks into the next):
 
-    python scripts/bench_vs_reference.py --micro-batch 8 --out bench-vs-reference.json
+- `ours`: scripts/run_mfu_dist.py with the profile's own settings (zero2o, compiled, no kernel knobs in the
+  environment: what a user runs), and `deterministic`: the same with --deterministic --replay;
+- the references, HF transformers' LlamaForCausalLM built from a LlamaConfig of the same shape (no
+  download), bf16 weights, SDPA attention, fused AdamW on the bf16 weights:
+  `hf-layer` (torch.compile per decoder layer, the scope ours uses), `hf-model` (the whole model compiled),
+  `hf+liger-layer` / `hf+liger-model` (the same with the Liger kernels applied the documented way,
+  `apply_liger_kernel_to_llama(rope, rms_norm, swiglu, fused_linear_cross_entropy)`).
+
+Everything is timed with CUDA events after the same warm-up and scored with the same FLOPs/token and peak.
+The record (schema 2) holds `ours`, `deterministic`, `references`, `strongest`, `ratio_vs_strongest` and
+`deterministic_vs_fast`; `scripts/check_gpu_evidence.py --kind mfu` validates it.
+
+    python scripts/bench_vs_reference.py --micro-batch 16 --out bench-vs-reference.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,20 +31,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+SCHEMA = "vast-harness/bench-vs-reference/2"
+REFERENCES = ("hf-layer", "hf-model", "hf+liger-layer", "hf+liger-model")
+OURS = ("ours", "deterministic")
+TARGETS = {"ratio_vs_strongest": 1.15, "deterministic_vs_fast": 0.97}
+KNOB_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_")  # remote.kernels.ENV_PREFIXES
 
-from remote import data, envprobe, evidence, mfu, parallel  # noqa: E402
-from remote.profiles import load_profile  # noqa: E402
 
-SCHEMA = "vast-harness/bench-vs-reference/1"
+def reference_run(profile_name: str, name: str, micro_batch: int, steps: int, warmup: int) -> dict:
+    import torch
 
+    from remote import data, mfu
+    from remote.profiles import load_profile
 
-def reference_run(profile_name: str, micro_batch: int, steps: int, warmup: int, compile_scope: str) -> dict:
     try:
         import transformers
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError as exc:
         raise SystemExit(f"error: the reference needs transformers ({exc})") from None
+    liger_version = None
+    if "liger" in name:
+        try:
+            import liger_kernel
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+        except ImportError as exc:
+            raise SystemExit(f"error: {name} needs liger-kernel ({exc})") from None
+        liger_version = getattr(liger_kernel, "__version__", None) or _dist_version("liger-kernel")
+        # Before the model is built: Liger swaps the modeling module's classes and the CausalLM forward.
+        apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=True)
+    scope = name.rsplit("-", 1)[1]
     cfg = load_profile(profile_name).model
     hf_cfg = LlamaConfig(hidden_size=cfg.d_model, intermediate_size=cfg.ffn_hidden,
                          num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
@@ -49,7 +74,7 @@ def reference_run(profile_name: str, micro_batch: int, steps: int, warmup: int, 
         model = LlamaForCausalLM(hf_cfg)
     model.to(torch.bfloat16).train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-    if compile_scope == "model":
+    if scope == "model":
         step_model = torch.compile(model)
     else:
         for layer in model.model.layers:
@@ -72,61 +97,152 @@ def reference_run(profile_name: str, micro_batch: int, steps: int, warmup: int, 
     step_s = [s.elapsed_time(e) / 1e3 for s, e in times][warmup:]
     tokens_per_s = micro_batch * cfg.seq_len * len(step_s) / sum(step_s)
     peak = mfu.peak_for(torch.cuda.get_device_name())
-    return {"impl": f"transformers {transformers.__version__} LlamaForCausalLM", "compile_scope": compile_scope,
-            "micro_batch": micro_batch, "seq_len": cfg.seq_len, "step_times_s": step_s,
+    impl = f"transformers {transformers.__version__} LlamaForCausalLM" + \
+        (f" + liger-kernel {liger_version}" if liger_version else "")
+    return {"name": name, "impl": impl, "compile_scope": scope, "liger": liger_version is not None,
+            "micro_batch": micro_batch, "seq_len": cfg.seq_len, "warmup_steps": warmup, "step_times_s": step_s,
             "loss_per_step": torch.stack(losses).float().cpu().tolist(), "tokens_per_s": tokens_per_s,
             "flops_per_token": cfg.flops_per_token(), "peak_tflops": peak.tflops,
             "mfu": mfu.mfu(tokens_per_s, cfg.flops_per_token(), peak.tflops),
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                         "liger_kernel": liger_version, "triton": _dist_version("triton")}}
 
 
-def ours_run(profile_name: str, micro_batch: int, steps: int, extra: list[str]) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "ours.json"
-        cmd = [sys.executable, str(ROOT / "scripts" / "run_mfu_dist.py"), "--profile", profile_name,
-               "--device", "cuda", "--reduction", "zero2o", "--compile", "--micro-batch", str(micro_batch),
-               "--steps", str(steps), "--out", str(out), *extra]
-        subprocess.run(cmd, check=True)
-        return json.loads(out.read_text())
+def _dist_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def user_env() -> dict[str, str]:
+    """The environment without kernel knobs: the profile's own settings are what gets measured."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(KNOB_PREFIXES)}
+
+
+def _child(cmd: list[str], out: Path, log: Path, timeout_s: float) -> tuple[dict | None, str | None]:
+    t0 = time.monotonic()
+    with open(log, "w") as fh:
+        try:
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=user_env(), timeout=timeout_s,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            return None, f"timed out after {timeout_s:.0f} s"
+    if proc.returncode != 0 or not out.is_file():
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+        return None, f"exit {proc.returncode} after {time.monotonic() - t0:.0f} s: {' | '.join(tail)[-400:]}"
+    return json.loads(out.read_text()), None
+
+
+def ours_run(args: argparse.Namespace, name: str, work: Path) -> tuple[dict | None, str | None]:
+    out = work / f"mfu-{name}.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "run_mfu_dist.py"), "--profile", args.profile, "--device",
+           "cuda", "--reduction", "zero2o", "--compile", "--micro-batch", str(args.micro_batch), "--steps",
+           str(args.steps), "--out", str(out)]
+    if name == "deterministic":
+        cmd += ["--deterministic", "--replay"]
+    record, err = _child(cmd, out, work / f"{name}.log", args.timeout_s * (2 if name == "deterministic" else 1))
+    if record is not None:
+        from remote.profiles import load_profile
+
+        chunk = record.get("kernels", {}).get("ce_chunk_tokens")
+        record["ce_chunk_tokens"] = chunk
+        record["ce_chunk_is_profile_default"] = chunk == load_profile(args.profile).train.ce_chunk_tokens
+    return record, err
+
+
+def ref_child(args: argparse.Namespace, name: str, work: Path) -> tuple[dict | None, str | None]:
+    out = work / f"ref-{name.replace('+', '-')}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--reference", name, "--profile", args.profile,
+           "--micro-batch", str(args.micro_batch), "--steps", str(args.steps), "--warmup-steps",
+           str(args.warmup_steps), "--out", str(out)]
+    return _child(cmd, out, work / f"ref-{name.replace('+', '-')}.log", args.timeout_s)
+
+
+def summarize(record: dict) -> dict:
+    """strongest, the ratios and the targets, from the record's own numbers (the checker recomputes them)."""
+    refs = record["references"]
+    ours, det = record.get("ours"), record.get("deterministic")
+    if refs:
+        best = max(refs, key=lambda r: r["mfu"])
+        record["strongest"] = best["name"]
+        if ours:
+            record["ratio_vs_strongest"] = ours["mfu"] / best["mfu"]
+            record["ratios"] = {r["name"]: ours["mfu"] / r["mfu"] for r in refs}
+    if ours and det:
+        record["deterministic_vs_fast"] = det["mfu"] / ours["mfu"]
+    record["targets"] = TARGETS
+    record["met"] = {k: record[k] >= v for k, v in TARGETS.items() if k in record}
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="mfu-dense-1b-dp1")
-    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=13)
     ap.add_argument("--warmup-steps", type=int, default=3)
-    ap.add_argument("--compile-scope", choices=["layer", "model"], default="layer")
-    ap.add_argument("--ours-evidence", help="reuse this evidence file (same micro-batch) instead of running ours")
+    ap.add_argument("--runs", default=",".join((*OURS, *REFERENCES)),
+                    help=f"comma list of {', '.join((*OURS, *REFERENCES))}")
+    ap.add_argument("--timeout-s", type=float, default=240, help="per run (deterministic gets twice this)")
+    ap.add_argument("--work", help="keep every run's JSON and log here (default: a temporary folder)")
+    ap.add_argument("--reference", choices=REFERENCES, help=argparse.SUPPRESS)  # child mode: one reference
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    unknown = sorted(set(runs) - set(OURS) - set(REFERENCES))
+    if unknown or args.micro_batch < 1 or args.steps <= args.warmup_steps:
+        print(f"error: bad --runs {unknown} or --micro-batch/--steps", file=sys.stderr)
+        return 2
+    from remote import evidence, parallel
+
     parallel.set_process_env(nccl_pcie=False)  # multicast off here too, before CUDA starts
-    t0 = time.monotonic()
-    reference = reference_run(args.profile, args.micro_batch, args.steps, args.warmup_steps, args.compile_scope)
-    print(f"[bench] reference mfu {reference['mfu']:.4f} ({time.monotonic() - t0:.0f} s)", flush=True)
-    del_cache()
-    if args.ours_evidence:
-        ours = json.loads(Path(args.ours_evidence).read_text())
-        if ours["micro_batch"] != args.micro_batch:
-            raise SystemExit(f"error: {args.ours_evidence} has micro_batch {ours['micro_batch']}, "
-                             f"not {args.micro_batch}")
-    else:
-        ours = ours_run(args.profile, args.micro_batch, args.steps, [])
-    record = {"schema": SCHEMA, "created_unix": time.time(), "profile": args.profile,
-              "micro_batch": args.micro_batch, "reference": reference, "ours": ours,
-              "ratio": ours["mfu"] / reference["mfu"], "versions": envprobe.versions(),
-              "ours_kernels": ours.get("kernels", {}).get("active")}
-    evidence.write(args.out, record)
-    print(f"[bench] ours mfu {ours['mfu']:.4f} (kernels {record['ours_kernels']})  reference mfu "
-          f"{reference['mfu']:.4f}  ratio {record['ratio']:.3f}", flush=True)
-    return 0
+    if args.reference:
+        evidence.write(args.out, reference_run(args.profile, args.reference, args.micro_batch, args.steps,
+                                               args.warmup_steps))
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        record: dict = {"schema": SCHEMA, "created_unix": time.time(), "profile": args.profile,
+                        "micro_batch": args.micro_batch, "steps": args.steps, "warmup_steps": args.warmup_steps,
+                        "references": [], "failed": {}}
+        for name in runs:
+            t0 = time.monotonic()
+            result, err = (ours_run if name in OURS else ref_child)(args, name, work)
+            if err:
+                record["failed"][name] = err
+                print(f"[bench] {name} FAILED: {err}", flush=True)
+                continue
+            if name in OURS:
+                record[name] = result
+            else:
+                record["references"].append(result)
+            print(f"[bench] {name} mfu {result['mfu']:.4f} tokens/s {result['tokens_per_s']:.0f} "
+                  f"({time.monotonic() - t0:.0f} s)", flush=True)
+        import torch  # only now: the parent never holds a CUDA context while a child measures
 
+        from remote import envprobe
 
-def del_cache() -> None:
-    import gc
-
-    gc.collect()
-    torch.cuda.empty_cache()
+        record["versions"] = envprobe.versions() | {"gpu_name": torch.cuda.get_device_name()
+                                                    if torch.cuda.is_available() else None}
+        evidence.write(args.out, summarize(record))
+    for name in OURS:
+        if name in record:
+            r = record[name]
+            print(f"[bench] {name:14s} mfu {r['mfu']:.4f} tokens/s {r['tokens_per_s']:8.0f} "
+                  f"attention {r['attention_backend']} chunk {r['ce_chunk_tokens']} "
+                  f"replay {r.get('replay_match', '-')}")
+    for r in record["references"]:
+        ratio = record.get("ratios", {}).get(r["name"])
+        print(f"[bench] {r['name']:14s} mfu {r['mfu']:.4f} tokens/s {r['tokens_per_s']:8.0f} "
+              f"mem {r['peak_mem_gib']:5.1f} GiB  ours/it {ratio if ratio is None else round(ratio, 3)}")
+    print(f"[bench] strongest {record.get('strongest')} ratio {record.get('ratio_vs_strongest')} "
+          f"deterministic/fast {record.get('deterministic_vs_fast')} met {record['met']}", flush=True)
+    return 1 if record["failed"] else 0
 
 
 if __name__ == "__main__":

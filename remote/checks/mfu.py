@@ -16,6 +16,10 @@ from remote.paths import MODEL_PROFILES_DIR
 MFU_SCHEMA = "vast-harness/mfu/1"  # remote/evidence.py writes it; kept here so checks never import torch
 
 BENCH_SCHEMA = "vast-harness/bench-vs-reference/1"
+BENCH_SCHEMA_2 = "vast-harness/bench-vs-reference/2"  # scripts/bench_vs_reference.py: ours, deterministic, references
+REFERENCE_FIELDS = ("name", "mfu", "tokens_per_s", "step_times_s", "micro_batch", "seq_len", "flops_per_token",
+                    "peak_tflops", "peak_mem_gib", "versions", "warmup_steps")
+KNOB_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_")  # remote.kernels.ENV_PREFIXES
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PROFILE_DIR = MODEL_PROFILES_DIR
@@ -142,6 +146,99 @@ def _check_bench(d: dict) -> list[str]:
     return failed
 
 
+def _profile_ce_chunk(profile: str) -> int | None:
+    path = PROFILE_DIR / f"{profile}.toml"
+    if not path.is_file():
+        return None
+    import tomllib
+
+    return int(tomllib.loads(path.read_text()).get("train", {}).get("ce_chunk_tokens", 8192))
+
+
+def _check_ours_v2(d: dict, key: str) -> list[str]:
+    """ours / deterministic: a full MFU record, run with the profile's own settings (no kernel knobs)."""
+    rec = d.get(key)
+    if not isinstance(rec, dict):
+        return [f"{key}: missing"]
+    failed = [f"{key}: {c}" for c in check_record(rec)]
+    if failed:
+        return failed
+    if rec["micro_batch"] != d.get("micro_batch"):
+        failed.append(f"{key}: micro_batch {rec['micro_batch']} is not the bench's {d.get('micro_batch')}")
+    det = key == "deterministic"
+    if bool(rec["flags"].get("deterministic")) != det or (det and not rec["flags"].get("replay")):
+        failed.append(f"{key}: flags deterministic/replay are {rec['flags'].get('deterministic')}/"
+                      f"{rec['flags'].get('replay')}, expected {det}/{det}")
+    if det and rec.get("replay_match") is not True:
+        failed.append(f"{key}: replay_match is {rec.get('replay_match')!r}, not true")
+    knobs = sorted(k for k in rec.get("kernels", {}).get("env", {}) if k.startswith(KNOB_PREFIXES))
+    if knobs:
+        failed.append(f"{key}: ran with kernel knobs {knobs} in the environment, not the profile's settings")
+    chunk = rec.get("kernels", {}).get("ce_chunk_tokens")
+    if rec.get("ce_chunk_tokens") != chunk:
+        failed.append(f"{key}: ce_chunk_tokens {rec.get('ce_chunk_tokens')} is not the run's {chunk}")
+    default = _profile_ce_chunk(rec["profile"])
+    if default is not None and rec.get("ce_chunk_is_profile_default") is not (chunk == default):
+        failed.append(f"{key}: ce_chunk_is_profile_default {rec.get('ce_chunk_is_profile_default')} but the "
+                      f"run's chunk is {chunk} and the profile's {default}")
+    return failed
+
+
+def _check_reference_v2(ref: dict, ours: dict) -> list[str]:
+    name = ref.get("name", "?")
+    missing = [k for k in REFERENCE_FIELDS if k not in ref]
+    if missing:
+        return [f"reference {name}: fields {missing} are missing"]
+    failed = []
+    times = ref["step_times_s"]
+    if not times or not all(isinstance(t, (int, float)) and t > 0 for t in times):
+        return [f"reference {name}: step_times_s must be a non-empty list of positive seconds"]
+    if not _close(ref["flops_per_token"], ours["flops_per_token"]) or \
+            not _close(ref["peak_tflops"], ours["peak_tflops"]):
+        failed.append(f"reference {name}: scored with another flops_per_token or peak than ours")
+    if ref["warmup_steps"] < 3:
+        failed.append(f"reference {name}: warmup_steps {ref['warmup_steps']} < 3")
+    tps = ref["micro_batch"] * ref["seq_len"] * len(times) / sum(times)
+    if not _close(tps, ref["tokens_per_s"]):
+        failed.append(f"reference {name}: tokens_per_s {ref['tokens_per_s']} does not match the step times ({tps})")
+    mfu = tps * ref["flops_per_token"] / (ref["peak_tflops"] * 1e12)
+    if not _close(mfu, ref["mfu"]) or not 0.0 < ref["mfu"] < 1.0:
+        failed.append(f"reference {name}: mfu {ref['mfu']} does not follow from its numbers ({mfu})")
+    if (ref["micro_batch"], ref["seq_len"]) != (ours["micro_batch"], ours["seq_len"]):
+        failed.append(f"reference {name}: micro_batch/seq_len differ from ours")
+    if not ref["versions"].get("torch") or not ref["versions"].get("transformers"):
+        failed.append(f"reference {name}: versions must name torch and transformers")
+    return failed
+
+
+def _check_bench_v2(d: dict) -> list[str]:
+    failed = _check_ours_v2(d, "ours") + _check_ours_v2(d, "deterministic")
+    if failed:
+        return failed
+    ours, det = d["ours"], d["deterministic"]
+    refs = d.get("references")
+    if not isinstance(refs, list) or not refs:
+        return ["references: none measured"]
+    for ref in refs:
+        failed += _check_reference_v2(ref, ours)
+    if failed:
+        return failed
+    names = [r["name"] for r in refs]
+    if len(set(names)) != len(names):
+        failed.append(f"references: names repeat {names}")
+    best = max(refs, key=lambda r: r["mfu"])
+    if d.get("strongest") != best["name"]:
+        failed.append(f"strongest {d.get('strongest')!r} is not the reference with the highest mfu ({best['name']})")
+    if not _close(d.get("ratio_vs_strongest", -1.0), ours["mfu"] / best["mfu"]):
+        failed.append(f"ratio_vs_strongest {d.get('ratio_vs_strongest')} is not ours.mfu / {best['name']}.mfu")
+    if not _close(d.get("deterministic_vs_fast", -1.0), det["mfu"] / ours["mfu"]):
+        failed.append(f"deterministic_vs_fast {d.get('deterministic_vs_fast')} is not deterministic.mfu / ours.mfu")
+    for key, target in d.get("targets", {}).items():
+        if key in d and d.get("met", {}).get(key) is not (d[key] >= target):
+            failed.append(f"met.{key} {d.get('met', {}).get(key)} does not follow from {d[key]} vs {target}")
+    return failed
+
+
 def check(path: Path) -> list[str]:
     try:
         d = json.loads(Path(path).read_text())
@@ -151,4 +248,6 @@ def check(path: Path) -> list[str]:
         return ["evidence is not a JSON object"]
     if d.get("schema") == BENCH_SCHEMA:
         return _check_bench(d)
+    if d.get("schema") == BENCH_SCHEMA_2:
+        return _check_bench_v2(d)
     return check_record(d)

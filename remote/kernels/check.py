@@ -20,9 +20,10 @@ import torch
 from remote import kernels
 
 SHAPES = {"d_model": 2048, "ffn": 8192, "vocab": 128256, "ce_rows": 8192, "adamw_check": 64 * 2**20,
-          "params": 1_235_814_400}  # params: non-embedding + embedding parameters of the 1B profile
+          "params": 1_235_814_400, "heads": 32, "kv_heads": 8, "head_dim": 64, "seq": 2048}  # params: non-embedding + embedding parameters of the 1B profile
 # --small: the same code paths at toy sizes, for a dry run on CPU through Triton's interpreter
-SMALL = {"d_model": 32, "ffn": 48, "vocab": 300, "ce_rows": 40, "adamw_check": 5000, "params": 7000}
+SMALL = {"d_model": 32, "ffn": 48, "vocab": 300, "ce_rows": 40, "adamw_check": 5000, "params": 7000,
+         "heads": 4, "kv_heads": 2, "head_dim": 8, "seq": 16}
 
 
 def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -247,11 +248,74 @@ def check_adamw(rep: Report, dev: torch.device, sh: dict) -> None:
              note="(bytes counted as the fused floor)")
 
 
+def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
+    """cudnn-det (remote.cudnn_sdpa: cuDNN attention, deterministic backward) against an fp32 math SDPA
+    reference, bitwise across two runs, and timed (fwd+bwd) against the SDPA paths at the model's layout."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from remote import attention, cudnn_sdpa
+
+    if dev.type != "cuda":  # cuDNN only; the SDPA paths' CPU behaviour is tests/remote's business
+        return
+    heads, kv, hd, seq = sh["heads"], sh["kv_heads"], sh["head_dim"], sh["seq"]
+    batch = max(1, tokens // seq)
+    reason = cudnn_sdpa.available(dev, torch.bfloat16, heads, kv, hd)
+    rep.check(f"attention: cudnn-det available (frontend {cudnn_sdpa.frontend_version()}; {reason or 'ok'})",
+              reason is None)
+
+    def inputs(b: int, seed: int):
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        base = torch.randn(b, seq, heads + 2 * kv, hd, device=dev, dtype=torch.bfloat16, generator=gen)
+        base.requires_grad_(True)
+        return base, base.transpose(1, 2).split([heads, kv, kv], dim=1)
+
+    def fwd_bwd(path: str, base, qkv, dout):
+        base.grad = None
+        out = attention._call(*qkv, "gqa", path)
+        out.backward(dout)
+        return out.detach(), base.grad.detach()
+
+    if reason is None:
+        b = 2
+        base, qkv = inputs(b, 1)
+        dout = torch.randn(b, heads, seq, hd, device=dev, dtype=torch.bfloat16)
+        runs = [fwd_bwd("cudnn-det", base, qkv, dout) for _ in range(2)]
+        rep.check("attention cudnn-det: bitwise across two runs (out and dqkv)",
+                  torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1]))
+        ref_base = base.detach().double().requires_grad_(True)
+        q, k, v = ref_base.transpose(1, 2).split([heads, kv, kv], dim=1)
+        with sdpa_kernel([SDPBackend.MATH]):
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        ref.backward(dout.double())
+        rep.check("attention cudnn-det: out rel err vs fp64 math", rel(runs[0][0], ref), 1e-2)
+        rep.check("attention cudnn-det: dqkv rel err vs fp64 math", rel(runs[0][1], ref_base.grad), 2e-2)
+        del ref_base, ref
+    base, qkv = inputs(batch, 2)
+    dout = torch.randn(batch, heads, seq, hd, device=dev, dtype=torch.bfloat16)
+    flops = 2 * 2 * batch * heads * seq * seq * hd / 2 * 3.5  # causal fwd (2 GEMMs) + bwd (5 GEMMs)
+    paths = [("cudnn", False), ("flash", False), ("flash", True), ("cudnn-det", True)]
+    for path, det in paths:
+        if path == "cudnn-det" and reason is not None:
+            continue
+        was = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(det)
+        try:
+            with sdpa_kernel([attention.PATHS.get(path, SDPBackend.MATH)]):
+                ms = bench_ms(lambda p=path: fwd_bwd(p, base, qkv, dout))
+            rep.time(f"attention fwd+bwd {path}{' deterministic' if det else ''} "
+                     f"[{batch}x{heads}/{kv}x{seq}x{hd}]", ms, note=f"{flops / ms / 1e9:.0f} TFLOP/s")
+        except RuntimeError as exc:
+            rep.time(f"attention {path} det={det} failed: {str(exc)[:120]}", float("nan"))
+        finally:
+            torch.use_deterministic_algorithms(was)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", type=int, default=32768, help="tokens per step (mb 16 x seq 2048)")
-    ap.add_argument("--only", default="copy,ce,loss,swiglu,adamw")
+    ap.add_argument("--only", default="copy,ce,loss,swiglu,adamw,attention")
     ap.add_argument("--small", action="store_true", help="toy sizes on CPU (TRITON_INTERPRET=1 VH_KERNELS_CPU=1)")
     args = ap.parse_args(argv)
     dev = torch.device("cpu" if args.small else "cuda")
@@ -263,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
               "triton": kernels.TRITON_VERSION, "tokens": tokens, "shapes": sh}
     sections = {"copy": lambda: record.update(copy_tb_s=copy_ceiling(rep, dev, sh)),
                 "ce": lambda: check_ce(rep, dev, sh), "loss": lambda: check_loss_path(rep, dev, tokens, sh),
-                "swiglu": lambda: check_swiglu(rep, dev, tokens, sh), "adamw": lambda: check_adamw(rep, dev, sh)}
+                "swiglu": lambda: check_swiglu(rep, dev, tokens, sh), "adamw": lambda: check_adamw(rep, dev, sh),
+                "attention": lambda: check_attention(rep, dev, tokens, sh)}
     for name in args.only.split(","):
         try:
             sections[name]()

@@ -64,3 +64,64 @@ def test_bench_ratio_and_embedded_evidence_are_checked(tmp_path: Path) -> None:
 def test_unreadable_file(tmp_path: Path) -> None:
     (tmp_path / "x.json").write_text("{not json")
     assert mfu_check.check(tmp_path / "x.json")[0].startswith("unreadable evidence")
+
+
+# --- schema 2 (scripts/bench_vs_reference.py): ours, deterministic, every reference, strongest, ratios ------
+
+
+def _bench_v2() -> dict:
+    """A schema-2 record assembled by the bench script's own summarize() from committed H200 evidence."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench", H200.parents[1] / "scripts" / "bench_vs_reference.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ours, det = (json.loads((H200 / n).read_text()) for n in ("dp1-fast.json", "dp1-deterministic.json"))
+    for rec in (ours, det):
+        rec["kernels"] = {"env": {}, "ce_chunk_tokens": 8192}
+        rec |= {"ce_chunk_tokens": 8192, "ce_chunk_is_profile_default": True}
+    v1 = json.loads((H200.parent / "h200-kernels" / "bench-vs-reference.json").read_text())["reference"]
+    refs = []
+    for name, slow in (("hf-layer", 1.0), ("hf+liger-layer", 0.98), ("hf+liger-model", 1.2)):
+        times = [t * slow for t in v1["step_times_s"]]
+        tps = v1["micro_batch"] * v1["seq_len"] * len(times) / sum(times)
+        refs.append(v1 | {"name": name, "step_times_s": times, "tokens_per_s": tps, "warmup_steps": 3,
+                          "peak_tflops": ours["peak_tflops"],
+                          "mfu": tps * v1["flops_per_token"] / (ours["peak_tflops"] * 1e12),
+                          "versions": {"torch": "2.11.0", "transformers": "5.17.0", "liger_kernel": "0.8.5"}})
+    return bench.summarize({"schema": bench.SCHEMA, "profile": ours["profile"], "micro_batch": 16, "ours": ours,
+                            "deterministic": det, "references": refs, "failed": {}})
+
+
+def _write(tmp_path: Path, d: dict) -> Path:
+    out = tmp_path / "bench-v2.json"
+    out.write_text(json.dumps(d))
+    return out
+
+
+def test_bench_v2_assembled_record_is_valid_and_names_the_strongest(tmp_path: Path) -> None:
+    d = _bench_v2()
+    assert d["strongest"] == "hf+liger-layer" and d["met"].keys() == {"ratio_vs_strongest", "deterministic_vs_fast"}
+    assert mfu_check.check(_write(tmp_path, d)) == []
+
+
+@pytest.mark.parametrize(("edit", "claim"), [
+    (lambda d: d.update(strongest="hf-layer"), "is not the reference with the highest mfu"),
+    (lambda d: d.update(ratio_vs_strongest=1.2), "ratio_vs_strongest"),
+    (lambda d: d.update(deterministic_vs_fast=0.99), "deterministic_vs_fast"),
+    (lambda d: d["met"].update(ratio_vs_strongest=True), "met.ratio_vs_strongest"),
+    (lambda d: d["references"][1].update(mfu=0.9), "reference hf+liger-layer: mfu"),
+    (lambda d: d["references"][0].update(peak_tflops=700.0), "another flops_per_token or peak"),
+    (lambda d: d["references"][0]["versions"].pop("transformers"), "versions must name"),
+    (lambda d: d["references"].clear(), "references: none measured"),
+    (lambda d: d.pop("deterministic"), "deterministic: missing"),
+    (lambda d: d["deterministic"].update(replay_match=False), "replay"),
+    (lambda d: d["ours"]["kernels"]["env"].update(VH_CE_CHUNK="16384"), "kernel knobs ['VH_CE_CHUNK']"),
+    (lambda d: d["ours"].update(ce_chunk_is_profile_default=False), "ce_chunk_is_profile_default"),
+    (lambda d: d["ours"]["flags"].update(deterministic=True), "flags deterministic/replay"),
+])
+def test_bench_v2_tampered_fails_naming_the_claim(tmp_path: Path, edit, claim: str) -> None:
+    d = _bench_v2()
+    edit(d)
+    failed = mfu_check.check(_write(tmp_path, d))
+    assert failed and claim in failed[0], failed

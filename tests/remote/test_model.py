@@ -102,6 +102,45 @@ def test_attention_probe_is_cached_per_key() -> None:
     assert len(calls) == 1 and calls[0][:2] == ("cudnn", "gqa")
 
 
+def test_deterministic_mode_probes_cudnn_det_first_then_flash() -> None:
+    """Strict deterministic mode: PyTorch's SDPA drops cuDNN, so cuDNN's own deterministic backward
+    (remote.cudnn_sdpa) goes first; when its wheel is missing the probe lands on flash as before."""
+    tried = []
+
+    def no_cudnn_frontend(path, kv_mode, *rest):
+        tried.append(f"{path}/{kv_mode}")
+        return "no wheel" if path == "cudnn-det" else None
+
+    torch.use_deterministic_algorithms(True)
+    try:
+        choice = attention.choose(torch.device("cuda"), torch.bfloat16, 16, 4, 32, "auto", prober=no_cudnn_frontend)
+        assert tried[0] == "cudnn-det/gqa" and choice.path == "flash" and "cudnn-det/gqa" in choice.rejected
+        got = attention.choose(torch.device("cuda"), torch.bfloat16, 16, 2, 32, "auto", prober=lambda *a: None)
+        assert got.path == "cudnn-det"
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert attention.choose(torch.device("cuda"), torch.bfloat16, 16, 2, 32, "auto",
+                            prober=lambda *a: None).path == "cudnn"  # fast mode keeps PyTorch's cuDNN path
+
+
+def test_cudnn_det_ops_trace_with_the_models_layouts() -> None:
+    """The custom ops' fake kernels (what torch.compile traces) give [B, H, T, D] views of [B, T, H, D]
+    memory for out/dq/dk/dv and fp32 [B, H, T, 1] stats, so the output projection reads out with no copy."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from remote import cudnn_sdpa
+
+    with FakeTensorMode():
+        base = torch.empty(2, 64, 16 + 2 * 4, 32, dtype=torch.bfloat16)
+        q, k, v = base.transpose(1, 2).split([16, 4, 4], dim=1)
+        out, stats = cudnn_sdpa.sdpa_fwd(q, k, v)
+        dq, dk, dv = cudnn_sdpa.sdpa_bwd(q, k, v, out, out, stats, True)
+    assert out.shape == (2, 16, 64, 32) and out.transpose(1, 2).is_contiguous()
+    assert stats.shape == (2, 16, 64, 1) and stats.dtype == torch.float32
+    assert dk.shape == (2, 4, 64, 32) and dq.stride() == out.stride() and dv.transpose(1, 2).is_contiguous()
+    assert cudnn_sdpa.available(torch.device("cpu"), torch.bfloat16, 16, 4, 32) == "cudnn-det needs CUDA"
+
+
 def test_merkle_root_sees_order_name_dtype_and_bytes() -> None:
     a, b = torch.arange(6, dtype=torch.float32), torch.ones(2, 3)
     base = merkle_root([("a", a), ("b", b)])
