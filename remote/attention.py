@@ -58,6 +58,7 @@ class Choice:
 
 _PROBED: dict[tuple, Choice] = {}
 _ACTIVE: Choice | None = None
+_CUDNN_DET = None  # remote.cudnn_sdpa.attention once cudnn-det is activated
 
 
 def _try(path: str, kv_mode: str, device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int,
@@ -97,9 +98,7 @@ def _inputs(device: torch.device, dtype: torch.dtype, batch: int, seq: int, n_he
 
 def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mode: str, path: str = "") -> torch.Tensor:
     if path == "cudnn-det":
-        from remote import cudnn_sdpa
-
-        return cudnn_sdpa.attention(q, k, v)
+        return _cudnn_det()(q, k, v)
     if q.shape[1] == k.shape[1]:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if kv_mode == "gqa":
@@ -107,6 +106,12 @@ def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mode: str, path:
     rep = q.shape[1] // k.shape[1]
     return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
                                           is_causal=True)
+
+
+def _cudnn_det():
+    from remote import cudnn_sdpa  # imported on first use: only CUDA runs that chose it need it
+
+    return cudnn_sdpa.attention
 
 
 def choose(device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int, head_dim: int,
@@ -139,8 +144,9 @@ def choose(device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int, he
 
 def activate(choice: Choice) -> None:
     """Pin the chosen backend: every other SDPA backend is switched off for the process."""
-    global _ACTIVE
+    global _ACTIVE, _CUDNN_DET
     _ACTIVE = choice
+    _CUDNN_DET = _cudnn_det() if choice.path == "cudnn-det" else None  # resolved here, not inside a traced graph
     torch.backends.cuda.enable_flash_sdp(choice.path == "flash")
     torch.backends.cuda.enable_cudnn_sdp(choice.path == "cudnn")
     torch.backends.cuda.enable_mem_efficient_sdp(choice.path == "efficient")
@@ -151,6 +157,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention on [B, H, T, D] through the activated path (math/gqa when none was chosen)."""
     if _ACTIVE is None:
         return _call(q, k, v, "gqa")
+    if _CUDNN_DET is not None:
+        return _CUDNN_DET(q, k, v)
     return _call(q, k, v, _ACTIVE.kv_mode, _ACTIVE.path)
 
 

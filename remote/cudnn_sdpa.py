@@ -69,15 +69,14 @@ def _build(kind: str, tensors: list[torch.Tensor], scale: float, deterministic: 
         g = cudnn.pygraph(**types, handle=_handle(tensors[0].device, cudnn))
     except TypeError:  # a frontend whose graphs take no handle: execute() still gets ours
         g = cudnn.pygraph(**types)
-    ins = [g.tensor_like(t) for t in tensors]
+    ins = [g.tensor_like(t) for t in tensors[:3 if kind == "fwd" else 6]]
     if kind == "fwd":
-        q, k, v, o_buf, stats_buf = ins[0], ins[1], ins[2], tensors[3], tensors[4]
+        (q, k, v), o_buf, stats_buf = ins, tensors[3], tensors[4]
         o, stats = g.sdpa(name="sdpa", q=q, k=k, v=v, is_inference=False, attn_scale=scale, use_causal_mask=True)
         o.set_output(True).set_dim(list(o_buf.shape)).set_stride(list(o_buf.stride()))
         stats.set_output(True).set_dim(list(stats_buf.shape)).set_stride(list(stats_buf.stride()))
         stats.set_data_type(cudnn.data_type.FLOAT)
         outs = [o, stats]
-        ins = ins[:3]
     else:
         q, k, v, o, do, stats = ins[:6]
         dq_buf, dk_buf, dv_buf = tensors[6:9]
@@ -87,7 +86,6 @@ def _build(kind: str, tensors: list[torch.Tensor], scale: float, deterministic: 
         for t, buf in ((dq, dq_buf), (dk, dk_buf), (dv, dv_buf)):
             t.set_output(True).set_dim(list(buf.shape)).set_stride(list(buf.stride()))
         outs = [dq, dk, dv]
-        ins = ins[:6]
     g.validate()
     g.build_operation_graph()
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -131,6 +129,8 @@ def _(q, k, v):
 @torch.library.custom_op("vh_attn::cudnn_sdpa_bwd", mutates_args=())
 def sdpa_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
              stats: torch.Tensor, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if 0 in do.stride() or do.stride(-1) != 1:  # an expanded gradient (x.sum().backward()): give it memory
+        do = _o_like(q).copy_(do)
     dq, dk, dv = _o_like(q), _kv_like(k), _kv_like(v)
     _run("bwd", [q, k, v, o, do, stats, dq, dk, dv], deterministic)
     return dq, dk, dv
