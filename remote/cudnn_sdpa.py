@@ -101,6 +101,7 @@ def _key(kind: str, tensors: list[torch.Tensor], deterministic: bool) -> tuple:
 
 def _run(kind: str, tensors: list[torch.Tensor], deterministic: bool = True) -> None:
     cudnn = _cudnn()
+    tensors = [t.detach() for t in tensors]  # the frontend reads them through DLPack, which refuses autograd leaves
     key = _key(kind, tensors, deterministic)
     if key not in _GRAPHS:
         _GRAPHS[key] = _build(kind, tensors, 1.0 / math.sqrt(tensors[0].shape[-1]), deterministic)
