@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = set(sys.stdlib_module_names) | {"torch", "remote", "triton", "pytest", "tests"}
 # Optional extras that are imported inside a try/except or only for an opt-in feature.
-OPTIONAL = {"matplotlib", "transformers"}
+OPTIONAL = {"matplotlib", "transformers", "cudnn"}  # cudnn: nvidia-cudnn-frontend, remote/cudnn_sdpa.py, late and guarded
 
 
 def _imports(path: Path) -> set[str]:
