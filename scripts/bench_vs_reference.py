@@ -145,13 +145,17 @@ def ours_run(args: argparse.Namespace, name: str, work: Path) -> tuple[dict | No
     if name == "deterministic":
         cmd += ["--deterministic", "--replay"]
     record, err = _child(cmd, out, work / f"{name}.log", args.timeout_s * (2 if name == "deterministic" else 1))
-    if record is not None:
-        from remote.profiles import load_profile
+    return (_annotate(record, args.profile) if record is not None else None), err
 
-        chunk = record.get("kernels", {}).get("ce_chunk_tokens")
-        record["ce_chunk_tokens"] = chunk
-        record["ce_chunk_is_profile_default"] = chunk == load_profile(args.profile).train.ce_chunk_tokens
-    return record, err
+
+def _annotate(record: dict, profile: str) -> dict:
+    """The loss chunk the run used, and whether it is the profile's own (not an environment knob's)."""
+    from remote.profiles import load_profile
+
+    chunk = record.get("kernels", {}).get("ce_chunk_tokens")
+    record["ce_chunk_tokens"] = chunk
+    record["ce_chunk_is_profile_default"] = chunk == load_profile(profile).train.ce_chunk_tokens
+    return record
 
 
 def ref_child(args: argparse.Namespace, name: str, work: Path) -> tuple[dict | None, str | None]:
@@ -197,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma list of {', '.join((*OURS, *REFERENCES))}")
     ap.add_argument("--timeout-s", type=float, default=240, help="per run (deterministic gets twice this)")
     ap.add_argument("--work", help="keep every run's JSON and log here (default: a temporary folder)")
+    ap.add_argument("--ours-evidence", help="use this run_mfu_dist record as `ours` instead of running it")
+    ap.add_argument("--deterministic-evidence", help="likewise for `deterministic`")
     ap.add_argument("--reference", choices=REFERENCES, help=argparse.SUPPRESS)  # child mode: one reference
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -219,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
                         "micro_batch": args.micro_batch, "steps": args.steps, "warmup_steps": args.warmup_steps,
                         "references": [], "failed": {}}
         record["versions"] = _versions()
+        for name, given in (("ours", args.ours_evidence), ("deterministic", args.deterministic_evidence)):
+            if given:  # measured earlier in the same session (e.g. scripts/h200_kernels.sh); not run again
+                record[name] = _annotate(json.loads(Path(given).read_text()), args.profile)
+                runs = [r for r in runs if r != name]
         for name in runs:
             t0 = time.monotonic()
             result, err = (ours_run if name in OURS else ref_child)(args, name, work)

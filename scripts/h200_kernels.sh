@@ -52,7 +52,8 @@ train 4-all-mb16 loss,swiglu,optim 16
 LIMIT=150 train 5-det-mb16 all 16 --deterministic --replay
 ours="$WORK/mfu-4-all-mb16.json"
 phase bench 110 $PY scripts/bench_vs_reference.py --micro-batch 16 --steps "$STEPS" \
-    $([ -f "$ours" ] && echo --ours-evidence "$ours") --out "$OUT/bench-vs-reference.json"
+    --runs hf-layer,hf+liger-layer \
+    $([ -f "$ours" ] && echo --ours-evidence "$ours") $([ -f "$WORK/mfu-5-det-mb16.json" ] && echo --deterministic-evidence "$WORK/mfu-5-det-mb16.json") --out "$OUT/bench-vs-reference.json"
 for mb in $MB_BIG; do
     [ "$mb" = 32 ] && continue  # last: only if the budget still allows it
     train "6-all-mb$mb" all "$mb"
@@ -95,8 +96,9 @@ if check.exists():
 bench = out / "bench-vs-reference.json"
 if bench.exists():
     b = json.loads(bench.read_text())
-    print(f"bench mb{b['micro_batch']}: ours {b['ours']['mfu']:.4f} HF reference {b['reference']['mfu']:.4f} "
-          f"ratio {b['ratio']:.3f}")
+    refs = " ".join(f"{r['name']} {r['mfu']:.4f}" for r in b["references"])
+    print(f"bench mb{b['micro_batch']}: ours {b.get('ours', {}).get('mfu')} references {refs} "
+          f"strongest {b.get('strongest')} ratio {b.get('ratio_vs_strongest')}")
 print("\n".join(rows))
 PY
 tar -czf "$OUT/extra.tar.gz" -C "$WORK" . 2>/dev/null

@@ -46,7 +46,8 @@ phase deterministic 360 $PY "${RUN[@]}" --reduction zero2o --compile --determini
 cp "$WORK/mfu-dp1-deterministic-mb$DET_MB.json" "$OUT/dp1-deterministic.json" 2>/dev/null
 ours="$WORK/mfu-dp1-fast-mb$BENCH_MB.json"
 phase bench 300 $PY scripts/bench_vs_reference.py --micro-batch "$BENCH_MB" --steps "$STEPS" \
-    $([ -f "$ours" ] && echo --ours-evidence "$ours") --out "$OUT/bench-vs-reference.json"
+    --runs hf-layer,hf+liger-layer \
+    $([ -f "$ours" ] && echo --ours-evidence "$ours") $([ -f "$WORK/mfu-dp1-deterministic-mb$DET_MB.json" ] && echo --deterministic-evidence "$WORK/mfu-dp1-deterministic-mb$DET_MB.json") --out "$OUT/bench-vs-reference.json"
 if [ "${H200_PROFILE:-1}" = 1 ] && [ -n "$best" ]; then
     pmb=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['micro_batch'])" "$best")
     VH_TORCH_PROFILE_OUT="$OUT/profile.txt" phase profile 200 $PY "${RUN[@]}" --reduction zero2o --compile \
@@ -62,8 +63,9 @@ for p in sorted(pathlib.Path(sys.argv[1]).glob("mfu-*.json")) + [pathlib.Path(sy
     if not p.exists():
         continue
     d = json.loads(p.read_text())
-    if "ratio" in d:
-        print(f"bench: ours {d['ours']['mfu']:.4f} reference {d['reference']['mfu']:.4f} ratio {d['ratio']:.3f}")
+    if "references" in d:
+        refs = " ".join(f"{r['name']} {r['mfu']:.4f}" for r in d["references"])
+        print(f"bench: ours {d.get('ours', {}).get('mfu')} {refs} ratio {d.get('ratio_vs_strongest')}")
         continue
     rows.append(f"{p.stem:34s} mb={d['micro_batch']:<3d} mfu={d['mfu']:.4f} tok/s={d['tokens_per_s']:>9.0f} "
                 f"attn={d['attention_backend']:6s} mem={max(d['rank_peak_mem_gib']):6.1f}GiB "

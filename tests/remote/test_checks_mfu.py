@@ -125,3 +125,21 @@ def test_bench_v2_tampered_fails_naming_the_claim(tmp_path: Path, edit, claim: s
     edit(d)
     failed = mfu_check.check(_write(tmp_path, d))
     assert failed and claim in failed[0], failed
+
+
+def test_bench_script_takes_earlier_runs_as_evidence_and_checker_wants_references(tmp_path: Path) -> None:
+    """--ours-evidence/--deterministic-evidence (scripts/h200_kernels.sh): nothing is run again, the chunk
+    is annotated, and a record without any reference is not evidence of a ratio."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(H200.parents[1] / "scripts" / "bench_vs_reference.py"), "--runs",
+                           "ours,deterministic", "--ours-evidence", str(H200 / "dp1-fast.json"),
+                           "--deterministic-evidence", str(H200 / "dp1-deterministic.json"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    d = json.loads(out.read_text())
+    assert d["ours"]["ce_chunk_is_profile_default"] is False and d["references"] == [] and "strongest" not in d
+    assert d["deterministic_vs_fast"] == d["deterministic"]["mfu"] / d["ours"]["mfu"]
+    assert mfu_check.check(out) == ["references: none measured"]
