@@ -59,6 +59,12 @@ PacingScale = Annotated[float | None, typer.Option("--pacing-scale", hidden=True
 PollInterval = Annotated[float | None, typer.Option("--poll-interval", hidden=True,
                                                     help="Seconds between instance polls while booting (tests).")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Quote and plan only: read-only calls, nothing created.")]
+AllowUnarmed = Annotated[bool, typer.Option("--allow-unarmed-deadman", help="Run even when the dead-man switch "
+                                            "cannot prove it can delete the host (recorded in the evidence).")]
+ImageExpectOpt = Annotated[str | None, typer.Option("--image-expect", help="Override the host image check, e.g. "
+                                                     "torch=2.11.0,cuda=13.0 (recorded as an override).")]
+ImageExpectAck = Annotated[bool, typer.Option("--image-expect-ack", help="Allow --image-expect against a real "
+                                              "(non-loopback) API.")]
 
 
 @contextmanager
@@ -118,6 +124,9 @@ def main_command(
     proof_interval: ProofInterval = None,
     pacing_scale: PacingScale = None,
     poll_interval: PollInterval = None,
+    allow_unarmed_deadman: AllowUnarmed = False,
+    image_expect: ImageExpectOpt = None,
+    image_expect_ack: ImageExpectAck = False,
 ) -> None:
     """Run a profile end to end (or --dry-run to see the offer, the plan and the worst-case cost)."""
     if ctx.invoked_subcommand:
@@ -134,7 +143,8 @@ def main_command(
             eight_gpu_qualified=eight_gpu_qualified, boot_retries=boot_retries,
             evidence_dir=path_flag("--evidence-dir", evidence_dir),
             api_url=api_url, sim=sim, proof_interval_s=proof_interval,
-            pacing_scale=pacing_scale, poll_s=poll_interval,
+            pacing_scale=pacing_scale, poll_s=poll_interval, allow_unarmed_deadman=allow_unarmed_deadman,
+            image_expect=image_expect, image_expect_ack=image_expect_ack,
         )
         drivers = load_driver_policy()
         with _api_target(spec) as (target, scale), _client(target, scale) as client:

@@ -99,6 +99,13 @@ class ImageRef(_Strict):
         return cls(repo=found["repo"], tag=found["tag"], digest=f"sha256:{found['digest']}")
 
     @property
+    def create_form(self) -> str:
+        """What the create sends: `repo@sha256:<digest>`, the digest-pinned form. No source shows Vast taking
+        `repo:tag@sha256:…` (its templates split image and tag themselves); the tag stays in the profile for
+        people, the dry run and the host check."""
+        return f"{self.repo}@{self.digest}"
+
+    @property
     def cuda(self) -> str | None:
         found = _TAG_CUDA_RE.search(self.tag)
         return found.group(1) if found else None
@@ -117,6 +124,32 @@ class ImageExpect(_Strict):
 
     def flags(self) -> str:
         return f"--expect-torch {self.torch} --expect-cuda {self.cuda} --expect-cudnn {self.cudnn}"
+
+
+def parse_image_expect(raw: str, base: ImageExpect | None) -> ImageExpect:
+    """`--image-expect torch=X,cuda=Y,cudnn=Z` (any subset; the rest keep the profile's values)."""
+    if base is None:
+        raise ConfigError("--image-expect: this profile checks no image on the host; there is nothing to override")
+    values = base.model_dump()
+    for item in (part.strip() for part in raw.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in values:
+            raise ConfigError(f"--image-expect: expected torch=VERSION,cuda=VERSION,cudnn=VERSION, got {item!r}")
+        values[key.strip()] = value.strip()
+    try:
+        return ImageExpect.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(f"--image-expect: {'.'.join(str(p) for p in first['loc'])}: a dotted version "
+                          f"like 12.8 is expected") from None
+
+
+def with_image_expect(profile: HarnessProfile, expect: ImageExpect) -> HarnessProfile:
+    """The profile whose host check expects `expect` (its steps' expanded flags replaced)."""
+    assert profile.image_expect is not None
+    old, new = profile.image_expect.flags(), expect.flags()
+    steps = [s.model_copy(update={"run": s.run.replace(old, new)}) for s in profile.steps]
+    return profile.model_copy(update={"image_expect": expect, "steps": steps})
 
 
 class HarnessProfile(_Strict):
@@ -419,6 +452,8 @@ class RunSpec(BaseModel):
     poll_s: float = 10.0  # instance polling while it boots (Vast's docs: every 10 s)
     deadman_grace_s: float = 600.0  # the host deletes itself this long after the time cap
     pacing_scale: float = 1.0
+    allow_unarmed_deadman: bool = False  # run even when the dead-man switch cannot prove it can act (recorded)
+    image_expect_override: ImageExpect | None = None  # --image-expect: recorded in the evidence and the report
 
     @model_validator(mode="after")
     def _consistent(self) -> RunSpec:
@@ -454,6 +489,9 @@ def resolve(
     proof_interval_s: float | None = None,
     pacing_scale: float | None = None,
     poll_s: float | None = None,
+    allow_unarmed_deadman: bool = False,
+    image_expect: str | None = None,
+    image_expect_ack: bool = False,
     environ: Mapping[str, str] | None = None,
     profiles_dir: Path = PROFILES_DIR,
 ) -> RunSpec:
@@ -501,6 +539,16 @@ def resolve(
         if pacing_scale is not None and pacing_scale < REAL_PACING_SCALE_FLOOR:
             raise ConfigError(f"--pacing-scale {pacing_scale:g} is below {REAL_PACING_SCALE_FLOOR:g} against {url}: "
                               "Vast's rate limits cannot be scaled down; lower values are for the simulator")
+    override = None
+    if image_expect is not None:
+        override = parse_image_expect(image_expect, prof.image_expect)
+        if not (sim or is_loopback_url(url) or image_expect_ack):
+            raise ConfigError(f"--image-expect overrides the profile's image check against {url}: a real rental "
+                              "could run on an image the profile was not measured with. Add --image-expect-ack "
+                              "to do it anyway (the override is recorded in the evidence and the report)")
+        prof = with_image_expect(prof, override)
+    elif image_expect_ack:
+        raise ConfigError("--image-expect-ack acknowledges an --image-expect override; none was given")
     key = None if sim else read_api_key(key_file, environ)
     ev_dir = (evidence_dir or Path.cwd() / ".evidence" / "vast").expanduser()  # never site-packages
     if not dry_run:  # a run or a reap writes its ledger and evidence here: find out now, not after renting
@@ -524,6 +572,8 @@ def resolve(
             poll_s=poll_s if poll_s is not None else (0.25 if sim else 10.0),
             deadman_grace_s=30.0 if sim else 600.0,
             pacing_scale=pacing_scale if pacing_scale is not None else 1.0,
+            allow_unarmed_deadman=allow_unarmed_deadman,
+            image_expect_override=override,
         )
     except ValidationError as exc:
         raise ConfigError(_validation_message("run spec", exc)) from None

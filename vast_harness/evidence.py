@@ -97,6 +97,9 @@ class RunRecord(BaseModel):
     absence: dict[str, Any]
     api_calls: dict[str, Any]
     evidence_write_failures: list[str] = Field(default_factory=list)
+    deadman: dict[str, Any] | None = None  # deadman.DeadmanStatus at the first SSH: armed, fires at, clock skew
+    image_sent: str | None = None  # the image reference the create carried (repo@sha256:digest)
+    image_expect_override: dict[str, str] | None = None  # --image-expect: what the host check expected instead
     exit_code: int
     message: str
     finished_unix: float = Field(default_factory=time.time)

@@ -197,6 +197,7 @@ class Output:
         repo_tag, _, digest = plan.image.partition("@")  # repo:tag@sha256:... (config refuses any other form)
         self.out.print(_line(("image", "bold"), f" {repo_tag}  ", ("digest", "bold"),
                              f" {digest}{'' if plan.image_digest_verified else ' (unverified)'}"), soft_wrap=True)
+        self.out.print(_line(("create sends", "bold"), f" {repo_tag.rsplit(':', 1)[0]}@{digest}"), soft_wrap=True)
         t = Table(title="Chosen offer", show_header=True, header_style="bold")
         for col in ("id", "GPU", "count", "driver", "qualified", "CUDA", "PCIe GB/s", "$/h", "reliability",
                     "location"):

@@ -52,6 +52,7 @@ class RunPlan(BaseModel):
         return {
             "profile": self.profile,
             "image": self.image,
+            "image_sent": self.image.split(":", 1)[0] + "@" + self.image.partition("@")[2],
             "offer": {
                 "id": o.id,
                 "machine_id": o.machine_id,

@@ -167,8 +167,25 @@ def summary_section(f: RunFacts) -> str:
         ["caps", f"${caps.get('max_usd')} · {caps.get('max_minutes')} min" if caps else None],
         ["worst case $", r.get("worst_case_usd")], ["accrued $", r.get("accrued_usd")],
         ["absence", (r.get("absence") or {}).get("verdict")], ["simulated", r.get("sim")],
+        ["dead-man", deadman_line(r.get("deadman"))], ["image sent", r.get("image_sent")],
     ]
+    override = r.get("image_expect_override")
+    if override:
+        rows.append(["image check", Cell("OVERRIDDEN by --image-expect: " + ", ".join(
+            f"{k}={v}" for k, v in override.items()), "bad")])
     return table(["", ""], [[k, v] for k, v in rows], cls="summary")
+
+
+def deadman_line(d: dict[str, Any] | None) -> str | None:
+    """ "armed, fires at <UTC>" (with the host clock's skew), or why it was not armed."""
+    if not d:
+        return None
+    skew = d.get("host_clock_skew_s")
+    skew_text = f" (host clock {skew:+.0f} s)" if isinstance(skew, int | float) else ""
+    if d.get("armed"):
+        return f"armed, fires at {d.get('fires_at_utc')}{skew_text}"
+    allowed = "; run allowed by --allow-unarmed-deadman" if d.get("allowed_unarmed") else ""
+    return f"NOT ARMED: {d.get('problem')}{allowed}{skew_text}"
 
 
 def steps_section(f: RunFacts) -> str:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar, Unpack
 from pydantic import BaseModel
 
 from vast_harness.bundle import Bundle, build_bundle
+from vast_harness.deadman import DeadmanStatus, DeadmanUnarmed, check_armed, read_log
 from vast_harness.client import VastClient
 from vast_harness.config import LABEL_PREFIX, DriverPolicy, RunSpec, check_evidence_dir
 from vast_harness.errors import (
@@ -75,9 +76,11 @@ from vast_harness.ssh import (
 )
 
 MAX_UNAVAILABLE_REPICKS = 3
-# A boot failure that says the offer was sold twice (Vast accepts both buys; one container cannot bind its
-# ports): the offer was taken, like no_such_ask, so it costs a re-pick, not one of the boot retries.
-_OFFER_CONFLICT_WORDS = ("port is already allocated", "already rented", "no longer available")
+# An offer sold twice is accepted for both buyers and "this error never propagates back" (SkyPilot PR 9117):
+# the second buyer's instance just never becomes reachable. No message says so, so none is matched: the boot
+# deadline ends it like any host that does not come up (deleted, machine excluded, a boot retry spent).
+DEADMAN_CHECK_MAX_S = 45.0  # the dead-man check at the first SSH (it waits up to 30 s for the arm probe)
+DEADMAN_LOG_READ_S = 3.0  # reading the switch's log back at teardown: brief, DELETE comes next
 NULL_GRACE_S = 60.0  # reads lag creates: tolerate `instances: null` this long after create
 # An SFTP channel with no byte for this long (a share of the margin, 1-30 s) is a stalled link: closed.
 SFTP_STALL_MAX_S = 30.0
@@ -156,6 +159,7 @@ class GuardedRun:
         self.meter = CostMeter(max_usd=spec.caps.max_usd, max_seconds=spec.max_seconds,
                                teardown_margin_s=spec.teardown_margin_s, t0=self.t0)
         self.work: HostWork | None = None  # the host's phases, once SSH is up
+        self.deadman: DeadmanStatus | None = None  # the switch as the first SSH found it
         self.guard: _SignalGuard | None = None
         self.ledger_write_failures: list[str] = []
         self.excluded_machines: set[int] = set()
@@ -198,6 +202,7 @@ class GuardedRun:
                 self._check_cancelled()
                 key = generate_run_key(Path(key_dir))
                 self._rent_and_connect(key)
+                self._timed("deadman_check", self._check_deadman)
                 self._timed("upload", lambda: self._upload(bundle))
                 with self._price_watch():
                     self._run_steps()
@@ -298,9 +303,6 @@ class GuardedRun:
                 self._teardown_one(inst)
                 if inst.machine_id is not None:
                     self.excluded_machines.add(inst.machine_id)
-                if any(w in str(exc).lower() for w in _OFFER_CONFLICT_WORDS):
-                    repick(f"offer {cand.offer.id} was sold twice: {exc}")
-                    continue
                 boots_left -= 1
                 if boots_left <= 0:
                     raise BootFailed(f"no host came up after {self.spec.boot_retries + 1} attempt(s): {exc}") from None
@@ -313,7 +315,7 @@ class GuardedRun:
         outcome that no read settles raises CreateUnresolved (exit 3 unless the final sweep finds it)."""
         deadman_s = int(self.spec.max_seconds + self.spec.deadman_grace_s)
         request = CreateRequest(
-            image=self.spec.profile.image, disk=self.spec.profile.disk_gb, label=label,
+            image=self.spec.profile.image_ref.create_form, disk=self.spec.profile.disk_gb, label=label,
             onstart=build_onstart(public_key=key.public_openssh, api_url=self.spec.api_url, deadman_after_s=deadman_s),
         )
         self.out.info(f"renting offer {cand.offer.id} ({cand.offer.num_gpus}x {cand.offer.gpu_name}, "
@@ -440,6 +442,39 @@ class GuardedRun:
                 raise CapReachedError(f"cap reached while instance {inst.instance_id} was booting: {exc}") from exc
             raise
 
+    def _check_deadman(self) -> None:
+        """Prove the dead-man switch can act before any workload minute (deadman.py); fail closed unless
+        --allow-unarmed-deadman. The host clock's skew and the deadline go into the evidence either way."""
+        assert self.session is not None and self.created
+        inst = self.created[-1]
+        timeout_s = min(DEADMAN_CHECK_MAX_S, self.meter.deadline() - time.monotonic())
+        if timeout_s <= 1.0:
+            raise CapReachedError("cap reached before the dead-man switch could be checked")
+        allowance_s = int(self.spec.max_seconds + self.spec.deadman_grace_s)
+        status = check_armed(self.session, instance_id=inst.instance_id, allowance_s=allowance_s,
+                             elapsed_s=time.monotonic() - inst.t_created_mono, timeout_s=timeout_s,
+                             allow_unarmed=self.spec.allow_unarmed_deadman)
+        self.deadman = status
+        if status.skew_large:
+            self.out.warn(f"the host's clock is {status.host_clock_skew_s:+.0f} s from this machine's; the "
+                          "dead-man switch counts on the host's clock only, so it still fires on time")
+        if status.armed:
+            self.out.info(status.line())
+            return
+        if not status.allowed_unarmed:
+            raise DeadmanUnarmed(f"the dead-man switch cannot act on instance {inst.instance_id}: {status.problem}. "
+                                 "Without it nothing deletes the host if the harness dies, so the run stops here "
+                                 "(--allow-unarmed-deadman runs anyway and records it)")
+        self.out.warn(status.line())
+
+    def _read_deadman_log(self) -> None:
+        """The switch's log (every attempt it made) into the evidence, read once more at teardown."""
+        if self.session is None or self.deadman is None or (self.guard and self.guard.hurry):
+            return
+        text = read_log(self.session, timeout_s=DEADMAN_LOG_READ_S) if self.session.is_active() else ""
+        self.ev.guarded("deadman.log", lambda: (self.ev.dir / "deadman.log").write_text(
+            (text or self.deadman.log_tail) + "\n", encoding="utf-8"))
+
     # ---------------------------------------------------------------------------------- host work
     # The phases on the host (hostwork.py); thin here so the run reads top to bottom in `execute`.
     def _upload(self, bundle: Bundle) -> None:
@@ -497,6 +532,7 @@ class GuardedRun:
         # "After the last step" counts from the step's end when one ran (evidence pull included), else from now.
         t_last_step_end_unix = (self.work and self.work.t_last_step_end_unix) or time.time()
         self._pull_evidence(in_teardown=True)
+        self._read_deadman_log()
         if self.session is not None:
             self.session.close()  # transport first: a stalled link cannot hold this
         start = time.monotonic()
@@ -569,6 +605,9 @@ class GuardedRun:
             timings=self.timings | {"workload_steps_s": round(workload_s, 3)},
             absence=overall_absence(self.teardowns), api_calls=dataclasses.asdict(self.client.stats),
             evidence_write_failures=self._write_failures(),
+            deadman=self.deadman.model_dump() if self.deadman else None,
+            image_sent=spec.profile.image_ref.create_form,
+            image_expect_override=spec.image_expect_override.model_dump() if spec.image_expect_override else None,
             exit_code=code, message=message,
             harness={"python": sys.version.split()[0], "platform": platform.platform()},
         )
