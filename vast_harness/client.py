@@ -37,11 +37,13 @@ from tenacity import (
 
 from vast_harness.answerbound import AnswerBound
 from vast_harness.apiurl import DEFAULT_API_URL, validate_api_url
+from vast_harness.endpoints import ENDPOINT_PATHS
 from vast_harness.errors import (
     RETRYABLE,
     ApiStatusError,
     AuthError,
     ConfigError,
+    EndpointDeprecated,
     NotFoundError,
     OfferUnavailable,
     RateLimitError,
@@ -49,25 +51,12 @@ from vast_harness.errors import (
     TransportError,
     VastError,
 )
-from vast_harness.models import CreateResult, Instance, InstancePage, Offer, SshKey, User
+from vast_harness.models import CreateResult, Instance, InstancePage, Offer, User
 from vast_harness.pacing import Pacer, endpoint_key
 
 log = logging.getLogger(__name__)
 
 V1_PAGE_LIMIT_MAX = 25  # show_instances.yaml: "max 25"
-# The path (a pacing key: the id as `{id}`) each endpoint method calls. GET and DELETE of an instance share
-# one, as the pacing assumes. The only place the control plane spells Vast URLs.
-ENDPOINT_PATHS = {
-    "search_offers": "/api/v0/bundles/",
-    "create_instance": "/api/v0/asks/{id}/",
-    "get_instance": "/api/v0/instances/{id}/",
-    "read_instance_raw": "/api/v0/instances/{id}/",
-    "destroy_instance": "/api/v0/instances/{id}/",
-    "list_instances": "/api/v1/instances/",
-    "list_instances_page": "/api/v1/instances/",
-    "list_instances_raw": "/api/v1/instances/",
-    "current_user": "/api/v0/users/current/",
-}
 MAX_LIST_PAGES = 100  # 2,500 instances: far above any account we drive; a bound against a looping token
 MAX_RECORDED_TEXT_CHARS = 1_000_000
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # far above 8 pages of 1,000 offers; a bound against a flooding proxy
@@ -118,11 +107,6 @@ class RawExchange:
     error: str | None
     t_start_unix: float
     t_end_unix: float
-
-    @property
-    def ok_json(self) -> bool:
-        """HTTP 200 with a parsable JSON body: the only outcome a proof may read as an answer."""
-        return self.status == 200 and self.error is None and self.json is not None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,6 +188,8 @@ def _status_class(path: str, status: int, error: str | None, msg: str | None) ->
         return RateLimitError
     if status in (500, 502, 503, 504):
         return ServerError
+    if error == "deprecated_endpoint" or (status == 410 and "deprecated" in (msg or "").lower()):
+        return EndpointDeprecated  # never "gone": Vast retired the path (skypilot issue 10517, dstack PR 3969)
     if path.startswith("/api/v0/asks/") and _is_offer_gone(status, error, msg):
         return OfferUnavailable
     if error in _GONE_CODES:  # strict: a bare 404 (proxy, wrong path) is not proof of absence
@@ -352,12 +338,6 @@ class VastClient:
                 return rows
         raise VastError(f"GET {ENDPOINT_PATHS['list_instances']} still had a next_token after {MAX_LIST_PAGES} pages")
 
-    def instance_price(self, instance_id: int) -> float | None:
-        """The rented instance's own `dph_total` ($/h) now, or None when the read shows none. Hosts re-price
-        at any time; this, not the search price, is what the instance bills."""
-        inst = self.get_instance(instance_id)
-        return inst.dph_total if inst is not None else None
-
     def destroy_instance(
         self, instance_id: int, *, max_retry_s: float | None = None
     ) -> Literal["deleted", "already_gone"]:
@@ -373,30 +353,6 @@ class VastClient:
     def current_user(self, *, max_retry_s: float | None = None) -> User:
         path = ENDPOINT_PATHS["current_user"]
         return self._model(User, self._call("GET", path, retry=True, max_retry_s=max_retry_s), "GET", path)
-
-    def list_ssh_keys(self) -> list[SshKey]:
-        path = "/api/v0/ssh/"
-        data = self._call("GET", path, retry=True)
-        rows = data if isinstance(data, list) else self._rows(data, "ssh_keys", "GET", path)
-        return [self._model(SshKey, row, "GET", path) for row in rows]
-
-    def create_ssh_key(self, pub: str) -> SshKey:
-        path = "/api/v0/ssh/"
-        data = self._call("POST", path, json={"ssh_key": pub}, retry=False)
-        key = data.get("key") if isinstance(data, dict) else None
-        return self._model(SshKey, key, "POST", path)
-
-    def attach_instance_ssh_key(self, instance_id: int, pub: str) -> None:
-        path = f"/api/v0/instances/{int(instance_id)}/ssh/"
-        self._call("POST", path, json={"ssh_key": pub}, retry=False)
-
-    def list_instance_ssh_keys(self, instance_id: int) -> list[SshKey]:
-        """`ssh_keys` arrives as a JSON *string* holding the array (show_instance_ssh_keys.yaml)."""
-        path = f"/api/v0/instances/{int(instance_id)}/ssh/"
-        data = self._call("GET", path, retry=True)
-        if isinstance(data, dict) and isinstance(data.get("ssh_keys"), str):
-            data = {**data, "ssh_keys": _parse_json(data["ssh_keys"])}
-        return [self._model(SshKey, row, "GET", path) for row in self._rows(data, "ssh_keys", "GET", path)]
 
     def exchange(
         self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None
@@ -574,6 +530,9 @@ class VastClient:
             raise ConfigError(f"refusing to send the API key in a URL ({where})")
 
 
+_ORDER_BY = jsonlib.dumps([{"col": "id", "dir": "asc"}], separators=(",", ":"))
+
+
 def _list_params(*, label: str | None, instance_id: int | None, limit: int, after_token: str | None) -> dict[str, Any]:
     """The v1 list's query: `select_filters` as a JSON string of `{column: {"eq": value}}` (show_instances.yaml)."""
     filters: dict[str, Any] = {}
@@ -581,7 +540,9 @@ def _list_params(*, label: str | None, instance_id: int | None, limit: int, afte
         filters["label"] = {"eq": label}
     if instance_id is not None:
         filters["id"] = {"eq": int(instance_id)}
-    params: dict[str, Any] = {"limit": limit}
+    # order_by as the official CLI sends it (vastai/api/instances.py): the keyset token then never rests on a
+    # server default
+    params: dict[str, Any] = {"limit": limit, "order_by": _ORDER_BY}
     if filters:
         params["select_filters"] = jsonlib.dumps(filters, separators=(",", ":"))
     if after_token is not None:

@@ -16,6 +16,7 @@ the only place that ranks codes (a fleet's runs, a run's outcome against its tea
         │       ├── RateLimitError  429 (Vast sends no Retry-After): retryable
         │       ├── ServerError     502/503/504: retryable
         │       ├── NotFoundError   404 not_found / no_such_instance
+        │       ├── EndpointDeprecated  410 deprecated_endpoint: Vast retired the path; never "gone"
         │       └── OfferUnavailable  the offer left the market between search and create
         ├── NoOfferError            no offer satisfies the filters and caps                exit 5
         ├── CapReachedError         the time or cost cap stopped the run                   exit 6
@@ -179,6 +180,16 @@ class ServerError(ApiStatusError):
 
 class NotFoundError(ApiStatusError):
     """HTTP 404 with not_found / no_such_instance (for DELETE: already gone)."""
+
+
+class EndpointDeprecated(ApiStatusError):
+    """410 `deprecated_endpoint`: Vast retired this path (it did so for `GET /api/v0/instances/`, skypilot issue
+    10517; dstack PR 3969 calls it "the /api/v0/instances/ path family"). Never read as "gone"."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.args = (f"VAST RETIRED THIS ENDPOINT: {self.args[0]}; the harness (and the dead-man switch) need "
+                     "an update before they can act on instances",)
 
 
 class OfferUnavailable(ApiStatusError):

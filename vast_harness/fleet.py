@@ -31,8 +31,9 @@ from rich.markup import escape
 from rich.text import Text
 
 from vast_harness.bundle import Bundle, build_bundle
-from vast_harness.client import ENDPOINT_PATHS, VastClient
+from vast_harness.client import VastClient
 from vast_harness.config import Caps, DriverPolicy, RunSpec, load_profile
+from vast_harness.endpoints import ENDPOINT_PATHS
 from vast_harness.errors import PRECEDENCE, ConfigError, ExitCode, NoOfferError, describe, exit_code_for, worst
 from vast_harness.evidence import StepRecord
 from vast_harness.ledger import LEDGER_FILE, Ledger, new_run_id

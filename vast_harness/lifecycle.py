@@ -23,6 +23,7 @@ from vast_harness.client import RawExchange, VastClient
 from vast_harness.errors import (
     ApiStatusError,
     BootFailed,
+    EndpointDeprecated,
     LedgerWriteError,
     OfferUnavailable,
     RateLimitError,
@@ -167,6 +168,8 @@ def wait_ready(
     while True:
         try:
             inst = client.get_instance(instance_id)
+        except EndpointDeprecated:
+            raise  # a retired path answers the same until the harness is updated: waiting cannot help
         except VastError as exc:
             inst, last = None, f"read failed: {exc}"
         else:

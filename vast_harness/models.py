@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 # Vast's `actual_status` values, as data (docs/vast-behaviours.md).
 FAILED_STATUSES = frozenset({"exited", "offline", "unknown", "stopped", "frozen"})
 READY_STATUS = "running"
+# vast-cli `machines.py` treats these as "stopped before reaching running" while it waits for a boot.
+INTENDED_STOP_STATUSES = frozenset({"stopped", "exited"})
 # Tokens in `status_msg` that mean the container will not come up (vast-cli machines.py self-test).
 STATUS_MSG_ERROR_TOKENS = (
     "error",
@@ -196,6 +198,8 @@ class Instance(_VastModel):
             return f"actual_status={self.actual_status}"
         if self.cur_state == self.intended_status == self.next_state == "stopped":
             return "all states stopped (outbid or unschedulable)"
+        if self.intended_status in INTENDED_STOP_STATUSES:  # the official CLI's early stop (machines.py)
+            return f"intended_status={self.intended_status} before reaching running"
         msg = (self.status_msg or "").lower()
         if msg and not msg.startswith("success") and any(t in msg for t in STATUS_MSG_ERROR_TOKENS):
             return f"status_msg: {self.status_msg}"
@@ -224,11 +228,6 @@ class User(_VastModel):
 
     def __repr__(self) -> str:  # never show the email in logs by accident
         return f"User(id={self.id}, credit={self.credit}, balance={self.balance})"
-
-
-class SshKey(_VastModel):
-    id: int
-    key: str | None = Field(default=None, alias="public_key")
 
 
 class CreateResult(_VastModel):

@@ -129,9 +129,23 @@ def check_offer(offer: Offer, criteria: OfferCriteria) -> list[str]:
     if offer.dph_base is None and offer.dph_total is None:
         reasons.append("no price")
     reasons.extend(price_faults(offer))
+    reasons.extend(non_finite_fields(offer))
     if offer.machine_id is not None and offer.machine_id in criteria.exclude_machine_ids:
         reasons.append(f"machine {offer.machine_id} failed to boot earlier in this run")
     return reasons
+
+
+# Every number a filter above or the quote reads. A NaN passes any `<` check (every comparison with NaN is
+# false: `reliability2: NaN` used to pass `min_reliability 0.95`), so each must be finite, said with the reason.
+_FILTERED_NUMBERS = ("pcie_bw_gbps", "cuda_max_good", "reliability", "reliability2", "disk_space_gb", "duration_s",
+                     "inet_down", "gpu_ram_mb")
+
+
+def non_finite_fields(offer: Offer) -> list[str]:
+    """The filtered fields that are NaN or infinite (prices are `price_faults`'s)."""
+    return [f"{Offer.model_fields[name].alias or name} {value} is not a finite number"
+            for name in _FILTERED_NUMBERS
+            if isinstance(value := getattr(offer, name), float) and not math.isfinite(value)]
 
 
 def price_faults(offer: Offer) -> list[str]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from vast_harness.endpoints import ENDPOINT_PATHS
 from vast_harness.errors import ConfigError
 
 ONSTART_LIMIT_CHARS = 4096
@@ -37,7 +38,9 @@ DEADMAN_SLEEP_MAX_S = 30  # the switch re-reads its deadline file this often (th
 DEADLINE_FILE = ".vh-deadman.deadline"
 ARMED_FILE = ".vh-deadman.armed"
 LOG_FILE = ".vh-deadman.log"
-ARM_PROBE_ATTEMPTS = 5  # a 429/5xx/no answer to the arm probe is retried this often, 2 s apart
+# The arm probe retries a 429/5xx/no answer, and a 200 that does not show the instance yet (reads lag creates:
+# READ_LAG_WINDOW_S is 30 s), this often, 2 s apart.
+ARM_PROBE_ATTEMPTS = 20
 
 # Placeholders are @NAME@ (the script is full of shell and Python braces).
 _TEMPLATE = """\
@@ -47,7 +50,7 @@ echo @PUBKEY@ >> ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys
 [ -s ~/@DFILE@ ] || echo $(($(date +%s)+@ALLOW_S@)) > ~/@DFILE@
 cat > ~/.vh-deadman.sh <<'VHEOF'
 f=~/@DFILE@
-u=@API_URL@/api/v0/instances/$CONTAINER_ID/
+u=@API_URL@@INSTANCE_PATH@
 o=~/.vh-deadman.out
 q() {
   : > $o
@@ -78,7 +81,7 @@ fi
 i=0
 while :; do
   c=$(q GET); say ARM $c; i=$((i+1))
-  case "$c" in 200|401|403|404|410) break;; esac
+  case "$c" in 200) grep -Eq '"id": *'"$CONTAINER_ID"'([^0-9]|$)' $o && break;; 401|403|404|410) break;; esac
   [ $i -ge @ARM_TRIES@ ] && break; sleep 2
 done
 w=missing; grep -Eq '"id": *'"$CONTAINER_ID"'([^0-9]|$)' $o && w=shows
@@ -112,7 +115,7 @@ def build_onstart(*, public_key: str, api_url: str, deadman_after_s: int) -> str
     values = {"PUBKEY": shlex.quote(public_key.strip()), "API_URL": shlex.quote(api_url.rstrip("/")),
               "ALLOW_S": str(int(deadman_after_s)), "BACKOFF_FIRST": str(DEADMAN_BACKOFF_FIRST_S),
               "BACKOFF_MAX": str(DEADMAN_BACKOFF_MAX_S), "SLEEP_MAX": str(DEADMAN_SLEEP_MAX_S),
-              "DFILE": DEADLINE_FILE, "AFILE": ARMED_FILE, "LFILE": LOG_FILE, "ARM_TRIES": str(ARM_PROBE_ATTEMPTS)}
+              "INSTANCE_PATH": ENDPOINT_PATHS["destroy_instance"].replace("{id}", "$CONTAINER_ID"), "DFILE": DEADLINE_FILE, "AFILE": ARMED_FILE, "LFILE": LOG_FILE, "ARM_TRIES": str(ARM_PROBE_ATTEMPTS)}
     script = re.sub(r"@([A-Z_]+)@", lambda m: values[m.group(1)], _TEMPLATE)  # one pass: a key cannot inject
     if len(script) > ONSTART_LIMIT_CHARS:
         raise ConfigError(f"onstart is {len(script)} characters; Vast allows {ONSTART_LIMIT_CHARS}")

@@ -11,6 +11,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from vast_harness.endpoints import ENDPOINT_PATHS
+
 _ID_SEGMENT = re.compile(r"/\d+(?=/|$)")
 
 
@@ -29,12 +31,11 @@ class RateRule:
 # Keyed by "METHOD /path/with/{id}/". Thresholds from the per-endpoint OpenAPI `x-rate-limit`
 # (docs/vast-behaviours.md); endpoints without a documented one get the cautious default.
 RATE_RULES: dict[str, RateRule] = {
-    "POST /api/v0/bundles/": RateRule(calls=10, per_s=60.0),
-    "PUT /api/v0/asks/{id}/": RateRule.interval(4.5),
-    "GET /api/v0/instances/{id}/": RateRule.interval(2.0),
-    "DELETE /api/v0/instances/{id}/": RateRule.interval(3.0),
-    "GET /api/v1/instances/": RateRule.interval(1.0),
-    "POST /api/v0/ssh/": RateRule.interval(1.0),
+    f"POST {ENDPOINT_PATHS['search_offers']}": RateRule(calls=10, per_s=60.0),
+    f"PUT {ENDPOINT_PATHS['create_instance']}": RateRule.interval(4.5),
+    f"GET {ENDPOINT_PATHS['get_instance']}": RateRule.interval(2.0),
+    f"DELETE {ENDPOINT_PATHS['destroy_instance']}": RateRule.interval(3.0),
+    f"GET {ENDPOINT_PATHS['list_instances']}": RateRule.interval(1.0),
 }
 DEFAULT_RATE_RULE = RateRule.interval(1.0)
 

@@ -23,9 +23,9 @@ from typing import Any, TypeVar, Unpack
 from pydantic import BaseModel
 
 from vast_harness.bundle import Bundle, build_bundle
-from vast_harness.deadman import DeadmanStatus, DeadmanUnarmed, check_armed, read_log
 from vast_harness.client import VastClient
 from vast_harness.config import LABEL_PREFIX, DriverPolicy, RunSpec, check_evidence_dir
+from vast_harness.deadman import DeadmanStatus, DeadmanUnarmed, check_armed, read_log
 from vast_harness.errors import (
     BootFailed,
     CapReachedError,
@@ -79,7 +79,7 @@ MAX_UNAVAILABLE_REPICKS = 3
 # An offer sold twice is accepted for both buyers and "this error never propagates back" (SkyPilot PR 9117):
 # the second buyer's instance just never becomes reachable. No message says so, so none is matched: the boot
 # deadline ends it like any host that does not come up (deleted, machine excluded, a boot retry spent).
-DEADMAN_CHECK_MAX_S = 45.0  # the dead-man check at the first SSH (it waits up to 30 s for the arm probe)
+DEADMAN_CHECK_MAX_S = 60.0  # the dead-man check at the first SSH (it waits up to 50 s for the arm probe)
 DEADMAN_LOG_READ_S = 3.0  # reading the switch's log back at teardown: brief, DELETE comes next
 NULL_GRACE_S = 60.0  # reads lag creates: tolerate `instances: null` this long after create
 # An SFTP channel with no byte for this long (a share of the margin, 1-30 s) is a stalled link: closed.
@@ -471,9 +471,9 @@ class GuardedRun:
         """The switch's log (every attempt it made) into the evidence, read once more at teardown."""
         if self.session is None or self.deadman is None or (self.guard and self.guard.hurry):
             return
-        text = read_log(self.session, timeout_s=DEADMAN_LOG_READ_S) if self.session.is_active() else ""
-        self.ev.guarded("deadman.log", lambda: (self.ev.dir / "deadman.log").write_text(
-            (text or self.deadman.log_tail) + "\n", encoding="utf-8"))
+        text = (read_log(self.session, timeout_s=DEADMAN_LOG_READ_S) if self.session.is_active() else "") \
+            or self.deadman.log_tail
+        self.ev.guarded("deadman.log", lambda: (self.ev.dir / "deadman.log").write_text(text + "\n", encoding="utf-8"))
 
     # ---------------------------------------------------------------------------------- host work
     # The phases on the host (hostwork.py); thin here so the run reads top to bottom in `execute`.

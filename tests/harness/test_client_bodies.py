@@ -26,7 +26,6 @@ ENDPOINTS = {
     "list": ("GET", "/api/v1/instances/", lambda c: c.list_instances(label="vh-x")),
     "destroy": ("DELETE", "/api/v0/instances/5/", lambda c: c.destroy_instance(5)),
     "user": ("GET", "/api/v0/users/current/", lambda c: c.current_user()),
-    "ssh": ("GET", "/api/v0/ssh/", lambda c: c.list_ssh_keys()),
 }
 BODIES = {
     "deep-json": DEEP, "deep-object": DEEP_OBJ, "not-json": "<html>ok</html>", "wrong-type": '"a string"',
@@ -113,12 +112,6 @@ def test_destroy_retries_are_bounded_by_the_callers_budget(vast_api: respx.MockR
 def test_dph_total_parses_robustly(raw, expected) -> None:
     inst = Instance.model_validate({"id": 1, "dph_total": raw})
     assert inst.dph_total == expected or (expected is not None and math.isclose(inst.dph_total, expected))
-
-
-def test_instance_price_reads_the_instance(vast_api: respx.MockRouter, client: VastClient) -> None:
-    vast_api.get("/api/v0/instances/5/").mock(
-        return_value=httpx.Response(200, json={"instances": {"id": 5, "dph_total": "0.75"}}))
-    assert client.instance_price(5) == 0.75
 
 
 def test_ledger_accepts_create_unresolved(tmp_path) -> None:

@@ -187,13 +187,52 @@ def test_a_5xx_create_that_created_nothing_moves_on(sim, tmp_path):
     assert len(of_run(sim, r)) == 1
 
 
-def test_an_offer_sold_twice_moves_to_the_next_offer_without_a_boot_retry(sim, tmp_path):
+def test_a_silent_double_sale_is_ended_by_the_boot_deadline_and_the_next_machine_runs(sim, tmp_path):
+    # SkyPilot PR 9117: both buys accepted, "this error never propagates back": the instance reads running and
+    # never answers. No message to match: the boot deadline ends it, a boot retry is spent, the machine excluded.
     sim.set_faults("double_accept")
-    r = guarded(sim, make_spec(sim, tmp_path, OK, boot_retries=0))
+    r = guarded(sim, make_spec(sim, tmp_path, OK, boot_retries=1, profile={"boot_timeout_s": 2.0}))
     result = execute(r)
     assert result.exit_code in (0, 4), result.message
-    assert len(r.created) == 2 and all(t.verdict == "gone" for t in r.teardowns)
-    assert not [i for i in of_run(sim, r) if i["live"]]
+    assert len(r.created) == 2 and r.created[0].machine_id in r.excluded_machines
+    assert all(t.verdict == "gone" for t in r.teardowns) and not [i for i in of_run(sim, r) if i["live"]]
+
+
+def test_a_silent_double_sale_without_retries_is_exit_1_and_gone(sim, tmp_path):
+    sim.set_faults("double_accept")
+    r = guarded(sim, make_spec(sim, tmp_path, OK, boot_retries=0, profile={"boot_timeout_s": 2.0}))
+    result = execute(r)
+    assert result.exit_code == 1, result.message
+    assert [t.verdict for t in r.teardowns] == ["gone"] and not [i for i in of_run(sim, r) if i["live"]]
+
+
+def test_an_intended_stop_fails_the_boot_fast(sim, tmp_path, monkeypatch):
+    # vast-cli machines.py: intended_status stopped/exited before running is an early stop, not a slow boot
+    from vast_harness.models import Instance
+
+    assert Instance.model_validate({"id": 1, "actual_status": "loading", "intended_status": "stopped"}).failed_reason
+    assert Instance.model_validate({"id": 1, "actual_status": "loading", "intended_status": "exited"}).failed_reason
+    assert Instance.model_validate({"id": 1, "actual_status": "loading", "intended_status": "running"}).failed_reason \
+        is None
+
+
+def test_scheduling_is_waited_out_within_the_boot_deadline(sim, tmp_path):
+    sim.set_faults("scheduling:1.0")
+    r = guarded(sim, make_spec(sim, tmp_path, OK))
+    result = execute(r)
+    assert result.exit_code in (0, 4), result.message
+    assert r.timings["rent_and_connect_s"] >= 0.9 and not [i for i in of_run(sim, r) if i["live"]]
+
+
+def test_a_negative_balance_that_vast_resolves_by_destroying_is_never_a_false_absence(sim, tmp_path):
+    sim.set_faults("negative_balance:0.0")
+    slow = [Step(name="slow", run="sleep 5", timeout_s=20)]
+    r = guarded(sim, make_spec(sim, tmp_path, slow))
+    result = execute(r)
+    assert result.exit_code == 1, result.message  # the host went away under the step
+    inst = of_run(sim, r)[0]
+    assert not inst["live"] and r.teardowns[0].verdict == "gone"
+    assert r.teardowns[0].proof.rounds[-1].t_unix >= inst["destroyed_at"]
 
 
 @pytest.mark.parametrize("fault", ["oci_fail", "manifest_missing"])
@@ -242,7 +281,7 @@ def test_wait_ready_returns_the_rented_price(sim, tmp_path):
         sim.set_faults("reprice_offer:3")
         made = client.create_instance(offer.id, {"image": "x", "disk": 10, "label": "vh-price"})
         ready = wait_ready(client, made.new_contract, deadline=time.monotonic() + 10, poll_s=0.05, null_grace_s=5)
-        assert ready.dph_total == pytest.approx(client.instance_price(made.new_contract))
+        assert ready.dph_total == pytest.approx(client.get_instance(made.new_contract).dph_total)
         assert ready.dph_total > 2.5 * offer.dph_total
         client.destroy_instance(made.new_contract)
 

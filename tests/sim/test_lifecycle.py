@@ -18,7 +18,7 @@ def slow_boot() -> Iterator[SimServer]:
         yield server
 
 
-def test_boot_walks_null_loading_running(slow_boot: SimServer) -> None:
+def test_boot_walks_null_scheduling_loading_running(slow_boot: SimServer) -> None:
     with httpx.Client(base_url=slow_boot.url, headers={"Authorization": "Bearer boot"}) as api:
         instance_id = create(api)["new_contract"]
         seen = []
@@ -28,7 +28,7 @@ def test_boot_walks_null_loading_running(slow_boot: SimServer) -> None:
             if not seen or seen[-1] != status:
                 seen.append(status)
             time.sleep(0.05)
-        assert seen == [None, "loading", "running"]
+        assert seen == [None, "scheduling", "loading", "running"]  # on-demand creates pass Scheduling (docs PR 951)
         instance = show(api, instance_id)
         assert instance["ports"]["22/tcp"][0]["HostPort"].isdigit()
         assert instance["public_ipaddr"] != instance["public_ipaddr"].strip() == "127.0.0.1"
@@ -108,7 +108,7 @@ def test_header_calls_are_not_flagged(api: httpx.Client, fresh: SimServer) -> No
 def test_legacy_list_is_gone(api: httpx.Client) -> None:
     response = api.get("/api/v0/instances/", params={"owner": "me"})
     assert response.status_code == 410
-    assert response.json()["msg"] == "Use /api/v1/instances/ instead"
+    assert response.json()["error"] == "deprecated_endpoint"
 
 
 def test_bad_json_body(api: httpx.Client) -> None:

@@ -65,8 +65,7 @@ def test_create_hold_creates_after_the_client_gave_up(fresh: SimServer) -> None:
 
 
 @pytest.mark.parametrize(("fault", "needle"), [("oci_fail", "OCI runtime create failed"),
-                                               ("manifest_missing", "manifest for"),
-                                               ("double_accept", "port is already allocated")])
+                                               ("manifest_missing", "manifest for")])
 def test_containers_that_cannot_start(api: httpx.Client, fresh: SimServer, fault: str, needle: str) -> None:
     fresh.set_faults(fault)
     instance_id = create(api)["new_contract"]
@@ -136,3 +135,71 @@ def test_v1_list_pages_of_25_with_next_token(api: httpx.Client, fresh: SimServer
     assert len(first["instances"]) == 25 and first["next_token"] and first["total_instances"] == 30
     second = api.get("/api/v1/instances/", params={"after_token": first["next_token"]}).json()
     assert len(second["instances"]) == 5 and second["next_token"] is None
+
+
+def test_a_double_sale_is_silent_the_instance_reads_running_and_never_answers(api: httpx.Client, fresh: SimServer,
+                                                                              ssh_key: paramiko.PKey) -> None:
+    # SkyPilot PR 9117: both buys are accepted and "this error never propagates back"; no message says so
+    fresh.set_faults("double_accept")
+    instance_id = create(api)["new_contract"]
+    row = wait_for(lambda: (r := show(api, instance_id)) and r["actual_status"] == "running" and r, timeout_s=3)
+    assert "error" not in (row["status_msg"] or "").lower() and row["ports"]
+    with pytest.raises((paramiko.SSHException, OSError)):
+        ssh_connect(direct_port(row), ssh_key)
+
+
+def test_a_refused_container_key_gets_401_on_its_own_instance(api: httpx.Client, fresh: SimServer) -> None:
+    fresh.set_faults("container_key_refused")
+    made = create(api)
+    headers = {"Authorization": f"Bearer {made['instance_api_key']}"}
+    read = api.get(f"/api/v0/instances/{made['new_contract']}/", headers=headers)
+    gone = api.delete(f"/api/v0/instances/{made['new_contract']}/", headers=headers)
+    assert (read.status_code, gone.status_code) == (401, 401)
+    assert [i["live"] for i in fresh.state()["instances"]] == [True]
+
+
+def test_v0_deprecated_answers_410_on_every_v0_instance_path(api: httpx.Client, fresh: SimServer) -> None:
+    instance_id = create(api)["new_contract"]
+    fresh.set_faults("v0_deprecated")
+    for method in ("GET", "DELETE"):
+        answer = api.request(method, f"/api/v0/instances/{instance_id}/")
+        assert answer.status_code == 410 and answer.json()["error"] == "deprecated_endpoint", answer.text
+    assert api.get("/api/v1/instances/").status_code == 200  # the v1 list still answers
+    assert [i["live"] for i in fresh.state()["instances"]] == [True]  # the 410 deleted nothing
+
+
+def test_the_legacy_v0_list_answers_as_skypilot_10517_quotes(api: httpx.Client) -> None:
+    answer = api.get("/api/v0/instances/", params={"owner": "me"})
+    assert answer.status_code == 410
+    assert answer.json() == {"success": False, "error": "deprecated_endpoint",
+                             "msg": "/api/v0/instances/ is deprecated. Use /api/v1/instances/ instead."}
+
+
+def test_scheduling_holds_the_boot(api: httpx.Client, fresh: SimServer) -> None:
+    fresh.set_faults("scheduling:0.6")
+    instance_id = create(api)["new_contract"]
+    time.sleep(0.2)
+    assert show(api, instance_id)["actual_status"] == "scheduling"
+    assert wait_for(lambda: show(api, instance_id)["actual_status"] == "running", timeout_s=3)
+
+
+def test_a_negative_balance_runs_a_grace_then_stops_then_vast_destroys(api: httpx.Client, fresh: SimServer) -> None:
+    from vast_harness.sim.backend import NEGATIVE_GRACE_S
+
+    fresh.set_faults("negative_balance:0.1")
+    instance_id = create(api)["new_contract"]
+    time.sleep(0.3)
+    assert api.get("/api/v0/users/current/").json()["credit"] < 0  # the balance runs negative...
+    assert show(api, instance_id)["actual_status"] == "running"  # ...and the instance keeps running a while
+    wait_for(lambda: show(api, instance_id)["actual_status"] == "stopped", timeout_s=NEGATIVE_GRACE_S + 2)
+    wait_for(lambda: not fresh.state()["instances"][0]["live"], timeout_s=NEGATIVE_GRACE_S + 2)
+    assert api.delete(f"/api/v0/instances/{instance_id}/").json()["error"] == "no_such_instance"
+
+
+def test_offline_bills_neither_gpu_nor_storage(api: httpx.Client, fresh: SimServer) -> None:
+    fresh.set_faults("offline:0.05")
+    instance_id = create(api)["new_contract"]
+    wait_for(lambda: show(api, instance_id)["actual_status"] == "offline", timeout_s=3)
+    billed = fresh.state()["instances"][0]["billed_usd"]
+    time.sleep(0.3)
+    assert fresh.state()["instances"][0]["billed_usd"] == billed

@@ -37,8 +37,10 @@ OTHER_RENTER = -1  # the account index recorded when "someone else" rented an of
 # Seconds a destroyed instance's row stays readable (per-id read and v1 list) as destroyed/unloaded. Vast
 # does this always (vast-cli's self-test counts such rows as gone); how long is not documented.
 DEFAULT_LINGER_S = 1.0
-DOUBLE_ACCEPT_MSG = ("Error response from daemon: driver failed programming external connectivity on endpoint "
-                     "C.{id}: Bind for 0.0.0.0:{port} failed: port is already allocated")
+# A balance below $0 is tolerated this long before Vast stops the account's instances, and as long again
+# before it destroys them (billing.mdx: a grace period, then deletion; how long is not documented).
+NEGATIVE_GRACE_S = 1.0
+NEGATIVE_BALANCE_USD = 0.5  # how far below $0 the negative_balance fault takes the account
 OCI_FAIL_MSG = ("Error: container failed to start: OCI runtime create failed: runc create failed: unable to "
                 "start container process: error during container init")
 MANIFEST_MSG = "Error response from daemon: manifest for {image} not found: manifest unknown"
@@ -51,6 +53,7 @@ class Account:
     user_id: int
     ssh_keys: list[dict[str, Any]] = field(default_factory=list)
     charged_usd: float = 0.0  # credit taken outside instance billing (the credit_zero fault)
+    grace_until: float = 0.0  # a negative balance is tolerated until then (the negative_balance fault)
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,8 @@ class Backend:
             return Identity(None, client_ip=client_ip)
         with self.lock:
             if key in self.container_keys:
+                if self.instances[self.container_keys[key]].container_key_refused:
+                    return None  # the container_key_refused fault: an unknown key, 401
                 return Identity(None, container_of=self.container_keys[key], client_ip=client_ip)
             if self.api_keys is not None and key not in self.api_keys:
                 return None
@@ -210,11 +215,14 @@ class Backend:
             elif self.faults.take("boot_stall"):
                 inst.never_boots = True
             elif self.faults.take("double_accept"):
-                inst.boot_error = DOUBLE_ACCEPT_MSG.format(id=inst.id, port=40_000 + inst.id % 20_000)
+                inst.unreachable = True
             elif self.faults.take("oci_fail"):
                 inst.boot_error = OCI_FAIL_MSG
             elif self.faults.take("manifest_missing"):
                 inst.boot_error = MANIFEST_MSG.format(image=req.image)
+            inst.container_key_refused = self.faults.take("container_key_refused") is not None
+            scheduling = self.faults.take("scheduling")
+            inst.scheduling_s = scheduling.seconds or 0.0 if scheduling is not None else 0.0
             lag = self.faults.take("read_lag")
             inst.read_lag_until = now + (lag.seconds or 0.0) if lag else 0.0
             self.rented[offer_id] = (account.index, inst.id)
@@ -264,7 +272,7 @@ class Backend:
                 return
             if inst.status_override is not None or inst.never_boots or inst.boot_error is not None:
                 return
-        delay = transitions.boot_delay_s(self.boot_s)
+        delay = transitions.boot_delay_s(self.boot_s) + inst.scheduling_s
         if delay <= 0:
             self._boot(inst)
         else:
@@ -281,10 +289,13 @@ class Backend:
             if not inst.live or inst.status_override is not None:
                 return
             inst.booted_at = time.time()
+            if inst.unreachable:  # sold twice: the reads say running, nothing answers
+                return
             inst.host.accepting = True
             later: list[tuple[FaultRule | None, Callable[[Instance], None] | None]] = [
                 (self.faults.take("offline"), self._go_offline), (self.faults.take("exit"), self._exit),
-                (self.faults.take("credit_zero"), self._credit_zero), (self.faults.take("reprice"), None)]
+                (self.faults.take("credit_zero"), self._credit_zero), (self.faults.take("reprice"), None),
+                (self.faults.take("negative_balance"), self._negative_balance)]
         if inst.onstart:
             # destroyed in the meantime (SandboxClosed) or the host dir is gone: nothing left to start
             with contextlib.suppress(SandboxClosed, OSError):
@@ -317,11 +328,37 @@ class Backend:
             account.charged_usd += max(0.0, self.credit(account, time.time()))
         self.enforce_credit()
 
-    def enforce_credit(self) -> None:
-        """Stop every running instance of an account whose credit is at or below $0 (storage still bills)."""
+    def _negative_balance(self, inst: Instance) -> None:
+        """The balance goes below $0: a grace, then Vast stops the account's instances, then destroys them."""
         now = time.time()
         with self.lock:
-            broke = {a.index for a in self.accounts.values() if self.credit(a, now) <= 0}
+            account = next(a for a in self.accounts.values() if a.index == inst.account)
+            account.charged_usd += max(0.0, self.credit(account, now)) + NEGATIVE_BALANCE_USD
+            account.grace_until = now + NEGATIVE_GRACE_S
+            victims = [i for i in self.instances.values() if i.live and i.account == account.index]
+        for victim in victims:
+            self._schedule(victim, NEGATIVE_GRACE_S, lambda i: self._halt(i, transitions.STOPPED))
+            self._schedule(victim, 2 * NEGATIVE_GRACE_S, self._vast_destroy)
+
+    def _vast_destroy(self, inst: Instance) -> None:
+        """Vast ends the instance itself (a balance past its grace): reads show it gone, DELETE answers 404."""
+        with self.lock:
+            if not inst.live:
+                return
+            now = time.time()
+            inst.settle(now)
+            inst.destroyed_at = now
+            inst.linger_until = now + self.linger_s
+            if self.rented.get(inst.offer["id"], (None, None))[1] == inst.id:
+                del self.rented[inst.offer["id"]]
+        self._teardown(inst)
+
+    def enforce_credit(self) -> None:
+        """Stop every running instance of an account whose credit is at or below $0 (storage still bills),
+        once any grace its balance has is over."""
+        now = time.time()
+        with self.lock:
+            broke = {a.index for a in self.accounts.values() if self.credit(a, now) <= 0 and now >= a.grace_until}
             victims = [i for i in self.instances.values() if i.live and i.account in broke
                        and i.status_override is None]
         for inst in victims:

@@ -79,7 +79,12 @@ def no_such_instance() -> SimHTTPError:
 
 
 def legacy_list_gone() -> SimHTTPError:
-    return vast_error(410, "gone", "Use /api/v1/instances/ instead")
+    """`GET /api/v0/instances/` today: the body skypilot issue 10517 quotes, the 410 dstack PR 3969 reports."""
+    return deprecated_endpoint("/api/v0/instances/")
+
+
+def deprecated_endpoint(path: str) -> SimHTTPError:
+    return vast_error(410, "deprecated_endpoint", f"{path} is deprecated. Use /api/v1/instances/ instead.")
 
 
 def unknown_route(method: str, path: str) -> SimHTTPError:

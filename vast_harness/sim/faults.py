@@ -31,8 +31,21 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
                                             up or is interrupted meanwhile still gets an instance)
     linger:SECONDS[:COUNT]                  the next COUNT destroyed instances linger SECONDS (instead of
                                             the simulator's --linger-seconds) as destroyed/unloaded rows
-    double_accept[:COUNT]                   the offer was also sold to someone else: the create succeeds,
-                                            the container never starts (port already allocated)
+    double_accept[:COUNT]                   the offer was also sold to someone else: the create succeeds
+                                            and nothing says otherwise (SkyPilot PR 9117: "this error never
+                                            propagates back"); the instance reads `running` with ports, but
+                                            its SSH never accepts and its onstart never runs
+    container_key_refused[:COUNT]           the next COUNT instances' CONTAINER_API_KEY is refused (401
+                                            auth_error) on every call: the dead-man switch cannot act
+    v0_deprecated[:COUNT]                   every call on a v0 instance path (/api/v0/instances/{id}/ and
+                                            below, any key) answers 410 deprecated_endpoint (COUNT calls,
+                                            default *)
+    scheduling:SECONDS[:COUNT]              the next COUNT instances stay in `scheduling` SECONDS longer
+                                            before loading (vast-ai/docs PR 951); the boot waits
+    negative_balance:SECONDS[:COUNT]        SECONDS after running the account's balance goes below $0;
+                                            its instances keep running for a grace (NEGATIVE_GRACE_S), are
+                                            then stopped (storage bills), and destroyed by Vast after
+                                            another grace (billing.mdx)
     oci_fail[:COUNT]                        actual_status stays `created`, status_msg "OCI runtime create
                                             failed ..."
     manifest_missing[:COUNT]                actual_status stays `created`, status_msg "... manifest for
@@ -70,14 +83,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_taken", "delete_fail",
                "read_lag", "boot_stall", "offline", "ssh_refuse", "ssh_drop", "slow_sftp", "create_5xx",
                "create_hold", "linger", "double_accept", "oci_fail", "manifest_missing", "exit",
-               "credit_zero", "reprice_offer", "reprice"]
+               "credit_zero", "reprice_offer", "reprice", "container_key_refused", "v0_deprecated",
+               "scheduling", "negative_balance"]
 ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "any")
 GATEWAY_STATUSES = (502, 503, 504)
 _NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
 _NEEDS_SECONDS = frozenset({"hang", "read_lag", "offline", "ssh_drop", "create_hold", "linger", "exit",
-                            "credit_zero", "reprice"})
+                            "credit_zero", "reprice", "scheduling", "negative_balance"})
 _NEEDS_FACTOR = frozenset({"reprice_offer", "reprice"})
-_UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp"})
+_UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp", "v0_deprecated"})
 # Positional ARGs per kind, in SPEC order (after the kind, and after the endpoint where there is one).
 _POSITIONAL: dict[str, tuple[str, ...]] = {
     "429": ("count",), "5xx": ("count", "status"), "hang": ("seconds", "count"),
@@ -88,6 +102,8 @@ _POSITIONAL: dict[str, tuple[str, ...]] = {
     "linger": ("seconds", "count"), "double_accept": ("count",), "oci_fail": ("count",),
     "manifest_missing": ("count",), "exit": ("seconds", "count"), "credit_zero": ("seconds", "count"),
     "reprice_offer": ("factor", "count"), "reprice": ("factor", "seconds", "count"),
+    "container_key_refused": ("count",), "v0_deprecated": ("count",), "scheduling": ("seconds", "count"),
+    "negative_balance": ("seconds", "count"),
 }
 
 

@@ -51,6 +51,9 @@ class Instance:
     destroyed_at: float | None = None
     linger_until: float = 0.0  # reads keep showing a destroyed row until then
     boot_error: str | None = None  # status_msg of a container that could not start (status `created`)
+    unreachable: bool = False  # sold twice: reads say running, SSH never accepts, onstart never runs
+    container_key_refused: bool = False  # its CONTAINER_API_KEY answers 401 everywhere
+    scheduling_s: float = 0.0  # extra seconds in `scheduling` before the boot path starts
     ssh_keys: list[dict[str, Any]] = field(default_factory=list)
     direct_port: int = 0
     proxy_port: int = 0
@@ -79,7 +82,9 @@ class Instance:
             return self.status_override
         if self.booted_at is not None:
             return transitions.RUNNING
-        return transitions.pending_status(now - self.created_at, boot_s)
+        if now - self.created_at < self.scheduling_s:
+            return transitions.SCHEDULING
+        return transitions.pending_status(now - self.created_at - self.scheduling_s, boot_s)
 
     def rate_usd_per_h(self) -> float:
         if not self.live or self.status_override in transitions.UNBILLED_STATUSES:
@@ -171,6 +176,8 @@ def _status_msg(inst: Instance, status: str | None) -> str | None:
         return f"success, running {inst.image.replace(':', '_')}/ssh"
     if status == transitions.LOADING:
         return f"Pulling image {inst.image}"
+    if status == transitions.SCHEDULING:
+        return "Scheduling: waiting for the machine to hand over"
     if status == transitions.STOPPED:
         return "Instance stopped: bid below the minimum or host unavailable"
     if status == transitions.OFFLINE:

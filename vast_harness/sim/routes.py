@@ -143,6 +143,7 @@ def _account(ident: Identity) -> Any:
 
 
 _ID = r"(?P<id>\d+)"
+_V0_INSTANCE_PATH = re.compile(r"/api/v0/instances/\d+(/.*)?")  # the per-id v0 family (fault v0_deprecated)
 # (method, path regex, endpoint name for faults and limits, handler, who may call it)
 ROUTES: list[tuple[str, re.Pattern[str], str, Handler, str]] = [
     ("POST", re.compile(r"/api/v0/bundles/?"), "search", _search, "anyone"),
@@ -209,6 +210,8 @@ def dispatch(backend: Backend, req: Request) -> Response:
             endpoint = "unknown"
             raise errors.unknown_route(req.method, req.path)
         ident, in_url = _authenticate(backend, req, endpoint, who)
+        if _V0_INSTANCE_PATH.match(req.path) and backend.faults.take("v0_deprecated"):
+            raise errors.deprecated_endpoint("/api/v0/instances/")
         _inject(backend, endpoint, req.method)
         limit = _limit_name(endpoint, req.method)
         if not backend.limiter.allow(limit, ident.rate_key, time.monotonic()):

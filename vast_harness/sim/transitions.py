@@ -20,6 +20,9 @@ STOPPED = "stopped"
 OFFLINE = "offline"
 EXITED = "exited"
 CREATED = "created"  # the contract exists but the container failed to start (status_msg says why)
+# On-demand creates pass through "Scheduling" (vast-ai/docs PR 951: "on-demand instances pass through too... a
+# machine taking a while to hand over"). How the API spells it is not documented: this name is our guess.
+SCHEDULING = "scheduling"
 DESTROYED = "destroyed"  # a destroyed instance's row while it lingers (vast-cli tests model this shape)
 
 
@@ -31,8 +34,9 @@ class Step:
     at_share: float
 
 
-# null for the first fifth of the boot (scheduling), loading for the rest (image pull), then running.
-BOOT_PATH: tuple[Step, ...] = (Step(None, 0.0), Step(LOADING, 0.2), Step(RUNNING, 1.0))
+# null for the first tenth of the boot (the read lags the create), scheduling to a fifth, loading for the rest
+# (image pull), then running.
+BOOT_PATH: tuple[Step, ...] = (Step(None, 0.0), Step(SCHEDULING, 0.1), Step(LOADING, 0.2), Step(RUNNING, 1.0))
 
 # States that bill storage only (GPU compute stopped) and the ones that bill nothing.
 STORAGE_ONLY_STATUSES = frozenset({STOPPED, EXITED})

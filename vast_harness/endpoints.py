@@ -1,0 +1,26 @@
+"""Where the control plane spells Vast's URLs: one path per endpoint method, as data (a leaf module).
+
+The client (`client.py`) calls these, the pacing (`pacing.py`) keys its rate rules on them, and the onstart's
+dead-man switch (`onstart.py`) deletes and reads its own instance through `instance`. A path's `{id}` is the
+pacing key's placeholder. GET and DELETE of an instance share one path, as the pacing assumes.
+"""
+
+from __future__ import annotations
+
+INSTANCE = "/api/v0/instances/{id}/"  # per-id read and DELETE: the v0 family Vast is retiring (see the docs)
+V1_INSTANCES = "/api/v1/instances/"
+
+ENDPOINT_PATHS = {
+    "search_offers": "/api/v0/bundles/",
+    "create_instance": "/api/v0/asks/{id}/",
+    "get_instance": INSTANCE,
+    "read_instance_raw": INSTANCE,
+    "destroy_instance": INSTANCE,
+    "list_instances": V1_INSTANCES,
+    "list_instances_page": V1_INSTANCES,
+    "list_instances_raw": V1_INSTANCES,
+    "current_user": "/api/v0/users/current/",
+}
+# The collection Vast already retired (410 deprecated_endpoint: skypilot issue 10517); `check` asks it only to
+# see that it still says so, never for data.
+LEGACY_V0_LIST = "/api/v0/instances/"
