@@ -149,7 +149,7 @@ def with_image_expect(profile: HarnessProfile, expect: ImageExpect) -> HarnessPr
     assert profile.image_expect is not None
     old, new = profile.image_expect.flags(), expect.flags()
     steps = [s.model_copy(update={"run": s.run.replace(old, new)}) for s in profile.steps]
-    return profile.model_copy(update={"image_expect": expect, "steps": steps})
+    return profile.model_copy(update={"image_expect": expect, "image_expect_overridden": True, "steps": steps})
 
 
 class HarnessProfile(_Strict):
@@ -160,6 +160,7 @@ class HarnessProfile(_Strict):
     image_cuda: float = Field(gt=0)
     # None: no image check on the host (the smoke profile, whose tiny CPU round runs on any torch)
     image_expect: ImageExpect | None = None
+    image_expect_overridden: bool = False  # --image-expect replaced it: no longer checked against the tag
     disk_gb: float = Field(ge=8, default=40)
     boot_retries: int = Field(ge=0, default=1)
     boot_timeout_s: float = Field(gt=0, default=900)
@@ -211,7 +212,7 @@ class HarnessProfile(_Strict):
         if float(ref.cuda) != self.image_cuda:
             raise ValueError(f"image_cuda {self.image_cuda:g} contradicts the image tag {ref.tag!r} (CUDA {ref.cuda})")
         exp = self.image_expect
-        if exp is not None:
+        if exp is not None and not self.image_expect_overridden:
             torch_tag, cudnn_tag = _TAG_TORCH_RE.search(ref.tag), _TAG_CUDNN_RE.search(ref.tag)
             if exp.cuda != ref.cuda:
                 raise ValueError(f"image_expect.cuda {exp.cuda} contradicts the image tag {ref.tag!r}")

@@ -38,11 +38,13 @@ EXTRA = {  # values beyond the common kinds that once slipped through
     "--boot-retries": {"huge-int": HUGE_INT},
 }
 RUN_FLAGS = ["--profile", "--num-gpus", "--min-pcie-bw", "--key-file", "--max-usd", "--max-minutes", "--remote-env",
-             "--boot-retries", "--evidence-dir", "--api-url", "--proof-interval", "--pacing-scale", "--poll-interval"]
+             "--boot-retries", "--evidence-dir", "--api-url", "--proof-interval", "--pacing-scale", "--poll-interval",
+             "--image-expect"]
 OFFERS_FLAGS = ["--profile", "--num-gpus", "--min-pcie-bw", "--key-file", "--max-usd", "--max-minutes", "--api-url",
                 "--pacing-scale"]
 REAP_FLAGS = ["--key-file", "--evidence-dir", "--api-url", "--proof-interval", "--pacing-scale"]
-BOOL_FLAGS = {"run": ["--dry-run", "--any-driver", "--eight-gpu-qualified", "--sim", "--json"],
+BOOL_FLAGS = {"run": ["--dry-run", "--any-driver", "--eight-gpu-qualified", "--sim", "--json",
+                      "--allow-unarmed-deadman", "--image-expect-ack"],
               "offers": ["--any-driver", "--eight-gpu-qualified", "--sim", "--json"], "reap": ["--json"]}
 
 

@@ -248,6 +248,8 @@ def test_list_instances__select_filters_and_pagination(
     assert [p.get("after_token") for p in params] == [None, "t1", "t2"]
     assert all(json.loads(p["select_filters"]) == {"label": {"eq": "vh-run42"}} for p in params)
     assert all(p["limit"] == "10" for p in params)
+    # order_by as the official CLI sends it (vastai/api/instances.py): the keyset never rests on a server default
+    assert all(json.loads(p["order_by"]) == [{"col": "id", "dir": "asc"}] for p in params)
 
 
 def test_list_instances__empty_token_ends_paging(vast_api: respx.MockRouter, client: VastClient) -> None:
@@ -914,3 +916,16 @@ def test_total_bound__never_cuts_a_later_request(local_api: Any) -> None:
     assert (server.requests, server.connections) == (2, 2)  # no keep-alive: each request owns its socket
     time.sleep(0.2)
     assert _watchdogs() == []
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_a_410_deprecated_endpoint_is_named_and_never_gone(vast_api: respx.MockRouter, client: VastClient,
+                                                           method: str) -> None:
+    from vast_harness.errors import EndpointDeprecated
+
+    body = {"success": False, "error": "deprecated_endpoint",
+            "msg": "/api/v0/instances/ is deprecated. Use /api/v1/instances/ instead."}
+    vast_api.route(method=method, path="/api/v0/instances/5/").mock(return_value=_json(410, body))
+    with pytest.raises(EndpointDeprecated, match="RETIRED") as info:
+        client.get_instance(5) if method == "GET" else client.destroy_instance(5)
+    assert not isinstance(info.value, NotFoundError)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vast_harness.config import mask_env, parse_remote_env, read_api_key, resolve
+from vast_harness.config import load_profile, mask_env, parse_remote_env, read_api_key, resolve
 from vast_harness.errors import ConfigError
 
 
@@ -109,3 +109,32 @@ def test_unpinned_image_is_refused(tmp_path):
     (tmp_path / "harness" / "smoke.toml").write_text(text)
     with pytest.raises(ConfigError, match="pinned by digest"):
         resolve(profile="smoke", sim=True, environ={}, profiles_dir=tmp_path)
+
+
+
+@pytest.mark.parametrize(("raw", "needle"), [("torch", "expected torch=VERSION"), ("gpu=1", "expected torch="),
+                                             ("cuda=thirteen", "cuda"), ("cuda=", "cuda")])
+def test_a_bad_image_expect_is_refused_naming_the_flag(tmp_path, raw, needle):
+    with pytest.raises(ConfigError, match="--image-expect") as info:
+        resolve(profile="proofs", sim=True, environ={}, evidence_dir=tmp_path, image_expect=raw)
+    assert needle in str(info.value)
+
+
+def test_image_expect_is_refused_against_a_real_api_unless_acknowledged(tmp_path):
+    env = {"VAST_API_KEY": "k" * 64}
+    with pytest.raises(ConfigError, match="--image-expect-ack"):
+        resolve(profile="proofs", environ=env, evidence_dir=tmp_path, image_expect="cuda=13.0")
+    spec = resolve(profile="proofs", environ=env, evidence_dir=tmp_path, image_expect="cuda=13.0",
+                   image_expect_ack=True)
+    assert spec.image_expect_override is not None and spec.image_expect_override.cuda == "13.0"
+    assert spec.image_expect_override.torch == "2.11.0"  # the rest keep the profile's values
+    assert any("--expect-cuda 13.0 " in s.run for s in spec.profile.steps)
+    with pytest.raises(ConfigError, match="nothing to override"):
+        resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, image_expect="cuda=13.0")
+    with pytest.raises(ConfigError, match="none was given"):
+        resolve(profile="proofs", sim=True, environ={}, evidence_dir=tmp_path, image_expect_ack=True)
+
+
+def test_the_create_sends_the_digest_pinned_form():
+    ref = load_profile("proofs").image_ref
+    assert ref.create_form == f"{ref.repo}@{ref.digest}" and ":" not in ref.create_form.split("@")[0]

@@ -27,10 +27,11 @@ def sim():
         yield server
 
 
-def _run(sim: SimServer, tmp_path: Path, profiles_dir: Path | None = None, remote_env: list[str] | None = None):
+def _run(sim: SimServer, tmp_path: Path, profiles_dir: Path | None = None, remote_env: list[str] | None = None,
+         **flags):
     kw = {"profiles_dir": profiles_dir} if profiles_dir else {}
     spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
-                   remote_env=remote_env or [], **kw)
+                   remote_env=remote_env or [], **kw, **flags)
     spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY), "teardown_margin_s": 2.0})
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
@@ -38,15 +39,20 @@ def _run(sim: SimServer, tmp_path: Path, profiles_dir: Path | None = None, remot
     return run, result
 
 
-def test_an_image_that_is_not_the_declared_one_fails_before_the_workload(sim, tmp_path):
-    # smoke, declaring what its tag says (torch 2.11.0, CUDA 12.8, cuDNN 9); the simulated host has the
-    # local torch, which is not that image
+def _declaring_profile(tmp_path: Path) -> Path:
+    """smoke, declaring what its tag says (torch 2.11.0, CUDA 12.8, cuDNN 9)."""
     prof_dir = tmp_path / "profiles"
     (prof_dir / "harness").mkdir(parents=True)
     text = (ROOT / "profiles" / "harness" / "smoke.toml").read_text()
     text = text.replace("\n[caps]", '\n[image_expect]\ntorch = "2.11.0"\ncuda = "12.8"\ncudnn = "9"\n\n[caps]', 1)
     text = text.replace("--out evidence/env.json", "--out evidence/env.json {image_expect}")
     (prof_dir / "harness" / "smoke.toml").write_text(text)
+    return prof_dir
+
+
+def test_an_image_that_is_not_the_declared_one_fails_before_the_workload(sim, tmp_path):
+    # the simulated host has the local torch, which is not the declared image
+    prof_dir = _declaring_profile(tmp_path)
     actual = envprobe.image_facts()
     assert not envprobe.version_matches("2.11.0", actual["torch"]), "this test needs a torch other than 2.11.0"
 
@@ -97,3 +103,23 @@ def test_a_step_that_prints_a_remote_env_value_has_it_scrubbed_from_log_and_cons
     assert "token=***" in log and "vhcanary-printed-4410" not in log
     out = capsys.readouterr()
     assert "vhcanary-printed-4410" not in out.out + out.err
+
+
+def test_an_image_expect_override_runs_on_the_host_it_names_and_is_recorded(sim, tmp_path):
+    # A host that is not a Vast container (the test GPU machine: torch built for CUDA 13) fails the profile's
+    # CUDA 12.8 check; --image-expect says what to expect instead, and says so in the evidence and the report.
+    import json
+
+    actual = envprobe.image_facts()
+    if not actual["torch"] or not actual["cuda"] or not actual["cudnn"]:
+        pytest.skip("the local torch reports no CUDA/cuDNN version to expect")
+    torch_v = actual["torch"].split("+")[0]
+    cuda_v, cudnn_v = actual["cuda"], actual["cudnn"].split(".")[0]
+    prof_dir = _declaring_profile(tmp_path)
+    r, result = _run(sim, tmp_path, prof_dir, image_expect=f"torch={torch_v},cuda={cuda_v},cudnn={cudnn_v}")
+    assert result.exit_code in (0, 4), result.message
+    record = json.loads((r.ev.dir / "harness-result.json").read_text())
+    assert record["image_expect_override"] == {"torch": torch_v, "cuda": cuda_v, "cudnn": cudnn_v}
+    assert f"--expect-cuda {cuda_v}" in (r.ev.dir / "steps" / "env-probe.log").read_text() or \
+        r.spec.profile.steps[0].run.endswith(f"--expect-cudnn {cudnn_v}")
+    assert "OVERRIDDEN by --image-expect" in (r.ev.dir / "report.html").read_text()

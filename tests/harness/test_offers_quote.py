@@ -231,3 +231,13 @@ def test_nan_price_from_json_never_ranks_first():
     choice = choose(offers, criteria(), DRIVERS)
     assert [c.offer.id for c in choice.ranked] == [3]
     assert all(r.worst_case_usd is None or r.worst_case_usd == r.worst_case_usd for r in choice.rejected)
+
+
+@pytest.mark.parametrize("field", ["reliability2", "reliability", "pcie_bw", "cuda_max_good", "disk_space",
+                                   "duration", "inet_down", "gpu_ram"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=repr)
+def test_a_non_finite_filtered_field_is_rejected_with_its_reason(field, value):
+    # reliability2 NaN passed min_reliability 0.95: every comparison with NaN is false
+    choice = choose([offer(id=7, **{field: value}), offer(id=8)], criteria(), DRIVERS)
+    assert [c.offer.id for c in choice.ranked] == [8]
+    assert any(field in r and "finite" in r for r in choice.rejected[0].reasons), choice.rejected[0].reasons
