@@ -267,6 +267,31 @@ def fleet(
 
 
 @app.command()
+def check(
+    profile: Profile = "mfu",
+    key_file: KeyFile = None,
+    api_url: ApiUrl = None,
+    sim: Sim = False,
+    json_output: Json = False,
+    pacing_scale: PacingScale = None,
+) -> None:
+    """Read-only: the key, credit and balance, each endpoint the harness uses and the image reference form."""
+    out = Output(json_mode=json_output)
+
+    def body() -> int:
+        spec = resolve(profile="mfu" if profile is None else profile, key_file=path_flag("--key-file", key_file),
+                       api_url=api_url, sim=sim, dry_run=True, pacing_scale=pacing_scale)
+        from vast_harness.check import print_report, run_checks
+
+        with _api_target(spec) as (target, scale), _client(target, scale) as client:
+            report = run_checks(target, client)
+        print_report(out, report)
+        return report.exit_code
+
+    _guard(out, body)
+
+
+@app.command()
 def reap(
     key_file: KeyFile = None,
     evidence_dir: EvidenceDir = None,

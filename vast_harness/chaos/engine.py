@@ -79,6 +79,12 @@ SIM_RULES: dict[str, Draw] = {
     "credit_zero": lambda r, n: f"credit_zero:{r.uniform(0.0, 1.0):.2f}:1",
     "reprice_offer": lambda r, n: f"reprice_offer:{r.choice((1.5, 3.0, 10.0))}",
     "reprice": lambda r, n: f"reprice:{r.choice((1.5, 3.0, 10.0))}:{r.uniform(0.0, 1.0):.2f}",
+    # issue 21: the dead-man switch's key refused, the v0 instance paths retired (for a few calls, or for good:
+    # exit 3, then reap), Scheduling, a negative balance that Vast resolves by stopping and destroying
+    "container_key_refused": lambda r, n: "container_key_refused:1",
+    "v0_deprecated": lambda r, n: f"v0_deprecated:{r.choice((str(n), str(n + 3), '*'))}",
+    "scheduling": lambda r, n: f"scheduling:{r.uniform(0.1, 1.5):.2f}",
+    "negative_balance": lambda r, n: f"negative_balance:{r.uniform(0.0, 1.0):.2f}:1",
 }
 FAULT_KINDS = tuple(SIM_RULES)
 
