@@ -292,6 +292,42 @@ def check(
 
 
 @app.command()
+def canary(
+    max_usd: Annotated[float, typer.Option("--max-usd", help="Cost cap of the canary rental, dollars.")] = 0.10,
+    max_minutes: MaxMin = None,
+    profile: Profile = "smoke",
+    key_file: KeyFile = None,
+    evidence_dir: EvidenceDir = None,
+    api_url: ApiUrl = None,
+    sim: Sim = False,
+    json_output: Json = False,
+    out_file: Annotated[str, typer.Option("--out", help="Where canary.json goes (also in the run's evidence).")]
+    = "canary.json",
+    proof_interval: ProofInterval = None,
+    pacing_scale: PacingScale = None,
+    poll_interval: PollInterval = None,
+) -> None:
+    """Rent the cheapest qualified offer under the usual guards and measure read lag, boot, the image reference,
+    the dead-man switch, SSH environment, linger and a repeat DELETE; writes canary.json."""
+    out = Output(json_mode=json_output)
+
+    def body() -> int:
+        out_path = path_flag("--out", out_file)
+        spec = resolve(profile="smoke" if profile is None else profile, key_file=path_flag("--key-file", key_file),
+                       max_usd=max_usd, max_minutes=max_minutes, evidence_dir=path_flag("--evidence-dir", evidence_dir),
+                       api_url=api_url, sim=sim, proof_interval_s=proof_interval, pacing_scale=pacing_scale,
+                       poll_s=poll_interval)
+        from vast_harness.canary import print_canary, run_canary
+
+        with _api_target(spec) as (target, scale), _client(target, scale) as client:
+            rep, _ = run_canary(target, client, load_driver_policy(), out, out_path)
+        print_canary(out, rep, out_path)
+        return rep.exit_code
+
+    _guard(out, body)
+
+
+@app.command()
 def reap(
     key_file: KeyFile = None,
     evidence_dir: EvidenceDir = None,

@@ -6,7 +6,9 @@ import argparse
 import signal
 import sys
 import threading
+from typing import Any
 
+from vast_harness.sim import calibrate
 from vast_harness.sim import faults as faults_module
 from vast_harness.sim.backend import DEFAULT_LINGER_S
 from vast_harness.sim.faults import FaultPlan, FaultSpecError
@@ -23,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0 picks a free one)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the one RNG (market, ids, faults)")
     parser.add_argument("--faults", default=None, metavar="SPEC", help="fault plan, grammar below")
-    parser.add_argument("--boot-seconds", type=float, default=0.0,
+    parser.add_argument("--boot-seconds", type=float, default=None,
                         help="seconds from create to running (null, then loading, then running)")
     parser.add_argument("--api-key", action="append", dest="api_keys", metavar="KEY",
                         help="an accepted key (repeatable); without it any non-empty key is its own account")
@@ -31,30 +33,53 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--credit-usd", type=float, default=100.0, help="starting credit per account")
     parser.add_argument("--rate-scale", type=float, default=1.0,
                         help="multiplies every rate-limit interval and window; 0 disables limits")
-    parser.add_argument("--linger-seconds", type=float, default=DEFAULT_LINGER_S,
-                        help="seconds a destroyed instance stays readable as a destroyed/unloaded row")
+    parser.add_argument("--linger-seconds", type=float, default=None,
+                        help=f"seconds a destroyed instance stays readable as a destroyed/unloaded row "
+                             f"(default {DEFAULT_LINGER_S:g})")
+    parser.add_argument("--calibrate", default=None, metavar="CANARY_JSON",
+                        help="boot time, read lag and linger from `vast-e2e canary`'s canary.json (flags win)")
     parser.add_argument("--host-root", default=None, help="where host sandboxes live (default a temp dir)")
     return parser
+
+
+def server_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """SimServer's arguments from the flags, with `--calibrate`'s measurements where no flag was given.
+    Raises FaultSpecError / CalibrationError for bad input."""
+    cal = calibrate.load(args.calibrate) if args.calibrate else None
+    items = [args.faults] if args.faults else []
+    if cal is not None:
+        items += cal.fault_items()
+    boot = args.boot_seconds if args.boot_seconds is not None else (cal.boot_seconds if cal else None)
+    linger = args.linger_seconds if args.linger_seconds is not None else (cal.linger_seconds if cal else None)
+    spec = ";".join(items)
+    return {"seed": args.seed, "boot_seconds": boot or 0.0, "faults": FaultPlan.parse(spec) if spec else None,
+            "num_offers": args.offers, "rate_scale": args.rate_scale, "api_keys": args.api_keys,
+            "credit_usd": args.credit_usd, "host_root": args.host_root, "port": args.port,
+            "linger_seconds": DEFAULT_LINGER_S if linger is None else linger,
+            "calibration": cal.describe() if cal else None}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        plan = FaultPlan.parse(args.faults)
+        kwargs = server_kwargs(args)
     except FaultSpecError as exc:
         print(f"error: --faults: {exc}", file=sys.stderr)
         return 2
-    if not args.rate_scale >= 0 or args.offers < 1 or not 0 <= args.linger_seconds < float("inf"):
+    except calibrate.CalibrationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not args.rate_scale >= 0 or args.offers < 1 or not 0 <= kwargs["linger_seconds"] < float("inf"):
         print("error: --rate-scale and --linger-seconds must be >= 0 (finite) and --offers >= 1", file=sys.stderr)
         return 2
-    sim = SimServer(seed=args.seed, boot_seconds=args.boot_seconds, faults=plan if args.faults else None,
-                    num_offers=args.offers, rate_scale=args.rate_scale, api_keys=args.api_keys,
-                    credit_usd=args.credit_usd, host_root=args.host_root, port=args.port,
-                    linger_seconds=args.linger_seconds)
+    calibration = kwargs.pop("calibration")
+    sim = SimServer(**kwargs)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     sim.start()
+    if calibration:
+        print(calibration, flush=True)
     print(f"vast sim listening on {sim.url}", flush=True)
     try:
         stop.wait()
