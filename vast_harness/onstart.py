@@ -86,9 +86,11 @@ while :; do
 done
 w=missing; grep -Eq '"id": *'"$CONTAINER_ID"'([^0-9]|$)' $o && w=shows
 { echo $c; echo $w; head -c 1000 $o; } > ~/@AFILE@.t && mv ~/@AFILE@.t ~/@AFILE@
-echo "$(date +%s) armed: deletes at host epoch $(cat $f)"
+echo "$(date +%s) armed: deletes at host epoch $(cat $f) (never later; a missing or odd file keeps the last)"
+n=$(date +%s); D0=$(cat $f 2>/dev/null); case "$D0" in ''|*[!0-9]*) D0=$((n+@ALLOW_S@));; esac
 while :; do
-  n=$(date +%s); D=$(cat $f 2>/dev/null); D=${D:-0}
+  n=$(date +%s); D=$(cat $f 2>/dev/null); case "$D" in ''|*[!0-9]*) D=$D0;; esac
+  [ "$D" -lt "$D0" ] && D0=$D; D=$D0
   [ "$n" -ge "$D" ] && break
   s=$((D-n)); [ $s -gt @SLEEP_MAX@ ] && s=@SLEEP_MAX@; sleep $s
 done

@@ -146,3 +146,34 @@ def test_a_rerun_of_onstart_keeps_the_original_deadline():
         assert not inst["live"]
         assert inst["destroyed_at"] < rerun_at + after_s - 1.0, "the re-run restarted the dead-man clock"
         assert inst["destroyed_at"] >= created_at + after_s - 1.0
+
+
+@pytest.mark.parametrize("change", ["pushed-later", "lost", "garbled"])
+def test_the_switch_keeps_its_deadline_when_the_file_is_lost_or_pushed_later(tmp_path, change):
+    # The deadline file is the switch's only clock: a later value in it is ignored (never later than the
+    # onstart's own), and a missing or garbled file keeps the last one instead of firing at once.
+    with SimServer(seed=7, rate_scale=0.0, boot_seconds=0.05) as sim, \
+            VastClient("account-key-abc", base_url=sim.url, pacing_scale=0) as client:
+        iid = _create(client, sim, build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=600))
+        time.sleep(0.3)
+        env = dict(sim.backend.instances[iid].sandbox.env)
+        env["HOME"] = str(tmp_path)
+        del env[sandbox_mod.MARKER_VAR]
+        t0 = time.time()
+        deadline_file = tmp_path / ".vh-deadman.deadline"
+        deadline_file.write_text(f"{int(t0) + 4}\n")
+        body = build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=0).split("<<'VHEOF'\n", 1)[1]
+        body = body.split("\nVHEOF\n", 1)[0]
+        switch = subprocess.Popen(["/bin/bash", "-c", body], env=env, stdout=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        if change == "pushed-later":  # an hour later: ignored
+            deadline_file.write_text(f"{int(t0) + 3600}\n")
+        elif change == "lost":  # the last deadline stands
+            deadline_file.unlink()
+        else:
+            deadline_file.write_text("12 34; rm -rf /\n")
+        out, _ = switch.communicate(timeout=30)
+        inst = _wait_gone(sim, iid, 5)
+        assert not inst["live"], out
+        assert t0 + 2.5 <= inst["destroyed_at"] <= t0 + 8, (inst["destroyed_at"] - t0, out)
+        assert " ARM 200 " in out and "DELETE 200" in out
