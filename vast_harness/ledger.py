@@ -33,6 +33,9 @@ Event = Literal["intent", "created", "create_unknown", "create_unresolved", "cre
                 "absence", "label_swept", "seen"]
 REQUIRED_EVENTS = frozenset({"intent"})  # no PUT without it on disk
 OUTCOME_EVENTS = ("created", "create_failed", "delete_ack")  # events that name an instance a run owned
+# `create_failed` verdict for an answer that says nothing was created (410 no_such_ask, 429): the label is settled,
+# `reap` need not look for it (a 5xx create_failed carries no verdict: it may still have created)
+NOTHING_CREATED = "nothing_created"
 MAX_LINE_BYTES = 64 * 1024
 LEDGER_FILE = "ledger.jsonl"  # in the evidence dir, shared by every run, fleet and reap that writes there
 
@@ -222,7 +225,7 @@ class Ledger:
                 labels_with_instance.add(e.label)
             if e.event == "absence" and e.verdict == "gone" and e.instance_id is not None:
                 gone.add(e.instance_id)
-            if e.event == "label_swept":
+            if e.event == "label_swept" or (e.event == "create_failed" and e.verdict == NOTHING_CREATED):
                 swept.add(e.label)
         pending = {i: e for i, e in created.items() if i not in gone}
         # An intent with no recorded instance may still have created one (a create that timed out, a held

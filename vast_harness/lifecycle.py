@@ -30,7 +30,7 @@ from vast_harness.errors import (
     TransportError,
     VastError,
 )
-from vast_harness.ledger import EntryFields, Event, Ledger, LedgerEntry
+from vast_harness.ledger import NOTHING_CREATED, EntryFields, Event, Ledger, LedgerEntry
 from vast_harness.models import Instance
 
 Sleep = Callable[[float], None]
@@ -134,11 +134,11 @@ def create(
 
     try:
         result = client.create_instance(offer_id, request.model_dump())
-    except OfferUnavailable as exc:
-        ledger.append(run_id, "create_failed", label, offer_id=offer_id, detail=str(exc)[:300])
+    except OfferUnavailable as exc:  # refused, not queued (cancel_unavail): nothing to look for later
+        ledger.append(run_id, "create_failed", label, offer_id=offer_id, verdict=NOTHING_CREATED, detail=str(exc)[:300])
         return CreateOutcome(status="unavailable", detail=str(exc))
     except RateLimitError as exc:  # 429: nothing was created (the client already waited and retried)
-        ledger.append(run_id, "create_failed", label, offer_id=offer_id, detail=str(exc)[:300])
+        ledger.append(run_id, "create_failed", label, offer_id=offer_id, verdict=NOTHING_CREATED, detail=str(exc)[:300])
         return CreateOutcome(status="not_created", detail=str(exc))
     except ApiStatusError as exc:
         if exc.new_contract is not None:  # bid too low etc.: created stopped, bills storage until deleted

@@ -128,3 +128,16 @@ def test_lines_carry_the_target_never_the_key(tmp_path):
     assert VAST_TEST_KEY not in text
     entry = Ledger(path).entries()[0]
     assert entry.target == target and len(entry.account or "") == 12
+
+
+def test_a_create_answered_nothing_created_settles_its_label_and_a_5xx_does_not(tmp_path):
+    # Found by the chaos suite: two offers taken (410 no_such_ask) then an unproven teardown; reap (exit 3)
+    # kept looking for the two refused labels for an hour, though the answer said nothing was created.
+    from vast_harness.ledger import NOTHING_CREATED
+
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    for label in ("vh-a", "vh-b"):
+        ledger.append("r", "intent", label, offer_id=1)
+    ledger.append("r", "create_failed", "vh-a", offer_id=1, verdict=NOTHING_CREATED, detail="410 no_such_ask")
+    ledger.append("r", "create_failed", "vh-b", offer_id=1, detail="502 (may still have created)")
+    assert ledger.unproven() == ({}, {"vh-b"})
