@@ -50,7 +50,8 @@ def load(path: str | Path) -> Calibration:
         raise CalibrationError(f"--calibrate {path}: cannot read a canary.json ({exc})") from None
     if not isinstance(data, dict) or data.get("schema_version") != 1:
         raise CalibrationError(f"--calibrate {path}: not a canary.json of schema_version 1")
-    lag = data.get("read_lag") if isinstance(data.get("read_lag"), dict) else {}
+    raw_lag = data.get("read_lag")
+    lag: dict[str, Any] = raw_lag if isinstance(raw_lag, dict) else {}
     lags = [v for v in (_seconds(lag.get("per_id_s")), _seconds(lag.get("list_s"))) if v is not None]
     cal = Calibration(source=str(path), boot_seconds=_seconds(data.get("boot_s")),
                       linger_seconds=_seconds(data.get("linger_s")), read_lag_seconds=max(lags) if lags else None)
