@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,9 +23,21 @@ from remote.model import FLOPS_FORMULA
 if TYPE_CHECKING:
     from remote.attention import Choice
     from remote.profiles import Profile
-    from remote.train import RoundResult
 
 SCHEMA = MFU_SCHEMA
+
+
+@dataclass
+class RoundResult:
+    """What one round measured (remote.train.run_round): the record's input."""
+
+    losses: list[float]
+    step_times_s: list[float]
+    peak_mem_gib: float
+    step_peak_mem_gib: float
+    optimizer_numel: int
+    leaf_root: str | None
+    extra: dict = field(default_factory=dict)
 
 
 def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.Peak, choice: Choice,
@@ -70,6 +83,7 @@ def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.P
         "micro_batch": micro_batch,
         "seq_len": cfg.seq_len,
         "reduction": args.reduction,
+        "reduce_order": first.extra["reduce_order"],  # remote/parallel.py: the owner reduction's add order
         "flags": {"act_ckpt": args.act_ckpt, "compile": args.compile, "nccl_pcie": args.nccl_pcie,
                   "deterministic": args.deterministic, "replay": args.replay, "attention": args.attention,
                   "peak_tflops_override": args.peak_tflops},

@@ -15,12 +15,36 @@ optimizer, so the update is not lost to bf16 rounding. Gradients are reduced in 
   (remote.kernels.adamw). At world size 1 there is nothing to reduce: no gradient buckets, no zeroing, no
   collectives; autograd hands each gradient over as is and the kernel writes the bf16 weight in place.
   zero2 and zero2o take the identical path there, so they stay bitwise equal.
+
+The owner reduction and the order of its adds. Rank r owns slice r of every bucket; each element of an owned
+slice is the sum of `world` bf16 values, one per rank. bf16 addition is commutative but not associative, so
+the reduced bits are decided by the order of the world - 1 adds and by nothing else (every add widens both
+operands to fp32, adds, rounds to bf16: torch's `add_`, NCCL's and gloo's bf16 sums alike). One collective per
+bucket, never one reduction per rank:
+
+- order "rank" (default under gloo; `VH_REDUCE_ORDER=rank` on CUDA): one `all_to_all_single` hands rank r the
+  world copies of its slice, which it folds in rank order, ((g0 + g1) + g2) + ... + g(N-1). The bits are a
+  function of the per-rank gradients alone: the same for any bucket size or layout, any backend algorithm,
+  zero2 and zero2o, and reproducible in one process from the N gradients (tests/remote/test_worlds.py). It
+  costs one receive buffer per bucket (the size of the bucket) and N - 1 local adds per owned element.
+- order "backend" (default under NCCL): one `reduce_scatter_tensor`, in the order the backend's algorithm
+  takes. NCCL's ring sums each owner's slice in a rotation of its ring (which rotation, per channel, is NCCL's
+  choice: UNCONFIRMED); the same run to run for the same sizes, topology and NCCL settings (`--nccl-pcie`
+  pins algorithm, protocol and channels), but not across bucket layouts. gloo's (measured, torch 2.15) is an
+  all-reduce then the slice, whose order depends on where an element falls in gloo's own segments: that is
+  why gloo runs take the rank order.
+
+At world 2 both orders are a single add, so they give the same bits. zero2 and zero2o issue the same
+collectives on the same buffers in the same bucket order and fold/update only after every one completed, so
+they make the same adds in the same order under either order: bitwise equal by construction (tested at
+world 2, 4 and 8 under gloo).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -30,7 +54,7 @@ from torch.utils.checkpoint import checkpoint
 
 from remote import kernels
 from remote.envprobe import mask_env
-from remote.model import Transformer, _ce_chunk
+from remote.model import Transformer
 from remote.profiles import TrainConfig
 
 # NVLink multicast can take a shared host's GPUs out of service: off in NCCL, PyTorch and NVSHMEM, always.
@@ -40,7 +64,8 @@ PCIE = {"NCCL_P2P_DISABLE": "1", "NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "N
         "NCCL_MAX_NCHANNELS": "8", "NCCL_BUFFSIZE": "8388608"}
 RECORDED_ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "PYTORCH_CUDA_ALLOC_CONF",
                          "CUBLAS_WORKSPACE_CONFIG", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "VH_MPS_MODE",
-                         *kernels.ENV_PREFIXES)
+                         "VH_REDUCE_ORDER", *kernels.ENV_PREFIXES)
+REDUCE_ORDERS = ("rank", "backend")
 _ALIGN = 64  # elements: every parameter and every shard starts 128-byte aligned in the flat buffers
 
 
@@ -58,6 +83,20 @@ def set_process_env(nccl_pcie: bool) -> dict[str, str]:
 def recorded_env() -> dict[str, str]:
     """The NCCL/allocator environment for the evidence; a --remote-env value is recorded as "***"."""
     return mask_env({k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV_PREFIXES)})
+
+
+def requested_reduce_order() -> str | None:
+    """VH_REDUCE_ORDER, checked (a typo stops the run before the first round, exit 2); None when unset."""
+    value = os.environ.get("VH_REDUCE_ORDER") or None
+    if value is not None and value not in REDUCE_ORDERS:
+        raise kernels.KnobError(f"VH_REDUCE_ORDER={value!r}; known: {', '.join(REDUCE_ORDERS)}")
+    return value
+
+
+def reduce_order(backend: str) -> str:
+    """The owner reduction's add order (module docstring): as requested, else rank under gloo, backend under
+    NCCL (its reduce-scatter, the measured path)."""
+    return requested_reduce_order() or ("backend" if backend == "nccl" else "rank")
 
 
 def apply_act_ckpt(model: Transformer) -> None:
@@ -88,7 +127,7 @@ def apply_compile(model: Transformer) -> None:
     nn.Module.compile works in place, so parameter names and objects are unchanged."""
     for block in model.layers:
         block.compile(fullgraph=True)
-    model.ce_kernel = torch.compile(_ce_chunk, fullgraph=True)
+    model.ce_kernel = torch.compile(model.ce_kernel, fullgraph=True)
 
 
 class _MasterAdamW:
@@ -125,6 +164,7 @@ class DdpRunner:
     def __init__(self, model: Transformer, names: dict[int, str], train: TrainConfig,
                  group: dist.ProcessGroup, device: torch.device) -> None:
         self.module, self.names, self.group = model, names, group
+        self.reduce_order = "backend"  # DDP's all-reduce, in the order the backend's algorithm takes
         self.params = list(model.parameters())
         self.wrapped = DistributedDataParallel(
             model, process_group=group, bucket_cap_mb=train.bucket_cap_mb, gradient_as_bucket_view=True,
@@ -164,7 +204,8 @@ class _Bucket:
     """A run of parameters sharing one flat bf16 weight buffer and one flat bf16 gradient buffer
     (with_grads=False: weights only; autograd's own gradient tensors are read where they land)."""
 
-    def __init__(self, params: list[nn.Parameter], world: int, rank: int, with_grads: bool = True) -> None:
+    def __init__(self, params: list[nn.Parameter], world: int, rank: int, with_grads: bool = True,
+                 with_recv: bool = False) -> None:
         self.params, self.offsets = params, []
         total = 0
         for p in params:
@@ -179,6 +220,8 @@ class _Bucket:
             self.flat_grad = torch.zeros_like(self.flat_param)
             self.shard_grad = torch.empty(self.shard, dtype=ref.dtype, device=ref.device)
             self.shard_out = torch.empty_like(self.shard_grad)  # updated shard, all-gather input
+        # rank order: the world copies of this rank's slice, row r from rank r (all-to-all output)
+        self.recv = torch.empty(world, self.shard, dtype=ref.dtype, device=ref.device) if with_recv else None
         with torch.no_grad():
             for p, off in zip(params, self.offsets, strict=True):
                 view = self.flat_param[off:off + p.numel()].view_as(p)
@@ -196,7 +239,8 @@ class Zero2Runner:
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.fused = fused_optim
         self.direct = fused_optim and self.world == 1  # nothing to reduce: read autograd's gradients as is
-        self.buckets = self._make_buckets(list(model.parameters()), train.bucket_cap_mb * 2**20)
+        self.reduce_order = reduce_order(dist.get_backend(group))
+        self.buckets = self._make_buckets(list(model.parameters()), int(train.bucket_cap_mb * 2**20))
         shards = [b.flat_param[b.my_slice] for b in self.buckets]
         if fused_optim:
             from remote.kernels.adamw import FusedMasterAdamW
@@ -228,7 +272,8 @@ class Zero2Runner:
                 size = 0
             groups[-1].append(p)
             size += nbytes
-        return [_Bucket(g, self.world, self.rank, with_grads=not self.direct) for g in groups]
+        recv = self.reduce_order == "rank" and self.world > 1
+        return [_Bucket(g, self.world, self.rank, with_grads=not self.direct, with_recv=recv) for g in groups]
 
     def _stage_of(self, p: nn.Parameter) -> int:
         """The forward stage that first reads `p`: -1 the embedding (and the tied head), i layer i, n the norm."""
@@ -258,10 +303,23 @@ class Zero2Runner:
             self.pending_gathers.pop(i).wait()
 
     def _launch(self, i: int) -> None:
+        """Bucket i's owner reduction: one collective (the module docstring says in which order it adds)."""
         b = self.buckets[i]
-        self.handles.append(dist.reduce_scatter_tensor(b.shard_grad, b.flat_grad, op=dist.ReduceOp.SUM,
-                                                       group=self.group, async_op=True))
+        if b.recv is not None:
+            self.handles.append(dist.all_to_all_single(b.recv.view(-1), b.flat_grad, group=self.group,
+                                                       async_op=True))
+        else:
+            self.handles.append(dist.reduce_scatter_tensor(b.shard_grad, b.flat_grad, op=dist.ReduceOp.SUM,
+                                                           group=self.group, async_op=True))
         self.launched = i + 1
+
+    def _finish_reductions(self) -> None:
+        """Wait for every bucket's collective; in rank order, fold the received copies g0 + g1 + ... in place."""
+        for h in self.handles:
+            h.wait()
+        for b in self.buckets:
+            if b.recv is not None:
+                fold_in_rank_order(b.recv, out=b.shard_grad)
 
     def _on_grad_ready(self, i: int) -> None:
         self.buckets[i].ready += 1
@@ -282,8 +340,7 @@ class Zero2Runner:
             return
         for i in range(self.launched, len(self.buckets)):  # zero2: all of them; zero2o: none normally
             self._launch(i)
-        for h in self.handles:
-            h.wait()
+        self._finish_reductions()
         self.wait_params()  # a previous step's gathers (none normally: the forward waited for them)
         order = self.gather_order if self.overlap else range(len(self.buckets))
         if self.fused:  # each bucket's gather starts as soon as its update is done
@@ -343,10 +400,55 @@ class Zero2Runner:
             yield "optim.step", self.optim.state(0)["step"]
 
 
+def fold_in_rank_order(parts: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = ((parts[0] + parts[1]) + parts[2]) + ...: one rounded add per row, left to right (never a tree)."""
+    out.copy_(parts[0])
+    for row in parts[1:]:
+        out.add_(row)
+    return out
+
+
 def apply_zero2(model: Transformer, names: dict[int, str], train: TrainConfig, group: dist.ProcessGroup,
                 overlap: bool, fused_optim: bool = False) -> Zero2Runner:
     return Zero2Runner(model, names, train, group, overlap, fused_optim)
 
 
-__all__ = ["MULTICAST_OFF", "PCIE", "DdpRunner", "Zero2Runner", "apply_act_ckpt", "apply_compile", "apply_ddp",
-           "apply_kernels", "apply_zero2", "recorded_env", "set_process_env"]
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How a model is parallelised: the reduction and the optional transforms (run_mfu_dist.py's flags)."""
+
+    reduction: str  # "ddp" | "zero2" | "zero2o"
+    train: TrainConfig
+    act_ckpt: bool = False
+    compile: bool = False
+
+
+@dataclass(frozen=True)
+class World:
+    """Where the reduction runs: its process group and this rank's device."""
+
+    group: dist.ProcessGroup
+    device: torch.device
+
+
+def parallelize(model: Transformer, cfg: ParallelConfig, world: World) -> DdpRunner | Zero2Runner:
+    """Every transform, in its one fixed order (torchtitan's): canonical names before anything wraps the
+    model; kernels before compile (Dynamo traces the choice as a constant); activation checkpointing, so
+    compile sees the checkpointed layers; compile; the reduction last, over the final modules."""
+    if cfg.reduction not in ("ddp", "zero2", "zero2o"):
+        raise ValueError(f"unknown reduction {cfg.reduction!r}")
+    names = {id(p): n for n, p in model.named_parameters()}
+    apply_kernels(model, world.device)
+    if cfg.act_ckpt:
+        apply_act_ckpt(model)
+    if cfg.compile:
+        apply_compile(model)
+    if cfg.reduction == "ddp":
+        return apply_ddp(model, names, cfg.train, world.group, world.device)
+    return apply_zero2(model, names, cfg.train, world.group, overlap=cfg.reduction == "zero2o",
+                       fused_optim=kernels.active("optim", world.device))
+
+
+__all__ = ["MULTICAST_OFF", "PCIE", "REDUCE_ORDERS", "DdpRunner", "ParallelConfig", "World", "Zero2Runner", "apply_act_ckpt", "apply_compile",
+           "apply_ddp", "apply_kernels", "apply_zero2", "fold_in_rank_order", "recorded_env", "reduce_order",
+           "requested_reduce_order", "set_process_env"]

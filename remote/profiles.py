@@ -33,7 +33,7 @@ class TrainConfig:
     beta2: float = 0.95
     weight_decay: float = 0.1
     seed: int = 1234
-    bucket_cap_mb: int = 128
+    bucket_cap_mb: float = 128
     """Gradient bucket size for DDP and the zero2 reductions."""
     ce_chunk_tokens: int = 8192
 

@@ -13,7 +13,6 @@ import resource
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -21,6 +20,7 @@ import torch.distributed as dist
 
 from remote import attention, data, determinism, envprobe, evidence, kernels, merkle, mfu, parallel
 from remote.comm import all_gather_json
+from remote.evidence import RoundResult
 from remote.model import build_model
 from remote.profiles import Profile, ProfileError, load_profile
 
@@ -113,17 +113,6 @@ def attach_mps(rank: int, local_rank: int, world: int) -> dict | None:
     return rec
 
 
-@dataclass
-class RoundResult:
-    losses: list[float]
-    step_times_s: list[float]
-    peak_mem_gib: float
-    step_peak_mem_gib: float
-    optimizer_numel: int
-    leaf_root: str | None
-    extra: dict = field(default_factory=dict)
-
-
 class _Profiler:
     """VH_TORCH_PROFILE_OUT=FILE: torch.profiler over the last two steps, a per-op table written to FILE
     (where a step's milliseconds go). Off by default: profiling perturbs the timed steps."""
@@ -163,17 +152,9 @@ def run_round(args: argparse.Namespace, profile: Profile, device: torch.device, 
     torch.manual_seed(train.seed)
     model = build_model(cfg, device, train.seed)
     model.ce_chunk_tokens = kernels.ce_chunk_tokens(train.ce_chunk_tokens)
-    names = {id(p): n for n, p in model.named_parameters()}  # canonical names, before any wrapping
-    parallel.apply_kernels(model, device)  # before compile: the choice is traced as a constant
-    if args.act_ckpt:
-        parallel.apply_act_ckpt(model)
-    if args.compile:
-        parallel.apply_compile(model)
-    if args.reduction == "ddp":
-        runner = parallel.apply_ddp(model, names, train, group, device)
-    else:
-        runner = parallel.apply_zero2(model, names, train, group, overlap=args.reduction == "zero2o",
-                                      fused_optim=kernels.active("optim", device))
+    runner = parallel.parallelize(model, parallel.ParallelConfig(args.reduction, train, act_ckpt=args.act_ckpt,
+                                                                 compile=args.compile),
+                                  parallel.World(group, device))
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -210,7 +191,8 @@ def run_round(args: argparse.Namespace, profile: Profile, device: torch.device, 
     result = RoundResult(losses=losses_f, step_times_s=times[train.warmup_steps:], peak_mem_gib=peak,
                          step_peak_mem_gib=(max(step_peaks[train.warmup_steps:]) / 2**30) if cuda else peak,
                          optimizer_numel=runner.optimizer_numel(), leaf_root=root,
-                         extra={"micro_batch": micro_batch, "steps": steps, "all_step_times_s": times})
+                         extra={"micro_batch": micro_batch, "steps": steps, "all_step_times_s": times,
+                                "reduce_order": runner.reduce_order})
     del state, runner, model
     dist.destroy_process_group(group)
     if cuda:
@@ -226,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         validate(args, profile, world)
         kernels.requested()  # a typo in VH_KERNELS stops here, not after the first round
         kernels.ce_chunk_tokens(profile.train.ce_chunk_tokens)
+        parallel.requested_reduce_order()
     except (ProfileError, UsageError, kernels.KnobError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -96,6 +96,8 @@ def _claims(d: dict) -> list[str]:
         failed.append(f"micro_batch {d['micro_batch']} < 1")
     if d["reduction"] not in ("ddp", "zero2", "zero2o"):
         failed.append(f"reduction {d['reduction']!r} is not ddp, zero2 or zero2o")
+    if d.get("reduce_order", "backend") not in ("rank", "backend"):  # absent in records before issue 26
+        failed.append(f"reduce_order {d['reduce_order']!r} is not rank or backend")
     required = _required_attention(d)
     if d["device"] == "cuda" and required and d["attention_backend"] not in required:
         failed.append(f"attention_backend {d['attention_backend']!r} is not one the profile requires {required}")

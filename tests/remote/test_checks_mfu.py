@@ -38,6 +38,7 @@ def test_committed_h200_evidence_is_valid(name: str) -> None:
     (lambda d: d.pop("versions"), "schema: field 'versions' is missing"),
     (lambda d: d["versions"].update(gpu_uuids=[]), "one GPU UUID per rank"),
     (lambda d: d.update(rank_peak_mem_gib=[]), "one entry per rank"),
+    (lambda d: d.update(reduce_order="tree"), "reduce_order 'tree' is not rank or backend"),
 ])
 def test_tampered_fast_evidence_fails_naming_the_claim(tmp_path: Path, edit, claim: str) -> None:
     failed = mfu_check.check(tampered(tmp_path, "dp1-fast.json", edit))
