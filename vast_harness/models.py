@@ -1,14 +1,15 @@
 """Pydantic models of what the Vast API returns, with units in the names where Vast's own names lack them.
 
 Vast sends nulls freely, pads some strings, and sends `HostPort` as a string: the models absorb that here
-so nothing downstream has to. Unknown fields are ignored (the API grows).
+so nothing downstream has to. Unknown fields are ignored (the API grows). Also the SSH endpoint and connect
+attempt types, which ssh.py makes and errors.py reports: here both import them without importing each other.
 """
 
 from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -244,3 +245,24 @@ class InstancePage(_VastModel):
     instances: list[Instance] = Field(default_factory=list)
     total_instances: int | None = None
     next_token: str | None = None
+
+
+class SshEndpoint(BaseModel):
+    """Where an instance's sshd may be reached (ssh.endpoints_for reads it from the instance)."""
+
+    host: str
+    port: int
+    kind: Literal["direct", "proxy"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.host}:{self.port}"
+
+
+class ConnectAttempt(BaseModel):
+    """One try at one endpoint: what happened and how long it took (ssh makes them, errors reports them)."""
+
+    number: int
+    endpoint: SshEndpoint
+    ok: bool
+    outcome: str
+    seconds: float

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import Literal, Self, TypeVar
+from typing import Self, TypeVar
 
 import paramiko
 import tenacity
@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import BaseModel
 
 from vast_harness.errors import SshConnectError, SshTransferError, TransferAbandoned
-from vast_harness.models import Instance
+from vast_harness.models import ConnectAttempt, Instance, SshEndpoint
 
 # paramiko logs a failed handshake ("Error reading SSH protocol banner") with its traceback at ERROR; with
 # no handler configured, Python's last-resort handler prints that to stderr. Failures reach the user as our
@@ -60,25 +60,6 @@ _CONNECT_ERRORS = (paramiko.SSHException, OSError, EOFError)
 
 LineCallback = Callable[[str, str], None]
 _T = TypeVar("_T")
-
-
-class SshEndpoint(BaseModel):
-    host: str
-    port: int
-    kind: Literal["direct", "proxy"]
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.host}:{self.port}"
-
-
-class ConnectAttempt(BaseModel):
-    """One try at one endpoint: what happened and how long it took."""
-
-    number: int
-    endpoint: SshEndpoint
-    ok: bool
-    outcome: str
-    seconds: float
 
 
 class StepOutcome(BaseModel):
