@@ -34,6 +34,7 @@ _TAG_CUDA_RE = re.compile(r"(?:^|-)cuda(\d+\.\d+)(?:-|$)")
 _TAG_TORCH_RE = re.compile(r"^(\d+\.\d+\.\d+)-")
 _TAG_CUDNN_RE = re.compile(r"(?:^|-)cudnn(\d+)(?:-|$)")
 IMAGE_EXPECT_PLACEHOLDER = "{image_expect}"
+NUM_GPUS_PLACEHOLDER = "{num_gpus}"  # in a profile's remote_env value: the GPUs per offer this run rents
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_REMOTE_ENV_VALUE_CHARS = 4096
 
@@ -524,7 +525,8 @@ def resolve(
         max_usd=max_usd if max_usd is not None else prof.caps.max_usd,
         max_minutes=max_minutes if max_minutes is not None else prof.caps.max_minutes,
     )
-    env = dict(prof.remote_env)
+    # `{num_gpus}` follows --num-gpus / --eight-gpu-qualified (the mfu sweep's world sizes); --remote-env wins
+    env = {k: v.replace(NUM_GPUS_PLACEHOLDER, str(filters.num_gpus)) for k, v in prof.remote_env.items()}
     env.update(parse_remote_env(remote_env or []))
 
     if api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console

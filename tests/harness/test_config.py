@@ -29,7 +29,7 @@ def test_flags_beat_environment_beat_profile(key_file):
     )
     assert spec.filters.num_gpus == 4 and spec.caps.max_usd == 2.5
     assert spec.caps.max_minutes == 60  # from the profile
-    assert spec.remote_env["HT_MFU_MB"] == "16" and spec.remote_env["HT_MFU_WORLDS"] == "2"
+    assert spec.remote_env["HT_MFU_MB"] == "16" and spec.remote_env["HT_MFU_WORLDS"] == "4"  # follows --num-gpus
     assert spec.api_url == "http://127.0.0.1:9"
     assert (
         resolve(

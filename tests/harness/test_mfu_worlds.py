@@ -1,0 +1,66 @@
+"""`--num-gpus 4/8` reach the workload: the mfu profile's HT_MFU_WORLDS follows the GPUs per offer, and the
+sweep script and the replay step launch that many ranks on the dp<N> model profile."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from vast_harness.config import load_profile, resolve
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _worlds(**flags: object) -> str:
+    spec = resolve(profile="mfu", sim=True, dry_run=True, environ={}, **flags)  # type: ignore[arg-type]
+    return spec.remote_env["HT_MFU_WORLDS"]
+
+
+def test_the_sweep_world_follows_the_gpus_per_offer() -> None:
+    assert _worlds() == "2"  # the profile's own filters.num_gpus
+    assert _worlds(num_gpus=4) == "4"
+    assert _worlds(eight_gpu_qualified=True) == "8"
+    assert _worlds(num_gpus=4, remote_env=["HT_MFU_WORLDS=1 4"]) == "1 4"  # an explicit --remote-env wins
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_every_world_the_sweep_can_ask_for_has_its_model_profile(world: int) -> None:
+    data = tomllib.loads((ROOT / "profiles" / "models" / f"mfu-dense-1b-dp{world}.toml").read_text())
+    assert data["name"] == f"mfu-dense-1b-dp{world}" and data["world_size"] == world
+
+
+def _fake_python(bin_dir: Path, log: Path) -> None:
+    """A python3 that logs its argv and writes the --out file it is given, as run_mfu_dist.py would."""
+    bin_dir.mkdir()
+    script = bin_dir / "python3"
+    script.write_text(f"""#!/bin/bash
+echo "$*" >> {log}
+prev=""
+for a in "$@"; do [ "$prev" = --out ] && echo '{{}}' > "$a"; prev="$a"; done
+exit 0
+""")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_the_sweep_and_the_replay_step_launch_that_many_ranks(tmp_path: Path, world: int) -> None:
+    log = tmp_path / "argv.log"
+    _fake_python(tmp_path / "bin", log)
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HT_MFU_WORLDS": str(world), "HT_MFU_MB": "8",
+           "HT_MFU_OUT": str(tmp_path / "ev")}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "vast_mfu_remote.sh")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    replay = next(s for s in load_profile("mfu").steps if s.name == "replay")
+    proc = subprocess.run(["bash", "-c", replay.run], env=env | {"HOME": str(tmp_path)}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = [line for line in log.read_text().splitlines() if "run_mfu_dist.py" in line]
+    assert len(runs) == 2, runs  # one sweep point, one replay
+    for line in runs:
+        assert f"--nproc-per-node {world} " in line and f"--profile mfu-dense-1b-dp{world} " in line, line
+    assert (tmp_path / "ev" / f"mfu-dp{world}-zero2o-mb8-compile-p2pon.json").exists()
