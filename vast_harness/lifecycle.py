@@ -34,6 +34,7 @@ from vast_harness.ledger import NOTHING_CREATED, EntryFields, Event, Ledger, Led
 from vast_harness.models import Instance
 
 Sleep = Callable[[float], None]
+Clock = Callable[[], float]  # monotonic seconds (time.monotonic, or a test's fake clock)
 
 # How long after a create reads may still not see the instance. Vast documents no figure (its SDK and
 # SkyPilot retry the read); 30 s is our bound, and an absence proof or "not found" inside it counts for
@@ -275,6 +276,7 @@ def _one_round(client: VastClient, instance_id: int, label: str, not_before_unix
 def prove_absent(
     client: VastClient, instance_id: int, label: str, *, interval_s: float, deadline: float,
     sleep: Sleep = time.sleep, not_before_unix: float = 0.0, not_before_once_seen_unix: float | None = None,
+    clock: Clock = time.monotonic,
 ) -> AbsenceProof:
     """Two consecutive all-'gone' rounds at least `interval_s` apart, both at or after `not_before_unix`
     (the end of the read-lag window), before `deadline`. Once a round shows the instance (live or lingering),
@@ -282,12 +284,14 @@ def prove_absent(
 
     Any non-200, timeout or unparsable body makes a round 'unknown' and restarts the count; a lingering
     destroyed row ('going') restarts it too and the proof keeps going until the deadline. If a round sees
-    the instance live, the verdict is 'present' (the caller deletes again).
+    the instance live, the verdict is 'present' (the caller deletes again). `deadline` and the rounds' spacing
+    are on `clock` (monotonic seconds); the read-lag window is wall-clock (it starts at the create's time).
     """
     proof = AbsenceProof(instance_id=instance_id, label=label, interval_s=interval_s, not_before_unix=not_before_unix)
     streak_start: float | None = None
     while True:
         r = _one_round(client, instance_id, label, proof.not_before_unix)
+        now = clock()
         proof.rounds.append(r)
         if r.verdict in ("present", "going") and not proof.seen_by_reads:
             proof.seen_by_reads = True
@@ -298,8 +302,8 @@ def prove_absent(
             return proof
         if r.verdict == "gone" and not r.in_lag_window:
             if streak_start is None:
-                streak_start = r.t_unix
-            elif r.t_unix - streak_start >= interval_s:
+                streak_start = now
+            elif now - streak_start >= interval_s:
                 proof.verdict = "gone"
                 return proof
         else:
@@ -307,7 +311,7 @@ def prove_absent(
         wait_s = interval_s
         if r.in_lag_window:  # nothing read now counts: sleep to the window's end (polling for a late row)
             wait_s = max(interval_s, min(proof.not_before_unix - time.time(), max(interval_s, 1.0)))
-        if time.monotonic() + wait_s > deadline:
+        if clock() + wait_s > deadline:
             proof.verdict = "going" if r.verdict == "going" else "unknown"
             return proof
         sleep(wait_s)
@@ -333,7 +337,7 @@ class LedgerAppend(Protocol):
 def teardown_instance(
     client: VastClient, ledger: LedgerAppend, *, run_id: str, label: str, instance_id: int, interval_s: float,
     deadline: float, sleep: Sleep = time.sleep, created_unix: float | None = None,
-    lag_window_s: float = READ_LAG_WINDOW_S, seen: bool = True,
+    lag_window_s: float = READ_LAG_WINDOW_S, seen: bool = True, clock: Clock = time.monotonic,
 ) -> InstanceTeardown:
     """Delete, then prove absent; delete again whenever a proof sees it live, until proven or `deadline`.
 
@@ -351,7 +355,7 @@ def teardown_instance(
         return created_unix + (lag_window_s if seen_now else max(lag_window_s, UNSEEN_TRUST_AFTER_S))
 
     while True:
-        remaining = deadline - time.monotonic()
+        remaining = deadline - clock()
         ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining))
         report.deletes.append(ack)
         if ack.acknowledged:
@@ -359,13 +363,13 @@ def teardown_instance(
             seen = seen or ack.outcome == "deleted"  # it existed, as far as the API could tell
         report.proof = prove_absent(client, instance_id, label, interval_s=interval_s, deadline=deadline,
                                     sleep=sleep, not_before_unix=window_end(seen),
-                                    not_before_once_seen_unix=window_end(True))
+                                    not_before_once_seen_unix=window_end(True), clock=clock)
         if report.proof.seen_by_reads and not seen:
             seen = True
             ledger.append(run_id, "seen", label, instance_id=instance_id, detail="in an absence-proof round")
-        if report.proof.verdict != "present" or time.monotonic() + interval_s > deadline:
+        if report.proof.verdict != "present" or clock() + interval_s > deadline:
             break
-        sleep(min(interval_s, max(0.0, deadline - time.monotonic())))  # live again: pace the next DELETE
+        sleep(min(interval_s, max(0.0, deadline - clock())))  # live again: pace the next DELETE
     report.seen = seen
     detail = None if seen else ("no read has shown this instance and no DELETE deleted it: null reads may be a "
                                 "read lag; reap keeps it")
