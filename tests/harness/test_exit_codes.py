@@ -20,14 +20,53 @@ def test_readme_table_is_the_enum():
     assert codes == {int(c) for c in ExitCode}
 
 
-def _leaf_errors() -> list[type[BaseException]]:
-    return [obj for obj in vars(errors).values()
-            if isinstance(obj, type) and issubclass(obj, (errors.HarnessError, errors.Interrupted))]
+def _error_classes() -> dict[str, type[BaseException]]:
+    return {name: obj for name, obj in vars(errors).items()
+            if isinstance(obj, type) and issubclass(obj, (errors.HarnessError, errors.Interrupted))}
 
 
-@pytest.mark.parametrize("cls", _leaf_errors(), ids=lambda c: c.__name__)
-def test_every_error_maps_to_a_listed_code(cls):
-    assert isinstance(cls.exit_code, ExitCode) or cls is errors.RunCancelled
+def _doc_tree() -> dict[str, tuple[str, tuple[int, ...]]]:
+    """errors.py's docstring tree: each class -> (its parent in the tree, the exit codes its line names)."""
+    tree: dict[str, tuple[str, tuple[int, ...]]] = {}
+    parents = ["BaseException"]
+    for line in (errors.__doc__ or "").splitlines():
+        m = re.search(r"[├└]── (\w+)", line)
+        if not m:
+            continue
+        depth = m.start() // 4  # four columns per level ("├── ", "│   ")
+        del parents[depth:]
+        codes = re.search(r"exit (\d+(?: \| \d+)*)\s*$", line)
+        tree[m.group(1)] = (parents[depth - 1], tuple(int(c) for c in codes.group(1).split(" | ")) if codes else ())
+        parents.append(m.group(1))
+    return tree
+
+
+def test_the_docstring_tree_is_the_error_hierarchy():
+    """Every error class is in errors.py's tree under its real base class: the tree is what a reader (and the
+    README's table) relies on to know what each error does, so a class added, moved or renamed must show."""
+    tree, classes = _doc_tree(), _error_classes()
+    assert set(tree) == set(classes), (set(tree) ^ set(classes))
+    for name, (parent, _codes) in tree.items():
+        base = classes[name].__bases__[0]
+        if parent == "BaseException":  # the tree's roots: HarnessError is an Exception, Interrupted is not
+            assert base in (Exception, BaseException), name
+        else:
+            assert base.__name__ == parent, (name, base.__name__, parent)
+
+
+@pytest.mark.parametrize("name", sorted(_doc_tree()))
+def test_every_error_exits_with_the_code_its_tree_line_names(name):
+    """A line naming `exit N` is the class's own code; a line naming none inherits its parent's (and so must
+    not override it); `exit A | B` is decided per instance (RunCancelled), each a member of ExitCode."""
+    cls, (parent, codes) = _error_classes()[name], _doc_tree()[name]
+    assert all(c in ExitCode._value2member_map_ for c in codes), codes
+    if len(codes) > 1:
+        assert "exit_code" not in vars(cls) and "exit_code" in cls.__init__.__code__.co_varnames
+    elif codes:
+        assert cls.exit_code == codes[0], (name, cls.exit_code, codes)
+    else:
+        assert "exit_code" not in vars(cls), f"{name} sets a code its tree line does not name"
+        assert cls.exit_code == _error_classes()[parent].exit_code
 
 
 @pytest.mark.parametrize(("exc", "code"), [
