@@ -1,4 +1,5 @@
-"""Fixtures for the harness tests: a fake clock, a respx router with everything mocked, a client factory."""
+"""Fixtures for the harness tests: a fake clock, a respx router with everything mocked, a client factory, and
+one simulator per module (shaped by the module's SIM_OPTIONS)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import respx
 
 from vast_harness.client import VastClient
+from vast_harness.sim import SimServer
 
 # Distinctive, so a leak into any URL, message or log is unambiguous when searched for.
 VAST_TEST_KEY = "vhkey-SECRET-7f3a9c1e5b2d4680"
@@ -61,3 +63,20 @@ def make_client(fake_clock: FakeClock) -> Iterator[Callable[..., VastClient]]:
 @pytest.fixture
 def client(make_client: Callable[..., VastClient]) -> VastClient:
     return make_client()
+
+
+@pytest.fixture(scope="module")
+def sim(request: pytest.FixtureRequest) -> Iterator[SimServer]:
+    """The module's simulator: SimServer(**SIM_OPTIONS) of the test module (seed, rate scale, boot, offers)."""
+    with SimServer(**request.module.SIM_OPTIONS) as server:
+        yield server
+
+
+@pytest.fixture
+def clean_sim(sim: SimServer) -> Iterator[SimServer]:
+    """No faults before or after the test, and any credit a test charged (credit_zero) handed back."""
+    sim.set_faults(None)
+    yield sim
+    sim.set_faults(None)
+    for account in sim.backend.accounts.values():
+        account.charged_usd = 0.0

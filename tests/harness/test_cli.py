@@ -18,10 +18,7 @@ SEED_FLAGS = ["--profile", "mfu", "--num-gpus", "2", "--min-pcie-bw", "50", "--m
               "--remote-env", "HT_MFU_WORLDS=2", "--remote-env", "HT_MFU_COMPILE=1", "--remote-env", "HT_MFU_MB=8"]
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with SimServer(seed=5, rate_scale=0.01, num_offers=1000) as server:
-        yield server
+SIM_OPTIONS = dict(seed=5, rate_scale=0.01, num_offers=1000)  # conftest.sim
 
 
 def cli(*args: str, sim: SimServer | None = None, key: str | None = LEAKY_KEY, timeout: float = 120,

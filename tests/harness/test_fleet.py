@@ -35,10 +35,7 @@ GPUS = ["RTX 5090", "RTX 4090", "H100 SXM"]
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with SimServer(seed=0, rate_scale=SCALE, boot_seconds=0.5, num_offers=1000) as server:
-        yield server
+SIM_OPTIONS = dict(seed=0, rate_scale=SCALE, boot_seconds=0.5, num_offers=1000)  # conftest.sim
 
 
 def live(sim: SimServer) -> list[dict]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from pydantic import SecretStr
 
 from remote import envprobe
@@ -21,10 +20,7 @@ SCALE = 0.01
 KEY = "sim-image-key"
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with SimServer(seed=13, rate_scale=SCALE, boot_seconds=0.1, num_offers=200) as server:
-        yield server
+SIM_OPTIONS = dict(seed=13, rate_scale=SCALE, boot_seconds=0.1, num_offers=200)  # conftest.sim
 
 
 def _run(sim: SimServer, tmp_path: Path, profiles_dir: Path | None = None, remote_env: list[str] | None = None,

@@ -21,24 +21,12 @@ from vast_harness.ledger import Ledger
 from vast_harness.output import Output
 from vast_harness.reap import reap_all
 from vast_harness.runner import GuardedRun
-from vast_harness.sim import SimServer
 
 OK = [Step(name="ok", run="true", timeout_s=10)]
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with SimServer(seed=5, rate_scale=SCALE, boot_seconds=0.1, num_offers=400) as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _clear_faults(sim):
-    sim.set_faults(None)
-    yield
-    sim.set_faults(None)
-    for account in sim.backend.accounts.values():  # credit_zero charges the account: give it back
-        account.charged_usd = 0.0
+SIM_OPTIONS = dict(seed=5, rate_scale=SCALE, boot_seconds=0.1, num_offers=400)  # conftest.sim
+pytestmark = pytest.mark.usefixtures("clean_sim")  # faults cleared around each test
 
 
 def guarded(sim, spec, cls=GuardedRun, **attrs) -> GuardedRun:

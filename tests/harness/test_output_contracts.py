@@ -58,10 +58,7 @@ def test_every_output_path_prints_markup_literally(capsys):
     assert ":warning:" in captured.err  # no emoji substitution either
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with SimServer(seed=21, rate_scale=SCALE, boot_seconds=0.1, num_offers=300) as server:
-        yield server
+SIM_OPTIONS = dict(seed=21, rate_scale=SCALE, boot_seconds=0.1, num_offers=300)  # conftest.sim
 
 
 class MarkupStatus(httpx.HTTPTransport):

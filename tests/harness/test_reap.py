@@ -25,17 +25,8 @@ KEY = "sim-reap-key"
 OTHER_KEY = "sim-other-account-key"
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with SimServer(seed=9, rate_scale=SCALE, boot_seconds=0.1, num_offers=200) as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _clear_faults(sim):
-    sim.set_faults(None)
-    yield
-    sim.set_faults(None)
+SIM_OPTIONS = dict(seed=9, rate_scale=SCALE, boot_seconds=0.1, num_offers=200)  # conftest.sim
+pytestmark = pytest.mark.usefixtures("clean_sim")  # faults cleared around each test
 
 
 def spec_for(sim: SimServer, tmp_path: Path, key: str = KEY) -> RunSpec:

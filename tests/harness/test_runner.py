@@ -27,17 +27,8 @@ SCALE = 0.01
 KEY = "sim-runner-key"
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with SimServer(seed=3, rate_scale=SCALE, boot_seconds=0.1, num_offers=400) as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _clear_faults(sim):
-    sim.set_faults(None)
-    yield
-    sim.set_faults(None)
+SIM_OPTIONS = dict(seed=3, rate_scale=SCALE, boot_seconds=0.1, num_offers=400)  # conftest.sim
+pytestmark = pytest.mark.usefixtures("clean_sim")  # faults cleared around each test
 
 
 def make_spec(sim: SimServer, tmp_path: Path, steps: list[Step], **overrides) -> RunSpec:

@@ -11,17 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from vast_harness.sim import SimServer
 from vast_harness.tokrate import gpu_key, load_measurements
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sim-tokrate-key"
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with SimServer(seed=0, rate_scale=0.01, num_offers=1000) as server:
-        yield server
+SIM_OPTIONS = dict(seed=0, rate_scale=0.01, num_offers=1000)  # conftest.sim
 
 
 def offers(sim, evidence_dir: Path, *extra: str) -> dict:
