@@ -216,7 +216,7 @@ def test_an_exit_0_with_the_ledger_naming_an_unproven_instance_is_a_mismatch(tmp
 @pytest.mark.slow
 def test_a_clean_run_behind_the_proxy_passes_and_a_stalled_one_is_killed_as_a_hang():
     clean = chaos.run_net(_net("clean", net="seed=5"))
-    assert clean.exit_code in (0, 4) and not clean.violations, (clean.violations, clean.log[-1500:])
+    assert clean.exit_code == 0 and not clean.violations, (clean.violations, clean.log[-1500:])
     assert clean.instances == 1 and not clean.live_at_exit
     # the child is stopped by SIGSTOP-free means: a budget shorter than any run makes it a hang
     from vast_harness.chaos import network
@@ -258,6 +258,6 @@ def test_time_cap_reached_while_booting_exits_6(tmp_path: Path):
 
 def test_delete_ack_timing_does_not_include_the_absence_proof(tmp_path: Path):
     outcome = chaos.run_scenario(plan("seed=3", proof_interval_s=1.0), tmp_path)
-    assert outcome.exit_code in (0, 4), outcome.message
+    assert outcome.exit_code == 0, outcome.message
     result = json.loads(next((tmp_path / "ev").glob("*/harness-result.json")).read_text())
     assert result["timings"]["delete_ack_after_last_step_s"] < 1.0  # the proof alone takes >= 1 s
