@@ -25,7 +25,7 @@ from vast_harness.bundle import build_bundle
 from vast_harness.client import VastClient
 from vast_harness.config import RunSpec, Step, load_driver_policy, resolve
 from vast_harness.evidence import RESULT_SCHEMA_VERSION, RunRecord
-from vast_harness.meter import CostMeter, minimum_cap_s
+from vast_harness.meter import minimum_cap_s
 from vast_harness.models import Offer
 from vast_harness.output import Output
 from vast_harness.plan import plan_run
@@ -365,51 +365,3 @@ def test_evidence_module_does_not_import_the_runner():
     source = Path(runner_mod.__file__).with_name("evidence.py").read_text()
     imported = {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)}
     assert "vast_harness.runner" not in imported
-
-
-# --------------------------------------------------------------------------------------- the meter
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def test_meter_turns_both_caps_into_one_deadline_with_the_teardown_margin():
-    clock = Clock()
-    m = CostMeter(max_usd=1.0, max_seconds=600, teardown_margin_s=60, clock=clock)
-    assert m.work_deadline() == 100 + 600 - 60  # nothing rented: the time cap alone
-    m.start_instance(1, 36.0)  # $0.01/s: the dollar cap is 100 s away
-    assert m.work_deadline() == pytest.approx(100 + 100 - 60)
-    clock.t += 10
-    assert m.accrued_usd() == pytest.approx(0.1)
-    m.set_transfer(inet_down_cost_usd_per_gb=0, inet_up_cost_usd_per_gb=10.0, expected_down_bytes=10**8)
-    assert m.work_deadline() == pytest.approx(100 + 100 - 60 - 100)  # $1 of expected evidence reserved
-    with pytest.raises(Exception, match="cap reached"):
-        m.check("a step")
-
-
-@pytest.mark.parametrize("price", [float("nan"), float("inf"), -1.0, 0.0])
-def test_meter_refuses_an_unusable_billed_price(price):
-    m = CostMeter(max_usd=1.0, max_seconds=600, teardown_margin_s=60, clock=Clock())
-    m.start_instance(1, 1.0)
-    with pytest.raises(Exception, match="positive finite"):
-        m.reprice(1, price)
-    assert m.price_changes[-1].outcome == "refused"
-
-
-def test_meter_over_cap_names_dollars_or_time():
-    clock = Clock()
-    m = CostMeter(max_usd=0.01, max_seconds=60, teardown_margin_s=10, clock=clock)
-    m.start_instance(1, 0.36)  # $0.0001/s
-    clock.t += 50
-    assert m.over_cap() is None
-    clock.t += 60
-    assert "over the $0.01 cap" in (m.over_cap() or "")
-    m2 = CostMeter(max_usd=100, max_seconds=60, teardown_margin_s=10, clock=clock)
-    m2.start_instance(1, 0.36)
-    clock.t += 61
-    assert "over the 60.0 s cap" in (m2.over_cap() or "")
