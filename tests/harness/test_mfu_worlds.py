@@ -29,8 +29,14 @@ def test_the_sweep_world_follows_the_gpus_per_offer() -> None:
 
 @pytest.mark.parametrize("world", [1, 2, 4, 8])
 def test_every_world_the_sweep_can_ask_for_has_its_model_profile(world: int) -> None:
-    data = tomllib.loads((ROOT / "profiles" / "models" / f"mfu-dense-1b-dp{world}.toml").read_text())
+    def load(w: int) -> dict:
+        return tomllib.loads((ROOT / "profiles" / "models" / f"mfu-dense-1b-dp{w}.toml").read_text())
+
+    data = load(world)
     assert data["name"] == f"mfu-dense-1b-dp{world}" and data["world_size"] == world
+    # the same workload at every world size: only the name, the description and the world differ
+    same = {k: v for k, v in load(2).items() if k not in ("name", "description", "world_size")}
+    assert {k: v for k, v in data.items() if k not in ("name", "description", "world_size")} == same
 
 
 def _fake_python(bin_dir: Path, log: Path) -> None:
