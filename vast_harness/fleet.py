@@ -40,6 +40,7 @@ from vast_harness.lifecycle import InstanceTeardown
 from vast_harness.output import Output
 from vast_harness.pacing import endpoint_key
 from vast_harness.plan import RunPlan, account_credit_usd, plan_run
+from vast_harness.resources import data_root
 from vast_harness.runner import GuardedRun, SignalHandler
 
 MONITOR_INTERVAL_S = 0.2
@@ -60,13 +61,22 @@ def parse_gpus(text: str) -> list[str]:
     return names
 
 
-def nominal_sim_peak_tflops(gpu: str) -> float:
-    from remote.mfu import UnknownGpu, peak_for  # standard library only; the peaks' one sourced table
+def sim_peak_table() -> list[tuple[list[str], float]]:
+    """The workload's sourced peak table, read as data (`remote/peaks.json`): the control plane never imports
+    `remote/`, which ships to the host as files and is not installed as a package."""
+    doc = json.loads((data_root() / "remote" / "peaks.json").read_text())
+    return [([str(n) for n in row["match_all"]], float(row["tflops"])) for row in doc["peaks"]]
 
-    try:
-        peak = peak_for(gpu).tflops
-    except UnknownGpu:
-        peak = SIM_FALLBACK_PEAK_TFLOPS
+
+def nominal_sim_peak_tflops(gpu: str) -> float:
+    """The sourced bf16 peak (matched as remote/mfu.py matches it) scaled down to what one CPU core reaches;
+    a GPU with no sourced peak gets SIM_FALLBACK_PEAK_TFLOPS."""
+    name = gpu.lower()
+    peak = SIM_FALLBACK_PEAK_TFLOPS
+    for needles, tflops in sim_peak_table():
+        if all(n in name for n in needles):
+            peak = tflops if tflops > 0 else SIM_FALLBACK_PEAK_TFLOPS
+            break
     return round(peak * SIM_PEAK_SCALE, 6)
 
 
