@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vast_harness import svgplot
+from vast_harness.hostdata import json_safe
 from vast_harness.output import Output
 from vast_harness.report import Cell, exit_cell, load_run, page, run_sections, table, usd_per_mtok
 
@@ -122,8 +123,8 @@ def fleet_html(fleet_id: str, rows: list[FleetRow], summary: dict[str, Any]) -> 
 
 
 def write_fleet_report(fleet_dir: Path, fleet_id: str, rows: list[FleetRow], summary: dict[str, Any]) -> Path:
-    (fleet_dir / FLEET_RESULT_NAME).write_text(json.dumps(summary | {"rows": [asdict(r) for r in rows]}, indent=2,
-                                                          default=str) + "\n")
+    doc = json_safe(summary | {"rows": [asdict(r) for r in rows]})  # strict JSON: a later ranking reads it
+    (fleet_dir / FLEET_RESULT_NAME).write_text(json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
     path = fleet_dir / FLEET_REPORT_NAME
     tmp = path.with_suffix(".html.tmp")
     tmp.write_text(fleet_html(fleet_id, rows, summary), encoding="utf-8")

@@ -8,7 +8,6 @@ The same sections make up each run's part of the fleet report (`fleet_report.py`
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vast_harness import svgplot
+from vast_harness.hostdata import WorkloadFigures, load_workloads, number, read_json
 
 REPORT_NAME = "report.html"
 CSS = """
@@ -48,55 +48,62 @@ class RunFacts:
     quote: dict[str, Any] = field(default_factory=dict)
     absence: dict[str, Any] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
-    workloads: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (file name, mfu JSON)
+    workloads: list[WorkloadFigures] = field(default_factory=list)  # remote/*.json, every figure checked
+    unreadable: list[str] = field(default_factory=list)  # remote/*.json that did not parse, and why
 
     @property
     def offer(self) -> dict[str, Any]:
-        return self.result.get("offer") or self.quote.get("offer") or {}
+        offer = self.result.get("offer") or self.quote.get("offer") or {}
+        return offer if isinstance(offer, dict) else {}
 
     @property
     def dph_usd(self) -> float | None:
-        return self.offer.get("dph_at_disk_usd") or self.offer.get("dph_total_usd")
+        for key in ("dph_at_disk_usd", "dph_total_usd"):
+            n = number(self.offer.get(key), low=0.0, high=1e6)
+            if n.value is not None:
+                return n.value
+        return None
 
     def workload(self) -> Workload:
         best: Workload = Workload()
-        replays = [d["replay_match"] for _, d in self.workloads if isinstance(d.get("replay_match"), bool)]
-        for name, d in self.workloads:
-            mfu = d.get("mfu")
-            if isinstance(mfu, (int, float)) and (best.mfu is None or mfu > best.mfu):
-                best = Workload(mfu=float(mfu), tokens_per_s=_num(d.get("tokens_per_s")),
-                                tokens_per_s_per_gpu=_num(d.get("tokens_per_s_per_gpu")),
-                                world_size=d.get("world_size"), source=name)
+        replays = [w.replay_match for w in self.workloads if w.replay_match is not None]
+        for w in self.workloads:
+            if w.mfu is not None and (best.mfu is None or w.mfu > best.mfu):
+                best = Workload(mfu=w.mfu, tokens_per_s=w.tokens_per_s, tokens_per_s_per_gpu=w.tokens_per_s_per_gpu,
+                                world_size=w.world_size, source=w.name)
         best.replay_match = all(replays) if replays else None
         return best
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json(path)[0]
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def load_run(directory: Path) -> RunFacts:
     facts = RunFacts(dir=directory)
-    facts.result = _read_json(directory / "harness-result.json") or {}
-    facts.quote = _read_json(directory / "offer-quote.json") or {}
-    facts.absence = _read_json(directory / "absence-proof.json") or {}
-    facts.steps = list(facts.result.get("steps") or [])
+    facts.result = _dict(_read_json(directory / "harness-result.json"))
+    facts.quote = _dict(_read_json(directory / "offer-quote.json"))
+    facts.absence = _dict(_read_json(directory / "absence-proof.json"))
+    steps = facts.result.get("steps")
+    facts.steps = [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
     if not facts.steps and (directory / "steps.tsv").is_file():
-        for line in (directory / "steps.tsv").read_text().splitlines():
+        for line in (directory / "steps.tsv").read_text(errors="replace").splitlines():
             name, rc, secs = (line.split("\t") + ["", "", ""])[:3]
-            facts.steps.append({"name": name, "rc": None if rc == "NA" else rc, "seconds": float(secs or 0)})
-    for path in sorted((directory / "remote").glob("*.json")):
-        data = _read_json(path)
-        if isinstance(data, dict) and str(data.get("schema", "")).startswith("vast-harness/mfu"):
-            facts.workloads.append((path.name, data))
+            seconds = number(_float_or_none(secs), low=0.0, high=1e9, low_inclusive=True).value
+            facts.steps.append({"name": name, "rc": None if rc == "NA" else rc, "seconds": seconds or 0.0})
+    facts.workloads, facts.unreadable = load_workloads(directory / "remote")
     return facts
+
+
+def _float_or_none(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def usd_per_mtok(dph_usd: float | None, tokens_per_s_total: float | None) -> float | None:
@@ -258,19 +265,46 @@ def _exchange(ex: dict[str, Any] | None) -> str:
     return f"{ex.get('status')} {shown}".strip()
 
 
+def sweep_series(workloads: list[WorkloadFigures]) -> list[tuple[str, list[tuple[float, float]]]]:
+    """MFU % against micro-batch, one series per world size (and compile mode when both ran): the sweep's
+    shape. Empty unless some series has two micro-batches or more (a single point is not a sweep)."""
+    groups: dict[tuple[int, bool | None], dict[int, float]] = {}
+    for w in workloads:
+        if w.mfu is None or w.micro_batch is None or w.world_size is None:
+            continue
+        points = groups.setdefault((w.world_size, w.compiled), {})
+        points[w.micro_batch] = max(points.get(w.micro_batch, 0.0), 100 * w.mfu)
+    if not any(len(p) > 1 for p in groups.values()):
+        return []
+    modes = {compiled for _, compiled in groups}
+    series = []
+    for (world, compiled), points in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        mode = "" if len(modes) == 1 else (" compiled" if compiled else " eager")
+        series.append((f"world {world}{mode}", sorted((float(mb), mfu) for mb, mfu in points.items())))
+    return series
+
+
 def workload_section(f: RunFacts) -> str:
-    if not f.workloads:
+    if not f.workloads and not f.unreadable:
         return ""
-    rows = [[name, d.get("world_size"), d.get("micro_batch"), d.get("reduction"),
-             round(100 * d["mfu"], 2) if isinstance(d.get("mfu"), (int, float)) else None,
-             d.get("tokens_per_s"), d.get("tokens_per_s_per_gpu"), d.get("peak_tflops"), d.get("replay_match"),
-             d.get("attention_backend")] for name, d in f.workloads]
-    svg = svgplot.bars([(name.removesuffix(".json"), 100 * float(d.get("mfu") or 0)) for name, d in f.workloads],
-                       title="MFU per measurement", ylabel="MFU %")
-    return ("<h3>Workload (MFU)</h3>"
-            + table(["file", "world", "micro-batch", "reduction", "MFU %", "tokens/s", "tokens/s per GPU",
-                     "peak TFLOP/s", "replay match", "attention"], rows, cls="mfu")
-            + svgplot.img_tag(svg, "MFU per measurement"))
+    rows = [[w.name, w.world_size, w.micro_batch, w.reduction, None if w.mfu is None else round(100 * w.mfu, 2),
+             w.tokens_per_s, w.tokens_per_s_per_gpu, w.peak_tflops, w.replay_match, w.attention_backend,
+             Cell("; ".join(w.invalid), "bad") if w.invalid else ""] for w in f.workloads]
+    parts = ["<h3>Workload (MFU)</h3>",
+             table(["file", "world", "micro-batch", "reduction", "MFU %", "tokens/s", "tokens/s per GPU",
+                    "peak TFLOP/s", "replay match", "attention", "invalid figures"], rows, cls="mfu")]
+    if f.unreadable:
+        parts.append("<p class=bad>Not read: " + escape("; ".join(f.unreadable)) + "</p>")
+    series = sweep_series(f.workloads)
+    if series:
+        svg = svgplot.lines(series, title="MFU sweep: MFU vs micro-batch per world size", xlabel="micro-batch",
+                            ylabel="MFU %", point_marks=True)
+        parts.append(svgplot.img_tag(svg, "MFU vs micro-batch per world size", cls="plot sweep"))
+    elif any(w.mfu is not None for w in f.workloads):
+        svg = svgplot.bars([(w.name.removesuffix(".json"), 100 * (w.mfu or 0.0)) for w in f.workloads],
+                           title="MFU per measurement", ylabel="MFU %")
+        parts.append(svgplot.img_tag(svg, "MFU per measurement"))
+    return "".join(parts)
 
 
 def run_sections(f: RunFacts) -> str:

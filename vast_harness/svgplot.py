@@ -81,33 +81,68 @@ class _Frame:
                 f'font-family="sans-serif">' + "".join(self.parts) + "</svg>")
 
 
+def _text_width(label: str, font_px: float) -> float:
+    return 0.6 * font_px * len(label)  # sans-serif average advance: enough to keep a label inside the frame
+
+
 def scatter(points: Sequence[tuple[float, float, str]], *, title: str, xlabel: str, ylabel: str) -> str:
-    """One labelled dot per (x, y, label)."""
+    """One labelled dot per (x, y, label); a label that would leave the frame goes on the dot's other side."""
     f = _Frame([p[0] for p in points], [p[1] for p in points], title=title, xlabel=xlabel, ylabel=ylabel)
     for i, (x, y, label) in enumerate(points):
         cx, cy = f.px(x), f.py(y)
         color = PALETTE[i % len(PALETTE)]
         f.parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="6" fill="{color}"/>')
-        f.parts.append(f'<text x="{cx + 9:.1f}" y="{cy - 7:.1f}" font-size="12" fill="{color}">{escape(label)}</text>')
+        right = cx + 9 + _text_width(label, 12) <= W - MR - 2
+        tx, anchor = (cx + 9, "start") if right else (cx - 9, "end")
+        ty = cy - 7 if cy - 7 - 12 >= MT else cy + 18
+        f.parts.append(f'<text class="label" x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" font-size="12" '
+                       f'fill="{color}">{escape(label)}</text>')
     return f.svg()
 
 
-def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, title: str, xlabel: str, ylabel: str,
-          markers: Sequence[tuple[float, str]] = ()) -> str:
-    """Polylines (name, [(x, y), ...]) with optional vertical markers (x, label)."""
-    xs = [x for _, pts in series for x, _ in pts] + [m[0] for m in markers]
-    ys = [y for _, pts in series for _, y in pts]
-    f = _Frame(xs, ys, title=title, xlabel=xlabel, ylabel=ylabel)
-    for x, label in markers:
+def _merged_markers(f: _Frame, markers: Sequence[tuple[float, str]], min_gap_px: float = 12.0
+                    ) -> list[tuple[float, str]]:
+    """Vertical labels closer than `min_gap_px` would print over each other: they share one label."""
+    merged: list[tuple[float, list[str]]] = []
+    for x, label in sorted(markers, key=lambda m: m[0]):
         px = f.px(x)
+        if merged and px - merged[-1][0] < min_gap_px:
+            merged[-1][1].append(label)
+        else:
+            merged.append((px, [label]))
+    room = int((H - MT - MB - 16) / _text_width("x", 10))
+    out = []
+    for px, labels in merged:
+        text = " · ".join(labels)
+        out.append((px, text if len(text) <= room else text[: room - 1] + "…"))
+    return out
+
+
+def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, title: str, xlabel: str, ylabel: str,
+          markers: Sequence[tuple[float, str]] = (), hlines: Sequence[tuple[float, str]] = (),
+          point_marks: bool = False) -> str:
+    """Polylines (name, [(x, y), ...]) with optional vertical markers (x, label), horizontal reference lines
+    (y, label: a cap) and a dot per point."""
+    xs = [x for _, pts in series for x, _ in pts] + [m[0] for m in markers]
+    ys = [y for _, pts in series for _, y in pts] + [h[0] for h in hlines]
+    f = _Frame(xs, ys, title=title, xlabel=xlabel, ylabel=ylabel)
+    for px, label in _merged_markers(f, markers):
         f.parts.append(f'<line x1="{px:.1f}" y1="{MT}" x2="{px:.1f}" y2="{H - MB}" stroke="#999" '
                        f'stroke-dasharray="4 3"/>')
-        f.parts.append(f'<text x="{px + 3:.1f}" y="{MT + 12}" font-size="10" fill="#666" '
-                       f'transform="rotate(90 {px + 3:.1f} {MT + 12})">{escape(label)}</text>')
+        f.parts.append(f'<text class="marker" x="{px + 3:.1f}" y="{MT + 6}" font-size="10" fill="#666" '
+                       f'transform="rotate(90 {px + 3:.1f} {MT + 6})">{escape(label)}</text>')
+    for y, label in hlines:
+        py = f.py(y)
+        f.parts.append(f'<line class="cap" x1="{ML}" y1="{py:.1f}" x2="{W - MR}" y2="{py:.1f}" stroke="#c62828" '
+                       f'stroke-width="1.5" stroke-dasharray="8 4"/>')
+        f.parts.append(f'<text x="{ML + 6}" y="{py - 4:.1f}" font-size="11" fill="#c62828">{escape(label)}</text>')
     for i, (name, pts) in enumerate(series):
         color = PALETTE[i % len(PALETTE)]
         coords = " ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in pts)
         f.parts.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="2"/>')
+        if point_marks:
+            f.parts.extend(f'<circle class="point" cx="{f.px(x):.1f}" cy="{f.py(y):.1f}" r="4" fill="{color}"/>'
+                           for x, y in pts)
         f.parts.append(f'<text x="{W - MR - 4}" y="{MT + 14 + 14 * i}" text-anchor="end" font-size="11" '
                        f'fill="{color}">{escape(name)}</text>')
     return f.svg()
@@ -128,6 +163,6 @@ def bars(items: Sequence[tuple[str, float]], *, title: str, ylabel: str) -> str:
     return f.svg()
 
 
-def img_tag(svg: str, alt: str) -> str:
+def img_tag(svg: str, alt: str, *, cls: str = "plot") -> str:
     data = base64.b64encode(svg.encode()).decode()
-    return f'<img class="plot" alt="{escape(alt)}" width="{W}" height="{H}" src="data:image/svg+xml;base64,{data}">'
+    return f'<img class="{escape(cls)}" alt="{escape(alt)}" width="{W}" height="{H}" src="data:image/svg+xml;base64,{data}">'

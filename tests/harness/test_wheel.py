@@ -117,7 +117,8 @@ def test_installed_wheel_runs_the_smoke_profile_outside_the_checkout(tmp_path: P
 
     # The fleet reads the workload's peak table as data: it once imported `remote`, which a wheel lacks.
     gpus = "RTX 5090,RTX 4090"
-    fleet_dry = run("vast-e2e", "fleet", "--sim", "--gpus", gpus, "--max-usd", "3", "--dry-run", "--json")
+    fleet_dry = run("vast-e2e", "fleet", "--sim", "--gpus", gpus, "--num-gpus", "1", "--max-usd", "3",
+                    "--max-minutes", "15", "--dry-run", "--json")
     assert fleet_dry.returncode == 0, fleet_dry.stderr[-3000:]
     assert "Traceback" not in fleet_dry.stderr
     fleet = run("vast-e2e", "fleet", "--sim", "--gpus", gpus, "--num-gpus", "1", "--max-usd", "3",
