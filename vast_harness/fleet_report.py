@@ -16,7 +16,7 @@ from rich.text import Text
 
 from vast_harness import svgplot
 from vast_harness.hostdata import json_safe
-from vast_harness.output import Output
+from vast_harness.output import Output, safe_cells
 from vast_harness.report import Cell, exit_cell, load_run, page, run_sections, table, usd_per_mtok
 
 FLEET_REPORT_NAME = "fleet-report.html"
@@ -81,11 +81,11 @@ def print_table(out: Output, rows: list[FleetRow], *, title: str) -> None:
     for i, r in enumerate(rows, 1):
         driver = f"{r.driver or '–'}{'' if r.driver_qualified in (True, None) else ' (unqual.)'}"
         replay_cells: dict[bool | None, str | Text] = {True: "yes", False: Text("NO", style="red"), None: "–"}
-        t.add_row(str(i), r.gpu, str(r.offer_id or "–"), _f(r.dph_usd, ".4f"), driver, _pct(r.mfu),
-                  _f(r.tokens_per_s_per_gpu, ",.0f"), _f(r.tokens_per_s, ",.0f"), _f(r.usd_per_mtok, ".4f"),
-                  replay_cells[r.replay_match],
-                  Text(str(r.exit_code), style="green" if r.exit_code in (0, 4) else "red"), _f(r.accrued_usd, ".4f"),
-                  r.absence or "–")
+        t.add_row(*safe_cells(i, r.gpu, r.offer_id or "–", _f(r.dph_usd, ".4f"), driver, _pct(r.mfu),
+                              _f(r.tokens_per_s_per_gpu, ",.0f"), _f(r.tokens_per_s, ",.0f"), _f(r.usd_per_mtok, ".4f"),
+                              replay_cells[r.replay_match],
+                              Text(str(r.exit_code), style="green" if r.exit_code in (0, 4) else "red"),
+                              _f(r.accrued_usd, ".4f"), r.absence or "–"))
     (out.err if out.json_mode else out.out).print(t)
 
 

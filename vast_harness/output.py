@@ -2,7 +2,11 @@
 
 Human output goes to stdout; progress, warnings and errors to stderr, so `--json` stdout stays parseable.
 Everything shown is plain text to rich (consoles without markup, values wrapped in `Text`): a profile name,
-a path, a server message or a step's output containing `[/x]` prints as it is and can never raise. Writes
+a path, a server message or a step's output containing `[/x]` prints as it is and can never raise. And
+nothing a host or the API supplied reaches the terminal raw: `terminal_safe` shows every control character
+escaped (ESC, 8-bit CSI, BEL, CR, newline, DEL, bidi overrides), so a step cannot write the clipboard (OSC 52),
+retitle the window, move the cursor up and forge a result line, or clear the screen. Step logs keep the bytes
+as sent; only what is shown is escaped. Writes
 never raise either: a closed or broken stdout (`| head`) must not end a run or skip its teardown.
 """
 
@@ -11,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,14 +33,44 @@ if TYPE_CHECKING:  # annotations only: output keeps importing nothing of the run
     from vast_harness.lifecycle import InstanceTeardown
 
 
-def _t(value: object, style: str = "") -> Text:
-    """Anything user- or server-supplied becomes a Text: never parsed as markup (`[/x]`), never an emoji code."""
-    return Text(str(value), style=style)
+# C0 but TAB, DEL, C1 (0x9b is an 8-bit CSI), and the bidi controls that reorder what a line appears to say
+_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_safe(text: str) -> str:
+    """The one sanitiser for the console: control characters shown escaped (`\\x1b`), everything else as is."""
+    return _UNSAFE.sub(_escaped, text)
+
+
+def safe_text(value: object, style: str = "") -> Text:
+    """Anything user-, host- or server-supplied becomes a Text: control characters escaped, never parsed as
+    markup (`[/x]`), never an emoji code."""
+    return Text(terminal_safe(str(value)), style=style)
+
+
+_t = safe_text
+
+
+def safe_cells(*values: object) -> list[Text]:
+    """A table row: every value a `safe_text` (a Text already made from literals or by safe_text is kept)."""
+    return [v if isinstance(v, Text) else safe_text(v) for v in values]
+
+
+def line(*parts: str | tuple[str, str] | Text) -> Text:
+    """`_line` for other modules: (literal, style) tuples and plain values, all made terminal-safe."""
+    return _line(*parts)
 
 
 def _line(*parts: str | tuple[str, str] | Text) -> Text:
-    """Styled literals as (text, style) tuples, values as plain strings: nothing inside is markup."""
-    return Text.assemble(*parts)
+    """Styled literals as (text, style) tuples, values as plain strings: nothing inside is markup, and every
+    string part goes through `terminal_safe` (a Text part was made by `safe_text` or from literals)."""
+    return Text.assemble(*(terminal_safe(p) if isinstance(p, str) else
+                           (terminal_safe(p[0]), p[1]) if isinstance(p, tuple) else p for p in parts))
 
 
 class SafeStream:

@@ -15,11 +15,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.table import Table
-from rich.text import Text
 
 from vast_harness.hostdata import TOKENS_PER_S_RANGE, is_workload_record, number, read_json, workload_figures
 from vast_harness.offers import Candidate, OfferChoice
-from vast_harness.output import Output
+from vast_harness.output import Output, line, safe_cells
 from vast_harness.report import usd_per_mtok
 from vast_harness.resources import data_root
 
@@ -141,13 +140,13 @@ def print_ranked(out: Output, ranked: list[RankedOffer], measurements: list[Meas
         t.add_column(col, overflow="fold")
     for i, r in enumerate(ranked, 1):
         o = r.candidate.offer
-        t.add_row(str(i), str(o.id), o.gpu_name, str(o.num_gpus), f"{r.candidate.quote.dph_at_disk_usd:.4f}",
-                  "–" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
-                  "–" if r.usd_per_mtok is None else f"{r.usd_per_mtok:.4f}", r.basis)
+        t.add_row(*safe_cells(i, o.id, o.gpu_name, o.num_gpus, f"{r.candidate.quote.dph_at_disk_usd:.4f}",
+                              "–" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
+                              "–" if r.usd_per_mtok is None else f"{r.usd_per_mtok:.4f}", r.basis))
     out.out.print(t)
     unmeasured = sorted({r.candidate.offer.gpu_name for r in ranked if r.usd_per_mtok is None})
     if unmeasured:
-        out.out.print(Text.from_markup(f"[yellow]No measured tokens/s for {', '.join(unmeasured)}: those offers are ranked after the "
-                      "measured ones, by $/h.[/]"))
-    out.out.print(Text.from_markup(f"[dim]{len(measurements)} measurement(s) considered (fastest per GPU and GPU count), from "
-                  "committed evidence (.evidence/h200*) and this evidence directory's real fleet results.[/]"))
+        out.out.print(line((f"No measured tokens/s for {', '.join(unmeasured)}: those offers are ranked after the "
+                            "measured ones, by $/h.", "yellow")))
+    out.out.print(line((f"{len(measurements)} measurement(s) considered (fastest per GPU and GPU count), from "
+                        "committed evidence (.evidence/h200*) and this evidence directory's real fleet results.", "dim")))
