@@ -103,6 +103,16 @@ class RunRecord(BaseModel):
     harness: dict[str, str]
 
 
+def manifest_line(digest: str, name: str) -> str:
+    """One `sha256sum` line, escaped as GNU sha256sum escapes it: a name holding a backslash, newline or CR
+    gets a leading backslash and those characters as `\\\\`, `\\n`, `\\r`. A host file named
+    "x\\n<64 zeros>  harness-result.json" therefore stays one line and cannot add a forged entry."""
+    if not any(ch in name for ch in "\\\n\r"):
+        return f"{digest}  {name}"
+    escaped = name.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return f"\\{digest}  {escaped}"
+
+
 def overall_absence(teardowns: list[InstanceTeardown]) -> dict[str, Any]:
     verdicts = {t.instance_id: t.verdict for t in teardowns}
     if not verdicts:
@@ -238,7 +248,7 @@ class RunEvidence:
             lines = []
             for path in sorted(p for p in self.dir.rglob("*") if p.is_file() and p.name != "manifest.sha256"):
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
-                lines.append(f"{digest}  {path.relative_to(self.dir).as_posix()}")
-            (self.dir / "manifest.sha256").write_text("\n".join(lines) + "\n")
+                lines.append(manifest_line(digest, path.relative_to(self.dir).as_posix()))
+            (self.dir / "manifest.sha256").write_text("\n".join(lines) + "\n", errors="surrogateescape")
 
         self.guarded("manifest.sha256", write)
