@@ -62,7 +62,8 @@ class PullRecord(BaseModel):
 
     files: int = 0
     bytes: int = 0
-    skipped: list[str] = Field(default_factory=list)
+    skipped: list[str] = Field(default_factory=list)  # over the size budget
+    left: list[str] = Field(default_factory=list)  # a cut pull: the file being copied, then those not reached
     complete: bool = False
     detail: str = ""
     deadline_s: float | None = None

@@ -20,7 +20,7 @@ from vast_harness.errors import CapReachedError, HarnessError, StepFailedError, 
 from vast_harness.evidence import PullRecord, RunEvidence, StepLog, StepRecord
 from vast_harness.meter import CostMeter
 from vast_harness.output import Output
-from vast_harness.ssh import HostSession, StepOutcome
+from vast_harness.ssh import HostSession, StepOutcome, TreePull
 
 REMOTE_DIR = "vh"  # under the host's $HOME
 # The evidence pull: never longer than this, never more bytes than this (and never more than the cap affords).
@@ -181,6 +181,7 @@ class HostWork:
                            self.meter.hard_deadline(start) - 0.5 * self.spec.teardown_margin_s)
         else:
             deadline = min(start + PULL_MAX_S, work_deadline)
+        own_bound_first = start + PULL_MAX_S < work_deadline  # the pull's own bound, not a cap, ends it
         affordable = self.meter.affordable_down_bytes(deadline)
         budget = min(float(PULL_MAX_BYTES), affordable)
         self.pull = PullRecord(deadline_s=round(deadline - start, 3), max_bytes=budget)
@@ -200,18 +201,33 @@ class HostWork:
         finally:
             self.timings["pull_s"] = round(time.monotonic() - start, 3)
         self.pull = self.pull.model_copy(update={"files": len(pulled.files), "bytes": pulled.bytes,
-                                                 "skipped": pulled.skipped, "complete": pulled.complete,
-                                                 "detail": pulled.detail})
+                                                 "skipped": pulled.skipped, "left": pulled.left,
+                                                 "complete": pulled.complete, "detail": pulled.detail})
         self.out.info(f"pulled {len(pulled.files)} evidence file(s), {pulled.bytes} bytes"
                       + ("" if pulled.complete else f"; incomplete: {pulled.detail}"))
         if pulled.complete or in_teardown:
             return
+        got = f"{len(pulled.files)} file(s), {pulled.bytes} bytes pulled"
+        if time.monotonic() >= deadline - 0.05 and own_bound_first:
+            # e.g. a host file appended to for ever: the pull's bound ended it with money and time to spare
+            raise HarnessError(f"the host's evidence is incomplete: the pull's own {PULL_MAX_S:g} s bound ended it "
+                               f"({got}); left on the host: {_left_on_host(pulled)}")
         if time.monotonic() >= deadline - 0.05 or (pulled.skipped and affordable < PULL_MAX_BYTES):
-            raise CapReachedError(f"cap reached during the evidence pull ({len(pulled.files)} file(s) pulled, "
-                                  f"{len(pulled.skipped)} left on the host): {pulled.detail}")
+            raise CapReachedError(f"cap reached during the evidence pull ({got}; left on the host: "
+                                  f"{_left_on_host(pulled)}): {pulled.detail}")
         if pulled.skipped:
             raise HarnessError(f"the host's evidence is over the {PULL_MAX_BYTES}-byte pull budget: "
                                f"{len(pulled.skipped)} file(s) left on the host")
         # A link that broke or stalled: the workload passed, but its evidence did not all come back.
         raise HarnessError(f"the host's evidence pull broke off ({len(pulled.files)} file(s) pulled): "
                            f"{pulled.detail}")
+
+
+def _left_on_host(pulled: TreePull, shown: int = 5) -> str:
+    """What a cut pull left: the file being copied, the ones over the budget, then those listed but not reached."""
+    names = list(dict.fromkeys([*pulled.left[:1], *pulled.skipped, *pulled.left[1:]]))
+    if not names:
+        return "files not yet listed (the pull was cut before listing them)"
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    cut = " (cut while copying)" if pulled.left and names[0] == pulled.left[0] else ""
+    return ", ".join([names[0] + cut, *names[1:shown]]) + more

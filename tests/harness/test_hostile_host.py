@@ -70,3 +70,34 @@ def test_a_host_file_named_to_forge_the_manifest_does_not(sim, tmp_path: Path):
     check = _check(run.ev.dir)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "harness-result.json: OK" in check.stdout and "FAILED" not in check.stdout
+
+
+def test_an_evidence_file_growing_for_ever_is_incomplete_evidence_not_a_cap(sim, tmp_path, monkeypatch):
+    """A host file appended to for ever while pulled: the pull's own bound ends it with money and time to spare.
+    That was exit 6 "cap reached ... 0 left on the host"; it is exit 1 naming what was left."""
+    import json
+    import time
+
+    from vast_harness import hostwork
+
+    monkeypatch.setattr(hostwork, "PULL_MAX_S", 3.0)
+    sim.set_faults("slow_sftp:400000")  # the host writes faster than the link reads
+    grow = Step(name="grow", run="echo a > evidence/a.json; echo z > evidence/zz.json; mkdir evidence/sub; "
+                                 "sh -c 'while :; do head -c 100000 /dev/zero >> evidence/grow.log; sleep 0.05; done' "
+                                 "</dev/null >/dev/null 2>&1 & sleep 0.3", timeout_s=20)
+    try:
+        with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+            run = GuardedRun(spec_with_steps(sim, tmp_path, grow), client, load_driver_policy(), Output(quiet=True))
+            started = time.monotonic()
+            result = run.execute()
+    finally:
+        sim.set_faults(None)
+    assert result.exit_code == 1, result.message
+    assert "pull's own 3 s bound" in result.message and "incomplete" in result.message
+    assert "grow.log (cut while copying)" in result.message and "zz.json" in result.message
+    assert time.monotonic() - started < 30
+    record = json.loads((run.ev.dir / "harness-result.json").read_text())
+    assert record["exit_code"] == 1 and record["absence"]["verdict"] == "gone"
+    assert record["pull"]["left"][0] == "grow.log" and "zz.json" in record["pull"]["left"]
+    assert "sub/" in record["pull"]["left"]
+    assert record["accrued_usd"] < run.spec.caps.max_usd
