@@ -1,8 +1,9 @@
 """`vast-e2e` / `python scripts/vast_e2e.py`: declarations only; the work happens in the library.
 
-Typed errors become exit codes here, in one place (`_run_guarded_cli`), per docs/invariants.md:
-0 passed on a qualified driver · 1 a step failed · 2 bad input · 3 teardown not proven · 4 passed on an
-unqualified driver · 5 no offer fits · 6 a cap was reached · 130 interrupted.
+Options are declared once in `cliopts.py` and reach each command as one `Flags` object. Typed errors become
+exit codes here, in one place (`_guard`), per docs/invariants.md: 0 passed on a qualified driver · 1 a step
+failed · 2 bad input · 3 teardown not proven · 4 passed on an unqualified driver · 5 no offer fits · 6 a cap
+was reached · 130 interrupted.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from importlib import metadata
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import SecretStr
 from typer._click.exceptions import ClickException  # typer vendors click; usage errors subclass this
 
-from vast_harness.config import RunSpec, load_driver_policy, path_flag, resolve
+from vast_harness.cliopts import EVIDENCE, FLEET, OFFERS, REAP, RUN, Flags, takes
+from vast_harness.config import MAX_USD_LIMIT, RunSpec, check_number, load_driver_policy
 from vast_harness.errors import ConfigError, ExitCode, HarnessError, NoOfferError, describe, exit_code_for
 from vast_harness.output import Output
 
@@ -26,39 +29,29 @@ if TYPE_CHECKING:  # the client (httpx, tenacity) is imported when a command nee
     from vast_harness.client import VastClient
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     pretty_exceptions_enable=False,  # tracebacks could show locals; keys stay out of them
+    rich_markup_mode=None,  # plain help: flags as `--sim`, values as `--max-usd USD`
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Rent a Vast.ai GPU host under cost and time caps, run a pinned workload, always delete it with proof.",
 )
 
 SIM_OFFERS = 1000  # a market large enough that every profile finds offers
 SIM_PACING_SCALE = 0.1  # the embedded simulator enforces Vast's rate limits at a tenth of the real intervals
+MAX_PARALLEL = 64
 
-Profile = Annotated[str | None, typer.Option("--profile", help="Harness profile: mfu, proofs or smoke.")]
-NumGpus = Annotated[int | None, typer.Option("--num-gpus", help="GPUs per offer (overrides the profile).")]
-MinPcie = Annotated[float | None, typer.Option("--min-pcie-bw", help="Minimum PCIe bandwidth, GB/s.")]
-KeyFile = Annotated[str | None, typer.Option("--key-file", help="File holding the API key (chmod 600). "
-                                              "Else VAST_API_KEY.")]
-MaxUsd = Annotated[float | None, typer.Option("--max-usd", help="Cost cap in dollars (worst case and accrued).")]
-MaxMin = Annotated[float | None, typer.Option("--max-minutes", help="Time cap in minutes, boot to teardown.")]
-RemoteEnv = Annotated[list[str] | None, typer.Option("--remote-env", help="KEY=VALUE for the host (repeatable; "
-                                                     "values are masked everywhere).")]
-AnyDriver = Annotated[bool, typer.Option("--any-driver", help="Allow drivers outside the qualified list "
-                                         "(result records driver_qualified: false; exit 4 on success).")]
-Eight = Annotated[bool, typer.Option("--eight-gpu-qualified", help="Rent 8 GPUs, qualified drivers only.")]
-BootRetries = Annotated[int | None, typer.Option("--boot-retries", help="Hosts to try after one fails to boot.")]
-EvidenceDir = Annotated[str | None, typer.Option("--evidence-dir", help="Where runs write evidence "
-                                                  "(default .evidence/vast).")]
-ApiUrl = Annotated[str | None, typer.Option("--api-url", help="API base URL (default Vast; VAST_URL honoured).")]
-Sim = Annotated[bool, typer.Option("--sim", help="Start the embedded simulator and run against it (no key).")]
-Json = Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")]
-ProofInterval = Annotated[float | None, typer.Option("--proof-interval", help="Seconds between the two absence "
-                                                     "proof rounds (default 10 against Vast, 0.5 with --sim).")]
-PacingScale = Annotated[float | None, typer.Option("--pacing-scale", hidden=True,
-                                                   help="Scale the client's rate-limit pacing (tests).")]
-PollInterval = Annotated[float | None, typer.Option("--poll-interval", hidden=True,
-                                                    help="Seconds between instance polls while booting (tests).")]
-DryRun = Annotated[bool, typer.Option("--dry-run", help="Quote and plan only: read-only calls, nothing created.")]
+
+def _version() -> str:
+    try:
+        return metadata.version("vast-harness")
+    except metadata.PackageNotFoundError:  # a checkout run without an install
+        return "unknown (not installed)"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        Output().out.print(f"vast-e2e {_version()}")
+        raise typer.Exit(0)
 
 
 @contextmanager
@@ -98,44 +91,27 @@ def _guard(out: Output, body: Callable[[], int], *, interrupted: str = "interrup
 
 
 @app.callback(invoke_without_command=True)
+@takes(*RUN)
 def main_command(
     ctx: typer.Context,
-    profile: Profile = None,
-    num_gpus: NumGpus = None,
-    min_pcie_bw: MinPcie = None,
-    key_file: KeyFile = None,
-    max_usd: MaxUsd = None,
-    max_minutes: MaxMin = None,
-    remote_env: RemoteEnv = None,
-    dry_run: DryRun = False,
-    any_driver: AnyDriver = False,
-    eight_gpu_qualified: Eight = False,
-    boot_retries: BootRetries = None,
-    evidence_dir: EvidenceDir = None,
-    api_url: ApiUrl = None,
-    sim: Sim = False,
-    json_output: Json = False,
-    proof_interval: ProofInterval = None,
-    pacing_scale: PacingScale = None,
-    poll_interval: PollInterval = None,
+    flags: Flags,
+    version: Annotated[bool, typer.Option("--version", metavar="", is_eager=True, callback=_show_version,
+                                          help="Print the version and exit.")] = False,
 ) -> None:
-    """Run a profile end to end (or --dry-run to see the offer, the plan and the worst-case cost)."""
+    """Run a profile end to end (or --dry-run to see the offer, the plan and the worst-case cost).
+
+    Commands below take their own options after their name (`vast-e2e offers --sim`); an option given before
+    the command is honoured when the command takes it."""
     if ctx.invoked_subcommand:
+        ctx.obj = flags  # the subcommand merges these (cliopts.merge_parent)
         return
-    out = Output(json_mode=json_output)
+    out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        if profile is None:
-            raise ConfigError("--profile is required (mfu, proofs or smoke)")
-        spec = resolve(
-            profile=profile, num_gpus=num_gpus, min_pcie_bw=min_pcie_bw, key_file=path_flag("--key-file", key_file),
-            max_usd=max_usd,
-            max_minutes=max_minutes, remote_env=remote_env, dry_run=dry_run, any_driver=any_driver,
-            eight_gpu_qualified=eight_gpu_qualified, boot_retries=boot_retries,
-            evidence_dir=path_flag("--evidence-dir", evidence_dir),
-            api_url=api_url, sim=sim, proof_interval_s=proof_interval,
-            pacing_scale=pacing_scale, poll_s=poll_interval,
-        )
+        if flags.profile is None:
+            raise ConfigError("--profile is required (mfu, proofs, smoke or a profile file); "
+                              "vast-e2e -h lists every option")
+        spec = flags.spec()
         drivers = load_driver_policy()
         with _api_target(spec) as (target, scale), _client(target, scale) as client:
             if target.dry_run:
@@ -152,37 +128,21 @@ def main_command(
 
 
 @app.command()
+@takes(*OFFERS)
 def offers(
-    profile: Profile = "mfu",
-    num_gpus: NumGpus = None,
-    min_pcie_bw: MinPcie = None,
-    key_file: KeyFile = None,
-    max_usd: MaxUsd = None,
-    max_minutes: MaxMin = None,
-    any_driver: AnyDriver = False,
-    eight_gpu_qualified: Eight = False,
-    api_url: ApiUrl = None,
-    sim: Sim = False,
-    json_output: Json = False,
-    pacing_scale: PacingScale = None,
-    rank_by: Annotated[str, typer.Option("--rank-by", help="dph (worst case, then reliability) or usd-per-mtok "
-                                         "(measured tokens/s from committed evidence and your fleet results; "
-                                         "$/h for GPUs with none).")] = "dph",
-    evidence_dir: EvidenceDir = None,
+    ctx: typer.Context,
+    flags: Flags,
+    rank_by: Annotated[str, typer.Option("--rank-by", metavar="dph|usd-per-mtok", help=(
+        "dph (worst case, then reliability) or usd-per-mtok (measured tokens/s from committed evidence and "
+        "your fleet results; $/h for GPUs with none)."))] = "dph",
 ) -> None:
-    """Search and rank offers for a profile; show why each rejected offer failed."""
-    out = Output(json_mode=json_output)
+    """Search and rank offers for a profile (default mfu); show why each rejected offer failed."""
+    out = Output(json_mode=flags.json_output)
 
     def body() -> int:
         if rank_by not in ("dph", "usd-per-mtok"):
             raise ConfigError(f"--rank-by must be dph or usd-per-mtok, got {rank_by!r}")
-        spec = resolve(
-            profile="mfu" if profile is None else profile, num_gpus=num_gpus, min_pcie_bw=min_pcie_bw,
-            key_file=path_flag("--key-file", key_file),
-            max_usd=max_usd, max_minutes=max_minutes, any_driver=any_driver,
-            eight_gpu_qualified=eight_gpu_qualified, api_url=api_url, sim=sim,
-            dry_run=True, pacing_scale=pacing_scale, evidence_dir=evidence_dir,
-        )
+        spec = flags.spec(profile="mfu" if flags.profile is None else flags.profile, dry_run=True)
         from vast_harness.bundle import build_bundle
         from vast_harness.plan import account_credit_usd, choose_offers
 
@@ -202,76 +162,50 @@ def offers(
 
 
 @app.command()
+@takes(*FLEET, required=("max_usd",), help_overrides={"max_usd": (
+    "Total cost cap of the whole fleet, dollars: the summed worst cases before renting, the summed accrual while "
+    "running.")})
 def fleet(
-    gpus: Annotated[str, typer.Option("--gpus", help='GPU types, comma separated: "RTX 5090,RTX 4090,H100 SXM".')],
-    max_usd: Annotated[float, typer.Option("--max-usd", help="Total cost cap of the whole fleet, dollars: the "
-                                           "summed worst cases before renting, the summed accrual while running.")],
-    profile: Profile = "mfu",
-    per_run_usd: Annotated[float | None, typer.Option("--per-run-usd", help="Cost cap of each run (default: "
-                                                      "--max-usd / number of GPU types).")] = None,
-    parallel: Annotated[int, typer.Option("--parallel", help="Runs at once.")] = 3,
-    allow_overcommit: Annotated[bool, typer.Option("--allow-overcommit", help="Start even when the summed worst "
-                                                   "cases exceed --max-usd: the live monitor alone holds the "
-                                                   "total (runs are cancelled when it is reached).")] = False,
-    num_gpus: NumGpus = None,
-    min_pcie_bw: MinPcie = None,
-    key_file: KeyFile = None,
-    max_minutes: MaxMin = None,
-    remote_env: RemoteEnv = None,
-    dry_run: DryRun = False,
-    any_driver: AnyDriver = False,
-    boot_retries: BootRetries = None,
-    evidence_dir: EvidenceDir = None,
-    api_url: ApiUrl = None,
-    sim: Sim = False,
-    json_output: Json = False,
-    proof_interval: ProofInterval = None,
-    pacing_scale: PacingScale = None,
-    poll_interval: PollInterval = None,
+    ctx: typer.Context,
+    flags: Flags,
+    gpus: Annotated[str, typer.Option("--gpus", metavar="NAMES", help=(
+        'GPU types, comma separated: "RTX 5090,RTX 4090,H100 SXM".'))],
+    per_run_usd: Annotated[float | None, typer.Option("--per-run-usd", metavar="USD", help=(
+        "Cost cap of each run (default: --max-usd / number of GPU types)."))] = None,
+    parallel: Annotated[int, typer.Option("--parallel", metavar="K", help="Runs at once.")] = 3,
+    allow_overcommit: Annotated[bool, typer.Option("--allow-overcommit", metavar="", help=(
+        "Start even when the summed worst cases exceed --max-usd: the live monitor alone holds the total (runs "
+        "are cancelled when it is reached)."))] = False,
 ) -> None:
     """One guarded run per GPU type, K at once, under one total cap; ranked by $ per million training tokens."""
-    out = Output(json_mode=json_output)
+    out = Output(json_mode=flags.json_output)
 
     def body() -> int:
         from vast_harness.fleet import parse_gpus, run_fleet
 
         names = parse_gpus(gpus)
-        if not max_usd > 0:
-            raise ConfigError(f"--max-usd must be positive, got {max_usd}")
-        per_run = per_run_usd if per_run_usd is not None else max_usd / len(names)
-        if not per_run > 0:
-            raise ConfigError(f"--per-run-usd must be positive, got {per_run_usd}")
-        if parallel < 1:
-            raise ConfigError(f"--parallel must be at least 1, got {parallel}")
-        spec = resolve(
-            profile=profile or "mfu", num_gpus=num_gpus, min_pcie_bw=min_pcie_bw, key_file=key_file,
-            max_usd=per_run, max_minutes=max_minutes, remote_env=remote_env, dry_run=dry_run,
-            any_driver=any_driver, boot_retries=boot_retries, evidence_dir=evidence_dir, api_url=api_url, sim=sim,
-            proof_interval_s=proof_interval, pacing_scale=pacing_scale, poll_s=poll_interval,
-        )
+        total = flags.max_usd
+        check_number("--max-usd", total, low=0, high=MAX_USD_LIMIT, low_inclusive=False)  # finite: inf is refused
+        assert total is not None  # required by the declaration
+        per_run = per_run_usd if per_run_usd is not None else total / len(names)
+        check_number("--per-run-usd", per_run, low=0, high=total, low_inclusive=False, what=" (the total cap)")
+        check_number("--parallel", parallel, low=1, high=MAX_PARALLEL)
+        spec = flags.spec(profile="mfu" if flags.profile is None else flags.profile, max_usd=per_run)
         with _api_target(spec) as (target, scale), _client(target, scale) as client:
-            return run_fleet(target, names, client, load_driver_policy(), out, total_usd=max_usd,
+            return run_fleet(target, names, client, load_driver_policy(), out, total_usd=total,
                              per_run_usd=per_run, parallel=parallel, allow_overcommit=allow_overcommit)
 
     _guard(out, body)
 
 
 @app.command()
-def reap(
-    key_file: KeyFile = None,
-    evidence_dir: EvidenceDir = None,
-    api_url: ApiUrl = None,
-    json_output: Json = False,
-    proof_interval: ProofInterval = None,
-    pacing_scale: PacingScale = None,
-) -> None:
+@takes(*REAP)
+def reap(ctx: typer.Context, flags: Flags) -> None:
     """Delete and prove absent every instance the ledger has not proven gone, and every live `vh-` instance."""
-    out = Output(json_mode=json_output)
+    out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        spec = resolve(profile="smoke", key_file=path_flag("--key-file", key_file),
-                       evidence_dir=path_flag("--evidence-dir", evidence_dir), api_url=api_url,
-                       proof_interval_s=proof_interval, pacing_scale=pacing_scale)
+        spec = flags.spec(profile="smoke")
         from vast_harness.reap import reap_all
 
         with _client(spec, spec.pacing_scale) as client:
@@ -284,6 +218,8 @@ def main() -> None:
     """The program: every way out is an exit code and at most one clear line on stderr, never a traceback."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # replaces the quiet exit used while importing
     _reported.clear()
+    if len(sys.argv) == 1:  # bare `vast-e2e`: what it can do, not an error about a missing --profile
+        sys.argv.append("--help")
     try:
         code = app(standalone_mode=False)
     except ClickException as exc:  # usage errors: the flag and why, exit 2

@@ -2,7 +2,7 @@
 
 harness-result.json (a `RunRecord`, versioned), offer-quote.json, steps.tsv, steps/<name>.log, remote/,
 absence-proof.json, and manifest.sha256 (sha256 of every file above). Nothing here ever holds the API key or
-a remote_env value.
+a `--remote-secret` value (settings, `--remote-env`, are recorded as given).
 
 Writing evidence never stops a teardown: every write catches OSError (a full disk, a read-only mount) and
 records it in `write_failures`, which the run reports and turns into its exit code. Step logs are capped:
@@ -64,6 +64,7 @@ class PullRecord(BaseModel):
     bytes: int = 0
     skipped: list[str] = Field(default_factory=list)  # over the size budget
     left: list[str] = Field(default_factory=list)  # a cut pull: the file being copied, then those not reached
+    redacted: list[str] = Field(default_factory=list)  # files in which a secret's value was masked
     complete: bool = False
     detail: str = ""
     deadline_s: float | None = None
@@ -89,7 +90,8 @@ class RunRecord(BaseModel):
     bytes: dict[str, int]
     bundle_sha256: str | None
     host_key: dict[str, str] | None
-    remote_env: dict[str, str]
+    remote_env: dict[str, str]  # settings as given; a secret's name with ***
+    remote_secrets: list[str] = Field(default_factory=list)  # names only: a secret is never stored by value
     instances: list[dict[str, Any]]
     price_changes: list[dict[str, Any]] = Field(default_factory=list)
     steps: list[StepRecord]

@@ -78,7 +78,7 @@ class HostWork:
         outcome = self.session.run(
             f"rm -rf ~/{REMOTE_DIR} && mkdir -p ~/{REMOTE_DIR}/evidence && tar -xzf ~/vh-bundle.tar.gz -C ~/{REMOTE_DIR}"
             f" && echo \"bundle sha256 $(sha256sum ~/vh-bundle.tar.gz | cut -c1-64)\"",
-            on_line=lambda stream, line: self.out.info(f"[setup] {line}"),
+            on_line=lambda stream, line: self.out.info(f"[setup] {self.spec.redactor.text(line)}"),
             timeout_s=max(0.05, self.meter.deadline(120.0) - time.monotonic()),
         )
         if outcome.timed_out and time.monotonic() >= self.meter.work_deadline() - 0.05:
@@ -86,16 +86,16 @@ class HostWork:
         if not outcome.ok:
             raise StepFailedError(f"unpacking the bundle failed: rc={outcome.rc} {outcome.detail}", step="setup")
 
-    def _step_printer(self, name: str, log: StepLog, started: float,
-                      scrub: list[str]) -> tuple[Callable[[str, str], None], Callable[[], None]]:
+    def _step_printer(self, name: str, log: StepLog,
+                      started: float) -> tuple[Callable[[str, str], None], Callable[[], None]]:
         """The step's on_line: capped log, live console for the log's head, bytes into the meter."""
         state = {"unmetered": 0, "said_cut": False}
+        redact = self.spec.redactor
 
-        def on_line(stream: str, line: str) -> None:
-            for value in scrub:  # a --remote-env value a step prints is neither logged nor shown
-                line = line.replace(value, "***")
+        def on_line(stream: str, raw: str) -> None:
+            line = redact.text(raw)  # a secret a step prints is neither logged nor shown, whatever its length
             shown = log.write(line)
-            state["unmetered"] += len(line) + 1
+            state["unmetered"] += len(raw) + 1
             if shown:
                 self.out.step_line(name, time.monotonic() - started, self.meter.accrued_usd(), stream, line)
             elif not state["said_cut"]:
@@ -117,17 +117,15 @@ class HostWork:
 
     def run_steps(self) -> None:
         """The profile's steps in order; the first that fails, times out or meets the cap ends the work."""
-        # VH_MASKED_ENV names the --remote-env variables whose values host-side evidence must mask
-        env = dict(self.spec.remote_env) | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_env)}
-        # longest first; values under 4 characters ("1", "on") would blank ordinary output and stay visible
-        scrub = sorted({v for v in self.spec.remote_env.values() if len(v) >= 4}, key=len, reverse=True)
+        # VH_MASKED_ENV names the secrets, whose values host-side evidence must mask; settings are recorded
+        env = self.spec.host_env | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_secrets)}
         for step in self.spec.profile.steps:
             self._check_cancelled()
             self.meter.check(f"step {step.name}")
             started = time.monotonic()
             timeout = max(0.05, self.meter.deadline(step.timeout_s) - started)
             log = self.ev.step_log(step.name)
-            on_line, settle = self._step_printer(step.name, log, started, scrub)
+            on_line, settle = self._step_printer(step.name, log, started)
             self.out.info(f"step {step.name} (timeout {timeout:.0f} s)")
             cut: CapReachedError | None = None
             try:
@@ -161,6 +159,23 @@ class HostWork:
                                       step=step.name)
             if outcome.rc != 0:
                 raise StepFailedError(f"step {step.name} failed with rc={outcome.rc}", step=step.name, rc=outcome.rc)
+
+    def _redact_pulled(self) -> list[str]:
+        """Secrets in what the host wrote are masked before anything reads or hashes it (the manifest and the
+        report come after), whatever way the pull ended; the names of the files that held one are recorded.
+        A file that cannot be masked is an evidence write failure (the run cannot pass with it)."""
+        redact, root = self.spec.redactor, self.ev.dir / "remote"
+        if not redact:
+            return []
+        changed = []
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+            name = path.relative_to(root).as_posix()
+            try:
+                if redact.file(path):
+                    changed.append(name)
+            except OSError as exc:
+                self.ev.write_failures.append(f"remote/{name}: could not mask a secret ({exc.strerror or exc})")
+        return changed
 
     def pull_evidence(self, *, in_teardown: bool) -> None:
         """Pull the host's evidence with a deadline and a size budget, both from the meter.
@@ -200,6 +215,9 @@ class HostWork:
             return
         finally:
             self.timings["pull_s"] = round(time.monotonic() - start, 3)
+            masked = self._redact_pulled()
+            if self.pull is not None:
+                self.pull.redacted = masked
         self.pull = self.pull.model_copy(update={"files": len(pulled.files), "bytes": pulled.bytes,
                                                  "skipped": pulled.skipped, "left": pulled.left,
                                                  "complete": pulled.complete, "detail": pulled.detail})

@@ -258,7 +258,7 @@ class Output:
         self.out.print(_line(("Caps", "bold"), f": ${plan.caps['max_usd']:.2f}, {plan.caps['max_minutes']:g} min   ",
                              ("Credit", "bold"), f": ${plan.credit_usd:.2f}"))
         self.out.print(_line(("Worst case", "bold"), f": {q.arithmetic}"))
-        env = " ".join(f"{k}={v}" for k, v in plan.remote_env_masked.items()) or "(none)"
+        env = " ".join(f"{k}={v}" for k, v in plan.remote_env_shown.items()) or "(none)"
         self.out.print(_line(("remote_env", "bold"), f": {env}"))
         self.out.print(_t(f"bundle sha256 {plan.bundle_sha256[:16]}… ({plan.bundle_bytes} bytes); {plan.offers_seen} "
                           f"offers seen in {plan.pages} page(s); nothing was created.", "dim"))

@@ -40,7 +40,8 @@ class RunPlan(BaseModel):
     steps: list[dict[str, Any]]
     pytest_node_ids: list[str]
     caps: dict[str, Any]
-    remote_env_masked: dict[str, str]
+    remote_env_shown: dict[str, str]  # settings as given, secrets as ***
+    remote_secret_names: list[str]
     bundle_sha256: str
     bundle_bytes: int
     any_driver: bool
@@ -71,7 +72,7 @@ class RunPlan(BaseModel):
             "credit_usd": self.credit_usd,
             "steps": self.steps,
             "pytest_node_ids": self.pytest_node_ids,
-            "remote_env": self.remote_env_masked,
+            "remote_env": self.remote_env_shown, "remote_secrets": self.remote_secret_names,
             "bundle": {"sha256": self.bundle_sha256, "bytes": self.bundle_bytes},
             "offers_seen": self.offers_seen,
             "pages": self.pages,
@@ -152,7 +153,8 @@ def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: B
         steps=[{"name": s.name, "run": s.run, "timeout_s": s.timeout_s} for s in spec.profile.steps],
         pytest_node_ids=list(spec.profile.pytest_node_ids),
         caps={"max_usd": spec.caps.max_usd, "max_minutes": spec.caps.max_minutes},
-        remote_env_masked=spec.masked_remote_env,
+        remote_env_shown=spec.shown_remote_env,
+        remote_secret_names=sorted(spec.remote_secrets),
         bundle_sha256=bundle.sha256,
         bundle_bytes=bundle.size_bytes,
         any_driver=spec.any_driver,

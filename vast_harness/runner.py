@@ -543,6 +543,8 @@ class GuardedRun:
             return ExitCode.FAILED, (f"the instance is deleted and proven absent, but {len(failures)} evidence/ledger "
                                      f"write(s) failed, so the evidence is incomplete: {'; '.join(failures[:3])} "
                                      f"({message})")
+        if code == ExitCode.UNQUALIFIED_DRIVER and self.spec.unqualified_ok:  # driver_qualified: false stays
+            return ExitCode.PASSED, f"{message} (exit 0 by --unqualified-ok)"
         return code, message
 
     def _record(self, code: int, message: str) -> RunRecord:
@@ -562,7 +564,7 @@ class GuardedRun:
             bundle_sha256=plan.bundle_sha256 if plan else None,
             host_key=({"fingerprint": self.session.host_key_fingerprint, "type": self.session.host_key_type,
                        "endpoint": str(self.session.endpoint)} if self.session else None),
-            remote_env=spec.masked_remote_env,
+            remote_env=spec.shown_remote_env, remote_secrets=sorted(spec.remote_secrets),
             instances=[i.model_dump(exclude={"t_created_mono", "t_deleted_mono"}) for i in self.created],
             price_changes=[p.model_dump() for p in self.meter.price_changes],
             steps=self.steps, pull=self.pull,
