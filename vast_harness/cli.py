@@ -20,7 +20,7 @@ import typer
 from pydantic import SecretStr
 from typer._click.exceptions import ClickException  # typer vendors click; usage errors subclass this
 
-from vast_harness.cliopts import EVIDENCE, FLEET, OFFERS, REAP, RUN, Flags, takes
+from vast_harness.cliopts import FLEET, OFFERS, REAP, RUN, Flags, takes
 from vast_harness.config import MAX_USD_LIMIT, RunSpec, check_number, load_driver_policy
 from vast_harness.errors import ConfigError, ExitCode, HarnessError, NoOfferError, describe, exit_code_for
 from vast_harness.output import Output
@@ -221,7 +221,7 @@ def main() -> None:
     if len(sys.argv) == 1:  # bare `vast-e2e`: what it can do, not an error about a missing --profile
         sys.argv.append("--help")
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="vast-e2e")
     except ClickException as exc:  # usage errors: the flag and why, exit 2
         Output().failure(exc.format_message(), exc.exit_code)
         code = exc.exit_code

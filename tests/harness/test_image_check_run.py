@@ -5,7 +5,6 @@ reaches any file of a run's evidence."""
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import pytest
