@@ -22,6 +22,7 @@ from typing import IO, Any, TypeVar
 from pydantic import BaseModel, Field
 
 from vast_harness.lifecycle import InstanceTeardown
+from vast_harness.progress import PhaseRecord
 
 RESULT_SCHEMA_VERSION = 2
 STEP_LOG_HEAD_BYTES = 8 * 1024 * 1024
@@ -35,6 +36,7 @@ class StepRecord(BaseModel):
     seconds: float
     timed_out: bool = False
     connection_lost: bool = False
+    interrupted: bool = False  # a signal (Ctrl-C, SIGTERM, SIGHUP) ended it
     reconnect_ok: bool | None = None
     workload: bool = True
     detail: str = ""
@@ -97,6 +99,7 @@ class RunRecord(BaseModel):
     steps: list[StepRecord]
     pull: PullRecord | None = None
     timings: dict[str, float]
+    phases: list[PhaseRecord] = Field(default_factory=list)  # the run's timeline (progress.PhaseLog)
     absence: dict[str, Any]
     api_calls: dict[str, Any]
     evidence_write_failures: list[str] = Field(default_factory=list)

@@ -220,7 +220,7 @@ class RunOutput(Output):
     """A fleet run's progress: every line tagged with its GPU type, all on stderr (stdout is the fleet's)."""
 
     def __init__(self, tag: str, *, quiet: bool = False) -> None:
-        super().__init__(json_mode=True, quiet=quiet)
+        super().__init__(json_mode=True, quiet=quiet, progress=False)  # several runs at once: tagged lines only
         self.tag = f"[{tag}]"
 
     def info(self, message: str) -> None:
@@ -236,11 +236,18 @@ class RunOutput(Output):
             self.err.print(line((self.tag, "cyan"), (prefix, "dim"), " ", text))
 
     def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
-               teardowns: Sequence[InstanceTeardown], accrued_usd: float) -> None:
+               teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None) -> None:
         verdicts = ", ".join(f"{t.instance_id} {t.verdict}" for t in teardowns) or "nothing rented"
         color = "green" if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) else "red"
         self.err.print(line((self.tag, "cyan"), " ", (f"exit {code}", color),
-                            f": {message}; {verdicts}; accrued ${accrued_usd:.4f}"))
+                            f": {message}; {verdicts}; accrued ${accrued_usd:.4f}"
+                            + (f"; report {report}" if report else "")))
+
+    def step_done(self, step: StepRecord, accrued_usd: float) -> None:
+        how = "interrupted" if step.interrupted else "timed out" if step.timed_out else f"rc {step.rc}"
+        if not self.quiet:
+            self.err.print(line((self.tag, "cyan"), f" step {step.name}: {how} in {step.seconds:.1f} s; "
+                                                    f"accrued ${accrued_usd:.4f}"))
 
     def rejections(self, rejected: Sequence[Any], *, title: str) -> None:
         self.err.print(line((self.tag, "cyan"), f" {title}: {len(rejected)} offer(s)"))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from vast_harness.bundle import Bundle
 from vast_harness.config import RunSpec
-from vast_harness.errors import CapReachedError, HarnessError, StepFailedError, TransferAbandoned
+from vast_harness.errors import CapReachedError, HarnessError, Interrupted, StepFailedError, TransferAbandoned
 from vast_harness.evidence import PullRecord, RunEvidence, StepLog, StepRecord
 from vast_harness.meter import CostMeter
 from vast_harness.output import Output
@@ -40,13 +40,15 @@ class HostWork:
 
     def __init__(self, session: HostSession, *, spec: RunSpec, meter: CostMeter, ev: RunEvidence, out: Output,
                  run_id: str, cancelled: threading.Event, check_cancelled: Callable[[], None],
-                 hurry: Callable[[], bool], timings: dict[str, float]) -> None:
+                 hurry: Callable[[], bool], timings: dict[str, float],
+                 on_phase: Callable[[str], None] = lambda name: None) -> None:
         self.session, self.spec, self.meter, self.ev, self.out = session, spec, meter, ev, out
         self.run_id = run_id
         self.cancelled = cancelled
         self._check_cancelled = check_cancelled
         self._hurry = hurry  # a signal during teardown: abandon the pull, go straight to DELETE
         self.timings = timings
+        self._phase = on_phase  # the run's timeline and live view (progress.PhaseLog)
         self.steps: list[StepRecord] = []
         self.pull: PullRecord | None = None
         self.evidence_pulled = False
@@ -55,6 +57,7 @@ class HostWork:
     def upload(self, bundle: Bundle) -> None:
         """Send the bundle (cut at the cap) and unpack it under ~/vh on the host."""
         self._check_cancelled()
+        self._phase("upload")
         self.meter.check("the upload")
         deadline = self.meter.deadline()
         if bundle.size_bytes > self.meter.affordable_up_bytes(deadline):
@@ -126,26 +129,35 @@ class HostWork:
             timeout = max(0.05, self.meter.deadline(step.timeout_s) - started)
             log = self.ev.step_log(step.name)
             on_line, settle = self._step_printer(step.name, log, started)
+            self._phase(f"step {step.name}")
             self.out.info(f"step {step.name} (timeout {timeout:.0f} s)")
             cut: CapReachedError | None = None
+            interrupted: Interrupted | None = None
             try:
                 outcome = self.session.run(f"cd ~/{REMOTE_DIR} && {step.run}", on_line=on_line, timeout_s=timeout,
                                            env=env, stop=self.cancelled)
             except CapReachedError as exc:  # raised from inside the drain: the channel is closed already
                 cut = exc
                 outcome = StepOutcome(rc=None, seconds=time.monotonic() - started, timed_out=True, detail=str(exc))
+            except Interrupted as exc:  # Ctrl-C mid-step: the step is recorded, then the run tears down
+                interrupted = exc
+                outcome = StepOutcome(rc=None, seconds=time.monotonic() - started, detail=f"interrupted by {exc}")
             finally:
                 settle()
                 log.close()
             record = StepRecord(name=step.name, rc=outcome.rc, seconds=round(outcome.seconds, 3),
                                 timed_out=outcome.timed_out, connection_lost=outcome.connection_lost,
+                                interrupted=interrupted is not None,
                                 workload=step.workload, detail=outcome.detail, log_bytes=log.total_bytes,
                                 log_dropped_bytes=log.dropped_bytes)
-            if outcome.connection_lost and not self.cancelled.is_set():
+            if outcome.connection_lost and not self.cancelled.is_set() and interrupted is None:
                 record.reconnect_ok = self.session.reconnect_probe()
             self.steps.append(record)
             self.t_last_step_end_unix = time.time()
             self.ev.append_step_tsv(record.name, record.rc, record.seconds)
+            self.out.step_done(record, self.meter.accrued_usd())
+            if interrupted is not None:
+                raise interrupted
             if cut is not None:
                 raise cut
             self._check_cancelled()
@@ -188,6 +200,7 @@ class HostWork:
         if not in_teardown:
             self.meter.check("the evidence pull")  # before marking it done: the teardown still tries, briefly
         self.evidence_pulled = True
+        self._phase("pull")
         start = time.monotonic()
         work_deadline = self.meter.work_deadline(start)
         if in_teardown:

@@ -17,7 +17,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
@@ -27,6 +27,7 @@ from rich.text import Text
 
 from vast_harness.offers import Candidate, OfferChoice, Rejection
 from vast_harness.plan import RunPlan
+from vast_harness.progress import HEARTBEAT_S, LiveView, Snapshot
 
 if TYPE_CHECKING:  # annotations only: output keeps importing nothing of the run machinery at runtime
     from vast_harness.evidence import StepRecord
@@ -138,8 +139,11 @@ def _safe(stream: IO[str] | None) -> SafeStream:
 
 
 class Output:
-    def __init__(self, *, json_mode: bool = False, quiet: bool = False) -> None:
+    def __init__(self, *, json_mode: bool = False, quiet: bool = False, progress: bool = True) -> None:
         self.json_mode = json_mode
+        self.progress = progress and not quiet  # the live view / heartbeat (off for a fleet's runs)
+        self.view: LiveView | None = None
+        self._out_saved: Console | None = None
         self.stdout = _safe(sys.stdout)
         self.stderr = _safe(sys.stderr)
         # markup=False: a string that reaches rich by any path prints as it is; styles come only from Text.
@@ -179,19 +183,51 @@ class Output:
         self.stdout.flush()
 
     # -- a run -----------------------------------------------------------------------------------
+    def start_view(self, snapshot: Callable[[], Snapshot]) -> None:
+        """The live view on stderr (a terminal) or heartbeat lines (not a terminal); progress.py."""
+        if not self.progress or self.view is not None:
+            return
+        live = self.stderr.isatty()
+        beat = float(os.environ.get("VH_HEARTBEAT_S") or HEARTBEAT_S)  # a test knob: seconds of silence per line
+        self.view = LiveView(self.err, snapshot, live=live, heartbeat_s=beat, plain=self.info)
+        if live and self.stdout.isatty():  # one terminal: print above the live region, through its console
+            self._out_saved, self.out = self.out, self.err
+        self.view.start()
+
+    def stop_view(self) -> None:
+        if self.view is not None:
+            self.view.stop()
+            self.view = None
+        if self._out_saved is not None:
+            self.out, self._out_saved = self._out_saved, None
+
     def step_line(self, step: str, elapsed_s: float, accrued_usd: float, stream: str, line: str) -> None:
         """One line of a step's output, live: the step, its elapsed time and the dollars accrued so far."""
+        if self.view is not None:
+            self.view.line_printed()
         if self.quiet:
             return
         console = self.err if self.json_mode else self.out
         prefix = f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]"
         console.print(_line((prefix, "red" if stream == "stderr" else "dim"), " ", line))
 
+    def step_done(self, step: StepRecord, accrued_usd: float) -> None:
+        """One line per finished step (stderr): its outcome, seconds and the run's dollars so far."""
+        if self.view is not None:
+            self.view.line_printed()
+        how = ("interrupted" if step.interrupted else "timed out" if step.timed_out else
+               "connection lost" if step.connection_lost else f"rc {step.rc}")
+        ok = step.rc == 0 and not step.interrupted
+        if not self.quiet:
+            self.err.print(_line(("✓ " if ok else "✗ ", "green" if ok else "red"),
+                                 f"step {step.name}: {how} in {step.seconds:.1f} s; accrued ${accrued_usd:.4f}"))
+
     def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
-               teardowns: Sequence[InstanceTeardown], accrued_usd: float) -> None:
+               teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None) -> None:
         if self.json_mode:
             self.emit_json({"run_id": run_id, "exit_code": code, "message": message,
                             "evidence_dir": str(evidence_dir), "accrued_usd": round(accrued_usd, 6),
+                            "report": str(report) if report else None,
                             "steps": [s.model_dump() for s in steps],
                             "absence": {t.instance_id: t.verdict for t in teardowns}})
             return
@@ -199,7 +235,8 @@ class Output:
         for col in ("step", "rc", "seconds", "note"):
             t.add_column(col)
         for s in steps:
-            note = "timed out" if s.timed_out else ("connection lost" if s.connection_lost else "")
+            note = ("interrupted" if s.interrupted else "timed out" if s.timed_out else
+                    "connection lost" if s.connection_lost else "")
             t.add_row(_t(s.name), _t("NA" if s.rc is None else s.rc), _t(f"{s.seconds:.1f}"), _t(note))
         self.out.print(t)
         for td in teardowns:
@@ -209,6 +246,8 @@ class Output:
         color = "green" if code in (0, 4) else "red"
         self.out.print(_line((f"exit {code}", color), f": {message}  accrued ${accrued_usd:.4f}  "
                                                        f"evidence {evidence_dir}"))
+        if report is not None:
+            self.out.print(_line(("report", "bold"), f" {report}"))
 
     def reap_report(self, rows: Sequence[tuple[int, str, int, str]], lines: Sequence[str], *, ok: bool) -> None:
         """`reap`'s table (instance, label, deletes, verdict) and what it could not prove, one line each."""
