@@ -188,7 +188,7 @@ def fleet(
         check_number("--max-usd", total, low=0, high=MAX_USD_LIMIT, low_inclusive=False)  # finite: inf is refused
         assert total is not None  # required by the declaration
         per_run = per_run_usd if per_run_usd is not None else total / len(names)
-        check_number("--per-run-usd", per_run, low=0, high=total, low_inclusive=False, what=" (the total cap)")
+        check_number("--per-run-usd", per_run, low=0, high=MAX_USD_LIMIT, low_inclusive=False)
         check_number("--parallel", parallel, low=1, high=MAX_PARALLEL)
         spec = flags.spec(profile="mfu" if flags.profile is None else flags.profile, max_usd=per_run)
         with _api_target(spec) as (target, scale), _client(target, scale) as client:

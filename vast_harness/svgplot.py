@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 from collections.abc import Sequence
 from html import escape
 
@@ -45,40 +46,43 @@ class _Frame:
     """Axes mapping data to pixels, with ticks, grid and labels."""
 
     def __init__(self, xs: Sequence[float], ys: Sequence[float], *, title: str, xlabel: str, ylabel: str,
-                 y_from_zero: bool = True, x_ticks: bool = True) -> None:
+                 y_from_zero: bool = True, x_ticks: bool = True, left: float = ML, height: float = H,
+                 y_ticks: bool = True) -> None:
+        self.left, self.height = left, height
         ylo = min([0.0, *ys]) if y_from_zero else min(ys, default=0.0)
         self.xt = nice_ticks(min(xs, default=0.0), max(xs, default=1.0))
         self.yt = nice_ticks(ylo, max(ys, default=1.0) * 1.08)  # headroom for labels above the top point
         self.x0, self.x1 = self.xt[0], self.xt[-1]
         self.y0, self.y1 = self.yt[0], self.yt[-1]
+        L, Hh = self.left, self.height
         self.parts: list[str] = [
-            f'<rect width="{W}" height="{H}" fill="white"/>',
+            f'<rect width="{W}" height="{Hh}" fill="white"/>',
             f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{escape(title)}</text>',
-            f'<text x="{W / 2}" y="{H - 10}" text-anchor="middle" font-size="12">{escape(xlabel)}</text>',
-            (f'<text x="16" y="{H / 2}" text-anchor="middle" font-size="12" '
-             f'transform="rotate(-90 16 {H / 2})">{escape(ylabel)}</text>'),
+            f'<text x="{W / 2}" y="{Hh - 10}" text-anchor="middle" font-size="12">{escape(xlabel)}</text>',
+            (f'<text x="16" y="{Hh / 2}" text-anchor="middle" font-size="12" '
+             f'transform="rotate(-90 16 {Hh / 2})">{escape(ylabel)}</text>'),
         ]
         for t in self.xt if x_ticks else ():
             x = self.px(t)
-            self.parts.append(f'<line x1="{x:.1f}" y1="{MT}" x2="{x:.1f}" y2="{H - MB}" stroke="#eee"/>')
-            self.parts.append(f'<text x="{x:.1f}" y="{H - MB + 16}" text-anchor="middle" font-size="11">'
+            self.parts.append(f'<line x1="{x:.1f}" y1="{MT}" x2="{x:.1f}" y2="{Hh - MB}" stroke="#eee"/>')
+            self.parts.append(f'<text x="{x:.1f}" y="{Hh - MB + 16}" text-anchor="middle" font-size="11">'
                               f'{_fmt(t)}</text>')
-        for t in self.yt:
+        for t in self.yt if y_ticks else ():
             y = self.py(t)
-            self.parts.append(f'<line x1="{ML}" y1="{y:.1f}" x2="{W - MR}" y2="{y:.1f}" stroke="#eee"/>')
-            self.parts.append(f'<text x="{ML - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
-        self.parts.append(f'<rect x="{ML}" y="{MT}" width="{W - ML - MR}" height="{H - MT - MB}" fill="none" '
+            self.parts.append(f'<line x1="{L}" y1="{y:.1f}" x2="{W - MR}" y2="{y:.1f}" stroke="#eee"/>')
+            self.parts.append(f'<text x="{L - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
+        self.parts.append(f'<rect x="{L}" y="{MT}" width="{W - L - MR}" height="{Hh - MT - MB}" fill="none" '
                           f'stroke="#333"/>')
 
     def px(self, x: float) -> float:
-        return ML + (x - self.x0) / ((self.x1 - self.x0) or 1.0) * (W - ML - MR)
+        return self.left + (x - self.x0) / ((self.x1 - self.x0) or 1.0) * (W - self.left - MR)
 
     def py(self, y: float) -> float:
-        return H - MB - (y - self.y0) / ((self.y1 - self.y0) or 1.0) * (H - MT - MB)
+        return self.height - MB - (y - self.y0) / ((self.y1 - self.y0) or 1.0) * (self.height - MT - MB)
 
     def svg(self) -> str:
-        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
-                f'font-family="sans-serif">' + "".join(self.parts) + "</svg>")
+        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{self.height:.0f}" '
+                f'viewBox="0 0 {W} {self.height:.0f}" font-family="sans-serif">' + "".join(self.parts) + "</svg>")
 
 
 def _text_width(label: str, font_px: float) -> float:
@@ -163,6 +167,42 @@ def bars(items: Sequence[tuple[str, float]], *, title: str, ylabel: str) -> str:
     return f.svg()
 
 
+def timeline(rows: Sequence[tuple[str, float, float, str]], *, title: str, xlabel: str,
+             events: Sequence[tuple[float, str]] = ()) -> str:
+    """A Gantt chart: one bar per (label, start, end, note) on a shared time axis, top to bottom, its label
+    left of the frame and its note (dollars) on the bar or right of it; `events` are dashed verticals
+    (DELETE, proof rounds), their labels merged where they would collide."""
+    row_h, top = 20, MT + 8
+    height = max(H, top + row_h * len(rows) + MB + 10)
+    xs = [x for _, a, b, _ in rows for x in (a, b)] + [e[0] for e in events]
+    left = min(ML + 90, 10 + max((int(_text_width(r[0], 11)) for r in rows), default=0))
+    f = _Frame(xs, [0.0, 1.0], title=title, xlabel=xlabel, ylabel="", y_from_zero=True, left=left, height=height,
+               y_ticks=False)
+    for i, (label, start, end, note) in enumerate(rows):
+        y = top + row_h * i
+        x0, x1 = f.px(start), max(f.px(end), f.px(start) + 2)
+        color = PALETTE[i % len(PALETTE)]
+        f.parts.append(f'<rect class="phase" x="{x0:.1f}" y="{y:.1f}" width="{x1 - x0:.1f}" height="{row_h - 6}" '
+                       f'fill="{color}" opacity="0.8"/>')
+        f.parts.append(f'<text class="label" x="{left - 6}" y="{y + row_h - 9:.1f}" text-anchor="end" '
+                       f'font-size="11">{escape(label)}</text>')
+        if note:
+            inside = x1 - x0 > _text_width(note, 10) + 6
+            nx = x0 + 3 if inside else min(x1 + 3, W - MR - _text_width(note, 10))
+            f.parts.append(f'<text x="{nx:.1f}" y="{y + row_h - 10:.1f}" font-size="10" '
+                           f'fill="{"white" if inside else "#333"}">{escape(note)}</text>')
+    for px, label in _merged_markers(f, events):
+        f.parts.append(f'<line x1="{px:.1f}" y1="{MT}" x2="{px:.1f}" y2="{height - MB}" stroke="#c62828" '
+                       f'stroke-dasharray="3 3"/>')
+        f.parts.append(f'<text class="marker" x="{px - 3:.1f}" y="{height - MB - 4}" font-size="10" fill="#c62828" '
+                       f'text-anchor="start" transform="rotate(-90 {px - 3:.1f} {height - MB - 4})">'
+                       f'{escape(label)}</text>')
+    return f.svg()
+
+
 def img_tag(svg: str, alt: str, *, cls: str = "plot") -> str:
     data = base64.b64encode(svg.encode()).decode()
-    return f'<img class="{escape(cls)}" alt="{escape(alt)}" width="{W}" height="{H}" src="data:image/svg+xml;base64,{data}">'
+    found = re.search(r'height="(\d+)"', svg)
+    height = found.group(1) if found else H
+    return (f'<img class="{escape(cls)}" alt="{escape(alt)}" width="{W}" height="{height}" '
+            f'src="data:image/svg+xml;base64,{data}">')
