@@ -8,19 +8,21 @@ was reached · 130 interrupted.
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import SecretStr
 from typer._click.exceptions import ClickException  # typer vendors click; usage errors subclass this
 
-from vast_harness.cliopts import FLEET, OFFERS, REAP, RUN, Flags, takes
+from vast_harness.cliopts import EVIDENCE, FLEET, OFFERS, REAP, RUN, Flags, takes
 from vast_harness.config import MAX_USD_LIMIT, RunSpec, check_number, load_driver_policy
 from vast_harness.errors import ConfigError, ExitCode, HarnessError, NoOfferError, describe, exit_code_for
 from vast_harness.output import Output
@@ -212,6 +214,68 @@ def reap(ctx: typer.Context, flags: Flags) -> None:
             return reap_all(spec, client, out)
 
     _guard(out, body, interrupted="reap interrupted before it deleted anything; run `vast-e2e reap` again")
+
+
+def _evidence_dir(flags: Flags) -> Path:
+    from vast_harness.config import UserConfig
+    from vast_harness.runs import default_evidence_dir
+
+    given = flags.evidence_path
+    if given is None:
+        user, _ = UserConfig.load(os.environ)
+        given = Path(user.evidence_dir) if user.evidence_dir else default_evidence_dir()
+    return given.expanduser()
+
+
+@app.command()
+@takes(*EVIDENCE)
+def report(ctx: typer.Context, flags: Flags,
+           run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")]) -> None:
+    """Rebuild a run's report.html from its evidence and print where it is."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.logs import rebuild_report
+        from vast_harness.runs import find_run
+
+        return rebuild_report(out, find_run(_evidence_dir(flags), run))
+
+    _guard(out, body, interrupted="interrupted")
+
+
+@app.command()
+@takes(*EVIDENCE)
+def logs(ctx: typer.Context, flags: Flags,
+         run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")],
+         step: Annotated[str | None, typer.Argument(metavar="[STEP]", help="The step whose log to print; "
+                                                    "without it, the run's step logs are listed.")] = None,
+         raw: Annotated[bool, typer.Option("--raw", metavar="", help="The bytes as the host sent them (escape "
+                                           "codes included); else control characters are shown escaped.")] = False,
+         ) -> None:
+    """List a run's step logs, or print one."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.logs import show_logs
+        from vast_harness.runs import find_run
+
+        return show_logs(out, find_run(_evidence_dir(flags), run), step, raw=raw)
+
+    _guard(out, body, interrupted="interrupted")
+
+
+@app.command()
+@takes(*EVIDENCE)
+def costs(ctx: typer.Context, flags: Flags) -> None:
+    """What every run cost, from the ledger and the evidence: per run, per day, per profile, and totals."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.costs import show_costs
+
+        return show_costs(out, _evidence_dir(flags))
+
+    _guard(out, body, interrupted="interrupted")
 
 
 def main() -> None:

@@ -89,7 +89,8 @@ def spec_for_gpu(base: RunSpec, gpu: str, per_run_usd: float) -> RunSpec:
     profile = spec.profile
     if profile.require_gpu:
         smoke = load_profile("smoke")
-        profile = profile.model_copy(update={"steps": smoke.steps, "require_gpu": False,
+        profile = profile.model_copy(update={"name": f"{profile.name} (--sim: the smoke steps)", "steps": smoke.steps,
+                                             "require_gpu": False,
                                              "pytest_node_ids": [], "transfer": smoke.transfer})
     env = dict(spec.remote_env) | {"VH_PEAK_TFLOPS": str(nominal_sim_peak_tflops(gpu))}
     return spec.model_copy(update={"profile": profile, "remote_env": env})

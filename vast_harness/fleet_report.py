@@ -14,10 +14,11 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from vast_harness import svgplot
+from vast_harness import svgplot, timeline
 from vast_harness.hostdata import json_safe
+from vast_harness.htmlparts import Link, usd
 from vast_harness.output import Output, safe_cells
-from vast_harness.report import Cell, exit_cell, load_run, page, run_sections, table, usd_per_mtok
+from vast_harness.report import REPORT_NAME, Cell, exit_cell, load_run, page, run_sections, table, usd_per_mtok
 
 FLEET_REPORT_NAME = "fleet-report.html"
 FLEET_RESULT_NAME = "fleet-result.json"
@@ -94,10 +95,10 @@ def fleet_html(fleet_id: str, rows: list[FleetRow], summary: dict[str, Any]) -> 
                "$ per M tokens", "replay match", "exit", "accrued $", "absence", "run"]
     body_rows = []
     for i, r in enumerate(rows, 1):
-        body_rows.append([i, r.gpu, r.offer_id, r.num_gpus, r.dph_usd,
+        body_rows.append([i, r.gpu, r.offer_id, r.num_gpus, usd(r.dph_usd),
                           f"{r.driver or '–'} ({'qualified' if r.driver_qualified else 'not qualified'})",
                           None if r.mfu is None else round(100 * r.mfu, 3), r.tokens_per_s_per_gpu, r.tokens_per_s,
-                          r.usd_per_mtok, r.replay_match, exit_cell(r.exit_code), r.accrued_usd,
+                          usd(r.usd_per_mtok), r.replay_match, exit_cell(r.exit_code), usd(r.accrued_usd),
                           Cell(r.absence or "nothing rented", "ok" if r.absence in ("gone", None) else "bad"),
                           r.run_id])
     points = [(r.usd_per_mtok, 100 * r.mfu, r.gpu) for r in rows if r.usd_per_mtok is not None and r.mfu is not None]
@@ -105,18 +106,26 @@ def fleet_html(fleet_id: str, rows: list[FleetRow], summary: dict[str, Any]) -> 
                                                xlabel="$ per million training tokens", ylabel="MFU %"),
                                "MFU vs $ per million tokens")
                if points else "<p class=muted>no run produced both an MFU and a token rate</p>")
+    runs = [(r.gpu, Path(r.evidence_dir)) for r in rows if r.evidence_dir and Path(r.evidence_dir).is_dir()]
+    facts = {gpu: load_run(d) for gpu, d in runs}
+    links = [[r.gpu, r.run_id, exit_cell(r.exit_code), usd(r.accrued_usd),
+              Link(f"{Path(r.evidence_dir or '').name}/{REPORT_NAME}", f"{Path(r.evidence_dir or '').name}/{REPORT_NAME}")
+              if r.gpu in facts and (Path(r.evidence_dir or "") / REPORT_NAME).is_file() else "–"] for r in rows]
+    total_cap = summary.get("total_cap_usd") if isinstance(summary.get("total_cap_usd"), (int, float)) else None
     parts = [f"<h1>Fleet {escape(fleet_id)}</h1>",
              (f"<p>Exit code <b>{escape(str(summary.get('exit_code')))}</b> · total cap "
-              f"${escape(str(summary.get('total_cap_usd')))} · accrued ${escape(str(summary.get('accrued_usd')))}"
+              f"{escape(usd(summary.get('total_cap_usd'), 2))} · accrued {escape(usd(summary.get('accrued_usd')))}"
               f" · {escape(str(summary.get('stop_reason') or 'not cancelled'))}</p>"),
              ("<p>$ per million training tokens = $/h ÷ (tokens/s total × 3600 ÷ 10⁶), with the run's best-MFU "
               "measurement.</p>"),
-             "<h2>Ranked by $ per million training tokens</h2>", table(headers, body_rows, cls="fleet"), scatter]
+             "<h2>Ranked by $ per million training tokens</h2>", table(headers, body_rows, cls="fleet"), scatter,
+             "<h2>Each run's report</h2>", table(["GPU", "run", "exit", "accrued", "report"], links, cls="runs"),
+             timeline.fleet_cost_section(list(facts.items()), total_cap)]
     for r in rows:
         parts.append(f"<h2 id=\"run-{escape(r.gpu)}\">{escape(r.gpu)}: run {escape(str(r.run_id or '(not started)'))}"
                      "</h2>")
-        if r.evidence_dir and Path(r.evidence_dir).is_dir():
-            parts.append(run_sections(load_run(Path(r.evidence_dir))))
+        if r.gpu in facts:
+            parts.append(run_sections(facts[r.gpu], link_prefix=f"{Path(r.evidence_dir or '').name}/"))
         else:
             parts.append(f"<p class=muted>{escape(r.message)}</p>")
     return page(f"Fleet {fleet_id}", "".join(parts))

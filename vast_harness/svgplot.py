@@ -58,10 +58,13 @@ class _Frame:
         self.parts: list[str] = [
             f'<rect width="{W}" height="{Hh}" fill="white"/>',
             f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{escape(title)}</text>',
-            f'<text x="{W / 2}" y="{Hh - 10}" text-anchor="middle" font-size="12">{escape(xlabel)}</text>',
-            (f'<text x="16" y="{Hh / 2}" text-anchor="middle" font-size="12" '
-             f'transform="rotate(-90 16 {Hh / 2})">{escape(ylabel)}</text>'),
         ]
+        if xlabel:
+            self.parts.append(f'<text x="{W / 2}" y="{Hh - 10}" text-anchor="middle" font-size="12">'
+                              f'{escape(xlabel)}</text>')
+        if ylabel:
+            self.parts.append(f'<text x="16" y="{Hh / 2}" text-anchor="middle" font-size="12" '
+                              f'transform="rotate(-90 16 {Hh / 2})">{escape(ylabel)}</text>')
         for t in self.xt if x_ticks else ():
             x = self.px(t)
             self.parts.append(f'<line x1="{x:.1f}" y1="{MT}" x2="{x:.1f}" y2="{Hh - MB}" stroke="#eee"/>')
@@ -90,18 +93,35 @@ def _text_width(label: str, font_px: float) -> float:
 
 
 def scatter(points: Sequence[tuple[float, float, str]], *, title: str, xlabel: str, ylabel: str) -> str:
-    """One labelled dot per (x, y, label); a label that would leave the frame goes on the dot's other side."""
+    """One labelled dot per (x, y, label). Each label takes the first place around its dot that stays inside
+    the frame and off the labels already placed (two GPUs of the same price would otherwise print as one)."""
     f = _Frame([p[0] for p in points], [p[1] for p in points], title=title, xlabel=xlabel, ylabel=ylabel)
+    placed: list[tuple[float, float, float, float]] = []
     for i, (x, y, label) in enumerate(points):
         cx, cy = f.px(x), f.py(y)
         color = PALETTE[i % len(PALETTE)]
         f.parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="6" fill="{color}"/>')
-        right = cx + 9 + _text_width(label, 12) <= W - MR - 2
-        tx, anchor = (cx + 9, "start") if right else (cx - 9, "end")
-        ty = cy - 7 if cy - 7 - 12 >= MT else cy + 18
-        f.parts.append(f'<text class="label" x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" font-size="12" '
+        w, h = _text_width(label, 12), 13.0
+        spots = [(dx, dy) for dy in (-7, 18, -21, 32, -35, 46) for dx in (9, -9 - w)]
+        box = None
+        for dx, dy in spots:
+            bx, by = cx + dx, cy + dy - h + 3  # text baseline at cy + dy
+            cand = (bx, by, bx + w, by + h)
+            inside = f.left + 2 <= cand[0] and cand[2] <= W - MR - 2 and MT + 2 <= cand[1] and cand[3] <= f.height - MB
+            if inside and not any(_boxes_overlap(cand, other) for other in placed):
+                box = cand
+                break
+        if box is None:  # nowhere free: the first spot that stays inside
+            dx, dy = (9, -7) if cx + 9 + w <= W - MR - 2 else (-9 - w, -7)
+            box = (cx + dx, cy + dy - h + 3, cx + dx + w, cy + dy + 3)
+        placed.append(box)
+        f.parts.append(f'<text class="label" x="{box[0]:.1f}" y="{box[3] - 3:.1f}" font-size="12" '
                        f'fill="{color}">{escape(label)}</text>')
     return f.svg()
+
+
+def _boxes_overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 def _merged_markers(f: _Frame, markers: Sequence[tuple[float, str]], min_gap_px: float = 12.0

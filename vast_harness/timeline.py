@@ -132,5 +132,9 @@ def fleet_cost_section(runs: Sequence[tuple[str, RunFacts]], total_cap: float | 
     hlines = [(total_cap, f"total cap {usd(total_cap, 2)}")] if total_cap else []
     svg = svgplot.lines(series, hlines=hlines, title="Fleet cost against its total cap",
                         xlabel="seconds since the first run started", ylabel="accrued $")
-    return ("<h2>Fleet cost over time</h2>" + svgplot.img_tag(svg, "fleet cost against its total cap",
-                                                             cls="plot fleet-cost"))
+    zoom = svgplot.lines(series, title="Fleet cost (own scale)", xlabel="seconds since the first run started",
+                         ylabel="accrued $")
+    share = f" ({100 * total[-1][1] / total_cap:.2f}% of the {usd(total_cap, 2)} total cap)" if total_cap else ""
+    return (f"<h2>Fleet cost over time</h2><p>accrued {usd(total[-1][1])}{share}</p>"
+            + svgplot.img_tag(svg, "fleet cost against its total cap", cls="plot fleet-cost")
+            + svgplot.img_tag(zoom, "fleet cost at its own scale", cls="plot fleet-cost-zoom"))
