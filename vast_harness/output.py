@@ -288,13 +288,13 @@ class Output:
         steps.add_column("timeout")
         steps.add_column("command", overflow="fold")
         for i, s in enumerate(plan.steps, 1):
-            steps.add_row(_t(i), _t(s["name"]), _t(f"{s['timeout_s']:g} s"), _t(s["run"]))
+            steps.add_row(_t(i), _t(s.name), _t(f"{s.timeout_s:g} s"), _t(s.run))
         self.out.print(steps)
         if plan.pytest_node_ids:
             self.out.print(_line(("pytest node ids", "bold"), " (a skip fails the run):"))
             for node in plan.pytest_node_ids:
                 self.out.print(_t(f"  {node}"))
-        self.out.print(_line(("Caps", "bold"), f": ${plan.caps['max_usd']:.2f}, {plan.caps['max_minutes']:g} min   ",
+        self.out.print(_line(("Caps", "bold"), f": ${plan.caps.max_usd:.2f}, {plan.caps.max_minutes:g} min   ",
                              ("Credit", "bold"), f": ${plan.credit_usd:.2f}"))
         self.out.print(_line(("Worst case", "bold"), f": {q.arithmetic}"))
         env = " ".join(f"{k}={v}" for k, v in plan.remote_env_shown.items()) or "(none)"
