@@ -72,7 +72,7 @@ def rebuild_report(out: Output, run_dir: Path) -> int:
     if manifest.is_file():
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         lines = [ln for ln in manifest.read_text(errors="surrogateescape").splitlines()
-                 if not ln.endswith(f"  {REPORT_NAME}")]
+                 if ln.partition("  ")[2] != REPORT_NAME or ln.startswith("\\")]  # that one entry only
         manifest.write_text("\n".join([*lines, manifest_line(digest, REPORT_NAME)]) + "\n", errors="surrogateescape")
     if out.json_mode:
         out.emit_json({"run": run_dir.name, "report": str(path)})
