@@ -12,7 +12,7 @@ loads (the nvidia-cudnn wheel's metadata, else a cudnn_version.h, else a libcudn
 The torch-level facts (NCCL, the process's own device) are recorded by the workload's evidence through
 `versions()` and `device_identity()`, which import torch lazily.
 
-Values of the run's `--remote-env` variables (named by the harness in VH_MASKED_ENV) are recorded as "***":
+Values of the run's `--remote-secret` variables (named by the harness in VH_MASKED_ENV) are recorded as "***":
 evidence keeps their names, never their values.
 """
 

@@ -2,20 +2,17 @@
 
 An unknown GPU is refused, never guessed (nanoGPT's hard-coded A100 gave "104% MFU on H100").
 Patterns are matched in order against the lower-cased `torch.cuda.get_device_name()`; more specific
-names come first (an "H100 PCIe" must not match the SXM row).
+names come first (an "H100 PCIe" must not match the SXM row). The table is data, `remote/peaks.json`,
+so that the control plane can read it without importing `remote/`.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
-TORCHTITAN = "https://github.com/pytorch/torchtitan/blob/main/torchtitan/tools/utils.py (get_peak_flops)"
-H100_DS = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
-H200_DS = "https://nvdam.widen.net/s/nb5zzzsjdf/hpc-datasheet-sc23-h200-datasheet-3002446"
-A100_DS = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
-BLACKWELL_WP = "https://images.nvidia.com/aem-dam/Solutions/geforce/blackwell/nvidia-rtx-blackwell-gpu-architecture.pdf"
-ADA_WP = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
-B200_DS = "https://resources.nvidia.com/en-us-blackwell-architecture"
+PEAKS_FILE = Path(__file__).with_name("peaks.json")  # the one sourced table; the control plane reads it as data
 
 
 @dataclass(frozen=True)
@@ -25,18 +22,13 @@ class Peak:
     matched: str
 
 
-# (lower-case substrings that must all appear, TFLOP/s, source); 0 = known but unsourced: refuse
-PEAK_TABLE: list[tuple[tuple[str, ...], float, str]] = [
-    (("h200", "nvl"), 0.0, "H200 NVL dense bf16 peak unconfirmed (docs/mfu.md): pass --peak-tflops"),
-    (("h200",), 989.0, f"{H200_DS}; {TORCHTITAN}"),
-    (("h100", "pcie"), 756.0, f"{H100_DS}; {TORCHTITAN}"),
-    (("h100", "nvl"), 835.0, f"{H100_DS}; {TORCHTITAN}"),
-    (("h100",), 989.0, f"{H100_DS} (SXM); {TORCHTITAN}"),
-    (("a100",), 312.0, f"{A100_DS}; {TORCHTITAN}"),
-    (("rtx 5090",), 209.5, f"{BLACKWELL_WP} (bf16, FP32 accumulate; 419 is FP16 accumulate)"),
-    (("rtx 4090",), 165.2, f"{ADA_WP} (bf16, FP32 accumulate)"),
-    (("b200",), 2250.0, f"{B200_DS} (dense; 4.5 PF is the sparse figure)"),
-]
+def _load_table(path: Path = PEAKS_FILE) -> list[tuple[tuple[str, ...], float, str]]:
+    """(lower-case substrings that must all appear, TFLOP/s, source); 0 = known but unsourced: refuse."""
+    rows = json.loads(path.read_text())["peaks"]
+    return [(tuple(r["match_all"]), float(r["tflops"]), str(r["source"])) for r in rows]
+
+
+PEAK_TABLE: list[tuple[tuple[str, ...], float, str]] = _load_table()
 
 
 class UnknownGpu(ValueError):

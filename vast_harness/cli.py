@@ -1,24 +1,29 @@
 """`vast-e2e` / `python scripts/vast_e2e.py`: declarations only; the work happens in the library.
 
-Typed errors become exit codes here, in one place (`_run_guarded_cli`), per docs/invariants.md:
-0 passed on a qualified driver · 1 a step failed · 2 bad input · 3 teardown not proven · 4 passed on an
-unqualified driver · 5 no offer fits · 6 a cap was reached · 130 interrupted.
+Options are declared once in `cliopts.py` and reach each command as one `Flags` object. Typed errors become
+exit codes here, in one place (`_guard`), per docs/invariants.md: 0 passed on a qualified driver · 1 a step
+failed · 2 bad input · 3 teardown not proven · 4 passed on an unqualified driver · 5 no offer fits · 6 a cap
+was reached · 130 interrupted.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import SecretStr
 from typer._click.exceptions import ClickException  # typer vendors click; usage errors subclass this
 
-from vast_harness.config import RunSpec, load_driver_policy, path_flag, resolve
+from vast_harness.cliopts import CANARY, CHECK, EVIDENCE, FLEET, OFFERS, REAP, RUN, Flags, takes
+from vast_harness.config import MAX_USD_LIMIT, RunSpec, check_number, load_driver_policy, path_flag
 from vast_harness.errors import ConfigError, ExitCode, HarnessError, NoOfferError, describe, exit_code_for
 from vast_harness.output import Output
 
@@ -26,45 +31,30 @@ if TYPE_CHECKING:  # the client (httpx, tenacity) is imported when a command nee
     from vast_harness.client import VastClient
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     pretty_exceptions_enable=False,  # tracebacks could show locals; keys stay out of them
+    rich_markup_mode=None,  # plain help: flags as `--sim`, values as `--max-usd USD`
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Rent a Vast.ai GPU host under cost and time caps, run a pinned workload, always delete it with proof.",
 )
 
 SIM_OFFERS = 1000  # a market large enough that every profile finds offers
 SIM_PACING_SCALE = 0.1  # the embedded simulator enforces Vast's rate limits at a tenth of the real intervals
+MAX_PARALLEL = 64
+CANARY_MAX_USD = 0.10  # a canary rents minutes of the cheapest offer
 
-Profile = Annotated[str | None, typer.Option("--profile", help="Harness profile: mfu, proofs or smoke.")]
-NumGpus = Annotated[int | None, typer.Option("--num-gpus", help="GPUs per offer (overrides the profile).")]
-MinPcie = Annotated[float | None, typer.Option("--min-pcie-bw", help="Minimum PCIe bandwidth, GB/s.")]
-KeyFile = Annotated[str | None, typer.Option("--key-file", help="File holding the API key (chmod 600). "
-                                              "Else VAST_API_KEY.")]
-MaxUsd = Annotated[float | None, typer.Option("--max-usd", help="Cost cap in dollars (worst case and accrued).")]
-MaxMin = Annotated[float | None, typer.Option("--max-minutes", help="Time cap in minutes, boot to teardown.")]
-RemoteEnv = Annotated[list[str] | None, typer.Option("--remote-env", help="KEY=VALUE for the host (repeatable; "
-                                                     "values are masked everywhere).")]
-AnyDriver = Annotated[bool, typer.Option("--any-driver", help="Allow drivers outside the qualified list "
-                                         "(result records driver_qualified: false; exit 4 on success).")]
-Eight = Annotated[bool, typer.Option("--eight-gpu-qualified", help="Rent 8 GPUs, qualified drivers only.")]
-BootRetries = Annotated[int | None, typer.Option("--boot-retries", help="Hosts to try after one fails to boot.")]
-EvidenceDir = Annotated[str | None, typer.Option("--evidence-dir", help="Where runs write evidence "
-                                                  "(default .evidence/vast).")]
-ApiUrl = Annotated[str | None, typer.Option("--api-url", help="API base URL (default Vast; VAST_URL honoured).")]
-Sim = Annotated[bool, typer.Option("--sim", help="Start the embedded simulator and run against it (no key).")]
-Json = Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")]
-ProofInterval = Annotated[float | None, typer.Option("--proof-interval", help="Seconds between the two absence "
-                                                     "proof rounds (default 10 against Vast, 0.5 with --sim).")]
-PacingScale = Annotated[float | None, typer.Option("--pacing-scale", hidden=True,
-                                                   help="Scale the client's rate-limit pacing (tests).")]
-PollInterval = Annotated[float | None, typer.Option("--poll-interval", hidden=True,
-                                                    help="Seconds between instance polls while booting (tests).")]
-DryRun = Annotated[bool, typer.Option("--dry-run", help="Quote and plan only: read-only calls, nothing created.")]
-AllowUnarmed = Annotated[bool, typer.Option("--allow-unarmed-deadman", help="Run even when the dead-man switch "
-                                            "cannot prove it can delete the host (recorded in the evidence).")]
-ImageExpectOpt = Annotated[str | None, typer.Option("--image-expect", help="Override the host image check, e.g. "
-                                                     "torch=2.11.0,cuda=13.0 (recorded as an override).")]
-ImageExpectAck = Annotated[bool, typer.Option("--image-expect-ack", help="Allow --image-expect against a real "
-                                              "(non-loopback) API.")]
+
+def _version() -> str:
+    try:
+        return metadata.version("vast-harness")
+    except metadata.PackageNotFoundError:  # a checkout run without an install
+        return "unknown (not installed)"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        Output().out.print(f"vast-e2e {_version()}")
+        raise typer.Exit(0)
 
 
 @contextmanager
@@ -104,48 +94,27 @@ def _guard(out: Output, body: Callable[[], int], *, interrupted: str = "interrup
 
 
 @app.callback(invoke_without_command=True)
+@takes(*RUN)
 def main_command(
     ctx: typer.Context,
-    profile: Profile = None,
-    num_gpus: NumGpus = None,
-    min_pcie_bw: MinPcie = None,
-    key_file: KeyFile = None,
-    max_usd: MaxUsd = None,
-    max_minutes: MaxMin = None,
-    remote_env: RemoteEnv = None,
-    dry_run: DryRun = False,
-    any_driver: AnyDriver = False,
-    eight_gpu_qualified: Eight = False,
-    boot_retries: BootRetries = None,
-    evidence_dir: EvidenceDir = None,
-    api_url: ApiUrl = None,
-    sim: Sim = False,
-    json_output: Json = False,
-    proof_interval: ProofInterval = None,
-    pacing_scale: PacingScale = None,
-    poll_interval: PollInterval = None,
-    allow_unarmed_deadman: AllowUnarmed = False,
-    image_expect: ImageExpectOpt = None,
-    image_expect_ack: ImageExpectAck = False,
+    flags: Flags,
+    version: Annotated[bool, typer.Option("--version", metavar="", is_eager=True, callback=_show_version,
+                                          help="Print the version and exit.")] = False,
 ) -> None:
-    """Run a profile end to end (or --dry-run to see the offer, the plan and the worst-case cost)."""
+    """Run a profile end to end (or --dry-run to see the offer, the plan and the worst-case cost).
+
+    Commands below take their own options after their name (`vast-e2e offers --sim`); an option given before
+    the command is honoured when the command takes it."""
     if ctx.invoked_subcommand:
+        ctx.obj = flags  # the subcommand merges these (cliopts.merge_parent)
         return
-    out = Output(json_mode=json_output)
+    out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        if profile is None:
-            raise ConfigError("--profile is required (mfu, proofs or smoke)")
-        spec = resolve(
-            profile=profile, num_gpus=num_gpus, min_pcie_bw=min_pcie_bw, key_file=path_flag("--key-file", key_file),
-            max_usd=max_usd,
-            max_minutes=max_minutes, remote_env=remote_env, dry_run=dry_run, any_driver=any_driver,
-            eight_gpu_qualified=eight_gpu_qualified, boot_retries=boot_retries,
-            evidence_dir=path_flag("--evidence-dir", evidence_dir),
-            api_url=api_url, sim=sim, proof_interval_s=proof_interval,
-            pacing_scale=pacing_scale, poll_s=poll_interval, allow_unarmed_deadman=allow_unarmed_deadman,
-            image_expect=image_expect, image_expect_ack=image_expect_ack,
-        )
+        if flags.profile is None:
+            raise ConfigError("--profile is required (mfu, proofs, smoke or a profile file); "
+                              "vast-e2e -h lists every option")
+        spec = flags.spec()
         drivers = load_driver_policy()
         with _api_target(spec) as (target, scale), _client(target, scale) as client:
             if target.dry_run:
@@ -162,37 +131,21 @@ def main_command(
 
 
 @app.command()
+@takes(*OFFERS)
 def offers(
-    profile: Profile = "mfu",
-    num_gpus: NumGpus = None,
-    min_pcie_bw: MinPcie = None,
-    key_file: KeyFile = None,
-    max_usd: MaxUsd = None,
-    max_minutes: MaxMin = None,
-    any_driver: AnyDriver = False,
-    eight_gpu_qualified: Eight = False,
-    api_url: ApiUrl = None,
-    sim: Sim = False,
-    json_output: Json = False,
-    pacing_scale: PacingScale = None,
-    rank_by: Annotated[str, typer.Option("--rank-by", help="dph (worst case, then reliability) or usd-per-mtok "
-                                         "(measured tokens/s from committed evidence and your fleet results; "
-                                         "$/h for GPUs with none).")] = "dph",
-    evidence_dir: EvidenceDir = None,
+    ctx: typer.Context,
+    flags: Flags,
+    rank_by: Annotated[str, typer.Option("--rank-by", metavar="dph|usd-per-mtok", help=(
+        "dph (worst case, then reliability) or usd-per-mtok (measured tokens/s from committed evidence and "
+        "your fleet results; $/h for GPUs with none)."))] = "dph",
 ) -> None:
-    """Search and rank offers for a profile; show why each rejected offer failed."""
-    out = Output(json_mode=json_output)
+    """Search and rank offers for a profile (default mfu); show why each rejected offer failed."""
+    out = Output(json_mode=flags.json_output)
 
     def body() -> int:
         if rank_by not in ("dph", "usd-per-mtok"):
             raise ConfigError(f"--rank-by must be dph or usd-per-mtok, got {rank_by!r}")
-        spec = resolve(
-            profile="mfu" if profile is None else profile, num_gpus=num_gpus, min_pcie_bw=min_pcie_bw,
-            key_file=path_flag("--key-file", key_file),
-            max_usd=max_usd, max_minutes=max_minutes, any_driver=any_driver,
-            eight_gpu_qualified=eight_gpu_qualified, api_url=api_url, sim=sim,
-            dry_run=True, pacing_scale=pacing_scale, evidence_dir=evidence_dir,
-        )
+        spec = flags.spec(profile="mfu" if flags.profile is None else flags.profile, dry_run=True)
         from vast_harness.bundle import build_bundle
         from vast_harness.plan import account_credit_usd, choose_offers
 
@@ -212,75 +165,50 @@ def offers(
 
 
 @app.command()
+@takes(*FLEET, required=("max_usd",), help_overrides={"max_usd": (
+    "Total cost cap of the whole fleet, dollars: the summed worst cases before renting, the summed accrual while "
+    "running.")})
 def fleet(
-    gpus: Annotated[str, typer.Option("--gpus", help='GPU types, comma separated: "RTX 5090,RTX 4090,H100 SXM".')],
-    max_usd: Annotated[float, typer.Option("--max-usd", help="Total cost cap of the whole fleet, dollars: the "
-                                           "summed worst cases before renting, the summed accrual while running.")],
-    profile: Profile = "mfu",
-    per_run_usd: Annotated[float | None, typer.Option("--per-run-usd", help="Cost cap of each run (default: "
-                                                      "--max-usd / number of GPU types).")] = None,
-    parallel: Annotated[int, typer.Option("--parallel", help="Runs at once.")] = 3,
-    allow_overcommit: Annotated[bool, typer.Option("--allow-overcommit", help="Start even when the summed worst "
-                                                   "cases exceed --max-usd: the live monitor alone holds the "
-                                                   "total (runs are cancelled when it is reached).")] = False,
-    num_gpus: NumGpus = None,
-    min_pcie_bw: MinPcie = None,
-    key_file: KeyFile = None,
-    max_minutes: MaxMin = None,
-    remote_env: RemoteEnv = None,
-    dry_run: DryRun = False,
-    any_driver: AnyDriver = False,
-    boot_retries: BootRetries = None,
-    evidence_dir: EvidenceDir = None,
-    api_url: ApiUrl = None,
-    sim: Sim = False,
-    json_output: Json = False,
-    proof_interval: ProofInterval = None,
-    pacing_scale: PacingScale = None,
-    poll_interval: PollInterval = None,
+    ctx: typer.Context,
+    flags: Flags,
+    gpus: Annotated[str, typer.Option("--gpus", metavar="NAMES", help=(
+        'GPU types, comma separated: "RTX 5090,RTX 4090,H100 SXM".'))],
+    per_run_usd: Annotated[float | None, typer.Option("--per-run-usd", metavar="USD", help=(
+        "Cost cap of each run (default: --max-usd / number of GPU types)."))] = None,
+    parallel: Annotated[int, typer.Option("--parallel", metavar="K", help="Runs at once.")] = 3,
+    allow_overcommit: Annotated[bool, typer.Option("--allow-overcommit", metavar="", help=(
+        "Start even when the summed worst cases exceed --max-usd: the live monitor alone holds the total (runs "
+        "are cancelled when it is reached)."))] = False,
 ) -> None:
     """One guarded run per GPU type, K at once, under one total cap; ranked by $ per million training tokens."""
-    out = Output(json_mode=json_output)
+    out = Output(json_mode=flags.json_output)
 
     def body() -> int:
         from vast_harness.fleet import parse_gpus, run_fleet
 
         names = parse_gpus(gpus)
-        if not max_usd > 0:
-            raise ConfigError(f"--max-usd must be positive, got {max_usd}")
-        per_run = per_run_usd if per_run_usd is not None else max_usd / len(names)
-        if not per_run > 0:
-            raise ConfigError(f"--per-run-usd must be positive, got {per_run_usd}")
-        if parallel < 1:
-            raise ConfigError(f"--parallel must be at least 1, got {parallel}")
-        spec = resolve(
-            profile=profile or "mfu", num_gpus=num_gpus, min_pcie_bw=min_pcie_bw, key_file=key_file,
-            max_usd=per_run, max_minutes=max_minutes, remote_env=remote_env, dry_run=dry_run,
-            any_driver=any_driver, boot_retries=boot_retries, evidence_dir=evidence_dir, api_url=api_url, sim=sim,
-            proof_interval_s=proof_interval, pacing_scale=pacing_scale, poll_s=poll_interval,
-        )
+        total = flags.max_usd
+        check_number("--max-usd", total, low=0, high=MAX_USD_LIMIT, low_inclusive=False)  # finite: inf is refused
+        assert total is not None  # required by the declaration
+        per_run = per_run_usd if per_run_usd is not None else total / len(names)
+        check_number("--per-run-usd", per_run, low=0, high=MAX_USD_LIMIT, low_inclusive=False)
+        check_number("--parallel", parallel, low=1, high=MAX_PARALLEL)
+        spec = flags.spec(profile="mfu" if flags.profile is None else flags.profile, max_usd=per_run)
         with _api_target(spec) as (target, scale), _client(target, scale) as client:
-            return run_fleet(target, names, client, load_driver_policy(), out, total_usd=max_usd,
+            return run_fleet(target, names, client, load_driver_policy(), out, total_usd=total,
                              per_run_usd=per_run, parallel=parallel, allow_overcommit=allow_overcommit)
 
     _guard(out, body)
 
 
 @app.command()
-def check(
-    profile: Profile = "mfu",
-    key_file: KeyFile = None,
-    api_url: ApiUrl = None,
-    sim: Sim = False,
-    json_output: Json = False,
-    pacing_scale: PacingScale = None,
-) -> None:
+@takes(*CHECK)
+def check(ctx: typer.Context, flags: Flags) -> None:
     """Read-only: the key, credit and balance, each endpoint the harness uses and the image reference form."""
-    out = Output(json_mode=json_output)
+    out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        spec = resolve(profile="mfu" if profile is None else profile, key_file=path_flag("--key-file", key_file),
-                       api_url=api_url, sim=sim, dry_run=True, pacing_scale=pacing_scale)
+        spec = flags.spec(profile=flags.profile or "mfu", dry_run=True)
         from vast_harness.check import print_report, run_checks
 
         with _api_target(spec) as (target, scale), _client(target, scale) as client:
@@ -292,31 +220,22 @@ def check(
 
 
 @app.command()
+@takes(*CANARY, help_overrides={"max_usd": "Cost cap of the canary rental, dollars (default 0.10)."})
 def canary(
-    max_usd: Annotated[float, typer.Option("--max-usd", help="Cost cap of the canary rental, dollars.")] = 0.10,
-    max_minutes: MaxMin = None,
-    profile: Profile = "smoke",
-    key_file: KeyFile = None,
-    evidence_dir: EvidenceDir = None,
-    api_url: ApiUrl = None,
-    sim: Sim = False,
-    json_output: Json = False,
-    out_file: Annotated[str, typer.Option("--out", help="Where canary.json goes (also in the run's evidence).")]
+    ctx: typer.Context,
+    flags: Flags,
+    out_file: Annotated[str, typer.Option("--out", metavar="PATH",
+                                          help="Where canary.json goes (also in the run's evidence).")]
     = "canary.json",
-    proof_interval: ProofInterval = None,
-    pacing_scale: PacingScale = None,
-    poll_interval: PollInterval = None,
 ) -> None:
     """Rent the cheapest qualified offer under the usual guards and measure read lag, boot, the image reference,
     the dead-man switch, SSH environment, linger and a repeat DELETE; writes canary.json."""
-    out = Output(json_mode=json_output)
+    out = Output(json_mode=flags.json_output)
 
     def body() -> int:
         out_path = path_flag("--out", out_file)
-        spec = resolve(profile="smoke" if profile is None else profile, key_file=path_flag("--key-file", key_file),
-                       max_usd=max_usd, max_minutes=max_minutes, evidence_dir=path_flag("--evidence-dir", evidence_dir),
-                       api_url=api_url, sim=sim, proof_interval_s=proof_interval, pacing_scale=pacing_scale,
-                       poll_s=poll_interval)
+        spec = flags.spec(profile=flags.profile or "smoke",
+                          max_usd=flags.max_usd if flags.max_usd is not None else CANARY_MAX_USD)
         from vast_harness.canary import print_canary, run_canary
 
         with _api_target(spec) as (target, scale), _client(target, scale) as client:
@@ -328,21 +247,13 @@ def canary(
 
 
 @app.command()
-def reap(
-    key_file: KeyFile = None,
-    evidence_dir: EvidenceDir = None,
-    api_url: ApiUrl = None,
-    json_output: Json = False,
-    proof_interval: ProofInterval = None,
-    pacing_scale: PacingScale = None,
-) -> None:
+@takes(*REAP)
+def reap(ctx: typer.Context, flags: Flags) -> None:
     """Delete and prove absent every instance the ledger has not proven gone, and every live `vh-` instance."""
-    out = Output(json_mode=json_output)
+    out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        spec = resolve(profile="smoke", key_file=path_flag("--key-file", key_file),
-                       evidence_dir=path_flag("--evidence-dir", evidence_dir), api_url=api_url,
-                       proof_interval_s=proof_interval, pacing_scale=pacing_scale)
+        spec = flags.spec(profile="smoke")
         from vast_harness.reap import reap_all
 
         with _client(spec, spec.pacing_scale) as client:
@@ -351,12 +262,76 @@ def reap(
     _guard(out, body, interrupted="reap interrupted before it deleted anything; run `vast-e2e reap` again")
 
 
+def _evidence_dir(flags: Flags) -> Path:
+    from vast_harness.config import UserConfig
+    from vast_harness.runs import default_evidence_dir
+
+    given = flags.evidence_path
+    if given is None:
+        user, _ = UserConfig.load(os.environ)
+        given = Path(user.evidence_dir) if user.evidence_dir else default_evidence_dir()
+    return given.expanduser()
+
+
+@app.command()
+@takes(*EVIDENCE)
+def report(ctx: typer.Context, flags: Flags,
+           run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")]) -> None:
+    """Rebuild a run's report.html from its evidence and print where it is."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.logs import rebuild_report
+        from vast_harness.runs import find_run
+
+        return rebuild_report(out, find_run(_evidence_dir(flags), run))
+
+    _guard(out, body, interrupted="interrupted")
+
+
+@app.command()
+@takes(*EVIDENCE)
+def logs(ctx: typer.Context, flags: Flags,
+         run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")],
+         step: Annotated[str | None, typer.Argument(metavar="[STEP]", help="The step whose log to print; "
+                                                    "without it, the run's step logs are listed.")] = None,
+         raw: Annotated[bool, typer.Option("--raw", metavar="", help="The bytes as the host sent them (escape "
+                                           "codes included); else control characters are shown escaped.")] = False,
+         ) -> None:
+    """List a run's step logs, or print one."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.logs import show_logs
+        from vast_harness.runs import find_run
+
+        return show_logs(out, find_run(_evidence_dir(flags), run), step, raw=raw)
+
+    _guard(out, body, interrupted="interrupted")
+
+
+@app.command()
+@takes(*EVIDENCE)
+def costs(ctx: typer.Context, flags: Flags) -> None:
+    """What every run cost, from the ledger and the evidence: per run, per day, per profile, and totals."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.costs import show_costs
+
+        return show_costs(out, _evidence_dir(flags))
+
+    _guard(out, body, interrupted="interrupted")
+
+
 def main() -> None:
     """The program: every way out is an exit code and at most one clear line on stderr, never a traceback."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # replaces the quiet exit used while importing
     _reported.clear()
+    if len(sys.argv) == 1:  # bare `vast-e2e`: what it can do, not an error about a missing --profile
+        sys.argv.append("--help")
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="vast-e2e")
     except ClickException as exc:  # usage errors: the flag and why, exit 2
         Output().failure(exc.format_message(), exc.exit_code)
         code = exc.exit_code

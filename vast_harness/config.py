@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from vast_harness.apiurl import DEFAULT_API_URL, is_loopback_url, shown, validate_api_url
 from vast_harness.errors import ConfigError
 from vast_harness.models import pack_driver_version
+from vast_harness.redact import Redactor
 from vast_harness.resources import profiles_dir as _profiles_dir
 
 PROFILES_DIR = _profiles_dir()  # the checkout's profiles/, or the wheel's packaged copy (resources.py)
@@ -281,10 +282,22 @@ def _validation_message(source: str, exc: ValidationError) -> str:
     return f"{source}: field {where}: {first['msg']}"
 
 
+def is_profile_path(name: str) -> bool:
+    return name.endswith(".toml") or "/" in name
+
+
 def load_profile(name: str, profiles_dir: Path = PROFILES_DIR) -> HarnessProfile:
-    if name not in PROFILE_NAMES:
-        raise ConfigError(f"--profile: unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)}")
-    path = profiles_dir / "harness" / f"{name}.toml"
+    """A shipped profile by name, or a user's own profile file (`--profile PATH.toml`), validated alike."""
+    if is_profile_path(name):
+        path = path_flag("--profile", name) or Path(name)
+        if not path.expanduser().is_file():
+            raise ConfigError(f"--profile {shown(path)}: no such profile file")
+        path = path.expanduser()
+    elif name not in PROFILE_NAMES:
+        raise ConfigError(f"--profile: unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)} "
+                          "or give a profile file (PATH.toml)")
+    else:
+        path = profiles_dir / "harness" / f"{name}.toml"
     try:
         return HarnessProfile.model_validate(_load_toml(path))
     except ValidationError as exc:
@@ -299,29 +312,55 @@ def load_driver_policy(profiles_dir: Path = PROFILES_DIR) -> DriverPolicy:
         raise ConfigError(_validation_message(str(path), exc)) from None
 
 
-def parse_remote_env(items: list[str]) -> dict[str, str]:
-    """`KEY=VALUE` pairs from repeated --remote-env flags. A malformed item is a ConfigError naming it."""
+def _env_value(flag: str, key: str, value: str) -> str:
+    if "\x00" in value or len(value) > MAX_REMOTE_ENV_VALUE_CHARS:
+        raise ConfigError(f"{flag} {key}: the value must be under {MAX_REMOTE_ENV_VALUE_CHARS} "
+                          "characters and contain no NUL")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{flag} {key}: the value is not valid UTF-8") from None
+    return value
+
+
+def parse_remote_env(items: list[str], flag: str = "--remote-env",
+                     environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`KEY=VALUE` pairs from a repeated flag. With `environ` (--remote-secret) a bare `KEY` takes the local
+    environment's value, as SkyPilot's `--secret KEY` does. A malformed item is a ConfigError naming it; a
+    secret's value never appears in a message."""
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not _ENV_KEY_RE.match(key):
+        if not _ENV_KEY_RE.match(key) or (not sep and environ is None):
             shown = key if _ENV_KEY_RE.match(key) else "<malformed>"
-            raise ConfigError(
-                f"--remote-env: expected KEY=VALUE with KEY like [A-Za-z_][A-Za-z0-9_]*, got {shown}=..."
-            )
-        if "\x00" in value or len(value) > MAX_REMOTE_ENV_VALUE_CHARS:
-            raise ConfigError(f"--remote-env {key}: the value must be under {MAX_REMOTE_ENV_VALUE_CHARS} "
-                              "characters and contain no NUL")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ConfigError(f"--remote-env {key}: the value is not valid UTF-8") from None
-        env[key] = value
+            raise ConfigError(f"{flag}: expected KEY=VALUE with KEY like [A-Za-z_][A-Za-z0-9_]*, got {shown}=...")
+        if not sep:
+            assert environ is not None
+            if key not in environ:
+                raise ConfigError(f"{flag} {key}: no value given and {key} is not set in this environment")
+            value = environ[key]
+        env[key] = _env_value(flag, key, value)
     return env
 
 
-def mask_env(env: dict[str, str]) -> dict[str, str]:
-    """Remote env values are masked everywhere they are shown or stored (invariant 3)."""
+def read_secret_file(path: Path) -> dict[str, str]:
+    """`--remote-secret-file`: KEY=VALUE lines (blank lines and `#` comments skipped), under the key file's
+    rule: a regular file readable by its owner only. Values are never echoed in a message."""
+    where = f"--remote-secret-file {shown(path)}"
+    _check_private_file(path.expanduser(), where)
+    try:
+        text = path.expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: cannot read ({type(exc).__name__})") from None
+    items = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    for n, item in enumerate(items, 1):
+        if "=" not in item:
+            raise ConfigError(f"{where}: entry {n} is not KEY=VALUE")
+    return parse_remote_env(items, flag=where)
+
+
+def mask_env(env: Mapping[str, object]) -> dict[str, str]:
+    """Secrets are shown and stored as their names with `***` (invariant 3)."""
     return {k: "***" for k in env}
 
 
@@ -338,39 +377,97 @@ def _checked_key(key: str, source: str) -> SecretStr:
     return SecretStr(key)
 
 
-def read_api_key(key_file: Path | None, environ: Mapping[str, str] | None = None) -> SecretStr:
-    """The key from --key-file (refused when group/world readable) or VAST_API_KEY."""
-    environ = os.environ if environ is None else environ
-    if key_file is not None:
-        path = key_file.expanduser()
-        where = f"--key-file {shown(path)}"
+def _check_private_file(path: Path, where: str, st: os.stat_result | None = None) -> None:
+    """A file holding a secret: a regular file (a FIFO would block the run for ever) that only its owner can
+    read (`chmod 600`), as ssh requires of a private key."""
+    if st is None:
         try:
             st = path.stat()
         except OSError as exc:
             raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
-        except ValueError as exc:  # an embedded NUL
+        except ValueError as exc:
             raise ConfigError(f"{where}: not a usable path ({exc})") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{where} is not a regular file")  # a FIFO would block the run forever
-        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(
-                f"{where} is readable by group or others (mode {stat.S_IMODE(st.st_mode):o}): run chmod 600 on it"
-            )
-        if st.st_size > MAX_KEY_FILE_BYTES:
-            raise ConfigError(f"{where} is {st.st_size} bytes; a Vast API key file is under {MAX_KEY_FILE_BYTES}")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{where} is not a regular file")
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(
+            f"{where} is readable by group or others (mode {stat.S_IMODE(st.st_mode):o}): run chmod 600 on it"
+        )
+
+
+CONFIG_FILE = Path("vast-harness") / "config.toml"  # under the XDG config directory
+OFFICIAL_CLI_KEY_FILE = Path("vastai") / "vast_api_key"  # where `vastai set api-key` writes it
+
+
+def config_home(environ: Mapping[str, str]) -> Path | None:
+    """$XDG_CONFIG_HOME, else $HOME/.config, from the given environment only (tests pass their own)."""
+    if environ.get("XDG_CONFIG_HOME"):
+        return Path(environ["XDG_CONFIG_HOME"])
+    return Path(environ["HOME"]) / ".config" if environ.get("HOME") else None
+
+
+class UserConfig(_Strict):
+    """`$XDG_CONFIG_HOME/vast-harness/config.toml`: a user's defaults, below flags and the environment and
+    above the profile. Every key optional; an unknown key is refused (exit 2 naming it)."""
+
+    key_file: str | None = None
+    evidence_dir: str | None = None
+    max_usd: float | None = Field(default=None, gt=0, le=MAX_USD_LIMIT)
+    max_minutes: float | None = Field(default=None, gt=0, le=MAX_MINUTES_LIMIT)
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str]) -> tuple[UserConfig, Path | None]:
+        home = config_home(environ)
+        path = home / CONFIG_FILE if home is not None else None
+        if path is None or not path.is_file():
+            return cls(), None
         try:
-            raw = path.read_bytes()[: MAX_KEY_FILE_BYTES + 1]
-        except OSError as exc:
-            raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
-        try:
-            text = raw.decode("ascii")
-        except UnicodeDecodeError:
-            raise ConfigError(f"{where} is not ASCII text: a Vast API key is 64 hex characters") from None
-        return _checked_key(text.strip(), where)
+            return cls.model_validate(_load_toml(path)), path
+        except ValidationError as exc:
+            raise ConfigError(_validation_message(str(path), exc)) from None
+
+
+def read_api_key(key_file: Path | None, environ: Mapping[str, str] | None = None,
+                 config_key_file: Path | None = None) -> SecretStr:
+    """The key from --key-file, VAST_API_KEY, the config file's key_file, or the official CLI's key file
+    (in that order); every file is refused when group/world readable."""
+    environ = os.environ if environ is None else environ
+    if key_file is None and not environ.get("VAST_API_KEY", "").strip():
+        home = config_home(environ)
+        official = home / OFFICIAL_CLI_KEY_FILE if home is not None else None
+        if config_key_file is not None:
+            return _read_key_file(config_key_file.expanduser(), f"key_file {shown(config_key_file)} (config file)")
+        if official is not None and official.exists():
+            return _read_key_file(official, f"the official CLI's key file {shown(official)}")
+    if key_file is not None:
+        return _read_key_file(key_file.expanduser(), f"--key-file {shown(key_file.expanduser())}")
     key = environ.get("VAST_API_KEY", "").strip()
     if not key:
-        raise ConfigError("no API key: pass --key-file PATH (chmod 600) or set VAST_API_KEY (or use --sim)")
+        raise ConfigError("no API key: pass --key-file PATH (chmod 600), set VAST_API_KEY, or run `vastai set "
+                          "api-key` (read from ~/.config/vastai/vast_api_key) (or use --sim)")
     return _checked_key(key, "VAST_API_KEY")
+
+
+def _read_key_file(path: Path, where: str) -> SecretStr:
+    """A key file: regular, owner-only (`chmod 600`), small, one printable ASCII key."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+    except ValueError as exc:  # an embedded NUL
+        raise ConfigError(f"{where}: not a usable path ({exc})") from None
+    _check_private_file(path, where, st)
+    if st.st_size > MAX_KEY_FILE_BYTES:
+        raise ConfigError(f"{where} is {st.st_size} bytes; a Vast API key file is under {MAX_KEY_FILE_BYTES}")
+    try:
+        raw = path.read_bytes()[: MAX_KEY_FILE_BYTES + 1]
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where} is not ASCII text: a Vast API key is 64 hex characters") from None
+    return _checked_key(text.strip(), where)
 
 
 def path_flag(flag: str, raw: str | Path | None) -> Path | None:
@@ -418,7 +515,7 @@ def check_evidence_dir(path: Path, flag: str = "--evidence-dir") -> None:
         raise ConfigError(f"{where} is not writable ({exc.strerror or exc}); nothing was rented") from None
 
 
-def _check_number(flag: str, value: float | None, *, low: float, high: float, low_inclusive: bool = True,
+def check_number(flag: str, value: float | None, *, low: float, high: float, low_inclusive: bool = True,
                   what: str = "") -> None:
     """A finite number within [low, high] (or (low, high]); `not ... <=` also catches NaN."""
     if value is None:
@@ -440,12 +537,14 @@ class RunSpec(BaseModel):
     profile: HarnessProfile
     filters: Filters
     caps: Caps
-    remote_env: dict[str, str]
+    remote_env: dict[str, str]  # settings: shown and stored as given
+    remote_secrets: dict[str, SecretStr] = Field(default_factory=dict)  # masked everywhere, never stored
     api_url: str
     api_key: SecretStr | None  # None with --sim until the embedded simulator is up
     dry_run: bool = False
     any_driver: bool = False
     eight_gpu_qualified: bool = False
+    unqualified_ok: bool = False  # exit 0 instead of 4 for a pass on an unqualified driver (--any-driver runs)
     boot_retries: int = 0
     evidence_dir: Path
     sim: bool = False
@@ -461,11 +560,24 @@ class RunSpec(BaseModel):
     def _consistent(self) -> RunSpec:
         if self.any_driver and self.eight_gpu_qualified:
             raise ValueError("--any-driver and --eight-gpu-qualified contradict each other")
+        both = sorted(set(self.remote_env) & set(self.remote_secrets))
+        if both:
+            raise ValueError(f"{', '.join(both)} given both as --remote-env and as a secret: give it once")
         return self
 
+    @property
+    def shown_remote_env(self) -> dict[str, str]:
+        """What the dry run, the record and the reports show: settings as given, secrets as `***`."""
+        return dict(self.remote_env) | mask_env(self.remote_secrets)
+
+    @property
+    def host_env(self) -> dict[str, str]:
+        """The steps' environment on the host: settings and secrets, by value."""
+        return dict(self.remote_env) | {k: v.get_secret_value() for k, v in self.remote_secrets.items()}
+
     @cached_property
-    def masked_remote_env(self) -> dict[str, str]:
-        return mask_env(self.remote_env)
+    def redactor(self) -> Redactor:
+        return Redactor(v.get_secret_value() for v in self.remote_secrets.values())
 
     @property
     def max_seconds(self) -> float:
@@ -481,9 +593,12 @@ def resolve(
     max_usd: float | None = None,
     max_minutes: float | None = None,
     remote_env: list[str] | None = None,
+    remote_secret: list[str] | None = None,
+    remote_secret_file: Path | str | None = None,
     dry_run: bool = False,
     any_driver: bool = False,
     eight_gpu_qualified: bool = False,
+    unqualified_ok: bool = False,
     boot_retries: int | None = None,
     evidence_dir: Path | str | None = None,
     api_url: str | None = None,
@@ -497,17 +612,25 @@ def resolve(
     environ: Mapping[str, str] | None = None,
     profiles_dir: Path = PROFILES_DIR,
 ) -> RunSpec:
-    """Flags > environment > profile, validated. Raises ConfigError naming the offending flag."""
+    """Flags > environment (VAST_API_KEY, VAST_URL) > the user's config file > profile, validated. Raises
+    ConfigError naming the offending flag or field."""
     environ = os.environ if environ is None else environ
+    user, _ = UserConfig.load(environ)
     prof = load_profile(profile, profiles_dir)
-    _check_number("--max-usd", max_usd, low=0, high=MAX_USD_LIMIT, low_inclusive=False)
-    _check_number("--max-minutes", max_minutes, low=0, high=MAX_MINUTES_LIMIT, low_inclusive=False)
-    _check_number("--min-pcie-bw", min_pcie_bw, low=0, high=MAX_PCIE_GBPS)
-    _check_number("--num-gpus", num_gpus, low=1, high=16)
-    _check_number("--boot-retries", boot_retries, low=0, high=MAX_BOOT_RETRIES)
-    _check_number("--proof-interval", proof_interval_s, low=0, high=MAX_INTERVAL_S)
-    _check_number("--poll-interval", poll_s, low=0, high=MAX_INTERVAL_S, low_inclusive=False)
-    _check_number("--pacing-scale", pacing_scale, low=0, high=MAX_PACING_SCALE)
+    if unqualified_ok and not any_driver:
+        raise ConfigError("--unqualified-ok only applies with --any-driver (without it no run passes on an "
+                          "unqualified driver)")
+    max_usd = max_usd if max_usd is not None else user.max_usd
+    max_minutes = max_minutes if max_minutes is not None else user.max_minutes
+    evidence_dir = evidence_dir if evidence_dir is not None else user.evidence_dir
+    check_number("--max-usd", max_usd, low=0, high=MAX_USD_LIMIT, low_inclusive=False)
+    check_number("--max-minutes", max_minutes, low=0, high=MAX_MINUTES_LIMIT, low_inclusive=False)
+    check_number("--min-pcie-bw", min_pcie_bw, low=0, high=MAX_PCIE_GBPS)
+    check_number("--num-gpus", num_gpus, low=1, high=16)
+    check_number("--boot-retries", boot_retries, low=0, high=MAX_BOOT_RETRIES)
+    check_number("--proof-interval", proof_interval_s, low=0, high=MAX_INTERVAL_S)
+    check_number("--poll-interval", poll_s, low=0, high=MAX_INTERVAL_S, low_inclusive=False)
+    check_number("--pacing-scale", pacing_scale, low=0, high=MAX_PACING_SCALE)
     evidence_dir = path_flag("--evidence-dir", evidence_dir)
     key_file = path_flag("--key-file", key_file)
 
@@ -525,9 +648,14 @@ def resolve(
         max_usd=max_usd if max_usd is not None else prof.caps.max_usd,
         max_minutes=max_minutes if max_minutes is not None else prof.caps.max_minutes,
     )
-    # `{num_gpus}` follows --num-gpus / --eight-gpu-qualified (the mfu sweep's world sizes); --remote-env wins
-    env = {k: v.replace(NUM_GPUS_PLACEHOLDER, str(filters.num_gpus)) for k, v in prof.remote_env.items()}
-    env.update(parse_remote_env(remote_env or []))
+    given_env = parse_remote_env(remote_env or [])
+    secret_file = path_flag("--remote-secret-file", remote_secret_file)
+    secrets = read_secret_file(secret_file) if secret_file is not None else {}
+    secrets.update(parse_remote_env(remote_secret or [], flag="--remote-secret", environ=environ))
+    # `{num_gpus}` follows --num-gpus / --eight-gpu-qualified (the mfu sweep's world sizes); --remote-env wins;
+    # a secret named like one of the profile's settings replaces it (a flag given twice is refused below)
+    profile_env = {k: v.replace(NUM_GPUS_PLACEHOLDER, str(filters.num_gpus)) for k, v in prof.remote_env.items()}
+    env = {k: v for k, v in profile_env.items() if k not in secrets} | given_env
 
     if api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
         url = validate_api_url(api_url)
@@ -552,7 +680,7 @@ def resolve(
         prof = with_image_expect(prof, override)
     elif image_expect_ack:
         raise ConfigError("--image-expect-ack acknowledges an --image-expect override; none was given")
-    key = None if sim else read_api_key(key_file, environ)
+    key = None if sim else read_api_key(key_file, environ, path_flag("key_file (config file)", user.key_file))
     ev_dir = (evidence_dir or Path.cwd() / ".evidence" / "vast").expanduser()  # never site-packages
     if not dry_run:  # a run or a reap writes its ledger and evidence here: find out now, not after renting
         check_evidence_dir(ev_dir)
@@ -562,11 +690,13 @@ def resolve(
             filters=filters,
             caps=caps,
             remote_env=env,
+            remote_secrets={k: SecretStr(v) for k, v in secrets.items()},
             api_url=url,
             api_key=key,
             dry_run=dry_run,
             any_driver=any_driver,
             eight_gpu_qualified=eight_gpu_qualified,
+            unqualified_ok=unqualified_ok,
             boot_retries=prof.boot_retries if boot_retries is None else boot_retries,
             evidence_dir=ev_dir,
             sim=sim,

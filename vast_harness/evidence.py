@@ -2,7 +2,7 @@
 
 harness-result.json (a `RunRecord`, versioned), offer-quote.json, steps.tsv, steps/<name>.log, remote/,
 absence-proof.json, and manifest.sha256 (sha256 of every file above). Nothing here ever holds the API key or
-a remote_env value.
+a `--remote-secret` value (settings, `--remote-env`, are recorded as given).
 
 Writing evidence never stops a teardown: every write catches OSError (a full disk, a read-only mount) and
 records it in `write_failures`, which the run reports and turns into its exit code. Step logs are capped:
@@ -22,6 +22,8 @@ from typing import IO, Any, TypeVar
 from pydantic import BaseModel, Field
 
 from vast_harness.lifecycle import InstanceTeardown
+from vast_harness.meter import PriceChange
+from vast_harness.progress import PhaseRecord
 
 RESULT_SCHEMA_VERSION = 2
 STEP_LOG_HEAD_BYTES = 8 * 1024 * 1024
@@ -35,6 +37,7 @@ class StepRecord(BaseModel):
     seconds: float
     timed_out: bool = False
     connection_lost: bool = False
+    interrupted: bool = False  # a signal (Ctrl-C, SIGTERM, SIGHUP) ended it
     reconnect_ok: bool | None = None
     workload: bool = True
     detail: str = ""
@@ -42,19 +45,69 @@ class StepRecord(BaseModel):
     log_dropped_bytes: int = 0  # cut from the middle of its log by the size cap
 
 
-class CreatedInstance(BaseModel):
+class RecordedInstance(BaseModel):
+    """An instance as the record keeps it (harness-result.json `instances`)."""
+
     instance_id: int
     label: str
     offer_id: int
     machine_id: int | None
     dph_usd: float
-    t_created_mono: float
     t_created_unix: float = Field(default_factory=time.time)
-    t_deleted_mono: float | None = None
     status: str = "created"  # the create outcome (created, created_with_error, found_after_unknown, ...)
     detail: str = ""
     absence: str | None = None  # the teardown's verdict: gone, present or unknown
     seen: bool = False  # a read has shown it (or listed it): only then do null reads soon mean gone
+
+
+class CreatedInstance(RecordedInstance):
+    """An instance while the run owns it: plus the monotonic times the meter bills by (never recorded)."""
+
+    t_created_mono: float
+    t_deleted_mono: float | None = None
+
+    def recorded(self) -> RecordedInstance:
+        return RecordedInstance.model_validate(self.model_dump(exclude={"t_created_mono", "t_deleted_mono"}))
+
+
+class OfferSummary(BaseModel):
+    """The chosen offer as the plan, the quote file and the record show it."""
+
+    id: int
+    machine_id: int | None
+    gpu_name: str
+    num_gpus: int
+    driver_version: str | None
+    driver_qualified: bool
+    cuda_max_good: float | None
+    pcie_bw_gbps: float | None
+    dph_total_usd: float | None
+    dph_at_disk_usd: float
+    reliability: float
+    geolocation: str | None
+
+
+class RecordCaps(BaseModel):
+    max_usd: float
+    max_minutes: float
+    teardown_margin_s: float
+    minimum_cap_s: float
+
+
+class ByteCounts(BaseModel):
+    uploaded: int
+    downloaded: int
+
+
+class HostKeyRecord(BaseModel):
+    fingerprint: str
+    type: str
+    endpoint: str
+
+
+class AbsenceSummary(BaseModel):
+    verdict: str  # gone | unproven | nothing-created
+    per_instance: dict[int, str]
 
 
 class PullRecord(BaseModel):
@@ -62,7 +115,9 @@ class PullRecord(BaseModel):
 
     files: int = 0
     bytes: int = 0
-    skipped: list[str] = Field(default_factory=list)
+    skipped: list[str] = Field(default_factory=list)  # over the size budget
+    left: list[str] = Field(default_factory=list)  # a cut pull: the file being copied, then those not reached
+    redacted: list[str] = Field(default_factory=list)  # files in which a secret's value was masked
     complete: bool = False
     detail: str = ""
     deadline_s: float | None = None
@@ -78,24 +133,26 @@ class RunRecord(BaseModel):
     image: str
     api_url: str
     sim: bool
-    offer: dict[str, Any] | None
+    offer: OfferSummary | None
     driver_qualified: bool | None
     any_driver: bool
-    caps: dict[str, float]
+    caps: RecordCaps
     worst_case_usd: float | None
     accrued_usd: float
     over_cap: str | None = None
-    bytes: dict[str, int]
+    bytes: ByteCounts
     bundle_sha256: str | None
-    host_key: dict[str, str] | None
-    remote_env: dict[str, str]
-    instances: list[dict[str, Any]]
-    price_changes: list[dict[str, Any]] = Field(default_factory=list)
+    host_key: HostKeyRecord | None
+    remote_env: dict[str, str]  # settings as given; a secret's name with ***
+    remote_secrets: list[str] = Field(default_factory=list)  # names only: a secret is never stored by value
+    instances: list[RecordedInstance]
+    price_changes: list[PriceChange] = Field(default_factory=list)
     steps: list[StepRecord]
     pull: PullRecord | None = None
-    timings: dict[str, float]
-    absence: dict[str, Any]
-    api_calls: dict[str, Any]
+    timings: dict[str, float]  # phase name -> seconds: an open set of names
+    phases: list[PhaseRecord] = Field(default_factory=list)  # the run's timeline (progress.PhaseLog)
+    absence: AbsenceSummary
+    api_calls: dict[str, Any]  # client.ClientStats as a dict (the client's own counters)
     evidence_write_failures: list[str] = Field(default_factory=list)
     deadman: dict[str, Any] | None = None  # deadman.DeadmanStatus at the first SSH: armed, fires at, clock skew
     image_sent: str | None = None  # the image reference the create carried (repo@sha256:digest)
@@ -106,13 +163,23 @@ class RunRecord(BaseModel):
     harness: dict[str, str]
 
 
-def overall_absence(teardowns: list[InstanceTeardown]) -> dict[str, Any]:
-    verdicts = {t.instance_id: t.verdict for t in teardowns}
+def manifest_line(digest: str, name: str) -> str:
+    """One `sha256sum` line, escaped as GNU sha256sum escapes it: a name holding a backslash, newline or CR
+    gets a leading backslash and those characters as `\\\\`, `\\n`, `\\r`. A host file named
+    "x\\n<64 zeros>  harness-result.json" therefore stays one line and cannot add a forged entry."""
+    if not any(ch in name for ch in "\\\n\r"):
+        return f"{digest}  {name}"
+    escaped = name.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return f"\\{digest}  {escaped}"
+
+
+def overall_absence(teardowns: list[InstanceTeardown]) -> AbsenceSummary:
+    verdicts: dict[int, str] = {t.instance_id: t.verdict for t in teardowns}
     if not verdicts:
         verdict = "nothing-created"
     else:
         verdict = "gone" if all(v == "gone" for v in verdicts.values()) else "unproven"
-    return {"verdict": verdict, "per_instance": verdicts}
+    return AbsenceSummary(verdict=verdict, per_instance=verdicts)
 
 
 class StepLog:
@@ -231,7 +298,7 @@ class RunEvidence:
         self.write_json("absence-proof.json", {
             "interval_s": proof_interval_s,
             "instances": [t.model_dump() for t in teardowns],
-            "verdict": overall_absence(teardowns)["verdict"],
+            "verdict": overall_absence(teardowns).verdict,
         })
         self.write_json("harness-result.json", record.model_dump(mode="json"))
         self.write_manifest()
@@ -241,7 +308,7 @@ class RunEvidence:
             lines = []
             for path in sorted(p for p in self.dir.rglob("*") if p.is_file() and p.name != "manifest.sha256"):
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
-                lines.append(f"{digest}  {path.relative_to(self.dir).as_posix()}")
-            (self.dir / "manifest.sha256").write_text("\n".join(lines) + "\n")
+                lines.append(manifest_line(digest, path.relative_to(self.dir).as_posix()))
+            (self.dir / "manifest.sha256").write_text("\n".join(lines) + "\n", errors="surrogateescape")
 
         self.guarded("manifest.sha256", write)

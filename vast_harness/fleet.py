@@ -27,7 +27,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rich.markup import escape
 from rich.text import Text
 
 from vast_harness.bundle import Bundle, build_bundle
@@ -38,9 +37,10 @@ from vast_harness.errors import PRECEDENCE, ConfigError, ExitCode, NoOfferError,
 from vast_harness.evidence import StepRecord
 from vast_harness.ledger import LEDGER_FILE, Ledger, new_run_id
 from vast_harness.lifecycle import InstanceTeardown
-from vast_harness.output import Output
+from vast_harness.output import Output, line, safe_cells, safe_text
 from vast_harness.pacing import endpoint_key
 from vast_harness.plan import RunPlan, account_credit_usd, plan_run
+from vast_harness.resources import data_root
 from vast_harness.runner import GuardedRun, SignalHandler
 
 MONITOR_INTERVAL_S = 0.2
@@ -61,13 +61,22 @@ def parse_gpus(text: str) -> list[str]:
     return names
 
 
-def nominal_sim_peak_tflops(gpu: str) -> float:
-    from remote.mfu import UnknownGpu, peak_for  # standard library only; the peaks' one sourced table
+def sim_peak_table() -> list[tuple[list[str], float]]:
+    """The workload's sourced peak table, read as data (`remote/peaks.json`): the control plane never imports
+    `remote/`, which ships to the host as files and is not installed as a package."""
+    doc = json.loads((data_root() / "remote" / "peaks.json").read_text())
+    return [([str(n) for n in row["match_all"]], float(row["tflops"])) for row in doc["peaks"]]
 
-    try:
-        peak = peak_for(gpu).tflops
-    except UnknownGpu:
-        peak = SIM_FALLBACK_PEAK_TFLOPS
+
+def nominal_sim_peak_tflops(gpu: str) -> float:
+    """The sourced bf16 peak (matched as remote/mfu.py matches it) scaled down to what one CPU core reaches;
+    a GPU with no sourced peak gets SIM_FALLBACK_PEAK_TFLOPS."""
+    name = gpu.lower()
+    peak = SIM_FALLBACK_PEAK_TFLOPS
+    for needles, tflops in sim_peak_table():
+        if all(n in name for n in needles):
+            peak = tflops if tflops > 0 else SIM_FALLBACK_PEAK_TFLOPS
+            break
     return round(peak * SIM_PEAK_SCALE, 6)
 
 
@@ -81,7 +90,8 @@ def spec_for_gpu(base: RunSpec, gpu: str, per_run_usd: float) -> RunSpec:
     profile = spec.profile
     if profile.require_gpu:
         smoke = load_profile("smoke")
-        profile = profile.model_copy(update={"steps": smoke.steps, "require_gpu": False,
+        profile = profile.model_copy(update={"name": f"{profile.name} (--sim: the smoke steps)", "steps": smoke.steps,
+                                             "require_gpu": False,
                                              "pytest_node_ids": [], "transfer": smoke.transfer})
     env = dict(spec.remote_env) | {"VH_PEAK_TFLOPS": str(nominal_sim_peak_tflops(gpu))}
     return spec.model_copy(update={"profile": profile, "remote_env": env})
@@ -212,30 +222,37 @@ class RunOutput(Output):
     """A fleet run's progress: every line tagged with its GPU type, all on stderr (stdout is the fleet's)."""
 
     def __init__(self, tag: str, *, quiet: bool = False) -> None:
-        super().__init__(json_mode=True, quiet=quiet)
-        self.tag = escape(f"[{tag}]")
+        super().__init__(json_mode=True, quiet=quiet, progress=False)  # several runs at once: tagged lines only
+        self.tag = f"[{tag}]"
 
     def info(self, message: str) -> None:
         if not self.quiet:
-            self.err.print(Text.from_markup(f"[cyan]{self.tag}[/] {escape(message)}"))
+            self.err.print(line((self.tag, "cyan"), " ", message))
 
     def warn(self, message: str) -> None:
-        self.err.print(Text.from_markup(f"[cyan]{self.tag}[/] [yellow]warning:[/] {escape(message)}"))
+        self.err.print(line((self.tag, "cyan"), " ", ("warning:", "yellow"), " ", message))
 
-    def step_line(self, step: str, elapsed_s: float, accrued_usd: float, stream: str, line: str) -> None:
+    def step_line(self, step: str, elapsed_s: float, accrued_usd: float, stream: str, text: str) -> None:
         if not self.quiet:
-            prefix = escape(f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]")
-            self.err.print(Text.from_markup(f"[cyan]{self.tag}[/][dim]{prefix}[/] {escape(line)}"))
+            prefix = f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]"
+            self.err.print(line((self.tag, "cyan"), (prefix, "dim"), " ", text))
 
     def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
-               teardowns: Sequence[InstanceTeardown], accrued_usd: float) -> None:
+               teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None) -> None:
         verdicts = ", ".join(f"{t.instance_id} {t.verdict}" for t in teardowns) or "nothing rented"
         color = "green" if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) else "red"
-        self.err.print(Text.from_markup(f"[cyan]{self.tag}[/] [{color}]exit {code}[/]: {escape(message)}; {verdicts}; "
-                       f"accrued ${accrued_usd:.4f}"))
+        self.err.print(line((self.tag, "cyan"), " ", (f"exit {code}", color),
+                            f": {message}; {verdicts}; accrued ${accrued_usd:.4f}"
+                            + (f"; report {report}" if report else "")))
+
+    def step_done(self, step: StepRecord, accrued_usd: float) -> None:
+        how = "interrupted" if step.interrupted else "timed out" if step.timed_out else f"rc {step.rc}"
+        if not self.quiet:
+            self.err.print(line((self.tag, "cyan"), f" step {step.name}: {how} in {step.seconds:.1f} s; "
+                                                    f"accrued ${accrued_usd:.4f}"))
 
     def rejections(self, rejected: Sequence[Any], *, title: str) -> None:
-        self.err.print(Text.from_markup(f"[cyan]{self.tag}[/] {escape(title)}: {len(rejected)} offer(s)"))
+        self.err.print(line((self.tag, "cyan"), f" {title}: {len(rejected)} offer(s)"))
 
 
 @dataclass
@@ -295,8 +312,8 @@ class Fleet:
             runs = list(self.runs.values())
         if first:
             self.ledger.append("cancel", reason=reason, exit_code=exit_code)
-            self.err.err.print(Text.from_markup(f"[bold red]fleet:[/] {escape(reason)}: cancelling {len(runs)} run(s); each is "
-                               "deleted and proven absent"))
+            self.err.err.print(line(("fleet:", "bold red"), f" {reason}: cancelling {len(runs)} run(s); each is "
+                                    "deleted and proven absent"))
         for run in runs:
             run.cancel(reason, exit_code=exit_code)
 
@@ -345,8 +362,8 @@ class Fleet:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals_seen += 1
         if self._signals_seen > 1:
-            self.err.err.print(Text.from_markup(f"[yellow]{signal.Signals(signum).name}: teardown is in progress and will finish; "
-                               "it cannot be skipped[/]"))
+            self.err.err.print(line((f"{signal.Signals(signum).name}: teardown is in progress and will finish; "
+                                     "it cannot be skipped", "yellow")))
             return
         self._signal = signum  # acted on by the monitor loop (never take a lock inside a handler)
 
@@ -395,15 +412,15 @@ def print_preflight(out: Output, pre: Preflight, *, title: str) -> None:
     for e in pre.entries:
         r = e.row()
         if e.plan is None:
-            t.add_row(e.gpu, "–", "–", "–", "–", "–", "–", Text.from_markup(f"[red]{escape(e.no_offer)}[/]"))
+            t.add_row(*safe_cells(e.gpu, "–", "–", "–", "–", "–", "–", safe_text(e.no_offer, "red")))
             continue
-        t.add_row(e.gpu, str(r["offer_id"]), str(r["num_gpus"]), f"{r['dph_usd']:.4f}", str(r["driver"]),
-                  "yes" if r["driver_qualified"] else Text("no", style="yellow"), f"{r['worst_case_usd']:.4f}",
-                  escape(str(r["location"])))
+        t.add_row(*safe_cells(e.gpu, r["offer_id"], r["num_gpus"], f"{r['dph_usd']:.4f}", r["driver"],
+                              "yes" if r["driver_qualified"] else Text("no", style="yellow"),
+                              f"{r['worst_case_usd']:.4f}", r["location"]))
     console = out.err if out.json_mode else out.out
     console.print(t)
-    console.print(Text.from_markup(f"[bold]Summed worst case[/] ${pre.worst_case_sum_usd:.4f} · total cap ${pre.total_usd:.2f} · "
-                  f"per run ${pre.per_run_usd:.2f} · credit ${pre.credit_usd:.2f}"))
+    console.print(line(("Summed worst case", "bold"), f" ${pre.worst_case_sum_usd:.4f} · total cap ${pre.total_usd:.2f} · "
+                       f"per run ${pre.per_run_usd:.2f} · credit ${pre.credit_usd:.2f}"))
 
 
 def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: DriverPolicy, out: Output, *,
@@ -426,7 +443,7 @@ def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
             out.emit_json({"dry_run": base.dry_run, "preflight": pre.summary(), "exit_code": code,
                            **({"error": refusal} if refusal else {})})
         elif not refusal:
-            out.out.print(Text.from_markup("[dim]dry run: nothing was created[/]"))
+            out.out.print(line(("dry run: nothing was created", "dim")))
         return code
     fleet = Fleet(pre, SerialClient(client), drivers, base.evidence_dir, parallel,  # type: ignore[arg-type]
                   quiet=out.quiet)
@@ -445,6 +462,7 @@ def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
         out.emit_json(summary | {"report": str(report), "rows": [asdict(r) for r in rows]})
     else:
         color = "green" if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) else "red"
-        out.out.print(Text.from_markup(f"[{color}]fleet exit {code}[/] (worst run by {'>'.join(str(int(c)) for c in PRECEDENCE)}); "
-                      f"accrued ${summary['accrued_usd']:.4f} of ${total_usd:.2f}; report {report}"))
+        out.out.print(line((f"fleet exit {code}", color),
+                           f" (worst run by {'>'.join(str(int(c)) for c in PRECEDENCE)}); "
+                           f"accrued ${summary['accrued_usd']:.4f} of ${total_usd:.2f}; report {report}"))
     return code

@@ -14,9 +14,11 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from vast_harness import svgplot
-from vast_harness.output import Output
-from vast_harness.report import Cell, exit_cell, load_run, page, run_sections, table, usd_per_mtok
+from vast_harness import svgplot, timeline
+from vast_harness.hostdata import json_safe
+from vast_harness.htmlparts import Link, usd
+from vast_harness.output import Output, safe_cells
+from vast_harness.report import REPORT_NAME, Cell, exit_cell, load_run, page, run_sections, table, usd_per_mtok
 
 FLEET_REPORT_NAME = "fleet-report.html"
 FLEET_RESULT_NAME = "fleet-result.json"
@@ -80,11 +82,11 @@ def print_table(out: Output, rows: list[FleetRow], *, title: str) -> None:
     for i, r in enumerate(rows, 1):
         driver = f"{r.driver or '–'}{'' if r.driver_qualified in (True, None) else ' (unqual.)'}"
         replay_cells: dict[bool | None, str | Text] = {True: "yes", False: Text("NO", style="red"), None: "–"}
-        t.add_row(str(i), r.gpu, str(r.offer_id or "–"), _f(r.dph_usd, ".4f"), driver, _pct(r.mfu),
-                  _f(r.tokens_per_s_per_gpu, ",.0f"), _f(r.tokens_per_s, ",.0f"), _f(r.usd_per_mtok, ".4f"),
-                  replay_cells[r.replay_match],
-                  Text(str(r.exit_code), style="green" if r.exit_code in (0, 4) else "red"), _f(r.accrued_usd, ".4f"),
-                  r.absence or "–")
+        t.add_row(*safe_cells(i, r.gpu, r.offer_id or "–", _f(r.dph_usd, ".4f"), driver, _pct(r.mfu),
+                              _f(r.tokens_per_s_per_gpu, ",.0f"), _f(r.tokens_per_s, ",.0f"), _f(r.usd_per_mtok, ".4f"),
+                              replay_cells[r.replay_match],
+                              Text(str(r.exit_code), style="green" if r.exit_code in (0, 4) else "red"),
+                              _f(r.accrued_usd, ".4f"), r.absence or "–"))
     (out.err if out.json_mode else out.out).print(t)
 
 
@@ -93,10 +95,10 @@ def fleet_html(fleet_id: str, rows: list[FleetRow], summary: dict[str, Any]) -> 
                "$ per M tokens", "replay match", "exit", "accrued $", "absence", "run"]
     body_rows = []
     for i, r in enumerate(rows, 1):
-        body_rows.append([i, r.gpu, r.offer_id, r.num_gpus, r.dph_usd,
+        body_rows.append([i, r.gpu, r.offer_id, r.num_gpus, usd(r.dph_usd),
                           f"{r.driver or '–'} ({'qualified' if r.driver_qualified else 'not qualified'})",
                           None if r.mfu is None else round(100 * r.mfu, 3), r.tokens_per_s_per_gpu, r.tokens_per_s,
-                          r.usd_per_mtok, r.replay_match, exit_cell(r.exit_code), r.accrued_usd,
+                          usd(r.usd_per_mtok), r.replay_match, exit_cell(r.exit_code), usd(r.accrued_usd),
                           Cell(r.absence or "nothing rented", "ok" if r.absence in ("gone", None) else "bad"),
                           r.run_id])
     points = [(r.usd_per_mtok, 100 * r.mfu, r.gpu) for r in rows if r.usd_per_mtok is not None and r.mfu is not None]
@@ -104,26 +106,34 @@ def fleet_html(fleet_id: str, rows: list[FleetRow], summary: dict[str, Any]) -> 
                                                xlabel="$ per million training tokens", ylabel="MFU %"),
                                "MFU vs $ per million tokens")
                if points else "<p class=muted>no run produced both an MFU and a token rate</p>")
+    runs = [(r.gpu, Path(r.evidence_dir)) for r in rows if r.evidence_dir and Path(r.evidence_dir).is_dir()]
+    facts = {gpu: load_run(d) for gpu, d in runs}
+    links = [[r.gpu, r.run_id, exit_cell(r.exit_code), usd(r.accrued_usd),
+              Link(f"{Path(r.evidence_dir or '').name}/{REPORT_NAME}", f"{Path(r.evidence_dir or '').name}/{REPORT_NAME}")
+              if r.gpu in facts and (Path(r.evidence_dir or "") / REPORT_NAME).is_file() else "–"] for r in rows]
+    total_cap = summary.get("total_cap_usd") if isinstance(summary.get("total_cap_usd"), (int, float)) else None
     parts = [f"<h1>Fleet {escape(fleet_id)}</h1>",
              (f"<p>Exit code <b>{escape(str(summary.get('exit_code')))}</b> · total cap "
-              f"${escape(str(summary.get('total_cap_usd')))} · accrued ${escape(str(summary.get('accrued_usd')))}"
+              f"{escape(usd(summary.get('total_cap_usd'), 2))} · accrued {escape(usd(summary.get('accrued_usd')))}"
               f" · {escape(str(summary.get('stop_reason') or 'not cancelled'))}</p>"),
              ("<p>$ per million training tokens = $/h ÷ (tokens/s total × 3600 ÷ 10⁶), with the run's best-MFU "
               "measurement.</p>"),
-             "<h2>Ranked by $ per million training tokens</h2>", table(headers, body_rows, cls="fleet"), scatter]
+             "<h2>Ranked by $ per million training tokens</h2>", table(headers, body_rows, cls="fleet"), scatter,
+             "<h2>Each run's report</h2>", table(["GPU", "run", "exit", "accrued", "report"], links, cls="runs"),
+             timeline.fleet_cost_section(list(facts.items()), total_cap)]
     for r in rows:
         parts.append(f"<h2 id=\"run-{escape(r.gpu)}\">{escape(r.gpu)}: run {escape(str(r.run_id or '(not started)'))}"
                      "</h2>")
-        if r.evidence_dir and Path(r.evidence_dir).is_dir():
-            parts.append(run_sections(load_run(Path(r.evidence_dir))))
+        if r.gpu in facts:
+            parts.append(run_sections(facts[r.gpu], link_prefix=f"{Path(r.evidence_dir or '').name}/"))
         else:
             parts.append(f"<p class=muted>{escape(r.message)}</p>")
     return page(f"Fleet {fleet_id}", "".join(parts))
 
 
 def write_fleet_report(fleet_dir: Path, fleet_id: str, rows: list[FleetRow], summary: dict[str, Any]) -> Path:
-    (fleet_dir / FLEET_RESULT_NAME).write_text(json.dumps(summary | {"rows": [asdict(r) for r in rows]}, indent=2,
-                                                          default=str) + "\n")
+    doc = json_safe(summary | {"rows": [asdict(r) for r in rows]})  # strict JSON: a later ranking reads it
+    (fleet_dir / FLEET_RESULT_NAME).write_text(json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
     path = fleet_dir / FLEET_REPORT_NAME
     tmp = path.with_suffix(".html.tmp")
     tmp.write_text(fleet_html(fleet_id, rows, summary), encoding="utf-8")

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from vast_harness.bundle import Bundle
 from vast_harness.config import RunSpec
-from vast_harness.errors import CapReachedError, HarnessError, StepFailedError, TransferAbandoned
+from vast_harness.errors import CapReachedError, HarnessError, Interrupted, StepFailedError, TransferAbandoned
 from vast_harness.evidence import PullRecord, RunEvidence, StepLog, StepRecord
 from vast_harness.meter import CostMeter
 from vast_harness.output import Output
-from vast_harness.ssh import HostSession, StepOutcome
+from vast_harness.ssh import HostSession, StepOutcome, TreePull
 
 REMOTE_DIR = "vh"  # under the host's $HOME
 # The evidence pull: never longer than this, never more bytes than this (and never more than the cap affords).
@@ -40,13 +40,15 @@ class HostWork:
 
     def __init__(self, session: HostSession, *, spec: RunSpec, meter: CostMeter, ev: RunEvidence, out: Output,
                  run_id: str, cancelled: threading.Event, check_cancelled: Callable[[], None],
-                 hurry: Callable[[], bool], timings: dict[str, float]) -> None:
+                 hurry: Callable[[], bool], timings: dict[str, float],
+                 on_phase: Callable[[str], None] = lambda name: None) -> None:
         self.session, self.spec, self.meter, self.ev, self.out = session, spec, meter, ev, out
         self.run_id = run_id
         self.cancelled = cancelled
         self._check_cancelled = check_cancelled
         self._hurry = hurry  # a signal during teardown: abandon the pull, go straight to DELETE
         self.timings = timings
+        self._phase = on_phase  # the run's timeline and live view (progress.PhaseLog)
         self.steps: list[StepRecord] = []
         self.pull: PullRecord | None = None
         self.evidence_pulled = False
@@ -55,6 +57,7 @@ class HostWork:
     def upload(self, bundle: Bundle) -> None:
         """Send the bundle (cut at the cap) and unpack it under ~/vh on the host."""
         self._check_cancelled()
+        self._phase("upload")
         self.meter.check("the upload")
         deadline = self.meter.deadline()
         if bundle.size_bytes > self.meter.affordable_up_bytes(deadline):
@@ -78,7 +81,7 @@ class HostWork:
         outcome = self.session.run(
             f"rm -rf ~/{REMOTE_DIR} && mkdir -p ~/{REMOTE_DIR}/evidence && tar -xzf ~/vh-bundle.tar.gz -C ~/{REMOTE_DIR}"
             f" && echo \"bundle sha256 $(sha256sum ~/vh-bundle.tar.gz | cut -c1-64)\"",
-            on_line=lambda stream, line: self.out.info(f"[setup] {line}"),
+            on_line=lambda stream, line: self.out.info(f"[setup] {self.spec.redactor.text(line)}"),
             timeout_s=max(0.05, self.meter.deadline(120.0) - time.monotonic()),
         )
         if outcome.timed_out and time.monotonic() >= self.meter.work_deadline() - 0.05:
@@ -86,16 +89,16 @@ class HostWork:
         if not outcome.ok:
             raise StepFailedError(f"unpacking the bundle failed: rc={outcome.rc} {outcome.detail}", step="setup")
 
-    def _step_printer(self, name: str, log: StepLog, started: float,
-                      scrub: list[str]) -> tuple[Callable[[str, str], None], Callable[[], None]]:
+    def _step_printer(self, name: str, log: StepLog,
+                      started: float) -> tuple[Callable[[str, str], None], Callable[[], None]]:
         """The step's on_line: capped log, live console for the log's head, bytes into the meter."""
         state = {"unmetered": 0, "said_cut": False}
+        redact = self.spec.redactor
 
-        def on_line(stream: str, line: str) -> None:
-            for value in scrub:  # a --remote-env value a step prints is neither logged nor shown
-                line = line.replace(value, "***")
+        def on_line(stream: str, raw: str) -> None:
+            line = redact.text(raw)  # a secret a step prints is neither logged nor shown, whatever its length
             shown = log.write(line)
-            state["unmetered"] += len(line) + 1
+            state["unmetered"] += len(raw) + 1
             if shown:
                 self.out.step_line(name, time.monotonic() - started, self.meter.accrued_usd(), stream, line)
             elif not state["said_cut"]:
@@ -117,37 +120,44 @@ class HostWork:
 
     def run_steps(self) -> None:
         """The profile's steps in order; the first that fails, times out or meets the cap ends the work."""
-        # VH_MASKED_ENV names the --remote-env variables whose values host-side evidence must mask
-        env = dict(self.spec.remote_env) | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_env)}
-        # longest first; values under 4 characters ("1", "on") would blank ordinary output and stay visible
-        scrub = sorted({v for v in self.spec.remote_env.values() if len(v) >= 4}, key=len, reverse=True)
+        # VH_MASKED_ENV names the secrets, whose values host-side evidence must mask; settings are recorded
+        env = self.spec.host_env | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_secrets)}
         for step in self.spec.profile.steps:
             self._check_cancelled()
             self.meter.check(f"step {step.name}")
             started = time.monotonic()
             timeout = max(0.05, self.meter.deadline(step.timeout_s) - started)
             log = self.ev.step_log(step.name)
-            on_line, settle = self._step_printer(step.name, log, started, scrub)
+            on_line, settle = self._step_printer(step.name, log, started)
+            self._phase(f"step {step.name}")
             self.out.info(f"step {step.name} (timeout {timeout:.0f} s)")
             cut: CapReachedError | None = None
+            interrupted: Interrupted | None = None
             try:
                 outcome = self.session.run(f"cd ~/{REMOTE_DIR} && {step.run}", on_line=on_line, timeout_s=timeout,
                                            env=env, stop=self.cancelled)
             except CapReachedError as exc:  # raised from inside the drain: the channel is closed already
                 cut = exc
                 outcome = StepOutcome(rc=None, seconds=time.monotonic() - started, timed_out=True, detail=str(exc))
+            except Interrupted as exc:  # Ctrl-C mid-step: the step is recorded, then the run tears down
+                interrupted = exc
+                outcome = StepOutcome(rc=None, seconds=time.monotonic() - started, detail=f"interrupted by {exc}")
             finally:
                 settle()
                 log.close()
             record = StepRecord(name=step.name, rc=outcome.rc, seconds=round(outcome.seconds, 3),
                                 timed_out=outcome.timed_out, connection_lost=outcome.connection_lost,
+                                interrupted=interrupted is not None,
                                 workload=step.workload, detail=outcome.detail, log_bytes=log.total_bytes,
                                 log_dropped_bytes=log.dropped_bytes)
-            if outcome.connection_lost and not self.cancelled.is_set():
+            if outcome.connection_lost and not self.cancelled.is_set() and interrupted is None:
                 record.reconnect_ok = self.session.reconnect_probe()
             self.steps.append(record)
             self.t_last_step_end_unix = time.time()
             self.ev.append_step_tsv(record.name, record.rc, record.seconds)
+            self.out.step_done(record, self.meter.accrued_usd())
+            if interrupted is not None:
+                raise interrupted
             if cut is not None:
                 raise cut
             self._check_cancelled()
@@ -162,6 +172,23 @@ class HostWork:
             if outcome.rc != 0:
                 raise StepFailedError(f"step {step.name} failed with rc={outcome.rc}", step=step.name, rc=outcome.rc)
 
+    def _redact_pulled(self) -> list[str]:
+        """Secrets in what the host wrote are masked before anything reads or hashes it (the manifest and the
+        report come after), whatever way the pull ended; the names of the files that held one are recorded.
+        A file that cannot be masked is an evidence write failure (the run cannot pass with it)."""
+        redact, root = self.spec.redactor, self.ev.dir / "remote"
+        if not redact:
+            return []
+        changed = []
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+            name = path.relative_to(root).as_posix()
+            try:
+                if redact.file(path):
+                    changed.append(name)
+            except OSError as exc:
+                self.ev.write_failures.append(f"remote/{name}: could not mask a secret ({exc.strerror or exc})")
+        return changed
+
     def pull_evidence(self, *, in_teardown: bool) -> None:
         """Pull the host's evidence with a deadline and a size budget, both from the meter.
 
@@ -173,6 +200,7 @@ class HostWork:
         if not in_teardown:
             self.meter.check("the evidence pull")  # before marking it done: the teardown still tries, briefly
         self.evidence_pulled = True
+        self._phase("pull")
         start = time.monotonic()
         work_deadline = self.meter.work_deadline(start)
         if in_teardown:
@@ -181,6 +209,7 @@ class HostWork:
                            self.meter.hard_deadline(start) - 0.5 * self.spec.teardown_margin_s)
         else:
             deadline = min(start + PULL_MAX_S, work_deadline)
+        own_bound_first = start + PULL_MAX_S < work_deadline  # the pull's own bound, not a cap, ends it
         affordable = self.meter.affordable_down_bytes(deadline)
         budget = min(float(PULL_MAX_BYTES), affordable)
         self.pull = PullRecord(deadline_s=round(deadline - start, 3), max_bytes=budget)
@@ -199,19 +228,37 @@ class HostWork:
             return
         finally:
             self.timings["pull_s"] = round(time.monotonic() - start, 3)
+            masked = self._redact_pulled()
+            if self.pull is not None:
+                self.pull.redacted = masked
         self.pull = self.pull.model_copy(update={"files": len(pulled.files), "bytes": pulled.bytes,
-                                                 "skipped": pulled.skipped, "complete": pulled.complete,
-                                                 "detail": pulled.detail})
+                                                 "skipped": pulled.skipped, "left": pulled.left,
+                                                 "complete": pulled.complete, "detail": pulled.detail})
         self.out.info(f"pulled {len(pulled.files)} evidence file(s), {pulled.bytes} bytes"
                       + ("" if pulled.complete else f"; incomplete: {pulled.detail}"))
         if pulled.complete or in_teardown:
             return
+        got = f"{len(pulled.files)} file(s), {pulled.bytes} bytes pulled"
+        if time.monotonic() >= deadline - 0.05 and own_bound_first:
+            # e.g. a host file appended to for ever: the pull's bound ended it with money and time to spare
+            raise HarnessError(f"the host's evidence is incomplete: the pull's own {PULL_MAX_S:g} s bound ended it "
+                               f"({got}); left on the host: {_left_on_host(pulled)}")
         if time.monotonic() >= deadline - 0.05 or (pulled.skipped and affordable < PULL_MAX_BYTES):
-            raise CapReachedError(f"cap reached during the evidence pull ({len(pulled.files)} file(s) pulled, "
-                                  f"{len(pulled.skipped)} left on the host): {pulled.detail}")
+            raise CapReachedError(f"cap reached during the evidence pull ({got}; left on the host: "
+                                  f"{_left_on_host(pulled)}): {pulled.detail}")
         if pulled.skipped:
             raise HarnessError(f"the host's evidence is over the {PULL_MAX_BYTES}-byte pull budget: "
                                f"{len(pulled.skipped)} file(s) left on the host")
         # A link that broke or stalled: the workload passed, but its evidence did not all come back.
         raise HarnessError(f"the host's evidence pull broke off ({len(pulled.files)} file(s) pulled): "
                            f"{pulled.detail}")
+
+
+def _left_on_host(pulled: TreePull, shown: int = 5) -> str:
+    """What a cut pull left: the file being copied, the ones over the budget, then those listed but not reached."""
+    names = list(dict.fromkeys([*pulled.left[:1], *pulled.skipped, *pulled.left[1:]]))
+    if not names:
+        return "files not yet listed (the pull was cut before listing them)"
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    cut = " (cut while copying)" if pulled.left and names[0] == pulled.left[0] else ""
+    return ", ".join([names[0] + cut, *names[1:shown]]) + more

@@ -2,7 +2,11 @@
 
 Human output goes to stdout; progress, warnings and errors to stderr, so `--json` stdout stays parseable.
 Everything shown is plain text to rich (consoles without markup, values wrapped in `Text`): a profile name,
-a path, a server message or a step's output containing `[/x]` prints as it is and can never raise. Writes
+a path, a server message or a step's output containing `[/x]` prints as it is and can never raise. And
+nothing a host or the API supplied reaches the terminal raw: `terminal_safe` shows every control character
+escaped (ESC, 8-bit CSI, BEL, CR, newline, DEL, bidi overrides), so a step cannot write the clipboard (OSC 52),
+retitle the window, move the cursor up and forge a result line, or clear the screen. Step logs keep the bytes
+as sent; only what is shown is escaped. Writes
 never raise either: a closed or broken stdout (`| head`) must not end a run or skip its teardown.
 """
 
@@ -11,8 +15,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
@@ -22,20 +27,51 @@ from rich.text import Text
 
 from vast_harness.offers import Candidate, OfferChoice, Rejection
 from vast_harness.plan import RunPlan
+from vast_harness.progress import HEARTBEAT_S, LiveView, Snapshot
 
 if TYPE_CHECKING:  # annotations only: output keeps importing nothing of the run machinery at runtime
     from vast_harness.evidence import StepRecord
     from vast_harness.lifecycle import InstanceTeardown
 
 
-def _t(value: object, style: str = "") -> Text:
-    """Anything user- or server-supplied becomes a Text: never parsed as markup (`[/x]`), never an emoji code."""
-    return Text(str(value), style=style)
+# C0 but TAB, DEL, C1 (0x9b is an 8-bit CSI), and the bidi controls that reorder what a line appears to say
+_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_safe(text: str) -> str:
+    """The one sanitiser for the console: control characters shown escaped (`\\x1b`), everything else as is."""
+    return _UNSAFE.sub(_escaped, text)
+
+
+def safe_text(value: object, style: str = "") -> Text:
+    """Anything user-, host- or server-supplied becomes a Text: control characters escaped, never parsed as
+    markup (`[/x]`), never an emoji code."""
+    return Text(terminal_safe(str(value)), style=style)
+
+
+_t = safe_text
+
+
+def safe_cells(*values: object) -> list[Text]:
+    """A table row: every value a `safe_text` (a Text already made from literals or by safe_text is kept)."""
+    return [v if isinstance(v, Text) else safe_text(v) for v in values]
+
+
+def line(*parts: str | tuple[str, str] | Text) -> Text:
+    """`_line` for other modules: (literal, style) tuples and plain values, all made terminal-safe."""
+    return _line(*parts)
 
 
 def _line(*parts: str | tuple[str, str] | Text) -> Text:
-    """Styled literals as (text, style) tuples, values as plain strings: nothing inside is markup."""
-    return Text.assemble(*parts)
+    """Styled literals as (text, style) tuples, values as plain strings: nothing inside is markup, and every
+    string part goes through `terminal_safe` (a Text part was made by `safe_text` or from literals)."""
+    return Text.assemble(*(terminal_safe(p) if isinstance(p, str) else
+                           (terminal_safe(p[0]), p[1]) if isinstance(p, tuple) else p for p in parts))
 
 
 class SafeStream:
@@ -103,8 +139,11 @@ def _safe(stream: IO[str] | None) -> SafeStream:
 
 
 class Output:
-    def __init__(self, *, json_mode: bool = False, quiet: bool = False) -> None:
+    def __init__(self, *, json_mode: bool = False, quiet: bool = False, progress: bool = True) -> None:
         self.json_mode = json_mode
+        self.progress = progress and not quiet  # the live view / heartbeat (off for a fleet's runs)
+        self.view: LiveView | None = None
+        self._out_saved: Console | None = None
         self.stdout = _safe(sys.stdout)
         self.stderr = _safe(sys.stderr)
         # markup=False: a string that reaches rich by any path prints as it is; styles come only from Text.
@@ -144,19 +183,51 @@ class Output:
         self.stdout.flush()
 
     # -- a run -----------------------------------------------------------------------------------
+    def start_view(self, snapshot: Callable[[], Snapshot]) -> None:
+        """The live view on stderr (a terminal) or heartbeat lines (not a terminal); progress.py."""
+        if not self.progress or self.view is not None:
+            return
+        live = self.stderr.isatty()
+        beat = float(os.environ.get("VH_HEARTBEAT_S") or HEARTBEAT_S)  # a test knob: seconds of silence per line
+        self.view = LiveView(self.err, snapshot, live=live, heartbeat_s=beat, plain=self.info)
+        if live and self.stdout.isatty():  # one terminal: print above the live region, through its console
+            self._out_saved, self.out = self.out, self.err
+        self.view.start()
+
+    def stop_view(self) -> None:
+        if self.view is not None:
+            self.view.stop()
+            self.view = None
+        if self._out_saved is not None:
+            self.out, self._out_saved = self._out_saved, None
+
     def step_line(self, step: str, elapsed_s: float, accrued_usd: float, stream: str, line: str) -> None:
         """One line of a step's output, live: the step, its elapsed time and the dollars accrued so far."""
+        if self.view is not None:
+            self.view.line_printed()
         if self.quiet:
             return
         console = self.err if self.json_mode else self.out
         prefix = f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]"
         console.print(_line((prefix, "red" if stream == "stderr" else "dim"), " ", line))
 
+    def step_done(self, step: StepRecord, accrued_usd: float) -> None:
+        """One line per finished step (stderr): its outcome, seconds and the run's dollars so far."""
+        if self.view is not None:
+            self.view.line_printed()
+        how = ("interrupted" if step.interrupted else "timed out" if step.timed_out else
+               "connection lost" if step.connection_lost else f"rc {step.rc}")
+        ok = step.rc == 0 and not step.interrupted
+        if not self.quiet:
+            self.err.print(_line(("✓ " if ok else "✗ ", "green" if ok else "red"),
+                                 f"step {step.name}: {how} in {step.seconds:.1f} s; accrued ${accrued_usd:.4f}"))
+
     def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
-               teardowns: Sequence[InstanceTeardown], accrued_usd: float) -> None:
+               teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None) -> None:
         if self.json_mode:
             self.emit_json({"run_id": run_id, "exit_code": code, "message": message,
                             "evidence_dir": str(evidence_dir), "accrued_usd": round(accrued_usd, 6),
+                            "report": str(report) if report else None,
                             "steps": [s.model_dump() for s in steps],
                             "absence": {t.instance_id: t.verdict for t in teardowns}})
             return
@@ -164,7 +235,8 @@ class Output:
         for col in ("step", "rc", "seconds", "note"):
             t.add_column(col)
         for s in steps:
-            note = "timed out" if s.timed_out else ("connection lost" if s.connection_lost else "")
+            note = ("interrupted" if s.interrupted else "timed out" if s.timed_out else
+                    "connection lost" if s.connection_lost else "")
             t.add_row(_t(s.name), _t("NA" if s.rc is None else s.rc), _t(f"{s.seconds:.1f}"), _t(note))
         self.out.print(t)
         for td in teardowns:
@@ -174,6 +246,8 @@ class Output:
         color = "green" if code in (0, 4) else "red"
         self.out.print(_line((f"exit {code}", color), f": {message}  accrued ${accrued_usd:.4f}  "
                                                        f"evidence {evidence_dir}"))
+        if report is not None:
+            self.out.print(_line(("report", "bold"), f" {report}"))
 
     def reap_report(self, rows: Sequence[tuple[int, str, int, str]], lines: Sequence[str], *, ok: bool) -> None:
         """`reap`'s table (instance, label, deletes, verdict) and what it could not prove, one line each."""
@@ -215,16 +289,16 @@ class Output:
         steps.add_column("timeout")
         steps.add_column("command", overflow="fold")
         for i, s in enumerate(plan.steps, 1):
-            steps.add_row(_t(i), _t(s["name"]), _t(f"{s['timeout_s']:g} s"), _t(s["run"]))
+            steps.add_row(_t(i), _t(s.name), _t(f"{s.timeout_s:g} s"), _t(s.run))
         self.out.print(steps)
         if plan.pytest_node_ids:
             self.out.print(_line(("pytest node ids", "bold"), " (a skip fails the run):"))
             for node in plan.pytest_node_ids:
                 self.out.print(_t(f"  {node}"))
-        self.out.print(_line(("Caps", "bold"), f": ${plan.caps['max_usd']:.2f}, {plan.caps['max_minutes']:g} min   ",
+        self.out.print(_line(("Caps", "bold"), f": ${plan.caps.max_usd:.2f}, {plan.caps.max_minutes:g} min   ",
                              ("Credit", "bold"), f": ${plan.credit_usd:.2f}"))
         self.out.print(_line(("Worst case", "bold"), f": {q.arithmetic}"))
-        env = " ".join(f"{k}={v}" for k, v in plan.remote_env_masked.items()) or "(none)"
+        env = " ".join(f"{k}={v}" for k, v in plan.remote_env_shown.items()) or "(none)"
         self.out.print(_line(("remote_env", "bold"), f": {env}"))
         self.out.print(_t(f"bundle sha256 {plan.bundle_sha256[:16]}… ({plan.bundle_bytes} bytes); {plan.offers_seen} "
                           f"offers seen in {plan.pages} page(s); nothing was created.", "dim"))

@@ -16,6 +16,7 @@ from vast_harness.bundle import Bundle
 from vast_harness.client import VastClient
 from vast_harness.config import DriverPolicy, RunSpec
 from vast_harness.errors import NoOfferError, TransportError
+from vast_harness.evidence import OfferSummary
 from vast_harness.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
 
 MB = 1_000_000
@@ -23,6 +24,19 @@ MB = 1_000_000
 # many seconds of retries, not after the client's whole retry budget (which is there to protect a DELETE).
 PREFLIGHT_RETRY_S = 30.0
 _T = TypeVar("_T")
+
+
+class PlannedStep(BaseModel):
+    """A step as the plan shows it: the command the host will run (placeholders expanded) and its timeout."""
+
+    name: str
+    run: str
+    timeout_s: float
+
+
+class PlanCaps(BaseModel):
+    max_usd: float
+    max_minutes: float
 
 
 class RunPlan(BaseModel):
@@ -37,42 +51,38 @@ class RunPlan(BaseModel):
     offers_seen: int
     pages: int
     credit_usd: float
-    steps: list[dict[str, Any]]
+    steps: list[PlannedStep]
     pytest_node_ids: list[str]
-    caps: dict[str, Any]
-    remote_env_masked: dict[str, str]
+    caps: PlanCaps
+    remote_env_shown: dict[str, str]  # settings as given, secrets as ***
+    remote_secret_names: list[str]
     bundle_sha256: str
     bundle_bytes: int
     any_driver: bool
     warnings: list[str]
 
+    def offer_summary(self) -> OfferSummary:
+        o, q = self.chosen.offer, self.chosen.quote
+        return OfferSummary(id=o.id, machine_id=o.machine_id, gpu_name=o.gpu_name, num_gpus=o.num_gpus,
+                            driver_version=o.driver_version, driver_qualified=self.chosen.driver_qualified,
+                            cuda_max_good=o.cuda_max_good, pcie_bw_gbps=o.pcie_bw_gbps, dph_total_usd=o.dph_total,
+                            dph_at_disk_usd=q.dph_at_disk_usd, reliability=o.reliability_score,
+                            geolocation=o.geolocation)
+
     def summary(self) -> dict[str, Any]:
         """The JSON form (`--json`): the same facts as the human table."""
-        o, q = self.chosen.offer, self.chosen.quote
+        q = self.chosen.quote
         return {
             "profile": self.profile,
             "image": self.image,
             "image_sent": self.image.split(":", 1)[0] + "@" + self.image.partition("@")[2],
-            "offer": {
-                "id": o.id,
-                "machine_id": o.machine_id,
-                "gpu_name": o.gpu_name,
-                "num_gpus": o.num_gpus,
-                "driver_version": o.driver_version,
-                "driver_qualified": self.chosen.driver_qualified,
-                "cuda_max_good": o.cuda_max_good,
-                "pcie_bw_gbps": o.pcie_bw_gbps,
-                "dph_total_usd": o.dph_total,
-                "dph_at_disk_usd": q.dph_at_disk_usd,
-                "reliability": o.reliability_score,
-                "geolocation": o.geolocation,
-            },
+            "offer": self.offer_summary().model_dump(),
             "quote": q.model_dump() | {"arithmetic": q.arithmetic},
-            "caps": self.caps,
+            "caps": self.caps.model_dump(),
             "credit_usd": self.credit_usd,
-            "steps": self.steps,
+            "steps": [s.model_dump() for s in self.steps],
             "pytest_node_ids": self.pytest_node_ids,
-            "remote_env": self.remote_env_masked,
+            "remote_env": self.remote_env_shown, "remote_secrets": self.remote_secret_names,
             "bundle": {"sha256": self.bundle_sha256, "bytes": self.bundle_bytes},
             "offers_seen": self.offers_seen,
             "pages": self.pages,
@@ -150,10 +160,11 @@ def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: B
         offers_seen=choice.offers_seen,
         pages=choice.pages,
         credit_usd=credit,
-        steps=[{"name": s.name, "run": s.run, "timeout_s": s.timeout_s} for s in spec.profile.steps],
+        steps=[PlannedStep(name=s.name, run=s.run, timeout_s=s.timeout_s) for s in spec.profile.steps],
         pytest_node_ids=list(spec.profile.pytest_node_ids),
-        caps={"max_usd": spec.caps.max_usd, "max_minutes": spec.caps.max_minutes},
-        remote_env_masked=spec.masked_remote_env,
+        caps=PlanCaps(max_usd=spec.caps.max_usd, max_minutes=spec.caps.max_minutes),
+        remote_env_shown=spec.shown_remote_env,
+        remote_secret_names=sorted(spec.remote_secrets),
         bundle_sha256=bundle.sha256,
         bundle_bytes=bundle.size_bytes,
         any_driver=spec.any_driver,

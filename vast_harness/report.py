@@ -8,95 +8,51 @@ The same sections make up each run's part of the fleet report (`fleet_report.py`
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from vast_harness import svgplot
+from vast_harness import svgplot, timeline
+from vast_harness.hostdata import WorkloadFigures, load_workloads, number, read_json
+from vast_harness.htmlparts import Cell, Link, exit_cell, page, show, table, usd
+from vast_harness.runfacts import RunFacts
+
+__all__ = ["REPORT_NAME", "Cell", "RunFacts", "exit_cell", "load_run", "page", "run_sections", "table",
+           "usd_per_mtok", "write_run_report", "write_run_report_safely"]
 
 REPORT_NAME = "report.html"
-CSS = """
-body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
-h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}h3{font-size:15px}
-table{border-collapse:collapse;margin:8px 0 16px}th,td{border:1px solid #ccc;padding:4px 8px;font-size:13px;
-text-align:left}th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.ok{color:#1a7f37;font-weight:bold}.bad{color:#c62828;font-weight:bold}.muted{color:#777}
-img.plot{border:1px solid #ddd;margin:8px 0;max-width:100%;height:auto}
-"""
-
-
-@dataclass
-class Workload:
-    """The headline workload figures of a run: the best-MFU measurement and the replay verdict."""
-
-    mfu: float | None = None
-    tokens_per_s: float | None = None
-    tokens_per_s_per_gpu: float | None = None
-    world_size: int | None = None
-    replay_match: bool | None = None
-    source: str = ""
-
-
-@dataclass
-class RunFacts:
-    dir: Path
-    result: dict[str, Any] = field(default_factory=dict)
-    quote: dict[str, Any] = field(default_factory=dict)
-    absence: dict[str, Any] = field(default_factory=dict)
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    workloads: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (file name, mfu JSON)
-
-    @property
-    def offer(self) -> dict[str, Any]:
-        return self.result.get("offer") or self.quote.get("offer") or {}
-
-    @property
-    def dph_usd(self) -> float | None:
-        return self.offer.get("dph_at_disk_usd") or self.offer.get("dph_total_usd")
-
-    def workload(self) -> Workload:
-        best: Workload = Workload()
-        replays = [d["replay_match"] for _, d in self.workloads if isinstance(d.get("replay_match"), bool)]
-        for name, d in self.workloads:
-            mfu = d.get("mfu")
-            if isinstance(mfu, (int, float)) and (best.mfu is None or mfu > best.mfu):
-                best = Workload(mfu=float(mfu), tokens_per_s=_num(d.get("tokens_per_s")),
-                                tokens_per_s_per_gpu=_num(d.get("tokens_per_s_per_gpu")),
-                                world_size=d.get("world_size"), source=name)
-        best.replay_match = all(replays) if replays else None
-        return best
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json(path)[0]
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def load_run(directory: Path) -> RunFacts:
     facts = RunFacts(dir=directory)
-    facts.result = _read_json(directory / "harness-result.json") or {}
-    facts.quote = _read_json(directory / "offer-quote.json") or {}
-    facts.absence = _read_json(directory / "absence-proof.json") or {}
-    facts.steps = list(facts.result.get("steps") or [])
+    facts.result = _dict(_read_json(directory / "harness-result.json"))
+    facts.quote = _dict(_read_json(directory / "offer-quote.json"))
+    facts.absence = _dict(_read_json(directory / "absence-proof.json"))
+    steps = facts.result.get("steps")
+    facts.steps = [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
     if not facts.steps and (directory / "steps.tsv").is_file():
-        for line in (directory / "steps.tsv").read_text().splitlines():
+        for line in (directory / "steps.tsv").read_text(errors="replace").splitlines():
             name, rc, secs = (line.split("\t") + ["", "", ""])[:3]
-            facts.steps.append({"name": name, "rc": None if rc == "NA" else rc, "seconds": float(secs or 0)})
-    for path in sorted((directory / "remote").glob("*.json")):
-        data = _read_json(path)
-        if isinstance(data, dict) and str(data.get("schema", "")).startswith("vast-harness/mfu"):
-            facts.workloads.append((path.name, data))
+            seconds = number(_float_or_none(secs), low=0.0, high=1e9, low_inclusive=True).value
+            facts.steps.append({"name": name, "rc": None if rc == "NA" else rc, "seconds": seconds or 0.0})
+    facts.workloads, facts.unreadable = load_workloads(directory / "remote")
     return facts
+
+
+def _float_or_none(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def usd_per_mtok(dph_usd: float | None, tokens_per_s_total: float | None) -> float | None:
@@ -106,66 +62,17 @@ def usd_per_mtok(dph_usd: float | None, tokens_per_s_total: float | None) -> flo
     return dph_usd / (tokens_per_s_total * 3600.0 / 1e6)
 
 
-# ------------------------------------------------------------------------------------------ HTML pieces
-def table(headers: list[str], rows: list[list[Any]], *, cls: str = "") -> str:
-    """An HTML table; every cell escaped. Numbers right-aligned."""
-    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = []
-    for row in rows:
-        cells = []
-        for v in row:
-            if isinstance(v, Cell):
-                cells.append(v.html())
-            else:
-                num = isinstance(v, (int, float)) and not isinstance(v, bool)
-                cells.append(f'<td{" class=num" if num else ""}>{escape(_show(v))}</td>')
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    if not body:
-        body.append(f'<tr><td colspan="{len(headers)}" class="muted">(none)</td></tr>')
-    return (f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>' + "".join(body) + "</tbody></table>")
-
-
-@dataclass
-class Cell:
-    text: str
-    cls: str = ""
-
-    def html(self) -> str:
-        return f'<td class="{escape(self.cls)}">{escape(self.text)}</td>'
-
-
-def _show(v: Any) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
-
-
-def page(title: str, body: str) -> str:
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
-            f"<style>{CSS}</style></head><body>{body}"
-            f'<p class="muted">Generated {escape(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))} '
-            f"from the evidence files in this directory.</p></body></html>\n")
-
-
-def exit_cell(code: Any) -> Cell:
-    return Cell(str(code), "ok" if code in (0, 4) else "bad")
-
-
 def summary_section(f: RunFacts) -> str:
     r, o = f.result, f.offer
-    caps = r.get("caps") or {}
+    caps = _dict(r.get("caps"))
     rows = [
-        ["run id", r.get("run_id", f.dir.name)], ["profile", r.get("profile")],
-        ["exit code", exit_cell(r.get("exit_code"))], ["message", r.get("message")],
+        ["run id", r.get("run_id", f.dir.name)], ["exit code", exit_cell(r.get("exit_code"))],
+        ["message", r.get("message")],
         ["offer", f"{o.get('id')} · {o.get('num_gpus')}× {o.get('gpu_name')} · {o.get('geolocation')}" if o else None],
-        ["$/h (at disk)", f.dph_usd], ["driver", f"{o.get('driver_version')} (qualified: "
-                                                 f"{_show(r.get('driver_qualified'))})" if o else None],
-        ["caps", f"${caps.get('max_usd')} · {caps.get('max_minutes')} min" if caps else None],
-        ["worst case $", r.get("worst_case_usd")], ["accrued $", r.get("accrued_usd")],
+        ["$/h (at disk)", usd(f.dph_usd)], ["driver", f"{o.get('driver_version')} (qualified: "
+                                                      f"{show(r.get('driver_qualified'))})" if o else None],
+        ["caps", f"{usd(caps.get('max_usd'), 2)} · {caps.get('max_minutes')} min" if caps else None],
+        ["worst case", usd(r.get("worst_case_usd"))], ["accrued", usd(r.get("accrued_usd"))],
         ["absence", (r.get("absence") or {}).get("verdict")], ["simulated", r.get("sim")],
         ["dead-man", deadman_line(r.get("deadman"))], ["image sent", r.get("image_sent")],
     ]
@@ -188,58 +95,33 @@ def deadman_line(d: dict[str, Any] | None) -> str | None:
     return f"NOT ARMED: {d.get('problem')}{allowed}{skew_text}"
 
 
+def profile_section(f: RunFacts) -> str:
+    """The profile that actually ran: its name, image, settings and each step's command (offer-quote.json
+    holds the plan as the run resolved it; under `fleet --sim` a GPU profile runs the smoke steps)."""
+    r = f.result
+    env = _dict(r.get("remote_env"))
+    rows: list[list[Any]] = [["profile", r.get("profile")], ["image", r.get("image")],
+            ["remote env", " ".join(f"{k}={v}" for k, v in env.items()) or "(none)"],
+            ["secrets (names)", ", ".join(str(n) for n in r.get("remote_secrets") or []) or "(none)"]]
+    steps = f.quote.get("steps")
+    plan: list[list[Any]] = [[s.get("name"), s.get("timeout_s"), s.get("run")]
+                             for s in (steps if isinstance(steps, list) else []) if isinstance(s, dict)]
+    return ("<h3>Profile that ran</h3>" + table(["", ""], rows, cls="profile")
+            + table(["step", "timeout s", "command"], plan, cls="plan"))
+
+
 def steps_section(f: RunFacts) -> str:
-    rows = [[s.get("name"), s.get("rc"), s.get("seconds"), "yes" if s.get("timed_out") else "",
-             "yes" if s.get("connection_lost") else "", s.get("detail") or ""] for s in f.steps]
-    timings = f.result.get("timings") or {}
-    return ("<h3>Steps</h3>" + table(["step", "rc", "seconds", "timed out", "connection lost", "detail"], rows,
-                                     cls="steps")
+    rows = []
+    for s in f.steps:
+        name = str(s.get("name"))
+        log = f.dir / "steps" / f"{name}.log"
+        note = ("interrupted" if s.get("interrupted") else "timed out" if s.get("timed_out") else
+                "connection lost" if s.get("connection_lost") else "")
+        rows.append([name, s.get("rc"), s.get("seconds"), note, s.get("detail") or "",
+                     Link(f"steps/{name}.log", f"steps/{name}.log") if log.is_file() else "–"])
+    timings = _dict(f.result.get("timings"))
+    return ("<h3>Steps</h3>" + table(["step", "rc", "seconds", "note", "detail", "log"], rows, cls="steps")
             + "<h3>Timings</h3>" + table(["phase", "seconds"], [[k, v] for k, v in timings.items()], cls="timings"))
-
-
-def cost_series(f: RunFacts) -> tuple[list[tuple[str, list[tuple[float, float]]]], list[tuple[float, str]]]:
-    """Accrued dollars over seconds since the first create, per instance (dph × time until the DELETE ack),
-    with step ends as markers (counted back from the first DELETE request)."""
-    instances = f.result.get("instances") or []
-    acks: dict[int, float] = {}
-    first_delete: float | None = None
-    for td in f.absence.get("instances") or []:
-        for d in td.get("deletes") or []:
-            if d.get("t_request_unix"):
-                first_delete = min(first_delete or d["t_request_unix"], d["t_request_unix"])
-            if d.get("acknowledged") and d.get("t_ack_unix"):
-                acks.setdefault(td.get("instance_id"), d["t_ack_unix"])
-    starts = [i.get("t_created_unix") for i in instances if i.get("t_created_unix")]
-    if not starts:
-        return [], []
-    t0 = min(starts)
-    series, total_pts = [], []
-    for inst in instances:
-        tc, dph = inst.get("t_created_unix"), inst.get("dph_usd") or 0.0
-        if not tc:
-            continue
-        end = acks.get(inst.get("instance_id")) or f.result.get("finished_unix") or tc
-        n = 20
-        pts = [(tc - t0 + (end - tc) * k / n, dph * (end - tc) * k / n / 3600.0) for k in range(n + 1)]
-        series.append((f"instance {inst.get('instance_id')} @ ${dph:.3f}/h", pts))
-        total_pts.append(pts[-1][1])
-    markers: list[tuple[float, str]] = []
-    if first_delete:
-        t = first_delete - (f.result.get("timings") or {}).get("pull_s", 0.0)
-        for s in reversed(f.steps):
-            markers.append((t - t0, f"end {s.get('name')}"))
-            t -= float(s.get("seconds") or 0.0)
-        markers.append((first_delete - t0, "DELETE"))
-    return series, [m for m in markers if m[0] >= 0]
-
-
-def cost_section(f: RunFacts) -> str:
-    series, markers = cost_series(f)
-    if not series:
-        return "<h3>Cost over time</h3><p class=muted>nothing was rented</p>"
-    svg = svgplot.lines(series, markers=markers, title="Accrued cost while rented",
-                        xlabel="seconds since the first create", ylabel="accrued $")
-    return "<h3>Cost over time</h3>" + svgplot.img_tag(svg, "accrued cost over time")
 
 
 def absence_section(f: RunFacts) -> str:
@@ -275,23 +157,53 @@ def _exchange(ex: dict[str, Any] | None) -> str:
     return f"{ex.get('status')} {shown}".strip()
 
 
+def sweep_series(workloads: list[WorkloadFigures]) -> list[tuple[str, list[tuple[float, float]]]]:
+    """MFU % against micro-batch, one series per world size (and compile mode when both ran): the sweep's
+    shape. Empty unless some series has two micro-batches or more (a single point is not a sweep)."""
+    groups: dict[tuple[int, bool | None], dict[int, float]] = {}
+    for w in workloads:
+        if w.mfu is None or w.micro_batch is None or w.world_size is None:
+            continue
+        points = groups.setdefault((w.world_size, w.compiled), {})
+        points[w.micro_batch] = max(points.get(w.micro_batch, 0.0), 100 * w.mfu)
+    if not any(len(p) > 1 for p in groups.values()):
+        return []
+    modes = {compiled for _, compiled in groups}
+    series = []
+    for (world, compiled), points in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        mode = "" if len(modes) == 1 else (" compiled" if compiled else " eager")
+        series.append((f"world {world}{mode}", sorted((float(mb), mfu) for mb, mfu in points.items())))
+    return series
+
+
 def workload_section(f: RunFacts) -> str:
-    if not f.workloads:
+    if not f.workloads and not f.unreadable:
         return ""
-    rows = [[name, d.get("world_size"), d.get("micro_batch"), d.get("reduction"),
-             round(100 * d["mfu"], 2) if isinstance(d.get("mfu"), (int, float)) else None,
-             d.get("tokens_per_s"), d.get("tokens_per_s_per_gpu"), d.get("peak_tflops"), d.get("replay_match"),
-             d.get("attention_backend")] for name, d in f.workloads]
-    svg = svgplot.bars([(name.removesuffix(".json"), 100 * float(d.get("mfu") or 0)) for name, d in f.workloads],
-                       title="MFU per measurement", ylabel="MFU %")
-    return ("<h3>Workload (MFU)</h3>"
-            + table(["file", "world", "micro-batch", "reduction", "MFU %", "tokens/s", "tokens/s per GPU",
-                     "peak TFLOP/s", "replay match", "attention"], rows, cls="mfu")
-            + svgplot.img_tag(svg, "MFU per measurement"))
+    rows = [[w.name, w.world_size, w.micro_batch, w.reduction, None if w.mfu is None else round(100 * w.mfu, 2),
+             w.tokens_per_s, w.tokens_per_s_per_gpu, w.peak_tflops, w.replay_match, w.attention_backend,
+             Cell("; ".join(w.invalid), "bad") if w.invalid else ""] for w in f.workloads]
+    parts = ["<h3>Workload (MFU)</h3>",
+             table(["file", "world", "micro-batch", "reduction", "MFU %", "tokens/s", "tokens/s per GPU",
+                    "peak TFLOP/s", "replay match", "attention", "invalid figures"], rows, cls="mfu")]
+    if f.unreadable:
+        parts.append("<p class=bad>Not read: " + escape("; ".join(f.unreadable)) + "</p>")
+    series = sweep_series(f.workloads)
+    if series:
+        svg = svgplot.lines(series, title="MFU sweep: MFU vs micro-batch per world size", xlabel="micro-batch",
+                            ylabel="MFU %", point_marks=True)
+        parts.append(svgplot.img_tag(svg, "MFU vs micro-batch per world size", cls="plot sweep"))
+    elif any(w.mfu is not None for w in f.workloads):
+        svg = svgplot.bars([(w.name.removesuffix(".json"), 100 * (w.mfu or 0.0)) for w in f.workloads],
+                           title="MFU per measurement", ylabel="MFU %")
+        parts.append(svgplot.img_tag(svg, "MFU per measurement"))
+    return "".join(parts)
 
 
-def run_sections(f: RunFacts) -> str:
-    return (summary_section(f) + steps_section(f) + cost_section(f) + absence_section(f) + workload_section(f))
+def run_sections(f: RunFacts, *, link_prefix: str = "") -> str:
+    """A run's sections; `link_prefix` makes its links relative to another page (the fleet report)."""
+    html = (summary_section(f) + timeline.timeline_section(f) + timeline.cost_section(f) + steps_section(f)
+            + profile_section(f) + absence_section(f) + workload_section(f))
+    return html.replace('href="steps/', f'href="{escape(link_prefix)}steps/') if link_prefix else html
 
 
 def write_run_report(directory: Path) -> Path:

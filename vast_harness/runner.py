@@ -42,8 +42,11 @@ from vast_harness.errors import (
     exit_code_for,
 )
 from vast_harness.evidence import (
+    ByteCounts,
     CreatedInstance,
+    HostKeyRecord,
     PullRecord,
+    RecordCaps,
     RunEvidence,
     RunRecord,
     StepRecord,
@@ -67,6 +70,7 @@ from vast_harness.offers import Candidate
 from vast_harness.onstart import build_onstart
 from vast_harness.output import Output
 from vast_harness.plan import RunPlan, account_credit_usd, choose_offers, plan_run
+from vast_harness.progress import PhaseLog, Snapshot
 from vast_harness.report import write_run_report_safely
 from vast_harness.ssh import (
     HostSession,
@@ -172,6 +176,7 @@ class GuardedRun:
         # Set by `cancel` from another thread; checked wherever the cap deadline is, and by a running step.
         self.cancelled = threading.Event()
         self.cancel_reason, self.cancel_exit_code = "", ExitCode.CAP_REACHED
+        self.phases = PhaseLog(self.accrued_usd)  # the timeline (record, report) and the live view's phase
 
     def cancel(self, reason: str, *, exit_code: ExitCode = ExitCode.CAP_REACHED) -> None:
         """Thread-safe: stop at the next phase boundary (a running step within its poll interval), then the
@@ -179,6 +184,11 @@ class GuardedRun:
         if not self.cancelled.is_set():
             self.cancel_reason, self.cancel_exit_code = reason, exit_code
             self.cancelled.set()
+
+    def _snapshot(self) -> Snapshot:
+        return Snapshot(phase=self.phases.current, phase_elapsed_s=time.monotonic() - self.phases.current_started_mono,
+                        accrued_usd=self.accrued_usd(), max_usd=self.spec.caps.max_usd,
+                        elapsed_s=self.meter.elapsed_s(), max_s=self.spec.max_seconds)
 
     def _check_cancelled(self, *_: object) -> None:
         if self.cancelled.is_set():
@@ -190,7 +200,9 @@ class GuardedRun:
         code, message = ExitCode.FAILED, ""
         key: RunKey | None = None
         with guard, tempfile.TemporaryDirectory(prefix=self.ledger.key_dir_prefix(self.run_id)) as key_dir:
+            self.out.start_view(self._snapshot)
             try:
+                self.phases.start("plan")
                 self._check_minimum_cap()
                 check_evidence_dir(self.spec.evidence_dir)  # a full or read-only evidence dir: rent nothing
                 bundle = build_bundle()
@@ -318,6 +330,7 @@ class GuardedRun:
             image=self.spec.profile.image_ref.create_form, disk=self.spec.profile.disk_gb, label=label,
             onstart=build_onstart(public_key=key.public_openssh, api_url=self.spec.api_url, deadman_after_s=deadman_s),
         )
+        self.phases.start("create")
         self.out.info(f"renting offer {cand.offer.id} ({cand.offer.num_gpus}x {cand.offer.gpu_name}, "
                       f"${cand.quote.dph_at_disk_usd:.3f}/h) as {label}")
         self.create_attempts.append((label, time.time()))
@@ -420,6 +433,7 @@ class GuardedRun:
             self.run_id, "seen", inst.label, instance_id=inst.instance_id, detail=how)
 
     def _boot(self, inst: CreatedInstance, key: RunKey) -> None:
+        self.phases.start("boot")
         boot_deadline = self.meter.deadline(self.spec.profile.boot_timeout_s)
         try:
             ready = wait_ready(self.client, inst.instance_id, deadline=boot_deadline, poll_s=self.spec.poll_s,
@@ -434,7 +448,8 @@ class GuardedRun:
             self.session.stall_timeout_s = min(SFTP_STALL_MAX_S, max(1.0, PULL_GRACE_SHARE * self.spec.teardown_margin_s))
             self.work = HostWork(self.session, spec=self.spec, meter=self.meter, ev=self.ev, out=self.out,
                                  run_id=self.run_id, cancelled=self.cancelled, check_cancelled=self._check_cancelled,
-                                 hurry=lambda: bool(self.guard and self.guard.hurry), timings=self.timings)
+                                 hurry=lambda: bool(self.guard and self.guard.hurry), timings=self.timings,
+                                 on_phase=self.phases.start)
         except (BootFailed, SshConnectError) as exc:
             # When the cap, not the boot timeout, cut the wait, the run stopped at its cap (exit 6): trying
             # another host would only spend past it.
@@ -536,6 +551,9 @@ class GuardedRun:
         if self.session is not None:
             self.session.close()  # transport first: a stalled link cannot hold this
         start = time.monotonic()
+        self.phases.start("teardown")
+        if self.created:
+            self.out.info("tearing down: deleting every instance of this run and proving it absent…")
         for inst in self.created:
             if not any(t.instance_id == inst.instance_id for t in self.teardowns):
                 report = self._teardown_one(inst)
@@ -550,11 +568,14 @@ class GuardedRun:
         if key is not None:
             key.delete()
         code, message = self._verdict(code, message)
+        self.phases.end()
         self.timings["total_s"] = round(time.monotonic() - self.t0, 3)
         self.ev.write_result(self._record(code, message), self.teardowns, self.spec.proof_interval_s)
         code, message = self._verdict(code, message)  # the result file's own write may have failed
-        write_run_report_safely(self.ev.dir, self.out.warn)
-        self.out.result(self.run_id, code, message, self.ev.dir, self.steps, self.teardowns, self.accrued_usd())
+        report_path = write_run_report_safely(self.ev.dir, self.out.warn)
+        self.out.stop_view()
+        self.out.result(self.run_id, code, message, self.ev.dir, self.steps, self.teardowns, self.accrued_usd(),
+                        report=report_path)
         return code, message
 
     def _verdict(self, code: ExitCode, message: str) -> tuple[ExitCode, str]:
@@ -579,6 +600,8 @@ class GuardedRun:
             return ExitCode.FAILED, (f"the instance is deleted and proven absent, but {len(failures)} evidence/ledger "
                                      f"write(s) failed, so the evidence is incomplete: {'; '.join(failures[:3])} "
                                      f"({message})")
+        if code == ExitCode.UNQUALIFIED_DRIVER and self.spec.unqualified_ok:  # driver_qualified: false stays
+            return ExitCode.PASSED, f"{message} (exit 0 by --unqualified-ok)"
         return code, message
 
     def _record(self, code: int, message: str) -> RunRecord:
@@ -587,22 +610,23 @@ class GuardedRun:
         workload_s = sum(s.seconds for s in self.steps if s.workload)
         return RunRecord(
             run_id=self.run_id, profile=spec.profile.name, image=spec.profile.image, api_url=spec.api_url,
-            sim=spec.sim, offer=plan.summary()["offer"] if plan else None,
+            sim=spec.sim, offer=plan.offer_summary() if plan else None,
             driver_qualified=cand.driver_qualified if cand else None, any_driver=spec.any_driver,
-            caps={"max_usd": spec.caps.max_usd, "max_minutes": spec.caps.max_minutes,
-                  "teardown_margin_s": spec.teardown_margin_s,
-                  "minimum_cap_s": minimum_cap_s(teardown_margin_s=spec.teardown_margin_s, sim=spec.sim)},
+            caps=RecordCaps(max_usd=spec.caps.max_usd, max_minutes=spec.caps.max_minutes,
+                            teardown_margin_s=spec.teardown_margin_s,
+                            minimum_cap_s=minimum_cap_s(teardown_margin_s=spec.teardown_margin_s, sim=spec.sim)),
             worst_case_usd=cand.quote.worst_case_usd if cand else None,
             accrued_usd=round(self.meter.accrued_usd(), 6), over_cap=self.meter.over_cap(),
-            bytes={"uploaded": self.meter.bytes_up, "downloaded": self.meter.bytes_down},
+            bytes=ByteCounts(uploaded=self.meter.bytes_up, downloaded=self.meter.bytes_down),
             bundle_sha256=plan.bundle_sha256 if plan else None,
-            host_key=({"fingerprint": self.session.host_key_fingerprint, "type": self.session.host_key_type,
-                       "endpoint": str(self.session.endpoint)} if self.session else None),
-            remote_env=spec.masked_remote_env,
-            instances=[i.model_dump(exclude={"t_created_mono", "t_deleted_mono"}) for i in self.created],
-            price_changes=[p.model_dump() for p in self.meter.price_changes],
+            host_key=(HostKeyRecord(fingerprint=self.session.host_key_fingerprint, type=self.session.host_key_type,
+                                    endpoint=str(self.session.endpoint)) if self.session else None),
+            remote_env=spec.shown_remote_env, remote_secrets=sorted(spec.remote_secrets),
+            instances=[i.recorded() for i in self.created],
+            price_changes=[p.model_copy() for p in self.meter.price_changes],
             steps=self.steps, pull=self.pull,
             timings=self.timings | {"workload_steps_s": round(workload_s, 3)},
+            phases=[r.model_copy() for r in self.phases.records],
             absence=overall_absence(self.teardowns), api_calls=dataclasses.asdict(self.client.stats),
             evidence_write_failures=self._write_failures(),
             deadman=self.deadman.model_dump() if self.deadman else None,

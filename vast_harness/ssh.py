@@ -84,6 +84,11 @@ class TreePull(BaseModel):
     bytes: int = 0
     complete: bool = True
     detail: str = ""
+    # When the pull is cut (deadline, abandon, link lost): the file being copied, then the files and folders
+    # already listed but not reached. Folders not yet listed are not known, so "and more" may apply.
+    left: list[str] = []
+    _current: str = ""
+    _listed: list[str] = []
 
 
 class _OverBudget(Exception):
@@ -537,6 +542,8 @@ class HostSession:
                          deadline=deadline, abandon=abandon)
         except SshTransferError as exc:
             result.complete, result.detail = False, str(exc)
+            result.left = list(dict.fromkeys(n for n in [result._current, *result._listed]
+                                             if n and n not in result.files and n not in result.skipped))
         if result.skipped and result.complete:
             result.complete, result.detail = False, f"{len(result.skipped)} file(s) over the size budget"
         result.files = sorted(result.files)
@@ -556,18 +563,26 @@ class HostSession:
                 continue
             except TimeoutError:
                 raise self._stalled(f"listing {remote_dir}/{rel_dir}") from None
-            for entry in sorted(entries, key=lambda e: e.filename):
+            listing = [e for e in sorted(entries, key=lambda e: e.filename)
+                       if e.filename not in (".", "..") and "/" not in e.filename and e.st_mode is not None]
+            # what a cut would leave: this folder's entries not reached yet, and the folders still pending
+            result._listed = [(rel_dir / e.filename).as_posix() + ("/" if stat.S_ISDIR(e.st_mode or 0) else "")
+                              for e in listing] + [f"{d.as_posix()}/" for d, _ in pending]
+            for entry in listing:
                 name = entry.filename
-                if name in (".", "..") or "/" in name or entry.st_mode is None:
-                    continue
                 rel = rel_dir / name
-                if stat.S_ISDIR(entry.st_mode) and depth + 1 < _MAX_TREE_DEPTH:
+                if result._listed and result._listed[0].rstrip("/") == rel.as_posix():
+                    reached = result._listed.pop(0)
+                    if reached.endswith("/"):  # a folder reached here is walked later: still left
+                        result._listed.append(reached)
+                if stat.S_ISDIR(entry.st_mode or 0) and depth + 1 < _MAX_TREE_DEPTH:
                     pending.append((rel, depth + 1))
-                elif stat.S_ISREG(entry.st_mode) and fnmatch.fnmatch(name, pattern):
+                elif stat.S_ISREG(entry.st_mode or 0) and fnmatch.fnmatch(name, pattern):
                     left = None if max_bytes is None else max_bytes - result.bytes
                     if left is not None and (entry.st_size or 0) > left:
                         result.skipped.append(rel.as_posix())
                         continue
+                    result._current = rel.as_posix()
                     try:
                         size = self.get(str(PurePosixPath(remote_dir) / rel), local_dir / rel, max_bytes=left,
                                         on_bytes=on_bytes)
@@ -580,6 +595,7 @@ class HostSession:
                         continue
                     result.bytes += size
                     result.files.append(rel.as_posix())
+                    result._current = ""
         result.files.sort()
         return result
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 from collections.abc import Sequence
 from html import escape
 
@@ -45,69 +46,127 @@ class _Frame:
     """Axes mapping data to pixels, with ticks, grid and labels."""
 
     def __init__(self, xs: Sequence[float], ys: Sequence[float], *, title: str, xlabel: str, ylabel: str,
-                 y_from_zero: bool = True, x_ticks: bool = True) -> None:
+                 y_from_zero: bool = True, x_ticks: bool = True, left: float = ML, height: float = H,
+                 y_ticks: bool = True) -> None:
+        self.left, self.height = left, height
         ylo = min([0.0, *ys]) if y_from_zero else min(ys, default=0.0)
         self.xt = nice_ticks(min(xs, default=0.0), max(xs, default=1.0))
         self.yt = nice_ticks(ylo, max(ys, default=1.0) * 1.08)  # headroom for labels above the top point
         self.x0, self.x1 = self.xt[0], self.xt[-1]
         self.y0, self.y1 = self.yt[0], self.yt[-1]
+        L, Hh = self.left, self.height
         self.parts: list[str] = [
-            f'<rect width="{W}" height="{H}" fill="white"/>',
+            f'<rect width="{W}" height="{Hh}" fill="white"/>',
             f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{escape(title)}</text>',
-            f'<text x="{W / 2}" y="{H - 10}" text-anchor="middle" font-size="12">{escape(xlabel)}</text>',
-            (f'<text x="16" y="{H / 2}" text-anchor="middle" font-size="12" '
-             f'transform="rotate(-90 16 {H / 2})">{escape(ylabel)}</text>'),
         ]
+        if xlabel:
+            self.parts.append(f'<text x="{W / 2}" y="{Hh - 10}" text-anchor="middle" font-size="12">'
+                              f'{escape(xlabel)}</text>')
+        if ylabel:
+            self.parts.append(f'<text x="16" y="{Hh / 2}" text-anchor="middle" font-size="12" '
+                              f'transform="rotate(-90 16 {Hh / 2})">{escape(ylabel)}</text>')
         for t in self.xt if x_ticks else ():
             x = self.px(t)
-            self.parts.append(f'<line x1="{x:.1f}" y1="{MT}" x2="{x:.1f}" y2="{H - MB}" stroke="#eee"/>')
-            self.parts.append(f'<text x="{x:.1f}" y="{H - MB + 16}" text-anchor="middle" font-size="11">'
+            self.parts.append(f'<line x1="{x:.1f}" y1="{MT}" x2="{x:.1f}" y2="{Hh - MB}" stroke="#eee"/>')
+            self.parts.append(f'<text x="{x:.1f}" y="{Hh - MB + 16}" text-anchor="middle" font-size="11">'
                               f'{_fmt(t)}</text>')
-        for t in self.yt:
+        for t in self.yt if y_ticks else ():
             y = self.py(t)
-            self.parts.append(f'<line x1="{ML}" y1="{y:.1f}" x2="{W - MR}" y2="{y:.1f}" stroke="#eee"/>')
-            self.parts.append(f'<text x="{ML - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
-        self.parts.append(f'<rect x="{ML}" y="{MT}" width="{W - ML - MR}" height="{H - MT - MB}" fill="none" '
+            self.parts.append(f'<line x1="{L}" y1="{y:.1f}" x2="{W - MR}" y2="{y:.1f}" stroke="#eee"/>')
+            self.parts.append(f'<text x="{L - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
+        self.parts.append(f'<rect x="{L}" y="{MT}" width="{W - L - MR}" height="{Hh - MT - MB}" fill="none" '
                           f'stroke="#333"/>')
 
     def px(self, x: float) -> float:
-        return ML + (x - self.x0) / ((self.x1 - self.x0) or 1.0) * (W - ML - MR)
+        return self.left + (x - self.x0) / ((self.x1 - self.x0) or 1.0) * (W - self.left - MR)
 
     def py(self, y: float) -> float:
-        return H - MB - (y - self.y0) / ((self.y1 - self.y0) or 1.0) * (H - MT - MB)
+        return self.height - MB - (y - self.y0) / ((self.y1 - self.y0) or 1.0) * (self.height - MT - MB)
 
     def svg(self) -> str:
-        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
-                f'font-family="sans-serif">' + "".join(self.parts) + "</svg>")
+        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{self.height:.0f}" '
+                f'viewBox="0 0 {W} {self.height:.0f}" font-family="sans-serif">' + "".join(self.parts) + "</svg>")
+
+
+def _text_width(label: str, font_px: float) -> float:
+    return 0.6 * font_px * len(label)  # sans-serif average advance: enough to keep a label inside the frame
 
 
 def scatter(points: Sequence[tuple[float, float, str]], *, title: str, xlabel: str, ylabel: str) -> str:
-    """One labelled dot per (x, y, label)."""
+    """One labelled dot per (x, y, label). Each label takes the first place around its dot that stays inside
+    the frame and off the labels already placed (two GPUs of the same price would otherwise print as one)."""
     f = _Frame([p[0] for p in points], [p[1] for p in points], title=title, xlabel=xlabel, ylabel=ylabel)
+    placed: list[tuple[float, float, float, float]] = []
     for i, (x, y, label) in enumerate(points):
         cx, cy = f.px(x), f.py(y)
         color = PALETTE[i % len(PALETTE)]
         f.parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="6" fill="{color}"/>')
-        f.parts.append(f'<text x="{cx + 9:.1f}" y="{cy - 7:.1f}" font-size="12" fill="{color}">{escape(label)}</text>')
+        w, h = _text_width(label, 12), 13.0
+        spots = [(dx, dy) for dy in (-7, 18, -21, 32, -35, 46) for dx in (9, -9 - w)]
+        box = None
+        for dx, dy in spots:
+            bx, by = cx + dx, cy + dy - h + 3  # text baseline at cy + dy
+            cand = (bx, by, bx + w, by + h)
+            inside = f.left + 2 <= cand[0] and cand[2] <= W - MR - 2 and MT + 2 <= cand[1] and cand[3] <= f.height - MB
+            if inside and not any(_boxes_overlap(cand, other) for other in placed):
+                box = cand
+                break
+        if box is None:  # nowhere free: the first spot that stays inside
+            dx, dy = (9, -7) if cx + 9 + w <= W - MR - 2 else (-9 - w, -7)
+            box = (cx + dx, cy + dy - h + 3, cx + dx + w, cy + dy + 3)
+        placed.append(box)
+        f.parts.append(f'<text class="label" x="{box[0]:.1f}" y="{box[3] - 3:.1f}" font-size="12" '
+                       f'fill="{color}">{escape(label)}</text>')
     return f.svg()
 
 
-def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, title: str, xlabel: str, ylabel: str,
-          markers: Sequence[tuple[float, str]] = ()) -> str:
-    """Polylines (name, [(x, y), ...]) with optional vertical markers (x, label)."""
-    xs = [x for _, pts in series for x, _ in pts] + [m[0] for m in markers]
-    ys = [y for _, pts in series for _, y in pts]
-    f = _Frame(xs, ys, title=title, xlabel=xlabel, ylabel=ylabel)
-    for x, label in markers:
+def _boxes_overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _merged_markers(f: _Frame, markers: Sequence[tuple[float, str]], min_gap_px: float = 12.0
+                    ) -> list[tuple[float, str]]:
+    """Vertical labels closer than `min_gap_px` would print over each other: they share one label."""
+    merged: list[tuple[float, list[str]]] = []
+    for x, label in sorted(markers, key=lambda m: m[0]):
         px = f.px(x)
+        if merged and px - merged[-1][0] < min_gap_px:
+            merged[-1][1].append(label)
+        else:
+            merged.append((px, [label]))
+    room = int((H - MT - MB - 16) / _text_width("x", 10))
+    out = []
+    for px, labels in merged:
+        text = " · ".join(labels)
+        out.append((px, text if len(text) <= room else text[: room - 1] + "…"))
+    return out
+
+
+def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, title: str, xlabel: str, ylabel: str,
+          markers: Sequence[tuple[float, str]] = (), hlines: Sequence[tuple[float, str]] = (),
+          point_marks: bool = False) -> str:
+    """Polylines (name, [(x, y), ...]) with optional vertical markers (x, label), horizontal reference lines
+    (y, label: a cap) and a dot per point."""
+    xs = [x for _, pts in series for x, _ in pts] + [m[0] for m in markers]
+    ys = [y for _, pts in series for _, y in pts] + [h[0] for h in hlines]
+    f = _Frame(xs, ys, title=title, xlabel=xlabel, ylabel=ylabel)
+    for px, label in _merged_markers(f, markers):
         f.parts.append(f'<line x1="{px:.1f}" y1="{MT}" x2="{px:.1f}" y2="{H - MB}" stroke="#999" '
                        f'stroke-dasharray="4 3"/>')
-        f.parts.append(f'<text x="{px + 3:.1f}" y="{MT + 12}" font-size="10" fill="#666" '
-                       f'transform="rotate(90 {px + 3:.1f} {MT + 12})">{escape(label)}</text>')
+        f.parts.append(f'<text class="marker" x="{px + 3:.1f}" y="{MT + 6}" font-size="10" fill="#666" '
+                       f'transform="rotate(90 {px + 3:.1f} {MT + 6})">{escape(label)}</text>')
+    for y, label in hlines:
+        py = f.py(y)
+        f.parts.append(f'<line class="cap" x1="{ML}" y1="{py:.1f}" x2="{W - MR}" y2="{py:.1f}" stroke="#c62828" '
+                       f'stroke-width="1.5" stroke-dasharray="8 4"/>')
+        f.parts.append(f'<text x="{ML + 6}" y="{py - 4:.1f}" font-size="11" fill="#c62828">{escape(label)}</text>')
     for i, (name, pts) in enumerate(series):
         color = PALETTE[i % len(PALETTE)]
         coords = " ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in pts)
         f.parts.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="2"/>')
+        if point_marks:
+            f.parts.extend(f'<circle class="point" cx="{f.px(x):.1f}" cy="{f.py(y):.1f}" r="4" fill="{color}"/>'
+                           for x, y in pts)
         f.parts.append(f'<text x="{W - MR - 4}" y="{MT + 14 + 14 * i}" text-anchor="end" font-size="11" '
                        f'fill="{color}">{escape(name)}</text>')
     return f.svg()
@@ -128,6 +187,42 @@ def bars(items: Sequence[tuple[str, float]], *, title: str, ylabel: str) -> str:
     return f.svg()
 
 
-def img_tag(svg: str, alt: str) -> str:
+def timeline(rows: Sequence[tuple[str, float, float, str]], *, title: str, xlabel: str,
+             events: Sequence[tuple[float, str]] = ()) -> str:
+    """A Gantt chart: one bar per (label, start, end, note) on a shared time axis, top to bottom, its label
+    left of the frame and its note (dollars) on the bar or right of it; `events` are dashed verticals
+    (DELETE, proof rounds), their labels merged where they would collide."""
+    row_h, top = 20, MT + 8
+    height = max(H, top + row_h * len(rows) + MB + 10)
+    xs = [x for _, a, b, _ in rows for x in (a, b)] + [e[0] for e in events]
+    left = min(ML + 90, 10 + max((int(_text_width(r[0], 11)) for r in rows), default=0))
+    f = _Frame(xs, [0.0, 1.0], title=title, xlabel=xlabel, ylabel="", y_from_zero=True, left=left, height=height,
+               y_ticks=False)
+    for i, (label, start, end, note) in enumerate(rows):
+        y = top + row_h * i
+        x0, x1 = f.px(start), max(f.px(end), f.px(start) + 2)
+        color = PALETTE[i % len(PALETTE)]
+        f.parts.append(f'<rect class="phase" x="{x0:.1f}" y="{y:.1f}" width="{x1 - x0:.1f}" height="{row_h - 6}" '
+                       f'fill="{color}" opacity="0.8"/>')
+        f.parts.append(f'<text class="label" x="{left - 6}" y="{y + row_h - 9:.1f}" text-anchor="end" '
+                       f'font-size="11">{escape(label)}</text>')
+        if note:
+            inside = x1 - x0 > _text_width(note, 10) + 6
+            nx = x0 + 3 if inside else min(x1 + 3, W - MR - _text_width(note, 10))
+            f.parts.append(f'<text x="{nx:.1f}" y="{y + row_h - 10:.1f}" font-size="10" '
+                           f'fill="{"white" if inside else "#333"}">{escape(note)}</text>')
+    for px, label in _merged_markers(f, events):
+        f.parts.append(f'<line x1="{px:.1f}" y1="{MT}" x2="{px:.1f}" y2="{height - MB}" stroke="#c62828" '
+                       f'stroke-dasharray="3 3"/>')
+        f.parts.append(f'<text class="marker" x="{px - 3:.1f}" y="{height - MB - 4}" font-size="10" fill="#c62828" '
+                       f'text-anchor="start" transform="rotate(-90 {px - 3:.1f} {height - MB - 4})">'
+                       f'{escape(label)}</text>')
+    return f.svg()
+
+
+def img_tag(svg: str, alt: str, *, cls: str = "plot") -> str:
     data = base64.b64encode(svg.encode()).decode()
-    return f'<img class="plot" alt="{escape(alt)}" width="{W}" height="{H}" src="data:image/svg+xml;base64,{data}">'
+    found = re.search(r'height="(\d+)"', svg)
+    height = found.group(1) if found else H
+    return (f'<img class="{escape(cls)}" alt="{escape(alt)}" width="{W}" height="{height}" '
+            f'src="data:image/svg+xml;base64,{data}">')

@@ -10,16 +10,15 @@ count is scaled per GPU, and says so).
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.table import Table
-from rich.text import Text
 
+from vast_harness.hostdata import TOKENS_PER_S_RANGE, is_workload_record, number, read_json, workload_figures
 from vast_harness.offers import Candidate, OfferChoice
-from vast_harness.output import Output
+from vast_harness.output import Output, line, safe_cells
 from vast_harness.report import usd_per_mtok
 from vast_harness.resources import data_root
 
@@ -46,34 +45,34 @@ class Measurement:
 
 
 def _from_workload_json(path: Path, root: Path) -> Measurement | None:
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError):
+    doc, _ = read_json(path)
+    if not is_workload_record(doc):
         return None
-    if not isinstance(d, dict) or not str(d.get("schema", "")).startswith("vast-harness/mfu") or d.get("device") != "cuda":
-        return None
-    name = (d.get("versions") or {}).get("gpu_name") or ((d.get("ranks") or [{}])[0].get("name"))
-    tps, per_gpu = d.get("tokens_per_s"), d.get("tokens_per_s_per_gpu")
-    if not name or not isinstance(tps, (int, float)) or not isinstance(per_gpu, (int, float)):
+    w = workload_figures(path.name, doc)
+    if w.device != "cuda" or not w.gpu_name or w.tokens_per_s is None or w.tokens_per_s_per_gpu is None:
         return None
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
-    return Measurement(name, int(d.get("world_size") or 1), float(tps), float(per_gpu), d.get("mfu"), rel)
+    return Measurement(w.gpu_name, w.world_size or 1, w.tokens_per_s, w.tokens_per_s_per_gpu, w.mfu, rel)
 
 
 def _from_fleet_results(evidence_dir: Path) -> list[Measurement]:
+    """Rows of the user's real fleet results; a figure that is not finite and in range is skipped."""
     found = []
     for path in sorted(evidence_dir.glob("fleet-*/fleet-result.json")):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
+        doc, _ = read_json(path)
+        if not isinstance(doc, dict) or doc.get("sim", True) is not False:  # a simulated fleet measured a CPU
             continue
-        if doc.get("sim", True):  # a simulated fleet measured a CPU, not the GPU it names
-            continue
-        for row in doc.get("rows") or []:
-            if row.get("tokens_per_s") and row.get("tokens_per_s_per_gpu"):
-                world = round(row["tokens_per_s"] / row["tokens_per_s_per_gpu"])
-                found.append(Measurement(row["gpu"], max(1, world), row["tokens_per_s"], row["tokens_per_s_per_gpu"],
-                                         row.get("mfu"), str(path)))
+        rows = doc.get("rows")
+        for row in rows if isinstance(rows, list) else []:
+            if not isinstance(row, dict) or not isinstance(row.get("gpu"), str):
+                continue
+            tps = number(row.get("tokens_per_s"), low=0.0, high=TOKENS_PER_S_RANGE[1]).value
+            per_gpu = number(row.get("tokens_per_s_per_gpu"), low=0.0, high=TOKENS_PER_S_RANGE[1]).value
+            if tps is None or per_gpu is None:
+                continue
+            world = max(1, min(1 << 20, round(tps / per_gpu)))
+            mfu = number(row.get("mfu"), low=0.0, high=1.0).value
+            found.append(Measurement(row["gpu"][:200], world, tps, per_gpu, mfu, str(path)))
     return found
 
 
@@ -141,13 +140,13 @@ def print_ranked(out: Output, ranked: list[RankedOffer], measurements: list[Meas
         t.add_column(col, overflow="fold")
     for i, r in enumerate(ranked, 1):
         o = r.candidate.offer
-        t.add_row(str(i), str(o.id), o.gpu_name, str(o.num_gpus), f"{r.candidate.quote.dph_at_disk_usd:.4f}",
-                  "–" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
-                  "–" if r.usd_per_mtok is None else f"{r.usd_per_mtok:.4f}", r.basis)
+        t.add_row(*safe_cells(i, o.id, o.gpu_name, o.num_gpus, f"{r.candidate.quote.dph_at_disk_usd:.4f}",
+                              "–" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
+                              "–" if r.usd_per_mtok is None else f"{r.usd_per_mtok:.4f}", r.basis))
     out.out.print(t)
     unmeasured = sorted({r.candidate.offer.gpu_name for r in ranked if r.usd_per_mtok is None})
     if unmeasured:
-        out.out.print(Text.from_markup(f"[yellow]No measured tokens/s for {', '.join(unmeasured)}: those offers are ranked after the "
-                      "measured ones, by $/h.[/]"))
-    out.out.print(Text.from_markup(f"[dim]{len(measurements)} measurement(s) considered (fastest per GPU and GPU count), from "
-                  "committed evidence (.evidence/h200*) and this evidence directory's real fleet results.[/]"))
+        out.out.print(line((f"No measured tokens/s for {', '.join(unmeasured)}: those offers are ranked after the "
+                            "measured ones, by $/h.", "yellow")))
+    out.out.print(line((f"{len(measurements)} measurement(s) considered (fastest per GPU and GPU count), from "
+                        "committed evidence (.evidence/h200*) and this evidence directory's real fleet results.", "dim")))

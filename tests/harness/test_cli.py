@@ -33,13 +33,15 @@ def cli(*args: str, sim: SimServer | None = None, key: str | None = LEAKY_KEY, t
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
-def test_dry_run_shows_offer_steps_caps_and_masked_env(sim, tmp_path):
+def test_dry_run_shows_offer_steps_caps_settings_as_given_and_secrets_masked(sim, tmp_path):
+    """A setting (--remote-env) shows as given, so a user can confirm an override; a secret never shows."""
     p = cli(*[f for f in SEED_FLAGS if f != "50"][:5], "20", *SEED_FLAGS[6:], "--max-usd", "30", "--dry-run",
-            "--evidence-dir", str(tmp_path), sim=sim)
+            "--remote-secret", "HF_TOKEN=abc", "--evidence-dir", str(tmp_path), sim=sim)
     assert p.returncode == 0, p.stderr
-    for needle in ("Chosen offer", "env-probe", "mfu-sweep", "Worst case", "HT_MFU_MB=***", "nothing was created"):
+    for needle in ("Chosen offer", "env-probe", "mfu-sweep", "Worst case", "HT_MFU_MB=8", "HT_MFU_WORLDS=2",
+                   "HF_TOKEN=***", "nothing was created"):
         assert needle in p.stdout, needle
-    assert "=8" not in p.stdout.split("remote_env")[1].splitlines()[0]
+    assert "abc" not in p.stdout + p.stderr
     calls = sim.state()["calls"]
     assert not [c for c in calls if c["method"] in ("PUT", "DELETE") and "/asks/" in c["path"]]
 
@@ -50,7 +52,7 @@ def test_dry_run_json_is_one_object(sim, tmp_path):
     data = json.loads(p.stdout)
     assert data["dry_run"] is True and data["offer"]["id"] > 0
     assert data["quote"]["worst_case_usd"] <= data["caps"]["max_usd"]
-    assert data["remote_env"] == {"OMP_NUM_THREADS": "***"}
+    assert data["remote_env"] == {"OMP_NUM_THREADS": "1"} and data["remote_secrets"] == []
 
 
 def test_seed_invocation_with_no_fitting_offer_exits_5_with_reasons(sim, tmp_path):

@@ -88,10 +88,44 @@ def test_key_is_secret_in_reprs(key_file):
     assert "k-123" not in repr(spec) and "k-123" not in str(spec.model_dump())
 
 
-def test_remote_env_masking():
+def test_remote_env_parsing_and_secret_masking():
     env = parse_remote_env(["A=1", "B=x=y"])
     assert env == {"A": "1", "B": "x=y"}
     assert mask_env(env) == {"A": "***", "B": "***"}
+
+
+def test_settings_are_shown_and_secrets_masked_in_the_spec(tmp_path):
+    spec = resolve(profile="smoke", sim=True, environ={"FROM_ENV": "env-secret-value"}, remote_env=["BAR=flash"],
+                   remote_secret=["TOK=a", "FROM_ENV"])
+    assert spec.shown_remote_env == {"OMP_NUM_THREADS": "1", "BAR": "flash", "TOK": "***", "FROM_ENV": "***"}
+    assert spec.host_env["TOK"] == "a" and spec.host_env["FROM_ENV"] == "env-secret-value"
+    assert "env-secret-value" not in repr(spec) and "env-secret-value" not in str(spec.model_dump())
+    assert spec.redactor.text("x a env-secret-value") == "x *** ***"
+
+
+def test_secret_file_follows_the_key_file_rule_and_never_echoes_values(tmp_path):
+    path = tmp_path / "secrets.env"
+    path.write_text("# comment\nHF_TOKEN=hf-value-123\n\nWANDB=w\n")
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        resolve(profile="smoke", sim=True, environ={}, remote_secret_file=path)
+    path.chmod(0o600)
+    spec = resolve(profile="smoke", sim=True, environ={}, remote_secret_file=path)
+    assert sorted(spec.remote_secrets) == ["HF_TOKEN", "WANDB"]
+    path.write_text("HF_TOKEN hf-value-123\n")
+    with pytest.raises(ConfigError) as exc:
+        resolve(profile="smoke", sim=True, environ={}, remote_secret_file=path)
+    assert "hf-value-123" not in str(exc.value) and "entry 1" in str(exc.value)
+
+
+@pytest.mark.parametrize(("kw", "needle"), [
+    ({"remote_secret": ["MISSING"]}, "not set in this environment"),
+    ({"remote_secret": ["A=1"], "remote_env": ["A=2"]}, "given both"),
+    ({"remote_secret": ["1X=1"]}, "--remote-secret"),
+])
+def test_bad_secrets_are_refused_naming_the_flag(kw, needle):
+    with pytest.raises(ConfigError, match=needle):
+        resolve(profile="smoke", sim=True, environ={}, **kw)
 
 
 def test_profiles_are_valid_and_pinned():

@@ -228,3 +228,36 @@ def test_kill9_of_the_fleet_mid_parallel_creates_then_reap_leaves_nothing_live(s
     assert p.returncode == 0 or (p.returncode == 3 and doc["unproven"] == []
                                  and all("unknown outcome" in line for line in doc["not_proven"])), doc
     assert not [i for i in live(sim) if i["id"] not in before]
+
+
+HOSTILE_SCRIPT = """
+import json
+base = {"schema": "vast-harness/mfu/1", "device": "cuda", "world_size": 1, "micro_batch": 8}
+open("evidence/mfu-str.json", "w").write(json.dumps(base | {"mfu": "abc", "tokens_per_s": "x"}))
+open("evidence/mfu-big.json", "w").write(json.dumps(base)[:-1] + ', "mfu": 1' + "0" * 400 + "}")
+open("evidence/mfu-inf.json", "w").write(json.dumps(base | {"mfu": float("inf"), "tokens_per_s": float("inf")}))
+open("evidence/mfu-deep.json", "w").write("[" * 100000 + "]" * 100000)
+"""
+
+
+def test_a_host_writing_hostile_json_never_crashes_the_fleet(sim, tmp_path):
+    """"mfu": "abc", 10**400, Infinity and a 100,000-deep file once ended the fleet in a traceback, exit 1 and no
+    fleet-report.html (after its instances were proven gone); they are now invalid figures in the report."""
+    import shlex
+
+    spec = base_spec(sim, tmp_path)
+    spec = spec.model_copy(update={"profile": spec.profile.model_copy(update={"steps": [
+        Step(name="hostile", run=f"python3 -c {shlex.quote(HOSTILE_SCRIPT)}", timeout_s=60)]})})
+    out = Output(json_mode=True, quiet=True)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        code = run_fleet(spec, GPUS[:2], client, load_driver_policy(), out, total_usd=2.0, per_run_usd=0.6,
+                         parallel=2)
+    assert code == 0
+    assert not live(sim)
+    fleet_dir = next((tmp_path / "ev").glob("fleet-*"))
+    text = (fleet_dir / "fleet-result.json").read_text()
+    assert "Infinity" not in text
+    rows = json.loads(text)["rows"]
+    assert [r["usd_per_mtok"] for r in rows] == [None, None]
+    html = (fleet_dir / "fleet-report.html").read_text()
+    assert "not finite" in html and "nested too deeply" in html and "not a number" in html

@@ -4,8 +4,10 @@ reaches any file of a run's evidence."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from pydantic import SecretStr
 
 from remote import envprobe
@@ -24,10 +26,10 @@ SIM_OPTIONS = dict(seed=13, rate_scale=SCALE, boot_seconds=0.1, num_offers=200) 
 
 
 def _run(sim: SimServer, tmp_path: Path, profiles_dir: Path | None = None, remote_env: list[str] | None = None,
-         **flags):
+         remote_secret: list[str] | None = None, **flags):
     kw = {"profiles_dir": profiles_dir} if profiles_dir else {}
     spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
-                   remote_env=remote_env or [], **kw, **flags)
+                   remote_env=remote_env or [], remote_secret=remote_secret or [], **kw, **flags)
     spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY), "teardown_margin_s": 2.0})
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
@@ -68,9 +70,10 @@ def test_an_image_that_is_not_the_declared_one_fails_before_the_workload(sim, tm
     assert json.loads((d / "harness-result.json").read_text())["absence"]["verdict"] == "gone"
 
 
-def test_remote_env_values_never_reach_the_evidence(sim, tmp_path):
+def test_secret_values_never_reach_the_evidence_and_settings_do(sim, tmp_path):
     secrets = {"NCCL_SOCKET_IFNAME": "vhcanary-ifname-5521", "VH_PRIVATE_TOKEN": "vhcanary-token-7734"}
-    r, result = _run(sim, tmp_path, remote_env=[f"{k}={v}" for k, v in secrets.items()])
+    r, result = _run(sim, tmp_path, remote_secret=[f"{k}={v}" for k, v in secrets.items()],
+                     remote_env=["NCCL_DEBUG=vhsetting-warn"])
     assert result.exit_code == 0, result.message
     files = [p for p in (tmp_path / "ev").rglob("*") if p.is_file()]
     assert any(p.name == "env.json" for p in files) and any(p.name == "mfu-tiny.json" for p in files)
@@ -80,15 +83,20 @@ def test_remote_env_values_never_reach_the_evidence(sim, tmp_path):
             assert value.encode() not in data, f"{value} in {path.relative_to(tmp_path)}"
     env_json = (r.ev.dir / "remote" / "env.json").read_text()
     assert '"NCCL_SOCKET_IFNAME": "***"' in env_json and "VH_PRIVATE_TOKEN" in env_json  # names, not values
+    assert "vhsetting-warn" in (r.ev.dir / "harness-result.json").read_text()  # a setting is stored as given
 
 
-def test_a_step_that_prints_a_remote_env_value_has_it_scrubbed_from_log_and_console(sim, tmp_path, capsys):
+def test_a_step_that_prints_a_secret_has_it_masked_and_a_setting_shown(sim, tmp_path, capsys):
+    """Settings are not secrets: --remote-env BAR=flash once turned "attention backend: flash" into "***" on
+    the console and in the log, while a 3-character or multi-line secret was echoed in clear."""
     from vast_harness.config import Step
 
     spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
-                   remote_env=["VH_PRIVATE_TOKEN=vhcanary-printed-4410", "SHORT=ab"])
-    prof = spec.profile.model_copy(update={"steps": [Step(name="leak", run="echo token=$VH_PRIVATE_TOKEN short=$SHORT",
-                                                          timeout_s=30)]})
+                   remote_secret=["VH_PRIVATE_TOKEN=vhcanary-printed-4410", "SHORT=q7z", "MULTI=line-one\nline-two"],
+                   remote_env=["BAR=flash"])
+    prof = spec.profile.model_copy(update={"steps": [Step(
+        name="leak", run='echo token=$VH_PRIVATE_TOKEN short=$SHORT; echo "$MULTI"; echo "attention backend: $BAR"; '
+                         'echo "$MULTI" > evidence/multi.txt', timeout_s=30)]})
     spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
                                    "teardown_margin_s": 2.0})
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
@@ -96,9 +104,19 @@ def test_a_step_that_prints_a_remote_env_value_has_it_scrubbed_from_log_and_cons
         result = run.execute()
     assert result.exit_code == 0, result.message
     log = (run.ev.dir / "steps" / "leak.log").read_text()
-    assert "token=***" in log and "vhcanary-printed-4410" not in log
+    assert "token=*** short=***" in log and "vhcanary-printed-4410" not in log
+    assert "q7z" not in log and "line-one" not in log and "line-two" not in log
+    assert "attention backend: flash" in log
     out = capsys.readouterr()
-    assert "vhcanary-printed-4410" not in out.out + out.err
+    shown = out.out + out.err
+    assert "vhcanary-printed-4410" not in shown and "q7z" not in shown and "line-two" not in shown
+    assert "attention backend: flash" in shown
+    record = (run.ev.dir / "harness-result.json").read_text()
+    assert "q7z" not in record and '"BAR": "flash"' in record
+    pulled = (run.ev.dir / "remote" / "multi.txt").read_text()
+    assert "line-one" not in pulled and "***" in pulled
+    assert json.loads(record)["pull"]["redacted"] == ["multi.txt"]
+
 
 
 def test_an_image_expect_override_runs_on_the_host_it_names_and_is_recorded(sim, tmp_path):

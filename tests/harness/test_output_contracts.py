@@ -40,7 +40,7 @@ def test_every_output_path_prints_markup_literally(capsys):
         instance_id, verdict, proof = 7, MARKUP, None
 
     class St:
-        name, rc, seconds, timed_out, connection_lost = MARKUP, 0, 1.0, False, False
+        name, rc, seconds, timed_out, connection_lost, interrupted = MARKUP, 0, 1.0, False, False, False
 
         def model_dump(self):
             return {}

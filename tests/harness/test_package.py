@@ -17,7 +17,8 @@ def test_exported_members_match_all():
     modules = {"apiurl", "bundle", "cli", "client", "config", "errors", "evidence", "ledger", "lifecycle", "meter", "models", "offers",
                "onstart", "output", "pacing", "plan", "quote", "reap", "resources", "runner", "ssh", "sim", "chaos",
                "report", "svgplot", "fleet", "fleet_report", "tokrate", "hostwork", "apiurl", "answerbound",
-               "endpoints", "deadman", "check", "canary"}
+               "endpoints", "deadman", "check", "canary",
+               "cliopts", "hostdata", "redact", "progress", "htmlparts", "timeline", "runs", "logs", "costs", "runfacts"}
     assert exported - modules == set(vast_harness.__all__)
 
 
@@ -123,3 +124,30 @@ def test_remote_does_not_import_the_harness():
     graph = _import_graph()
     assert not {m: sorted(i) for m, i in graph.items() if m.startswith("remote") and
                 any(x.startswith("vast_harness") for x in i)}
+
+
+def _imports_anywhere(tree: ast.Module) -> set[str]:
+    """Every module a file imports, at any depth (functions included: a lazy import still runs)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_control_plane_never_imports_remote():
+    """`remote/` ships to the host as data and is not installed: an import of it works in a checkout and dies
+    with ModuleNotFoundError from the wheel (the installed `fleet` did). Its data is read as files."""
+    bad = {}
+    for path in sorted((REPO / "vast_harness").rglob("*.py")):
+        names = {n for n in _imports_anywhere(ast.parse(path.read_text())) if n == "remote" or n.startswith("remote.")}
+        if names:
+            bad[path.relative_to(REPO).as_posix()] = sorted(names)
+    assert not bad
+
+
+def test_the_rule_sees_a_lazy_import():
+    tree = ast.parse("def f():\n    from remote.mfu import peak_for\n    import remote\n")
+    assert {"remote.mfu", "remote"} <= _imports_anywhere(tree)

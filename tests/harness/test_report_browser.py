@@ -51,7 +51,7 @@ def browser():
     driver.quit()
 
 
-RENDER_CHECK = """
+RENDER_CHECK = r"""
 const tables = [...document.querySelectorAll('table')];
 const imgs = [...document.querySelectorAll('img')];
 return {
@@ -60,7 +60,8 @@ return {
   images: imgs.map(i => ({alt: i.alt, complete: i.complete, w: i.naturalWidth, h: i.naturalHeight,
                           shown: i.getBoundingClientRect().width})),
   external: [...document.querySelectorAll('[src],[href]')].map(e => e.getAttribute('src') || e.getAttribute('href'))
-            .filter(u => !u.startsWith('data:') && !u.startsWith('#')),
+            .filter(u => /^[a-z]+:|^\/\//i.test(u) && !u.startsWith('data:')),
+  links: [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href')),
 };
 """
 
@@ -80,6 +81,12 @@ def assert_all_rendered(info: dict, *, min_tables: int, min_images: int) -> None
     assert info["external"] == []  # self-contained: readable offline
 
 
+def assert_links_resolve(info: dict, page: Path) -> None:
+    """Every link is relative and names a file beside the report (a step log, a run's report)."""
+    for href in info["links"]:
+        assert (page.parent / href).is_file(), href
+
+
 def copy_runs(tmp_path: Path) -> dict[str, Path]:
     out = {}
     for name, src in EVIDENCE.items():
@@ -91,10 +98,108 @@ def copy_runs(tmp_path: Path) -> dict[str, Path]:
 
 def test_run_report_renders_every_table_and_chart(browser, tmp_path):
     runs = copy_runs(tmp_path)
-    info = render(browser, write_run_report(runs["H200 x2"]))
-    # summary, steps, timings, absence, MFU tables; the cost-over-time and the MFU charts
-    assert_all_rendered(info, min_tables=5, min_images=2)
+    path = write_run_report(runs["H200 x2"])  # a record from before the timeline: the rest still renders
+    info = render(browser, path)
+    # summary, steps, timings, absence, MFU tables; the MFU sweep (mb 8 and 16 at world 2)
+    assert_all_rendered(info, min_tables=5, min_images=1)
     assert {t["cls"] for t in info["tables"]} >= {"summary", "steps", "timings", "absence", "mfu"}
+    assert any(i["alt"] == "MFU vs micro-batch per world size" for i in info["images"])
+    assert_links_resolve(info, path)
+    assert any(h.startswith("steps/") for h in info["links"])
+
+
+@pytest.fixture(scope="module")
+def fresh_run(tmp_path_factory) -> Path:
+    """A real run on the simulator (with the timeline in its record), given the two-GPU sweep's records."""
+    from pydantic import SecretStr
+
+    from vast_harness.client import VastClient
+    from vast_harness.config import Step, load_driver_policy, resolve
+    from vast_harness.output import Output
+    from vast_harness.runner import GuardedRun
+    from vast_harness.sim import SimServer
+
+    tmp = tmp_path_factory.mktemp("fresh")
+    key = "sim-browser-key"
+    with SimServer(seed=31, rate_scale=0.01, boot_seconds=0.2, num_offers=200) as sim:
+        spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp / "ev", proof_interval_s=0.2)
+        steps = [Step(name="warm-up", run="sleep 1; echo warm", timeout_s=30),
+                 Step(name="sweep", run="sleep 2; echo swept", timeout_s=30)]
+        spec = spec.model_copy(update={"profile": spec.profile.model_copy(update={"steps": steps}),
+                                       "api_url": sim.url, "api_key": SecretStr(key), "teardown_margin_s": 2.0})
+        with VastClient(key, base_url=sim.url, pacing_scale=0.01) as client:
+            run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+            assert run.execute().exit_code in (0, 4)
+    for src in (EVIDENCE["H200 x2"] / "remote").glob("mfu-*.json"):
+        shutil.copy(src, run.ev.dir / "remote" / src.name)
+    return run.ev.dir
+
+
+def test_a_fresh_run_report_shows_the_timeline_the_cap_line_the_sweep_and_log_links(browser, fresh_run):
+    path = write_run_report(fresh_run)
+    info = render(browser, path)
+    assert_all_rendered(info, min_tables=7, min_images=4)
+    alts = {i["alt"] for i in info["images"]}
+    assert {"timeline of the run's phases", "accrued cost against the cap",
+            "MFU vs micro-batch per world size"} <= alts
+    classes = {t["cls"] for t in info["tables"]}
+    assert {"timeline", "profile", "plan", "steps"} <= classes
+    timeline = next(t for t in info["tables"] if t["cls"] == "timeline")
+    assert timeline["rows"] >= 8  # plan, create, boot, upload, 2 steps, pull, teardown (+ DELETE, proof rounds)
+    assert_links_resolve(info, path)
+    assert {"steps/warm-up.log", "steps/sweep.log"} <= set(info["links"])
+    text = browser.find_element("tag name", "body").text
+    assert "cap $0.50" not in text  # the cap is in the chart; the page says it as a share
+    assert "% of the $0.50 cap" in text and "$0.0" in text
+
+
+SVG_TEXT_CHECK = """
+const svg = document.documentElement;
+const vb = svg.viewBox.baseVal;
+return [...document.querySelectorAll('text')].map(t => {
+  const b = t.getBoundingClientRect();
+  return {text: t.textContent, cls: t.getAttribute('class') || '', x0: b.left, y0: b.top, x1: b.right, y1: b.bottom,
+          w: vb.width, h: vb.height};
+});
+"""
+
+
+def _svg_texts(browser, img_src: str) -> list[dict]:
+    browser.get(img_src)
+    return browser.execute_script(SVG_TEXT_CHECK)
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return a["x0"] < b["x1"] - 0.5 and b["x0"] < a["x1"] - 0.5 and a["y0"] < b["y1"] - 0.5 and b["y0"] < a["y1"] - 0.5
+
+
+def test_chart_labels_neither_clip_nor_overlap(browser, fresh_run, tmp_path):
+    """Measured by the browser's own text layout: every label inside its chart; event labels and point
+    labels never on top of each other (the cost plot's event labels and the scatter's "H100 SXM" did)."""
+    from vast_harness import svgplot
+
+    path = write_run_report(fresh_run)
+    browser.get(path.as_uri())
+    sources = browser.execute_script("return [...document.images].map(i => [i.alt, i.src])")
+    points = [(0.0068, 29.9, "RTX 4090"), (0.0127, 31.9, "RTX 5090"), (0.0322, 7.1, "H100 SXM"),
+              (0.0321, 7.3, "H100 PCIe")]
+    scatter = "data:image/svg+xml;base64," + __import__("base64").b64encode(svgplot.scatter(
+        points, title="t", xlabel="x", ylabel="y").encode()).decode()
+    crowded = svgplot.lines([("a", [(0.0, 0.0), (100.0, 1.0)])], title="t", xlabel="x", ylabel="y",
+                            markers=[(10.0, "end one"), (10.4, "end two"), (11.0, "DELETE"), (60.0, "end three")])
+    sources.append(["crowded markers", "data:image/svg+xml;base64,"
+                    + __import__("base64").b64encode(crowded.encode()).decode()])
+    sources.append(["scatter", scatter])
+    for alt, src in sources:
+        texts = _svg_texts(browser, src)
+        assert texts, alt
+        for t in texts:
+            assert t["x0"] >= -0.5 and t["y0"] >= -0.5 and t["x1"] <= t["w"] + 0.5 and t["y1"] <= t["h"] + 0.5, (alt, t)
+        for kind in ("marker", "label"):
+            group = [t for t in texts if t["cls"] == kind]
+            for i, a in enumerate(group):
+                for b in group[i + 1:]:
+                    assert not _overlap(a, b), (alt, a, b)
 
 
 def test_report_of_a_run_that_rented_nothing_still_renders(browser, tmp_path):
@@ -113,10 +218,26 @@ def test_fleet_report_renders_the_ranking_the_scatter_and_every_run(browser, tmp
     assert [r.gpu for r in rows][-1] == "RTX 4090"  # no figure: ranked last
     path = write_fleet_report(tmp_path, "fleet-test", rows, {"exit_code": 6, "total_cap_usd": 5})
     info = render(browser, path)
-    # the ranking + per run (summary, steps, timings, absence, mfu); the scatter + per run cost and MFU charts
-    assert_all_rendered(info, min_tables=1 + 5 * 2, min_images=1 + 2 * 2)
+    # the ranking, the runs' links + per run (summary, steps, timings, absence, mfu); the scatter + the MFU charts
+    assert_all_rendered(info, min_tables=2 + 5 * 2, min_images=1 + 2)
     assert info["tables"][0]["cls"] == "fleet" and info["tables"][0]["rows"] == 3
     assert info["images"][0]["alt"].startswith("MFU vs")
+    assert_links_resolve(info, path)
+
+
+def test_fleet_report_links_each_run_and_draws_the_fleet_cost_against_its_cap(browser, fresh_run, tmp_path):
+    fleet_dir = tmp_path / "fleet-x"
+    run_dir = fleet_dir / fresh_run.name
+    shutil.copytree(fresh_run, run_dir)
+    write_run_report(run_dir)
+    rows = build_rows([RunOutcome("RTX 4090", run_dir.name, 0, "passed", run_dir, 0.001)])
+    path = write_fleet_report(fleet_dir, "fleet-x", rows, {"exit_code": 0, "total_cap_usd": 2.0})
+    info = render(browser, path)
+    assert_all_rendered(info, min_tables=3, min_images=4)
+    assert f"{run_dir.name}/report.html" in info["links"]
+    assert f"{run_dir.name}/steps/sweep.log" in info["links"]
+    assert_links_resolve(info, path)
+    assert "fleet cost against its total cap" in {i["alt"] for i in info["images"]}
 
 
 @pytest.mark.parametrize(("lo", "hi"), [(0.0049, 0.0344), (0.0, 8.7), (3.0, 3.0), (-2.0, 97.0), (0.0, 1e-7)])

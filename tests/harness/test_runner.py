@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("clean_sim")  # faults cleared around each 
 
 def make_spec(sim: SimServer, tmp_path: Path, steps: list[Step], **overrides) -> RunSpec:
     spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
-                   remote_env=["SECRET_TOKEN=hunter2-value"])
+                   remote_secret=["SECRET_TOKEN=hunter2-value"], remote_env=["BACKEND=flash"])
     prof = spec.profile.model_copy(update={"steps": steps, **overrides.pop("profile", {})})
     return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
                                    "teardown_margin_s": 2.0} | overrides)
@@ -62,7 +62,8 @@ def test_happy_path_writes_the_whole_evidence_layout(sim, tmp_path):
     assert "hi" in (d / "steps/hello.log").read_text() and "oops" in (d / "steps/hello.log").read_text()
     res = json.loads((d / "harness-result.json").read_text())
     assert res["absence"]["verdict"] == "gone" and res["exit_code"] == result.exit_code
-    assert res["remote_env"]["SECRET_TOKEN"] == "***"
+    assert res["remote_env"] == {"OMP_NUM_THREADS": "1", "BACKEND": "flash", "SECRET_TOKEN": "***"}
+    assert res["remote_secrets"] == ["SECRET_TOKEN"]
     assert res["host_key"]["fingerprint"].startswith("SHA256:")
     assert res["accrued_usd"] <= res["caps"]["max_usd"]
     manifest = (d / "manifest.sha256").read_text()

@@ -114,3 +114,15 @@ def test_installed_wheel_runs_the_smoke_profile_outside_the_checkout(tmp_path: P
     assert len(results) == 1, smoke.stdout[-2000:]
     assert json.loads(results[0].read_text())["exit_code"] == smoke.returncode
     assert not list(venv.rglob(".evidence"))
+
+    # The fleet reads the workload's peak table as data: it once imported `remote`, which a wheel lacks.
+    gpus = "RTX 5090,RTX 4090"
+    fleet_dry = run("vast-e2e", "fleet", "--sim", "--gpus", gpus, "--num-gpus", "1", "--max-usd", "3",
+                    "--max-minutes", "15", "--dry-run", "--json")
+    assert fleet_dry.returncode == 0, fleet_dry.stderr[-3000:]
+    assert "Traceback" not in fleet_dry.stderr
+    fleet = run("vast-e2e", "fleet", "--sim", "--gpus", gpus, "--num-gpus", "1", "--max-usd", "3",
+                "--max-minutes", "15", "--json", timeout=300)
+    assert fleet.returncode in (0, 4), (fleet.stdout[-2000:], fleet.stderr[-3000:])
+    assert "Traceback" not in fleet.stderr
+    assert Path(json.loads(fleet.stdout)["report"]).is_file()

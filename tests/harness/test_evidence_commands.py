@@ -1,0 +1,91 @@
+"""`vast-e2e report`, `logs` and `costs` as a user runs them (subprocesses), on evidence a real simulated run
+wrote, plus a run only the ledger knows (killed before its record) and hostile step output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vast_harness.ledger import Ledger
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {"HOME": str(cwd)}
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """One smoke run on the simulator whose step prints an escape sequence, in ./.evidence/vast."""
+    work = tmp_path_factory.mktemp("work")
+    text = (ROOT / "profiles" / "harness" / "smoke.toml").read_text()
+    text = text[: text.index("[[steps]]")] + ('[[steps]]\nname = "hello"\n'
+                                              'run = "printf \'hi \\\\033]0;pwned\\\\007 there\\\\n\'"\ntimeout_s = 30\n')
+    (work / "p.toml").write_text(text.replace('name = "smoke"', 'name = "hello-profile"'))
+    done = cli("--profile", "p.toml", "--sim", cwd=work)
+    assert done.returncode in (0, 4), done.stderr[-2000:]
+    return work
+
+
+def run_id(work: Path) -> str:
+    return next((work / ".evidence" / "vast").glob("2*/harness-result.json")).parent.name
+
+
+def test_report_rebuilds_and_prints_the_path(work):
+    rid = run_id(work)
+    report = work / ".evidence" / "vast" / rid / "report.html"
+    report.unlink()
+    done = cli("report", rid[-6:], cwd=work)  # a unique part of the id is enough
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(report) and report.is_file()
+    check = subprocess.run(["sha256sum", "--strict", "-c", "manifest.sha256"], cwd=report.parent, capture_output=True,
+                           text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr  # the manifest's report line follows the rebuild
+    missing = cli("report", "nope", cwd=work)
+    assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
+
+
+def test_logs_lists_and_prints_a_step_escaped_unless_raw(work):
+    rid = run_id(work)
+    listed = cli("logs", rid, "--json", cwd=work)
+    assert listed.returncode == 0, listed.stderr
+    assert [r["step"] for r in json.loads(listed.stdout)["logs"]] == ["hello"]
+    shown = cli("logs", rid, "hello", cwd=work)
+    assert shown.returncode == 0 and "hi \\x1b]0;pwned\\x07 there" in shown.stdout and "\x1b" not in shown.stdout
+    raw = cli("logs", rid, "hello", "--raw", cwd=work)
+    assert "\x1b]0;pwned\x07" in raw.stdout
+    bad = cli("logs", rid, "nosuch", cwd=work)
+    assert bad.returncode == 2 and "steps: hello" in bad.stderr
+
+
+def test_costs_per_run_day_profile_and_totals(work):
+    ev = work / ".evidence" / "vast"
+    record = json.loads(next(ev.glob("2*/harness-result.json")).read_text())
+    # a run killed before its record: the ledger alone names its instance
+    Ledger(ev / "ledger.jsonl").append("20260101T000000Z-dead00", "intent", "vh-dead", offer_id=1,
+                                       api_url="https://console.vast.ai", account="acct")
+    Ledger(ev / "ledger.jsonl").append("20260101T000000Z-dead00", "created", "vh-dead", offer_id=1, instance_id=99,
+                                       api_url="https://console.vast.ai", account="acct")
+    done = cli("costs", "--json", cwd=work)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    runs = {r["run_id"]: r for r in data["runs"]}
+    mine = runs[record["run_id"]]
+    assert mine["accrued_usd"] == pytest.approx(record["accrued_usd"]) and mine["sim"] is True
+    assert mine["profile"] == "hello-profile" and mine["day"] == time.strftime("%Y-%m-%d", time.gmtime())
+    dead = runs["20260101T000000Z-dead00"]
+    assert dead["accrued_usd"] is None and dead["instances"] == [99] and dead["sim"] is False
+    assert data["total"]["sim"]["accrued_usd"] == pytest.approx(record["accrued_usd"], abs=1e-6)
+    assert data["total"]["real"] == {"runs": 1, "accrued_usd": 0.0, "unrecorded_runs": 1}
+    assert data["per_profile"]["sim"]["hello-profile"]["runs"] == 1
+    human = cli("costs", cwd=work)
+    assert human.returncode == 0 and "unrecorded" in human.stdout and "Per day" in human.stdout

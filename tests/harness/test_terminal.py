@@ -1,0 +1,97 @@
+"""No host and no API answer writes to the user's terminal: step output with OSC 52 (clipboard), OSC 0 (title),
+cursor-up + erase-line forging a result line, clear screen and an 8-bit CSI, and ESC bytes in API fields
+(`gpu_name`, `geolocation`) through `offers` and `--dry-run`, reach the console escaped. The step log keeps
+the bytes as the host sent them."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from vast_harness.bundle import build_bundle
+from vast_harness.client import VastClient
+from vast_harness.config import Step, load_driver_policy, resolve
+from vast_harness.output import Output, safe_text, terminal_safe
+from vast_harness.plan import choose_offers, plan_run
+from vast_harness.runner import GuardedRun
+from vast_harness.sim import SimServer
+
+SCALE = 0.01
+KEY = "sim-terminal-key"
+RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]")  # what must never reach the terminal unescaped
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimServer(seed=22, rate_scale=SCALE, boot_seconds=0.1, num_offers=300) as server:
+        yield server
+
+
+def test_terminal_safe_escapes_every_control_character_and_keeps_text():
+    assert terminal_safe("a\x1b[2Jb\tc") == "a\\x1b[2Jb\tc"
+    assert terminal_safe("\u009b\u202e\x7f\n") == "\\x9b\\u202e\\x7f\\x0a"
+    assert terminal_safe("attention backend: flash · 5090 ✓") == "attention backend: flash · 5090 ✓"
+    assert safe_text("[bold]x[/]").plain == "[bold]x[/]"
+
+
+def _strip_rich_styles(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)  # rich's own SGR colours (when a terminal is forced)
+
+
+def test_hostile_step_output_reaches_the_console_escaped_and_the_log_as_sent(sim, tmp_path, capsys):
+    # OSC 52, OSC 0, cursor-up + erase-line, clear screen, 8-bit CSI, RLO, CR, in printf's notation (U+009B and U+202E as UTF-8; a lone 0x9b as well)
+    printf = ("\\x1b]52;c;aGVsbG8=\\x07\\x1b]0;pwned\\x07\\x1b[1A\\x1b[2K\\x1b[2J\\xc2\\x9b2J\\xe2\\x80\\xae\\r"
+              "\\x9b5n")
+    run_cmd = f"printf '{printf}exit 0: passed\\n'; printf '\\x1b]52;c;c2VjcmV0\\x07\\n' >&2"
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05)
+    prof = spec.profile.model_copy(update={"steps": [Step(name="hostile", run=run_cmd, timeout_s=20)]})
+    spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
+                                   "teardown_margin_s": 2.0})
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output())
+        result = run.execute()
+    captured = capsys.readouterr()
+    assert result.exit_code in (0, 4), result.message
+    for stream in (captured.out, captured.err):
+        assert not RAW.search(_strip_rich_styles(stream).replace("\n", "")), repr(stream[-500:])
+    assert "\\x1b]52;c;aGVsbG8=\\x07" in captured.out and "\\x9b2J" in captured.out
+    assert "\\x1b]52;c;c2VjcmV0\\x07" in captured.out  # stderr lines are shown on the console too, escaped
+    log = (run.ev.dir / "steps" / "hostile.log").read_bytes()
+    assert b"\x1b]52;c;aGVsbG8=\x07" in log and "\u009b".encode() in log  # the log keeps what was sent
+
+
+class HostileOffers(httpx.HTTPTransport):
+    """Every offer the search returns carries ESC sequences in gpu_name and geolocation."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.url.path.rstrip("/").endswith("/bundles"):
+            response.read()
+            data = response.json()
+            for offer in data.get("offers") or []:
+                offer["gpu_name"] = "RTX\x1b[2J 4090\x1b]0;pwned\x07"
+                offer["geolocation"] = "\x1b]52;c;aGk=\x07Oslo\u009b1A"
+            return httpx.Response(response.status_code, json=data)
+        return response
+
+
+def test_api_fields_reach_offers_and_the_dry_run_escaped(sim, tmp_path, capsys):
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", dry_run=True)
+    spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)})
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, transport=HostileOffers()) as client:
+        choice = choose_offers(spec, client, load_driver_policy(), build_bundle(), credit_usd=100.0)
+        Output().offers(choice)
+        Output().plan(plan_run(spec, client, load_driver_policy(), build_bundle()))
+        json_out = Output(json_mode=True)
+        json_out.offers(choice)
+    captured = capsys.readouterr()
+    text = captured.out[: captured.out.rindex("{")] if "{" in captured.out else captured.out
+    assert choice.ranked
+    assert not RAW.search(_strip_rich_styles(text).replace("\n", "")), repr(text[-800:])
+    assert "\\x1b]52;c;aGk=\\x07Oslo" in text and "RTX\\x1b[2J" in text
+    payload = json.loads(captured.out[captured.out.rindex("{\n  \"ranked\""):])
+    assert payload["ranked"][0]["location"].startswith("\x1b]52")  # --json keeps the value (json escapes it)

@@ -1,0 +1,71 @@
+"""Secrets (`--remote-secret`) masked everywhere the harness writes: console, step logs, pulled evidence,
+reports, JSON. Settings (`--remote-env`) are not secrets and are shown and stored as given.
+
+A secret is masked whatever its length or content: every occurrence of the value, and of each line of a
+multi-line value (step output arrives line by line), becomes `***`. Longest first, so a secret that contains
+another is masked whole. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+MASK = "***"
+_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+class Redactor:
+    def __init__(self, values: Iterable[str]) -> None:
+        needles: set[str] = set()
+        for value in values:
+            if value:
+                needles.add(value)
+                needles.update(part for part in value.splitlines() if part.strip())
+        self._text = sorted(needles, key=len, reverse=True)
+        self._bytes = [n.encode("utf-8") for n in self._text]
+        self._overlap = max((len(b) for b in self._bytes), default=1) - 1
+
+    def __bool__(self) -> bool:
+        return bool(self._text)
+
+    def text(self, text: str) -> str:
+        for needle in self._text:
+            if needle in text:
+                text = text.replace(needle, MASK)
+        return text
+
+    def data(self, data: bytes) -> bytes:
+        for needle in self._bytes:
+            if needle in data:
+                data = data.replace(needle, MASK.encode())
+        return data
+
+    def file(self, path: Path) -> bool:
+        """Mask secrets in a file in place, chunked (a large file is never read whole); True if it changed.
+        The masked copy is written beside it and replaces it: the original is never left half-masked. The
+        last `overlap` bytes of each round wait for the next one: a value cut by a chunk boundary is found."""
+        if not self._bytes:
+            return False
+        tmp = path.with_name(path.name + ".redact")
+        changed = False
+        try:
+            with path.open("rb") as src, tmp.open("wb") as dst:
+                carry = b""
+                while True:
+                    chunk = src.read(_CHUNK_BYTES)
+                    buf = carry + chunk
+                    out = self.data(buf)
+                    changed |= out != buf
+                    if not chunk:
+                        dst.write(out)
+                        break
+                    keep = min(self._overlap, len(out))
+                    dst.write(out[: len(out) - keep])
+                    carry = out[len(out) - keep:]
+            if changed:
+                os.replace(tmp, path)
+            return changed
+        finally:
+            tmp.unlink(missing_ok=True)
