@@ -47,8 +47,9 @@ AnyDriver = Annotated[bool, typer.Option("--any-driver", help="Allow drivers out
                                          "(result records driver_qualified: false; exit 4 on success).")]
 Eight = Annotated[bool, typer.Option("--eight-gpu-qualified", help="Rent 8 GPUs, qualified drivers only.")]
 BootRetries = Annotated[int | None, typer.Option("--boot-retries", help="Hosts to try after one fails to boot.")]
-EvidenceDir = Annotated[str | None, typer.Option("--evidence-dir", help="Where runs write evidence "
-                                                  "(default .evidence/vast).")]
+EvidenceDir = Annotated[str | None, typer.Option("--evidence-dir", help="Where runs write evidence (default the "
+                                                  "state dir: $VAST_HARNESS_HOME, else ~/.local/state/vast-harness)."
+                                                  " The ledger stays in the state dir.")]
 ApiUrl = Annotated[str | None, typer.Option("--api-url", help="API base URL (default Vast; VAST_URL honoured).")]
 Sim = Annotated[bool, typer.Option("--sim", help="Start the embedded simulator and run against it (no key).")]
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")]
@@ -264,8 +265,12 @@ def reap(
     json_output: Json = False,
     proof_interval: ProofInterval = None,
     pacing_scale: PacingScale = None,
+    include_live: Annotated[bool, typer.Option("--include-live", help="Also delete live runs' instances "
+                                               "(after a confirmation prompt).")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm --include-live without a prompt (scripts).")] = False,
 ) -> None:
-    """Delete and prove absent every instance the ledger has not proven gone, and every live `vh-` instance."""
+    """Delete and prove absent every orphan (instances of dead runs, or past their own cap deadline); list
+    live runs' instances and leave them alone."""
     out = Output(json_mode=json_output)
 
     def body() -> int:
@@ -273,11 +278,37 @@ def reap(
                        evidence_dir=path_flag("--evidence-dir", evidence_dir), api_url=api_url,
                        proof_interval_s=proof_interval, pacing_scale=pacing_scale)
         from vast_harness.reap import reap_all
+        from vast_harness.status import confirm_live
 
+        if include_live and not yes and not sys.stdin.isatty():
+            raise ConfigError("--include-live deletes live runs' instances: confirm with --yes where there is no "
+                              "terminal to ask")
         with _client(spec, spec.pacing_scale) as client:
-            return reap_all(spec, client, out)
+            return reap_all(spec, client, out, include_live=include_live,
+                            confirm=(lambda live: True) if yes else confirm_live)
 
     _guard(out, body, interrupted="reap interrupted before it deleted anything; run `vast-e2e reap` again")
+
+
+@app.command()
+def status(
+    key_file: KeyFile = None,
+    api_url: ApiUrl = None,
+    json_output: Json = False,
+    pacing_scale: PacingScale = None,
+) -> None:
+    """Read-only: every live run of this user and every `vh-` instance of the account, with accrued dollars."""
+    out = Output(json_mode=json_output)
+
+    def body() -> int:
+        spec = resolve(profile="smoke", key_file=path_flag("--key-file", key_file), api_url=api_url,
+                       pacing_scale=pacing_scale, dry_run=True)
+        from vast_harness.status import show_status
+
+        with _client(spec, spec.pacing_scale) as client:
+            return show_status(spec, client, out)
+
+    _guard(out, body)
 
 
 def main() -> None:

@@ -23,6 +23,8 @@ from vast_harness.apiurl import DEFAULT_API_URL, is_loopback_url, shown, validat
 from vast_harness.errors import ConfigError
 from vast_harness.models import pack_driver_version
 from vast_harness.resources import profiles_dir as _profiles_dir
+from vast_harness.statedir import STATE_ENV
+from vast_harness.statedir import state_dir as user_state_dir
 
 PROFILES_DIR = _profiles_dir()  # the checkout's profiles/, or the wheel's packaged copy (resources.py)
 PROFILE_NAMES = ("mfu", "proofs", "smoke")
@@ -413,6 +415,7 @@ class RunSpec(BaseModel):
     eight_gpu_qualified: bool = False
     boot_retries: int = 0
     evidence_dir: Path
+    state_dir: Path  # the user's ledger and live-run registrations (statedir.py); evidence by default
     sim: bool = False
     proof_interval_s: float = 10.0
     teardown_margin_s: float = 120.0
@@ -454,6 +457,7 @@ def resolve(
     proof_interval_s: float | None = None,
     pacing_scale: float | None = None,
     poll_s: float | None = None,
+    state_dir: Path | None = None,
     environ: Mapping[str, str] | None = None,
     profiles_dir: Path = PROFILES_DIR,
 ) -> RunSpec:
@@ -502,9 +506,12 @@ def resolve(
             raise ConfigError(f"--pacing-scale {pacing_scale:g} is below {REAL_PACING_SCALE_FLOOR:g} against {url}: "
                               "Vast's rate limits cannot be scaled down; lower values are for the simulator")
     key = None if sim else read_api_key(key_file, environ)
-    ev_dir = (evidence_dir or Path.cwd() / ".evidence" / "vast").expanduser()  # never site-packages
+    state = (state_dir or user_state_dir(environ)).expanduser()
+    ev_dir = (evidence_dir or state).expanduser()  # never site-packages, never the current directory
     if not dry_run:  # a run or a reap writes its ledger and evidence here: find out now, not after renting
         check_evidence_dir(ev_dir)
+        if state != ev_dir:
+            check_evidence_dir(state, f"the state directory (${STATE_ENV})")
     try:
         return RunSpec(
             profile=prof,
@@ -518,6 +525,7 @@ def resolve(
             eight_gpu_qualified=eight_gpu_qualified,
             boot_retries=prof.boot_retries if boot_retries is None else boot_retries,
             evidence_dir=ev_dir,
+            state_dir=state,
             sim=sim,
             proof_interval_s=proof_interval_s if proof_interval_s is not None else (0.5 if sim else 10.0),
             teardown_margin_s=15.0 if sim else 120.0,

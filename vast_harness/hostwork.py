@@ -50,7 +50,8 @@ class HostWork:
         self.steps: list[StepRecord] = []
         self.pull: PullRecord | None = None
         self.evidence_pulled = False
-        self.t_last_step_end_unix: float | None = None
+        self.t_last_step_end_unix: float | None = None  # recorded
+        self.t_last_step_end_mono: float | None = None  # compared
 
     def upload(self, bundle: Bundle) -> None:
         """Send the bundle (cut at the cap) and unpack it under ~/vh on the host."""
@@ -147,6 +148,7 @@ class HostWork:
                 record.reconnect_ok = self.session.reconnect_probe()
             self.steps.append(record)
             self.t_last_step_end_unix = time.time()
+            self.t_last_step_end_mono = time.monotonic()
             self.ev.append_step_tsv(record.name, record.rc, record.seconds)
             if cut is not None:
                 raise cut
@@ -162,7 +164,7 @@ class HostWork:
             if outcome.rc != 0:
                 raise StepFailedError(f"step {step.name} failed with rc={outcome.rc}", step=step.name, rc=outcome.rc)
 
-    def pull_evidence(self, *, in_teardown: bool) -> None:
+    def pull_evidence(self, *, in_teardown: bool, max_s: float | None = None) -> None:
         """Pull the host's evidence with a deadline and a size budget, both from the meter.
 
         In the run, a pull the cap cuts is a cap stop (exit 6). In teardown it is best effort: it may use a
@@ -181,6 +183,8 @@ class HostWork:
                            self.meter.hard_deadline(start) - 0.5 * self.spec.teardown_margin_s)
         else:
             deadline = min(start + PULL_MAX_S, work_deadline)
+        if max_s is not None:  # a signal: the DELETE must not wait for more than this
+            deadline = min(deadline, start + max_s)
         affordable = self.meter.affordable_down_bytes(deadline)
         budget = min(float(PULL_MAX_BYTES), affordable)
         self.pull = PullRecord(deadline_s=round(deadline - start, 3), max_bytes=budget)

@@ -82,10 +82,13 @@ def test_three_gpu_types_end_to_end_with_reports(sim, tmp_path):
         assert "MFU per measurement" in (run_dir / "report.html").read_text()
     # the runs' MFU is against a nominal peak per GPU type, so it differs by type
     assert len({round(r["mfu"], 6) for r in rows}) == 3
-    # reap reads the shared ledger: every fleet run's create and absence lines are there
-    entries = Ledger(tmp_path / "ev" / "ledger.jsonl").entries()
+    # reap reads the user's ledger (the state dir's): every fleet run's create and absence lines are there,
+    # each stamped with the API and the account like a single run's
+    entries = Ledger(spec.state_dir / "ledger.jsonl").entries()
     assert {e.run_id for e in entries} == {r["run_id"] for r in rows}
-    assert Ledger(tmp_path / "ev" / "ledger.jsonl").unproven() == ({}, set())
+    assert entries and all(e.api_url == spec.api_url and e.account for e in entries)
+    assert len({e.account for e in entries}) == 1
+    assert Ledger(spec.state_dir / "ledger.jsonl").unproven() == ({}, set())
     events = [json.loads(line)["event"] for line in (fleet_dir / "fleet.jsonl").read_text().splitlines()]
     assert events[0] == "fleet-start" and events[-1] == "fleet-end" and events.count("run-end") == 3
     html = (fleet_dir / "fleet-report.html").read_text()
@@ -207,7 +210,7 @@ def test_kill9_of_the_fleet_mid_parallel_creates_then_reap_leaves_nothing_live(s
                 "--evidence-dir", str(tmp_path)]
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
                                 env={**os.environ, "VAST_API_KEY": KEY})
-        ledger = tmp_path / "ledger.jsonl"
+        ledger = tmp_path / "vh-state" / "ledger.jsonl"  # the state dir (tests/conftest.py)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:  # every run has written its intent: three PUTs are in flight
             if ledger.exists() and ledger.read_text().count('"intent"') >= 3:
