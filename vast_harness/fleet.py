@@ -328,7 +328,7 @@ class Fleet:
             self.outcomes[entry.gpu] = RunOutcome(entry.gpu, None, self.stop_code, f"not started: {stopped}")
             self.ledger.append("run-skipped", gpu=entry.gpu, reason=stopped)
             return
-        self.ledger.append("run-start", gpu=entry.gpu, run_id=run.run_id, label=f"vh-{run.run_id}",
+        self.ledger.append("run-start", gpu=entry.gpu, run_id=run.run_id, label_prefix=f"vh-{run.run_id}-",
                            evidence_dir=str(run.ev.dir), planned_offer=entry.row())
         try:
             result = run.execute()

@@ -464,6 +464,8 @@ class GuardedRun:
             self.out.warn(f"could not re-read instance {inst.instance_id}'s price after the steps: {exc}")
 
     def _on_poll(self, inst: CreatedInstance, read: Instance | None) -> None:
+        if inst.seen and (read is None or is_lingering(read)):  # shown once, now gone: not by us
+            self._vanished(inst, "a read of it no longer shows it" if read is None else "a read shows it destroyed")
         self._check_cancelled()
         self._on_instance_read(inst, read)
 

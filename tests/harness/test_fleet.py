@@ -24,6 +24,7 @@ from vast_harness.errors import PRECEDENCE, worst
 from vast_harness.fleet import SerialClient, parse_gpus, run_fleet
 from vast_harness.ledger import Ledger
 from vast_harness.output import Output
+from vast_harness.registry import LabelInfo, parse_label
 from vast_harness.runner import GuardedRun
 from vast_harness.sim import SimServer
 
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCALE = 0.1
 KEY = "sim-fleet-key"
 GPUS = ["RTX 5090", "RTX 4090", "H100 SXM"]
+NONE = LabelInfo(run_id="")  # what a label that is not the harness's parses to, for the filters below
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +96,8 @@ def test_three_gpu_types_end_to_end_with_reports(sim, tmp_path):
     html = (fleet_dir / "fleet-report.html").read_text()
     assert "data:image/svg+xml;base64," in html and all(g in html for g in GPUS)
     # the simulator billed each instance no more than its run's cap, and the fleet no more than its total
-    billed = [i["billed_usd"] for i in sim.state()["instances"] if i["label"] in {f"vh-{r['run_id']}" for r in rows}]
+    ids = {r["run_id"] for r in rows}
+    billed = [i["billed_usd"] for i in sim.state()["instances"] if (parse_label(i["label"]) or NONE).run_id in ids]
     assert len(billed) == 3 and sum(billed) <= 2.0
 
 
@@ -169,8 +172,8 @@ def test_total_cap_reached_while_running_cancels_every_run(sim, tmp_path):
     result = json.loads((fleet_dir / "fleet-result.json").read_text())
     assert "fleet total cap" in result["stop_reason"] and result["cap_events"]
     assert {r["exit_code"] for r in result["rows"]} == {6}
-    labels = {f"vh-{r['run_id']}" for r in result["rows"]}
-    mine = [i for i in sim.state()["instances"] if i["label"] in labels]
+    ids = {r["run_id"] for r in result["rows"]}
+    mine = [i for i in sim.state()["instances"] if (parse_label(i["label"]) or NONE).run_id in ids]
     assert len(mine) == 2 and not [i for i in mine if i["live"]]
     assert sum(i["billed_usd"] for i in mine) <= 0.0045  # the simulator's bill, not the harness's estimate
     assert any(json.loads(line)["event"] == "cancel" for line in (fleet_dir / "fleet.jsonl").read_text().splitlines())

@@ -16,7 +16,8 @@ def test_exported_members_match_all():
     exported = {name for name in dir(vast_harness) if not name.startswith("_")}
     modules = {"apiurl", "bundle", "cli", "client", "config", "errors", "evidence", "ledger", "lifecycle", "meter", "models", "offers",
                "onstart", "output", "pacing", "plan", "quote", "reap", "resources", "runner", "ssh", "sim", "chaos",
-               "report", "svgplot", "fleet", "fleet_report", "tokrate", "hostwork", "apiurl", "answerbound"}
+               "report", "svgplot", "fleet", "fleet_report", "tokrate", "hostwork", "apiurl", "answerbound",
+               "registry", "servertime", "statedir", "status"}
     assert exported - modules == set(vast_harness.__all__)
 
 
