@@ -80,9 +80,9 @@ class HostWork:
             f"rm -rf ~/{REMOTE_DIR} && mkdir -p ~/{REMOTE_DIR}/evidence && tar -xzf ~/vh-bundle.tar.gz -C ~/{REMOTE_DIR}"
             f" && echo \"bundle sha256 $(sha256sum ~/vh-bundle.tar.gz | cut -c1-64)\"",
             on_line=lambda stream, line: self.out.info(f"[setup] {line}"),
-            timeout_s=max(0.05, self.meter.deadline(120.0) - time.monotonic()),
+            timeout_s=max(0.05, self.meter.deadline(120.0) - self.meter.now()),
         )
-        if outcome.timed_out and time.monotonic() >= self.meter.work_deadline() - 0.05:
+        if outcome.timed_out and self.meter.cut_by_cap():
             raise CapReachedError("cap reached while unpacking the bundle")
         if not outcome.ok:
             raise StepFailedError(f"unpacking the bundle failed: rc={outcome.rc} {outcome.detail}", step="setup")
@@ -98,7 +98,7 @@ class HostWork:
             shown = log.write(line)
             state["unmetered"] += len(line) + 1
             if shown:
-                self.out.step_line(name, time.monotonic() - started, self.meter.accrued_usd(), stream, line)
+                self.out.step_line(name, self.meter.now() - started, self.meter.accrued_usd(), stream, line)
             elif not state["said_cut"]:
                 state["said_cut"] = True
                 self.out.warn(f"step {name}: output past {self.ev.step_log_head_bytes} bytes is no longer shown; "
@@ -107,7 +107,7 @@ class HostWork:
                 # Printed bytes leave the host and are billed: they can move the money deadline earlier.
                 self.meter.add_bytes(down=state["unmetered"])
                 state["unmetered"] = 0
-                if time.monotonic() >= self.meter.work_deadline():
+                if self.meter.cut_by_cap():
                     raise CapReachedError(f"step {name} stopped at the cap (its output is billed bandwidth)")
 
         def settle() -> None:
@@ -125,7 +125,7 @@ class HostWork:
         for step in self.spec.profile.steps:
             self._check_cancelled()
             self.meter.check(f"step {step.name}")
-            started = time.monotonic()
+            started = self.meter.now()
             timeout = max(0.05, self.meter.deadline(step.timeout_s) - started)
             log = self.ev.step_log(step.name)
             on_line, settle = self._step_printer(step.name, log, started, scrub)
@@ -136,7 +136,7 @@ class HostWork:
                                            env=env, stop=self.cancelled)
             except CapReachedError as exc:  # raised from inside the drain: the channel is closed already
                 cut = exc
-                outcome = StepOutcome(rc=None, seconds=time.monotonic() - started, timed_out=True, detail=str(exc))
+                outcome = StepOutcome(rc=None, seconds=self.meter.now() - started, timed_out=True, detail=str(exc))
             finally:
                 settle()
                 log.close()
@@ -148,12 +148,12 @@ class HostWork:
                 record.reconnect_ok = self.session.reconnect_probe()
             self.steps.append(record)
             self.t_last_step_end_unix = time.time()
-            self.t_last_step_end_mono = time.monotonic()
+            self.t_last_step_end_mono = self.meter.now()
             self.ev.append_step_tsv(record.name, record.rc, record.seconds)
             if cut is not None:
                 raise cut
             self._check_cancelled()
-            if outcome.timed_out and (timeout < step.timeout_s or time.monotonic() >= self.meter.work_deadline()):
+            if outcome.timed_out and (timeout < step.timeout_s or self.meter.cut_by_cap()):
                 raise CapReachedError(f"step {step.name} stopped at the cap (time/cost) after {outcome.seconds:.0f} s")
             if outcome.timed_out:
                 raise StepFailedError(f"step {step.name} timed out after {step.timeout_s:g} s", step=step.name)
@@ -175,7 +175,7 @@ class HostWork:
         if not in_teardown:
             self.meter.check("the evidence pull")  # before marking it done: the teardown still tries, briefly
         self.evidence_pulled = True
-        start = time.monotonic()
+        start = self.meter.now()
         work_deadline = self.meter.work_deadline(start)
         if in_teardown:
             grace_s = min(PULL_GRACE_MAX_S, PULL_GRACE_SHARE * self.spec.teardown_margin_s)
@@ -202,7 +202,7 @@ class HostWork:
             self.out.warn(f"could not pull the host's evidence: {exc}")
             return
         finally:
-            self.timings["pull_s"] = round(time.monotonic() - start, 3)
+            self.timings["pull_s"] = round(self.meter.now() - start, 3)
         self.pull = self.pull.model_copy(update={"files": len(pulled.files), "bytes": pulled.bytes,
                                                  "skipped": pulled.skipped, "complete": pulled.complete,
                                                  "detail": pulled.detail})
@@ -210,7 +210,7 @@ class HostWork:
                       + ("" if pulled.complete else f"; incomplete: {pulled.detail}"))
         if pulled.complete or in_teardown:
             return
-        if time.monotonic() >= deadline - 0.05 or (pulled.skipped and affordable < PULL_MAX_BYTES):
+        if self.meter.cut_by_cap(deadline) or (pulled.skipped and affordable < PULL_MAX_BYTES):
             raise CapReachedError(f"cap reached during the evidence pull ({len(pulled.files)} file(s) pulled, "
                                   f"{len(pulled.skipped)} left on the host): {pulled.detail}")
         if pulled.skipped:

@@ -414,7 +414,7 @@ class GuardedRun:
                     return
                 try:
                     self._on_instance_read(inst, read)
-                    if time.monotonic() >= self.meter.work_deadline():
+                    if self.meter.cut_by_cap():
                         raise CapReachedError(f"instance {inst.instance_id} now bills ${inst.dph_usd:.4f}/h: "
                                               "the cap is reached")
                 except CapReachedError as exc:
@@ -506,7 +506,7 @@ class GuardedRun:
         except (BootFailed, SshConnectError) as exc:
             # When the cap, not the boot timeout, cut the wait, the run stopped at its cap (exit 6): trying
             # another host would only spend past it.
-            if time.monotonic() >= self.meter.work_deadline() - 0.05:
+            if self.meter.cut_by_cap():
                 raise CapReachedError(f"cap reached while instance {inst.instance_id} was booting: {exc}") from exc
             raise
 

@@ -257,3 +257,20 @@ def test_account_scenarios_hold_every_invariant(kind):
     seed = next(s for s in range(100) if chaos.draw_account(s).kind == kind)
     outcome = chaos.run_account(chaos.draw_account(seed))
     assert not outcome.violations, (outcome.summary(), [v.detail[:400] for v in outcome.violations], outcome.log[-3000:])
+
+
+def test_the_cap_cut_is_decided_once_on_the_meters_clock(fake_clock):
+    from vast_harness.meter import CAP_CUT_SLACK_S, CostMeter
+
+    meter = CostMeter(max_usd=10.0, max_seconds=100.0, teardown_margin_s=20.0, clock=fake_clock)
+    wd = meter.work_deadline()  # t0 + 100 - 20, on the fake clock (no instance: no money deadline)
+    assert wd == fake_clock() + 80.0 and not meter.cut_by_cap()
+    fake_clock.sleep(80.0 - CAP_CUT_SLACK_S - 0.01)
+    assert not meter.cut_by_cap()  # a phase's own timeout this early is not the cap's
+    fake_clock.sleep(0.02)
+    assert meter.cut_by_cap() and meter.now() == fake_clock()
+    phase = meter.deadline(5.0)  # a phase deadline the meter handed out, before the work deadline
+    assert meter.cut_by_cap(phase)
+    # a wall-clock step does not exist for the meter: only its (monotonic) clock moves its deadlines
+    fake_clock.sleep(7200.0)
+    assert meter.remaining_s() < 0 and meter.cut_by_cap()
