@@ -506,7 +506,9 @@ def resolve(
             raise ConfigError(f"--pacing-scale {pacing_scale:g} is below {REAL_PACING_SCALE_FLOOR:g} against {url}: "
                               "Vast's rate limits cannot be scaled down; lower values are for the simulator")
     key = None if sim else read_api_key(key_file, environ)
-    state = (state_dir or user_state_dir(environ)).expanduser()
+    # --sim runs keep their own state: the embedded simulator's account dies with the process, so its ledger
+    # lines must never make a reap of the real account exit 3.
+    state = (state_dir or (user_state_dir(environ) / "sim" if sim else user_state_dir(environ))).expanduser()
     ev_dir = (evidence_dir or state).expanduser()  # never site-packages, never the current directory
     if not dry_run:  # a run or a reap writes its ledger and evidence here: find out now, not after renting
         check_evidence_dir(ev_dir)

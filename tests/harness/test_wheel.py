@@ -111,7 +111,7 @@ def test_installed_wheel_runs_the_smoke_profile_outside_the_checkout(tmp_path: P
     assert smoke.returncode in (0, 4), (smoke.stdout[-2000:], smoke.stderr[-3000:])  # 4: passed, unqualified driver
     # The default evidence dir is the user's state dir (documented; $VAST_HARNESS_HOME, set per test by
     # tests/conftest.py), never site-packages nor the current directory; the ledger is there too.
-    state = Path(env["VAST_HARNESS_HOME"])
+    state = Path(env["VAST_HARNESS_HOME"]) / "sim"  # --sim runs keep their own state
     results = list(state.glob("*/harness-result.json"))
     assert len(results) == 1, smoke.stdout[-2000:]
     assert json.loads(results[0].read_text())["exit_code"] == smoke.returncode
