@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Chaos suite: `python scripts/chaos.py --scenarios 200 --net 110 --kill9 4 --seed 1`.
+"""Chaos suite: `python scripts/chaos.py --scenarios 200 --net 110 --kill9 4 --account 6 --seed 1`.
 
 Three families from one seed, judged by the simulator's own record (vast_harness/chaos/judge.py): in-process
 runs under simulator faults and caps (`sim`), the harness in its own process behind a fault proxy that
 stalls, lags, trickles, resets and garbles the API and the SSH links, with floods and a full disk (`net`,
-kinds: `--list-kinds`), and the real CLI SIGKILLed then reaped (`kill9`). `--kinds` picks families or
+kinds: `--list-kinds`), the real CLI SIGKILLed then reaped from another directory (`kill9`), and several runs,
+reaps, state dirs and clocks on one account (`account`: vast_harness/chaos/account.py). `--kinds` picks families or
 network kinds (names or patterns: `--kinds 'odd_*,ssh_stall'`). `--replay SEED` (`--replay-net SEED`,
 `--replay-kill9 SEED`) reruns one scenario alone, verbosely; a network replay needs the same `--kinds`.
 Exit 1 on any violation that is not a known issue (KNOWN_ISSUES in vast_harness/chaos/judge.py).
@@ -35,7 +36,8 @@ def render(report: chaos.SuiteReport, console: Console) -> None:
     skipped = sum(o.skipped is not None for o in report.network)
     rows = [("scenarios in-process (sim)", len(report.scenarios)),
             ("scenarios behind the fault proxy (net)", f"{len(report.network)} ({skipped} skipped)"),
-            ("kill -9 scenarios", len(report.kill9)), ("wall time (s)", f"{report.wall_s:.1f}")]
+            ("kill -9 scenarios", len(report.kill9)), ("account scenarios", len(report.account)),
+            ("wall time (s)", f"{report.wall_s:.1f}")]
     rows += [(kind.replace("_", " "), violations[kind]) for kind in chaos.VIOLATION_KINDS]
     rows += [(f"known issue: {name}", n) for name, n in sorted(known.items())]
     for name, value in rows:
@@ -70,7 +72,8 @@ def render(report: chaos.SuiteReport, console: Console) -> None:
         console.print(codes)
 
     bad = [(fam, o.seed, v) for fam, outs in (("sim", report.scenarios), ("net", report.network),
-                                             ("kill9", report.kill9)) for o in outs for v in o.violations]
+                                             ("kill9", report.kill9), ("account", report.account))
+           for o in outs for v in o.violations]
     if bad:
         table = Table(title="violations", header_style="bold")
         for col in ("family", "seed", "kind", "known", "detail"):
@@ -87,6 +90,11 @@ def _print_violations(console: Console, violations: list[chaos.Violation]) -> in
 
 
 def replay(args: argparse.Namespace, console: Console) -> int:
+    if args.replay_account is not None:
+        a = chaos.run_account(chaos.draw_account(args.replay_account))
+        console.print(a.plan.model_dump(), a.summary())
+        console.out(a.log)
+        return _print_violations(console, a.violations)
     if args.replay_kill9 is not None:
         k = chaos.run_kill9(chaos.draw_kill9(args.replay_kill9))
         console.print(k.plan.model_dump(), k.summary(), k.ledger_events)
@@ -112,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", type=int, default=200, help="in-process scenarios (default 200)")
     parser.add_argument("--net", type=int, default=110, help="network scenarios (default 110)")
     parser.add_argument("--kill9", type=int, default=4, help="kill -9 scenarios of the real CLI (default 4)")
+    parser.add_argument("--account", type=int, default=6, help="account scenarios: two runs and a reap, clock "
+                        "steps, a failing boot with a failing DELETE, a re-priced fleet (default 6)")
     parser.add_argument("--kinds", default=None, help="families and network kinds to run, comma-separated "
                         "names or patterns (sim, kill9, net, or a network kind); default all")
     parser.add_argument("--list-kinds", action="store_true", help="list the network kinds and exit")
@@ -120,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay", type=int, metavar="SEED", help="rerun one in-process scenario, verbosely")
     parser.add_argument("--replay-net", type=int, metavar="SEED", help="rerun one network scenario")
     parser.add_argument("--replay-kill9", type=int, metavar="SEED", help="rerun one kill -9 scenario")
+    parser.add_argument("--replay-account", type=int, metavar="SEED", help="rerun one account scenario")
     parser.add_argument("--json-out", type=Path, metavar="FILE", help="write the JSON summary here")
     parser.add_argument("--quiet", action="store_true", help="no per-scenario progress lines")
     args = parser.parse_args(argv)
@@ -131,11 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         selection = chaos.select_kinds(args.kinds)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.replay is not None or args.replay_net is not None or args.replay_kill9 is not None:
+    if any(x is not None for x in (args.replay, args.replay_net, args.replay_kill9, args.replay_account)):
         return replay(args, console)
     progress = None if args.quiet else (lambda line: console.print(line, markup=False))
     report = chaos.run_suite(args.scenarios, args.seed, workers=args.workers, kill9=args.kill9, net=args.net,
-                             selection=selection, progress=progress)
+                             account=args.account, selection=selection, progress=progress)
     render(report, console)
     if args.json_out:
         args.json_out.write_text(json.dumps(report.summary(), indent=2) + "\n")

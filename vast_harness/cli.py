@@ -22,7 +22,7 @@ import typer
 from pydantic import SecretStr
 from typer._click.exceptions import ClickException  # typer vendors click; usage errors subclass this
 
-from vast_harness.cliopts import CANARY, CHECK, EVIDENCE, FLEET, OFFERS, REAP, RUN, Flags, takes
+from vast_harness.cliopts import CANARY, CHECK, EVIDENCE, FLEET, OFFERS, REAP, RUN, STATUS, Flags, takes
 from vast_harness.config import MAX_USD_LIMIT, RunSpec, check_number, load_driver_policy, path_flag
 from vast_harness.errors import ConfigError, ExitCode, HarnessError, NoOfferError, describe, exit_code_for
 from vast_harness.output import Output
@@ -248,16 +248,29 @@ def canary(
 
 @app.command()
 @takes(*REAP)
-def reap(ctx: typer.Context, flags: Flags) -> None:
-    """Delete and prove absent every instance the ledger has not proven gone, and every live `vh-` instance."""
+def reap(
+    ctx: typer.Context,
+    flags: Flags,
+    include_live: Annotated[bool, typer.Option("--include-live", metavar="", help="Also delete live runs' "
+                                               "instances (after a confirmation prompt).")] = False,
+    yes: Annotated[bool, typer.Option("--yes", metavar="", help="Confirm --include-live without a prompt "
+                                      "(scripts).")] = False,
+) -> None:
+    """Delete and prove absent every orphan (instances of dead runs, or past their own cap deadline); list
+    live runs' instances and leave them alone."""
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
         spec = flags.spec(profile="smoke")
         from vast_harness.reap import reap_all
+        from vast_harness.status import confirm_live
 
+        if include_live and not yes and not sys.stdin.isatty():
+            raise ConfigError("--include-live deletes live runs' instances: confirm with --yes where there is no "
+                              "terminal to ask")
         with _client(spec, spec.pacing_scale) as client:
-            return reap_all(spec, client, out)
+            return reap_all(spec, client, out, include_live=include_live,
+                            confirm=(lambda live: True) if yes else confirm_live)
 
     _guard(out, body, interrupted="reap interrupted before it deleted anything; run `vast-e2e reap` again")
 
@@ -322,6 +335,22 @@ def costs(ctx: typer.Context, flags: Flags) -> None:
         return show_costs(out, _evidence_dir(flags))
 
     _guard(out, body, interrupted="interrupted")
+
+
+@app.command()
+@takes(*STATUS)
+def status(ctx: typer.Context, flags: Flags) -> None:
+    """Read-only: every live run of this user and every `vh-` instance of the account, with accrued dollars."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        spec = flags.spec(profile="smoke", dry_run=True)
+        from vast_harness.status import show_status
+
+        with _client(spec, spec.pacing_scale) as client:
+            return show_status(spec, client, out)
+
+    _guard(out, body)
 
 
 def main() -> None:

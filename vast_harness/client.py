@@ -53,6 +53,7 @@ from vast_harness.errors import (
 )
 from vast_harness.models import CreateResult, Instance, InstancePage, Offer, User
 from vast_harness.pacing import Pacer, endpoint_key
+from vast_harness.servertime import ServerClock
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,7 @@ class VastClient:
         self._pacer = Pacer(scale=pacing_scale, clock=clock, sleep=sleep)
         self._stats = CallStats()
         self._stats_lock = threading.Lock()
+        self.server_clock = ServerClock()  # the server's Date headers: ages that another process must judge
         timeouts = timeouts or Timeouts()
         self._total_s = timeouts.total_s
         self._http = httpx.Client(
@@ -391,6 +393,7 @@ class VastClient:
             with AnswerBound(self._total_s) as bound, self._http.stream(
                 method, path, params=params, json=json, extensions={"trace": bound.trace}
             ) as resp:
+                self.server_clock.observe(resp.headers.get("date"))
                 body = bytearray()
                 for chunk in resp.iter_bytes():  # decoded: the bound holds against a compression bomb too
                     body += chunk

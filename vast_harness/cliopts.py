@@ -66,7 +66,8 @@ OPTIONS: dict[str, tuple[Any, Any]] = {
     "boot_retries": (Annotated[int | None, _opt("--boot-retries", metavar="N", text="Hosts to try after one fails "
                                                                                     "to boot.")], None),
     "evidence_dir": (Annotated[str | None, _opt("--evidence-dir", metavar="DIR", text=(
-        "Where runs write evidence (default: the config file's evidence_dir, else .evidence/vast)."))], None),
+        "Where runs write evidence (default: the config file's evidence_dir, else the state dir: "
+        "$VAST_HARNESS_HOME, else ~/.local/state/vast-harness). The ledger stays in the state dir."))], None),
     "api_url": (Annotated[str | None, _opt("--api-url", metavar="URL", text="API base URL (default Vast; VAST_URL "
                                                                             "honoured).")], None),
     "sim": (Annotated[bool, _opt("--sim", metavar="", text="Start the embedded simulator and run against it (no "
@@ -97,6 +98,7 @@ FLEET = tuple(n for n in RUN if n != "eight_gpu_qualified")
 CHECK = ("profile", "key_file", "api_url", "sim", "json_output", "pacing_scale")
 CANARY = ("max_usd", "max_minutes", "profile", "key_file", "evidence_dir", "api_url", "sim", "json_output",
           "proof_interval", "pacing_scale", "poll_interval")
+STATUS = ("key_file", "api_url", "json_output", "pacing_scale")
 REAP = ("key_file", "evidence_dir", "api_url", "json_output", "proof_interval", "pacing_scale")
 EVIDENCE = ("evidence_dir", "json_output")  # report, logs, costs: read the evidence, call nothing
 

@@ -24,6 +24,8 @@ from vast_harness.errors import ConfigError
 from vast_harness.models import pack_driver_version
 from vast_harness.redact import Redactor
 from vast_harness.resources import profiles_dir as _profiles_dir
+from vast_harness.statedir import SIM_SUBDIR, STATE_ENV
+from vast_harness.statedir import state_dir as user_state_dir
 
 PROFILES_DIR = _profiles_dir()  # the checkout's profiles/, or the wheel's packaged copy (resources.py)
 PROFILE_NAMES = ("mfu", "proofs", "smoke")
@@ -547,6 +549,7 @@ class RunSpec(BaseModel):
     unqualified_ok: bool = False  # exit 0 instead of 4 for a pass on an unqualified driver (--any-driver runs)
     boot_retries: int = 0
     evidence_dir: Path
+    state_dir: Path  # the user's ledger and live-run registrations (statedir.py); evidence by default
     sim: bool = False
     proof_interval_s: float = 10.0
     teardown_margin_s: float = 120.0
@@ -609,6 +612,7 @@ def resolve(
     allow_unarmed_deadman: bool = False,
     image_expect: str | None = None,
     image_expect_ack: bool = False,
+    state_dir: Path | None = None,
     environ: Mapping[str, str] | None = None,
     profiles_dir: Path = PROFILES_DIR,
 ) -> RunSpec:
@@ -681,9 +685,14 @@ def resolve(
     elif image_expect_ack:
         raise ConfigError("--image-expect-ack acknowledges an --image-expect override; none was given")
     key = None if sim else read_api_key(key_file, environ, path_flag("key_file (config file)", user.key_file))
-    ev_dir = (evidence_dir or Path.cwd() / ".evidence" / "vast").expanduser()  # never site-packages
+    # --sim runs keep their own state: the embedded simulator's account dies with the process, so its ledger
+    # lines must never make a reap of the real account exit 3.
+    state = (state_dir or (user_state_dir(environ) / SIM_SUBDIR if sim else user_state_dir(environ))).expanduser()
+    ev_dir = (evidence_dir or state).expanduser()  # never site-packages, never the current directory
     if not dry_run:  # a run or a reap writes its ledger and evidence here: find out now, not after renting
         check_evidence_dir(ev_dir)
+        if state != ev_dir:
+            check_evidence_dir(state, f"the state directory (${STATE_ENV})")
     try:
         return RunSpec(
             profile=prof,
@@ -699,6 +708,7 @@ def resolve(
             unqualified_ok=unqualified_ok,
             boot_retries=prof.boot_retries if boot_retries is None else boot_retries,
             evidence_dir=ev_dir,
+            state_dir=state,
             sim=sim,
             proof_interval_s=proof_interval_s if proof_interval_s is not None else (0.5 if sim else 10.0),
             teardown_margin_s=15.0 if sim else 120.0,

@@ -20,6 +20,7 @@ from vast_harness.hostdata import number, read_json
 from vast_harness.ledger import LEDGER_FILE, Ledger
 from vast_harness.output import Output, safe_cells
 from vast_harness.runs import RESULT_NAME, run_dirs
+from vast_harness.statedir import SIM_SUBDIR, state_dir
 
 
 class RunCost(BaseModel):
@@ -65,11 +66,13 @@ def _from_record(path: Path) -> RunCost | None:
 def collect(evidence_dir: Path) -> list[RunCost]:
     """Every run: those with a record, and those only the ledger names."""
     runs = {r.run_id: r for r in (_from_record(p) for p in run_dirs(evidence_dir)) if r is not None}
-    ledger = Ledger(evidence_dir / LEDGER_FILE)
+    # The ledger lives in the state dir (its --sim part beside it); an --evidence-dir may hold an older one.
+    homes = [evidence_dir, evidence_dir / SIM_SUBDIR, state_dir(), state_dir() / SIM_SUBDIR]
+    ledgers = list(dict.fromkeys(h / LEDGER_FILE for h in homes if (h / LEDGER_FILE).is_file()))
     first: dict[str, float] = {}
     instances: dict[str, set[int]] = defaultdict(set)
     sim: dict[str, bool] = {}
-    for e in ledger.entries():
+    for e in (e for path in ledgers for e in Ledger(path).entries()):
         first.setdefault(e.run_id, e.t_unix)
         if e.instance_id is not None:
             instances[e.run_id].add(e.instance_id)

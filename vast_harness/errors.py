@@ -26,7 +26,8 @@ the only place that ranks codes (a fleet's runs, a run's outcome against its tea
         ├── SshConnectError         no SSH endpoint accepted the run's key in time          exit 1
         ├── SshTransferError        an SFTP transfer broke off                              exit 1
         │   └── TransferAbandoned   ... or ran past its deadline and was cut                exit 1
-        └── CreateUnresolved        a create of unknown outcome no read has settled        exit 3
+        ├── CreateUnresolved        a create of unknown outcome no read has settled        exit 3
+        └── TeardownUnproven        a failed host not proven gone: no further create         exit 3
 
 Errors never carry the API key: they hold method, path (no query string) and the parsed body fields.
 """
@@ -241,6 +242,13 @@ class CreateUnresolved(HarnessError):
     def __init__(self, message: str, *, label: str) -> None:
         super().__init__(message)
         self.label = label
+
+
+class TeardownUnproven(HarnessError):
+    """A host that failed to boot was deleted but not proven absent: renting the next offer could bill two
+    instances at once, so the run stops (the ledger names it)."""
+
+    exit_code = ExitCode.NOT_PROVEN_GONE
 
 
 class SshConnectError(HarnessError):

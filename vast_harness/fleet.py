@@ -2,8 +2,8 @@
 
 Order: per GPU type, the offer a single run would pick (same filters, driver qualification and quote); the
 fleet is refused before anything is rented when the summed worst cases exceed the total cap or the credit
-(exit 5, with the table). Then the runs, each a normal `GuardedRun` (own label `vh-<run_id>`, own lines in the
-shared ledger that `reap` reads, own evidence directory and absence proof) under `<evidence-dir>/fleet-<id>/`,
+(exit 5, with the table). Then the runs, each a normal `GuardedRun` (own label `vh-<run_id>-d<deadline>`, own
+registration, own stamped lines in the user's ledger that `reap` reads, own evidence directory and absence proof) under `<evidence-dir>/fleet-<id>/`,
 beside the fleet ledger `fleet.jsonl`. While they run, a monitor on the calling thread sums the runs' accrued
 dollars plus a teardown reserve per live instance and cancels every run when that reaches the total cap.
 
@@ -35,7 +35,7 @@ from vast_harness.config import Caps, DriverPolicy, RunSpec, load_profile
 from vast_harness.endpoints import ENDPOINT_PATHS
 from vast_harness.errors import PRECEDENCE, ConfigError, ExitCode, NoOfferError, describe, exit_code_for, worst
 from vast_harness.evidence import StepRecord
-from vast_harness.ledger import LEDGER_FILE, Ledger, new_run_id
+from vast_harness.ledger import new_run_id
 from vast_harness.lifecycle import InstanceTeardown
 from vast_harness.output import Output, line, safe_cells, safe_text
 from vast_harness.pacing import endpoint_key
@@ -272,7 +272,7 @@ class Fleet:
     pre: Preflight
     client: VastClient
     drivers: DriverPolicy
-    root: Path  # the evidence directory whose ledger.jsonl `reap` reads
+    root: Path  # the evidence directory: the fleet's own directory goes under it
     parallel: int
     fleet_id: str = field(default_factory=lambda: new_fleet_id())
     quiet: bool = False
@@ -338,15 +338,15 @@ class Fleet:
         with self._lock:  # registered under the lock, so a cancel_all either sees this run or stops it here
             stopped = self.stop_reason
             if not stopped:
+                # Its lines go to the user's ledger (the state dir's), stamped like any run's: `reap` finds them.
                 run = GuardedRun(run_spec, self.client, self.drivers, RunOutput(entry.gpu, quiet=self.quiet),
                                  run_id=new_run_id())
-                run.ledger = Ledger(self.root / LEDGER_FILE)  # the shared ledger: `reap` finds fleet runs
                 self.runs[entry.gpu] = run
         if stopped:
             self.outcomes[entry.gpu] = RunOutcome(entry.gpu, None, self.stop_code, f"not started: {stopped}")
             self.ledger.append("run-skipped", gpu=entry.gpu, reason=stopped)
             return
-        self.ledger.append("run-start", gpu=entry.gpu, run_id=run.run_id, label=f"vh-{run.run_id}",
+        self.ledger.append("run-start", gpu=entry.gpu, run_id=run.run_id, label_prefix=f"vh-{run.run_id}-",
                            evidence_dir=str(run.ev.dir), planned_offer=entry.row())
         try:
             result = run.execute()

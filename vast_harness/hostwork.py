@@ -52,7 +52,8 @@ class HostWork:
         self.steps: list[StepRecord] = []
         self.pull: PullRecord | None = None
         self.evidence_pulled = False
-        self.t_last_step_end_unix: float | None = None
+        self.t_last_step_end_unix: float | None = None  # recorded
+        self.t_last_step_end_mono: float | None = None  # compared
 
     def upload(self, bundle: Bundle) -> None:
         """Send the bundle (cut at the cap) and unpack it under ~/vh on the host."""
@@ -82,9 +83,9 @@ class HostWork:
             f"rm -rf ~/{REMOTE_DIR} && mkdir -p ~/{REMOTE_DIR}/evidence && tar -xzf ~/vh-bundle.tar.gz -C ~/{REMOTE_DIR}"
             f" && echo \"bundle sha256 $(sha256sum ~/vh-bundle.tar.gz | cut -c1-64)\"",
             on_line=lambda stream, line: self.out.info(f"[setup] {self.spec.redactor.text(line)}"),
-            timeout_s=max(0.05, self.meter.deadline(120.0) - time.monotonic()),
+            timeout_s=max(0.05, self.meter.deadline(120.0) - self.meter.now()),
         )
-        if outcome.timed_out and time.monotonic() >= self.meter.work_deadline() - 0.05:
+        if outcome.timed_out and self.meter.cut_by_cap():
             raise CapReachedError("cap reached while unpacking the bundle")
         if not outcome.ok:
             raise StepFailedError(f"unpacking the bundle failed: rc={outcome.rc} {outcome.detail}", step="setup")
@@ -100,7 +101,7 @@ class HostWork:
             shown = log.write(line)
             state["unmetered"] += len(raw) + 1
             if shown:
-                self.out.step_line(name, time.monotonic() - started, self.meter.accrued_usd(), stream, line)
+                self.out.step_line(name, self.meter.now() - started, self.meter.accrued_usd(), stream, line)
             elif not state["said_cut"]:
                 state["said_cut"] = True
                 self.out.warn(f"step {name}: output past {self.ev.step_log_head_bytes} bytes is no longer shown; "
@@ -109,7 +110,7 @@ class HostWork:
                 # Printed bytes leave the host and are billed: they can move the money deadline earlier.
                 self.meter.add_bytes(down=state["unmetered"])
                 state["unmetered"] = 0
-                if time.monotonic() >= self.meter.work_deadline():
+                if self.meter.cut_by_cap():
                     raise CapReachedError(f"step {name} stopped at the cap (its output is billed bandwidth)")
 
         def settle() -> None:
@@ -125,7 +126,7 @@ class HostWork:
         for step in self.spec.profile.steps:
             self._check_cancelled()
             self.meter.check(f"step {step.name}")
-            started = time.monotonic()
+            started = self.meter.now()
             timeout = max(0.05, self.meter.deadline(step.timeout_s) - started)
             log = self.ev.step_log(step.name)
             on_line, settle = self._step_printer(step.name, log, started)
@@ -138,10 +139,10 @@ class HostWork:
                                            env=env, stop=self.cancelled)
             except CapReachedError as exc:  # raised from inside the drain: the channel is closed already
                 cut = exc
-                outcome = StepOutcome(rc=None, seconds=time.monotonic() - started, timed_out=True, detail=str(exc))
+                outcome = StepOutcome(rc=None, seconds=self.meter.now() - started, timed_out=True, detail=str(exc))
             except Interrupted as exc:  # Ctrl-C mid-step: the step is recorded, then the run tears down
                 interrupted = exc
-                outcome = StepOutcome(rc=None, seconds=time.monotonic() - started, detail=f"interrupted by {exc}")
+                outcome = StepOutcome(rc=None, seconds=self.meter.now() - started, detail=f"interrupted by {exc}")
             finally:
                 settle()
                 log.close()
@@ -154,6 +155,7 @@ class HostWork:
                 record.reconnect_ok = self.session.reconnect_probe()
             self.steps.append(record)
             self.t_last_step_end_unix = time.time()
+            self.t_last_step_end_mono = self.meter.now()
             self.ev.append_step_tsv(record.name, record.rc, record.seconds)
             self.out.step_done(record, self.meter.accrued_usd())
             if interrupted is not None:
@@ -161,7 +163,7 @@ class HostWork:
             if cut is not None:
                 raise cut
             self._check_cancelled()
-            if outcome.timed_out and (timeout < step.timeout_s or time.monotonic() >= self.meter.work_deadline()):
+            if outcome.timed_out and (timeout < step.timeout_s or self.meter.cut_by_cap()):
                 raise CapReachedError(f"step {step.name} stopped at the cap (time/cost) after {outcome.seconds:.0f} s")
             if outcome.timed_out:
                 raise StepFailedError(f"step {step.name} timed out after {step.timeout_s:g} s", step=step.name)
@@ -189,7 +191,7 @@ class HostWork:
                 self.ev.write_failures.append(f"remote/{name}: could not mask a secret ({exc.strerror or exc})")
         return changed
 
-    def pull_evidence(self, *, in_teardown: bool) -> None:
+    def pull_evidence(self, *, in_teardown: bool, max_s: float | None = None) -> None:
         """Pull the host's evidence with a deadline and a size budget, both from the meter.
 
         In the run, a pull the cap cuts is a cap stop (exit 6). In teardown it is best effort: it may use a
@@ -201,7 +203,7 @@ class HostWork:
             self.meter.check("the evidence pull")  # before marking it done: the teardown still tries, briefly
         self.evidence_pulled = True
         self._phase("pull")
-        start = time.monotonic()
+        start = self.meter.now()
         work_deadline = self.meter.work_deadline(start)
         if in_teardown:
             grace_s = min(PULL_GRACE_MAX_S, PULL_GRACE_SHARE * self.spec.teardown_margin_s)
@@ -210,6 +212,8 @@ class HostWork:
         else:
             deadline = min(start + PULL_MAX_S, work_deadline)
         own_bound_first = start + PULL_MAX_S < work_deadline  # the pull's own bound, not a cap, ends it
+        if max_s is not None:  # a signal: the DELETE must not wait for more than this
+            deadline = min(deadline, start + max_s)
         affordable = self.meter.affordable_down_bytes(deadline)
         budget = min(float(PULL_MAX_BYTES), affordable)
         self.pull = PullRecord(deadline_s=round(deadline - start, 3), max_bytes=budget)
@@ -227,7 +231,7 @@ class HostWork:
             self.out.warn(f"could not pull the host's evidence: {exc}")
             return
         finally:
-            self.timings["pull_s"] = round(time.monotonic() - start, 3)
+            self.timings["pull_s"] = round(self.meter.now() - start, 3)
             masked = self._redact_pulled()
             if self.pull is not None:
                 self.pull.redacted = masked
@@ -239,11 +243,11 @@ class HostWork:
         if pulled.complete or in_teardown:
             return
         got = f"{len(pulled.files)} file(s), {pulled.bytes} bytes pulled"
-        if time.monotonic() >= deadline - 0.05 and own_bound_first:
+        if self.meter.cut_by_cap(deadline) and own_bound_first:
             # e.g. a host file appended to for ever: the pull's bound ended it with money and time to spare
             raise HarnessError(f"the host's evidence is incomplete: the pull's own {PULL_MAX_S:g} s bound ended it "
                                f"({got}); left on the host: {_left_on_host(pulled)}")
-        if time.monotonic() >= deadline - 0.05 or (pulled.skipped and affordable < PULL_MAX_BYTES):
+        if self.meter.cut_by_cap(deadline) or (pulled.skipped and affordable < PULL_MAX_BYTES):
             raise CapReachedError(f"cap reached during the evidence pull ({got}; left on the host: "
                                   f"{_left_on_host(pulled)}): {pulled.detail}")
         if pulled.skipped:

@@ -8,17 +8,23 @@ the caller never creates). Later lines (outcomes, deletes, proofs) are recorded 
 never stop a teardown, and a missing outcome only makes `reap` look again. Reads are tolerant: a torn,
 non-UTF-8 or malformed line is skipped and reported, never fatal. Each line names the API and the account
 (a key fingerprint, never the key) its instance belongs to, so `reap` with another key does not read
-"not visible to this key" as "gone".
+"not visible to this key" as "gone"; and, when the writer has heard the API server, the server's time
+(`server_unix`), because another process judging a line's age must not trust either machine's wall clock.
+
+The ledger lives in the user's state directory (statedir.py) and is shared by every run, fleet and reap of
+that user: each line is written under an exclusive `flock`, so concurrent writers never tear or interleave.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
 
@@ -36,8 +42,11 @@ OUTCOME_EVENTS = ("created", "create_failed", "delete_ack")  # events that name 
 # `create_failed` verdict for an answer that says nothing was created (410 no_such_ask, 429): the label is settled,
 # `reap` need not look for it (a 5xx create_failed carries no verdict: it may still have created)
 NOTHING_CREATED = "nothing_created"
+# A create's story, per label: the last of these decides whether its outcome is still unknown.
+_CREATE_EVENTS = frozenset({"intent", "create_unknown", "create_unresolved", "created", "create_failed"})
+_OPEN_CREATE_EVENTS = frozenset({"intent", "create_unknown", "create_unresolved"})
 MAX_LINE_BYTES = 64 * 1024
-LEDGER_FILE = "ledger.jsonl"  # in the evidence dir, shared by every run, fleet and reap that writes there
+LEDGER_FILE = "ledger.jsonl"  # in the state dir, shared by every run, fleet and reap of the user
 
 
 def new_run_id(prefix: str = "", *, unique: bool = True) -> str:
@@ -73,6 +82,7 @@ class LedgerEntry(BaseModel):
     detail: str | None = None
     api_url: str | None = None  # the target; absent on lines written before targets were recorded
     account: str | None = None
+    server_unix: float | None = None  # the API server's clock when written (its Date header), if known
 
     @property
     def target(self) -> LedgerTarget | None:
@@ -108,9 +118,11 @@ class LedgerView(BaseModel):
 
 
 class Ledger:
-    def __init__(self, path: Path, target: LedgerTarget | None = None) -> None:
+    def __init__(self, path: Path, target: LedgerTarget | None = None,
+                 server_clock: Callable[[], float | None] | None = None) -> None:
         self.path = path
         self.target = target
+        self.server_clock = server_clock
         self.bad_lines: list[BadLine] = []  # from the last read
         self.write_failures: list[str] = []  # best-effort lines that did not reach the disk
         try:
@@ -119,12 +131,10 @@ class Ledger:
             raise LedgerWriteError(f"cannot create the ledger directory {path.parent}: {exc.strerror}") from None
 
     @classmethod
-    def for_spec(cls, spec: RunSpec) -> Ledger:
-        """The ledger of `spec`'s evidence dir, stamping every line with the spec's API and account."""
-        target = None
-        if spec.api_key is not None:
-            target = LedgerTarget(api_url=spec.api_url, account=account_fingerprint(spec.api_key.get_secret_value()))
-        return cls(spec.evidence_dir / LEDGER_FILE, target)
+    def for_spec(cls, spec: RunSpec, server_clock: Callable[[], float | None] | None = None) -> Ledger:
+        """The ledger of `spec`'s state dir, stamping every line with the spec's API and account (and the
+        server's time, from `server_clock`)."""
+        return cls(spec.state_dir / LEDGER_FILE, target_of(spec), server_clock)
 
     def key_dir_prefix(self, run_id: str) -> str:
         """Prefix of a run's one-time SSH key directory: the pid lets `reap` tell a killed run's key from a live one."""
@@ -135,6 +145,9 @@ class Ledger:
         data: dict[str, Any] = dict(fields)
         if self.target is not None:
             data = {"api_url": self.target.api_url, "account": self.target.account} | data
+        server_now = self.server_clock() if self.server_clock is not None else None
+        if server_now is not None:
+            data.setdefault("server_unix", round(server_now, 3))
         entry = LedgerEntry(t_unix=time.time(), run_id=run_id, event=event, label=label, **data)
         line = (entry.model_dump_json(exclude_none=True) + "\n").encode()
         try:
@@ -155,6 +168,7 @@ class Ledger:
         except OSError as exc:
             raise LedgerWriteError(f"cannot open the ledger {self.path}: {exc.strerror}") from None
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # another writer's torn-line check and write never interleave with ours
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 line = b"\n" + line  # a torn last line (a kill mid-write) must not swallow this one
@@ -167,7 +181,7 @@ class Ledger:
             raise LedgerWriteError(f"cannot write the ledger {self.path}: "
                                    f"{exc.strerror or errno.errorcode.get(exc.errno or 0, exc)}") from None
         finally:
-            os.close(fd)
+            os.close(fd)  # releases the lock
         if created:  # the new file's directory entry must be durable too
             try:
                 dfd = os.open(self.path.parent, os.O_RDONLY)
@@ -213,13 +227,18 @@ class Ledger:
         gone: set[int] = set()
         labels_with_instance: set[str] = set()
         intents: dict[str, LedgerEntry] = {}
+        last_create_event: dict[str, str] = {}
         swept: set[str] = set()
         seen: set[int] = set()
         for e in entries:
             if e.instance_id is not None and (e.event == "seen" or (e.event == "delete_ack" and e.detail == "deleted")):
                 seen.add(e.instance_id)
-            if e.event in ("intent", "create_unknown", "create_unresolved"):
+            if e.event in _OPEN_CREATE_EVENTS:
                 intents.setdefault(e.label, e)
+            if e.event in _CREATE_EVENTS:
+                # a create_failed settles only when its answer said nothing was created (a 5xx may have)
+                open_failure = e.event == "create_failed" and e.verdict != NOTHING_CREATED and e.instance_id is None
+                last_create_event[e.label] = "create_unknown" if open_failure else e.event
             if e.instance_id is not None and e.event in OUTCOME_EVENTS:
                 created.setdefault(e.instance_id, e)
                 labels_with_instance.add(e.label)
@@ -229,14 +248,24 @@ class Ledger:
                 swept.add(e.label)
         pending = {i: e for i, e in created.items() if i not in gone}
         # An intent with no recorded instance may still have created one (a create that timed out, a held
-        # create, a kill between PUT and answer): `reap` looks for its label until a sweep found nothing.
-        unresolved = {lab: e for lab, e in intents.items() if lab not in labels_with_instance and lab not in swept}
+        # create, a kill between PUT and answer): `reap` looks for its label until a sweep found nothing. Any
+        # outcome line settles it (a refused create's `create_failed` too, not a 5xx's) unless a later line
+        # reopens it.
+        unresolved = {lab: e for lab, e in intents.items() if lab not in labels_with_instance and lab not in swept
+                      and last_create_event.get(lab) in _OPEN_CREATE_EVENTS}
         return LedgerView(pending=pending, unresolved=unresolved, seen=seen, bad_lines=list(self.bad_lines))
 
     def unproven(self) -> tuple[dict[int, LedgerEntry], set[str]]:
         """Instances created but never proven gone, and labels whose create outcome is unknown."""
         v = self.view()
         return v.pending, set(v.unresolved)
+
+
+def target_of(spec: RunSpec) -> LedgerTarget | None:
+    """The API and account a spec's runs belong to (None before the --sim key exists)."""
+    if spec.api_key is None:
+        return None
+    return LedgerTarget(api_url=spec.api_url, account=account_fingerprint(spec.api_key.get_secret_value()))
 
 
 def _bad_reason(raw: bytes) -> str | None:

@@ -1,7 +1,9 @@
 """An instance's life as functions: create, wait_ready, destroy, prove_absent, teardown.
 
-Each takes a monotonic deadline or a bounded count: nothing here waits forever. Create is never retried
-blindly; a create whose outcome is unknown is followed by a list by label (reads lag creates).
+Each takes a monotonic deadline or a bounded count: nothing here waits forever. Every window (read lag, the
+unseen-instance trust window, the proof interval) is measured on the monotonic clock too; wall-clock times
+are recorded for the reader, never compared, so an NTP step cannot turn a lagging read into "gone". Create is
+never retried blindly; a create whose outcome is unknown is followed by a list by label (reads lag creates).
 
 Two Vast behaviours shape the teardown (docs/vast-behaviours.md):
   * a destroyed instance lingers: reads keep showing its row as `intended_status: destroyed` for a while.
@@ -58,9 +60,9 @@ class CreateOutcome(BaseModel):
 
 
 def find_by_label(client: VastClient, label: str, *, attempts: int, wait_s: float, sleep: Sleep,
-                  until_unix: float = 0.0) -> list[int]:
+                  until_mono: float = 0.0) -> list[int]:
     """Ids of instances carrying `label` (lingering destroyed rows excluded), tolerating read lag and
-    transient errors for `attempts` tries and, when `until_unix` is later, until then."""
+    transient errors for `attempts` tries and, when `until_mono` (monotonic) is later, until then."""
     i = 0
     while True:
         try:
@@ -70,9 +72,9 @@ def find_by_label(client: VastClient, label: str, *, attempts: int, wait_s: floa
         except VastError:
             pass
         i += 1
-        if i >= attempts and time.time() >= until_unix:
+        if i >= attempts and time.monotonic() >= until_mono:
             return []
-        sleep(max(0.0, min(wait_s, until_unix - time.time())) if i >= attempts else wait_s)
+        sleep(max(0.0, min(wait_s, until_mono - time.monotonic())) if i >= attempts else wait_s)
 
 
 def is_lingering(inst: Instance | dict[str, Any]) -> bool:
@@ -115,7 +117,7 @@ def create(
     way before it propagates."""
     label = request.label
     ledger.append(run_id, "intent", label, offer_id=offer_id)
-    t_sent = time.time()
+    t_sent = time.monotonic()
 
     def unresolved(detail: str) -> CreateOutcome:
         ledger.append(run_id, "create_unresolved", label, offer_id=offer_id, detail=detail[:300])
@@ -123,7 +125,7 @@ def create(
 
     def look(exc: Exception, *, unknown: bool) -> CreateOutcome:
         found = find_by_label(client, label, attempts=lag_attempts if unknown else 2, wait_s=lag_wait_s,
-                              sleep=sleep, until_unix=t_sent + lag_window_s)
+                              sleep=sleep, until_mono=t_sent + lag_window_s)
         if found:
             ledger.append(run_id, "created", label, offer_id=offer_id, instance_id=found[0], detail="found by label")
             with contextlib.suppress(LedgerWriteError):  # lost, reap is only more careful with it
@@ -199,6 +201,7 @@ class DeleteAck(BaseModel):
     outcome: str  # deleted | already_gone | error text
     t_request_unix: float
     t_ack_unix: float | None = None
+    t_ack_mono: float | None = None  # the same moment on this process's monotonic clock (for the meter)
 
 
 def destroy(client: VastClient, instance_id: int, *, max_retry_s: float | None = None) -> DeleteAck:
@@ -210,7 +213,7 @@ def destroy(client: VastClient, instance_id: int, *, max_retry_s: float | None =
         return DeleteAck(instance_id=instance_id, acknowledged=False, outcome=f"{type(exc).__name__}: {exc}"[:500],
                          t_request_unix=t0)
     return DeleteAck(instance_id=instance_id, acknowledged=True, outcome=outcome, t_request_unix=t0,
-                     t_ack_unix=time.time())
+                     t_ack_unix=time.time(), t_ack_mono=time.monotonic())
 
 
 # gone: parsed absence everywhere; going: only lingering destroyed rows; present: a live row; unknown: no answer
@@ -218,7 +221,8 @@ Verdict = Literal["gone", "going", "present", "unknown"]
 
 
 class ProofRound(BaseModel):
-    t_unix: float
+    t_unix: float  # recorded for the reader
+    t_mono: float = 0.0  # what the proof compares (this process's monotonic clock)
     per_id: dict[str, Any]
     list_by_id: dict[str, Any]
     list_by_label: dict[str, Any]
@@ -231,6 +235,7 @@ class AbsenceProof(BaseModel):
     label: str
     interval_s: float
     not_before_unix: float = 0.0  # absence observed before this (create + read-lag window) proves nothing
+    not_before_mono: float = 0.0  # the same instant on the monotonic clock: what the rounds are judged by
     seen_by_reads: bool = False  # a round showed the instance (live or lingering)
     rounds: list[ProofRound] = Field(default_factory=list)
     verdict: Verdict = "unknown"
@@ -260,7 +265,8 @@ def _list_verdict(x: RawExchange, instance_id: int, label: str) -> Verdict:
     return "gone"
 
 
-def _one_round(client: VastClient, instance_id: int, label: str, not_before_unix: float) -> ProofRound:
+def _one_round(client: VastClient, instance_id: int, label: str, not_before_mono: float,
+               clock: Clock = time.monotonic) -> ProofRound:
     per_id = client.read_instance_raw(instance_id)
     by_id = client.list_instances_raw(instance_id=instance_id)
     by_label = client.list_instances_raw(label=label)
@@ -268,53 +274,60 @@ def _one_round(client: VastClient, instance_id: int, label: str, not_before_unix
                 _list_verdict(by_label, instance_id, label)}
     verdict: Verdict = ("present" if "present" in verdicts else "going" if "going" in verdicts
                         else "gone" if verdicts == {"gone"} else "unknown")
-    t = time.time()
-    return ProofRound(t_unix=t, per_id=per_id.to_dict(), list_by_id=by_id.to_dict(),
-                      list_by_label=by_label.to_dict(), verdict=verdict, in_lag_window=t < not_before_unix)
+    t = clock()
+    return ProofRound(t_unix=time.time(), t_mono=t, per_id=per_id.to_dict(), list_by_id=by_id.to_dict(),
+                      list_by_label=by_label.to_dict(), verdict=verdict, in_lag_window=t < not_before_mono)
 
 
 def prove_absent(
     client: VastClient, instance_id: int, label: str, *, interval_s: float, deadline: float,
-    sleep: Sleep = time.sleep, not_before_unix: float = 0.0, not_before_once_seen_unix: float | None = None,
+    sleep: Sleep = time.sleep, not_before_mono: float = 0.0, not_before_once_seen_mono: float | None = None,
     clock: Clock = time.monotonic,
 ) -> AbsenceProof:
-    """Two consecutive all-'gone' rounds at least `interval_s` apart, both at or after `not_before_unix`
-    (the end of the read-lag window), before `deadline`. Once a round shows the instance (live or lingering),
-    the window is `not_before_once_seen_unix` when given (an instance reads can show is past any lag).
+    """Two consecutive all-'gone' rounds at least `interval_s` apart, both at or after `not_before_mono`
+    (the end of the read-lag window), before `deadline`; all three on the monotonic clock. Once a round shows
+    the instance (live or lingering), the window is `not_before_once_seen_mono` when given (an instance reads
+    can show is past any lag).
 
     Any non-200, timeout or unparsable body makes a round 'unknown' and restarts the count; a lingering
     destroyed row ('going') restarts it too and the proof keeps going until the deadline. If a round sees
-    the instance live, the verdict is 'present' (the caller deletes again). `deadline` and the rounds' spacing
-    are on `clock` (monotonic seconds); the read-lag window is wall-clock (it starts at the create's time).
+    the instance live, the verdict is 'present' (the caller deletes again). `deadline`, the read-lag window and
+    the rounds' spacing are all on `clock` (monotonic seconds; a test's fake clock); wall time is only recorded.
     """
-    proof = AbsenceProof(instance_id=instance_id, label=label, interval_s=interval_s, not_before_unix=not_before_unix)
+    proof = AbsenceProof(instance_id=instance_id, label=label, interval_s=interval_s)
+    _set_window(proof, not_before_mono, clock)
     streak_start: float | None = None
     while True:
-        r = _one_round(client, instance_id, label, proof.not_before_unix)
-        now = clock()
+        r = _one_round(client, instance_id, label, proof.not_before_mono, clock)
         proof.rounds.append(r)
         if r.verdict in ("present", "going") and not proof.seen_by_reads:
             proof.seen_by_reads = True
-            if not_before_once_seen_unix is not None:
-                proof.not_before_unix = min(proof.not_before_unix, not_before_once_seen_unix)
+            if not_before_once_seen_mono is not None:
+                _set_window(proof, min(proof.not_before_mono, not_before_once_seen_mono), clock)
         if r.verdict == "present":
             proof.verdict = "present"
             return proof
         if r.verdict == "gone" and not r.in_lag_window:
             if streak_start is None:
-                streak_start = now
-            elif now - streak_start >= interval_s:
+                streak_start = r.t_mono
+            elif r.t_mono - streak_start >= interval_s:
                 proof.verdict = "gone"
                 return proof
         else:
             streak_start = None
         wait_s = interval_s
         if r.in_lag_window:  # nothing read now counts: sleep to the window's end (polling for a late row)
-            wait_s = max(interval_s, min(proof.not_before_unix - time.time(), max(interval_s, 1.0)))
+            wait_s = max(interval_s, min(proof.not_before_mono - clock(), max(interval_s, 1.0)))
         if clock() + wait_s > deadline:
             proof.verdict = "going" if r.verdict == "going" else "unknown"
             return proof
         sleep(wait_s)
+
+
+def _set_window(proof: AbsenceProof, not_before_mono: float, clock: Clock = time.monotonic) -> None:
+    proof.not_before_mono = not_before_mono
+    # recorded on the wall clock too, for a reader of absence-proof.json (0: no window)
+    proof.not_before_unix = time.time() + (not_before_mono - clock()) if not_before_mono > 0 else 0.0
 
 
 class InstanceTeardown(BaseModel):
@@ -336,13 +349,14 @@ class LedgerAppend(Protocol):
 
 def teardown_instance(
     client: VastClient, ledger: LedgerAppend, *, run_id: str, label: str, instance_id: int, interval_s: float,
-    deadline: float, sleep: Sleep = time.sleep, created_unix: float | None = None,
+    deadline: float, sleep: Sleep = time.sleep, created_mono: float | None = None,
     lag_window_s: float = READ_LAG_WINDOW_S, seen: bool = True, clock: Clock = time.monotonic,
 ) -> InstanceTeardown:
     """Delete, then prove absent; delete again whenever a proof sees it live, until proven or `deadline`.
 
-    `created_unix` (when known) opens the read-lag window: a "not found" DELETE or an absence observed
-    before `created_unix + lag_window_s` proves nothing, so the proof waits it out. For an instance that no
+    `created_mono` (when known: the create on this process's monotonic clock; a reap maps the server-clock
+    age of the create onto it) opens the read-lag window: a "not found" DELETE or an absence observed
+    before `created_mono + lag_window_s` proves nothing, so the proof waits it out. For an instance that no
     read has shown yet (`seen` False: the create's answer named it, nothing since), the window is
     UNSEEN_TRUST_AFTER_S, until a DELETE acknowledges deleting it or a round shows it. The ledger gets every
     acknowledged DELETE, the first sight, and the verdict.
@@ -350,9 +364,9 @@ def teardown_instance(
     report = InstanceTeardown(instance_id=instance_id)
 
     def window_end(seen_now: bool) -> float:
-        if created_unix is None:
+        if created_mono is None:
             return 0.0
-        return created_unix + (lag_window_s if seen_now else max(lag_window_s, UNSEEN_TRUST_AFTER_S))
+        return created_mono + (lag_window_s if seen_now else max(lag_window_s, UNSEEN_TRUST_AFTER_S))
 
     while True:
         remaining = deadline - clock()
@@ -362,8 +376,8 @@ def teardown_instance(
             ledger.append(run_id, "delete_ack", label, instance_id=instance_id, detail=ack.outcome)
             seen = seen or ack.outcome == "deleted"  # it existed, as far as the API could tell
         report.proof = prove_absent(client, instance_id, label, interval_s=interval_s, deadline=deadline,
-                                    sleep=sleep, not_before_unix=window_end(seen),
-                                    not_before_once_seen_unix=window_end(True), clock=clock)
+                                    sleep=sleep, not_before_mono=window_end(seen),
+                                    not_before_once_seen_mono=window_end(True), clock=clock)
         if report.proof.seen_by_reads and not seen:
             seen = True
             ledger.append(run_id, "seen", label, instance_id=instance_id, detail="in an absence-proof round")

@@ -30,6 +30,8 @@ BYTES_PER_GB = 1e9
 MIN_BOOT_S = 60.0
 MIN_BOOT_S_SIM = 1.0
 TEARDOWN_MIN_S = 60.0  # per instance: delete + absence proof, at least this long
+# A wait that ended this close to its cap-derived deadline was cut by the cap (timers fire a little early).
+CAP_CUT_SLACK_S = 0.05
 
 
 def minimum_cap_s(*, teardown_margin_s: float, sim: bool) -> float:
@@ -164,6 +166,18 @@ class CostMeter:
     def work_deadline(self, now: float | None = None) -> float:
         """Until when work may go on and still leave the teardown margin before the cap."""
         return self.hard_deadline(now) - self.teardown_margin_s
+
+    def now(self) -> float:
+        """The run's clock (monotonic): what every deadline the meter hands out is measured on."""
+        return self.clock()
+
+    def cut_by_cap(self, deadline: float | None = None) -> bool:
+        """Whether a wait that just ended was ended by the cap: now is at (or within CAP_CUT_SLACK_S of) the
+        work deadline, or of `deadline`, a phase deadline the meter handed out. The one place this is decided:
+        a cut by the cap is exit 6, a timeout of the phase's own is not."""
+        now = self.clock()
+        limit = self.work_deadline(now) if deadline is None else deadline
+        return now >= limit - CAP_CUT_SLACK_S
 
     def remaining_s(self) -> float:
         now = self.clock()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import platform
 import signal
 import sys
@@ -24,7 +25,7 @@ from pydantic import BaseModel
 
 from vast_harness.bundle import Bundle, build_bundle
 from vast_harness.client import VastClient
-from vast_harness.config import LABEL_PREFIX, DriverPolicy, RunSpec, check_evidence_dir
+from vast_harness.config import DriverPolicy, RunSpec, check_evidence_dir
 from vast_harness.deadman import DeadmanStatus, DeadmanUnarmed, check_armed, read_log
 from vast_harness.errors import (
     BootFailed,
@@ -37,6 +38,7 @@ from vast_harness.errors import (
     NoOfferError,
     RunCancelled,
     SshConnectError,
+    TeardownUnproven,
     VastError,
     describe,
     exit_code_for,
@@ -61,6 +63,7 @@ from vast_harness.lifecycle import (
     InstanceTeardown,
     create,
     find_by_label,
+    is_lingering,
     teardown_instance,
     wait_ready,
 )
@@ -71,6 +74,7 @@ from vast_harness.onstart import build_onstart
 from vast_harness.output import Output
 from vast_harness.plan import RunPlan, account_credit_usd, choose_offers, plan_run
 from vast_harness.progress import PhaseLog, Snapshot
+from vast_harness.registry import HeldRegistration, Registration, RunRegistry, make_label, this_host
 from vast_harness.report import write_run_report_safely
 from vast_harness.ssh import (
     HostSession,
@@ -89,6 +93,10 @@ NULL_GRACE_S = 60.0  # reads lag creates: tolerate `instances: null` this long a
 # An SFTP channel with no byte for this long (a share of the margin, 1-30 s) is a stalled link: closed.
 SFTP_STALL_MAX_S = 30.0
 LAST_PRICE_READ_RETRY_S = 5.0  # the price read after the steps: brief, DELETE comes next
+CANCEL_PRICE_READ_RETRY_S = 2.0  # the price read of a run a cap cancelled (a signal skips it: DELETE first)
+# On a signal the evidence pull gets this long at most: the DELETE must leave within the first second (a CI
+# cancel gives 7.5 s between SIGINT and SIGTERM, then 2.5 s to SIGKILL).
+SIGNAL_PULL_MAX_S = 0.5
 _T = TypeVar("_T")
 # What signal.signal takes and returns (typeshed's private _HANDLER).
 SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
@@ -150,7 +158,10 @@ class GuardedRun:
                  run_id: str | None = None) -> None:
         self.spec, self.client, self.drivers, self.out = spec, client, drivers, out
         self.run_id = run_id or new_run_id()
-        self.ledger = Ledger.for_spec(spec)
+        self.server_clock = getattr(client, "server_clock", None)  # the API's Date headers (servertime.py)
+        self.ledger = Ledger.for_spec(spec, self.server_clock.now if self.server_clock else None)
+        self.registration: HeldRegistration | None = None  # held (locked) from before the first create to the end
+        self.vanished: dict[int, str] = {}  # instance id -> how we learnt someone else deleted it
         self.ev = RunEvidence(spec.evidence_dir / self.run_id)
         self.t0 = time.monotonic()
         self.created: list[CreatedInstance] = []
@@ -171,7 +182,7 @@ class GuardedRun:
         self.teardown_budget_s = teardown_budget_s(spec.proof_interval_s)
         # Reads may not see an instance this long after its create (lifecycle.READ_LAG_WINDOW_S).
         self.read_lag_window_s = SIM_READ_LAG_WINDOW_S if spec.sim else READ_LAG_WINDOW_S
-        self.create_attempts: list[tuple[str, float]] = []  # (label, t_unix the PUT was sent)
+        self.create_attempts: list[tuple[str, float]] = []  # (label, monotonic time the PUT was sent)
         self.unresolved_labels: set[str] = set()  # creates whose outcome no read has settled
         # Set by `cancel` from another thread; checked wherever the cap deadline is, and by a running step.
         self.cancelled = threading.Event()
@@ -205,6 +216,7 @@ class GuardedRun:
                 self.phases.start("plan")
                 self._check_minimum_cap()
                 check_evidence_dir(self.spec.evidence_dir)  # a full or read-only evidence dir: rent nothing
+                self._register()  # before anything is rented: from now on a reap sees this run as live
                 bundle = build_bundle()
                 self.plan = self._timed("plan", lambda: plan_run(self.spec, self.client, self.drivers, bundle))
                 self.ev.write_json("offer-quote.json", self.plan.summary())
@@ -228,7 +240,11 @@ class GuardedRun:
                     self.out.rejections(exc.rejected, title="Closest offers and why each was rejected")
             finally:
                 guard.in_teardown = True
-                code, message = self._finish(code, message, key)
+                try:
+                    code, message = self._finish(code, message, key)
+                finally:
+                    if self.registration is not None:
+                        self.registration.release()  # the run is over: a reap may now judge what is left
         return HarnessResult(run_id=self.run_id, exit_code=code, message=message)
 
     def _check_minimum_cap(self) -> None:
@@ -238,6 +254,25 @@ class GuardedRun:
                 f"--max-minutes {self.spec.caps.max_minutes:g} cannot cover boot and teardown: the minimum is "
                 f"{minimum_s / 60:.3g} min ({minimum_s - self.spec.teardown_margin_s:g} s to boot + "
                 f"{self.spec.teardown_margin_s:g} s teardown margin); nothing rented")
+
+    def cap_deadline_unix(self) -> tuple[float, str]:
+        """When the time cap ends this run, on the API server's clock once it has answered (else the wall
+        clock), and which clock it is: what the labels and the registration tell other processes."""
+        end_mono = self.meter.t0 + self.spec.max_seconds
+        server = self.server_clock.to_server(end_mono) if self.server_clock else None
+        if server is not None:
+            return server, "server"
+        return time.time() + (end_mono - time.monotonic()), "local wall clock"
+
+    def _register(self) -> None:
+        deadline, clock = self.cap_deadline_unix()
+        target = self.ledger.target
+        self.registration = RunRegistry(self.spec.state_dir).register(Registration(
+            run_id=self.run_id, pid=os.getpid(), host=this_host(), started_unix=time.time(),
+            api_url=self.spec.api_url, account=target.account if target else None, profile=self.spec.profile.name,
+            gpu=", ".join(self.spec.filters.gpu_names) or None, max_usd=self.spec.caps.max_usd,
+            max_minutes=self.spec.caps.max_minutes, deadline_unix=deadline,
+            deadline_clock="server" if clock == "server" else "local wall clock"))
 
     # The meter's figures under the names the chaos suite and the evidence read.
     @property
@@ -295,9 +330,14 @@ class GuardedRun:
                 continue
             tried.add(cand.offer.id)
             self._check_cancelled()
-            # One label per create attempt, so a late instance of an earlier attempt is told apart.
-            n = len(self.create_attempts)
-            label = LABEL_PREFIX + self.run_id + (f"-r{n}" if n else "")
+            # One label per create attempt, so a late instance of an earlier attempt is told apart; it carries
+            # the run's cap deadline (server clock), so a reap on another machine can tell a live run's host
+            # from an orphan.
+            deadline, clock = self.cap_deadline_unix()
+            label = make_label(self.run_id, len(self.create_attempts), deadline)
+            if self.registration is not None:
+                self.registration.update(labels=[*self.registration.reg.labels, label], deadline_unix=deadline,
+                                         deadline_clock=clock)
             inst = self._create(cand, label, key)
             if isinstance(inst, str):
                 repick(inst)
@@ -312,7 +352,11 @@ class GuardedRun:
                 return
             except (BootFailed, SshConnectError) as exc:
                 self.out.warn(f"instance {inst.instance_id} did not come up: {exc}")
-                self._teardown_one(inst)
+                report = self._teardown_one(inst)
+                if report.verdict != "gone":  # never two instances at once: the next create waits for a proof
+                    raise TeardownUnproven(
+                        f"instance {inst.instance_id} did not come up ({exc}) and its teardown is not proven "
+                        f"({report.verdict}); no further offer is rented while it may still bill") from None
                 if inst.machine_id is not None:
                     self.excluded_machines.add(inst.machine_id)
                 boots_left -= 1
@@ -333,8 +377,8 @@ class GuardedRun:
         self.phases.start("create")
         self.out.info(f"renting offer {cand.offer.id} ({cand.offer.num_gpus}x {cand.offer.gpu_name}, "
                       f"${cand.quote.dph_at_disk_usd:.3f}/h) as {label}")
-        self.create_attempts.append((label, time.time()))
         t_put_mono = time.monotonic()  # billing may start as the PUT lands: the meter starts here, not at the answer
+        self.create_attempts.append((label, t_put_mono))
         self.unresolved_labels.add(label)  # until an answer or a read settles it (an interrupt leaves it)
         try:
             outcome = create(self.client, self.ledger, run_id=self.run_id, offer_id=cand.offer.id,
@@ -379,9 +423,13 @@ class GuardedRun:
                     read = self.client.get_instance(inst.instance_id)
                 except VastError:
                     continue  # a failed read changes nothing: the known price stands
+                if inst.seen and (read is None or is_lingering(read)):
+                    self._vanished(inst, "a read of it no longer shows it running" if read is None
+                                   else "a read shows it destroyed")
+                    return
                 try:
                     self._on_instance_read(inst, read)
-                    if time.monotonic() >= self.meter.work_deadline():
+                    if self.meter.cut_by_cap():
                         raise CapReachedError(f"instance {inst.instance_id} now bills ${inst.dph_usd:.4f}/h: "
                                               "the cap is reached")
                 except CapReachedError as exc:
@@ -398,12 +446,32 @@ class GuardedRun:
             if inst is not None and not self.cancelled.is_set():
                 self._last_price_read(inst)
 
-    def _last_price_read(self, inst: CreatedInstance) -> None:
+    def _vanished(self, inst: CreatedInstance, how: str) -> None:
+        """Our instance went away and we sent no DELETE: someone else deleted it (a reap elsewhere, the
+        console). Say so, stop the work; the teardown still proves it absent."""
+        if inst.instance_id in self.vanished:
+            return
+        self.vanished[inst.instance_id] = how
+        self.out.warn(f"instance {inst.instance_id} was deleted by someone else: no DELETE of ours ({how})")
+        self.cancel(f"instance {inst.instance_id} was deleted by someone else: no DELETE of ours ({how})",
+                    exit_code=ExitCode.FAILED)
+
+    def _cancelled_price_reads(self) -> None:
+        """A run a cap cancelled (a fleet's total) reads its live instances' final price before its verdict,
+        so the accrual it reports, and the fleet sums, is what the host billed. A signal skips this: its
+        DELETE goes first."""
+        if not self.cancelled.is_set() or self.cancel_exit_code != ExitCode.CAP_REACHED:
+            return
+        for inst in self.created:
+            if inst.absence is None and inst.instance_id not in self.vanished:
+                self._last_price_read(inst, max_retry_s=CANCEL_PRICE_READ_RETRY_S)
+
+    def _last_price_read(self, inst: CreatedInstance, *, max_retry_s: float = LAST_PRICE_READ_RETRY_S) -> None:
         """One more read of the rented price when the steps end (a re-price can land between two polls, or
         steps can be shorter than one): the record bills what the host billed, and a run over the cap is
         not a pass (the verdict turns it into exit 6). Bounded: the teardown is waiting."""
         try:
-            read = self.client.get_instance(inst.instance_id, max_retry_s=LAST_PRICE_READ_RETRY_S)
+            read = self.client.get_instance(inst.instance_id, max_retry_s=max_retry_s)
             self._on_instance_read(inst, read)
         except CapReachedError as exc:
             self.out.warn(str(exc))
@@ -411,6 +479,8 @@ class GuardedRun:
             self.out.warn(f"could not re-read instance {inst.instance_id}'s price after the steps: {exc}")
 
     def _on_poll(self, inst: CreatedInstance, read: Instance | None) -> None:
+        if inst.seen and (read is None or is_lingering(read)):  # shown once, now gone: not by us
+            self._vanished(inst, "a read of it no longer shows it" if read is None else "a read shows it destroyed")
         self._check_cancelled()
         self._on_instance_read(inst, read)
 
@@ -453,7 +523,7 @@ class GuardedRun:
         except (BootFailed, SshConnectError) as exc:
             # When the cap, not the boot timeout, cut the wait, the run stopped at its cap (exit 6): trying
             # another host would only spend past it.
-            if time.monotonic() >= self.meter.work_deadline() - 0.05:
+            if self.meter.cut_by_cap():
                 raise CapReachedError(f"cap reached while instance {inst.instance_id} was booting: {exc}") from exc
             raise
 
@@ -502,7 +572,8 @@ class GuardedRun:
 
     def _pull_evidence(self, *, in_teardown: bool) -> None:
         if self.work is not None:
-            self.work.pull_evidence(in_teardown=in_teardown)
+            signalled = in_teardown and self.guard is not None and self.guard.received is not None
+            self.work.pull_evidence(in_teardown=in_teardown, max_s=SIGNAL_PULL_MAX_S if signalled else None)
 
     @property
     def steps(self) -> list[StepRecord]:
@@ -522,13 +593,14 @@ class GuardedRun:
         ledger = _TeardownLedger(self.ledger, self.ledger_write_failures)
         report = teardown_instance(self.client, ledger, run_id=self.run_id, label=inst.label,
                                    instance_id=inst.instance_id, interval_s=self.spec.proof_interval_s,
-                                   deadline=deadline, created_unix=inst.t_created_unix,
+                                   deadline=deadline, created_mono=inst.t_created_mono,
                                    lag_window_s=self.read_lag_window_s, seen=inst.seen)
         inst.seen = report.seen
         acks = [d for d in report.deletes if d.acknowledged]
+        if acks and acks[0].outcome == "already_gone" and inst.seen:
+            self._vanished(inst, "our first DELETE found it already gone")
         if acks:
-            t_ack_unix = acks[0].t_ack_unix or time.time()
-            inst.t_deleted_mono = time.monotonic() - max(0.0, time.time() - t_ack_unix)
+            inst.t_deleted_mono = acks[0].t_ack_mono or time.monotonic()
             self.meter.stop_instance(inst.instance_id, inst.t_deleted_mono)
         inst.absence = report.verdict
         self.teardowns.append(report)
@@ -545,7 +617,8 @@ class GuardedRun:
         if code == ExitCode.NOT_PROVEN_GONE:
             code = ExitCode.FAILED
         # "After the last step" counts from the step's end when one ran (evidence pull included), else from now.
-        t_last_step_end_unix = (self.work and self.work.t_last_step_end_unix) or time.time()
+        t_last_step_end = (self.work and self.work.t_last_step_end_mono) or time.monotonic()
+        self._cancelled_price_reads()
         self._pull_evidence(in_teardown=True)
         self._read_deadman_log()
         if self.session is not None:
@@ -557,12 +630,12 @@ class GuardedRun:
         for inst in self.created:
             if not any(t.instance_id == inst.instance_id for t in self.teardowns):
                 report = self._teardown_one(inst)
-                acks = [d.t_ack_unix for d in report.deletes if d.acknowledged and d.t_ack_unix]
+                acks = [d.t_ack_mono for d in report.deletes if d.acknowledged and d.t_ack_mono]
                 if acks:  # to the DELETE's acknowledgement, not to the end of the absence proof
-                    self.timings.setdefault("delete_ack_after_last_step_s", round(acks[0] - t_last_step_end_unix, 3))
+                    self.timings.setdefault("delete_ack_after_last_step_s", round(acks[0] - t_last_step_end, 3))
                 if report.proof and report.proof.rounds and acks:
                     self.timings.setdefault("absence_proven_after_delete_s",
-                                            round(report.proof.rounds[-1].t_unix - acks[0], 3))
+                                            round(report.proof.rounds[-1].t_mono - acks[0], 3))
         self._sweep_labels()
         self.timings["teardown_s"] = round(time.monotonic() - start, 3)
         if key is not None:
@@ -591,6 +664,11 @@ class GuardedRun:
                 message = (f"create outcome unknown for label(s) {sorted(self.unresolved_labels)}: an instance "
                            f"may appear and bill. Run `vast-e2e reap`, which keeps looking for them. ({message})")
             return ExitCode.NOT_PROVEN_GONE, message
+        if self.vanished and "deleted by someone else" not in message:
+            who = "; ".join(f"instance {i} was deleted by someone else: no DELETE of ours ({how})"
+                            for i, how in sorted(self.vanished.items()))
+            code = ExitCode.FAILED if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) else code
+            message = f"{who}; proven absent since ({message})"
         over = self.meter.over_cap()
         # over a cap is never a pass, nor hidden behind a failure: a signal, bad input or no offer keep theirs
         if over and code in (ExitCode.PASSED, ExitCode.FAILED, ExitCode.UNQUALIFIED_DRIVER):
@@ -647,7 +725,7 @@ class GuardedRun:
         give_up = time.monotonic() + self.teardown_budget_s
         for label in sorted(labels):
             ready_at = sent.get(label, 0.0) + self.read_lag_window_s
-            wait_s = min(ready_at - time.time(), give_up - time.monotonic())
+            wait_s = min(ready_at - time.monotonic(), give_up - time.monotonic())
             if wait_s > 0:
                 time.sleep(wait_s)
             found = find_by_label(self.client, label, attempts=2, wait_s=self.spec.proof_interval_s, sleep=time.sleep)
@@ -658,8 +736,8 @@ class GuardedRun:
                     self.out.warn(f"found instance {instance_id} with this run's label {label}; deleting it")
                     self.ledger.append(self.run_id, "created", label, instance_id=instance_id, detail="found by sweep")
                     stray = CreatedInstance(instance_id=instance_id, label=label, offer_id=-1, machine_id=None,
-                                            dph_usd=0.0, t_created_mono=self.t0, status="found by label",
-                                            t_created_unix=sent.get(label, time.time()), seen=True)
+                                            dph_usd=0.0, t_created_mono=sent.get(label, self.t0),
+                                            status="found by label", seen=True)
                     self.created.append(stray)
                     self._teardown_one(stray)
                     known.add(instance_id)

@@ -8,12 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from vast_harness.errors import ConfigError
+from vast_harness.statedir import SIM_SUBDIR, state_dir
 
 RESULT_NAME = "harness-result.json"
 
 
 def default_evidence_dir() -> Path:
-    return Path.cwd() / ".evidence" / "vast"
+    """Where runs write evidence unless told otherwise: the user's state directory (statedir.py)."""
+    return state_dir()
 
 
 def run_dirs(evidence_dir: Path) -> list[Path]:
@@ -25,7 +27,9 @@ def run_dirs(evidence_dir: Path) -> list[Path]:
     except OSError:
         return found
     for top in tops:
-        if top.name.startswith("fleet-"):
+        if top.name == SIM_SUBDIR:  # --sim runs keep their own state (and evidence) beside the real ones
+            found += run_dirs(top)
+        elif top.name.startswith("fleet-"):
             found += sorted(p for p in top.iterdir() if p.is_dir() and _is_run(p))
         elif _is_run(top):
             found.append(top)

@@ -199,7 +199,7 @@ def test_a_row_that_lingers_to_the_deadline_is_going(api, client, fake_clock) ->
 
 def test_gone_inside_the_read_lag_window_proves_nothing(api, client, fake_clock) -> None:
     Script(api, [GONE])
-    proof = _prove(client, fake_clock, budget_s=10.0, not_before_unix=time.time() + 3600)
+    proof = _prove(client, fake_clock, budget_s=10.0, not_before_mono=fake_clock() + 3600)
     assert proof.verdict == "unknown"
     assert proof.rounds and all(r.in_lag_window and r.verdict == "gone" for r in proof.rounds)
 
@@ -208,14 +208,14 @@ def test_once_reads_show_it_the_shorter_window_applies(api, client, fake_clock) 
     """Unseen: an hour's window. A round that shows the instance (lingering) proves reads see it, so the
     window shrinks to the seen one and the following null rounds count."""
     Script(api, [(GONE_PER_ID, GONE_LIST, {"instances": [LINGERING], "total_instances": 1}), GONE])
-    proof = _prove(client, fake_clock, not_before_unix=time.time() + 3600, not_before_once_seen_unix=0.0)
+    proof = _prove(client, fake_clock, not_before_mono=fake_clock() + 3600, not_before_once_seen_mono=0.0)
     assert proof.seen_by_reads and proof.not_before_unix == 0.0
     assert proof.verdict == "gone" and [r.verdict for r in proof.rounds] == ["going", "gone", "gone"]
 
 
 def test_without_the_once_seen_window_a_sighting_keeps_the_long_one(api, client, fake_clock) -> None:
     Script(api, [(GONE_PER_ID, GONE_LIST, {"instances": [LINGERING], "total_instances": 1}), GONE])
-    proof = _prove(client, fake_clock, budget_s=10.0, not_before_unix=time.time() + 3600)
+    proof = _prove(client, fake_clock, budget_s=10.0, not_before_mono=fake_clock() + 3600)
     assert proof.seen_by_reads and proof.verdict == "unknown"
 
 
@@ -241,7 +241,7 @@ def _teardown(client: VastClient, clock: FakeClock, ledger: Ledger, *, budget_s:
 def test_delete_then_two_gone_rounds(api, client, fake_clock) -> None:
     script = Script(api, [GONE], deletes=[{"success": True}])
     ledger = Ledger()
-    report = _teardown(client, fake_clock, ledger, created_unix=time.time() - 60)
+    report = _teardown(client, fake_clock, ledger, created_mono=fake_clock() - 60)
     assert report.verdict == "gone" and report.seen and script.delete_calls == 1
     assert ledger.events() == ["delete_ack", "absence"]
     assert ledger.lines[0][1]["detail"] == "deleted" and ledger.lines[-1][1]["verdict"] == "gone"
@@ -272,7 +272,7 @@ def test_an_unseen_instance_is_not_proven_gone_by_null_reads(api, client, fake_c
     may be a read lag (the instance may bill on), so the verdict is not gone and the ledger says why."""
     script = Script(api, [GONE], deletes=[(404, NO_SUCH)])
     ledger = Ledger()
-    report = _teardown(client, fake_clock, ledger, budget_s=10.0, created_unix=time.time(), seen=False)
+    report = _teardown(client, fake_clock, ledger, budget_s=10.0, created_mono=fake_clock(), seen=False)
     assert script.delete_calls == 1 and report.deletes[0].outcome == "already_gone"
     assert report.verdict == "unknown" and not report.seen
     assert report.proof is not None and report.proof.not_before_unix >= time.time() + UNSEEN_TRUST_AFTER_S - 5
@@ -282,7 +282,7 @@ def test_an_unseen_instance_is_not_proven_gone_by_null_reads(api, client, fake_c
 
 def test_a_delete_that_deletes_is_a_sighting(api, client, fake_clock) -> None:
     Script(api, [GONE], deletes=[{"success": True}])
-    report = _teardown(client, fake_clock, Ledger(), created_unix=time.time() - 60, seen=False)
+    report = _teardown(client, fake_clock, Ledger(), created_mono=fake_clock() - 60, seen=False)
     assert report.seen and report.verdict == "gone"  # the seen window (30 s, long past) applied
 
 
@@ -290,7 +290,7 @@ def test_an_unseen_instance_a_round_shows_is_recorded_as_seen_once(api, client, 
     lingering = (GONE_PER_ID, GONE_LIST, {"instances": [LINGERING], "total_instances": 1})
     Script(api, [lingering, lingering, GONE], deletes=[(404, NO_SUCH)])
     ledger = Ledger()
-    report = _teardown(client, fake_clock, ledger, created_unix=time.time() - 60, seen=False)
+    report = _teardown(client, fake_clock, ledger, created_mono=fake_clock() - 60, seen=False)
     assert report.seen and report.verdict == "gone"
     assert ledger.events() == ["delete_ack", "seen", "absence"]
 
@@ -301,7 +301,7 @@ def test_a_delete_that_never_answers_is_not_acknowledged_and_the_proof_still_run
     script = Script(api, [GONE], deletes=[(503, {"error": "busy"})])
     ledger = Ledger()
     deadline = fake_clock() + 20.0
-    report = _teardown(client, fake_clock, ledger, budget_s=20.0, created_unix=time.time() - 60)
+    report = _teardown(client, fake_clock, ledger, budget_s=20.0, created_mono=fake_clock() - 60)
     assert script.delete_calls > 1 and fake_clock() <= deadline + 1e-6
     assert len(report.deletes) == 1 and not report.deletes[0].acknowledged
     assert ledger.events() == ["absence"] and report.verdict == "gone"

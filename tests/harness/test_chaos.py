@@ -37,9 +37,10 @@ SUITE_SCENARIOS = 200
 SUITE_KILL9 = 4  # one per trigger window: intent (create stalled), created, a random time, delete_ack
 SUITE_WALL_LIMIT_S = 300.0
 SUITE_NET = 110  # with the 200 above and the kill -9 runs: >= 300 scenarios per CI run
+SUITE_ACCOUNT = 6  # one per account kind (chaos/account.py): runs, reaps, state dirs and clocks on one account
 SUITE_SEED = int(os.environ.get("VH_CHAOS_SEED", "1"))
 FULL = os.environ.get("VH_CHAOS_FULL", "1") != "0"  # on by default (CI); VH_CHAOS_FULL=0 skips it locally
-FULL_WALL_LIMIT_S = 540.0
+FULL_WALL_LIMIT_S = 600.0
 
 
 def plan(faults: str, **overrides) -> ScenarioPlan:
@@ -82,7 +83,7 @@ def _state(live: bool, destroyed_at: float | None, billed_usd: float = 0.001) ->
 
 def test_a_live_instance_after_exit_1_is_a_leak_and_a_premature_gone_is_a_false_absence(tmp_path: Path):
     p = plan("offline:0.1:1")  # a fault: exit 1 is a plausible outcome, so only the planted faults count
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path)
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, state_dir=tmp_path)
     ledger = Ledger(tmp_path / "ledger.jsonl")
     ledger.append("r", "created", "vh-x", instance_id=42)
     entry = ledger.append("r", "absence", "vh-x", instance_id=42, verdict="gone")
@@ -103,7 +104,7 @@ def test_a_live_instance_after_exit_1_is_a_leak_and_a_premature_gone_is_a_false_
 
 def test_a_bill_over_the_cap_and_an_exit_that_does_not_fit_are_reported(tmp_path: Path):
     p = plan("seed=1", step_rc=7)
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, max_usd=0.01)
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, state_dir=tmp_path, max_usd=0.01)
     out = ScenarioOutcome(seed=1, plan=p, exit_code=0)
     found = {v.kind for v in check_scenario(p, spec, out, _state(False, 1000.5, billed_usd=0.02), None, 1000.0)}
     assert found == {"over_cap_usd", "exit_mismatch"}
@@ -152,11 +153,14 @@ def test_chaos_suite_holds_every_invariant():
 @pytest.mark.timeout(660)
 @pytest.mark.skipif(not FULL, reason="VH_CHAOS_FULL=0: the full chaos suite is skipped")
 def test_full_chaos_suite_holds_every_invariant():
-    report = chaos.run_suite(SUITE_SCENARIOS, SUITE_SEED, workers=6, kill9=SUITE_KILL9, net=SUITE_NET)
+    report = chaos.run_suite(SUITE_SCENARIOS, SUITE_SEED, workers=6, kill9=SUITE_KILL9, net=SUITE_NET,
+                             account=SUITE_ACCOUNT)
     bad = [(o.seed, getattr(o.plan, "kind", "sim"), v.kind, v.detail[:200])
-           for o in [*report.scenarios, *report.network, *report.kill9] for v in o.violations if v.known is None]
-    assert not bad, f"replay with `python scripts/chaos.py --replay[-net] SEED`: {bad}"
-    total = len(report.scenarios) + len(report.network) + len(report.kill9)
+           for o in [*report.scenarios, *report.network, *report.kill9, *report.account] for v in o.violations
+           if v.known is None]
+    assert not bad, f"replay with `python scripts/chaos.py --replay[-net|-account] SEED`: {bad}"
+    total = len(report.scenarios) + len(report.network) + len(report.kill9) + len(report.account)
+    assert {o.plan.kind for o in report.account} == set(chaos.ACCOUNT_KINDS)
     assert total >= 300 and report.wall_s < FULL_WALL_LIMIT_S, (total, report.wall_s)
     skipped = [o.plan.kind for o in report.network if o.skipped]
     assert not skipped or not os.environ.get("CI"), f"skipped in CI: {skipped}"
@@ -183,7 +187,7 @@ def _net(kind: str = "api_stall", **overrides) -> NetPlan:
 
 def test_the_network_judge_catches_tracebacks_leaks_and_a_zero_over_the_cap(tmp_path: Path):
     p = _net()
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, max_usd=0.01, max_minutes=0.35)
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, state_dir=tmp_path, max_usd=0.01, max_minutes=0.35)
     out = NetOutcome(seed=5, plan=p, exit_code=1, max_usd=0.01)
     judge_net(p, spec, out, _state(True, None), 1999.0, "ok\nTraceback (most recent call last):\n  boom", None)
     assert {v.kind for v in out.violations} == {"leak", "traceback"}
@@ -202,7 +206,7 @@ def test_the_network_judge_catches_tracebacks_leaks_and_a_zero_over_the_cap(tmp_
 def test_an_exit_0_with_the_ledger_naming_an_unproven_instance_is_a_mismatch(tmp_path: Path):
     from vast_harness.chaos.network import _unproven, net_exit_mismatches
 
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, max_usd=0.01, max_minutes=0.35)
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, state_dir=tmp_path, max_usd=0.01, max_minutes=0.35)
     out = NetOutcome(seed=5, plan=_net(), exit_code=0, max_usd=0.01)
     assert _unproven(tmp_path) == (set(), set()) and net_exit_mismatches(out.plan, out, spec) == []
     ledger = Ledger(tmp_path / "ledger.jsonl")

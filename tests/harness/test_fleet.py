@@ -24,6 +24,7 @@ from vast_harness.errors import PRECEDENCE, worst
 from vast_harness.fleet import SerialClient, parse_gpus, run_fleet
 from vast_harness.ledger import Ledger
 from vast_harness.output import Output
+from vast_harness.registry import LabelInfo, parse_label
 from vast_harness.runner import GuardedRun
 from vast_harness.sim import SimServer
 
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCALE = 0.1
 KEY = "sim-fleet-key"
 GPUS = ["RTX 5090", "RTX 4090", "H100 SXM"]
+NONE = LabelInfo(run_id="")  # what a label that is not the harness's parses to, for the filters below
 
 pytestmark = pytest.mark.slow
 
@@ -79,16 +81,20 @@ def test_three_gpu_types_end_to_end_with_reports(sim, tmp_path):
         assert "MFU per measurement" in (run_dir / "report.html").read_text()
     # the runs' MFU is against a nominal peak per GPU type, so it differs by type
     assert len({round(r["mfu"], 6) for r in rows}) == 3
-    # reap reads the shared ledger: every fleet run's create and absence lines are there
-    entries = Ledger(tmp_path / "ev" / "ledger.jsonl").entries()
+    # reap reads the user's ledger (the state dir's): every fleet run's create and absence lines are there,
+    # each stamped with the API and the account like a single run's
+    entries = Ledger(spec.state_dir / "ledger.jsonl").entries()
     assert {e.run_id for e in entries} == {r["run_id"] for r in rows}
-    assert Ledger(tmp_path / "ev" / "ledger.jsonl").unproven() == ({}, set())
+    assert entries and all(e.api_url == spec.api_url and e.account for e in entries)
+    assert len({e.account for e in entries}) == 1
+    assert Ledger(spec.state_dir / "ledger.jsonl").unproven() == ({}, set())
     events = [json.loads(line)["event"] for line in (fleet_dir / "fleet.jsonl").read_text().splitlines()]
     assert events[0] == "fleet-start" and events[-1] == "fleet-end" and events.count("run-end") == 3
     html = (fleet_dir / "fleet-report.html").read_text()
     assert "data:image/svg+xml;base64," in html and all(g in html for g in GPUS)
     # the simulator billed each instance no more than its run's cap, and the fleet no more than its total
-    billed = [i["billed_usd"] for i in sim.state()["instances"] if i["label"] in {f"vh-{r['run_id']}" for r in rows}]
+    ids = {r["run_id"] for r in rows}
+    billed = [i["billed_usd"] for i in sim.state()["instances"] if (parse_label(i["label"]) or NONE).run_id in ids]
     assert len(billed) == 3 and sum(billed) <= 2.0
 
 
@@ -163,8 +169,8 @@ def test_total_cap_reached_while_running_cancels_every_run(sim, tmp_path):
     result = json.loads((fleet_dir / "fleet-result.json").read_text())
     assert "fleet total cap" in result["stop_reason"] and result["cap_events"]
     assert {r["exit_code"] for r in result["rows"]} == {6}
-    labels = {f"vh-{r['run_id']}" for r in result["rows"]}
-    mine = [i for i in sim.state()["instances"] if i["label"] in labels]
+    ids = {r["run_id"] for r in result["rows"]}
+    mine = [i for i in sim.state()["instances"] if (parse_label(i["label"]) or NONE).run_id in ids]
     assert len(mine) == 2 and not [i for i in mine if i["live"]]
     assert sum(i["billed_usd"] for i in mine) <= 0.0045  # the simulator's bill, not the harness's estimate
     assert any(json.loads(line)["event"] == "cancel" for line in (fleet_dir / "fleet.jsonl").read_text().splitlines())
@@ -204,7 +210,7 @@ def test_kill9_of_the_fleet_mid_parallel_creates_then_reap_leaves_nothing_live(s
                 "--evidence-dir", str(tmp_path)]
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
                                 env={**os.environ, "VAST_API_KEY": KEY})
-        ledger = tmp_path / "ledger.jsonl"
+        ledger = tmp_path / "vh-state" / "ledger.jsonl"  # the state dir (tests/conftest.py)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:  # every run has written its intent: three PUTs are in flight
             if ledger.exists() and ledger.read_text().count('"intent"') >= 3:

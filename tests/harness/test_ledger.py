@@ -112,7 +112,7 @@ def test_a_run_whose_intent_cannot_be_written_rents_nothing(tmp_path, disk):
     with SimServer(seed=11, rate_scale=0.01, boot_seconds=0.1, num_offers=200) as sim:
         spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev")
         spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr("k")})
-        disk(spec.evidence_dir / "ledger.jsonl", "short")
+        disk(spec.state_dir / "ledger.jsonl", "short")
         with VastClient("k", base_url=sim.url, pacing_scale=0.01) as client:
             result = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True)).execute()
         assert result.exit_code == 2 and "ledger" in result.message

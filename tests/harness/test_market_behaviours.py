@@ -20,6 +20,7 @@ from vast_harness.errors import Interrupted
 from vast_harness.ledger import Ledger
 from vast_harness.output import Output
 from vast_harness.reap import reap_all
+from vast_harness.registry import make_label, parse_label
 from vast_harness.runner import GuardedRun
 
 OK = [Step(name="ok", run="true", timeout_s=10)]
@@ -117,8 +118,9 @@ def test_a_lost_create_answer_never_seen_is_exit_3_and_reap_finds_it(sim, tmp_pa
     r = guarded(sim, spec, read_lag_window_s=0.5)
     result = execute(r)
     assert result.exit_code == 3 and "create outcome unknown" in result.message
-    events = [e for e in Ledger(spec.evidence_dir / "ledger.jsonl").entries() if e.event == "create_unresolved"]
-    assert [(e.run_id, e.label) for e in events] == [(r.run_id, "vh-" + r.run_id)] and events[0].offer_id
+    events = [e for e in Ledger(spec.state_dir / "ledger.jsonl").entries() if e.event == "create_unresolved"]
+    assert [(e.run_id, parse_label(e.label).run_id) for e in events] == [(r.run_id, r.run_id)] and events[0].offer_id
+    assert parse_label(events[0].label).deadline_unix  # the label carries the run's cap deadline
     assert [i["live"] for i in of_run(sim, r)] == [True]  # it exists: exit 3 was the truth
     time.sleep(4)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
@@ -141,7 +143,7 @@ def test_ctrl_c_while_the_create_is_held_is_exit_3_not_130(sim, tmp_path):
     threading.Thread(target=interrupt_when_held, daemon=True).start()
     result = execute(r)
     assert result.exit_code == 3 and "create outcome unknown" in result.message
-    assert any(e.event == "create_unresolved" for e in Ledger(spec.evidence_dir / "ledger.jsonl").entries())
+    assert any(e.event == "create_unresolved" for e in Ledger(spec.state_dir / "ledger.jsonl").entries())
     deadline = time.monotonic() + 10
     while not of_run(sim, r) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -278,7 +280,9 @@ def test_label_scans_page_past_25(sim, tmp_path):
     sim.set_faults("linger:0:*")  # 30 teardowns: do not wait out 30 lingers
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         offers = client.search_offers({"limit": 40, "order": [["dph_total", "asc"]]})
-        ids = [client.create_instance(o.id, {"image": "x", "disk": 10, "label": f"vh-page-{n}"}).new_contract
+        # orphans to any reap: their labels' cap deadlines passed an hour ago
+        ids = [client.create_instance(o.id, {"image": "x", "disk": 10,
+                                             "label": make_label(f"page-{n}", 0, time.time() - 3600)}).new_contract
                for n, o in enumerate(offers[:30])]
         assert {i.id for i in client.list_instances()} >= set(ids)  # 30 rows: two pages followed
         spec = make_spec(sim, tmp_path, OK)

@@ -18,7 +18,9 @@ def test_exported_members_match_all():
                "onstart", "output", "pacing", "plan", "quote", "reap", "resources", "runner", "ssh", "sim", "chaos",
                "report", "svgplot", "fleet", "fleet_report", "tokrate", "hostwork", "apiurl", "answerbound",
                "endpoints", "deadman", "check", "canary",
-               "cliopts", "hostdata", "redact", "progress", "htmlparts", "timeline", "runs", "logs", "costs", "runfacts"}
+               "cliopts", "hostdata", "redact", "progress", "htmlparts", "timeline", "runs", "logs", "costs", "runfacts",
+
+               "registry", "servertime", "statedir", "status"}
     assert exported - modules == set(vast_harness.__all__)
 
 

@@ -84,7 +84,7 @@ def test_another_accounts_instance_is_never_proven_with_this_key(sim, tmp_path, 
     assert code == 3
     assert "cannot be proven absent with this key" in err.out
     assert iid in live(sim)
-    pending, _ = Ledger(owner.evidence_dir / "ledger.jsonl").unproven()
+    pending, _ = Ledger(owner.state_dir / "ledger.jsonl").unproven()
     assert iid in pending  # still named for its owner
     assert reap(sim, owner, key=OTHER_KEY) == 0 and iid not in live(sim)
 
@@ -92,7 +92,7 @@ def test_another_accounts_instance_is_never_proven_with_this_key(sim, tmp_path, 
 def test_a_bad_ledger_line_does_not_stop_reap(sim, tmp_path):
     spec = spec_for(sim, tmp_path)
     iid = rent(sim, "vh-badline")
-    path = spec.evidence_dir / "ledger.jsonl"
+    path = spec.state_dir / "ledger.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"\xff\xfe torn\n")
     Ledger.for_spec(spec).append("r", "created", "vh-badline", offer_id=1, instance_id=iid)

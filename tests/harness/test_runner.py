@@ -116,7 +116,7 @@ def test_create_timeout_is_followed_by_a_list_by_label_not_a_second_create(sim, 
     r, result = run(sim, make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)]))
     assert result.exit_code == 0, result.message
     assert len(sim.state()["instances"]) == before + 1  # exactly one rented
-    events = [e.event for e in Ledger(r.spec.evidence_dir / "ledger.jsonl").entries() if e.run_id == r.run_id]
+    events = [e.event for e in Ledger(r.spec.state_dir / "ledger.jsonl").entries() if e.run_id == r.run_id]
     assert events[:3] == ["intent", "create_unknown", "created"]
 
 
@@ -162,13 +162,13 @@ def test_unprovable_absence_exits_3_and_reap_cleans_up(sim, tmp_path):
         r.teardown_budget_s = 1.0
         result = r.execute()
     assert result.exit_code == 3 and "reap" in result.message
-    pending, _ = Ledger(spec.evidence_dir / "ledger.jsonl").unproven()
+    pending, _ = Ledger(spec.state_dir / "ledger.jsonl").unproven()
     assert {i.instance_id for i in r.created} <= set(pending)
     sim.set_faults(None)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         assert reap_all(spec, client, Output(quiet=True)) == 0
     assert not live_ids(sim) & {i.instance_id for i in r.created}
-    assert not Ledger(spec.evidence_dir / "ledger.jsonl").unproven()[0]
+    assert not Ledger(spec.state_dir / "ledger.jsonl").unproven()[0]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)

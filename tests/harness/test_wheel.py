@@ -109,11 +109,14 @@ def test_installed_wheel_runs_the_smoke_profile_outside_the_checkout(tmp_path: P
 
     smoke = run("vast-e2e", "--profile", "smoke", "--sim", timeout=300)
     assert smoke.returncode == 0, (smoke.stdout[-2000:], smoke.stderr[-3000:])  # a qualified driver: exactly 0
-    # The default evidence dir is the current directory's .evidence/vast (documented), never site-packages.
-    results = list((work / ".evidence" / "vast").glob("*/harness-result.json"))
+    # The default evidence dir is the user's state dir (documented; $VAST_HARNESS_HOME, set per test by
+    # tests/conftest.py), never site-packages nor the current directory; the ledger is there too.
+    state = Path(env["VAST_HARNESS_HOME"]) / "sim"  # --sim runs keep their own state
+    results = list(state.glob("*/harness-result.json"))
     assert len(results) == 1, smoke.stdout[-2000:]
     assert json.loads(results[0].read_text())["exit_code"] == smoke.returncode
-    assert not list(venv.rglob(".evidence"))
+    assert (state / "ledger.jsonl").is_file() and not list((state / "live").glob("*.json"))  # released
+    assert not list(venv.rglob(".evidence")) and not list(work.rglob(".evidence"))
 
     # The fleet reads the workload's peak table as data: it once imported `remote`, which a wheel lacks.
     gpus = "RTX 5090,RTX 4090"

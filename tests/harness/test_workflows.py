@@ -113,7 +113,7 @@ def test_proofs_key_comes_from_the_secret_into_a_0600_file_and_is_never_shown():
 def test_proofs_runs_the_profile_with_the_inputs_through_env_not_inline():
     doc = _load(PROOFS)
     run = next(s for s in _steps(doc) if s.get("id") == "run")
-    assert re.search(r"uv run vast-e2e --profile proofs --key-file \"\$VH_KEY_FILE\" --max-usd \"\$MAX_USD\" \\\n"
+    assert re.search(r"uv run --locked vast-e2e --profile proofs --key-file \"\$VH_KEY_FILE\" --max-usd \"\$MAX_USD\" \\\n"
                      r"\s+--max-minutes \"\$MAX_MINUTES\" --num-gpus \"\$NUM_GPUS\" --json", run["run"])
     assert run["env"] == {"MAX_USD": "${{ inputs.max_usd }}", "MAX_MINUTES": "${{ inputs.max_minutes }}",
                           "NUM_GPUS": "${{ inputs.num_gpus }}"}
@@ -121,15 +121,26 @@ def test_proofs_runs_the_profile_with_the_inputs_through_env_not_inline():
     assert "${{" not in _runs(doc), "no expression inside a script: inputs travel through env"
 
 
-def test_proofs_uploads_the_evidence_always_then_reaps_after_exit_3():
-    steps = _steps(_load(PROOFS))
+def test_proofs_reaps_orphans_after_exit_3_then_uploads_the_evidence_with_the_reap_result():
+    doc = _load(PROOFS)
+    steps = _steps(doc)
     upload_at = next(i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/upload-artifact@"))
     upload = steps[upload_at]
     assert "always()" in upload["if"]
     assert ".evidence/" in upload["with"]["path"] and upload["with"]["include-hidden-files"] is True
-    reap = steps[-1]
-    assert upload_at < len(steps) - 1 and "vast-e2e reap" in reap["run"]
+    reap_at = next(i for i, s in enumerate(steps) if "vast-e2e reap" in s.get("run", ""))
+    reap = steps[reap_at]
+    assert reap_at < upload_at and "reap-result.json" in upload["with"]["path"]  # the reap's result is uploaded
+    assert "--include-live" not in reap["run"] and "--yes" not in reap["run"]  # orphans only: never a laptop's run
     assert "always()" in reap["if"] and "steps.run.outputs.exit_code == '3'" in reap["if"]
+    # the state dir (ledger, registrations, evidence) is in the workspace, so it is uploaded too
+    assert doc["jobs"]["proofs"]["env"]["VAST_HARNESS_HOME"] == "${{ github.workspace }}/.evidence/vast"
+
+
+def test_proofs_pins_uv_and_runs_locked():
+    runs = _runs(_load(PROOFS))
+    assert re.search(r'pip install "uv==\d+\.\d+\.\d+"', runs)
+    assert all("uv run --locked" in line for line in runs.splitlines() if "uv run" in line)
 
 
 def test_ci_lints_with_ruff_before_the_tests():

@@ -2,13 +2,15 @@
 
     engine    in-process scenarios: seeded compositions of simulator faults and caps, one guarded run each
     network   network scenarios: the harness in its own process behind `netproxy`'s fault proxy
-    kill9     the real CLI SIGKILLed at a drawn moment, then `reap`
+    kill9     the real CLI SIGKILLed at a drawn moment, then `reap` from another directory
+    account   several runs, reaps, state dirs and clocks on one account
     judge     the invariants, decided from the simulator's own record
     suite     all three from one seed, concurrently; the report and its JSON summary
 
 `python scripts/chaos.py --help` runs it; `--replay SEED` (`--replay-net`, `--replay-kill9`) reruns one.
 """
 
+from vast_harness.chaos.account import ACCOUNT_KINDS, AccountOutcome, AccountPlan, draw_account, run_account
 from vast_harness.chaos.engine import (
     FAULT_KINDS,
     SIM_RULES,
@@ -27,6 +29,7 @@ from vast_harness.chaos.network import NET_KINDS, NetOutcome, NetPlan, draw_net,
 from vast_harness.chaos.suite import Selection, SuiteReport, run_suite, select_kinds
 
 __all__ = [
+    "ACCOUNT_KINDS", "AccountOutcome", "AccountPlan", "draw_account", "run_account",
     "FAULT_KINDS", "KNOWN_ISSUES", "NET_KINDS", "SIM_RULES", "TRIGGERS", "VIOLATION_KINDS", "Kill9Outcome",
     "Kill9Plan", "NetOutcome", "NetPlan", "ScenarioOutcome", "ScenarioPlan", "Selection", "SuiteReport",
     "Violation", "check_scenario", "classify", "draw_kill9", "draw_net", "draw_scenario", "exit_mismatches",

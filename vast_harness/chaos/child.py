@@ -1,9 +1,14 @@
-"""`python -m vast_harness.chaos.child JOB.json`: one guarded run in a process of its own (network scenarios).
+"""`python -m vast_harness.chaos.child JOB.json`: one guarded run in a process of its own (network and account
+scenarios). `python -m vast_harness.chaos.child --cli [--wall-step S] -- ARGS...`: the real CLI (`vast-e2e
+ARGS`), with the wall clock stepped by S seconds and the teardown floor scaled down like every chaos clock.
 
 The network scenarios need what an in-process run cannot give: a run that can be killed when it hangs, and
 its real stdout/stderr to search for tracebacks. The run is the CLI's (`GuardedRun` with the console
 `Output`, its signal handling and exit code), with the scenario's steps and the chaos suite's scaled clocks,
 which no CLI flag can set. Nothing here catches an exception: one that escapes is a finding.
+
+The wall-clock step is an NTP step as this process sees it: `time.time` moves, `time.monotonic` does not.
+Only this process's clock moves; the simulator (the API server) keeps the true time.
 """
 
 from __future__ import annotations
@@ -11,23 +16,61 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from vast_harness.chaos.engine import ChildJob, _client, chaos_spec
+from vast_harness.chaos.engine import TEARDOWN_BUDGET_S, ChildJob, _client, chaos_spec
 from vast_harness.config import load_driver_policy
 from vast_harness.output import Output
 from vast_harness.runner import GuardedRun
 
+_real_time = time.time
+
+
+def step_wall_clock(step_s: float) -> None:
+    """From now on this process's wall clock reads `step_s` seconds off; its monotonic clock does not move."""
+    time.time = lambda: _real_time() + step_s
+
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--cli":
+        return _cli(argv[1:])
     job = ChildJob.model_validate_json(Path(argv[0]).read_text())
     spec = chaos_spec(api_url=job.api_url, evidence_dir=job.evidence_dir, steps=job.steps,
                       max_minutes=job.max_minutes, max_usd=job.max_usd, boot_retries=job.boot_retries,
-                      proof_interval_s=job.proof_interval_s)
+                      proof_interval_s=job.proof_interval_s, state_dir=job.state_dir)
     job.t0_file.write_text(repr(time.time()))
     with _client(job.api_url) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output())
         run.teardown_budget_s = job.teardown_budget_s
+        if job.wall_step_s:
+            create = run._create
+
+            def stepped_create(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return create(*args, **kwargs)
+                finally:
+                    step_wall_clock(job.wall_step_s)
+
+            run._create = stepped_create  # type: ignore[method-assign]
         return run.execute().exit_code
+
+
+def _cli(argv: list[str]) -> int:
+    import vast_harness.meter as meter
+    from vast_harness.cli import main as cli_main
+
+    if argv[:1] == ["--wall-step"]:
+        step_wall_clock(float(argv[1]))
+        argv = argv[2:]
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    meter.TEARDOWN_MIN_S = TEARDOWN_BUDGET_S  # one instance's delete + proof, scaled like the run's
+    sys.argv = ["vast-e2e", *argv]
+    try:
+        cli_main()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
 
 
 if __name__ == "__main__":

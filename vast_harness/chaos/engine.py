@@ -174,9 +174,11 @@ def _output(buf: io.StringIO) -> Output:
 
 
 def chaos_spec(*, api_url: str, evidence_dir: Path, steps: list[Step], max_minutes: float, boot_retries: int,
-               proof_interval_s: float, max_usd: float | None = None) -> RunSpec:
-    """The smoke profile with the scenario's steps and every clock scaled down (also built by `child`)."""
-    base = resolve(profile="smoke", sim=True, environ={}, evidence_dir=evidence_dir, max_usd=max_usd,
+               proof_interval_s: float, max_usd: float | None = None, state_dir: Path | None = None) -> RunSpec:
+    """The smoke profile with the scenario's steps and every clock scaled down (also built by `child`). The
+    ledger and registrations go to `state_dir` (default: the evidence dir, so each scenario has its own)."""
+    base = resolve(profile="smoke", sim=True, environ={}, evidence_dir=evidence_dir,
+                   state_dir=state_dir or evidence_dir, max_usd=max_usd,
                    proof_interval_s=proof_interval_s, poll_s=0.05, boot_retries=boot_retries,
                    max_minutes=max_minutes, dry_run=True)  # the run itself checks its evidence dir (disk kinds)
     profile = base.profile.model_copy(update={"steps": steps, "boot_timeout_s": BOOT_TIMEOUT_S})
@@ -259,7 +261,7 @@ def check_scenario(plan: ScenarioPlan, spec: RunSpec, outcome: ScenarioOutcome, 
     instances = state["instances"]
     outcome.instances = len(instances)
     outcome.billed_usd = sum(i["billed_usd"] for i in instances)
-    ledger = Ledger(spec.evidence_dir / LEDGER_FILE)
+    ledger = Ledger(spec.state_dir / LEDGER_FILE)
     pending, unknown_labels = ledger.unproven()
     live = [i for i in instances if i["live"]]
     found: list[Violation] = []
@@ -321,6 +323,8 @@ class ChildJob(BaseModel):
     proof_interval_s: float
     teardown_budget_s: float = TEARDOWN_BUDGET_S
     t0_file: Path  # the run's start (unix seconds) is written here: the time cap counts from it
+    state_dir: Path | None = None  # the user's state dir (default: the evidence dir)
+    wall_step_s: float = 0.0  # the wall clock (time.time) steps by this much right after the first create
 
 
 def run_bounded(plan: ScenarioPlan, limit_s: float = SCENARIO_WALL_LIMIT_S) -> ScenarioOutcome:

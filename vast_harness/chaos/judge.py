@@ -49,8 +49,9 @@ def classify(violation: Violation) -> Violation:
     return violation
 
 
-def false_absences(instances: list[dict[str, Any]], evidence_dir: Path) -> list[Violation]:
-    """'gone' claimed (ledger `absence gone`, harness-result.json) while the simulator still had it live."""
+def false_absences(instances: list[dict[str, Any]], evidence_dir: Path, *, wall_offset_s: float = 0.0) -> list[Violation]:
+    """'gone' claimed (ledger `absence gone`, harness-result.json) while the simulator still had it live.
+    `wall_offset_s`: how far the writer's wall clock was stepped when it claimed (account clock scenarios)."""
     by_id = {i["id"]: i for i in instances}
     claims: list[tuple[int, float, str]] = []
     try:
@@ -66,6 +67,7 @@ def false_absences(instances: list[dict[str, Any]], evidence_dir: Path) -> list[
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a torn result file (full disk) claims nothing
     found = []
+    claims = [(i, t - wall_offset_s, src) for i, t, src in claims]
     for instance_id, t_unix, source in claims:
         if instance_id not in by_id:
             continue  # never created: nothing to be wrong about

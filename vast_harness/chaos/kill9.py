@@ -80,8 +80,9 @@ def _start_sim(plan: Kill9Plan, log: IO[str]) -> tuple[subprocess.Popen[str], st
         raise RuntimeError(f"{exc}; see {log.name}") from None
 
 
-def _cli(*args: str, url: str, evidence: Path) -> list[str]:
-    return [sys.executable, "scripts/vast_e2e.py", *args, "--api-url", url, "--evidence-dir", str(evidence),
+def _cli(*args: str, url: str) -> list[str]:
+    """The CLI with no --evidence-dir: the ledger and evidence go to the state dir ($VAST_HARNESS_HOME)."""
+    return [sys.executable, str(data_root() / "scripts" / "vast_e2e.py"), *args, "--api-url", url,
             "--proof-interval", str(KILL9_PROOF_INTERVAL_S), "--pacing-scale", str(SCALE)]
 
 
@@ -108,12 +109,15 @@ def run_kill9(plan: Kill9Plan) -> Kill9Outcome:
             (Path(tmp) / "sim.log").open("w") as sim_log:
         work = Path(tmp)
         sim, url = _start_sim(plan, sim_log)
-        env = dict(os.environ, VAST_API_KEY=KEY)
+        # The user's state dir; the run starts in one directory and the reap in another (state follows the user)
+        env = dict(os.environ, VAST_API_KEY=KEY, VAST_HARNESS_HOME=str(work / "ev"))
         ledger = Ledger(work / "ev" / LEDGER_FILE)
+        elsewhere = work / "elsewhere"
+        elsewhere.mkdir()
         try:
             with (work / "harness.log").open("wb") as log:
                 harness = subprocess.Popen(
-                    _cli("--profile", "smoke", "--poll-interval", "0.1", url=url, evidence=work / "ev"),
+                    _cli("--profile", "smoke", "--poll-interval", "0.1", url=url),
                     cwd=data_root(), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 t_start_unix = time.time()
                 outcome.killed = _wait_trigger(harness, plan, ledger, time.monotonic())
@@ -123,7 +127,7 @@ def run_kill9(plan: Kill9Plan) -> Kill9Outcome:
                 outcome.harness_rc = harness.wait(timeout=30)
                 if outcome.killed:
                     outcome.harness_rc = None
-            reap = subprocess.run(_cli("reap", url=url, evidence=work / "ev"), cwd=data_root(), env=env, check=False,
+            reap = subprocess.run(_cli("reap", url=url), cwd=elsewhere, env=env, check=False,
                                   capture_output=True, text=True, timeout=KILL9_REAP_LIMIT_S)
             outcome.reap_rc = reap.returncode
             state = httpx.get(f"{url}/_sim/state", timeout=10).json()

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from vast_harness.chaos.account import AccountOutcome, draw_account, run_account
 from vast_harness.chaos.engine import FAULT_KINDS, ScenarioOutcome, draw_scenario, run_bounded, scenario_seed
 from vast_harness.chaos.judge import VIOLATION_KINDS
 from vast_harness.chaos.kill9 import Kill9Outcome, draw_kill9, run_kill9
@@ -23,12 +24,14 @@ from vast_harness.chaos.network import NET_KINDS, NetOutcome, draw_net, run_net
 
 NET_OFFSET = 2_000_000
 KILL9_OFFSET = 1_000_000
-FAMILIES = ("sim", "kill9")
+ACCOUNT_OFFSET = 3_000_000
+FAMILIES = ("sim", "kill9", "account")
 
 
 class Selection(BaseModel):
     sim: bool = True
     kill9: bool = True
+    account: bool = True
     net: tuple[str, ...] = tuple(NET_KINDS)
 
 
@@ -45,7 +48,7 @@ def select_kinds(spec: str | None) -> Selection:
             raise ValueError(f"--kinds: {item!r} matches nothing; known: {', '.join(known)}")
         chosen.update(hits)
     net = tuple(NET_KINDS) if "net" in chosen else tuple(k for k in NET_KINDS if k in chosen)
-    return Selection(sim="sim" in chosen, kill9="kill9" in chosen, net=net)
+    return Selection(sim="sim" in chosen, kill9="kill9" in chosen, account="account" in chosen, net=net)
 
 
 class SuiteReport(BaseModel):
@@ -54,9 +57,10 @@ class SuiteReport(BaseModel):
     scenarios: list[ScenarioOutcome] = Field(default_factory=list)
     network: list[NetOutcome] = Field(default_factory=list)
     kill9: list[Kill9Outcome] = Field(default_factory=list)
+    account: list[AccountOutcome] = Field(default_factory=list)
 
     def _all(self) -> list[Any]:
-        return [*self.scenarios, *self.network, *self.kill9]
+        return [*self.scenarios, *self.network, *self.kill9, *self.account]
 
     def violations(self) -> Counter[str]:
         """Violations by kind, known issues left out (see `known`)."""
@@ -99,10 +103,12 @@ class SuiteReport(BaseModel):
         """The JSON summary: counts, and per scenario with a violation its seed, family and findings."""
         bad = [{"family": fam, "seed": o.seed, "kind": getattr(o.plan, "kind", None),
                 "violations": [v.model_dump() for v in o.violations]}
-               for fam, outs in (("sim", self.scenarios), ("net", self.network), ("kill9", self.kill9))
+               for fam, outs in (("sim", self.scenarios), ("net", self.network), ("kill9", self.kill9),
+                                 ("account", self.account))
                for o in outs if o.violations]
         return {"suite_seed": self.suite_seed, "wall_s": self.wall_s,
                 "scenarios": {"sim": len(self.scenarios), "net": len(self.network), "kill9": len(self.kill9),
+                              "account": len(self.account),
                               "skipped": sum(o.skipped is not None for o in self.network)},
                 "violations": dict(self.violations()), "known": dict(self.known()),
                 "exit_codes_sim": dict(self.exit_codes()),
@@ -111,7 +117,7 @@ class SuiteReport(BaseModel):
                 "failing": bad}
 
 
-def run_suite(count: int, suite_seed: int, *, workers: int = 4, kill9: int = 0, net: int = 0,
+def run_suite(count: int, suite_seed: int, *, workers: int = 4, kill9: int = 0, net: int = 0, account: int = 0,
               selection: Selection | None = None, progress: Callable[[str], None] | None = None) -> SuiteReport:
     sel = selection or Selection()
     report = SuiteReport(suite_seed=suite_seed)
@@ -137,6 +143,11 @@ def run_suite(count: int, suite_seed: int, *, workers: int = 4, kill9: int = 0, 
         report.kill9.append(outcome9)
         if progress:
             progress(f"kill9 {k + 1}/{kill9} seed {outcome9.seed}: {outcome9.summary()}")
+    for k in range(account if sel.account else 0):  # one at a time: each runs several processes at once
+        outcome_a = run_account(draw_account(scenario_seed(suite_seed, ACCOUNT_OFFSET + k)))
+        report.account.append(outcome_a)
+        if progress:
+            progress(f"account {k + 1}/{account} seed {outcome_a.seed}: {outcome_a.summary()}")
     report.wall_s = round(time.monotonic() - started, 2)
     return report
 
