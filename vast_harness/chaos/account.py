@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -261,10 +262,14 @@ def _fleet_reprice(plan: AccountPlan, sim: SimServer, work: Path, outcome: Accou
     steps = [Step(name="long", run="echo working; sleep 8", timeout_s=30)]
     base = chaos_spec(api_url=sim.url, evidence_dir=state, steps=steps, max_minutes=1.0, boot_retries=0,
                       proof_interval_s=0.1).model_copy(update={"api_key": SecretStr(KEY)})
-    gpus = ["RTX 5090", "RTX 4090", "H100 SXM"]
     per_run = 1.0
     with _client(sim.url) as probe:  # a total cap a little above three runs' first seconds
-        dph = sorted(o.dph_total or 0.0 for o in probe.search_offers({"limit": 64}))
+        offers = probe.search_offers({"limit": 1000})
+        dph = sorted(o.dph_total or 0.0 for o in offers[:64])
+    # The three GPU types this seed's market offers most (a fixed list once drew a market without one of
+    # them: the fleet refused before renting and nothing was tested).
+    counts = Counter(o.gpu_name for o in offers if o.gpu_name and o.num_gpus == base.filters.num_gpus)
+    gpus = sorted(name for name, _ in counts.most_common(3))
     total = max(1e-4, 3 * (dph[len(dph) // 2] if dph else 0.5) * 6.0 / 3600.0)
     sim.set_faults("reprice:50:1.5:3")
     out = Output(json_mode=True, quiet=True)
