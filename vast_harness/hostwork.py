@@ -185,10 +185,21 @@ class HostWork:
         for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
             name = path.relative_to(root).as_posix()
             try:
-                if redact.file(path):
+                masked_name = redact.text(name)
+                if masked_name != name:  # a secret in a file's name (the host chose it): the name is masked too
+                    target = root / masked_name
+                    while target.exists():
+                        target = target.with_name(target.name + "~")
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    path = path.rename(target)
+                    name = target.relative_to(root).as_posix()
+                    redact.file(path)
+                    changed.append(name)
+                elif redact.file(path):
                     changed.append(name)
             except OSError as exc:
-                self.ev.write_failures.append(f"remote/{name}: could not mask a secret ({exc.strerror or exc})")
+                self.ev.write_failures.append(f"remote/{redact.text(name)}: could not mask a secret "
+                                              f"({exc.strerror or exc})")
         return changed
 
     def pull_evidence(self, *, in_teardown: bool, max_s: float | None = None) -> None:

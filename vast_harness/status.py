@@ -12,14 +12,13 @@ import time
 
 from pydantic import BaseModel
 from rich.table import Table
-from rich.text import Text
 
 from vast_harness.client import VastClient
 from vast_harness.config import LABEL_PREFIX, RunSpec
 from vast_harness.errors import ExitCode, VastError
 from vast_harness.ledger import Ledger
 from vast_harness.lifecycle import is_lingering
-from vast_harness.output import Output
+from vast_harness.output import Output, safe_cells, safe_text, terminal_safe
 from vast_harness.reap import LiveInstance, judge
 from vast_harness.registry import LiveRun, RunRegistry, parse_label
 
@@ -106,10 +105,11 @@ def show_status(spec: RunSpec, client: VastClient, out: Output) -> int:
         for r in rows:
             caps = f"${r.max_usd:g} / {r.max_minutes:g} min" if r.max_usd is not None and r.max_minutes else "?"
             style = {"orphan": "red", "tearing down": "yellow"}.get(r.state, "")
-            t.add_row(Text(r.run_id or "?"), Text(str(r.instance_id or "-")), Text(r.profile or "?"),
-                      Text(r.gpu or "?"), Text(f"{r.age_s:.0f} s" if r.age_s is not None else "?"),
-                      Text(_money(r.dph_usd)), Text(_money(r.accrued_usd)), Text(caps), Text(_when(r.deadline_unix)),
-                      Text(r.owner), Text(r.state, style=style))
+            # every cell may carry what the API sent (a label, a GPU name): control characters shown escaped
+            t.add_row(*safe_cells(r.run_id or "?", str(r.instance_id or "-"), r.profile or "?", r.gpu or "?",
+                                  f"{r.age_s:.0f} s" if r.age_s is not None else "?", _money(r.dph_usd),
+                                  _money(r.accrued_usd), caps, _when(r.deadline_unix), r.owner),
+                      safe_text(r.state, style=style))
         out.out.print(t)
         for p in problems:
             out.warn(p)
@@ -121,7 +121,7 @@ def confirm_live(live: list[LiveInstance]) -> bool:
     import typer
 
     for li in live:
-        typer.echo(li.line(), err=True)
+        typer.echo(terminal_safe(li.line()), err=True)  # the label is the API's
     try:
         return bool(typer.confirm(f"delete these {len(live)} live instance(s)?", default=False, err=True))
     except (EOFError, typer.Abort):

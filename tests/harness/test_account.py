@@ -275,3 +275,28 @@ def test_the_cap_cut_is_decided_once_on_the_meters_clock(fake_clock):
     # a wall-clock step does not exist for the meter: only its (monotonic) clock moves its deadlines
     fake_clock.sleep(7200.0)
     assert meter.remaining_s() < 0 and meter.cut_by_cap()
+
+
+def test_status_shows_a_hostile_label_escaped(sim, tmp_path):
+    # Anyone with the account key can label an instance: the label reaches `status`'s table, never the terminal raw.
+    import io
+
+    from rich.console import Console
+
+    from vast_harness.status import show_status
+
+    spec = make_spec(sim, tmp_path, [])
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        offer = client.search_offers({"limit": 5})[0]
+        made = client.create_instance(offer.id, {"image": spec.profile.image, "disk": 10, "runtype": "ssh",
+                                                 "label": "vh-\x1b]0;PWN\x07\x1b[2J-x"})
+        try:
+            sink = io.StringIO()
+            out = Output()
+            out.out = out.err = Console(file=sink, force_terminal=True, width=300)
+            show_status(spec, client, out)
+        finally:
+            client.destroy_instance(made.new_contract)
+    shown = sink.getvalue()
+    assert "PWN" in shown and "]0;PWN" not in shown.replace("\\x1b]0;PWN", "")
+    assert "\x1b]0" not in shown and "\x1b[2J" not in shown and "\x07" not in shown

@@ -96,7 +96,7 @@ def test_a_step_that_prints_a_secret_has_it_masked_and_a_setting_shown(sim, tmp_
                    remote_env=["BAR=flash"])
     prof = spec.profile.model_copy(update={"steps": [Step(
         name="leak", run='echo token=$VH_PRIVATE_TOKEN short=$SHORT; echo "$MULTI"; echo "attention backend: $BAR"; '
-                         'echo "$MULTI" > evidence/multi.txt', timeout_s=30)]})
+                         'echo "$MULTI" > evidence/multi.txt; echo hi > "evidence/f-$SHORT.txt"', timeout_s=30)]})
     spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
                                    "teardown_margin_s": 2.0})
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
@@ -115,7 +115,11 @@ def test_a_step_that_prints_a_secret_has_it_masked_and_a_setting_shown(sim, tmp_
     assert "q7z" not in record and '"BAR": "flash"' in record
     pulled = (run.ev.dir / "remote" / "multi.txt").read_text()
     assert "line-one" not in pulled and "***" in pulled
-    assert json.loads(record)["pull"]["redacted"] == ["multi.txt"]
+    assert json.loads(record)["pull"]["redacted"] == ["f-***.txt", "multi.txt"]
+    # a secret in a pulled file's name is masked in the name too (the manifest lists names)
+    names = [p.name for p in (run.ev.dir / "remote").iterdir()]
+    assert "f-***.txt" in names and not [n for n in names if "q7z" in n]
+    assert "q7z" not in (run.ev.dir / "manifest.sha256").read_text()
 
 
 
