@@ -55,7 +55,9 @@ REAL_PACING_SCALE_FLOOR = 1.0
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A profile or config number that is not finite (`disk_gb = inf`) is refused here, naming the field; it
+    # once reached the search request as JSON that cannot be sent (a traceback, exit 1).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Step(_Strict):
@@ -178,6 +180,16 @@ class HarnessProfile(_Strict):
     # steps for the smoke profile's, since simulated hosts have no GPU.
     require_gpu: bool = True
 
+    @field_validator("remote_env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        # refused when the profile is read (exit 2), as --remote-env refuses them, never after renting
+        for key, value in env.items():
+            if not _ENV_KEY_RE.match(key):
+                raise ValueError(f"remote_env name {key!r} is not a shell variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            _env_value("remote_env", key, value)
+        return env
+
     @field_validator("image")
     @classmethod
     def _pinned(cls, value: str) -> str:
@@ -276,6 +288,8 @@ def _load_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses per nesting level: a 5000-deep array is bad input, not a crash
+        raise ConfigError(f"{path}: invalid TOML: nested too deeply") from None
 
 
 def _validation_message(source: str, exc: ValidationError) -> str:

@@ -172,3 +172,24 @@ def test_image_expect_is_refused_against_a_real_api_unless_acknowledged(tmp_path
 def test_the_create_sends_the_digest_pinned_form():
     ref = load_profile("proofs").image_ref
     assert ref.create_form == f"{ref.repo}@{ref.digest}" and ":" not in ref.create_form.split("@")[0]
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda t: t.replace("[remote_env]\n", '[remote_env]\n"X;echo INJECTED;Y" = "1"\n', 1), "not a shell variable"),
+    (lambda t: t.replace("[remote_env]\n", '[remote_env]\n"A B" = "1"\n', 1), "not a shell variable"),
+    (lambda t: t.replace("disk_gb = ", "disk_gb = inf #"), "disk_gb"),
+    (lambda t: t + "\nx = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+], ids=["env-key-injection", "env-key-space", "disk-inf", "toml-5000-deep"])
+def test_a_bad_profile_file_is_refused_before_anything_is_rented(tmp_path, edit, needle):
+    # From the red team: these passed the profile check, rented, then died as "unexpected ValueError" (exit 1),
+    # or gave a traceback during the search (inf in the request) or in tomllib (RecursionError).
+    from vast_harness.config import PROFILES_DIR
+
+    text = (PROFILES_DIR / "harness" / "smoke.toml").read_text()
+    if "disk_gb = " not in text:
+        text = text.replace('name = "smoke"', 'name = "smoke"\ndisk_gb = 40', 1)
+    path = tmp_path / "mine.toml"
+    path.write_text(edit(text))
+    with pytest.raises(ConfigError) as err:
+        resolve(profile=str(path), sim=True, dry_run=True, environ={}, evidence_dir=tmp_path / "ev")
+    assert needle in str(err.value)
