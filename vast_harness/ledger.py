@@ -51,7 +51,7 @@ LEDGER_FILE = "ledger.jsonl"  # in the state dir, shared by every run, fleet and
 
 def new_run_id(prefix: str = "", *, unique: bool = True) -> str:
     """The id of a run (its evidence subdirectory, its ledger lines): `<prefix>YYYYmmddTHHMMSSZ` in UTC, so ids
-    sort by time, then `-` and 6 random hex unless `unique` is False (reap's, one at a time)."""
+    sort by time, then `-` and 6 random hex unless `unique` is False."""
     stamp = prefix + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return f"{stamp}-{secrets.token_hex(3)}" if unique else stamp
 

@@ -313,7 +313,7 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
     src = _Sources(spec, client.server_clock.now)
     result = ReapOutcome(ledgers_read=[str(ledger.path) for ledger in src.ledgers if ledger.path.exists()])
     out.info("ledgers read: " + (", ".join(result.ledgers_read) or f"none yet ({src.primary.path})"))
-    run_id = new_run_id("reap-", unique=False)
+    run_id = new_run_id("reap-")  # unique: two reaps in one second once shared (and overwrote) one proof file
     registry = RunRegistry(spec.state_dir)
     runs = registry.scan()
     result.key_dirs_removed = [str(p) for p in remove_stale_key_dirs()]
