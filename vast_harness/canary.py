@@ -135,7 +135,7 @@ class CanaryRun(GuardedRun):
             api_url=self.spec.api_url, sim=self.spec.sim, run_id=self.run_id, exit_code=int(result.exit_code),
             message=result.message, accrued_usd=round(self.accrued_usd(), 6),
             offer_id=inst.offer_id if inst else None, instance_id=inst.instance_id if inst else None,
-            create_answer_s=round(inst.t_created_unix - sent[inst.label], 3) if inst and inst.label in sent else None,
+            create_answer_s=_answer_s(inst.t_created_unix, sent[inst.label]) if inst and inst.label in sent else None,
             read_lag=self.visibility, boot_s=self.boot_s, image_sent=self.spec.profile.image_ref.create_form,
             image_accepted=self.image_accepted, proof_interval_s=self.spec.proof_interval_s,
             deadman_armed=self.deadman.armed if self.deadman else None,
@@ -257,3 +257,9 @@ def _s(value: float | None) -> str:
 
 def _show(value: bool | None) -> str:
     return "unknown" if value is None else "yes" if value else "NO"
+
+
+def _answer_s(answered_unix: float, sent_mono: float) -> float:
+    """PUT sent (this process's monotonic clock, as the run records it) -> answered (wall clock, recorded)."""
+    sent_unix = time.time() - (time.monotonic() - sent_mono)
+    return round(max(0.0, answered_unix - sent_unix), 3)

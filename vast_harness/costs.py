@@ -79,6 +79,8 @@ def collect(evidence_dir: Path) -> list[RunCost]:
         if e.api_url:
             sim[e.run_id] = is_loopback_url(e.api_url)
     for run_id, t in first.items():
+        if run_id.startswith("reap-"):  # a reap's lines name other runs' instances; it rents nothing
+            continue
         if run_id not in runs and instances.get(run_id):  # an intent that never rented cost nothing
             runs[run_id] = RunCost(run_id=run_id, day=_day(t), profile=None, sim=sim.get(run_id, False),
                                    accrued_usd=None, exit_code=None, instances=sorted(instances[run_id]), dir=None)

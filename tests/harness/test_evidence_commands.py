@@ -75,10 +75,14 @@ def test_costs_per_run_day_profile_and_totals(work):
                                        api_url="https://console.vast.ai", account="acct")
     Ledger(ev / "ledger.jsonl").append("20260101T000000Z-dead00", "created", "vh-dead", offer_id=1, instance_id=99,
                                        api_url="https://console.vast.ai", account="acct")
+    # ... and a reap that deleted it: its lines name the instance but it is not a run (it was counted as one)
+    Ledger(ev / "ledger.jsonl").append("reap-20260101T000100Z-abcdef", "delete_ack", "vh-dead", instance_id=99,
+                                       api_url="https://console.vast.ai", account="acct")
     done = cli("costs", "--json", cwd=work)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     runs = {r["run_id"]: r for r in data["runs"]}
+    assert not [r for r in runs if r.startswith("reap-")]
     mine = runs[record["run_id"]]
     assert mine["accrued_usd"] == pytest.approx(record["accrued_usd"]) and mine["sim"] is True
     assert mine["profile"] == "hello-profile" and mine["day"] == time.strftime("%Y-%m-%d", time.gmtime())
