@@ -116,6 +116,15 @@ def _reap(url: str, state: Path, cwd: Path, *, wall_step_s: float = 0.0) -> tupl
     return p.returncode, p.stdout + p.stderr
 
 
+def _recorded_reap(outcome: AccountOutcome, url: str, state: Path, work: Path, log_name: str, *,
+                   wall_step_s: float = 0.0) -> tuple[int, str]:
+    """A reap from another directory, its output kept as `log_name` and its exit code in the outcome."""
+    code, text = _reap(url, state, work / "elsewhere", wall_step_s=wall_step_s)
+    (work / log_name).write_text(text)
+    outcome.reap_codes.append(code)
+    return code, text
+
+
 def _wait(proc: subprocess.Popen[bytes]) -> int | None:
     try:
         return proc.wait(timeout=CHILD_LIMIT_S)
@@ -183,9 +192,7 @@ def _two_runs_reap(plan: AccountPlan, sim: SimServer, work: Path, outcome: Accou
             for n, s in zip(("a", "b"), states, strict=True)]
     both_up = _wait_for(lambda: all(_seen(s) for s in states), 30.0)
     reap_state = {"first": states[0], "second": states[1], "fresh": work / "state-fresh"}[plan.reap_state]
-    code, text = _reap(sim.url, reap_state, work / "elsewhere")  # while both are in their step
-    (work / "reap.log").write_text(text)
-    outcome.reap_codes.append(code)
+    code, text = _recorded_reap(outcome, sim.url, reap_state, work, "reap.log")  # while both are in their step
     outcome.exit_codes = [_wait(p) for p in runs]
     if not both_up:
         _mismatch(outcome, "the runs never both reached their step: nothing tested")
@@ -204,9 +211,8 @@ def _clock_ahead(plan: AccountPlan, sim: SimServer, work: Path, outcome: Account
                      work / "a.log")
     t_spawn = time.monotonic()
     outcome.exit_codes = [_wait(run)]
-    code, text = _reap(sim.url, state, work / "elsewhere", wall_step_s=CLOCK_STEP_S)  # same stepped machine
-    (work / "reap-stepped.log").write_text(text)
-    outcome.reap_codes.append(code)
+    # the same stepped machine
+    code, text = _recorded_reap(outcome, sim.url, state, work, "reap-stepped.log", wall_step_s=CLOCK_STEP_S)
     live = [i for i in sim.state()["instances"] if i["live"]]
     if outcome.exit_codes != [3]:
         _mismatch(outcome, f"+2 h clock step after a lagging create: run exited {outcome.exit_codes}, expected 3 "
@@ -219,9 +225,7 @@ def _clock_ahead(plan: AccountPlan, sim: SimServer, work: Path, outcome: Account
     if live and not {i["id"] for i in live} <= set(pending):
         _mismatch(outcome, "a live instance the ledger does not name after the clock step")
     time.sleep(max(0.0, READ_LAG_S + 1.0 - (time.monotonic() - t_spawn)))  # the lag is over: reads see it
-    code, text = _reap(sim.url, state, work / "elsewhere")
-    (work / "reap-after.log").write_text(text)
-    outcome.reap_codes.append(code)
+    code, text = _recorded_reap(outcome, sim.url, state, work, "reap-after.log")
     if code != 0:
         _mismatch(outcome, f"reap after the read lag exited {code}: {text[-600:]}")
 
@@ -248,9 +252,7 @@ def _boot_fail_delete_fail(plan: AccountPlan, sim: SimServer, work: Path, outcom
     if outcome.exit_codes != [3]:
         _mismatch(outcome, f"a failed boot whose DELETE fails: run exited {outcome.exit_codes}, expected 3")
     sim.set_faults(None)
-    code, text = _reap(sim.url, state, work / "elsewhere")
-    (work / "reap.log").write_text(text)
-    outcome.reap_codes.append(code)
+    code, text = _recorded_reap(outcome, sim.url, state, work, "reap.log")
     if code != 0:
         _mismatch(outcome, f"reap of the unproven host exited {code}: {text[-600:]}")
 
