@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json as jsonlib
 import logging
+import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -525,12 +527,27 @@ class VastClient:
     def _refuse_key_in_url(self, request: httpx.Request) -> None:
         """Last line of defence for invariant 3: no request may carry the key in its URL."""
         url = request.url
-        # A key is a token of its own: match whole path segments and the query, so a short test key such
-        # as "k" is not "found" inside "/asks/".
-        in_path = self._key in url.path.split("/")
-        if in_path or self._key in str(url.query, "ascii", "replace") or "api_key" in url.params:
+        if _key_in_url(self._key, url) or "api_key" in url.params:
             where = _redact(f"{request.method} {request.url.path}", self._key)
             raise ConfigError(f"refusing to send the API key in a URL ({where})")
+
+
+def _key_in_url(key: str, url: httpx.URL) -> bool:
+    """Whether `key` appears in the URL's path or decoded query as a whole token (a run of letters, digits,
+    `_` and `-`). A real key is one long token, so a token match finds it wherever it is sent; a substring match
+    would also "find" a short test key such as "k" inside a label, a path segment or a base36 deadline."""
+    if not key:
+        return False
+    text = f"{url.path}?{urllib.parse.unquote_plus(str(url.query, 'ascii', 'replace'))}"
+    if len(key) >= _KEY_SUBSTRING_MIN:
+        return key in text
+    return key in _TOKEN.findall(text)
+
+
+# A key at least this long is matched as a substring too (a real Vast key is 64 hex digits); shorter keys only
+# as whole tokens, since a short one is a substring of ordinary text.
+_KEY_SUBSTRING_MIN = 16
+_TOKEN = re.compile(r"[A-Za-z0-9_\-]+")
 
 
 _ORDER_BY = jsonlib.dumps([{"col": "id", "dir": "asc"}], separators=(",", ":"))

@@ -547,6 +547,26 @@ def test_request_hook__key_in_url_never_sent(vast_api: respx.MockRouter, client:
     assert not vast_api.calls
 
 
+@pytest.mark.parametrize(
+    "key, url, refused",
+    [
+        # A short test key is matched as a token: a label or base36 deadline containing its letter is fine
+        # (CI once failed on "vh-...-dk3" with key "k").
+        ("k", '/api/v1/instances/?select_filters={"label":{"eq":"vh-abc-dk3q"}}', False),
+        ("k", "/api/v0/asks/1/", False),
+        ("k", '/api/v1/instances/?select_filters={"label":{"eq":"k"}}', True),
+        ("k", "/api/v0/x/k/", True),
+        # A real-length key is found wherever it sits, encoded or glued to other text.
+        (VAST_TEST_KEY, f"/api/v1/instances/?q=zz{VAST_TEST_KEY}zz", True),
+        (VAST_TEST_KEY, "/api/v1/instances/?q=" + VAST_TEST_KEY.replace("-", "%2D"), True),
+        (VAST_TEST_KEY, f"/api/v0/x/{VAST_TEST_KEY}.json", True),
+        (VAST_TEST_KEY, "/api/v1/instances/?q=vhkey", False),
+    ],
+)
+def test_key_in_url__tokens_for_short_keys_substrings_for_real_ones(key: str, url: str, refused: bool) -> None:
+    assert client_module._key_in_url(key, httpx.URL(f"{VAST_TEST_BASE}{url}")) is refused
+
+
 # ------------------------------------------------------------------------------------------------ pacing
 
 
