@@ -130,7 +130,7 @@ class CanaryRun(GuardedRun):
 
     def report(self, result: HarnessResult) -> CanaryReport:
         inst = self.created[-1] if self.created else None
-        sent = dict(self.create_attempts)
+        sent = self.book.attempts
         rep = CanaryReport(
             api_url=self.spec.api_url, sim=self.spec.sim, run_id=self.run_id, exit_code=int(result.exit_code),
             message=result.message, accrued_usd=round(self.accrued_usd(), 6),

@@ -36,6 +36,7 @@ class CheckRow(BaseModel):
 class CheckReport(BaseModel):
     api_url: str
     rows: list[CheckRow]
+    key_refused: bool = False  # a rejected key is bad configuration (exit 2), not a failed check
 
     @property
     def failed(self) -> list[CheckRow]:
@@ -43,6 +44,8 @@ class CheckReport(BaseModel):
 
     @property
     def exit_code(self) -> ExitCode:
+        if self.key_refused:
+            return ExitCode.BAD_INPUT
         return ExitCode.FAILED if self.failed else ExitCode.PASSED
 
 
@@ -63,13 +66,14 @@ def _row(name: str, fn: Callable[[], tuple[bool | None, str]]) -> CheckRow:
 
 def run_checks(spec: RunSpec, client: VastClient) -> CheckReport:
     rows: list[CheckRow] = []
-    answered = False
+    answered = refused = False
 
     def user() -> tuple[bool | None, str]:
-        nonlocal answered
+        nonlocal answered, refused
         try:
             u = client.current_user(max_retry_s=CHECK_RETRY_S)
         except AuthError as exc:
+            refused = True
             raise VastError(f"the key was refused: {exc}") from None
         answered = True
         funds = u.available_usd
@@ -78,7 +82,7 @@ def run_checks(spec: RunSpec, client: VastClient) -> CheckReport:
 
     rows.append(_row("key and credit", user))
     if not answered:  # a refused key or an API that does not answer: every other call would say the same
-        return CheckReport(api_url=spec.api_url, rows=rows)
+        return CheckReport(api_url=spec.api_url, rows=rows, key_refused=refused)
 
     def search() -> tuple[bool | None, str]:
         offers = client.search_offers(_PROBE_SEARCH, max_retry_s=CHECK_RETRY_S)

@@ -137,10 +137,14 @@ def parse_image_expect(raw: str, base: ImageExpect | None) -> ImageExpect:
     if base is None:
         raise ConfigError("--image-expect: this profile checks no image on the host; there is nothing to override")
     values = base.model_dump()
+    given: set[str] = set()
     for item in (part.strip() for part in raw.split(",")):
         key, sep, value = item.partition("=")
         if not sep or key.strip() not in values:
             raise ConfigError(f"--image-expect: expected torch=VERSION,cuda=VERSION,cudnn=VERSION, got {item!r}")
+        if key.strip() in given:
+            raise ConfigError(f"--image-expect: {key.strip()} is given twice ({raw!r}); give each once")
+        given.add(key.strip())
         values[key.strip()] = value.strip()
     try:
         return ImageExpect.model_validate(values)

@@ -60,9 +60,9 @@ class CreateOutcome(BaseModel):
 
 
 def find_by_label(client: VastClient, label: str, *, attempts: int, wait_s: float, sleep: Sleep,
-                  until_mono: float = 0.0) -> list[int]:
+                  until_mono: float = 0.0, clock: Clock = time.monotonic) -> list[int]:
     """Ids of instances carrying `label` (lingering destroyed rows excluded), tolerating read lag and
-    transient errors for `attempts` tries and, when `until_mono` (monotonic) is later, until then."""
+    transient errors for `attempts` tries and, when `until_mono` (on `clock`) is later, until then."""
     i = 0
     while True:
         try:
@@ -72,9 +72,9 @@ def find_by_label(client: VastClient, label: str, *, attempts: int, wait_s: floa
         except VastError:
             pass
         i += 1
-        if i >= attempts and time.monotonic() >= until_mono:
+        if i >= attempts and clock() >= until_mono:
             return []
-        sleep(max(0.0, min(wait_s, until_mono - time.monotonic())) if i >= attempts else wait_s)
+        sleep(max(0.0, min(wait_s, until_mono - clock())) if i >= attempts else wait_s)
 
 
 def is_lingering(inst: Instance | dict[str, Any]) -> bool:
@@ -109,7 +109,7 @@ class CreateRequest(BaseModel):
 def create(
     client: VastClient, ledger: Ledger, *, run_id: str, offer_id: int, request: CreateRequest,
     lag_attempts: int = 6, lag_wait_s: float = 5.0, lag_window_s: float = READ_LAG_WINDOW_S,
-    sleep: Sleep = time.sleep,
+    sleep: Sleep = time.sleep, clock: Clock = time.monotonic,
 ) -> CreateOutcome:
     """PUT the create once (the client retries only a 429, which creates nothing). An unknown outcome is
     looked up by label until the read-lag window has passed; not found then, it is `unresolved` (ledger
@@ -117,7 +117,7 @@ def create(
     way before it propagates."""
     label = request.label
     ledger.append(run_id, "intent", label, offer_id=offer_id)
-    t_sent = time.monotonic()
+    t_sent = clock()
 
     def unresolved(detail: str) -> CreateOutcome:
         ledger.append(run_id, "create_unresolved", label, offer_id=offer_id, detail=detail[:300])
@@ -125,7 +125,7 @@ def create(
 
     def look(exc: Exception, *, unknown: bool) -> CreateOutcome:
         found = find_by_label(client, label, attempts=lag_attempts if unknown else 2, wait_s=lag_wait_s,
-                              sleep=sleep, until_mono=t_sent + lag_window_s)
+                              sleep=sleep, until_mono=t_sent + lag_window_s, clock=clock)
         if found:
             ledger.append(run_id, "created", label, offer_id=offer_id, instance_id=found[0], detail="found by label")
             with contextlib.suppress(LedgerWriteError):  # lost, reap is only more careful with it
@@ -164,9 +164,10 @@ def create(
 def wait_ready(
     client: VastClient, instance_id: int, *, deadline: float, poll_s: float, null_grace_s: float,
     sleep: Sleep = time.sleep, on_poll: Callable[[Instance | None], None] | None = None,
+    clock: Clock = time.monotonic,
 ) -> Instance:
-    """Poll until running with an SSH endpoint; fail fast on failed states; `deadline` is monotonic."""
-    started = time.monotonic()
+    """Poll until running with an SSH endpoint; fail fast on failed states; `deadline` is on `clock`."""
+    started = clock()
     last = "no read yet"
     while True:
         try:
@@ -180,7 +181,7 @@ def wait_ready(
                 on_poll(inst)
             if inst is None:
                 last = "instances: null"
-                if time.monotonic() - started > null_grace_s:
+                if clock() - started > null_grace_s:
                     raise BootFailed(f"instance {instance_id} not visible {null_grace_s:g} s after create")
             else:
                 reason = inst.failed_reason
@@ -189,7 +190,7 @@ def wait_ready(
                 if inst.is_ready:
                     return inst
                 last = f"actual_status={inst.actual_status} status_msg={inst.status_msg!r}"
-        remaining = deadline - time.monotonic()
+        remaining = deadline - clock()
         if remaining <= 0:
             raise BootFailed(f"instance {instance_id} not ready before the deadline ({last})")
         sleep(min(poll_s, remaining))
@@ -201,10 +202,11 @@ class DeleteAck(BaseModel):
     outcome: str  # deleted | already_gone | error text
     t_request_unix: float
     t_ack_unix: float | None = None
-    t_ack_mono: float | None = None  # the same moment on this process's monotonic clock (for the meter)
+    t_ack_mono: float | None = None  # the same moment on the run's monotonic clock (for the meter)
 
 
-def destroy(client: VastClient, instance_id: int, *, max_retry_s: float | None = None) -> DeleteAck:
+def destroy(client: VastClient, instance_id: int, *, max_retry_s: float | None = None,
+            clock: Clock = time.monotonic) -> DeleteAck:
     """DELETE with the client's retry policy (429/5xx/transport), bounded by `max_retry_s`; never raises."""
     t0 = time.time()
     try:
@@ -213,7 +215,7 @@ def destroy(client: VastClient, instance_id: int, *, max_retry_s: float | None =
         return DeleteAck(instance_id=instance_id, acknowledged=False, outcome=f"{type(exc).__name__}: {exc}"[:500],
                          t_request_unix=t0)
     return DeleteAck(instance_id=instance_id, acknowledged=True, outcome=outcome, t_request_unix=t0,
-                     t_ack_unix=time.time(), t_ack_mono=time.monotonic())
+                     t_ack_unix=time.time(), t_ack_mono=clock())
 
 
 # gone: parsed absence everywhere; going: only lingering destroyed rows; present: a live row; unknown: no answer
@@ -342,7 +344,8 @@ class InstanceTeardown(BaseModel):
 
 
 class LedgerAppend(Protocol):
-    """What teardown needs of a ledger: an append (the runner's may record a failed write and go on)."""
+    """What teardown needs of a ledger: an append (a `Ledger`, which records a failed best-effort write and
+    goes on, or reap's fan-out to every ledger that names the instance)."""
 
     def append(self, run_id: str, event: Event, label: str, **fields: Unpack[EntryFields]) -> LedgerEntry | None: ...
 
@@ -370,7 +373,7 @@ def teardown_instance(
 
     while True:
         remaining = deadline - clock()
-        ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining))
+        ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining), clock=clock)
         report.deletes.append(ack)
         if ack.acknowledged:
             ledger.append(run_id, "delete_ack", label, instance_id=instance_id, detail=ack.outcome)

@@ -39,18 +39,19 @@ class PhaseRecord(BaseModel):
 class PhaseLog:
     """The run's phases in order; starting one ends the previous one. Thread-safe (a fleet's runs, the view)."""
 
-    def __init__(self, accrued_usd: Callable[[], float]) -> None:
+    def __init__(self, accrued_usd: Callable[[], float], *, clock: Callable[[], float] = time.monotonic) -> None:
         self._accrued = accrued_usd
+        self._clock = clock  # the run's monotonic clock (the phase's elapsed time in the live view)
         self._lock = threading.Lock()
         self.records: list[PhaseRecord] = []
-        self.current_started_mono = time.monotonic()
+        self.current_started_mono = clock()
 
     def start(self, name: str) -> None:
         usd = self._accrued()
         with self._lock:
             self._end_locked(usd)
             self.records.append(PhaseRecord(name=name, t_start_unix=time.time(), usd_start=usd))
-            self.current_started_mono = time.monotonic()
+            self.current_started_mono = self._clock()
 
     def end(self) -> None:
         usd = self._accrued()

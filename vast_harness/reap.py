@@ -186,7 +186,10 @@ def judge(run_id: str | None, label: str, row: Instance | None, *, runs: dict[st
     if deadline is not None:
         if server_now is None:
             return "live", "its cap deadline cannot be judged: the API sent no Date header"
-        return "live", f"its cap deadline is {deadline - server_now:.0f} s ahead (API server's clock)"
+        if deadline >= server_now:
+            return "live", f"its cap deadline is {deadline - server_now:.0f} s ahead (API server's clock)"
+        return "live", (f"its cap deadline passed {server_now - deadline:.0f} s ago, within the "
+                        f"{DEADLINE_GRACE_S:.0f} s teardown grace (API server's clock)")
     started = row.start_date if row is not None else None
     if started is not None and server_now is not None and server_now - started > MAX_RUN_S:
         return "orphan", f"an old label without a deadline, created {(server_now - started) / 3600:.0f} h ago"

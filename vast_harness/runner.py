@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -55,7 +55,7 @@ from vast_harness.evidence import (
     overall_absence,
 )
 from vast_harness.hostwork import PULL_GRACE_SHARE, HostWork
-from vast_harness.ledger import EntryFields, Event, Ledger, LedgerEntry, new_run_id
+from vast_harness.ledger import Ledger, new_run_id
 from vast_harness.lifecycle import (
     READ_LAG_WINDOW_S,
     SIM_READ_LAG_WINDOW_S,
@@ -75,6 +75,7 @@ from vast_harness.output import Output
 from vast_harness.plan import RunPlan, account_credit_usd, choose_offers, plan_run
 from vast_harness.progress import PhaseLog, Snapshot
 from vast_harness.registry import HeldRegistration, Registration, RunRegistry, make_label, this_host
+from vast_harness.rentbook import CreateOutcome, NotRented, RentBook, Rented
 from vast_harness.report import write_run_report_safely
 from vast_harness.ssh import (
     HostSession,
@@ -139,55 +140,60 @@ class _SignalGuard:
             signal.signal(sig, handler)
 
 
-class _TeardownLedger:
-    """The ledger as teardown uses it: an append that fails (disk full) is recorded, never raised."""
-
-    def __init__(self, ledger: Ledger, failures: list[str]) -> None:
-        self._ledger, self._failures = ledger, failures
-
-    def append(self, run_id: str, event: Event, label: str, **fields: Unpack[EntryFields]) -> LedgerEntry | None:
-        try:
-            return self._ledger.append(run_id, event, label, **fields)
-        except OSError as exc:
-            self._failures.append(f"ledger {event} for {fields.get('instance_id', label)}: {exc.strerror or exc}")
-            return None
+Clock = Callable[[], float]
 
 
 class GuardedRun:
+    """One guarded run. `clock` is the run's monotonic clock (the meter's: every deadline of every phase, the
+    lifecycle's waits and the SSH session's, is on it); `host_work` makes the host phases once SSH is up;
+    `on_created` is called with each instance as soon as its create answered (the chaos suite steps the wall
+    clock there). Tests swap these rather than override private methods."""
+
     def __init__(self, spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output, *,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, clock: Clock = time.monotonic,
+                 host_work: type[HostWork] = HostWork,
+                 on_created: Callable[[CreatedInstance], None] | None = None) -> None:
         self.spec, self.client, self.drivers, self.out = spec, client, drivers, out
         self.run_id = run_id or new_run_id()
         self.server_clock = getattr(client, "server_clock", None)  # the API's Date headers (servertime.py)
         self.ledger = Ledger.for_spec(spec, self.server_clock.now if self.server_clock else None)
         self.registration: HeldRegistration | None = None  # held (locked) from before the first create to the end
-        self.vanished: dict[int, str] = {}  # instance id -> how we learnt someone else deleted it
         self.ev = RunEvidence(spec.evidence_dir / self.run_id)
-        self.t0 = time.monotonic()
-        self.created: list[CreatedInstance] = []
-        self.teardowns: list[InstanceTeardown] = []
+        # The one clock: every phase asks it for its deadline; it turns both caps into one.
+        self.meter = CostMeter(max_usd=spec.caps.max_usd, max_seconds=spec.max_seconds,
+                               teardown_margin_s=spec.teardown_margin_s, clock=clock)
+        self.clock = self.meter.now
+        self.book = RentBook()  # what was sent, rented, proven gone: teardown and the verdict read it
         self.timings: dict[str, float] = {}
         self.session: HostSession | None = None
         self.plan: RunPlan | None = None
         self.candidate: Candidate | None = None
-        # The one clock: every phase asks it for its deadline; it turns both caps into one.
-        self.meter = CostMeter(max_usd=spec.caps.max_usd, max_seconds=spec.max_seconds,
-                               teardown_margin_s=spec.teardown_margin_s, t0=self.t0)
+        self._host_work, self._on_created = host_work, on_created
         self.work: HostWork | None = None  # the host's phases, once SSH is up
         self.deadman: DeadmanStatus | None = None  # the switch as the first SSH found it
         self.guard: _SignalGuard | None = None
-        self.ledger_write_failures: list[str] = []
-        self.excluded_machines: set[int] = set()
         # How long one instance's delete + absence proof may take before it is declared unproven (exit 3).
         self.teardown_budget_s = teardown_budget_s(spec.proof_interval_s)
         # Reads may not see an instance this long after its create (lifecycle.READ_LAG_WINDOW_S).
         self.read_lag_window_s = SIM_READ_LAG_WINDOW_S if spec.sim else READ_LAG_WINDOW_S
-        self.create_attempts: list[tuple[str, float]] = []  # (label, monotonic time the PUT was sent)
-        self.unresolved_labels: set[str] = set()  # creates whose outcome no read has settled
+        self.price_poll_s = spec.poll_s  # how often the rented price is re-read while the steps run
         # Set by `cancel` from another thread; checked wherever the cap deadline is, and by a running step.
         self.cancelled = threading.Event()
         self.cancel_reason, self.cancel_exit_code = "", ExitCode.CAP_REACHED
-        self.phases = PhaseLog(self.accrued_usd)  # the timeline (record, report) and the live view's phase
+        self.phases = PhaseLog(self.accrued_usd, clock=self.clock)  # the timeline and the live view's phase
+
+    # What the run rented and what became of it (the record, the fleet, the chaos suite and tests read these).
+    @property
+    def created(self) -> list[CreatedInstance]:
+        return self.book.created
+
+    @property
+    def teardowns(self) -> list[InstanceTeardown]:
+        return self.book.teardowns
+
+    @property
+    def t0(self) -> float:
+        return self.meter.t0
 
     def cancel(self, reason: str, *, exit_code: ExitCode = ExitCode.CAP_REACHED) -> None:
         """Thread-safe: stop at the next phase boundary (a running step within its poll interval), then the
@@ -197,7 +203,7 @@ class GuardedRun:
             self.cancelled.set()
 
     def _snapshot(self) -> Snapshot:
-        return Snapshot(phase=self.phases.current, phase_elapsed_s=time.monotonic() - self.phases.current_started_mono,
+        return Snapshot(phase=self.phases.current, phase_elapsed_s=self.clock() - self.phases.current_started_mono,
                         accrued_usd=self.accrued_usd(), max_usd=self.spec.caps.max_usd,
                         elapsed_s=self.meter.elapsed_s(), max_s=self.spec.max_seconds)
 
@@ -262,7 +268,7 @@ class GuardedRun:
         server = self.server_clock.to_server(end_mono) if self.server_clock else None
         if server is not None:
             return server, "server"
-        return time.time() + (end_mono - time.monotonic()), "local wall clock"
+        return time.time() + (end_mono - self.clock()), "local wall clock"
 
     def _register(self) -> None:
         deadline, clock = self.cap_deadline_unix()
@@ -274,25 +280,12 @@ class GuardedRun:
             max_minutes=self.spec.caps.max_minutes, deadline_unix=deadline,
             deadline_clock="server" if clock == "server" else "local wall clock"))
 
-    # The meter's figures under the names the chaos suite and the evidence read.
-    @property
-    def cap_deadline(self) -> float:
-        return self.meter.work_deadline()
-
-    @property
-    def bytes_up(self) -> int:
-        return self.meter.bytes_up
-
-    @property
-    def bytes_down(self) -> int:
-        return self.meter.bytes_down
-
     def _timed(self, name: str, fn: Callable[[], _T]) -> _T:
-        start = time.monotonic()
+        start = self.clock()
         try:
             return fn()
         finally:
-            self.timings[f"{name}_s"] = round(time.monotonic() - start, 3)
+            self.timings[f"{name}_s"] = round(self.clock() - start, 3)
 
     # ------------------------------------------------------------------------------- rent + connect
     def _candidates(self) -> Iterator[Candidate]:
@@ -304,7 +297,7 @@ class GuardedRun:
         try:
             credit = account_credit_usd(self.client)
             choice = choose_offers(self.spec, self.client, self.drivers, build_bundle(), credit_usd=credit,
-                                   exclude_machine_ids=self.excluded_machines)
+                                   exclude_machine_ids=self.book.excluded_machines)
         except NoOfferError:
             return
         for cand in choice.ranked:
@@ -315,18 +308,19 @@ class GuardedRun:
         boots_left = self.spec.boot_retries + 1
         repicks_left = MAX_UNAVAILABLE_REPICKS
         tried: set[int] = set()
-        start = time.monotonic()
+        start = self.clock()
+        book = self.book
 
         def repick(why: str) -> None:
             nonlocal repicks_left
             repicks_left -= 1
             if repicks_left < 0:
-                if self.created:
+                if book.created:
                     raise BootFailed(f"every further offer was taken or refused before it could be rented ({why})")
                 raise NoOfferError(f"every offer tried was taken or refused before it could be rented ({why})")
 
         for cand in self._candidates():
-            if cand.offer.id in tried or cand.offer.machine_id in self.excluded_machines:
+            if cand.offer.id in tried or cand.offer.machine_id in book.excluded_machines:
                 continue
             tried.add(cand.offer.id)
             self._check_cancelled()
@@ -334,21 +328,22 @@ class GuardedRun:
             # the run's cap deadline (server clock), so a reap on another machine can tell a live run's host
             # from an orphan.
             deadline, clock = self.cap_deadline_unix()
-            label = make_label(self.run_id, len(self.create_attempts), deadline)
+            label = make_label(self.run_id, len(book.attempts), deadline)
             if self.registration is not None:
                 self.registration.update(labels=[*self.registration.reg.labels, label], deadline_unix=deadline,
                                          deadline_clock=clock)
-            inst = self._create(cand, label, key)
-            if isinstance(inst, str):
-                repick(inst)
+            outcome = self._create(cand, label, key)
+            if isinstance(outcome, NotRented):
+                repick(outcome.why)
                 continue
+            inst = outcome.instance
             try:
                 if inst.status == "created_with_error":
                     raise BootFailed(f"create answered an error but created instance {inst.instance_id} "
                                      f"(stopped, billing storage): {inst.detail}")
                 self._boot(inst, key)
                 self.candidate = cand
-                self.timings["rent_and_connect_s"] = round(time.monotonic() - start, 3)
+                self.timings["rent_and_connect_s"] = round(self.clock() - start, 3)
                 return
             except (BootFailed, SshConnectError) as exc:
                 self.out.warn(f"instance {inst.instance_id} did not come up: {exc}")
@@ -358,17 +353,17 @@ class GuardedRun:
                         f"instance {inst.instance_id} did not come up ({exc}) and its teardown is not proven "
                         f"({report.verdict}); no further offer is rented while it may still bill") from None
                 if inst.machine_id is not None:
-                    self.excluded_machines.add(inst.machine_id)
+                    book.excluded_machines.add(inst.machine_id)
                 boots_left -= 1
                 if boots_left <= 0:
                     raise BootFailed(f"no host came up after {self.spec.boot_retries + 1} attempt(s): {exc}") from None
-        if self.created:  # something was rented (and deleted): "nothing rented" (exit 5) would be untrue
+        if book.created:  # something was rented (and deleted): "nothing rented" (exit 5) would be untrue
             raise BootFailed("no further offer to try after boot failures")
         raise NoOfferError("no further offer to try after boot failures")
 
-    def _create(self, cand: Candidate, label: str, key: RunKey) -> CreatedInstance | str:
-        """The created instance, or why nothing was created (the caller tries the next offer). An unknown
-        outcome that no read settles raises CreateUnresolved (exit 3 unless the final sweep finds it)."""
+    def _create(self, cand: Candidate, label: str, key: RunKey) -> CreateOutcome:
+        """Rented (the instance), or NotRented (why; the caller tries the next offer). An unknown outcome
+        that no read settles raises CreateUnresolved (exit 3 unless the final sweep finds it)."""
         deadman_s = int(self.spec.max_seconds + self.spec.deadman_grace_s)
         request = CreateRequest(
             image=self.spec.profile.image_ref.create_form, disk=self.spec.profile.disk_gb, label=label,
@@ -377,30 +372,31 @@ class GuardedRun:
         self.phases.start("create")
         self.out.info(f"renting offer {cand.offer.id} ({cand.offer.num_gpus}x {cand.offer.gpu_name}, "
                       f"${cand.quote.dph_at_disk_usd:.3f}/h) as {label}")
-        t_put_mono = time.monotonic()  # billing may start as the PUT lands: the meter starts here, not at the answer
-        self.create_attempts.append((label, t_put_mono))
-        self.unresolved_labels.add(label)  # until an answer or a read settles it (an interrupt leaves it)
+        t_put_mono = self.clock()  # billing may start as the PUT lands: the meter starts here, not at the answer
+        self.book.attempt(label, t_put_mono)  # unresolved until an answer or a read settles it (an interrupt leaves it)
         try:
             outcome = create(self.client, self.ledger, run_id=self.run_id, offer_id=cand.offer.id,
-                             request=request, lag_wait_s=max(self.spec.poll_s, 0.2), lag_window_s=self.read_lag_window_s)
+                             request=request, lag_wait_s=max(self.spec.poll_s, 0.2),
+                             lag_window_s=self.read_lag_window_s, clock=self.clock)
         except LedgerWriteError:  # the intent never reached the disk, so no PUT was sent: nothing to look for
-            self.unresolved_labels.discard(label)
-            self.create_attempts.pop()
+            self.book.withdraw(label)
             raise
         if outcome.status == "unresolved":
             raise CreateUnresolved(f"create of offer {cand.offer.id} has an unknown outcome: {outcome.detail}",
                                    label=label)
-        self.unresolved_labels.discard(label)
+        self.book.settle(label)
         if outcome.instance_id is None:
             self.out.warn(f"offer {cand.offer.id}: nothing rented ({outcome.status}): {outcome.detail}")
-            return f"offer {cand.offer.id}: {outcome.status}: {outcome.detail[:200]}"
+            return NotRented(f"offer {cand.offer.id}: {outcome.status}: {outcome.detail[:200]}")
         inst = CreatedInstance(instance_id=outcome.instance_id, label=label, offer_id=cand.offer.id,
                                machine_id=cand.offer.machine_id, dph_usd=cand.quote.dph_at_disk_usd,
                                t_created_mono=t_put_mono, status=outcome.status, detail=outcome.detail[:300],
                                seen=outcome.status == "found_after_unknown")  # found in the list by label
-        self.created.append(inst)
+        self.book.rented(inst)
         self._start_meter(inst, cand)  # the money clock starts now, at this offer's price
-        return inst
+        if self._on_created is not None:
+            self._on_created(inst)
+        return Rented(inst)
 
     def _start_meter(self, inst: CreatedInstance, cand: Candidate) -> None:
         q = cand.quote
@@ -414,11 +410,11 @@ class GuardedRun:
         """While the steps run, re-read the rented instance's price every poll interval (hosts re-price running
         contracts): a higher price re-prices the meter; one that breaks the cap, or moves the work deadline into
         the past, cancels the run (exit 6) and the running step is cut."""
-        inst = self.created[-1] if self.created else None
+        inst = self.book.latest()
         stop = threading.Event()
 
         def watch() -> None:
-            while inst is not None and not stop.wait(self.spec.poll_s):
+            while inst is not None and not stop.wait(self.price_poll_s):
                 try:
                     read = self.client.get_instance(inst.instance_id)
                 except VastError:
@@ -449,9 +445,9 @@ class GuardedRun:
     def _vanished(self, inst: CreatedInstance, how: str) -> None:
         """Our instance went away and we sent no DELETE: someone else deleted it (a reap elsewhere, the
         console). Say so, stop the work; the teardown still proves it absent."""
-        if inst.instance_id in self.vanished:
+        if inst.instance_id in self.book.vanished:
             return
-        self.vanished[inst.instance_id] = how
+        self.book.vanished[inst.instance_id] = how
         self.out.warn(f"instance {inst.instance_id} was deleted by someone else: no DELETE of ours ({how})")
         self.cancel(f"instance {inst.instance_id} was deleted by someone else: no DELETE of ours ({how})",
                     exit_code=ExitCode.FAILED)
@@ -462,9 +458,8 @@ class GuardedRun:
         DELETE goes first."""
         if not self.cancelled.is_set() or self.cancel_exit_code != ExitCode.CAP_REACHED:
             return
-        for inst in self.created:
-            if inst.absence is None and inst.instance_id not in self.vanished:
-                self._last_price_read(inst, max_retry_s=CANCEL_PRICE_READ_RETRY_S)
+        for inst in self.book.live():
+            self._last_price_read(inst, max_retry_s=CANCEL_PRICE_READ_RETRY_S)
 
     def _last_price_read(self, inst: CreatedInstance, *, max_retry_s: float = LAST_PRICE_READ_RETRY_S) -> None:
         """One more read of the rented price when the steps end (a re-price can land between two polls, or
@@ -499,24 +494,24 @@ class GuardedRun:
 
     def _mark_seen(self, inst: CreatedInstance, how: str) -> None:
         inst.seen = True
-        _TeardownLedger(self.ledger, self.ledger_write_failures).append(
-            self.run_id, "seen", inst.label, instance_id=inst.instance_id, detail=how)
+        self.ledger.append(self.run_id, "seen", inst.label, instance_id=inst.instance_id, detail=how)
 
     def _boot(self, inst: CreatedInstance, key: RunKey) -> None:
         self.phases.start("boot")
         boot_deadline = self.meter.deadline(self.spec.profile.boot_timeout_s)
         try:
             ready = wait_ready(self.client, inst.instance_id, deadline=boot_deadline, poll_s=self.spec.poll_s,
-                               null_grace_s=NULL_GRACE_S, on_poll=lambda read: self._on_poll(inst, read))
+                               null_grace_s=NULL_GRACE_S, on_poll=lambda read: self._on_poll(inst, read),
+                               clock=self.clock)
             self._on_instance_read(inst, ready)
             self._check_cancelled()
             # The price may have moved the deadline: SSH gets what is left of the boot's, never more.
             boot_deadline = min(boot_deadline, self.meter.deadline())
             self.out.info(f"instance {inst.instance_id} running; connecting over SSH")
             self.session = HostSession.connect(endpoints_for(ready), key, deadline_monotonic=boot_deadline,
-                                               retry_wait_s=min(2.0, max(self.spec.poll_s, 0.2)))
+                                               retry_wait_s=min(2.0, max(self.spec.poll_s, 0.2)), clock=self.clock)
             self.session.stall_timeout_s = min(SFTP_STALL_MAX_S, max(1.0, PULL_GRACE_SHARE * self.spec.teardown_margin_s))
-            self.work = HostWork(self.session, spec=self.spec, meter=self.meter, ev=self.ev, out=self.out,
+            self.work = self._host_work(self.session, spec=self.spec, meter=self.meter, ev=self.ev, out=self.out,
                                  run_id=self.run_id, cancelled=self.cancelled, check_cancelled=self._check_cancelled,
                                  hurry=lambda: bool(self.guard and self.guard.hurry), timings=self.timings,
                                  on_phase=self.phases.start)
@@ -530,14 +525,14 @@ class GuardedRun:
     def _check_deadman(self) -> None:
         """Prove the dead-man switch can act before any workload minute (deadman.py); fail closed unless
         --allow-unarmed-deadman. The host clock's skew and the deadline go into the evidence either way."""
-        assert self.session is not None and self.created
-        inst = self.created[-1]
-        timeout_s = min(DEADMAN_CHECK_MAX_S, self.meter.deadline() - time.monotonic())
+        inst = self.book.latest()
+        assert self.session is not None and inst is not None
+        timeout_s = min(DEADMAN_CHECK_MAX_S, self.meter.deadline() - self.clock())
         if timeout_s <= 1.0:
             raise CapReachedError("cap reached before the dead-man switch could be checked")
         allowance_s = int(self.spec.max_seconds + self.spec.deadman_grace_s)
         status = check_armed(self.session, instance_id=inst.instance_id, allowance_s=allowance_s,
-                             elapsed_s=time.monotonic() - inst.t_created_mono, timeout_s=timeout_s,
+                             elapsed_s=self.clock() - inst.t_created_mono, timeout_s=timeout_s,
                              allow_unarmed=self.spec.allow_unarmed_deadman)
         self.deadman = status
         if status.skew_large:
@@ -588,28 +583,26 @@ class GuardedRun:
         return self.meter.accrued_usd()
 
     def _teardown_one(self, inst: CreatedInstance) -> InstanceTeardown:
-        deadline = time.monotonic() + self.teardown_budget_s
-        # A full disk must not stop a DELETE or its proof: ledger writes here are recorded when they fail.
-        ledger = _TeardownLedger(self.ledger, self.ledger_write_failures)
-        report = teardown_instance(self.client, ledger, run_id=self.run_id, label=inst.label,
+        deadline = self.clock() + self.teardown_budget_s
+        # A full disk must not stop a DELETE or its proof: the ledger records a failed write and goes on.
+        report = teardown_instance(self.client, self.ledger, run_id=self.run_id, label=inst.label,
                                    instance_id=inst.instance_id, interval_s=self.spec.proof_interval_s,
                                    deadline=deadline, created_mono=inst.t_created_mono,
-                                   lag_window_s=self.read_lag_window_s, seen=inst.seen)
+                                   lag_window_s=self.read_lag_window_s, seen=inst.seen, clock=self.clock)
         inst.seen = report.seen
         acks = [d for d in report.deletes if d.acknowledged]
         if acks and acks[0].outcome == "already_gone" and inst.seen:
             self._vanished(inst, "our first DELETE found it already gone")
         if acks:
-            inst.t_deleted_mono = acks[0].t_ack_mono or time.monotonic()
+            inst.t_deleted_mono = acks[0].t_ack_mono or self.clock()
             self.meter.stop_instance(inst.instance_id, inst.t_deleted_mono)
         inst.absence = report.verdict
-        self.teardowns.append(report)
+        self.book.torn_down(report)
         return report
 
     def _write_failures(self) -> list[str]:
-        """Every evidence or ledger write that did not reach the disk (the ledger records its own best-effort ones)."""
-        return (self.ev.write_failures + self.ledger_write_failures
-                + [f"ledger {f}" for f in self.ledger.write_failures])
+        """Every evidence or ledger write that did not reach the disk (each keeps its own list of them)."""
+        return self.ev.write_failures + [f"ledger {f}" for f in self.ledger.write_failures]
 
     def _finish(self, code: ExitCode, message: str, key: RunKey | None) -> tuple[ExitCode, str]:
         # "May still bill" is decided by `_verdict` from the teardowns and the sweep, not by the error that
@@ -617,32 +610,31 @@ class GuardedRun:
         if code == ExitCode.NOT_PROVEN_GONE:
             code = ExitCode.FAILED
         # "After the last step" counts from the step's end when one ran (evidence pull included), else from now.
-        t_last_step_end = (self.work and self.work.t_last_step_end_mono) or time.monotonic()
+        t_last_step_end = (self.work and self.work.t_last_step_end_mono) or self.clock()
         self._cancelled_price_reads()
         self._pull_evidence(in_teardown=True)
         self._read_deadman_log()
         if self.session is not None:
             self.session.close()  # transport first: a stalled link cannot hold this
-        start = time.monotonic()
+        start = self.clock()
         self.phases.start("teardown")
-        if self.created:
+        if self.book.created:
             self.out.info("tearing down: deleting every instance of this run and proving it absent…")
-        for inst in self.created:
-            if not any(t.instance_id == inst.instance_id for t in self.teardowns):
-                report = self._teardown_one(inst)
-                acks = [d.t_ack_mono for d in report.deletes if d.acknowledged and d.t_ack_mono]
-                if acks:  # to the DELETE's acknowledgement, not to the end of the absence proof
-                    self.timings.setdefault("delete_ack_after_last_step_s", round(acks[0] - t_last_step_end, 3))
-                if report.proof and report.proof.rounds and acks:
-                    self.timings.setdefault("absence_proven_after_delete_s",
-                                            round(report.proof.rounds[-1].t_mono - acks[0], 3))
+        for inst in self.book.pending():
+            report = self._teardown_one(inst)
+            acks = [d.t_ack_mono for d in report.deletes if d.acknowledged and d.t_ack_mono]
+            if acks:  # to the DELETE's acknowledgement, not to the end of the absence proof
+                self.timings.setdefault("delete_ack_after_last_step_s", round(acks[0] - t_last_step_end, 3))
+            if report.proof and report.proof.rounds and acks:
+                self.timings.setdefault("absence_proven_after_delete_s",
+                                        round(report.proof.rounds[-1].t_mono - acks[0], 3))
         self._sweep_labels()
-        self.timings["teardown_s"] = round(time.monotonic() - start, 3)
+        self.timings["teardown_s"] = round(self.clock() - start, 3)
         if key is not None:
             key.delete()
         code, message = self._verdict(code, message)
         self.phases.end()
-        self.timings["total_s"] = round(time.monotonic() - self.t0, 3)
+        self.timings["total_s"] = round(self.clock() - self.t0, 3)
         self.ev.write_result(self._record(code, message), self.teardowns, self.spec.proof_interval_s)
         code, message = self._verdict(code, message)  # the result file's own write may have failed
         report_path = write_run_report_safely(self.ev.dir, self.out.warn)
@@ -653,20 +645,20 @@ class GuardedRun:
 
     def _verdict(self, code: ExitCode, message: str) -> tuple[ExitCode, str]:
         """The exit code from what is known: unproven teardown beats a cap overrun beats lost evidence."""
-        unproven = [t.instance_id for t in self.teardowns if t.verdict != "gone"]
+        unproven = self.book.unproven()
         if unproven:
             if code != ExitCode.NOT_PROVEN_GONE:
                 message = (f"teardown NOT proven for instance(s) {unproven}: they may still bill. "
                            f"The ledger names them; run `vast-e2e reap`. ({message})")
             return ExitCode.NOT_PROVEN_GONE, message
-        if self.unresolved_labels:  # a create that may yet appear: the ledger's create_unresolved names it
+        if self.book.unresolved:  # a create that may yet appear: the ledger's create_unresolved names it
             if code != ExitCode.NOT_PROVEN_GONE:
-                message = (f"create outcome unknown for label(s) {sorted(self.unresolved_labels)}: an instance "
+                message = (f"create outcome unknown for label(s) {sorted(self.book.unresolved)}: an instance "
                            f"may appear and bill. Run `vast-e2e reap`, which keeps looking for them. ({message})")
             return ExitCode.NOT_PROVEN_GONE, message
-        if self.vanished and "deleted by someone else" not in message:
+        if self.book.vanished and "deleted by someone else" not in message:
             who = "; ".join(f"instance {i} was deleted by someone else: no DELETE of ours ({how})"
-                            for i, how in sorted(self.vanished.items()))
+                            for i, how in sorted(self.book.vanished.items()))
             code = ExitCode.FAILED if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) else code
             message = f"{who}; proven absent since ({message})"
         over = self.meter.over_cap()
@@ -700,7 +692,7 @@ class GuardedRun:
             host_key=(HostKeyRecord(fingerprint=self.session.host_key_fingerprint, type=self.session.host_key_type,
                                     endpoint=str(self.session.endpoint)) if self.session else None),
             remote_env=spec.shown_remote_env, remote_secrets=sorted(spec.remote_secrets),
-            instances=[i.recorded() for i in self.created],
+            instances=[i.recorded() for i in self.book.created],
             price_changes=[p.model_copy() for p in self.meter.price_changes],
             steps=self.steps, pull=self.pull,
             timings=self.timings | {"workload_steps_s": round(workload_s, 3)},
@@ -718,19 +710,20 @@ class GuardedRun:
         """Catch what the run did not know it created (a create whose answer was lost or interrupted, a 5xx
         that created, an instance that appeared late): every label this run sent, scanned once the read-lag
         window after its create has passed (bounded by the teardown budget)."""
-        known = {t.instance_id for t in self.teardowns}
-        sent = dict(self.create_attempts)
+        book = self.book
+        known = book.known_ids()
+        sent = book.attempts
         # Only labels a PUT was sent for (each attempt is recorded before its PUT): none sent, nothing to find.
-        labels = set(sent) | {i.label for i in self.created}
-        give_up = time.monotonic() + self.teardown_budget_s
-        for label in sorted(labels):
+        give_up = self.clock() + self.teardown_budget_s
+        for label in sorted(book.labels()):
             ready_at = sent.get(label, 0.0) + self.read_lag_window_s
-            wait_s = min(ready_at - time.monotonic(), give_up - time.monotonic())
+            wait_s = min(ready_at - self.clock(), give_up - self.clock())
             if wait_s > 0:
                 time.sleep(wait_s)
-            found = find_by_label(self.client, label, attempts=2, wait_s=self.spec.proof_interval_s, sleep=time.sleep)
+            found = find_by_label(self.client, label, attempts=2, wait_s=self.spec.proof_interval_s, sleep=time.sleep,
+                                  clock=self.clock)
             if found:
-                self.unresolved_labels.discard(label)
+                book.settle(label)
             for instance_id in found:
                 if instance_id not in known:
                     self.out.warn(f"found instance {instance_id} with this run's label {label}; deleting it")
@@ -738,7 +731,7 @@ class GuardedRun:
                     stray = CreatedInstance(instance_id=instance_id, label=label, offer_id=-1, machine_id=None,
                                             dph_usd=0.0, t_created_mono=sent.get(label, self.t0),
                                             status="found by label", seen=True)
-                    self.created.append(stray)
+                    book.rented(stray)
                     self._teardown_one(stray)
                     known.add(instance_id)
 

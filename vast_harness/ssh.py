@@ -245,7 +245,9 @@ class HostSession:
         pkey: paramiko.PKey,
         user: str,
         attempt_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.clock = clock  # the run's monotonic clock: every deadline given to this session is on it
         self._client = client
         self._pkey = pkey
         self._user = user
@@ -267,6 +269,7 @@ class HostSession:
         attempt_timeout_s: float = 10.0,
         retry_wait_s: float = 2.0,
         on_attempt: Callable[[ConnectAttempt], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> HostSession:
         """Try each endpoint in order, round after round, until one accepts the key or time is up."""
         if not endpoints:
@@ -276,10 +279,10 @@ class HostSession:
 
         def one_round() -> HostSession:
             for endpoint in endpoints:
-                remaining_s = deadline_monotonic - time.monotonic()
+                remaining_s = deadline_monotonic - clock()
                 if remaining_s <= 0:
                     break
-                started = time.monotonic()
+                started = clock()
                 try:
                     client = _open_client(endpoint, pkey, user, min(attempt_timeout_s, remaining_s))
                 except _CONNECT_ERRORS as exc:
@@ -291,19 +294,19 @@ class HostSession:
                     endpoint=endpoint,
                     ok=client is not None,
                     outcome=outcome,
-                    seconds=round(time.monotonic() - started, 3),
+                    seconds=round(clock() - started, 3),
                 )
                 attempts.append(attempt)
                 if on_attempt is not None:
                     on_attempt(attempt)
                 if client is not None:
-                    return cls(client, endpoint, pkey, user, attempt_timeout_s)
+                    return cls(client, endpoint, pkey, user, attempt_timeout_s, clock)
             raise _RoundFailed
 
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(_RoundFailed),
-            stop=lambda _state: time.monotonic() + 0.01 >= deadline_monotonic,
-            wait=lambda _state: max(0.0, min(retry_wait_s, deadline_monotonic - time.monotonic())),
+            stop=lambda _state: clock() + 0.01 >= deadline_monotonic,
+            wait=lambda _state: max(0.0, min(retry_wait_s, deadline_monotonic - clock())),
             reraise=True,
         )
         try:
@@ -336,7 +339,7 @@ class HostSession:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         full_command = shell_with_env(command, env)
-        started = time.monotonic()
+        started = self.clock()
         start_limit_s = min(self._attempt_timeout_s, timeout_s)
 
         def start() -> paramiko.Channel:
@@ -351,7 +354,7 @@ class HostSession:
             # Deliberately not the command text: it may carry --remote-env values.
             return StepOutcome(
                 rc=None,
-                seconds=time.monotonic() - started,
+                seconds=self.clock() - started,
                 connection_lost=not self.is_active(),
                 detail=f"could not start the command: {_describe(exc)}",
             )
@@ -370,7 +373,7 @@ class HostSession:
             # Read both buffers every turn: a full stderr window must never stall stdout (or vice versa).
             # Bounded by bytes and by the deadline: a command that floods must not keep us here past it.
             budget = _DRAIN_TURN_BYTES
-            while budget > 0 and time.monotonic() < deadline:
+            while budget > 0 and self.clock() < deadline:
                 got = 0
                 if channel.recv_ready():
                     data = channel.recv(_RECV_CHUNK_BYTES)
@@ -399,7 +402,7 @@ class HostSession:
                 drain()
                 flush()
                 break
-            now = time.monotonic()
+            now = self.clock()
             if now >= deadline or (stop is not None and stop.is_set()):
                 flush()
                 return StepOutcome(
@@ -410,7 +413,7 @@ class HostSession:
                             else f"stopped after {now - started:.1f} s") + "; channel closed",
                 )
             select.select([channel], [], [], min(_POLL_INTERVAL_S, deadline - now))
-        seconds = time.monotonic() - started
+        seconds = self.clock() - started
         if channel.exit_status != -1:
             return StepOutcome(rc=channel.exit_status, seconds=seconds)
         if not self.is_active():
@@ -479,7 +482,7 @@ class HostSession:
         worker.start()
         try:
             while worker.is_alive():
-                now = time.monotonic()
+                now = self.clock()
                 if now >= deadline or (abandon is not None and abandon()):
                     why = "its deadline passed" if now >= deadline else "it was abandoned"
                     self.abort()

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from vast_harness.client import VastClient
 from vast_harness.config import LABEL_PREFIX, RunSpec
-from vast_harness.errors import ExitCode, VastError
+from vast_harness.errors import AuthError, ExitCode, VastError
 from vast_harness.ledger import Ledger
 from vast_harness.lifecycle import is_lingering
 from vast_harness.output import Output, safe_cells, safe_text, terminal_safe
@@ -46,6 +46,8 @@ def collect(spec: RunSpec, client: VastClient) -> tuple[list[StatusRow], list[st
     runs = RunRegistry(spec.state_dir).scan()
     try:
         instances = [i for i in client.list_instances() if (i.label or "").startswith(LABEL_PREFIX)]
+    except AuthError:
+        raise  # a refused key is bad configuration (exit 2), not an account that shows nothing
     except VastError as exc:
         instances = []
         problems.append(f"could not list the account's instances: {exc}")

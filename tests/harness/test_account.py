@@ -141,6 +141,9 @@ def test_judge_orphans_and_live_runs(tmp_path):
     assert judge(None, ahead, None, runs=runs, known_runs=set(), server_now=now)[0] == "live"
     assert judge(None, past, None, runs=runs, known_runs=set(), server_now=now)[0] == "orphan"
     assert judge(None, ahead, None, runs=runs, known_runs=set(), server_now=None)[0] == "live"  # no Date: unsure
+    # just past its deadline, inside the teardown grace: live, and said so (not "-175 s ahead")
+    verdict, why = judge(None, make_label("other", 0, now - 175), None, runs=runs, known_runs=set(), server_now=now)
+    assert verdict == "live" and "passed 175 s ago, within the" in why and "-" not in why.split("grace")[0]
     assert judge("live-run", make_label("live-run", 0, now + 600), None, runs=runs, known_runs={"live-run"},
                  server_now=now)[0] == "live"
     assert judge("ended", "vh-ended", None, runs=runs, known_runs={"ended"}, server_now=now)[0] == "orphan"
@@ -300,3 +303,15 @@ def test_status_shows_a_hostile_label_escaped(sim, tmp_path):
     shown = sink.getvalue()
     assert "PWN" in shown and "]0;PWN" not in shown.replace("\\x1b]0;PWN", "")
     assert "\x1b]0" not in shown and "\x1b[2J" not in shown and "\x07" not in shown
+
+
+def test_status_with_a_refused_key_is_bad_input_not_an_empty_account(tmp_path):
+    # A refused key used to be one "problem" row (exit 1) beside an empty table: it is bad configuration (exit 2).
+    from vast_harness.errors import AuthError, ExitCode, exit_code_for
+
+    with SimServer(seed=31, rate_scale=SCALE, api_keys=["another-key"]) as other:
+        spec = make_spec(other, tmp_path, [])
+        with VastClient(KEY, base_url=other.url, pacing_scale=SCALE) as client, \
+                pytest.raises(AuthError) as info:
+            collect(spec, client)
+    assert exit_code_for(info.value) == ExitCode.BAD_INPUT

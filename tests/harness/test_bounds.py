@@ -25,6 +25,7 @@ from vast_harness.bundle import build_bundle
 from vast_harness.client import VastClient
 from vast_harness.config import RunSpec, Step, load_driver_policy, resolve
 from vast_harness.evidence import RESULT_SCHEMA_VERSION, RunRecord
+from vast_harness.hostwork import HostWork
 from vast_harness.meter import minimum_cap_s
 from vast_harness.models import Offer
 from vast_harness.output import Output
@@ -94,16 +95,17 @@ def proxies(monkeypatch):
         proxy.close()
 
 
-class StallAtTeardownPull(GuardedRun):
-    """The link goes silent exactly when the teardown's evidence pull starts."""
+def stall_at_teardown_pull(proxies: list[TcpProxy]) -> type[HostWork]:
+    """Host work whose link goes silent exactly when the teardown's evidence pull starts."""
 
-    proxies: list[TcpProxy] = []
+    class StallAtTeardownPull(HostWork):
+        def pull_evidence(self, *, in_teardown: bool, max_s: float | None = None) -> None:
+            if in_teardown:
+                for proxy in proxies:
+                    proxy.stall()
+            super().pull_evidence(in_teardown=in_teardown, max_s=max_s)
 
-    def _pull_evidence(self, *, in_teardown: bool) -> None:
-        if in_teardown:
-            for proxy in self.proxies:
-                proxy.stall()
-        super()._pull_evidence(in_teardown=in_teardown)
+    return StallAtTeardownPull
 
 
 # ------------------------------------------------------------------------------------------- stalls
@@ -114,8 +116,8 @@ def test_stalled_link_at_the_teardown_pull_does_not_hold_the_delete(sim, tmp_pat
     # now the silent SFTP channel is closed after the stall timeout (1 s with a 2 s margin).
     spec = make_spec(sim, tmp_path, [Step(name="fail", run="echo x > evidence/a.txt; exit 7", timeout_s=20)])
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
-        run = StallAtTeardownPull(spec, client, load_driver_policy(), Output(quiet=True))
-        run.proxies = proxies
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True),
+                         host_work=stall_at_teardown_pull(proxies))
         result = execute(run, within_s=25)
     assert result.exit_code == 1 and "rc=7" in result.message
     assert run.teardowns[0].verdict == "gone"
@@ -129,8 +131,8 @@ def test_signal_abandons_a_stalled_teardown_pull_and_the_delete_still_runs(sim, 
     spec = make_spec(sim, tmp_path, [Step(name="fail", run="exit 3", timeout_s=20)], max_minutes=2.0,
                      teardown_margin_s=40.0)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
-        run = StallAtTeardownPull(spec, client, load_driver_policy(), Output(quiet=True))
-        run.proxies = proxies
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True),
+                         host_work=stall_at_teardown_pull(proxies))
         sent: list[float] = []
 
         def interrupt_once_stalled() -> None:
@@ -151,16 +153,16 @@ def test_signal_abandons_a_stalled_teardown_pull_and_the_delete_still_runs(sim, 
 
 def test_stalled_link_at_the_pull_after_the_steps_is_abandoned_and_never_exit_0(sim, tmp_path, proxies):
     # The SFTP channel is silent past the stall timeout: the link is closed, the evidence is incomplete (exit 1).
-    class StallAfterSteps(GuardedRun):
-        def _run_steps(self) -> None:
-            super()._run_steps()
+    class StallAfterSteps(HostWork):
+        def run_steps(self) -> None:
+            super().run_steps()
             for proxy in proxies:
                 proxy.stall()
 
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="echo x > evidence/a.txt", timeout_s=20)], max_minutes=0.1)
     start_unix = time.time()
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
-        run = StallAfterSteps(spec, client, load_driver_policy(), Output(quiet=True))
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), host_work=StallAfterSteps)
         result = execute(run, within_s=20)
     assert result.exit_code == 1, result.message
     assert "evidence pull broke off" in result.message and "stalled" in result.message
@@ -301,17 +303,18 @@ def test_a_run_over_its_time_cap_is_never_exit_0(sim, tmp_path):
 
 def test_disk_full_at_teardown_does_not_stop_the_delete_or_the_proof(sim, tmp_path):
     # After the steps, every ledger and result write fails with ENOSPC (the files point at /dev/full).
-    class DiskFillsAfterSteps(GuardedRun):
-        def _run_steps(self) -> None:
-            super()._run_steps()
-            self.ledger.path.unlink()
-            self.ledger.path.symlink_to("/dev/full")
+    class DiskFillsAfterSteps(HostWork):
+        def run_steps(self) -> None:
+            super().run_steps()
+            ledger_path.unlink()
+            ledger_path.symlink_to("/dev/full")
             for name in ("harness-result.json.tmp", "absence-proof.json.tmp", "manifest.sha256"):
                 (self.ev.dir / name).symlink_to("/dev/full")
 
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="echo hi", timeout_s=20)])
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
-        run = DiskFillsAfterSteps(spec, client, load_driver_policy(), Output(quiet=True))
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), host_work=DiskFillsAfterSteps)
+        ledger_path = run.ledger.path
         result = execute(run, within_s=30)
     assert run.teardowns[0].verdict == "gone"
     assert not any(i["live"] for i in sim_record(sim, run))

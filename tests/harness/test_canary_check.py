@@ -88,13 +88,14 @@ def test_check_is_all_ok_on_the_simulator_and_creates_nothing(tmp_path):
         assert {c["method"] for c in sim.state()["calls"]} <= {"GET", "POST"}  # read-only (POST: the search)
 
 
-@pytest.mark.parametrize(("faults", "keys", "needle"), [("v0_deprecated", None, "DEPRECATED"),
-                                                        (None, ["another-key"], "refused")])
-def test_check_names_what_is_not_well(tmp_path, faults, keys, needle):
+@pytest.mark.parametrize(("faults", "keys", "needle", "code"), [("v0_deprecated", None, "DEPRECATED", 1),
+                                                                (None, ["another-key"], "refused", 2)])
+def test_check_names_what_is_not_well(tmp_path, faults, keys, needle, code):
+    # A refused key is bad configuration (exit 2, as for a run); a deprecated endpoint is a failed check.
     with SimServer(seed=24, rate_scale=SCALE, faults=faults, api_keys=keys) as sim, \
             VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         report = run_checks(_spec(sim, tmp_path), client)
-    assert report.exit_code == 1 and any(needle in r.detail for r in report.failed), report.rows
+    assert report.exit_code == code and any(needle in r.detail for r in report.failed), report.rows
 
 
 @pytest.mark.parametrize("command", [["check"], ["canary", "--out", "{tmp}/c.json", "--evidence-dir", "{tmp}/ev"]])

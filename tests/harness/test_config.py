@@ -147,7 +147,8 @@ def test_unpinned_image_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize(("raw", "needle"), [("torch", "expected torch=VERSION"), ("gpu=1", "expected torch="),
-                                             ("cuda=thirteen", "cuda"), ("cuda=", "cuda")])
+                                             ("cuda=thirteen", "cuda"), ("cuda=", "cuda"),
+                                             ("torch=1.0,torch=2.0", "torch is given twice")])
 def test_a_bad_image_expect_is_refused_naming_the_flag(tmp_path, raw, needle):
     with pytest.raises(ConfigError, match="--image-expect") as info:
         resolve(profile="proofs", sim=True, environ={}, evidence_dir=tmp_path, image_expect=raw)

@@ -30,9 +30,9 @@ SIM_OPTIONS = dict(seed=5, rate_scale=SCALE, boot_seconds=0.1, num_offers=400)  
 pytestmark = pytest.mark.usefixtures("clean_sim")  # faults cleared around each test
 
 
-def guarded(sim, spec, cls=GuardedRun, **attrs) -> GuardedRun:
+def guarded(sim, spec, *, on_created=None, **attrs) -> GuardedRun:
     client = VastClient(KEY, base_url=sim.url, pacing_scale=SCALE)
-    r = cls(spec, client, load_driver_policy(), Output(quiet=True))
+    r = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), on_created=on_created)
     for name, value in attrs.items():
         setattr(r, name, value)
     return r
@@ -69,14 +69,13 @@ def test_a_linger_past_the_budget_uses_the_budget_then_exits_3(sim, tmp_path):
     assert len(r.teardowns[0].deletes) == 1  # a lingering row is not deleted again and again
 
 
-class _CtrlCAfterCreate(GuardedRun):
-    def _boot(self, inst, key):
-        raise Interrupted(signal.SIGINT)
+def _ctrl_c_after_create(inst) -> None:
+    raise Interrupted(signal.SIGINT)
 
 
 def test_ctrl_c_right_after_create_with_lagging_reads_still_deletes(sim, tmp_path):
     sim.set_faults("read_lag:1.5")
-    r = guarded(sim, make_spec(sim, tmp_path, OK), cls=_CtrlCAfterCreate, read_lag_window_s=2.0)
+    r = guarded(sim, make_spec(sim, tmp_path, OK), on_created=_ctrl_c_after_create, read_lag_window_s=2.0)
     result = execute(r)
     assert result.exit_code == 130, result.message
     assert r.teardowns[0].verdict == "gone"
@@ -90,7 +89,7 @@ def test_an_instance_no_read_ever_showed_is_never_proven_gone_by_null_reads(sim,
     # while a longer lag is possible: the run exits 3 and reap keeps it until a read or a DELETE sees it.
     sim.set_faults("read_lag:6")
     spec = make_spec(sim, tmp_path, OK)
-    r = guarded(sim, spec, cls=_CtrlCAfterCreate, read_lag_window_s=0.5, teardown_budget_s=2.0)
+    r = guarded(sim, spec, on_created=_ctrl_c_after_create, read_lag_window_s=0.5, teardown_budget_s=2.0)
     result = execute(r)
     assert [i["live"] for i in of_run(sim, r)] == [True]  # the truth: it runs, hidden by the lag
     assert result.exit_code == 3, result.message
@@ -184,7 +183,7 @@ def test_a_silent_double_sale_is_ended_by_the_boot_deadline_and_the_next_machine
     r = guarded(sim, make_spec(sim, tmp_path, OK, boot_retries=1, profile={"boot_timeout_s": 2.0}))
     result = execute(r)
     assert result.exit_code == 0, result.message
-    assert len(r.created) == 2 and r.created[0].machine_id in r.excluded_machines
+    assert len(r.created) == 2 and r.created[0].machine_id in r.book.excluded_machines
     assert all(t.verdict == "gone" for t in r.teardowns) and not [i for i in of_run(sim, r) if i["live"]]
 
 
@@ -232,7 +231,7 @@ def test_a_container_that_cannot_start_fails_fast_and_the_next_machine_is_tried(
     started = time.monotonic()
     result = execute(r)
     assert result.exit_code == 0, result.message
-    assert r.created[0].machine_id in r.excluded_machines and time.monotonic() - started < 30
+    assert r.created[0].machine_id in r.book.excluded_machines and time.monotonic() - started < 30
     assert not [i for i in of_run(sim, r) if i["live"]]
 
 
@@ -305,22 +304,14 @@ def test_a_running_instance_repriced_past_the_cap_is_stopped_and_never_exit_0(si
     assert r.meter.price_changes and not any(i["live"] for i in of_run(sim, r))
 
 
-class _NoPriceWatch(GuardedRun):
-    """Steps shorter than one poll interval: the watcher never gets to read the price while they run."""
-
-    def _price_watch(self):
-        parent = super()._price_watch()
-        self.spec = self.spec.model_copy(update={"poll_s": 3600.0})  # the watcher thread sleeps through the steps
-        return parent
-
-
 def test_a_reprice_after_running_is_read_when_the_steps_end_and_never_exit_0(sim, tmp_path):
     # Found from outside: `reprice:2000:2` with a short step → exit 0, "accrued $0.0003", while the simulator
     # billed $0.31 against a $0.05 cap: the price was re-read only while a step ran, and the step ended first.
     sim.set_faults("reprice:2000:0.3")
     spec = make_spec(sim, tmp_path, [Step(name="short", run="sleep 1", timeout_s=60)])
     spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.05})})
-    r = guarded(sim, spec, cls=_NoPriceWatch)
+    # Steps shorter than one price poll: the watcher never gets to read the price while they run.
+    r = guarded(sim, spec, price_poll_s=3600.0)
     result = execute(r)
     billed_usd = sum(i["billed_usd"] for i in of_run(sim, r))
     assert billed_usd > 0.05  # the simulator's truth: over the cap

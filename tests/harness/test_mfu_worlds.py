@@ -70,3 +70,32 @@ def test_the_sweep_and_the_replay_step_launch_that_many_ranks(tmp_path: Path, wo
     for line in runs:
         assert f"--nproc-per-node {world} " in line and f"--profile mfu-dense-1b-dp{world} " in line, line
     assert (tmp_path / "ev" / f"mfu-dp{world}-zero2o-mb8-compile-p2pon.json").exists()
+
+
+def test_the_deterministic_replays_cudnn_wheel_is_installed_hash_pinned_into_a_private_dir() -> None:
+    # Without nvidia-cudnn-frontend the replay runs on flash attention (0.95x the fast run, not 0.99x): the
+    # profile installs it, hash-pinned, beside the bundle (never into the image's site-packages), best effort.
+    from vast_harness.bundle import build_bundle
+
+    steps = {s.name: s.run for s in load_profile("mfu").steps}
+    deps = steps["host-deps"]
+    assert "--require-hashes" in deps and "--target pydeps" in deps and "--no-deps" in deps
+    assert "||" in deps  # a host that cannot reach PyPI still runs the profile
+    assert list(steps).index("host-deps") < list(steps).index("mfu-sweep")
+    for name in ("mfu-sweep", "replay"):
+        assert steps[name].startswith("PYTHONPATH=$PWD/pydeps${PYTHONPATH:+:$PYTHONPATH} "), name
+    reqs = [ln for ln in (ROOT / "remote" / "host-requirements.txt").read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")]
+    assert reqs[0].startswith("nvidia-cudnn-frontend==") and all(
+        ln.strip().startswith("--hash=sha256:") and len(ln.strip().split(":")[1].rstrip(" \\")) == 64
+        for ln in reqs[1:])
+    assert "remote/host-requirements.txt" in {m.name for m in _members(build_bundle())}
+
+
+def _members(bundle):  # the bundle's tar entries
+    import gzip
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(bundle.data))) as tar:
+        return tar.getmembers()

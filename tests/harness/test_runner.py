@@ -96,6 +96,32 @@ def test_cap_stops_the_run_with_exit_6(sim, tmp_path):
     assert r.teardowns[0].verdict == "gone"
 
 
+def test_every_phase_runs_on_the_runs_own_clock(sim, tmp_path):
+    # The run's clock is injected (GuardedRun(clock=...)). One far from time.monotonic catches any phase
+    # that compares a deadline with another clock: it would cut a step at once or never, or wait a week.
+    week_s = 7 * 86400.0
+
+    def offset_clock() -> float:
+        return time.monotonic() + week_s
+
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="echo hi", timeout_s=10),
+                                     Step(name="long", run="sleep 30", timeout_s=60)])
+    spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_minutes": 0.12})})  # 7.2 s
+    start = time.monotonic()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        r = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), clock=offset_clock)
+        result = r.execute()
+    took_s = time.monotonic() - start
+    assert result.exit_code == 6, result.message  # the cap cut the long step, on the offset clock
+    assert 3.0 < took_s < 15, took_s
+    assert [s.name for s in r.steps] == ["ok", "long"] and r.steps[0].rc == 0
+    assert r.teardowns[0].verdict == "gone" and not live_ids(sim) & {i.instance_id for i in r.created}
+    assert r.t0 >= week_s and r.created[0].t_created_mono >= week_s
+    assert 0 < r.timings["total_s"] < 15 and 0 <= r.timings["teardown_s"] < 10
+    res = json.loads((r.ev.dir / "harness-result.json").read_text())
+    assert all(0 <= p["t_end_unix"] - p["t_start_unix"] < 15 for p in res["phases"])
+
+
 def test_step_timeout_is_a_failed_step(sim, tmp_path):
     r, result = run(sim, make_spec(sim, tmp_path, [Step(name="slow", run="sleep 5", timeout_s=0.5)]))
     assert result.exit_code == 1 and "timed out" in result.message

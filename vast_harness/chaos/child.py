@@ -16,7 +16,6 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from vast_harness.chaos.engine import TEARDOWN_BUDGET_S, ChildJob, _client, chaos_spec
 from vast_harness.config import load_driver_policy
@@ -39,19 +38,12 @@ def main(argv: list[str]) -> int:
                       max_minutes=job.max_minutes, max_usd=job.max_usd, boot_retries=job.boot_retries,
                       proof_interval_s=job.proof_interval_s, state_dir=job.state_dir)
     job.t0_file.write_text(repr(time.time()))
+    # The wall clock steps (NTP) right after the create answered: while an instance is live and billing.
+    wall_step_s = job.wall_step_s
+    on_created = (lambda _inst: step_wall_clock(wall_step_s)) if wall_step_s else None
     with _client(job.api_url) as client:
-        run = GuardedRun(spec, client, load_driver_policy(), Output())
+        run = GuardedRun(spec, client, load_driver_policy(), Output(), on_created=on_created)
         run.teardown_budget_s = job.teardown_budget_s
-        if job.wall_step_s:
-            create = run._create
-
-            def stepped_create(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    return create(*args, **kwargs)
-                finally:
-                    step_wall_clock(job.wall_step_s)
-
-            run._create = stepped_create  # type: ignore[method-assign]
         return run.execute().exit_code
 
 

@@ -294,7 +294,7 @@ def exit_mismatches(plan: ScenarioPlan, outcome: ScenarioOutcome, run: GuardedRu
     if code == 5 and outcome.instances:
         why.append(f"exit 5 (nothing rented) but the simulator has {outcome.instances} instance(s)")
     if code == 1 and run and run.created and "before the deadline" in outcome.message \
-            and run.created[-1].t_created_mono + BOOT_TIMEOUT_S > run.cap_deadline:
+            and run.created[-1].t_created_mono + BOOT_TIMEOUT_S > run.meter.work_deadline():
         why.append(f"exit 1 though the cap deadline cut the boot (expected 6): {outcome.message[:200]}")
     if code == 6 and plan.cap_mode not in ("time", "cost"):
         why.append("exit 6 with generous caps")
