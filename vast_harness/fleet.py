@@ -180,7 +180,7 @@ class Fleet:
             self._record("run-skipped", gpu=entry.gpu, reason=stopped)
             return
         self._record("run-start", gpu=entry.gpu, run_id=run.run_id, label_prefix=f"vh-{run.run_id}-",
-                           evidence_dir=str(run.ev.dir), planned_offer=entry.row())
+                     evidence_dir=str(run.ev.dir), planned_offer=entry.row())
         try:
             result = run.execute()
             code, message = result.exit_code, result.message
@@ -189,8 +189,7 @@ class Fleet:
         accrued = run.accrued_usd()
         self.outcomes[entry.gpu] = RunOutcome(entry.gpu, run.run_id, code, message, run.ev.dir, accrued)
         self._record("run-end", gpu=entry.gpu, run_id=run.run_id, exit_code=code, message=message,
-                           accrued_usd=round(accrued, 6),
-                           absence={t.instance_id: t.verdict for t in run.teardowns})
+                     accrued_usd=round(accrued, 6), absence={t.instance_id: t.verdict for t in run.teardowns})
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals_seen += 1
@@ -266,8 +265,8 @@ def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
     summary = {"fleet_id": fleet.fleet_id, "dir": str(fleet.dir), "exit_code": code, "total_cap_usd": total_usd,
                "per_run_usd": per_run_usd, "accrued_usd": round(fleet.accrued_usd(), 6),
                "stop_reason": fleet.stop_reason or None, "message": fleet.message or None,
-               "fleet_ledger_write_failures": fleet.ledger.write_failures, "cap_events": fleet.cap_events, "sim": base.sim,
-               "preflight": pre.summary(), "exit_precedence": [int(c) for c in PRECEDENCE]}
+               "fleet_ledger_write_failures": fleet.ledger.write_failures, "cap_events": fleet.cap_events,
+               "sim": base.sim, "preflight": pre.summary(), "exit_precedence": [int(c) for c in PRECEDENCE]}
     report = write_fleet_report(fleet.dir, fleet.fleet_id, rows, summary)
     print_table(out, rows, title=f"Fleet {fleet.fleet_id}: ranked by $ per million training tokens")
     if fleet.message:
