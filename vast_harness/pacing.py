@@ -57,10 +57,12 @@ class Pacer:
     Vast may key limits by path regardless of method (unconfirmed), so GET and DELETE of the same
     instance share one history, each honouring its own rule.
 
-    Moving a slot to the completion holds only when requests to one endpoint do not overlap: two threads'
-    creates reserved 4.5 s apart, the first answered late, arrive closer than 4.5 s (a 429). A client shared by
-    threads that each run a lifecycle (a fleet) is therefore `serialized`: `slot` takes the endpoint's lock
-    before it reserves, so each slot is reserved after the previous request to that endpoint completed.
+    Moving a slot to the completion helps only when requests to one endpoint do not overlap: two threads'
+    creates are reserved 4.5 s apart from each other's start, and if the first reaches the server late they
+    arrive closer than 4.5 s (a 429). A client shared by threads that each run a lifecycle (a fleet) is
+    therefore `serialized`: `slot` takes the endpoint's lock before it reserves, so each slot is reserved after
+    the previous request to that endpoint completed. Off by default: one run's threads (the price watch, the
+    main thread) rarely meet on an endpoint, and a request stalled up to its answer bound must not hold them.
     """
 
     def __init__(self, *, scale: float, clock: Callable[[], float], sleep: Callable[[float], None],

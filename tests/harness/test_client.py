@@ -756,8 +756,8 @@ def test_serialized_client__one_request_per_endpoint_in_flight(serialized: bool)
         api.close()
     instance, user = "/api/v0/instances/{id}/", "/api/v0/users/current/"
     assert len(api.arrivals[instance]) == 6 and len(api.arrivals[user]) == 3
-    if not serialized:  # what a fleet's runs did without it: the test below is not vacuous
-        assert api.peak[instance] > 1 and api.peak[user] > 1
+    if not serialized:  # what a fleet's runs did without it: the assertions below are not vacuous
+        assert max(api.peak.values()) > 1, api.peak
         return
     assert api.peak == {instance: 1, user: 1}
     assert api.peak_all >= 2  # per endpoint, not one lock for the whole client
