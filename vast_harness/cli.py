@@ -184,7 +184,8 @@ def fleet(
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        from vast_harness.fleet import parse_gpus, run_fleet
+        from vast_harness.fleet import run_fleet
+        from vast_harness.fleet_plan import parse_gpus
 
         names = parse_gpus(gpus)
         total = flags.max_usd

@@ -268,6 +268,11 @@ class VastClient:
     def __repr__(self) -> str:
         return f"VastClient(base_url={self.base_url!r}, api_key='***')"
 
+    def serialize_endpoints(self) -> None:
+        """From now on at most one request per endpoint in flight (`Pacer.serialize`): for a client that
+        several threads share, each running its own lifecycle (a fleet's runs). Call it before sharing."""
+        self._pacer.serialize()
+
     @property
     def stats(self) -> CallStats:
         """A snapshot; safe to read from another thread."""
@@ -387,36 +392,34 @@ class VastClient:
             raise ConfigError(f"path must start with '/' and carry no query string, got {path!r}")
         if params and any(name.lower() == "api_key" for name in params):
             raise ConfigError("the API key goes in the Authorization header only, never in the URL")
-        token = self._pacer.acquire(method, path)
-        self._count(endpoint_key(method, path))
-        cut = TransportError(f"{method} {path}: no complete answer within {self._total_s:g} s (the server "
-                             "trickled or stalled)", method=method, path=path)
-        try:
-            with AnswerBound(self._total_s) as bound, self._http.stream(
-                method, path, params=params, json=json, extensions={"trace": bound.trace}
-            ) as resp:
-                self.server_clock.observe(resp.headers.get("date"))
-                body = bytearray()
-                for chunk in resp.iter_bytes():  # decoded: the bound holds against a compression bomb too
-                    body += chunk
-                    if len(body) > MAX_RESPONSE_BYTES:
-                        raise ApiStatusError(method=method, path=path, status=resp.status_code,
-                                             error="response_too_large",
-                                             msg=f"the body exceeds {MAX_RESPONSE_BYTES} bytes; not read further")
-                    if bound.expired:  # also holds where no socket was seen (a custom transport)
-                        raise cut
-                reply = _Reply(resp.status_code, bytes(body).decode(resp.encoding or "utf-8", errors="replace"))
-        except (ApiStatusError, TransportError):
-            raise
-        except Exception as exc:
-            if bound.expired:  # whatever the cut socket raised (httpx's error, or an OSError from TLS)
-                raise cut from exc
-            if not isinstance(exc, httpx.RequestError):
+        with self._pacer.slot(method, path):
+            self._count(endpoint_key(method, path))
+            cut = TransportError(f"{method} {path}: no complete answer within {self._total_s:g} s (the server "
+                                 "trickled or stalled)", method=method, path=path)
+            try:
+                with AnswerBound(self._total_s) as bound, self._http.stream(
+                    method, path, params=params, json=json, extensions={"trace": bound.trace}
+                ) as resp:
+                    self.server_clock.observe(resp.headers.get("date"))
+                    body = bytearray()
+                    for chunk in resp.iter_bytes():  # decoded: the bound holds against a compression bomb too
+                        body += chunk
+                        if len(body) > MAX_RESPONSE_BYTES:
+                            raise ApiStatusError(method=method, path=path, status=resp.status_code,
+                                                 error="response_too_large",
+                                                 msg=f"the body exceeds {MAX_RESPONSE_BYTES} bytes; not read further")
+                        if bound.expired:  # also holds where no socket was seen (a custom transport)
+                            raise cut
+                    reply = _Reply(resp.status_code, bytes(body).decode(resp.encoding or "utf-8", errors="replace"))
+            except (ApiStatusError, TransportError):
                 raise
-            detail = _redact(f"{type(exc).__name__}: {exc}", self._key)
-            raise TransportError(f"{method} {path}: {detail}", method=method, path=path) from exc
-        finally:
-            self._pacer.release(token)
+            except Exception as exc:
+                if bound.expired:  # whatever the cut socket raised (httpx's error, or an OSError from TLS)
+                    raise cut from exc
+                if not isinstance(exc, httpx.RequestError):
+                    raise
+                detail = _redact(f"{type(exc).__name__}: {exc}", self._key)
+                raise TransportError(f"{method} {path}: {detail}", method=method, path=path) from exc
         if reply.status_code == 429:
             with self._stats_lock:
                 self._stats.rate_limited += 1

@@ -151,46 +151,13 @@ class Ledger:
         entry = LedgerEntry(t_unix=time.time(), run_id=run_id, event=event, label=label, **data)
         line = (entry.model_dump_json(exclude_none=True) + "\n").encode()
         try:
-            self._write_line(line)
+            write_line(self.path, line)
         except LedgerWriteError as exc:
             if event in REQUIRED_EVENTS:
                 raise
             # An outcome that did not reach the disk must not stop a create's follow-up or a teardown.
             self.write_failures.append(f"{event} {label}: {exc}")
         return entry
-
-    def _write_line(self, line: bytes) -> None:
-        """One whole line, on a fresh line, on disk (fsync) before returning; LedgerWriteError otherwise."""
-        created = not self.path.exists()
-        try:
-            # O_APPEND keeps concurrent runs' lines whole; O_RDWR lets us look at the last byte.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-        except OSError as exc:
-            raise LedgerWriteError(f"cannot open the ledger {self.path}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # another writer's torn-line check and write never interleave with ours
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                line = b"\n" + line  # a torn last line (a kill mid-write) must not swallow this one
-            written = os.write(fd, line)
-            if written != len(line):
-                raise LedgerWriteError(f"short write to the ledger {self.path}: {written} of {len(line)} bytes "
-                                       "(disk full?)")
-            os.fsync(fd)
-        except OSError as exc:
-            raise LedgerWriteError(f"cannot write the ledger {self.path}: "
-                                   f"{exc.strerror or errno.errorcode.get(exc.errno or 0, exc)}") from None
-        finally:
-            os.close(fd)  # releases the lock
-        if created:  # the new file's directory entry must be durable too
-            try:
-                dfd = os.open(self.path.parent, os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
-            except OSError:
-                pass  # some filesystems refuse fsync on a directory; the file itself is synced
 
     # ------------------------------------------------------------------------------------ reading
     def entries(self) -> list[LedgerEntry]:
@@ -259,6 +226,41 @@ class Ledger:
         """Instances created but never proven gone, and labels whose create outcome is unknown."""
         v = self.view()
         return v.pending, set(v.unresolved)
+
+
+def write_line(path: Path, line: bytes, *, what: str = "the ledger") -> None:
+    """One whole line appended to `path`, on a fresh line, on disk (fsync) before returning; LedgerWriteError
+    (naming `what` and the path) otherwise. Every ledger-like file is written here: the user's ledger and a
+    fleet's `fleet.jsonl`."""
+    created = not path.exists()
+    try:
+        # O_APPEND keeps concurrent writers' lines whole; O_RDWR lets us look at the last byte.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError as exc:
+        raise LedgerWriteError(f"cannot open {what} {path}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another writer's torn-line check and write never interleave with ours
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line  # a torn last line (a kill mid-write) must not swallow this one
+        written = os.write(fd, line)
+        if written != len(line):
+            raise LedgerWriteError(f"short write to {what} {path}: {written} of {len(line)} bytes (disk full?)")
+        os.fsync(fd)
+    except OSError as exc:
+        raise LedgerWriteError(f"cannot write {what} {path}: "
+                               f"{exc.strerror or errno.errorcode.get(exc.errno or 0, exc)}") from None
+    finally:
+        os.close(fd)  # releases the lock
+    if created:  # the new file's directory entry must be durable too
+        try:
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass  # some filesystems refuse fsync on a directory; the file itself is synced
 
 
 def target_of(spec: RunSpec) -> LedgerTarget | None:

@@ -7,7 +7,8 @@ nothing a host or the API supplied reaches the terminal raw: `terminal_safe` sho
 escaped (ESC, 8-bit CSI, BEL, CR, newline, DEL, bidi overrides), so a step cannot write the clipboard (OSC 52),
 retitle the window, move the cursor up and forge a result line, or clear the screen. Step logs keep the bytes
 as sent; only what is shown is escaped. Writes
-never raise either: a closed or broken stdout (`| head`) must not end a run or skip its teardown.
+never raise either: a closed or broken stdout (`| head`) must not end a run or skip its teardown. `RunOutput` is
+a fleet run's sink: several runs at once, so tagged lines on stderr only.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from vast_harness.errors import ExitCode
 from vast_harness.offers import Candidate, OfferChoice, Rejection
 from vast_harness.plan import RunPlan
 from vast_harness.progress import HEARTBEAT_S, LiveView, Snapshot
@@ -338,6 +340,43 @@ class Output:
             t.add_row(_t(row["id"]), _t(row["gpu"]), _t(row["n"]), _t(row["driver"]), _t(row["worst_case_usd"]),
                       _t("; ".join(row["reasons"])))
         self.out.print(t)
+
+
+class RunOutput(Output):
+    """A fleet run's progress: every line tagged with its GPU type, all on stderr (stdout is the fleet's)."""
+
+    def __init__(self, tag: str, *, quiet: bool = False) -> None:
+        super().__init__(json_mode=True, quiet=quiet, progress=False)  # several runs at once: tagged lines only
+        self.tag = f"[{tag}]"
+
+    def info(self, message: str) -> None:
+        if not self.quiet:
+            self.err.print(_line((self.tag, "cyan"), " ", message))
+
+    def warn(self, message: str) -> None:
+        self.err.print(_line((self.tag, "cyan"), " ", ("warning:", "yellow"), " ", message))
+
+    def step_line(self, step: str, elapsed_s: float, accrued_usd: float, stream: str, text: str) -> None:
+        if not self.quiet:
+            prefix = f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]"
+            self.err.print(_line((self.tag, "cyan"), (prefix, "dim"), " ", text))
+
+    def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
+               teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None) -> None:
+        verdicts = ", ".join(f"{t.instance_id} {t.verdict}" for t in teardowns) or "nothing rented"
+        color = "green" if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) else "red"
+        self.err.print(_line((self.tag, "cyan"), " ", (f"exit {code}", color),
+                             f": {message}; {verdicts}; accrued ${accrued_usd:.4f}"
+                             + (f"; report {report}" if report else "")))
+
+    def step_done(self, step: StepRecord, accrued_usd: float) -> None:
+        how = "interrupted" if step.interrupted else "timed out" if step.timed_out else f"rc {step.rc}"
+        if not self.quiet:
+            self.err.print(_line((self.tag, "cyan"), f" step {step.name}: {how} in {step.seconds:.1f} s; "
+                                                     f"accrued ${accrued_usd:.4f}"))
+
+    def rejections(self, rejected: Sequence[Any], *, title: str) -> None:
+        self.err.print(_line((self.tag, "cyan"), f" {title}: {len(rejected)} offer(s)"))
 
 
 def _candidate_row(c: Candidate) -> dict[str, Any]:

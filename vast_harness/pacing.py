@@ -1,14 +1,17 @@
 """Request pacing: per-endpoint rate rules from Vast's OpenAPI thresholds, so a normal run never draws a 429.
 
 Vast sends no Retry-After and enforces limits per endpoint and identity as minimum intervals (search: 10 per
-minute). The client asks `Pacer.acquire` before every request and `release`s after it.
+minute). The client holds `Pacer.slot` around every request: `acquire` before it, `release` after it, and, once
+`serialize` was called (a client several threads share: a fleet's runs), the endpoint's own lock, so that one
+request per endpoint is in flight at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from vast_harness.endpoints import ENDPOINT_PATHS
@@ -53,14 +56,49 @@ class Pacer:
     the previous request arrive no later than that, so the gap it measures is at least the interval.
     Vast may key limits by path regardless of method (unconfirmed), so GET and DELETE of the same
     instance share one history, each honouring its own rule.
+
+    Moving a slot to the completion helps only when requests to one endpoint do not overlap: two threads'
+    creates are reserved 4.5 s apart from each other's start, and if the first reaches the server late they
+    arrive closer than 4.5 s (a 429). A client shared by threads that each run a lifecycle (a fleet) is
+    therefore `serialized`: `slot` takes the endpoint's lock before it reserves, so each slot is reserved after
+    the previous request to that endpoint completed. Off by default: one run's threads (the price watch, the
+    main thread) rarely meet on an endpoint, and a request stalled up to its answer bound must not hold them.
     """
 
-    def __init__(self, *, scale: float, clock: Callable[[], float], sleep: Callable[[float], None]):
+    def __init__(self, *, scale: float, clock: Callable[[], float], sleep: Callable[[float], None],
+                 serialized: bool = False):
         self._scale = scale
         self._clock = clock
         self._sleep = sleep
         self._lock = threading.Lock()
         self._history: dict[str, list[float]] = {}
+        self._serialized = serialized
+        self._in_flight: dict[str, threading.Lock] = {}  # per endpoint (path key), when serialized
+
+    @property
+    def serialized(self) -> bool:
+        return self._serialized
+
+    def serialize(self) -> None:
+        """From now on one request per endpoint in flight at a time. Call it before the threads share the
+        pacer: a request already in flight is not waited for."""
+        with self._lock:
+            self._serialized = True
+
+    @contextlib.contextmanager
+    def slot(self, method: str, path: str) -> Iterator[None]:
+        """Around one request: its paced slot and, when serialized, the endpoint to itself until it completes."""
+        gate: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+        if self._serialized:
+            key = endpoint_key(method, path).split(" ", 1)[1]  # the history's key: GET and DELETE share it
+            with self._lock:
+                gate = self._in_flight.setdefault(key, threading.Lock())
+        with gate:  # taken before the slot is reserved, so the slot is spaced from the previous completion
+            token = self.acquire(method, path)
+            try:
+                yield
+            finally:
+                self.release(token)
 
     def acquire(self, method: str, path: str) -> tuple[str, float]:
         """Block until this request may start; returns a token for `release`."""

@@ -670,6 +670,125 @@ def test_pacer__threads_get_distinct_slots() -> None:
     assert sorted(slept) == [1.0 * i for i in range(1, 8)]
 
 
+class _OverlapApi:
+    """A real HTTP server on loopback that answers slowly and records, per endpoint (the pacing's path key), how
+    many requests were in flight at once and when each arrived."""
+
+    def __init__(self, delay_s: float) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.delay_s = delay_s
+        self.lock = threading.Lock()
+        self.in_flight: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.peak_all = 0
+        self.arrivals: dict[str, list[float]] = {}
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                key = endpoint_key(self.command, self.path.split("?", 1)[0]).split(" ", 1)[1]
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                with api.lock:
+                    api.arrivals.setdefault(key, []).append(time.monotonic())
+                    api.in_flight[key] = api.in_flight.get(key, 0) + 1
+                    api.peak[key] = max(api.peak.get(key, 0), api.in_flight[key])
+                    api.peak_all = max(api.peak_all, sum(api.in_flight.values()))
+                try:
+                    time.sleep(api.delay_s)
+                    body = json.dumps({"id": 1} if "users" in key else {"instances": None}).encode()
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    self.wfile.flush()
+                finally:
+                    with api.lock:
+                        api.in_flight[key] -= 1
+
+            do_GET = do_DELETE = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _shared_by_threads(client: VastClient, n: int = 3) -> None:
+    """`n` threads each read and delete "their" instance while `n` more read the user: the load of a fleet's
+    runs sharing one client (two endpoints, several callers each)."""
+    def lifecycle(i: int) -> None:
+        client.get_instance(100 + i)
+        client.destroy_instance(100 + i)
+
+    threads = [threading.Thread(target=lifecycle, args=(i,)) for i in range(n)]
+    threads += [threading.Thread(target=client.current_user) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+
+
+@pytest.mark.parametrize("serialized", [False, True], ids=["shared", "serialized"])
+def test_serialized_client__one_request_per_endpoint_in_flight(serialized: bool) -> None:
+    """A client shared by threads (a fleet's runs) never has two requests to one endpoint in flight once
+    `serialize_endpoints` was called, and each arrives at least the endpoint's interval after the previous one
+    *completed*. Unserialised, the same load overlaps: slots are spaced from reservations, and an answer slower
+    than the interval lets the next request arrive while it is still in flight (a 429 on Vast)."""
+    scale = 0.05  # GET and DELETE of an instance share one history: 0.1 s and 0.15 s here; users/current 0.05 s
+    api = _OverlapApi(delay_s=0.2)  # slower than every interval
+    try:
+        with VastClient(VAST_TEST_KEY, base_url=api.url, pacing_scale=scale, max_retry_s=0) as client:
+            if serialized:
+                client.serialize_endpoints()
+            _shared_by_threads(client)
+    finally:
+        api.close()
+    instance, user = "/api/v0/instances/{id}/", "/api/v0/users/current/"
+    assert len(api.arrivals[instance]) == 6 and len(api.arrivals[user]) == 3
+    if not serialized:  # what a fleet's runs did without it: the assertions below are not vacuous
+        assert max(api.peak.values()) > 1, api.peak
+        return
+    assert api.peak == {instance: 1, user: 1}
+    assert api.peak_all >= 2  # per endpoint, not one lock for the whole client
+    for key, interval_s in ((instance, 0.1), (user, 0.05)):
+        arrivals = sorted(api.arrivals[key])
+        # the previous answer took 0.2 s, then the interval: arrivals at least that far apart
+        assert min(b - a for a, b in itertools.pairwise(arrivals)) >= 0.2 + interval_s - 0.02
+
+
+def test_pacer__serialize_is_per_endpoint_and_off_by_default() -> None:
+    pacer = Pacer(scale=0, clock=time.monotonic, sleep=time.sleep)
+    assert not pacer.serialized
+    with pacer.slot("GET", "/api/v0/instances/1/"), pacer.slot("GET", "/api/v0/instances/2/"):
+        pass  # unserialised: nested slots on one endpoint do not wait for each other
+    pacer.serialize()
+    assert pacer.serialized
+    entered = threading.Event()
+    with pacer.slot("GET", "/api/v0/instances/1/"):
+        with pacer.slot("GET", "/api/v0/users/current/"):
+            pass  # another endpoint is free
+        def delete() -> None:
+            with pacer.slot("DELETE", "/api/v0/instances/2/"):
+                entered.set()
+
+        t = threading.Thread(target=delete)
+        t.start()
+        assert not entered.wait(0.2)  # GET and DELETE of instances share one endpoint: it waits
+    assert entered.wait(5)
+    t.join(timeout=5)
+
+
 def test_endpoint_key() -> None:
     assert endpoint_key("delete", "/api/v0/instances/42/") == "DELETE /api/v0/instances/{id}/"
     assert endpoint_key("GET", "/api/v0/instances/42/ssh/") == "GET /api/v0/instances/{id}/ssh/"

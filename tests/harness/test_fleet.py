@@ -15,15 +15,18 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from pydantic import SecretStr
 
 from vast_harness.client import VastClient
 from vast_harness.config import Step, load_driver_policy, resolve
 from vast_harness.errors import PRECEDENCE, worst
-from vast_harness.fleet import SerialClient, parse_gpus, run_fleet
+from vast_harness.fleet import run_fleet
+from vast_harness.fleet_plan import parse_gpus
 from vast_harness.ledger import Ledger
 from vast_harness.output import Output
+from vast_harness.pacing import endpoint_key
 from vast_harness.registry import LabelInfo, parse_label
 from vast_harness.runner import GuardedRun
 from vast_harness.sim import SimServer
@@ -60,12 +63,63 @@ def test_worst_exit_precedence():
     assert parse_gpus(" RTX 4090, H100 SXM,RTX 4090,") == ["RTX 4090", "H100 SXM"]
 
 
+class OverlapRecorder(httpx.HTTPTransport):
+    """The client's real transport (no keep-alive, as the client's own), counting per endpoint (the pacing's path
+    key) the requests in flight from send until their body is read and closed."""
+
+    def __init__(self) -> None:
+        super().__init__(limits=httpx.Limits(max_keepalive_connections=0))
+        self.lock = threading.Lock()
+        self.in_flight: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.requests = 0
+
+    def _done(self, key: str) -> None:
+        with self.lock:
+            self.in_flight[key] -= 1
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        key = endpoint_key(request.method, request.url.path).split(" ", 1)[1]
+        with self.lock:
+            self.requests += 1
+            self.in_flight[key] = self.in_flight.get(key, 0) + 1
+            self.peak[key] = max(self.peak.get(key, 0), self.in_flight[key])
+        try:
+            resp = super().handle_request(request)
+        except BaseException:
+            self._done(key)
+            raise
+        inner, done = resp.stream, self._done
+
+        class Closing(httpx.SyncByteStream):
+            def __iter__(self):
+                yield from inner  # type: ignore[union-attr]
+
+            def close(self) -> None:
+                try:
+                    inner.close()  # type: ignore[union-attr]
+                finally:
+                    done(key)
+
+        return httpx.Response(resp.status_code, headers=resp.headers, stream=Closing(), extensions=resp.extensions)
+
+
 def test_three_gpu_types_end_to_end_with_reports(sim, tmp_path):
     spec = base_spec(sim, tmp_path)
     out = Output(json_mode=True, quiet=True)
-    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
-        code = run_fleet(spec, GPUS, client, load_driver_policy(), out, total_usd=2.0, per_run_usd=0.6, parallel=3)
+    wire = OverlapRecorder()
+    # A slow search and user read (slower than their intervals): the three runs plan at once, so without the
+    # per-endpoint serialisation their requests would overlap (and arrive closer than Vast's intervals).
+    sim.set_faults("hang:search:0.4:*;hang:user:0.4:*")
+    try:
+        with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, transport=wire) as client:
+            code = run_fleet(spec, GPUS, client, load_driver_policy(), out, total_usd=2.0, per_run_usd=0.6,
+                             parallel=3)
+    finally:
+        sim.set_faults(None)
     assert code == 0
+    # three runs on one client, and never two requests to one Vast endpoint in flight at once
+    assert wire.requests > 30 and set(wire.peak.values()) == {1}, wire.peak
     assert not live(sim)
     fleet_dir = next((tmp_path / "ev").glob("fleet-*"))
     result = json.loads((fleet_dir / "fleet-result.json").read_text())
@@ -181,7 +235,7 @@ def test_cancel_stops_a_running_step_and_tears_down(sim, tmp_path):
     spec = spec.model_copy(update={"profile": spec.profile.model_copy(
         update={"steps": [Step(name="long", run="sleep 60", timeout_s=120)]})})
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
-        run = GuardedRun(spec, SerialClient(client), load_driver_policy(), Output(quiet=True))  # type: ignore[arg-type]
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
         box: dict = {}
         t = threading.Thread(target=lambda: box.update(result=run.execute()))
         t.start()
@@ -267,3 +321,97 @@ def test_a_host_writing_hostile_json_never_crashes_the_fleet(sim, tmp_path):
     assert [r["usd_per_mtok"] for r in rows] == [None, None]
     html = (fleet_dir / "fleet-report.html").read_text()
     assert "not finite" in html and "nested too deeply" in html and "not a number" in html
+
+
+FIXED_FLEET_ID = "fleet-20260101T000000Z-0ff11e"
+
+
+def _fleet_rows_and_instances(sim: SimServer, fleet_dir: Path) -> tuple[dict, list[dict]]:
+    result = json.loads((fleet_dir / "fleet-result.json").read_text())
+    ids = {r["run_id"] for r in result["rows"]}
+    mine = [i for i in sim.state()["instances"] if (parse_label(i["label"]) or NONE).run_id in ids]
+    return result, mine
+
+
+def test_a_fleet_ledger_that_cannot_be_written_fails_a_passing_fleet_and_tears_everything_down(
+        sim, tmp_path, monkeypatch, capsys):
+    """fleet.jsonl is a directory, so every fleet-ledger write is refused. Its append once raised out of the
+    fleet (a traceback, no fleet-result.json); now the runs go on, every instance is proven gone in the
+    simulator's own record, and a fleet whose runs all passed exits 1 naming the incomplete fleet ledger."""
+    spec = base_spec(sim, tmp_path)
+    monkeypatch.setattr("vast_harness.fleet.new_fleet_id", lambda: FIXED_FLEET_ID)
+    fleet_dir = tmp_path / "ev" / FIXED_FLEET_ID
+    (fleet_dir / "fleet.jsonl").mkdir(parents=True)
+    out = Output(json_mode=True, quiet=True)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        code = run_fleet(spec, GPUS[:2], client, load_driver_policy(), out, total_usd=2.0, per_run_usd=0.6,
+                         parallel=2)
+    assert code == 1
+    result, mine = _fleet_rows_and_instances(sim, fleet_dir)
+    assert [r["exit_code"] for r in result["rows"]] == [0, 0]  # the runs themselves passed
+    assert len(mine) == 2 and not [i for i in mine if i["live"]]
+    assert {r["absence"] for r in result["rows"]} == {"gone"}
+    assert result["exit_code"] == 1
+    assert "fleet ledger" in result["message"] and "fleet.jsonl" in result["message"]
+    assert "incomplete" in result["message"]
+    # every event the fleet could not write is named: start, two run starts and ends, end
+    failures = result["fleet_ledger_write_failures"]
+    assert sorted(f.split(":")[0] for f in failures) == sorted(["fleet-start", "run-start", "run-start", "run-end",
+                                                                 "run-end", "fleet-end"])
+    assert all("cannot open the fleet ledger" in f and "Is a directory" in f for f in failures)
+    err = capsys.readouterr().err
+    assert "the fleet goes on" in err  # said when the first line failed, not only at the end
+    assert "error:" in err and "is incomplete" in err
+
+
+def test_a_full_disk_under_the_fleet_ledger_still_cancels_every_run_at_the_total_cap(sim, tmp_path, monkeypatch):
+    """The disk fills once the fleet and its two runs have started: every later write of fleet.jsonl fails with
+    ENOSPC, the cancel's first. That append once raised out of the monitor before the cancel reached any run (the
+    runs went on past the total cap, then the fleet ended in a traceback); now every run is cancelled at the cap,
+    proven gone in the simulator's record, and the failed writes are named."""
+    import errno
+
+    real_open, real_write, real_close = os.open, os.write, os.close
+    fleet_fds: set[int] = set()
+    written: list[int] = []
+
+    def fake_open(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if str(path).endswith("fleet.jsonl"):
+            fleet_fds.add(fd)
+        return fd
+
+    def fake_write(fd, data):
+        if fd in fleet_fds:
+            if len(written) >= 3:  # fleet-start and the two run-starts reached the disk; then it is full
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            written.append(fd)
+        return real_write(fd, data)
+
+    def fake_close(fd):
+        fleet_fds.discard(fd)
+        return real_close(fd)
+
+    spec = base_spec(sim, tmp_path)
+    spec = spec.model_copy(update={"profile": spec.profile.model_copy(
+        update={"steps": [Step(name="long", run="sleep 60", timeout_s=120)]})})
+    out = Output(json_mode=True, quiet=True)
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(os, "write", fake_write)
+    monkeypatch.setattr(os, "close", fake_close)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        code = run_fleet(spec, ["RTX 4090", "RTX 5090"], client, load_driver_policy(), out, total_usd=0.0045,
+                         per_run_usd=0.5, parallel=2, allow_overcommit=True)
+    monkeypatch.undo()
+    assert code == 6
+    fleet_dir = next((tmp_path / "ev").glob("fleet-*"))
+    result, mine = _fleet_rows_and_instances(sim, fleet_dir)
+    assert "fleet total cap" in result["stop_reason"]
+    assert {r["exit_code"] for r in result["rows"]} == {6}
+    assert len(mine) == 2 and not [i for i in mine if i["live"]]
+    assert sum(i["billed_usd"] for i in mine) <= 0.0045
+    lines = (fleet_dir / "fleet.jsonl").read_text().splitlines()
+    assert [json.loads(x)["event"] for x in lines] == ["fleet-start", "run-start", "run-start"]
+    failures = result["fleet_ledger_write_failures"]
+    assert any(f.startswith("cancel:") for f in failures) and all("No space left" in f for f in failures)
+    assert "fleet ledger" in result["message"]
