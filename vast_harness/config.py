@@ -57,7 +57,7 @@ REAL_PACING_SCALE_FLOOR = 1.0
 class _Strict(BaseModel):
     # A profile or config number that is not finite (`disk_gb = inf`) is refused here, naming the field; it
     # once reached the search request as JSON that cannot be sent (a traceback, exit 1).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 class Step(_Strict):

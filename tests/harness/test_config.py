@@ -136,6 +136,21 @@ def test_profiles_are_valid_and_pinned():
     assert proofs.boot_retries == 0 and proofs.pytest_node_ids
 
 
+@pytest.mark.parametrize(("old", "new", "field"), [
+    ("max_usd = 0.5", 'max_usd = "0.5"', "caps.max_usd"),  # a string is not silently a number
+    ("boot_retries = 1", "boot_retries = true", "boot_retries"),
+    ('name = "smoke"', "name = 7", "name"),
+])
+def test_a_profile_value_of_the_wrong_type_is_refused_not_coerced(tmp_path, old, new, field):
+    src = Path(__file__).resolve().parents[2] / "profiles"
+    (tmp_path / "harness").mkdir()
+    text = (src / "harness" / "smoke.toml").read_text()
+    assert old in text
+    (tmp_path / "harness" / "smoke.toml").write_text(text.replace(old, new, 1))
+    with pytest.raises(ConfigError, match=field):
+        resolve(profile="smoke", sim=True, environ={}, profiles_dir=tmp_path)
+
+
 def test_unpinned_image_is_refused(tmp_path):
     src = Path(__file__).resolve().parents[2] / "profiles"
     (tmp_path / "harness").mkdir()
