@@ -7,7 +7,6 @@ decides the exit code: 3 beats everything when any instance is not proven gone.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import platform
@@ -39,7 +38,6 @@ from vast_harness.errors import (
     RunCancelled,
     SshConnectError,
     TeardownUnproven,
-    VastError,
     describe,
     exit_code_for,
 )
@@ -55,6 +53,7 @@ from vast_harness.evidence import (
     overall_absence,
 )
 from vast_harness.hostwork import PULL_GRACE_SHARE, HostWork
+from vast_harness.instancereads import InstanceReads
 from vast_harness.ledger import Ledger, new_run_id
 from vast_harness.lifecycle import (
     READ_LAG_WINDOW_S,
@@ -63,11 +62,10 @@ from vast_harness.lifecycle import (
     InstanceTeardown,
     create,
     find_by_label,
-    is_lingering,
     teardown_instance,
     wait_ready,
 )
-from vast_harness.meter import CostMeter, finite_positive, minimum_cap_s, teardown_budget_s
+from vast_harness.meter import CostMeter, minimum_cap_s, teardown_budget_s
 from vast_harness.models import Instance
 from vast_harness.offers import Candidate
 from vast_harness.onstart import build_onstart
@@ -93,7 +91,6 @@ DEADMAN_LOG_READ_S = 3.0  # reading the switch's log back at teardown: brief, DE
 NULL_GRACE_S = 60.0  # reads lag creates: tolerate `instances: null` this long after create
 # An SFTP channel with no byte for this long (a share of the margin, 1-30 s) is a stalled link: closed.
 SFTP_STALL_MAX_S = 30.0
-LAST_PRICE_READ_RETRY_S = 5.0  # the price read after the steps: brief, DELETE comes next
 CANCEL_PRICE_READ_RETRY_S = 2.0  # the price read of a run a cap cancelled (a signal skips it: DELETE first)
 # On a signal the evidence pull gets this long at most: the DELETE must leave within the first second (a CI
 # cancel gives 7.5 s between SIGINT and SIGTERM, then 2.5 s to SIGKILL).
@@ -176,11 +173,14 @@ class GuardedRun:
         self.teardown_budget_s = teardown_budget_s(spec.proof_interval_s)
         # Reads may not see an instance this long after its create (lifecycle.READ_LAG_WINDOW_S).
         self.read_lag_window_s = SIM_READ_LAG_WINDOW_S if spec.sim else READ_LAG_WINDOW_S
-        self.price_poll_s = spec.poll_s  # how often the rented price is re-read while the steps run
         # Set by `cancel` from another thread; checked wherever the cap deadline is, and by a running step.
         self.cancelled = threading.Event()
         self.cancel_reason, self.cancel_exit_code = "", ExitCode.CAP_REACHED
         self.phases = PhaseLog(self.accrued_usd, clock=self.clock)  # the timeline and the live view's phase
+        # First sight, the host's own price, a delete not ours: what every read of the instance tells the run.
+        self.reads = InstanceReads(client=client, ledger=self.ledger, run_id=self.run_id, meter=self.meter,
+                                   book=self.book, out=out, poll_s=spec.poll_s,
+                                   cancel=lambda why, code: self.cancel(why, exit_code=code))
 
     # What the run rented and what became of it (the record, the fleet, the chaos suite and tests read these).
     @property
@@ -234,7 +234,7 @@ class GuardedRun:
                 self._rent_and_connect(key)
                 self._timed("deadman_check", self._check_deadman)
                 self._timed("upload", lambda: self._upload(bundle))
-                with self._price_watch():
+                with self.reads.watch_prices(self.book.latest(), cancelled=self.cancelled):
                     self._run_steps()
                 self._pull_evidence(in_teardown=False)
                 qualified = self.candidate.driver_qualified if self.candidate else False
@@ -405,53 +405,6 @@ class GuardedRun:
                                 expected_up_bytes=int(q.upload_gb * 1e9), expected_down_bytes=int(q.download_gb * 1e9))
         self.meter.start_instance(inst.instance_id, inst.dph_usd, inst.t_created_mono)
 
-    @contextlib.contextmanager
-    def _price_watch(self) -> Iterator[None]:
-        """While the steps run, re-read the rented instance's price every poll interval (hosts re-price running
-        contracts): a higher price re-prices the meter; one that breaks the cap, or moves the work deadline into
-        the past, cancels the run (exit 6) and the running step is cut."""
-        inst = self.book.latest()
-        stop = threading.Event()
-
-        def watch() -> None:
-            while inst is not None and not stop.wait(self.price_poll_s):
-                try:
-                    read = self.client.get_instance(inst.instance_id)
-                except VastError:
-                    continue  # a failed read changes nothing: the known price stands
-                if inst.seen and (read is None or is_lingering(read)):
-                    self._vanished(inst, "a read of it no longer shows it running" if read is None
-                                   else "a read shows it destroyed")
-                    return
-                try:
-                    self._on_instance_read(inst, read)
-                    if self.meter.cut_by_cap():
-                        raise CapReachedError(f"instance {inst.instance_id} now bills ${inst.dph_usd:.4f}/h: "
-                                              "the cap is reached")
-                except CapReachedError as exc:
-                    self.cancel(str(exc), exit_code=ExitCode.CAP_REACHED)
-                    return
-
-        thread = threading.Thread(target=watch, name=f"vh-price-{self.run_id}", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join(timeout=5.0)
-            if inst is not None and not self.cancelled.is_set():
-                self._last_price_read(inst)
-
-    def _vanished(self, inst: CreatedInstance, how: str) -> None:
-        """Our instance went away and we sent no DELETE: someone else deleted it (a reap elsewhere, the
-        console). Say so, stop the work; the teardown still proves it absent."""
-        if inst.instance_id in self.book.vanished:
-            return
-        self.book.vanished[inst.instance_id] = how
-        self.out.warn(f"instance {inst.instance_id} was deleted by someone else: no DELETE of ours ({how})")
-        self.cancel(f"instance {inst.instance_id} was deleted by someone else: no DELETE of ours ({how})",
-                    exit_code=ExitCode.FAILED)
-
     def _cancelled_price_reads(self) -> None:
         """A run a cap cancelled (a fleet's total) reads its live instances' final price before its verdict,
         so the accrual it reports, and the fleet sums, is what the host billed. A signal skips this: its
@@ -459,42 +412,12 @@ class GuardedRun:
         if not self.cancelled.is_set() or self.cancel_exit_code != ExitCode.CAP_REACHED:
             return
         for inst in self.book.live():
-            self._last_price_read(inst, max_retry_s=CANCEL_PRICE_READ_RETRY_S)
-
-    def _last_price_read(self, inst: CreatedInstance, *, max_retry_s: float = LAST_PRICE_READ_RETRY_S) -> None:
-        """One more read of the rented price when the steps end (a re-price can land between two polls, or
-        steps can be shorter than one): the record bills what the host billed, and a run over the cap is
-        not a pass (the verdict turns it into exit 6). Bounded: the teardown is waiting."""
-        try:
-            read = self.client.get_instance(inst.instance_id, max_retry_s=max_retry_s)
-            self._on_instance_read(inst, read)
-        except CapReachedError as exc:
-            self.out.warn(str(exc))
-        except VastError as exc:
-            self.out.warn(f"could not re-read instance {inst.instance_id}'s price after the steps: {exc}")
+            self.reads.last_price_read(inst, max_retry_s=CANCEL_PRICE_READ_RETRY_S)
 
     def _on_poll(self, inst: CreatedInstance, read: Instance | None) -> None:
-        if inst.seen and (read is None or is_lingering(read)):  # shown once, now gone: not by us
-            self._vanished(inst, "a read of it no longer shows it" if read is None else "a read shows it destroyed")
+        self.reads.check_gone(inst, read)
         self._check_cancelled()
-        self._on_instance_read(inst, read)
-
-    def _on_instance_read(self, inst: CreatedInstance, read: Instance | None) -> None:
-        """Every per-id read of the rented instance: the first that shows it is recorded (from then on null
-        reads can prove it gone), and its own price replaces the search's when higher."""
-        if read is not None and not inst.seen:
-            self._mark_seen(inst, "in a per-id read")
-        if read is None or read.dph_total is None:
-            return  # no price sent: the search's stands
-        if finite_positive(read.dph_total) and read.dph_total > inst.dph_usd:
-            self.out.warn(f"instance {inst.instance_id} bills ${read.dph_total:.4f}/h, not the "
-                          f"${inst.dph_usd:.4f}/h the search showed: the cap deadline moves earlier")
-            inst.dph_usd = read.dph_total
-        self.meter.reprice(inst.instance_id, read.dph_total)  # raises CapReachedError when it breaks the cap
-
-    def _mark_seen(self, inst: CreatedInstance, how: str) -> None:
-        inst.seen = True
-        self.ledger.append(self.run_id, "seen", inst.label, instance_id=inst.instance_id, detail=how)
+        self.reads.on_read(inst, read)
 
     def _boot(self, inst: CreatedInstance, key: RunKey) -> None:
         self.phases.start("boot")
@@ -503,7 +426,7 @@ class GuardedRun:
             ready = wait_ready(self.client, inst.instance_id, deadline=boot_deadline, poll_s=self.spec.poll_s,
                                null_grace_s=NULL_GRACE_S, on_poll=lambda read: self._on_poll(inst, read),
                                clock=self.clock)
-            self._on_instance_read(inst, ready)
+            self.reads.on_read(inst, ready)
             self._check_cancelled()
             # The price may have moved the deadline: SSH gets what is left of the boot's, never more.
             boot_deadline = min(boot_deadline, self.meter.deadline())
@@ -592,7 +515,7 @@ class GuardedRun:
         inst.seen = report.seen
         acks = [d for d in report.deletes if d.acknowledged]
         if acks and acks[0].outcome == "already_gone" and inst.seen:
-            self._vanished(inst, "our first DELETE found it already gone")
+            self.reads.vanished(inst, "our first DELETE found it already gone")
         if acks:
             inst.t_deleted_mono = acks[0].t_ack_mono or self.clock()
             self.meter.stop_instance(inst.instance_id, inst.t_deleted_mono)

@@ -311,7 +311,8 @@ def test_a_reprice_after_running_is_read_when_the_steps_end_and_never_exit_0(sim
     spec = make_spec(sim, tmp_path, [Step(name="short", run="sleep 1", timeout_s=60)])
     spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.05})})
     # Steps shorter than one price poll: the watcher never gets to read the price while they run.
-    r = guarded(sim, spec, price_poll_s=3600.0)
+    r = guarded(sim, spec)
+    r.reads.poll_s = 3600.0
     result = execute(r)
     billed_usd = sum(i["billed_usd"] for i in of_run(sim, r))
     assert billed_usd > 0.05  # the simulator's truth: over the cap

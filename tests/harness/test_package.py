@@ -16,7 +16,7 @@ def test_exported_members_match_all():
     exported = {name for name in dir(vast_harness) if not name.startswith("_")}
     modules = {"apiurl", "bundle", "cli", "client", "config", "errors", "evidence", "ledger", "lifecycle", "meter", "models", "offers",
                "onstart", "output", "pacing", "plan", "quote", "reap", "resources", "runner", "ssh", "sim", "chaos",
-               "report", "svgplot", "fleet", "fleet_plan", "fleet_report", "tokrate", "hostwork", "rentbook", "apiurl", "answerbound",
+               "report", "svgplot", "fleet", "fleet_plan", "fleet_report", "tokrate", "hostwork", "rentbook", "instancereads", "apiurl", "answerbound",
                "endpoints", "deadman", "check", "canary",
                "cliopts", "hostdata", "redact", "progress", "htmlparts", "timeline", "runs", "logs", "costs", "runfacts",
 

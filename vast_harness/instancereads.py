@@ -1,0 +1,115 @@
+"""What reads of a run's rented instance tell the run, whoever makes them (the boot's polls, the price watch
+while the steps run, the last read before teardown).
+
+Three facts: the first read that shows the instance (recorded in the ledger: from then on null reads can prove
+it gone); the host's own price when it is higher than the search's (the meter is re-priced, the cap deadline
+moves earlier, a price that breaks the cap cancels the run, exit 6); and a delete that was not ours (the
+instance was shown, and now a read does not show it: the run stops, the teardown still proves it absent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
+from vast_harness.client import VastClient
+from vast_harness.errors import CapReachedError, ExitCode, VastError
+from vast_harness.evidence import CreatedInstance
+from vast_harness.ledger import Ledger
+from vast_harness.lifecycle import is_lingering
+from vast_harness.meter import CostMeter, finite_positive
+from vast_harness.models import Instance
+from vast_harness.output import Output
+from vast_harness.rentbook import RentBook
+
+LAST_PRICE_READ_RETRY_S = 5.0  # the price read after the steps: brief, DELETE comes next
+WATCH_JOIN_S = 5.0  # the price watcher's thread gets this long to notice the steps ended
+
+Cancel = Callable[[str, ExitCode], None]
+
+
+class InstanceReads:
+    def __init__(self, *, client: VastClient, ledger: Ledger, run_id: str, meter: CostMeter, book: RentBook,
+                 out: Output, cancel: Cancel, poll_s: float) -> None:
+        self.client, self.ledger, self.run_id, self.meter, self.book, self.out = client, ledger, run_id, meter, book, out
+        self._cancel = cancel  # GuardedRun.cancel: stop at the next phase boundary, then the usual teardown
+        self.poll_s = poll_s  # how often the price watch re-reads the rented instance while the steps run
+
+    def on_read(self, inst: CreatedInstance, read: Instance | None) -> None:
+        """Every per-id read of the rented instance: the first that shows it is recorded, and its own price
+        replaces the search's when higher. Raises CapReachedError when that price breaks the cap."""
+        if read is not None and not inst.seen:
+            inst.seen = True
+            self.ledger.append(self.run_id, "seen", inst.label, instance_id=inst.instance_id, detail="in a per-id read")
+        if read is None or read.dph_total is None:
+            return  # no price sent: the search's stands
+        if finite_positive(read.dph_total) and read.dph_total > inst.dph_usd:
+            self.out.warn(f"instance {inst.instance_id} bills ${read.dph_total:.4f}/h, not the "
+                          f"${inst.dph_usd:.4f}/h the search showed: the cap deadline moves earlier")
+            inst.dph_usd = read.dph_total
+        self.meter.reprice(inst.instance_id, read.dph_total)
+
+    def check_gone(self, inst: CreatedInstance, read: Instance | None) -> None:
+        """A shown instance that a read no longer shows (or shows destroyed) was deleted by someone else."""
+        if inst.seen and (read is None or is_lingering(read)):
+            self.vanished(inst, "a read of it no longer shows it" if read is None else "a read shows it destroyed")
+
+    def vanished(self, inst: CreatedInstance, how: str) -> None:
+        """Our instance went away and we sent no DELETE: someone else deleted it (a reap elsewhere, the
+        console). Say so, stop the work; the teardown still proves it absent."""
+        if inst.instance_id in self.book.vanished:
+            return
+        self.book.vanished[inst.instance_id] = how
+        why = f"instance {inst.instance_id} was deleted by someone else: no DELETE of ours ({how})"
+        self.out.warn(why)
+        self._cancel(why, ExitCode.FAILED)
+
+    @contextlib.contextmanager
+    def watch_prices(self, inst: CreatedInstance | None, *, cancelled: threading.Event) -> Iterator[None]:
+        """While the body runs (the steps), re-read `inst` every `poll_s` (hosts re-price running contracts): a
+        higher price re-prices the meter; one that breaks the cap, or moves the work deadline into the past,
+        cancels the run (exit 6) and the running step is cut. When the body ends, one last read (unless the
+        run was cancelled: its teardown goes first)."""
+        stop = threading.Event()
+
+        def watch() -> None:
+            while inst is not None and not stop.wait(self.poll_s):
+                try:
+                    read = self.client.get_instance(inst.instance_id)
+                except VastError:
+                    continue  # a failed read changes nothing: the known price stands
+                if inst.seen and (read is None or is_lingering(read)):
+                    self.vanished(inst, "a read of it no longer shows it running" if read is None
+                                  else "a read shows it destroyed")
+                    return
+                try:
+                    self.on_read(inst, read)
+                    if self.meter.cut_by_cap():
+                        raise CapReachedError(f"instance {inst.instance_id} now bills ${inst.dph_usd:.4f}/h: "
+                                              "the cap is reached")
+                except CapReachedError as exc:
+                    self._cancel(str(exc), ExitCode.CAP_REACHED)
+                    return
+
+        thread = threading.Thread(target=watch, name=f"vh-price-{self.run_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=WATCH_JOIN_S)
+            if inst is not None and not cancelled.is_set():
+                self.last_price_read(inst)
+
+    def last_price_read(self, inst: CreatedInstance, *, max_retry_s: float = LAST_PRICE_READ_RETRY_S) -> None:
+        """One more read of the rented price (a re-price can land between two polls, or steps can be shorter
+        than one): the record bills what the host billed, and a run over the cap is not a pass (the verdict
+        turns it into exit 6). Bounded: the teardown is waiting. Never raises."""
+        try:
+            read = self.client.get_instance(inst.instance_id, max_retry_s=max_retry_s)
+            self.on_read(inst, read)
+        except CapReachedError as exc:
+            self.out.warn(str(exc))
+        except VastError as exc:
+            self.out.warn(f"could not re-read instance {inst.instance_id}'s price after the steps: {exc}")
