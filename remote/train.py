@@ -98,12 +98,12 @@ def attach_mps(rank: int, local_rank: int, world: int) -> dict | None:
     wanted = os.environ.get("VH_MPS_MODE")
     if not wanted:
         return None
-    from remote import mps
+    from remote.mps import MpsError, MpsNotAttached, attach_current_process  # only when MPS is asked for
 
     try:
-        rec = mps.attach_current_process(role="learner", rank=rank, device_index=local_rank)
+        rec = attach_current_process(role="learner", rank=rank, device_index=local_rank)
         mode = rec.get("mode")
-    except (mps.MpsNotAttached, getattr(mps, "MpsError", mps.MpsNotAttached)) as exc:
+    except (MpsNotAttached, MpsError) as exc:
         rec, mode = None, f"{type(exc).__name__}: {exc}"  # still gathered below, so no peer hangs
     modes = all_gather_json(mode, _comm_device(local_rank))  # everyone reports before anyone aborts
     bad = [r for r, m in enumerate(modes) if m != wanted]

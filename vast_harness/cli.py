@@ -1,9 +1,10 @@
 """`vast-e2e` / `python scripts/vast_e2e.py`: declarations only; the work happens in the library.
 
 Options are declared once in `cliopts.py` and reach each command as one `Flags` object. Typed errors become
-exit codes here, in one place (`_guard`), per docs/invariants.md: 0 passed on a qualified driver · 1 a step
-failed · 2 bad input · 3 teardown not proven · 4 passed on an unqualified driver · 5 no offer fits · 6 a cap
-was reached · 130 interrupted.
+exit codes here, in one place (`_guard`, through `errors.exit_code_for`); `main` adds the two that come from
+outside a command: a usage error (2) and an interrupt (130). Per docs/invariants.md: 0 passed on a qualified
+driver · 1 a step failed · 2 bad input · 3 teardown not proven · 4 passed on an unqualified driver · 5 no offer
+fits · 6 a cap was reached · 130 interrupted.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ app = typer.Typer(
 )
 
 SIM_OFFERS = 1000  # a market large enough that every profile finds offers
-SIM_PACING_SCALE = 0.1  # the embedded simulator enforces Vast's rate limits at a tenth of the real intervals
 MAX_PARALLEL = 64
 CANARY_MAX_USD = 0.10  # a canary rents minutes of the cheapest offer
 
@@ -58,23 +58,26 @@ def _show_version(value: bool) -> None:
 
 
 @contextmanager
-def _api_target(spec: RunSpec) -> Iterator[tuple[RunSpec, float]]:
-    """The spec pointed at the API it should use: the embedded simulator with --sim, else as given."""
+def _api_target(spec: RunSpec) -> Iterator[RunSpec]:
+    """The spec pointed at the API it should use: the embedded simulator with --sim, else as given. The
+    simulator boots and enforces Vast's rate limits as the spec's timings (Timings.sim()) say."""
     if not spec.sim:
-        yield spec, spec.pacing_scale
+        yield spec
         return
     from vast_harness.sim import SimServer  # imported only when asked for
 
-    with SimServer(seed=0, boot_seconds=1.0, rate_scale=SIM_PACING_SCALE, num_offers=SIM_OFFERS) as sim:
+    timings = spec.timings
+    with SimServer(seed=0, boot_seconds=timings.min_boot_s, rate_scale=timings.pacing_scale,
+                   num_offers=SIM_OFFERS) as sim:
         key = SecretStr("sim-" + secrets.token_hex(16))
-        yield spec.model_copy(update={"api_url": sim.url, "api_key": key}), SIM_PACING_SCALE
+        yield spec.model_copy(update={"api_url": sim.url, "api_key": key})
 
 
-def _client(spec: RunSpec, pacing_scale: float) -> VastClient:
+def _client(spec: RunSpec) -> VastClient:
     from vast_harness.client import VastClient
 
     assert spec.api_key is not None
-    return VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=pacing_scale)
+    return VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale)
 
 
 _reported: list[int] = []  # exit codes whose message was already shown (by `_guard`)
@@ -116,7 +119,7 @@ def main_command(
                               "vast-e2e -h lists every option")
         spec = flags.spec()
         drivers = load_driver_policy()
-        with _api_target(spec) as (target, scale), _client(target, scale) as client:
+        with _api_target(spec) as target, _client(target) as client:
             if target.dry_run:
                 from vast_harness.bundle import build_bundle
                 from vast_harness.plan import plan_run
@@ -149,7 +152,7 @@ def offers(
         from vast_harness.bundle import build_bundle
         from vast_harness.plan import account_credit_usd, choose_offers
 
-        with _api_target(spec) as (target, scale), _client(target, scale) as client:
+        with _api_target(spec) as target, _client(target) as client:
             credit = account_credit_usd(client)
             choice = choose_offers(target, client, load_driver_policy(), build_bundle(), credit_usd=credit)
         if rank_by == "usd-per-mtok":
@@ -195,7 +198,7 @@ def fleet(
         check_number("--per-run-usd", per_run, low=0, high=MAX_USD_LIMIT, low_inclusive=False)
         check_number("--parallel", parallel, low=1, high=MAX_PARALLEL)
         spec = flags.spec(profile="mfu" if flags.profile is None else flags.profile, max_usd=per_run)
-        with _api_target(spec) as (target, scale), _client(target, scale) as client:
+        with _api_target(spec) as target, _client(target) as client:
             return run_fleet(target, names, client, load_driver_policy(), out, total_usd=total,
                              per_run_usd=per_run, parallel=parallel, allow_overcommit=allow_overcommit)
 
@@ -212,7 +215,7 @@ def check(ctx: typer.Context, flags: Flags) -> None:
         spec = flags.spec(profile=flags.profile or "mfu", dry_run=True)
         from vast_harness.check import print_report, run_checks
 
-        with _api_target(spec) as (target, scale), _client(target, scale) as client:
+        with _api_target(spec) as target, _client(target) as client:
             report = run_checks(target, client)
         print_report(out, report)
         return report.exit_code
@@ -239,7 +242,7 @@ def canary(
                           max_usd=flags.max_usd if flags.max_usd is not None else CANARY_MAX_USD)
         from vast_harness.canary import print_canary, run_canary
 
-        with _api_target(spec) as (target, scale), _client(target, scale) as client:
+        with _api_target(spec) as target, _client(target) as client:
             rep, _ = run_canary(target, client, load_driver_policy(), out, out_path)
         print_canary(out, rep, out_path)
         return rep.exit_code
@@ -269,7 +272,7 @@ def reap(
         if include_live and not yes and not sys.stdin.isatty():
             raise ConfigError("--include-live deletes live runs' instances: confirm with --yes where there is no "
                               "terminal to ask")
-        with _client(spec, spec.pacing_scale) as client:
+        with _client(spec) as client:
             return reap_all(spec, client, out, include_live=include_live,
                             confirm=(lambda live: True) if yes else confirm_live)
 
@@ -348,7 +351,7 @@ def status(ctx: typer.Context, flags: Flags) -> None:
         spec = flags.spec(profile="smoke", dry_run=True)
         from vast_harness.status import show_status
 
-        with _client(spec, spec.pacing_scale) as client:
+        with _client(spec) as client:
             return show_status(spec, client, out)
 
     _guard(out, body)

@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
@@ -26,6 +26,7 @@ from vast_harness.redact import Redactor
 from vast_harness.resources import profiles_dir as _profiles_dir
 from vast_harness.statedir import SIM_SUBDIR, STATE_ENV
 from vast_harness.statedir import state_dir as user_state_dir
+from vast_harness.timings import Timings
 
 PROFILES_DIR = _profiles_dir()  # the checkout's profiles/, or the wheel's packaged copy (resources.py)
 PROFILE_NAMES = ("mfu", "proofs", "smoke")
@@ -569,11 +570,7 @@ class RunSpec(BaseModel):
     evidence_dir: Path
     state_dir: Path  # the user's ledger and live-run registrations (statedir.py); evidence by default
     sim: bool = False
-    proof_interval_s: float = 10.0
-    teardown_margin_s: float = 120.0
-    poll_s: float = 10.0  # instance polling while it boots (Vast's docs: every 10 s)
-    deadman_grace_s: float = 600.0  # the host deletes itself this long after the time cap
-    pacing_scale: float = 1.0
+    timings: Timings  # the table for this target (timings.py), the user's flags laid over it
     allow_unarmed_deadman: bool = False  # run even when the dead-man switch cannot prove it can act (recorded)
     image_expect_override: ImageExpect | None = None  # --image-expect: recorded in the evidence and the report
 
@@ -585,6 +582,39 @@ class RunSpec(BaseModel):
         if both:
             raise ValueError(f"{', '.join(both)} given both as --remote-env and as a secret: give it once")
         return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        # pydantic's `update` skips validation: a key that is not a field (`poll_s`, read from `timings`)
+        # would be dropped without a word. Refused instead.
+        unknown = sorted(set(update or {}) - set(type(self).model_fields))
+        if unknown:
+            raise TypeError(f"RunSpec has no field {', '.join(unknown)} (timings change with with_timings)")
+        return super().model_copy(update=update, deep=deep)
+
+    def with_timings(self, **changes: float) -> RunSpec:
+        """This spec with some timings replaced, validated (tests and chaos scale the clocks down)."""
+        return self.model_copy(update={"timings": Timings.model_validate(self.timings.model_dump() | changes)})
+
+    # The timings every phase reads, by their old names: one value each, in `timings`.
+    @property
+    def proof_interval_s(self) -> float:
+        return self.timings.proof_interval_s
+
+    @property
+    def teardown_margin_s(self) -> float:
+        return self.timings.teardown_margin_s
+
+    @property
+    def poll_s(self) -> float:
+        return self.timings.poll_s
+
+    @property
+    def deadman_grace_s(self) -> float:
+        return self.timings.deadman_grace_s
+
+    @property
+    def pacing_scale(self) -> float:
+        return self.timings.pacing_scale
 
     @property
     def shown_remote_env(self) -> dict[str, str]:
@@ -711,7 +741,11 @@ def resolve(
         check_evidence_dir(ev_dir)
         if state != ev_dir:
             check_evidence_dir(state, f"the state directory (${STATE_ENV})")
+    # The one place a run's timings are chosen: the simulator's table with --sim, else Vast's; flags win.
+    timing_flags = {"proof_interval_s": proof_interval_s, "poll_s": poll_s, "pacing_scale": pacing_scale}
+    table = Timings.sim() if sim else Timings.real()
     try:
+        timings = Timings.model_validate(table.model_dump() | {k: v for k, v in timing_flags.items() if v is not None})
         return RunSpec(
             profile=prof,
             filters=filters,
@@ -728,11 +762,7 @@ def resolve(
             evidence_dir=ev_dir,
             state_dir=state,
             sim=sim,
-            proof_interval_s=proof_interval_s if proof_interval_s is not None else (0.5 if sim else 10.0),
-            teardown_margin_s=15.0 if sim else 120.0,
-            poll_s=poll_s if poll_s is not None else (0.25 if sim else 10.0),
-            deadman_grace_s=30.0 if sim else 600.0,
-            pacing_scale=pacing_scale if pacing_scale is not None else 1.0,
+            timings=timings,
             allow_unarmed_deadman=allow_unarmed_deadman,
             image_expect_override=override,
         )

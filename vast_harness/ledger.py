@@ -136,10 +136,6 @@ class Ledger:
         server's time, from `server_clock`)."""
         return cls(spec.state_dir / LEDGER_FILE, target_of(spec), server_clock)
 
-    def key_dir_prefix(self, run_id: str) -> str:
-        """Prefix of a run's one-time SSH key directory: the pid lets `reap` tell a killed run's key from a live one."""
-        return f"vh-key-{os.getpid()}-{run_id}-"
-
     # ------------------------------------------------------------------------------------ writing
     def append(self, run_id: str, event: Event, label: str, **fields: Unpack[EntryFields]) -> LedgerEntry:
         data: dict[str, Any] = dict(fields)

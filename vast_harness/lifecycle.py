@@ -9,7 +9,8 @@ Two Vast behaviours shape the teardown (docs/vast-behaviours.md):
   * a destroyed instance lingers: reads keep showing its row as `intended_status: destroyed` for a while.
     Such a row is "going": neither present (nothing to delete again) nor gone (not a proof).
   * reads lag creates: for a while after create, the per-id read, the v1 list and even DELETE may not see
-    the instance. A DELETE or an absence proof inside that window (READ_LAG_WINDOW_S) proves nothing.
+    the instance. A DELETE or an absence proof inside that window (`Timings.read_lag_window_s`, passed in as
+    `lag_window_s`) proves nothing.
 """
 
 from __future__ import annotations
@@ -38,11 +39,6 @@ from vast_harness.models import Instance
 Sleep = Callable[[float], None]
 Clock = Callable[[], float]  # monotonic seconds (time.monotonic, or a test's fake clock)
 
-# How long after a create reads may still not see the instance. Vast documents no figure (its SDK and
-# SkyPilot retry the read); 30 s is our bound, and an absence proof or "not found" inside it counts for
-# nothing. --sim runs use SIM_READ_LAG_WINDOW_S: a simulated lag longer than that is outside the model.
-READ_LAG_WINDOW_S = 30.0
-SIM_READ_LAG_WINDOW_S = 1.0
 LINGERING_STATUSES = frozenset({"destroyed", "terminated"})  # vast-cli's instance_exist counts these as gone
 # HTTP statuses after which a create not found by label (through the lag window) counts as unresolved rather
 # than "not created". Empty: a 5xx is looked up by label until the window has passed, then the next offer is
@@ -87,7 +83,7 @@ def is_lingering(inst: Instance | dict[str, Any]) -> bool:
 
 
 # No read lag we know of lasts this long. An instance whose id a create returned but that no read has shown and
-# no DELETE has acknowledged deleting may be hidden by a lag longer than READ_LAG_WINDOW_S: until this long after
+# no DELETE has acknowledged deleting may be hidden by a lag longer than the read-lag window: until this long after
 # its create, null reads and not-found DELETEs prove nothing for it (exit 3; `reap` keeps it).
 UNSEEN_TRUST_AFTER_S = 3600.0
 
@@ -108,8 +104,8 @@ class CreateRequest(BaseModel):
 
 def create(
     client: VastClient, ledger: Ledger, *, run_id: str, offer_id: int, request: CreateRequest,
-    lag_attempts: int = 6, lag_wait_s: float = 5.0, lag_window_s: float = READ_LAG_WINDOW_S,
-    sleep: Sleep = time.sleep, clock: Clock = time.monotonic,
+    lag_window_s: float, lag_attempts: int = 6, lag_wait_s: float = 5.0, sleep: Sleep = time.sleep,
+    clock: Clock = time.monotonic,
 ) -> CreateOutcome:
     """PUT the create once (the client retries only a 429, which creates nothing). An unknown outcome is
     looked up by label until the read-lag window has passed; not found then, it is `unresolved` (ledger
@@ -353,7 +349,7 @@ class LedgerAppend(Protocol):
 def teardown_instance(
     client: VastClient, ledger: LedgerAppend, *, run_id: str, label: str, instance_id: int, interval_s: float,
     deadline: float, sleep: Sleep = time.sleep, created_mono: float | None = None,
-    lag_window_s: float = READ_LAG_WINDOW_S, seen: bool = True, clock: Clock = time.monotonic,
+    lag_window_s: float, seen: bool = True, clock: Clock = time.monotonic,
 ) -> InstanceTeardown:
     """Delete, then prove absent; delete again whenever a proof sees it live, until proven or `deadline`.
 

@@ -24,19 +24,17 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field
 
 from vast_harness.errors import CapReachedError
+from vast_harness.timings import Timings
 
 BYTES_PER_GB = 1e9
-# The least a booted host needs before teardown could start: the time cap must cover it plus the margin.
-MIN_BOOT_S = 60.0
-MIN_BOOT_S_SIM = 1.0
 TEARDOWN_MIN_S = 60.0  # per instance: delete + absence proof, at least this long
 # A wait that ended this close to its cap-derived deadline was cut by the cap (timers fire a little early).
 CAP_CUT_SLACK_S = 0.05
 
 
-def minimum_cap_s(*, teardown_margin_s: float, sim: bool) -> float:
+def minimum_cap_s(timings: Timings) -> float:
     """The shortest time cap a run can keep: boot allowance + teardown margin. The one place it is computed."""
-    return (MIN_BOOT_S_SIM if sim else MIN_BOOT_S) + teardown_margin_s
+    return timings.min_boot_s + timings.teardown_margin_s
 
 
 def teardown_budget_s(proof_interval_s: float) -> float:

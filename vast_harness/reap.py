@@ -15,7 +15,6 @@ scan answered, whatever live runs it left. Also removes the one-time SSH keys th
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -35,16 +34,17 @@ from vast_harness.meter import teardown_budget_s
 from vast_harness.models import Instance
 from vast_harness.output import Output
 from vast_harness.registry import MAX_RUN_S, LiveRun, RunRegistry, parse_label
+from vast_harness.ssh import RUN_KEY_DIR_GLOB, run_key_dir_pid
 from vast_harness.statedir import legacy_ledgers
+from vast_harness.timings import Timings
 
 # A label is marked swept (no longer searched) only once its intent is older than any read lag we know of.
 LABEL_SWEEP_AFTER_S = UNSEEN_TRUST_AFTER_S
 # Key dirs of runs from before the pid was in the name: removed once older than any run can last.
 LEGACY_KEY_DIR_AGE_S = 8 * 24 * 3600.0
-_KEY_DIR_PID = re.compile(r"^vh-key-(\d+)-")
 # A run past its cap deadline is tearing down for at most its teardown budget (at Vast's proof interval):
 # only after that is its instance an orphan to a reap that cannot see the run itself.
-DEADLINE_GRACE_S = teardown_budget_s(10.0) + 60.0
+DEADLINE_GRACE_S = teardown_budget_s(Timings.real().proof_interval_s) + 60.0
 
 
 class LiveInstance(BaseModel):
@@ -101,20 +101,20 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_key_dirs(tmp_dir: Path | None = None, *, now: float | None = None) -> list[Path]:
-    """Remove `vh-key-*` dirs (one-time SSH private keys) whose run process is gone."""
+    """Remove runs' one-time SSH key dirs (`vh-key-*`, private keys) whose run process is gone."""
     tmp_dir = Path(tmp_dir or tempfile.gettempdir())
     now = time.time() if now is None else now
     removed: list[Path] = []
-    for path in sorted(tmp_dir.glob("vh-key-*")):
+    for path in sorted(tmp_dir.glob(RUN_KEY_DIR_GLOB)):
         try:
             st = path.lstat()
         except OSError:
             continue
         if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid():
             continue
-        m = _KEY_DIR_PID.match(path.name)
-        if m:
-            if _pid_alive(int(m.group(1))):
+        pid = run_key_dir_pid(path.name)
+        if pid is not None:
+            if _pid_alive(pid):
                 continue
         elif now - st.st_mtime < LEGACY_KEY_DIR_AGE_S:
             continue
@@ -341,6 +341,7 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
             report = teardown_instance(client, _FanOut(src.where(instance_id=instance_id, label=label)),
                                        run_id=run_id, label=label, instance_id=instance_id,
                                        interval_s=spec.proof_interval_s, deadline=deadline,
+                                       lag_window_s=spec.timings.read_lag_window_s,
                                        created_mono=None if age_s is None else time.monotonic() - age_s,
                                        seen=age_s is None)
             result.reports.append(report)

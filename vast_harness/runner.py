@@ -56,8 +56,6 @@ from vast_harness.hostwork import PULL_GRACE_SHARE, HostWork
 from vast_harness.instancereads import InstanceReads
 from vast_harness.ledger import Ledger, new_run_id
 from vast_harness.lifecycle import (
-    READ_LAG_WINDOW_S,
-    SIM_READ_LAG_WINDOW_S,
     CreateRequest,
     InstanceTeardown,
     create,
@@ -80,6 +78,7 @@ from vast_harness.ssh import (
     RunKey,
     endpoints_for,
     generate_run_key,
+    run_key_dir_prefix,
 )
 
 MAX_UNAVAILABLE_REPICKS = 3
@@ -171,8 +170,8 @@ class GuardedRun:
         self.guard: _SignalGuard | None = None
         # How long one instance's delete + absence proof may take before it is declared unproven (exit 3).
         self.teardown_budget_s = teardown_budget_s(spec.proof_interval_s)
-        # Reads may not see an instance this long after its create (lifecycle.READ_LAG_WINDOW_S).
-        self.read_lag_window_s = SIM_READ_LAG_WINDOW_S if spec.sim else READ_LAG_WINDOW_S
+        # Reads may not see an instance this long after its create (Timings.read_lag_window_s).
+        self.read_lag_window_s = spec.timings.read_lag_window_s
         # Set by `cancel` from another thread; checked wherever the cap deadline is, and by a running step.
         self.cancelled = threading.Event()
         self.cancel_reason, self.cancel_exit_code = "", ExitCode.CAP_REACHED
@@ -216,7 +215,7 @@ class GuardedRun:
         guard = self.guard = _SignalGuard(self.out)
         code, message = ExitCode.FAILED, ""
         key: RunKey | None = None
-        with guard, tempfile.TemporaryDirectory(prefix=self.ledger.key_dir_prefix(self.run_id)) as key_dir:
+        with guard, tempfile.TemporaryDirectory(prefix=run_key_dir_prefix(self.run_id)) as key_dir:
             self.out.start_view(self._snapshot)
             try:
                 self.phases.start("plan")
@@ -254,7 +253,7 @@ class GuardedRun:
         return HarnessResult(run_id=self.run_id, exit_code=code, message=message)
 
     def _check_minimum_cap(self) -> None:
-        minimum_s = minimum_cap_s(teardown_margin_s=self.spec.teardown_margin_s, sim=self.spec.sim)
+        minimum_s = minimum_cap_s(self.spec.timings)
         if self.spec.max_seconds < minimum_s:
             raise ConfigError(
                 f"--max-minutes {self.spec.caps.max_minutes:g} cannot cover boot and teardown: the minimum is "
@@ -607,7 +606,7 @@ class GuardedRun:
             driver_qualified=cand.driver_qualified if cand else None, any_driver=spec.any_driver,
             caps=RecordCaps(max_usd=spec.caps.max_usd, max_minutes=spec.caps.max_minutes,
                             teardown_margin_s=spec.teardown_margin_s,
-                            minimum_cap_s=minimum_cap_s(teardown_margin_s=spec.teardown_margin_s, sim=spec.sim)),
+                            minimum_cap_s=minimum_cap_s(spec.timings)),
             worst_case_usd=cand.quote.worst_case_usd if cand else None,
             accrued_usd=round(self.meter.accrued_usd(), 6), over_cap=self.meter.over_cap(),
             bytes=ByteCounts(uploaded=self.meter.bytes_up, downloaded=self.meter.bytes_down),

@@ -44,6 +44,10 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
 
 RUN_KEY_COMMENT = "vh-run"
+# A run's one-time key lives in a temp dir named `vh-key-<pid>-<run id>-<random>`: the pid lets `reap` tell a
+# killed run's key from a live run's. Made (run_key_dir_prefix) and read (run_key_dir_pid) here only.
+RUN_KEY_DIR_GLOB = "vh-key-*"
+_RUN_KEY_DIR_PID = re.compile(r"^vh-key-(\d+)-")
 KEEPALIVE_INTERVAL_S = 15
 _RECV_CHUNK_BYTES = 32768
 # A flooding command never lets `recv_ready` go false: read at most this much per turn, then look at the clock.
@@ -128,6 +132,17 @@ class RunKey:
 
     def __exit__(self, *exc: object) -> None:
         self.delete()
+
+
+def run_key_dir_prefix(run_id: str, pid: int | None = None) -> str:
+    """Prefix of run `run_id`'s one-time key directory (the temp dir adds a random tail); pid: this process's."""
+    return f"vh-key-{os.getpid() if pid is None else pid}-{run_id}-"
+
+
+def run_key_dir_pid(name: str) -> int | None:
+    """The pid of the run whose key directory is named `name`; None for a name without one (older runs')."""
+    found = _RUN_KEY_DIR_PID.match(name)
+    return int(found.group(1)) if found else None
 
 
 def generate_run_key(dirpath: Path | None = None) -> RunKey:
@@ -645,5 +660,7 @@ __all__ = [
     "TreePull",
     "endpoints_for",
     "generate_run_key",
+    "run_key_dir_pid",
+    "run_key_dir_prefix",
     "shell_with_env",
 ]

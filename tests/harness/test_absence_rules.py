@@ -22,6 +22,7 @@ from vast_harness.lifecycle import (
     prove_absent,
     teardown_instance,
 )
+from vast_harness.timings import Timings
 
 ID, LABEL = 42, "vh-run42"
 LIVE = {"id": ID, "label": LABEL, "actual_status": "running", "intended_status": "running"}
@@ -235,7 +236,8 @@ class Ledger:
 
 def _teardown(client: VastClient, clock: FakeClock, ledger: Ledger, *, budget_s: float = 60.0, **kw: Any):
     return teardown_instance(client, ledger, run_id="r1", label=LABEL, instance_id=ID, interval_s=2.0,
-                             deadline=clock() + budget_s, sleep=clock.sleep, clock=clock, **kw)
+                             deadline=clock() + budget_s, sleep=clock.sleep, clock=clock,
+                             lag_window_s=Timings.real().read_lag_window_s, **kw)
 
 
 def test_delete_then_two_gone_rounds(api, client, fake_clock) -> None:

@@ -46,8 +46,8 @@ def make_spec(sim: SimServer, tmp_path: Path, steps: list[Step], *, max_minutes:
     spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05)
     prof = spec.profile.model_copy(update={"steps": steps})
     caps = spec.caps.model_copy(update={"max_minutes": max_minutes} | ({"max_usd": max_usd} if max_usd else {}))
-    return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
-                                   "teardown_margin_s": 2.0, "caps": caps} | overrides)
+    return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY), "caps": caps}
+                           ).with_timings(teardown_margin_s=2.0, **overrides)
 
 
 def execute(run: GuardedRun, *, within_s: float):
@@ -331,7 +331,7 @@ def test_time_cap_below_boot_plus_teardown_is_refused_before_renting(sim, tmp_pa
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
         result = execute(run, within_s=20)
-    minimum_s = minimum_cap_s(teardown_margin_s=spec.teardown_margin_s, sim=True)
+    minimum_s = minimum_cap_s(spec.timings)
     assert result.exit_code == 2 and "minimum" in result.message and f"{minimum_s / 60:.3g} min" in result.message
     assert len(sim.state()["instances"]) == before and not run.created
 

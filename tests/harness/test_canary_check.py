@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _spec(sim: SimServer, tmp_path: Path, **kw):
     spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.2,
                    max_usd=0.10, **kw)
-    return spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY), "teardown_margin_s": 2.0})
+    return spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)}).with_timings(teardown_margin_s=2.0)
 
 
 def test_the_canary_measures_a_read_lag_of_3_s_and_leaves_nothing(tmp_path):

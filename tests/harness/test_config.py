@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from vast_harness.config import load_profile, mask_env, parse_remote_env, read_api_key, resolve
+from vast_harness.client import VastClient
+from vast_harness.config import load_driver_policy, load_profile, mask_env, parse_remote_env, read_api_key, resolve
 from vast_harness.errors import ConfigError
+from vast_harness.meter import minimum_cap_s, teardown_budget_s
+from vast_harness.output import Output
+from vast_harness.runner import GuardedRun
+from vast_harness.timings import Timings
 
 
 @pytest.fixture
@@ -209,3 +216,79 @@ def test_a_bad_profile_file_is_refused_before_anything_is_rented(tmp_path, edit,
     with pytest.raises(ConfigError) as err:
         resolve(profile=str(path), sim=True, dry_run=True, environ={}, evidence_dir=tmp_path / "ev")
     assert needle in str(err.value)
+
+
+# ------------------------------------------------------------------------------------ the timing table
+
+
+def test_the_two_timing_tables_set_the_same_fields_and_describe_both_values():
+    real, sim = Timings.real(), Timings.sim()
+    fields = set(Timings.model_fields)
+    assert real.model_fields_set == sim.model_fields_set == fields  # no value left to a shared default
+    for name, info in Timings.model_fields.items():
+        text = info.description or ""
+        # each field's description states both values, so the table and its reasons cannot drift apart
+        assert re.search(rf"Vast: {getattr(real, name):g}\b", text), (name, text)
+        assert re.search(rf"Simulator: {getattr(sim, name):g}\b", text), (name, text)
+
+
+@pytest.mark.parametrize(("sim", "table"), [(True, Timings.sim()), (False, Timings.real())], ids=["sim", "real"])
+def test_a_resolved_spec_carries_its_targets_table(tmp_path, key_file, sim, table):
+    spec = resolve(profile="smoke", sim=sim, key_file=None if sim else key_file, environ={}, dry_run=True,
+                   state_dir=tmp_path)
+    assert spec.timings == table
+    assert (spec.proof_interval_s, spec.teardown_margin_s, spec.poll_s, spec.deadman_grace_s, spec.pacing_scale) == (
+        table.proof_interval_s, table.teardown_margin_s, table.poll_s, table.deadman_grace_s, table.pacing_scale)
+    assert minimum_cap_s(spec.timings) == table.min_boot_s + table.teardown_margin_s
+    # what the run derives from them (the meter's margin, the read-lag window, the teardown budget)
+    with VastClient("k", base_url="http://127.0.0.1:9") as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+    assert run.meter.teardown_margin_s == table.teardown_margin_s
+    assert run.read_lag_window_s == table.read_lag_window_s
+    assert run.teardown_budget_s == teardown_budget_s(table.proof_interval_s)
+
+
+@pytest.mark.parametrize("sim", [True, False], ids=["sim", "real"])
+def test_timing_flags_win_over_the_table(tmp_path, key_file, sim):
+    table = Timings.sim() if sim else Timings.real()
+    spec = resolve(profile="smoke", sim=sim, key_file=None if sim else key_file, environ={}, dry_run=True,
+                   state_dir=tmp_path, api_url="http://127.0.0.1:9", proof_interval_s=0.05, poll_s=0.3,
+                   pacing_scale=0.02)
+    assert spec.timings == table.model_copy(update={"proof_interval_s": 0.05, "poll_s": 0.3, "pacing_scale": 0.02})
+
+
+def test_a_spec_copy_refuses_a_timing_it_would_drop_and_with_timings_validates(tmp_path):
+    spec = resolve(profile="smoke", sim=True, environ={}, dry_run=True, state_dir=tmp_path)
+    with pytest.raises(TypeError, match="poll_s"):
+        spec.model_copy(update={"poll_s": 3600.0})  # not a field: pydantic would drop it without a word
+    assert spec.with_timings(poll_s=3600.0).poll_s == 3600.0 and spec.poll_s == Timings.sim().poll_s
+    with pytest.raises(ValidationError):
+        spec.with_timings(teardown_margin_s=-1.0)
+    with pytest.raises(ValidationError):
+        spec.with_timings(poll_margin_s=1.0)
+
+
+def test_the_embedded_simulator_boots_and_paces_as_the_sim_table_says(tmp_path, monkeypatch):
+    import vast_harness.sim as sim_pkg
+    from vast_harness import cli
+
+    started: dict = {}
+
+    class Recorder:
+        url = "http://127.0.0.1:9"
+
+        def __init__(self, **kwargs) -> None:
+            started.update(kwargs)
+
+        def __enter__(self) -> Recorder:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    monkeypatch.setattr(sim_pkg, "SimServer", Recorder)
+    spec = resolve(profile="smoke", sim=True, environ={}, dry_run=True, state_dir=tmp_path)
+    with cli._api_target(spec) as target:
+        assert target.api_url == Recorder.url and target.pacing_scale == Timings.sim().pacing_scale
+    assert started["boot_seconds"] == Timings.sim().min_boot_s
+    assert started["rate_scale"] == Timings.sim().pacing_scale

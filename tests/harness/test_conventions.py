@@ -118,8 +118,8 @@ def test_unqualified_ok_turns_exit_4_into_0_and_the_record_still_says_unqualifie
         spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / f"ev{ok}", any_driver=True,
                        unqualified_ok=ok, proof_interval_s=0.05)
         prof = spec.profile.model_copy(update={"steps": [Step(name="ok", run="true", timeout_s=20)]})
-        spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
-                                       "teardown_margin_s": 2.0})
+        spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY)}
+            ).with_timings(teardown_margin_s=2.0)
         with VastClient(KEY, base_url=sim.url, pacing_scale=0.01) as client:
             run = GuardedRun(spec, client, nobody_qualified, Output(quiet=True))
             codes[ok] = run.execute().exit_code

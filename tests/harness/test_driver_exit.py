@@ -27,8 +27,8 @@ def _spec(sim: SimServer, tmp_path: Path, *, any_driver: bool) -> RunSpec:
     spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
                    any_driver=any_driver)
     prof = spec.profile.model_copy(update={"steps": OK})
-    return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
-                                   "teardown_margin_s": 2.0})
+    return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY)}
+        ).with_timings(teardown_margin_s=2.0)
 
 
 def _run(sim: SimServer, spec: RunSpec, drivers: DriverPolicy) -> tuple[GuardedRun, int, dict]:

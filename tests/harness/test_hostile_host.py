@@ -33,8 +33,8 @@ def sim():
 def spec_with_steps(sim: SimServer, tmp_path: Path, *steps: Step):
     spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05)
     prof = spec.profile.model_copy(update={"steps": list(steps)})
-    return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
-                                   "teardown_margin_s": 2.0})
+    return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY)}
+        ).with_timings(teardown_margin_s=2.0)
 
 
 def _check(directory: Path) -> subprocess.CompletedProcess[str]:

@@ -30,7 +30,7 @@ def _run(sim: SimServer, tmp_path: Path, profiles_dir: Path | None = None, remot
     kw = {"profiles_dir": profiles_dir} if profiles_dir else {}
     spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
                    remote_env=remote_env or [], remote_secret=remote_secret or [], **kw, **flags)
-    spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY), "teardown_margin_s": 2.0})
+    spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)}).with_timings(teardown_margin_s=2.0)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
         result = run.execute()
@@ -97,8 +97,8 @@ def test_a_step_that_prints_a_secret_has_it_masked_and_a_setting_shown(sim, tmp_
     prof = spec.profile.model_copy(update={"steps": [Step(
         name="leak", run='echo token=$VH_PRIVATE_TOKEN short=$SHORT; echo "$MULTI"; echo "attention backend: $BAR"; '
                          'echo "$MULTI" > evidence/multi.txt; echo hi > "evidence/f-$SHORT.txt"', timeout_s=30)]})
-    spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
-                                   "teardown_margin_s": 2.0})
+    spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY)}
+        ).with_timings(teardown_margin_s=2.0)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output())
         result = run.execute()

@@ -90,7 +90,8 @@ def test_no_put_without_a_durable_intent(tmp_path, disk, mode):
         put = router.put(url__regex=r"/api/v0/asks/\d+/").mock(return_value=httpx.Response(200, json={
             "success": True, "new_contract": 7}))
         with VastClient(VAST_TEST_KEY, base_url=VAST_TEST_BASE) as client, pytest.raises(LedgerWriteError):
-            create(client, ledger, run_id="r", offer_id=5, request=CreateRequest(image="img", disk=8, label="vh-r", onstart=""))
+            create(client, ledger, run_id="r", offer_id=5, lag_window_s=30.0,
+                   request=CreateRequest(image="img", disk=8, label="vh-r", onstart=""))
         assert not put.called
 
 

@@ -12,14 +12,13 @@ import pytest
 from tests.harness.conftest import FakeClock
 from vast_harness.errors import CapReachedError
 from vast_harness.meter import (
-    MIN_BOOT_S,
-    MIN_BOOT_S_SIM,
     TEARDOWN_MIN_S,
     CostMeter,
     finite_positive,
     minimum_cap_s,
     teardown_budget_s,
 )
+from vast_harness.timings import Timings
 
 T0 = 1000.0  # the fake clock's start
 
@@ -32,8 +31,9 @@ def meter(clock: FakeClock, *, max_usd: float = 1.0, max_seconds: float = 600.0,
 
 
 def test_minimum_cap_is_boot_plus_margin() -> None:
-    assert minimum_cap_s(teardown_margin_s=120.0, sim=False) == MIN_BOOT_S + 120.0
-    assert minimum_cap_s(teardown_margin_s=15.0, sim=True) == MIN_BOOT_S_SIM + 15.0
+    assert minimum_cap_s(Timings.real()) == 60.0 + 120.0
+    assert minimum_cap_s(Timings.sim()) == 1.0 + 15.0
+    assert minimum_cap_s(Timings.sim().model_copy(update={"teardown_margin_s": 2.0})) == 1.0 + 2.0
 
 
 @pytest.mark.parametrize(("interval_s", "budget_s"), [(0.0, TEARDOWN_MIN_S), (0.5, 4.0 + TEARDOWN_MIN_S),

@@ -88,7 +88,7 @@ def test_markup_in_step_output_server_message_and_path_does_not_change_the_run(s
     prof = spec.profile.model_copy(update={"steps": [Step(name="echo", run=f"echo '{MARKUP}'; echo '{MARKUP}' >&2",
                                                           timeout_s=20)], "boot_retries": 1})
     spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
-                                   "teardown_margin_s": 2.0, "boot_retries": 1})
+                                   "boot_retries": 1}).with_timings(teardown_margin_s=2.0)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, transport=MarkupStatus()) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output())
         result = run.execute()

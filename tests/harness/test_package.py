@@ -20,7 +20,7 @@ def test_exported_members_match_all():
                "endpoints", "deadman", "check", "canary",
                "cliopts", "hostdata", "redact", "progress", "htmlparts", "timeline", "runs", "logs", "costs", "runfacts",
 
-               "registry", "servertime", "statedir", "status"}
+               "registry", "servertime", "statedir", "status", "timings"}
     assert exported - modules == set(vast_harness.__all__)
 
 

@@ -19,6 +19,7 @@ from vast_harness.ledger import Ledger
 from vast_harness.output import Output
 from vast_harness.reap import reap_all, remove_stale_key_dirs
 from vast_harness.sim import SimServer
+from vast_harness.ssh import run_key_dir_prefix
 
 SCALE = 0.01
 KEY = "sim-reap-key"
@@ -107,11 +108,12 @@ def _dead_pid() -> int:
 
 
 def test_key_dirs_of_killed_runs_are_removed(tmp_path):
-    dead = tmp_path / f"vh-key-{_dead_pid()}-20250101T000000Z-abc123-x1"
-    mine = tmp_path / f"vh-key-{os.getpid()}-20250101T000000Z-def456-x2"
-    legacy_old, legacy_new = tmp_path / "vh-key-oldabcde", tmp_path / "vh-key-newabcde"
-    for d in (dead, mine, legacy_old, legacy_new):
+    dead = Path(tempfile.mkdtemp(prefix=run_key_dir_prefix("20250101T000000Z-abc123", pid=_dead_pid()), dir=tmp_path))
+    mine = Path(tempfile.mkdtemp(prefix=run_key_dir_prefix("20250101T000000Z-def456"), dir=tmp_path))
+    legacy_old, legacy_new = tmp_path / "vh-key-oldabcde", tmp_path / "vh-key-newabcde"  # before the pid was in it
+    for d in (legacy_old, legacy_new):
         d.mkdir()
+    for d in (dead, mine, legacy_old, legacy_new):
         (d / "id_ed25519").write_text("PRIVATE")
     os.utime(legacy_old, (0, 0))
     removed = remove_stale_key_dirs(tmp_path)
@@ -123,7 +125,6 @@ def test_reap_removes_key_dirs(sim, tmp_path, monkeypatch):
     keys = tmp_path / "tmp"
     keys.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(keys))
-    dead = keys / f"vh-key-{_dead_pid()}-run-x"
-    dead.mkdir()
+    dead = Path(tempfile.mkdtemp(prefix=run_key_dir_prefix("run", pid=_dead_pid()), dir=keys))
     assert reap(sim, spec_for(sim, tmp_path)) == 0
     assert not dead.exists()

@@ -126,7 +126,8 @@ def fresh_run(tmp_path_factory) -> Path:
         steps = [Step(name="warm-up", run="sleep 1; echo warm", timeout_s=30),
                  Step(name="sweep", run="sleep 2; echo swept", timeout_s=30)]
         spec = spec.model_copy(update={"profile": spec.profile.model_copy(update={"steps": steps}),
-                                       "api_url": sim.url, "api_key": SecretStr(key), "teardown_margin_s": 2.0})
+                                       "api_url": sim.url, "api_key": SecretStr(key)}
+                                           ).with_timings(teardown_margin_s=2.0)
         with VastClient(key, base_url=sim.url, pacing_scale=0.01) as client:
             run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
             assert run.execute().exit_code in (0, 4)

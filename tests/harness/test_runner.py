@@ -35,8 +35,8 @@ def make_spec(sim: SimServer, tmp_path: Path, steps: list[Step], **overrides) ->
     spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
                    remote_secret=["SECRET_TOKEN=hunter2-value"], remote_env=["BACKEND=flash"])
     prof = spec.profile.model_copy(update={"steps": steps, **overrides.pop("profile", {})})
-    return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
-                                   "teardown_margin_s": 2.0} | overrides)
+    return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY)} | overrides
+                           ).with_timings(teardown_margin_s=2.0)
 
 
 def run(sim: SimServer, spec: RunSpec):
@@ -213,8 +213,8 @@ def test_signal_mid_step_tears_down_and_exits_130(sim, tmp_path, signum):
 
 def test_second_ctrl_c_does_not_skip_teardown(sim, tmp_path, capsys):
     # A 1.5 s proof interval keeps teardown busy long enough for the second signal to land inside it.
-    spec = make_spec(sim, tmp_path, [Step(name="wait", run="sleep 20", timeout_s=30)]).model_copy(
-        update={"proof_interval_s": 1.5})
+    spec = make_spec(sim, tmp_path, [Step(name="wait", run="sleep 20", timeout_s=30)]).with_timings(
+        proof_interval_s=1.5)
     timers = [threading.Timer(t, lambda: os.kill(os.getpid(), signal.SIGINT)) for t in (1.5, 2.3)]
     for t in timers:
         t.start()

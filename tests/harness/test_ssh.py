@@ -14,6 +14,7 @@ import os
 import socket
 import stat
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -28,12 +29,15 @@ from tests.harness.netproxy import TcpProxy
 from vast_harness.errors import HarnessError, SshConnectError, TransferAbandoned
 from vast_harness.models import Instance
 from vast_harness.ssh import (
+    RUN_KEY_DIR_GLOB,
     ConnectAttempt,
     HostSession,
     RunKey,
     SshEndpoint,
     endpoints_for,
     generate_run_key,
+    run_key_dir_pid,
+    run_key_dir_prefix,
 )
 
 # ---------------------------------------------------------------------------------------------------
@@ -324,6 +328,21 @@ def test_run_key__context_manager_deletes(tmp_path: Path) -> None:
     with generate_run_key(tmp_path) as key:
         assert key.path.exists()
     assert not key.path.exists()
+
+
+@pytest.mark.parametrize("run_id", ["20250101T000000Z-abc123", "9-starts-with-a-digit", "x"])
+def test_run_key_dir__the_pid_round_trips_through_the_temp_dir_name(tmp_path: Path, run_id: str) -> None:
+    made = Path(tempfile.mkdtemp(prefix=run_key_dir_prefix(run_id, pid=4321), dir=tmp_path))
+    assert made.match(RUN_KEY_DIR_GLOB) and run_key_dir_pid(made.name) == 4321
+    own = Path(tempfile.mkdtemp(prefix=run_key_dir_prefix(run_id), dir=tmp_path))
+    assert own.name.startswith(f"vh-key-{os.getpid()}-{run_id}-") and run_key_dir_pid(own.name) == os.getpid()
+
+
+@pytest.mark.parametrize("name", ["vh-key-abcd1234", "vh-key-12345678", "vh-key--1-run-x", "vh-keyx-12-run-y",
+                                  "other-12-run-z"])
+def test_run_key_dir__a_name_without_a_pid_has_none(name: str) -> None:
+    # older runs' dirs (`vh-key-<random>`, no pid) and other names: reap ages them out instead
+    assert run_key_dir_pid(name) is None
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -49,8 +49,8 @@ def test_hostile_step_output_reaches_the_console_escaped_and_the_log_as_sent(sim
     run_cmd = f"printf '{printf}exit 0: passed\\n'; printf '\\x1b]52;c;c2VjcmV0\\x07\\n' >&2"
     spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05)
     prof = spec.profile.model_copy(update={"steps": [Step(name="hostile", run=run_cmd, timeout_s=20)]})
-    spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
-                                   "teardown_margin_s": 2.0})
+    spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY)}
+        ).with_timings(teardown_margin_s=2.0)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output())
         result = run.execute()

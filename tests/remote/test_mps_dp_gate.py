@@ -23,6 +23,8 @@ def _worker(rank: int, port: int, outcomes: list, queue) -> None:
         outcome = outcomes[rank]
         if outcome == "not-attached":
             raise mps.MpsNotAttached(f"rank {rank}: CU_DEVICE_ATTRIBUTE_MPS_ENABLED is 0")
+        if outcome == "daemon-unreachable":
+            raise mps.MpsError(f"rank {rank}: the control daemon does not answer")
         return {"mode": outcome, "pid": os.getpid(), "role": role, "rank": rank}
 
     mps.attach_current_process = fake_attach  # the real one needs a GPU and a daemon
@@ -53,10 +55,12 @@ def test_ranks_that_agree_pass():
     assert _run(["on", "on"]) == {0: ("ok", "on"), 1: ("ok", "on")}
 
 
-@pytest.mark.parametrize("odd", ["off", "not-attached"])
+@pytest.mark.parametrize("odd", ["off", "not-attached", "daemon-unreachable"])
 def test_a_disagreeing_rank_stops_every_rank_and_is_named(odd):
     results = _run(["on", odd])
     for rank in range(WORLD):
         status, detail = results[rank]
         assert status == "error", results
         assert "ranks [1] differ" in detail and "rank 1:" in detail
+        if odd == "daemon-unreachable":  # an MpsError is reported like a missing attachment, never a hang
+            assert "rank 1: MpsError: rank 1: the control daemon does not answer" in detail

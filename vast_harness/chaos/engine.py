@@ -183,7 +183,7 @@ def chaos_spec(*, api_url: str, evidence_dir: Path, steps: list[Step], max_minut
                    max_minutes=max_minutes, dry_run=True)  # the run itself checks its evidence dir (disk kinds)
     profile = base.profile.model_copy(update={"steps": steps, "boot_timeout_s": BOOT_TIMEOUT_S})
     return base.model_copy(update={"profile": profile, "api_url": api_url, "api_key": SecretStr(KEY),
-                                   "teardown_margin_s": TEARDOWN_MARGIN_S, "dry_run": False})
+                                   "dry_run": False}).with_timings(teardown_margin_s=TEARDOWN_MARGIN_S)
 
 
 def quote_cap_usd(spec: RunSpec, sim: SimServer, usd_factor: float) -> float:
