@@ -39,7 +39,7 @@ DEADLINE_FILE = ".vh-deadman.deadline"
 ARMED_FILE = ".vh-deadman.armed"
 LOG_FILE = ".vh-deadman.log"
 # The arm probe retries a 429/5xx/no answer, and a 200 that does not show the instance yet (reads lag creates:
-# READ_LAG_WINDOW_S is 30 s), this often, 2 s apart.
+# Timings.real().read_lag_window_s is 30 s), this often, 2 s apart.
 ARM_PROBE_ATTEMPTS = 20
 
 # Placeholders are @NAME@ (the script is full of shell and Python braces).

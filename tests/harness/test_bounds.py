@@ -47,7 +47,7 @@ def make_spec(sim: SimServer, tmp_path: Path, steps: list[Step], *, max_minutes:
     prof = spec.profile.model_copy(update={"steps": steps})
     caps = spec.caps.model_copy(update={"max_minutes": max_minutes} | ({"max_usd": max_usd} if max_usd else {}))
     return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY), "caps": caps}
-                           ).with_timings(teardown_margin_s=2.0, **overrides)
+                           ).with_timings(**{"teardown_margin_s": 2.0} | overrides)
 
 
 def execute(run: GuardedRun, *, within_s: float):
