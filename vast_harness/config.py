@@ -595,7 +595,7 @@ class RunSpec(BaseModel):
         """This spec with some timings replaced, validated (tests and chaos scale the clocks down)."""
         return self.model_copy(update={"timings": Timings.model_validate(self.timings.model_dump() | changes)})
 
-    # The timings every phase reads, by their old names: one value each, in `timings`.
+    # Shorthands for the `timings` the phases read; not fields of their own (with_timings changes them).
     @property
     def proof_interval_s(self) -> float:
         return self.timings.proof_interval_s
