@@ -122,7 +122,10 @@ def main_command(
         with _api_target(spec) as target, _client(target) as client:
             if target.dry_run:
                 from vast_harness.bundle import build_bundle
+                from vast_harness.meter import check_minimum_cap
                 from vast_harness.plan import plan_run
+
+                check_minimum_cap(target.caps.max_minutes, target.timings)  # the run would refuse it: so does the preview
 
                 out.plan(plan_run(target, client, drivers, build_bundle()))
                 return 0

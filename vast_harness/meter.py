@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
-from vast_harness.errors import CapReachedError
+from vast_harness.errors import CapReachedError, ConfigError
 from vast_harness.timings import Timings
 
 BYTES_PER_GB = 1e9
@@ -35,6 +35,17 @@ CAP_CUT_SLACK_S = 0.05
 def minimum_cap_s(timings: Timings) -> float:
     """The shortest time cap a run can keep: boot allowance + teardown margin. The one place it is computed."""
     return timings.min_boot_s + timings.teardown_margin_s
+
+
+def check_minimum_cap(max_minutes: float, timings: Timings) -> None:
+    """Refuse (ConfigError, exit 2) a time cap that cannot cover boot and teardown: before any rent, and in a
+    --dry-run too, so the preview never shows a plan the run would refuse."""
+    minimum_s = minimum_cap_s(timings)
+    if max_minutes * 60.0 < minimum_s:
+        raise ConfigError(
+            f"--max-minutes {max_minutes:g} cannot cover boot and teardown: the minimum is "
+            f"{minimum_s / 60:.3g} min ({timings.min_boot_s:g} s to boot + {timings.teardown_margin_s:g} s "
+            "teardown margin); nothing rented")
 
 
 def teardown_budget_s(proof_interval_s: float) -> float:

@@ -63,7 +63,7 @@ from vast_harness.lifecycle import (
     teardown_instance,
     wait_ready,
 )
-from vast_harness.meter import CostMeter, minimum_cap_s, teardown_budget_s
+from vast_harness.meter import CostMeter, check_minimum_cap, minimum_cap_s, teardown_budget_s
 from vast_harness.models import Instance
 from vast_harness.offers import Candidate
 from vast_harness.onstart import build_onstart
@@ -219,7 +219,7 @@ class GuardedRun:
             self.out.start_view(self._snapshot)
             try:
                 self.phases.start("plan")
-                self._check_minimum_cap()
+                check_minimum_cap(self.spec.caps.max_minutes, self.spec.timings)
                 check_evidence_dir(self.spec.evidence_dir)  # a full or read-only evidence dir: rent nothing
                 self._register()  # before anything is rented: from now on a reap sees this run as live
                 bundle = build_bundle()
@@ -251,14 +251,6 @@ class GuardedRun:
                     if self.registration is not None:
                         self.registration.release()  # the run is over: a reap may now judge what is left
         return HarnessResult(run_id=self.run_id, exit_code=code, message=message)
-
-    def _check_minimum_cap(self) -> None:
-        minimum_s = minimum_cap_s(self.spec.timings)
-        if self.spec.max_seconds < minimum_s:
-            raise ConfigError(
-                f"--max-minutes {self.spec.caps.max_minutes:g} cannot cover boot and teardown: the minimum is "
-                f"{minimum_s / 60:.3g} min ({minimum_s - self.spec.teardown_margin_s:g} s to boot + "
-                f"{self.spec.teardown_margin_s:g} s teardown margin); nothing rented")
 
     def cap_deadline_unix(self) -> tuple[float, str]:
         """When the time cap ends this run, on the API server's clock once it has answered (else the wall
