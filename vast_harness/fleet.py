@@ -267,17 +267,26 @@ def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
                "stop_reason": fleet.stop_reason or None, "message": fleet.message or None,
                "fleet_ledger_write_failures": fleet.ledger.write_failures, "cap_events": fleet.cap_events,
                "sim": base.sim, "preflight": pre.summary(), "exit_precedence": [int(c) for c in PRECEDENCE]}
-    report = write_fleet_report(fleet.dir, fleet.fleet_id, rows, summary)
+    report: Path | None
+    try:
+        report = write_fleet_report(fleet.dir, fleet.fleet_id, rows, summary)
+    except OSError as exc:  # a full or read-only disk: every run has ended and torn down; say what is missing
+        report = None
+        lost = f"the fleet's result and report could not be written in {fleet.dir}: {exc.strerror or exc}"
+        fleet.message = f"{fleet.message}; {lost}" if fleet.message else lost
+        if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER):  # evidence incomplete is never a pass
+            code = ExitCode.FAILED
+        summary["exit_code"], summary["message"] = code, fleet.message
     print_table(out, rows, title=f"Fleet {fleet.fleet_id}: ranked by $ per million training tokens")
     if fleet.message:
         out.error(fleet.message)
     if out.json_mode:
         from dataclasses import asdict
 
-        out.emit_json(summary | {"report": str(report), "rows": [asdict(r) for r in rows]})
+        out.emit_json(summary | {"report": str(report) if report else None, "rows": [asdict(r) for r in rows]})
     else:
         color = "green" if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) else "red"
         out.out.print(line((f"fleet exit {code}", color),
                            f" (worst run by {'>'.join(str(int(c)) for c in PRECEDENCE)}); "
-                           f"accrued ${summary['accrued_usd']:.4f} of ${total_usd:.2f}; report {report}"))
+                           f"accrued ${summary['accrued_usd']:.4f} of ${total_usd:.2f}; report {report or 'not written'}"))
     return code

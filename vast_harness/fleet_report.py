@@ -132,10 +132,20 @@ def fleet_html(fleet_id: str, rows: list[FleetRow], summary: dict[str, Any]) -> 
 
 
 def write_fleet_report(fleet_dir: Path, fleet_id: str, rows: list[FleetRow], summary: dict[str, Any]) -> Path:
+    """fleet-result.json and report.html, each written whole or not at all (a temp file, then a rename);
+    OSError (a full or read-only disk) is the caller's to report."""
     doc = json_safe(summary | {"rows": [asdict(r) for r in rows]})  # strict JSON: a later ranking reads it
-    (fleet_dir / FLEET_RESULT_NAME).write_text(json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
+    _write_whole(fleet_dir / FLEET_RESULT_NAME, json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
     path = fleet_dir / FLEET_REPORT_NAME
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(fleet_html(fleet_id, rows, summary), encoding="utf-8")
-    tmp.replace(path)
+    _write_whole(path, fleet_html(fleet_id, rows, summary))
     return path
+
+
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -40,11 +40,12 @@ Sleep = Callable[[float], None]
 Clock = Callable[[], float]  # monotonic seconds (time.monotonic, or a test's fake clock)
 
 LINGERING_STATUSES = frozenset({"destroyed", "terminated"})  # vast-cli's instance_exist counts these as gone
-# HTTP statuses after which a create not found by label (through the lag window) counts as unresolved rather
-# than "not created". Empty: a 5xx is looked up by label until the window has passed, then the next offer is
-# tried, and the final sweep scans its label again. A 504 (the gateway gave up while the API may still be
-# working) is the arguable one; add it here to make such creates exit 3.
-UNKNOWN_OUTCOME_STATUSES: frozenset[int] = frozenset()
+# A 5xx answer to a create says nothing about what the API did (the contract may have been written before the
+# gateway failed). Not found by label through the lag window, it is *unresolved* (ledger create_unresolved,
+# exit 3, reap keeps looking), never "not created": an instance whose reads lag longer would otherwise bill
+# beside the next offer's, under a run that says exit 0 (found by the red team with a 45 s read lag).
+def _outcome_unknown(status: int) -> bool:
+    return status >= 500
 
 
 class CreateOutcome(BaseModel):
@@ -146,7 +147,7 @@ def create(
             return CreateOutcome(status="created_with_error", instance_id=exc.new_contract, detail=str(exc))
         ledger.append(run_id, "create_failed", label, offer_id=offer_id, detail=str(exc)[:300])
         # A 5xx may still have created (the contract was written before the gateway failed): look first.
-        return look(exc, unknown=exc.status in UNKNOWN_OUTCOME_STATUSES)
+        return look(exc, unknown=_outcome_unknown(exc.status))
     except TransportError as exc:
         ledger.append(run_id, "create_unknown", label, offer_id=offer_id, detail=str(exc)[:300])
         return look(exc, unknown=True)

@@ -503,12 +503,15 @@ class GuardedRun:
                                    instance_id=inst.instance_id, interval_s=self.spec.proof_interval_s,
                                    deadline=deadline, created_mono=inst.t_created_mono,
                                    lag_window_s=self.read_lag_window_s, seen=inst.seen, clock=self.clock)
-        inst.seen = report.seen
+        seen_before, inst.seen = inst.seen, report.seen
         acks = [d for d in report.deletes if d.acknowledged]
-        if acks and acks[0].outcome == "already_gone" and inst.seen:
+        ours = [d for d in acks if d.outcome == "deleted"]  # a DELETE of ours that deleted it
+        # "Already gone" is someone else's delete only for an instance a read had shown and that none of our
+        # DELETEs then deleted: a not-found answer while reads still lag the create is not (red team, 2026-12-01).
+        if acks and acks[0].outcome == "already_gone" and seen_before and not ours:
             self.reads.vanished(inst, "our first DELETE found it already gone")
-        if acks:
-            inst.t_deleted_mono = acks[0].t_ack_mono or self.clock()
+        if acks:  # billing ends at the DELETE that deleted it (else at the first that found it gone)
+            inst.t_deleted_mono = (ours or acks)[0].t_ack_mono or self.clock()
             self.meter.stop_instance(inst.instance_id, inst.t_deleted_mono)
         inst.absence = report.verdict
         self.book.torn_down(report)

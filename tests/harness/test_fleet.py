@@ -415,3 +415,35 @@ def test_a_full_disk_under_the_fleet_ledger_still_cancels_every_run_at_the_total
     failures = result["fleet_ledger_write_failures"]
     assert any(f.startswith("cancel:") for f in failures) and all("No space left" in f for f in failures)
     assert "fleet ledger" in result["message"]
+
+
+def test_a_fleet_result_that_cannot_be_written_is_said_and_never_a_traceback(sim, tmp_path, monkeypatch, capsys):
+    """Found by the red team on a 64 KiB tmpfs: fleet-result.json's write raised ENOSPC out of run_fleet (a
+    traceback, exit 1 from the crash, a 0-byte result). Now: said, the fleet's own verdict kept (a pass
+    becomes 1: its evidence is incomplete), every instance still gone, no half-written file."""
+    import errno
+
+    spec = base_spec(sim, tmp_path)
+    monkeypatch.setattr("vast_harness.fleet.new_fleet_id", lambda: FIXED_FLEET_ID)
+    real_write_text = Path.write_text
+
+    def full_disk(self, *args, **kwargs):
+        if self.name.startswith(("fleet-result.json", "fleet-report.html")):
+            real_write_text(self, "partial")  # the first bytes land, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    out = Output(json_mode=True, quiet=True)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        code = run_fleet(spec, GPUS[:2], client, load_driver_policy(), out, total_usd=2.0, per_run_usd=0.6,
+                         parallel=2)
+    assert code == 1
+    assert not live(sim)
+    fleet_dir = tmp_path / "ev" / FIXED_FLEET_ID
+    assert not (fleet_dir / "fleet-result.json").exists() and not list(fleet_dir.glob("*.tmp"))
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())  # the console wraps long lines
+    assert "could not be written" in err and "No space left on device" in err and "Traceback" not in err
+    summary = json.loads(captured.out)
+    assert summary["exit_code"] == 1 and summary["report"] is None

@@ -168,12 +168,33 @@ def test_a_5xx_create_that_created_is_found_by_label_and_only_one_bills(sim, tmp
     assert len(of_run(sim, r)) == 1 and r.created[0].status == "found_after_unknown"
 
 
-def test_a_5xx_create_that_created_nothing_moves_on(sim, tmp_path):
+def test_a_5xx_create_that_created_nothing_is_exit_3_and_rents_nothing_more(sim, tmp_path):
+    # A 5xx says nothing about what the API did: not found through the lag window, the create is unresolved
+    # (exit 3, reap keeps looking), and no second offer is rented beside what it may have created.
     sim.set_faults("5xx:create:1:502")
     r = guarded(sim, make_spec(sim, tmp_path, OK))
     result = execute(r)
-    assert result.exit_code == 0, result.message
-    assert len(of_run(sim, r)) == 1
+    assert result.exit_code == 3 and "create outcome unknown" in result.message, result.message
+    assert of_run(sim, r) == [] and not r.created
+    assert len(r.book.attempts) == 1 and r.book.unresolved == set(r.book.attempts)  # one PUT, left open
+
+
+def test_a_5xx_create_whose_reads_lag_past_the_window_never_bills_beside_a_second(sim, tmp_path):
+    # Found by the red team (create_5xx:1;read_lag:45:1 against the 30 s window): "nothing rented (not_created)",
+    # the next offer rented, both live at once, exit 0 with the first still billing. Here: lag 3 s, window 1 s.
+    sim.set_faults("create_5xx:1:503;read_lag:3:1")
+    spec = make_spec(sim, tmp_path, OK)
+    r = guarded(sim, spec)
+    result = execute(r)
+    rows = of_run(sim, r)
+    assert result.exit_code in (0, 3), result.message
+    assert len(rows) == 1, rows  # one create, one instance: never a second beside it
+    if result.exit_code == 0:  # the final sweep found it once the lag ended, deleted it, proved it gone
+        assert not rows[0]["live"]
+    time.sleep(3.5)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        assert reap_all(spec, client, Output(quiet=True)) == 0
+    assert [i["live"] for i in of_run(sim, r)] == [False]
 
 
 def test_a_silent_double_sale_is_ended_by_the_boot_deadline_and_the_next_machine_runs(sim, tmp_path):
@@ -345,3 +366,15 @@ def test_reap_never_calls_an_unresolved_create_absent_while_it_may_still_land(si
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         assert reap_all(r.spec, client, Output(quiet=True)) in (0, 3)
     assert not any(i["live"] for i in of_run(sim, r))
+
+
+def test_a_not_found_delete_while_reads_lag_is_not_someone_elses_delete(sim, tmp_path):
+    # Found by the red team (create_stopped:1;read_lag:40:1): the first DELETE met the lag (404), our second
+    # deleted it, and the run said "deleted by someone else" and gave up its boot retry. Here: lag 3 s.
+    sim.set_faults("create_stopped:1;read_lag:3:1")
+    r = guarded(sim, make_spec(sim, tmp_path, OK, boot_retries=1))
+    result = execute(r)
+    assert "someone else" not in result.message and not r.book.vanished, result.message
+    assert result.exit_code == 0, result.message  # the boot retry was spent on the next offer, which ran
+    assert len(r.created) == 2 and all(t.verdict == "gone" for t in r.teardowns)
+    assert not [i for i in of_run(sim, r) if i["live"]]
