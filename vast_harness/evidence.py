@@ -15,7 +15,7 @@ import hashlib
 import json
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -108,6 +108,8 @@ class HostKeyRecord(BaseModel):
 class AbsenceSummary(BaseModel):
     verdict: str  # gone | unproven | nothing-created
     per_instance: dict[int, str]
+    # creates whose outcome no read settled: an instance may exist that no teardown knows of (never "nothing")
+    unresolved_labels: list[str] = Field(default_factory=list)
 
 
 class PullRecord(BaseModel):
@@ -173,13 +175,14 @@ def manifest_line(digest: str, name: str) -> str:
     return f"\\{digest}  {escaped}"
 
 
-def overall_absence(teardowns: list[InstanceTeardown]) -> AbsenceSummary:
+def overall_absence(teardowns: list[InstanceTeardown], unresolved_labels: Iterable[str] = ()) -> AbsenceSummary:
     verdicts: dict[int, str] = {t.instance_id: t.verdict for t in teardowns}
-    if not verdicts:
-        verdict = "nothing-created"
+    unresolved = sorted(unresolved_labels)
+    if unresolved or any(v != "gone" for v in verdicts.values()):
+        verdict = "unproven"  # a create of unknown outcome may have made an instance that bills
     else:
-        verdict = "gone" if all(v == "gone" for v in verdicts.values()) else "unproven"
-    return AbsenceSummary(verdict=verdict, per_instance=verdicts)
+        verdict = "gone" if verdicts else "nothing-created"
+    return AbsenceSummary(verdict=verdict, per_instance=verdicts, unresolved_labels=unresolved)
 
 
 class StepLog:
@@ -298,7 +301,8 @@ class RunEvidence:
         self.write_json("absence-proof.json", {
             "interval_s": proof_interval_s,
             "instances": [t.model_dump() for t in teardowns],
-            "verdict": overall_absence(teardowns).verdict,
+            "verdict": record.absence.verdict,
+            "unresolved_labels": record.absence.unresolved_labels,
         })
         self.write_json("harness-result.json", record.model_dump(mode="json"))
         self.write_manifest()

@@ -239,7 +239,13 @@ def new_fleet_id() -> str:
 def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: DriverPolicy, out: Output, *,
               total_usd: float, per_run_usd: float, parallel: int, allow_overcommit: bool = False) -> ExitCode:
     """The whole `fleet` command after validation: preflight, (dry run stops), runs, report. Returns the exit."""
-    from vast_harness.fleet_report import build_rows, print_table, write_fleet_report
+    from vast_harness.fleet_report import (
+        FLEET_RESULT_NAME,
+        build_rows,
+        print_table,
+        write_fleet_report,
+        write_fleet_result,
+    )
 
     pre = preflight(base, gpus, client, drivers, build_bundle(), total_usd=total_usd, per_run_usd=per_run_usd,
                     allow_overcommit=allow_overcommit)
@@ -272,11 +278,21 @@ def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
         report = write_fleet_report(fleet.dir, fleet.fleet_id, rows, summary)
     except OSError as exc:  # a full or read-only disk: every run has ended and torn down; say what is missing
         report = None
-        lost = f"the fleet's result and report could not be written in {fleet.dir}: {exc.strerror or exc}"
-        fleet.message = f"{fleet.message}; {lost}" if fleet.message else lost
         if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER):  # evidence incomplete is never a pass
             code = ExitCode.FAILED
+        why, before = exc.strerror or str(exc), fleet.message
+
+        def said(what: str) -> str:
+            lost = f"the fleet's {what} could not be written in {fleet.dir}: {why}"
+            return f"{before}; {lost}" if before else lost
+
+        fleet.message = said("report")
         summary["exit_code"], summary["message"] = code, fleet.message
+        try:  # the result file (small) must say what the process says, or not exist
+            write_fleet_result(fleet.dir, rows, summary)
+        except OSError:
+            (fleet.dir / FLEET_RESULT_NAME).unlink(missing_ok=True)
+            fleet.message = summary["message"] = said("result and report")
     print_table(out, rows, title=f"Fleet {fleet.fleet_id}: ranked by $ per million training tokens")
     if fleet.message:
         out.error(fleet.message)

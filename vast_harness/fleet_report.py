@@ -134,11 +134,15 @@ def fleet_html(fleet_id: str, rows: list[FleetRow], summary: dict[str, Any]) -> 
 def write_fleet_report(fleet_dir: Path, fleet_id: str, rows: list[FleetRow], summary: dict[str, Any]) -> Path:
     """fleet-result.json and report.html, each written whole or not at all (a temp file, then a rename);
     OSError (a full or read-only disk) is the caller's to report."""
-    doc = json_safe(summary | {"rows": [asdict(r) for r in rows]})  # strict JSON: a later ranking reads it
-    _write_whole(fleet_dir / FLEET_RESULT_NAME, json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
+    write_fleet_result(fleet_dir, rows, summary)
     path = fleet_dir / FLEET_REPORT_NAME
     _write_whole(path, fleet_html(fleet_id, rows, summary))
     return path
+
+
+def write_fleet_result(fleet_dir: Path, rows: list[FleetRow], summary: dict[str, Any]) -> None:
+    doc = json_safe(summary | {"rows": [asdict(r) for r in rows]})  # strict JSON: a later ranking reads it
+    _write_whole(fleet_dir / FLEET_RESULT_NAME, json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
 
 
 def _write_whole(path: Path, text: str) -> None:

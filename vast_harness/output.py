@@ -363,7 +363,9 @@ class RunOutput(Output):
 
     def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
                teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None) -> None:
-        verdicts = ", ".join(f"{t.instance_id} {t.verdict}" for t in teardowns) or "nothing rented"
+        # exit 3 with no teardown: a create of unknown outcome, so "nothing rented" would be a claim it cannot make
+        verdicts = ", ".join(f"{t.instance_id} {t.verdict}" for t in teardowns) or (
+            "no instance seen yet" if code == ExitCode.NOT_PROVEN_GONE else "nothing rented")
         color = "green" if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) else "red"
         self.err.print(_line((self.tag, "cyan"), " ", (f"exit {code}", color),
                              f": {message}; {verdicts}; accrued ${accrued_usd:.4f}"

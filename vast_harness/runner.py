@@ -614,7 +614,7 @@ class GuardedRun:
             steps=self.steps, pull=self.pull,
             timings=self.timings | {"workload_steps_s": round(workload_s, 3)},
             phases=[r.model_copy() for r in self.phases.records],
-            absence=overall_absence(self.teardowns), api_calls=dataclasses.asdict(self.client.stats),
+            absence=overall_absence(self.teardowns, self.book.unresolved), api_calls=dataclasses.asdict(self.client.stats),
             evidence_write_failures=self._write_failures(),
             deadman=self.deadman.model_dump() if self.deadman else None,
             image_sent=spec.profile.image_ref.create_form,

@@ -417,7 +417,9 @@ def test_a_full_disk_under_the_fleet_ledger_still_cancels_every_run_at_the_total
     assert "fleet ledger" in result["message"]
 
 
-def test_a_fleet_result_that_cannot_be_written_is_said_and_never_a_traceback(sim, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("refused", [("fleet-result.json", "fleet-report.html"), ("fleet-report.html",)])
+def test_a_fleet_result_that_cannot_be_written_is_said_and_never_a_traceback(sim, tmp_path, monkeypatch, capsys,
+                                                                             refused):
     """Found by the red team on a 64 KiB tmpfs: fleet-result.json's write raised ENOSPC out of run_fleet (a
     traceback, exit 1 from the crash, a 0-byte result). Now: said, the fleet's own verdict kept (a pass
     becomes 1: its evidence is incomplete), every instance still gone, no half-written file."""
@@ -428,7 +430,7 @@ def test_a_fleet_result_that_cannot_be_written_is_said_and_never_a_traceback(sim
     real_write_text = Path.write_text
 
     def full_disk(self, *args, **kwargs):
-        if self.name.startswith(("fleet-result.json", "fleet-report.html")):
+        if self.name.startswith(refused):
             real_write_text(self, "partial")  # the first bytes land, then the disk is full
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write_text(self, *args, **kwargs)
@@ -441,9 +443,16 @@ def test_a_fleet_result_that_cannot_be_written_is_said_and_never_a_traceback(sim
     assert code == 1
     assert not live(sim)
     fleet_dir = tmp_path / "ev" / FIXED_FLEET_ID
-    assert not (fleet_dir / "fleet-result.json").exists() and not list(fleet_dir.glob("*.tmp"))
+    assert not list(fleet_dir.glob("*.tmp")) and not (fleet_dir / "fleet-report.html").exists()
     captured = capsys.readouterr()
     err = " ".join(captured.err.split())  # the console wraps long lines
     assert "could not be written" in err and "No space left on device" in err and "Traceback" not in err
     summary = json.loads(captured.out)
     assert summary["exit_code"] == 1 and summary["report"] is None
+    result = fleet_dir / "fleet-result.json"
+    if "fleet-result.json" in refused:
+        assert not result.exists() and "result and report could not be written" in summary["message"]
+    else:  # red team round 2: the result once said exit 0 while the process said 1 and "not written"
+        on_disk = json.loads(result.read_text())
+        assert on_disk["exit_code"] == 1 and on_disk["message"] == summary["message"]
+        assert "the fleet's report could not be written" in on_disk["message"]

@@ -6,6 +6,7 @@ Every test judges by the simulator's own record (live instances, what billed), n
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -177,6 +178,11 @@ def test_a_5xx_create_that_created_nothing_is_exit_3_and_rents_nothing_more(sim,
     assert result.exit_code == 3 and "create outcome unknown" in result.message, result.message
     assert of_run(sim, r) == [] and not r.created
     assert len(r.book.attempts) == 1 and r.book.unresolved == set(r.book.attempts)  # one PUT, left open
+    # the record never says "nothing created" while a create's outcome is unknown (red team, round 2)
+    res = json.loads((r.ev.dir / "harness-result.json").read_text())
+    proof = json.loads((r.ev.dir / "absence-proof.json").read_text())
+    assert res["absence"]["verdict"] == proof["verdict"] == "unproven"
+    assert res["absence"]["unresolved_labels"] == proof["unresolved_labels"] == sorted(r.book.attempts)
 
 
 def test_a_5xx_create_whose_reads_lag_past_the_window_never_bills_beside_a_second(sim, tmp_path):
