@@ -369,8 +369,10 @@ def teardown_instance(
         return created_mono + (lag_window_s if seen_now else max(lag_window_s, UNSEEN_TRUST_AFTER_S))
 
     while True:
+        # The DELETE's retries leave the proof its two rounds: a DELETE that never answers must not eat the
+        # whole budget and leave the reads no time to decide (jittered retries once did, at random).
         remaining = deadline - clock()
-        ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining), clock=clock)
+        ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining - 2 * interval_s), clock=clock)
         report.deletes.append(ack)
         if ack.acknowledged:
             ledger.append(run_id, "delete_ack", label, instance_id=instance_id, detail=ack.outcome)
