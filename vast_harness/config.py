@@ -6,6 +6,7 @@ the input is found here and raised as ConfigError naming the flag or field, befo
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -20,7 +21,7 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from vast_harness.apiurl import DEFAULT_API_URL, is_loopback_url, shown, validate_api_url
-from vast_harness.errors import ConfigError
+from vast_harness.errors import ConfigError, UnwritableDirError
 from vast_harness.models import pack_driver_version
 from vast_harness.redact import Redactor
 from vast_harness.resources import profiles_dir as _profiles_dir
@@ -508,9 +509,10 @@ def path_flag(flag: str, raw: str | Path | None) -> Path | None:
 
 
 _SYSTEM_DIRS = ("/proc", "/sys", "/dev")
+_NO_WRITES = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, None}
 
 
-def check_evidence_dir(path: Path, flag: str = "--evidence-dir") -> None:
+def check_evidence_dir(path: Path, flag: str = "--evidence-dir", consequence: str = "nothing was rented") -> None:
     """The evidence dir must be a writable directory with room, checked before anything is rented."""
     where = f"{flag} {shown(path)}"
     try:
@@ -533,7 +535,11 @@ def check_evidence_dir(path: Path, flag: str = "--evidence-dir") -> None:
             os.close(fd)
             os.unlink(probe)
     except OSError as exc:
-        raise ConfigError(f"{where} is not writable ({exc.strerror or exc}); nothing was rented") from None
+        # No room or no permission: the directory is right but takes no writes. Anything else (a name too long,
+        # a file on the path) is a wrong path, whoever asked.
+        if exc.errno in _NO_WRITES:
+            raise UnwritableDirError(f"{where} is not writable ({exc.strerror or exc}); {consequence}") from None
+        raise ConfigError(f"{where} cannot be used ({exc.strerror or exc}); choose another directory") from None
 
 
 def check_number(flag: str, value: float | None, *, low: float, high: float, low_inclusive: bool = True,
@@ -663,9 +669,11 @@ def resolve(
     state_dir: Path | None = None,
     environ: Mapping[str, str] | None = None,
     profiles_dir: Path = PROFILES_DIR,
+    check_dirs: bool = True,
 ) -> RunSpec:
     """Flags > environment (VAST_API_KEY, VAST_URL) > the user's config file > profile, validated. Raises
-    ConfigError naming the offending flag or field."""
+    ConfigError naming the offending flag or field. `check_dirs=False`: the caller checks the evidence and
+    state dirs itself (a reap goes on without them)."""
     environ = os.environ if environ is None else environ
     user, _ = UserConfig.load(environ)
     prof = load_profile(profile, profiles_dir)
@@ -737,7 +745,7 @@ def resolve(
     # lines must never make a reap of the real account exit 3.
     state = (state_dir or (user_state_dir(environ) / SIM_SUBDIR if sim else user_state_dir(environ))).expanduser()
     ev_dir = (evidence_dir or state).expanduser()  # never site-packages, never the current directory
-    if not dry_run:  # a run or a reap writes its ledger and evidence here: find out now, not after renting
+    if check_dirs and not dry_run:  # a run writes its ledger and evidence here: find out now, not after renting
         check_evidence_dir(ev_dir)
         if state != ev_dir:
             check_evidence_dir(state, f"the state directory (${STATE_ENV})")

@@ -112,6 +112,11 @@ class ConfigError(HarnessError):
     exit_code = ExitCode.BAD_INPUT
 
 
+class UnwritableDirError(ConfigError):
+    """An evidence or state directory that is fine as a path but takes no writes (full, read-only): a run
+    refuses it before renting; a reap warns and goes on deleting."""
+
+
 class LedgerWriteError(ConfigError):
     """The ledger could not be written whole and durably (disk full, read-only, short write).
 

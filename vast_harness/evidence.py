@@ -31,6 +31,17 @@ STEP_LOG_TAIL_BYTES = 2 * 1024 * 1024
 _T = TypeVar("_T")
 
 
+def write_whole(path: Path, text: str, errors: str = "strict") -> None:
+    """Write `path` whole or not at all: a full disk leaves the old file (or none), never a truncated one,
+    and no `.tmp` behind."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8", errors=errors)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 class StepRecord(BaseModel):
     name: str
     rc: int | None
@@ -274,14 +285,9 @@ class RunEvidence:
 
     def write_json(self, name: str, payload: Any) -> Path | None:
         path = self.dir / name
-        tmp = path.with_suffix(path.suffix + ".tmp")
 
         def write() -> Path:
-            try:
-                tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-                tmp.replace(path)  # never a half-written evidence file
-            finally:
-                tmp.unlink(missing_ok=True)
+            write_whole(path, json.dumps(payload, indent=2, default=str) + "\n")  # never a half-written file
             return path
 
         return self.guarded(name, write)
@@ -310,9 +316,10 @@ class RunEvidence:
     def write_manifest(self) -> None:
         def write() -> None:
             lines = []
-            for path in sorted(p for p in self.dir.rglob("*") if p.is_file() and p.name != "manifest.sha256"):
+            for path in sorted(p for p in self.dir.rglob("*")
+                               if p.is_file() and p.name not in ("manifest.sha256", "manifest.sha256.tmp")):
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
                 lines.append(manifest_line(digest, path.relative_to(self.dir).as_posix()))
-            (self.dir / "manifest.sha256").write_text("\n".join(lines) + "\n", errors="surrogateescape")
+            write_whole(self.dir / "manifest.sha256", "\n".join(lines) + "\n", errors="surrogateescape")
 
         self.guarded("manifest.sha256", write)

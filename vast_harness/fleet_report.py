@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vast_harness import svgplot, timeline
+from vast_harness.evidence import write_whole
 from vast_harness.hostdata import json_safe
 from vast_harness.htmlparts import Link, usd
 from vast_harness.output import Output, safe_cells
@@ -136,20 +137,12 @@ def write_fleet_report(fleet_dir: Path, fleet_id: str, rows: list[FleetRow], sum
     OSError (a full or read-only disk) is the caller's to report."""
     write_fleet_result(fleet_dir, rows, summary)
     path = fleet_dir / FLEET_REPORT_NAME
-    _write_whole(path, fleet_html(fleet_id, rows, summary))
+    write_whole(path, fleet_html(fleet_id, rows, summary))
     return path
 
 
 def write_fleet_result(fleet_dir: Path, rows: list[FleetRow], summary: dict[str, Any]) -> None:
     doc = json_safe(summary | {"rows": [asdict(r) for r in rows]})  # strict JSON: a later ranking reads it
-    _write_whole(fleet_dir / FLEET_RESULT_NAME, json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
+    write_whole(fleet_dir / FLEET_RESULT_NAME, json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
 
 
-def _write_whole(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise

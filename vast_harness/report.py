@@ -211,10 +211,10 @@ def write_run_report(directory: Path) -> Path:
     f = load_run(directory)
     run_id = f.result.get("run_id", directory.name)
     html = page(f"Run {run_id}", f"<h1>Run {escape(str(run_id))}</h1>" + run_sections(f))
+    from vast_harness.evidence import write_whole
+
     path = directory / REPORT_NAME
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(path)
+    write_whole(path, html)
     return path
 
 

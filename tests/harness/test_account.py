@@ -3,6 +3,7 @@ rule, `status`, the server's clock, and the account chaos scenarios, against the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -316,3 +317,38 @@ def test_status_with_a_refused_key_is_bad_input_not_an_empty_account(tmp_path):
                 pytest.raises(AuthError) as info:
             collect(spec, client)
     assert exit_code_for(info.value) == ExitCode.BAD_INPUT
+
+
+def test_a_reap_on_a_full_disk_still_deletes_the_orphans_and_says_what_it_could_not_write(sim, tmp_path,
+                                                                                          monkeypatch, capsys):
+    # Reaping is what saves money when a disk has filled up under a run: refusing it ("not writable; nothing
+    # was rented", exit 2) left the orphan billing. Its evidence is best effort; the deletes and proofs are not.
+    import errno
+
+    from vast_harness import cli
+
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        offer = client.search_offers({"limit": 5})[0]
+        iid = client.create_instance(offer.id, {"image": "x", "disk": 10,
+                                                "label": make_label("dead-run", 0, time.time() - 3600)}).new_contract
+    real_write = os.write
+
+    def write(fd, data):
+        target = ""
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        if target.startswith(str(tmp_path)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setenv("VAST_API_KEY", KEY)
+    monkeypatch.setenv("VAST_HARNESS_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(sys, "argv", ["vast-e2e", "reap", "--api-url", sim.url, "--pacing-scale", str(SCALE),
+                                      "--proof-interval", "0.05", "--evidence-dir", str(tmp_path / "ev")])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    err = capsys.readouterr().err
+    assert not any(i["id"] == iid and i["live"] for i in sim.state()["instances"]), err
+    assert exited.value.code == 0, err
+    assert "No space" in err and "nothing was rented" not in err and "Traceback" not in err, err

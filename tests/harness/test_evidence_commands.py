@@ -93,3 +93,32 @@ def test_costs_per_run_day_profile_and_totals(work):
     assert data["per_profile"]["sim"]["hello-profile"]["runs"] == 1
     human = cli("costs", cwd=work)
     assert human.returncode == 0 and "unrecorded" in human.stdout and "Per day" in human.stdout
+
+
+def test_a_full_disk_leaves_old_evidence_files_whole_and_no_tmp_behind(tmp_path, monkeypatch):
+    # A 64 KiB disk left a 0-byte manifest.sha256 (it was written in place) and report.html.tmp (never removed).
+    import errno
+
+    from vast_harness.evidence import RunEvidence
+    from vast_harness.report import REPORT_NAME, write_run_report_safely
+
+    ev = RunEvidence(tmp_path)
+    ev.write_json("harness-result.json", {"run_id": "r1", "exit_code": 0})
+    ev.write_manifest()
+    manifest = (tmp_path / "manifest.sha256").read_text()
+    assert "harness-result.json" in manifest
+
+    def full(self: Path, *args, **kwargs):
+        self.open("w").close()  # opened (created or truncated), then the write finds no room
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    warned: list[str] = []
+    assert write_run_report_safely(tmp_path, warned.append) is None and warned
+    ev.write_manifest()
+    ev.write_json("harness-result.json", {"run_id": "r1", "exit_code": 1})
+    assert (tmp_path / "manifest.sha256").read_text() == manifest
+    assert json.loads((tmp_path / "harness-result.json").read_text())["exit_code"] == 0
+    assert not (tmp_path / REPORT_NAME).exists()
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["harness-result.json", "manifest.sha256"]
+    assert [f.split(":")[0] for f in ev.write_failures] == ["manifest.sha256", "harness-result.json"]

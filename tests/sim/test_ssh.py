@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import io
+import socket
 import threading
 import time
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import paramiko
@@ -12,6 +15,8 @@ import pytest
 
 from tests.sim.conftest import create, direct_port, public_line, rented_host, run, show, ssh_connect, wait_for
 from vast_harness.sim import SimServer
+from vast_harness.sim.faults import FaultPlan
+from vast_harness.sim.sshhost import SshHost
 
 
 def test_exec_exit_status_and_streams(api: httpx.Client, ssh_key: paramiko.PKey) -> None:
@@ -170,3 +175,44 @@ def _alive(pid: int) -> bool:
             return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except OSError:
         return False
+
+
+def _bare_host() -> SshHost:
+    sandbox: Any = SimpleNamespace(home="/nonexistent")
+    return SshHost(1, sandbox, paramiko.ECDSAKey.generate(), lambda blob: False, lambda: FaultPlan(""),
+                   lambda up, down: None)
+
+
+def test_a_connection_accepted_as_the_host_closes_is_closed_not_leaked() -> None:
+    # The accept loop hands a connection to _serve; the instance is destroyed before _serve runs. Closing a
+    # transport that never started is a no-op in paramiko, so the socket leaked (CI: ResourceWarning, unclosed
+    # socket, in the full chaos suite).
+    host = _bare_host()
+    host.close()
+    ours, theirs = socket.socketpair()
+    host._serve(ours)
+    assert ours.fileno() == -1
+    assert theirs.recv(1) == b""  # the client sees the connection end, not a hang
+    theirs.close()
+
+
+def test_a_host_closed_before_a_registered_transport_starts_cuts_that_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # close() between _serve registering the transport and starting it: the transport is not active yet, so
+    # transport.close() did nothing and the destroyed host went on to serve the connection.
+    host = _bare_host()
+    start_server = paramiko.Transport.start_server
+
+    def close_first(self: paramiko.Transport, *args: Any, **kwargs: Any) -> None:
+        host.close()
+        start_server(self, *args, **kwargs)
+
+    monkeypatch.setattr(paramiko.Transport, "start_server", close_first)
+    ours, theirs = socket.socketpair()
+    theirs.settimeout(5)
+    served = threading.Thread(target=host._serve, args=(ours,), daemon=True)
+    served.start()
+    served.join(timeout=5)
+    assert not served.is_alive()
+    assert ours.fileno() == -1
+    theirs.close()

@@ -270,17 +270,19 @@ class FaultProxy:
 
     # ----------------------------------------------------------------------------------------- http
     def _serve_http(self, conn: socket.socket) -> None:
-        reader = conn.makefile("rb")
-        while not self._stop.is_set():
-            request = _read_request(reader)
-            if request is None:
-                return
-            method, path, headers, body = request
-            self.requests += 1
-            if not self._answer(conn, method, path, headers, body):
-                return
-            if headers.get("connection", "").lower() == "close":
-                return
+        # Closed here: a file left open keeps the socket's fd alive past conn.close() until the garbage
+        # collector takes both, in either order (a ResourceWarning, "unclosed socket", in the chaos suite).
+        with conn.makefile("rb") as reader:
+            while not self._stop.is_set():
+                request = _read_request(reader)
+                if request is None:
+                    return
+                method, path, headers, body = request
+                self.requests += 1
+                if not self._answer(conn, method, path, headers, body):
+                    return
+                if headers.get("connection", "").lower() == "close":
+                    return
 
     def _answer(self, conn: socket.socket, method: str, path: str, headers: dict[str, str], body: bytes) -> bool:
         """Forward one request and write its (possibly faulted) answer; False when the connection is done."""
@@ -414,6 +416,8 @@ class FaultProxy:
             with contextlib.suppress(OSError):
                 listener.sock.close()
         for conn in list(self._conns):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)  # wakes a handler blocked reading it (close alone does not)
             with contextlib.suppress(OSError):
                 conn.close()
 

@@ -89,13 +89,14 @@ class SshHost:
                                         home=self.sandbox.home, meter=meter)
         with self._lock:
             if self._closed.is_set():
-                transport.close()
+                _reset(conn)  # transport.close() is a no-op on a transport that never started
                 return
             self._transports.append(transport)
         try:
             transport.start_server(server=_Session(self, transport))
         except (paramiko.SSHException, OSError, EOFError):
             transport.close()
+            conn.close()
 
     def close(self) -> None:
         """Stop listening and cut every connection (destroy, offline, simulator stop)."""
@@ -108,6 +109,8 @@ class SshHost:
             transports, self._transports = self._transports, []
         for transport in transports:
             transport.close()
+            if isinstance(transport.sock, socket.socket):  # always, here: the host made it from its accept
+                _reset(transport.sock)  # one registered but not yet started: its close() did nothing
 
     def run_exec(self, channel: paramiko.Channel, command: str, transport: paramiko.Transport) -> None:
         """Run one exec request to completion and report its exit status on the channel."""
