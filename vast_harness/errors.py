@@ -8,6 +8,7 @@ the only place that ranks codes (a fleet's runs, a run's outcome against its tea
     ├── Interrupted                 SIGINT/SIGTERM/SIGHUP during a run                     exit 130
     └── HarnessError                anything the harness raises on purpose                 exit 1
         ├── ConfigError             bad input or configuration; nothing rented             exit 2
+        │   ├── UnwritableDirError  a right path that takes no writes (full, read-only); reap goes on  exit 2
         │   └── LedgerWriteError    the write-ahead intent could not be made durable: no PUT  exit 2
         ├── VastError               anything the Vast API path raised
         │   ├── TransportError      nothing usable came back (timeout, connect, read): retryable
