@@ -30,7 +30,6 @@ from vast_harness.errors import (
     ExitCode,
     HarnessError,
     NoOfferError,
-    UnwritableDirError,
     describe,
     exit_code_for,
 )
@@ -276,20 +275,11 @@ def reap(
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        spec = flags.spec(profile="smoke", check_dirs=False)
-        from vast_harness.config import check_evidence_dir
-        from vast_harness.reap import reap_all
-        from vast_harness.status import confirm_live
-
         # A full disk must not keep the orphans billing: reap warns and deletes; what it cannot write (ledger
         # lines, evidence) is said as it happens, and the verdicts stand on the API's answers alone.
-        for path, what in ((spec.evidence_dir, "--evidence-dir"), (spec.state_dir, "the state directory")):
-            try:
-                check_evidence_dir(path, what, consequence="reaping anyway; what cannot be written is skipped")
-            except UnwritableDirError as exc:  # a path that is wrong (a file, /proc) is still exit 2
-                out.warn(str(exc))
-            if spec.state_dir == spec.evidence_dir:
-                break
+        spec = flags.spec(profile="smoke", on_unwritable=out.warn)
+        from vast_harness.reap import reap_all
+        from vast_harness.status import confirm_live
 
         if include_live and not yes and not sys.stdin.isatty():
             raise ConfigError("--include-live deletes live runs' instances: confirm with --yes where there is no "

@@ -13,7 +13,7 @@ import re
 import stat
 import tempfile
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Self
@@ -669,11 +669,11 @@ def resolve(
     state_dir: Path | None = None,
     environ: Mapping[str, str] | None = None,
     profiles_dir: Path = PROFILES_DIR,
-    check_dirs: bool = True,
+    on_unwritable: Callable[[str], None] | None = None,
 ) -> RunSpec:
     """Flags > environment (VAST_API_KEY, VAST_URL) > the user's config file > profile, validated. Raises
-    ConfigError naming the offending flag or field. `check_dirs=False`: the caller checks the evidence and
-    state dirs itself (a reap goes on without them)."""
+    ConfigError naming the offending flag or field. An evidence or state dir that takes no writes is refused,
+    unless `on_unwritable` is given: then it is told (a reap warns and goes on deleting)."""
     environ = os.environ if environ is None else environ
     user, _ = UserConfig.load(environ)
     prof = load_profile(profile, profiles_dir)
@@ -682,6 +682,7 @@ def resolve(
                           "unqualified driver)")
     max_usd = max_usd if max_usd is not None else user.max_usd
     max_minutes = max_minutes if max_minutes is not None else user.max_minutes
+    ev_source = "--evidence-dir" if evidence_dir is not None else "evidence_dir (config file)"
     evidence_dir = evidence_dir if evidence_dir is not None else user.evidence_dir
     check_number("--max-usd", max_usd, low=0, high=MAX_USD_LIMIT, low_inclusive=False)
     check_number("--max-minutes", max_minutes, low=0, high=MAX_MINUTES_LIMIT, low_inclusive=False)
@@ -745,10 +746,18 @@ def resolve(
     # lines must never make a reap of the real account exit 3.
     state = (state_dir or (user_state_dir(environ) / SIM_SUBDIR if sim else user_state_dir(environ))).expanduser()
     ev_dir = (evidence_dir or state).expanduser()  # never site-packages, never the current directory
-    if check_dirs and not dry_run:  # a run writes its ledger and evidence here: find out now, not after renting
-        check_evidence_dir(ev_dir)
-        if state != ev_dir:
-            check_evidence_dir(state, f"the state directory (${STATE_ENV})")
+    if not dry_run:  # a run writes its ledger and evidence here: find out now, not after renting
+        state_name = f"the state directory (${STATE_ENV})" if environ.get(STATE_ENV) else "the state directory"
+        checks = [(ev_dir, ev_source if evidence_dir is not None else state_name)]
+        checks += [(state, state_name)] if state != ev_dir else []
+        for path, name in checks:
+            try:
+                check_evidence_dir(path, name, **({"consequence": "reaping anyway; what cannot be written is "
+                                                  "skipped"} if on_unwritable else {}))
+            except UnwritableDirError as exc:
+                if on_unwritable is None:
+                    raise
+                on_unwritable(str(exc))
     # The one place a run's timings are chosen: the simulator's table with --sim, else Vast's; flags win.
     timing_flags = {"proof_interval_s": proof_interval_s, "poll_s": poll_s, "pacing_scale": pacing_scale}
     table = Timings.sim() if sim else Timings.real()

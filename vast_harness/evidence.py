@@ -313,6 +313,17 @@ class RunEvidence:
         self.write_json("harness-result.json", record.model_dump(mode="json"))
         self.write_manifest()
 
+    def rewrite_result(self, record: RunRecord) -> bool:
+        """Replace harness-result.json with `record` (the verdict changed after it was written) and the manifest;
+        a result that cannot be replaced is removed rather than left saying something else. False then."""
+        path = self.dir / "harness-result.json"
+        if self.write_json(path.name, record.model_dump(mode="json")) is None:
+            self.guarded(path.name, lambda: path.unlink(missing_ok=True))
+            self.write_manifest()
+            return False
+        self.write_manifest()
+        return True
+
     def write_manifest(self) -> None:
         def write() -> None:
             lines = []

@@ -17,6 +17,7 @@ that user: each line is written under an exclusive `flock`, so concurrent writer
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -239,10 +240,15 @@ def write_line(path: Path, line: bytes, *, what: str = "the ledger") -> None:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             line = b"\n" + line  # a torn last line (a kill mid-write) must not swallow this one
-        written = os.write(fd, line)
-        if written != len(line):
-            raise LedgerWriteError(f"short write to {what} {path}: {written} of {len(line)} bytes (disk full?)")
-        os.fsync(fd)
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise LedgerWriteError(f"short write to {what} {path}: {written} of {len(line)} bytes (disk full?)")
+            os.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):  # still under the lock: no one else has written since `size`
+                os.ftruncate(fd, size)  # no torn half-line left for the next reader or writer
+            raise
     except OSError as exc:
         raise LedgerWriteError(f"cannot write {what} {path}: "
                                f"{exc.strerror or errno.errorcode.get(exc.errno or 0, exc)}") from None

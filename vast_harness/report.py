@@ -223,10 +223,16 @@ def write_run_report_safely(directory: Path, warn: Callable[[str], None]) -> Pat
     covers the report. A report that cannot be written is a warning, never a failure."""
     from vast_harness.evidence import RunEvidence
 
+    rebuild = f"the evidence is whole; `vast-e2e report {directory.name}` rebuilds the report from it"
     try:
         path = write_run_report(directory)
-        RunEvidence(directory).write_manifest()  # the report is evidence too: the manifest covers it
-        return path
     except Exception as exc:  # noqa: BLE001 - the evidence files stay; the report can be rebuilt from them
-        warn(f"could not write {REPORT_NAME}: {type(exc).__name__}: {exc}")
+        warn(f"could not write {REPORT_NAME} ({type(exc).__name__}: {exc}); {rebuild}")
         return None
+    ev = RunEvidence(directory)
+    ev.write_manifest()  # the report is evidence too: the manifest covers it
+    if ev.write_failures:  # a report the manifest does not list would fail a check of the directory
+        path.unlink(missing_ok=True)
+        warn(f"could not add {REPORT_NAME} to the manifest ({'; '.join(ev.write_failures)}): removed it; {rebuild}")
+        return None
+    return path

@@ -220,13 +220,13 @@ class GuardedRun:
             try:
                 self.phases.start("plan")
                 check_minimum_cap(self.spec.caps.max_minutes, self.spec.timings)
-                check_evidence_dir(self.spec.evidence_dir)  # a full or read-only evidence dir: rent nothing
+                check_evidence_dir(self.spec.evidence_dir, "the evidence dir")  # full or read-only: rent nothing
                 self._register()  # before anything is rented: from now on a reap sees this run as live
                 bundle = build_bundle()
                 self.plan = self._timed("plan", lambda: plan_run(self.spec, self.client, self.drivers, bundle))
                 self.ev.write_json("offer-quote.json", self.plan.summary())
                 if self.ev.write_failures:  # a full or read-only evidence dir: rent nothing
-                    raise ConfigError(f"--evidence-dir {self.ev.dir} cannot be written "
+                    raise ConfigError(f"the evidence dir {self.ev.dir} cannot be written "
                                       f"({'; '.join(self.ev.write_failures)}): nothing rented")
                 self._check_cancelled()
                 key = generate_run_key(Path(key_dir))
@@ -369,9 +369,9 @@ class GuardedRun:
             outcome = create(self.client, self.ledger, run_id=self.run_id, offer_id=cand.offer.id,
                              request=request, lag_wait_s=max(self.spec.poll_s, 0.2),
                              lag_window_s=self.read_lag_window_s, clock=self.clock)
-        except LedgerWriteError:  # the intent never reached the disk, so no PUT was sent: nothing to look for
+        except LedgerWriteError as exc:  # the intent never reached the disk, so no PUT was sent: nothing to look for
             self.book.withdraw(label)
-            raise
+            raise LedgerWriteError(f"{exc}: the create was not sent, nothing was rented") from None
         if outcome.status == "unresolved":
             raise CreateUnresolved(f"create of offer {cand.offer.id} has an unknown outcome: {outcome.detail}",
                                    label=label)
@@ -553,7 +553,12 @@ class GuardedRun:
         self.phases.end()
         self.timings["total_s"] = round(self.clock() - self.t0, 3)
         self.ev.write_result(self._record(code, message), self.teardowns, self.spec.proof_interval_s)
-        code, message = self._verdict(code, message)  # the result file's own write may have failed
+        final = self._verdict(code, message)  # those writes may have failed: the evidence is incomplete
+        if final != (code, message):  # then the result file says what the process says, or is not there
+            code, message = final
+            if not self.ev.rewrite_result(self._record(code, message)):
+                self.out.warn(f"removed {self.ev.dir / 'harness-result.json'}: it said the run passed and could "
+                              "not be rewritten")
         report_path = write_run_report_safely(self.ev.dir, self.out.warn)
         self.out.stop_view()
         self.out.result(self.run_id, code, message, self.ev.dir, self.steps, self.teardowns, self.accrued_usd(),

@@ -150,3 +150,20 @@ def test_the_floors_are_lifted_only_for_loopback(url):
     spec = resolve(profile="smoke", api_url=url, proof_interval_s=0.05, pacing_scale=0.01, dry_run=True,
                    environ={"VAST_API_KEY": "k"})
     assert spec.proof_interval_s == 0.05 and spec.pacing_scale == 0.01
+
+
+@pytest.mark.parametrize("command", [["--profile", "smoke"], ["reap"]], ids=["run", "reap"])
+def test_a_bad_state_dir_is_named_as_the_state_dir_not_as_a_flag_never_given(command, monkeypatch, capsys,
+                                                                              tmp_path):
+    # Red team: VAST_HARNESS_HOME pointing at a file was reported as "--evidence-dir ... is not a directory".
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    monkeypatch.setenv("VAST_HARNESS_HOME", str(afile))
+    monkeypatch.setenv("VAST_API_KEY", "k")
+    monkeypatch.setattr("vast_harness.config.user_state_dir", lambda environ=None: afile)
+    monkeypatch.setattr(sys, "argv", ["vast-e2e", *command, "--api-url", NOWHERE])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "the state directory ($VAST_HARNESS_HOME)" in err, err
+    assert "--evidence-dir" not in err and "not a directory" in err, err

@@ -322,6 +322,28 @@ def test_disk_full_at_teardown_does_not_stop_the_delete_or_the_proof(sim, tmp_pa
     assert "write(s) failed" in result.message and "ledger delete_ack" in result.message
 
 
+def test_a_result_file_says_what_the_process_says_when_an_evidence_write_fails_at_the_end(sim, tmp_path):
+    # Red team: absence-proof.json failed on a full disk, the process exited 1 "evidence incomplete", and
+    # harness-result.json (written just after, fine) said exit 0 "passed", as did report.html.
+    class DiskFillsAfterSteps(HostWork):
+        def run_steps(self) -> None:
+            super().run_steps()
+            (self.ev.dir / "absence-proof.json.tmp").symlink_to("/dev/full")
+
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="echo hi", timeout_s=20)])
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), host_work=DiskFillsAfterSteps)
+        result = execute(run, within_s=30)
+    assert run.teardowns[0].verdict == "gone"
+    assert result.exit_code == 1 and "absence-proof.json" in result.message, result.message
+    res = json.loads((run.ev.dir / "harness-result.json").read_text())
+    assert (res["exit_code"], res["message"]) == (1, result.message)
+    assert [f.split(":")[0] for f in res["evidence_write_failures"]] == ["absence-proof.json"]
+    assert "the evidence is incomplete" in (run.ev.dir / "report.html").read_text()
+    listed = {line.split("  ", 1)[1] for line in (run.ev.dir / "manifest.sha256").read_text().splitlines()}
+    assert {"harness-result.json", "report.html"} <= listed and "absence-proof.json" not in listed
+
+
 # --------------------------------------------------------------------------------------- caps, record
 
 

@@ -114,7 +114,8 @@ def test_a_full_disk_leaves_old_evidence_files_whole_and_no_tmp_behind(tmp_path,
 
     monkeypatch.setattr(Path, "write_text", full)
     warned: list[str] = []
-    assert write_run_report_safely(tmp_path, warned.append) is None and warned
+    assert write_run_report_safely(tmp_path, warned.append) is None
+    assert len(warned) == 1 and f"vast-e2e report {tmp_path.name}" in warned[0], warned
     ev.write_manifest()
     ev.write_json("harness-result.json", {"run_id": "r1", "exit_code": 1})
     assert (tmp_path / "manifest.sha256").read_text() == manifest
@@ -122,3 +123,27 @@ def test_a_full_disk_leaves_old_evidence_files_whole_and_no_tmp_behind(tmp_path,
     assert not (tmp_path / REPORT_NAME).exists()
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["harness-result.json", "manifest.sha256"]
     assert [f.split(":")[0] for f in ev.write_failures] == ["manifest.sha256", "harness-result.json"]
+
+
+def test_a_report_the_manifest_cannot_list_is_removed_and_said(tmp_path, monkeypatch):
+    import errno
+
+    from vast_harness import evidence
+    from vast_harness.evidence import RunEvidence
+    from vast_harness.report import REPORT_NAME, write_run_report_safely
+
+    ev = RunEvidence(tmp_path)
+    ev.write_json("harness-result.json", {"run_id": "r1", "exit_code": 0})
+    ev.write_manifest()
+    real = evidence.write_whole
+
+    def manifest_fails(path: Path, text: str, errors: str = "strict") -> None:
+        if path.name == "manifest.sha256":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(path, text, errors)
+
+    monkeypatch.setattr(evidence, "write_whole", manifest_fails)
+    warned: list[str] = []
+    assert write_run_report_safely(tmp_path, warned.append) is None
+    assert not (tmp_path / REPORT_NAME).exists()
+    assert len(warned) == 1 and "manifest" in warned[0] and "vast-e2e report" in warned[0], warned

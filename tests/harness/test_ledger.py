@@ -95,6 +95,18 @@ def test_no_put_without_a_durable_intent(tmp_path, disk, mode):
         assert not put.called
 
 
+def test_a_short_write_leaves_the_ledger_as_it_was(tmp_path, disk):
+    # A half line left by a short write was harmless to the next append (it starts a fresh line) but was
+    # still a torn record for every reader; the write is undone under the lock instead.
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    ledger.append("r", "delete_ack", "vh-r", instance_id=3)
+    before = path.read_bytes()
+    disk(path, "short")
+    ledger.append("r", "delete_ack", "vh-r", instance_id=4)
+    assert ledger.write_failures and path.read_bytes() == before
+
+
 def test_outcome_write_failure_is_recorded_not_raised(tmp_path, disk):
     """After the PUT, a full disk must not stop the create's follow-up or a teardown."""
     path = tmp_path / "ledger.jsonl"
@@ -116,7 +128,7 @@ def test_a_run_whose_intent_cannot_be_written_rents_nothing(tmp_path, disk):
         disk(spec.state_dir / "ledger.jsonl", "short")
         with VastClient("k", base_url=sim.url, pacing_scale=0.01) as client:
             result = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True)).execute()
-        assert result.exit_code == 2 and "ledger" in result.message
+        assert result.exit_code == 2 and "ledger" in result.message and "nothing was rented" in result.message
         assert not sim.state()["instances"]
         assert not [c for c in sim.state()["calls"] if c["method"] == "PUT"]
 
