@@ -164,7 +164,11 @@ def _point(arm: dict, base: dict, size: int, count: int) -> dict:
     ph = next(p for p in arm["phases"] if p["name"] == "together" and p["size"] == size
               and sum(p["active"][1:]) == count)
     learner, helpers = ph["results"][0], [r for r, on in zip(ph["results"][1:], ph["active"][1:]) if on]
-    norm = learner["throughput"] / base["learner"] + sum(h["throughput"] / base[size] for h in helpers)
+    # A baseline window that completed no step (a descheduled process, a window shorter than a step) has
+    # nothing to normalise by: that repetition has no combined figure, and the median is over the others.
+    measured = base.get("learner", 0.0) > 0 and base.get(size, 0.0) > 0
+    norm = (learner["throughput"] / base["learner"] + sum(h["throughput"] / base[size] for h in helpers)
+            if measured else None)
     return {"learner_tflops": learner["throughput"], "helper_kernels_per_s": sum(h["throughput"] for h in helpers),
             "combined_norm": norm, "learner_p50_ms": learner["p50_ms"], "learner_p95_ms": learner["p95_ms"],
             "helper_p50_ms": _median(h["p50_ms"] for h in helpers),

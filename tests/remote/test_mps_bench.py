@@ -18,7 +18,7 @@ def test_bench_runs_interleaved_arms_and_verifies_on_and_off(tmp_path, monkeypat
     monkeypatch.setattr(mps_bench, "WORKER_MODULE", "tests.remote.fake_mps.fake_bench_worker")
     out = tmp_path / "bench.json"
     rc = mps_bench.main(["--out", str(out), "--reps", "3", "--sizes", "256", "--helper-counts", "1,2",
-                         "--warm-s", "0.03", "--window-s", "0.08", "--log-root", str(tmp_path / "logs")])
+                         "--warm-s", "0.03", "--window-s", "0.2", "--log-root", str(tmp_path / "logs")])
     assert rc == 0
     data = json.loads(out.read_text())
     assert [(a["rep"], a["mode"]) for a in data["arms"]] == [
@@ -37,3 +37,22 @@ def test_bench_runs_interleaved_arms_and_verifies_on_and_off(tmp_path, monkeypat
 def test_reps_below_three_refused(tmp_path):
     with pytest.raises(SystemExit):
         mps_bench.main(["--out", str(tmp_path / "b.json"), "--reps", "2"])
+
+
+def test_a_baseline_window_that_measured_nothing_leaves_that_rep_out_not_a_crash():
+    # CI, a loaded machine: one off arm's helper-alone window completed no step, and the summary divided by
+    # its zero throughput (ZeroDivisionError after every repetition had run).
+    def arm(rep: int, mode: str, helper_alone: float) -> dict:
+        together = {"name": "together", "size": 256, "active": [True, True],
+                    "results": [{"throughput": 10.0, "p50_ms": 1.0, "p95_ms": 2.0},
+                                {"throughput": 4.0, "p50_ms": 0.5, "p95_ms": 0.6}]}
+        phases = [{"name": "learner_alone", "size": 0, "active": [True, False],
+                   "results": [{"throughput": 10.0}, {"throughput": 0.0}]},
+                  {"name": "helper_alone", "size": 256, "active": [False, True],
+                   "results": [{"throughput": 0.0}, {"throughput": helper_alone}]}, together]
+        return {"rep": rep, "mode": mode, "phases": phases}
+
+    out = {"arms": [arm(0, "off", 0.0), arm(0, "on", 0.0), arm(1, "off", 4.0), arm(1, "on", 4.0)]}
+    row = mps_bench.summarise(out, [256], [1])[0]
+    assert row["combined_norm_off"] == row["combined_norm_on"] == 2.0  # rep 1 alone
+    assert row["learner_tflops_off"] == 10.0
