@@ -26,7 +26,8 @@ the only place that ranks codes (a fleet's runs, a run's outcome against its tea
         ├── BootFailed              the instance never became ready                        exit 1
         ├── SshConnectError         no SSH endpoint accepted the run's key in time          exit 1
         ├── SshTransferError        an SFTP transfer broke off                              exit 1
-        │   └── TransferAbandoned   ... or ran past its deadline and was cut                exit 1
+        │   ├── TransferAbandoned   ... or ran past its deadline and was cut                exit 1
+        │   └── LocalDiskRefused    ... or this machine's disk refused the download (full)  exit 1
         ├── CreateUnresolved        a create of unknown outcome no read has settled        exit 3
         └── TeardownUnproven        a failed host not proven gone: no further create         exit 3
 
@@ -277,6 +278,11 @@ class SshTransferError(HarnessError):
 
 class TransferAbandoned(SshTransferError):
     """A transfer ran past its deadline or was abandoned: the link was closed under it (the session is dead)."""
+
+
+class LocalDiskRefused(SshTransferError):
+    """A download's bytes could not be written here (no space, quota, read-only): not the host's fault, and
+    every further file of the pull would meet the same disk."""
 
 
 RETRYABLE = (TransportError, RateLimitError, ServerError)

@@ -223,7 +223,7 @@ def write_run_report_safely(directory: Path, warn: Callable[[str], None]) -> Pat
     covers the report. A report that cannot be written is a warning, never a failure."""
     from vast_harness.evidence import RunEvidence
 
-    rebuild = f"the evidence is whole; `vast-e2e report {directory.name}` rebuilds the report from it"
+    rebuild = f"`vast-e2e report {directory.name}` rebuilds it from the evidence files once there is room"
     try:
         path = write_run_report(directory)
     except Exception as exc:  # noqa: BLE001 - the evidence files stay; the report can be rebuilt from them

@@ -14,6 +14,7 @@ step is not idempotent and a second run could double its cost.
 from __future__ import annotations
 
 import codecs
+import errno
 import fnmatch
 import logging
 import os
@@ -34,7 +35,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import BaseModel
 
-from vast_harness.errors import SshConnectError, SshTransferError, TransferAbandoned
+from vast_harness.errors import LocalDiskRefused, SshConnectError, SshTransferError, TransferAbandoned
 from vast_harness.models import ConnectAttempt, Instance, SshEndpoint
 
 # paramiko logs a failed handshake ("Error reading SSH protocol banner") with its traceback at ERROR; with
@@ -61,6 +62,7 @@ _MAX_LINE_CHARS = 65536
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What a failed connect attempt may raise; anything else is a bug and propagates.
 _CONNECT_ERRORS = (paramiko.SSHException, OSError, EOFError)
+_LOCAL_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 LineCallback = Callable[[str, str], None]
 _T = TypeVar("_T")
@@ -536,7 +538,12 @@ class HostSession:
             raise SshTransferError(f"download of {remote} stopped: {exc}") from exc
         except TimeoutError:
             raise self._stalled(f"download of {remote}") from None
-        except (*_CONNECT_ERRORS, paramiko.SFTPError) as exc:
+        except OSError as exc:
+            if exc.errno in _LOCAL_DISK_ERRNOS:  # paramiko maps no SFTP status to these: it is our disk
+                raise LocalDiskRefused(f"download of {remote}: cannot write {local} here "
+                                       f"({exc.strerror or exc})") from exc
+            raise SshTransferError(f"download of {remote} failed: {_describe(exc)}") from exc
+        except (paramiko.SSHException, EOFError, paramiko.SFTPError) as exc:
             raise SshTransferError(f"download of {remote} failed: {_describe(exc)}") from exc
         finally:
             partial.unlink(missing_ok=True)
@@ -606,6 +613,8 @@ class HostSession:
                                         on_bytes=on_bytes)
                     except FileNotFoundError:
                         continue
+                    except LocalDiskRefused:
+                        raise  # the pull stops: every further file would meet the same full disk
                     except SshTransferError:
                         if not self.is_active():
                             raise

@@ -645,3 +645,28 @@ def test_pull_tree__size_budget_skips_what_does_not_fit(
     assert pulled.files == ["small.json"] and pulled.skipped == ["big.bin"] and not pulled.complete
     assert pulled.bytes == 100 == sum(seen)
     assert not (tmp_path / "local" / "big.bin").exists()
+
+
+def test_pull_tree__a_full_local_disk_stops_the_pull_and_says_so_not_over_budget(
+    host: FakeHost, session: HostSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Red team: a full disk here made each download fail; each was taken for a file that "grew past the budget"
+    # and the run said "the host's evidence is over the 1073741824-byte pull budget" for two small files.
+    import errno
+
+    out = host.root / "evidence"
+    out.mkdir()
+    for name in ("a.json", "b.json"):
+        (out / name).write_text("x" * 100)
+    real_open = open
+
+    def full_open(file, mode="r", *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 - builtins.open's shape
+        if str(file).startswith(str(tmp_path / "local")) and "w" in mode:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", full_open)
+    pulled = session.pull_tree("evidence", tmp_path / "local", deadline=time.monotonic() + 10, max_bytes=10_000)
+    assert not pulled.complete and not pulled.skipped and not pulled.files
+    assert "No space left on device" in pulled.detail and "cannot write" in pulled.detail, pulled.detail
+    assert session.is_active()
