@@ -11,6 +11,7 @@ past `head_bytes` only the last `tail_bytes` are kept, with a line saying how mu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -39,7 +40,8 @@ def write_whole(path: Path, text: str, errors: str = "strict") -> None:
         tmp.write_text(text, encoding="utf-8", errors=errors)
         tmp.replace(path)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only disk refuses even the unlink of nothing
+            tmp.unlink(missing_ok=True)
 
 
 class StepRecord(BaseModel):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from vast_harness.errors import ConfigError
-from vast_harness.evidence import manifest_line
+from vast_harness.errors import ConfigError, HarnessError
+from vast_harness.evidence import manifest_line, write_whole
 from vast_harness.output import Output, safe_cells, terminal_safe
 from vast_harness.report import REPORT_NAME, write_run_report
 
@@ -67,13 +67,21 @@ def show_logs(out: Output, run_dir: Path, step: str | None, *, raw: bool = False
 def rebuild_report(out: Output, run_dir: Path) -> int:
     """Rebuild `report.html` from the run's evidence; the manifest's line for it follows (only that line: a
     rebuild never vouches for the other files again)."""
-    path = write_run_report(run_dir)
-    manifest = run_dir / "manifest.sha256"
-    if manifest.is_file():
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        lines = [ln for ln in manifest.read_text(errors="surrogateescape").splitlines()
-                 if ln.partition("  ")[2] != REPORT_NAME or ln.startswith("\\")]  # that one entry only
-        manifest.write_text("\n".join([*lines, manifest_line(digest, REPORT_NAME)]) + "\n", errors="surrogateescape")
+    try:
+        path = write_run_report(run_dir)
+        manifest = run_dir / "manifest.sha256"
+        if manifest.is_file():
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            lines = [ln for ln in manifest.read_text(errors="surrogateescape").splitlines()
+                     if ln.partition("  ")[2] != REPORT_NAME or ln.startswith("\\")]  # that one entry only
+            write_whole(manifest, "\n".join([*lines, manifest_line(digest, REPORT_NAME)]) + "\n",
+                        errors="surrogateescape")
+        else:
+            out.warn(f"{run_dir.name} has no manifest.sha256 (the run could not write it): the report is not "
+                     "listed in one, and a rebuild never writes one for files it did not write")
+    except OSError as exc:
+        raise HarnessError(f"cannot write {REPORT_NAME} in {terminal_safe(str(run_dir))}: "
+                           f"{exc.strerror or exc}") from None
     if out.json_mode:
         out.emit_json({"run": run_dir.name, "report": str(path)})
     else:

@@ -45,6 +45,7 @@ def load_run(directory: Path) -> RunFacts:
             seconds = number(_float_or_none(secs), low=0.0, high=1e9, low_inclusive=True).value
             facts.steps.append({"name": name, "rc": None if rc == "NA" else rc, "seconds": seconds or 0.0})
     facts.workloads, facts.unreadable = load_workloads(directory / "remote")
+    facts.missing = [n for n in ("harness-result.json", "absence-proof.json") if not (directory / n).is_file()]
     return facts
 
 
@@ -76,6 +77,9 @@ def summary_section(f: RunFacts) -> str:
         ["absence", (r.get("absence") or {}).get("verdict")], ["simulated", r.get("sim")],
         ["dead-man", deadman_line(r.get("deadman"))], ["image sent", r.get("image_sent")],
     ]
+    if "harness-result.json" in f.missing:
+        rows.insert(0, ["record", Cell("harness-result.json is missing (the run could not write it): its outcome "
+                                       "is not known from this directory; the ledger says what it rented", "bad")])
     override = r.get("image_expect_override")
     if override:
         rows.append(["image check", Cell("OVERRIDDEN by --image-expect: " + ", ".join(
@@ -138,7 +142,8 @@ def absence_section(f: RunFacts) -> str:
         if not proof.get("rounds"):
             rows.append([td.get("instance_id"), outcome, "–", "–", "–", "–", "–",
                          Cell(str(td.get("verdict")), "bad")])
-    verdict = f.absence.get("verdict") or (f.result.get("absence") or {}).get("verdict") or "nothing-created"
+    verdict = f.absence.get("verdict") or (f.result.get("absence") or {}).get("verdict") or (
+        "not known (absence-proof.json is missing)" if "absence-proof.json" in f.missing else "nothing-created")
     return (f"<h3>Absence proof</h3><p>verdict: <b class={'ok' if verdict in ('gone', 'nothing-created') else 'bad'}>"
             f"{escape(str(verdict))}</b> (interval {escape(str(f.absence.get('interval_s')))} s)</p>"
             + table(["instance", "DELETE", "round", "time (UTC)", "GET by id", "list by id", "list by label",

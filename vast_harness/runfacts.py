@@ -32,6 +32,9 @@ class RunFacts:
     steps: list[dict[str, Any]] = field(default_factory=list)
     workloads: list[WorkloadFigures] = field(default_factory=list)  # remote/*.json, every figure checked
     unreadable: list[str] = field(default_factory=list)  # remote/*.json that did not parse, and why
+    # harness-result.json / absence-proof.json not there (a full disk at the end): nothing may be inferred
+    # from their absence, least of all "nothing was rented"
+    missing: list[str] = field(default_factory=list)
 
     @property
     def offer(self) -> dict[str, Any]:

@@ -88,6 +88,8 @@ def cost_section(f: RunFacts) -> str:
     pts = accrued_points(f)
     caps: dict[str, Any] = f.result["caps"] if isinstance(f.result.get("caps"), dict) else {}
     cap = _num(caps.get("max_usd"))
+    if not pts and "harness-result.json" in f.missing:
+        return "<h3>Cost over time</h3><p class=bad>not known: harness-result.json is missing</p>"
     if not pts or pts[-1][1] <= 0:
         return "<h3>Cost over time</h3><p class=muted>nothing was rented (or nothing accrued)</p>"
     t0 = pts[0][0]

@@ -147,3 +147,40 @@ def test_a_report_the_manifest_cannot_list_is_removed_and_said(tmp_path, monkeyp
     assert write_run_report_safely(tmp_path, warned.append) is None
     assert not (tmp_path / REPORT_NAME).exists()
     assert len(warned) == 1 and "manifest" in warned[0] and "vast-e2e report" in warned[0], warned
+
+
+def test_a_rebuilt_report_of_a_run_without_its_record_never_says_nothing_was_rented(work, tmp_path):
+    # Red team: the run filled the disk before harness-result.json, absence-proof.json and the manifest; the
+    # rebuilt report said "nothing was rented" and absence "nothing-created" for a run that rented and deleted.
+    import shutil
+
+    src = next((work / "state" / "sim").glob("2*/harness-result.json")).parent
+    run = tmp_path / "state" / "sim" / src.name
+    shutil.copytree(src, run)
+    for name in ("harness-result.json", "absence-proof.json", "manifest.sha256", "report.html"):
+        (run / name).unlink()
+    done = cli("report", str(run), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    html = (run / "report.html").read_text()
+    assert "nothing was rented" not in html and "nothing-created" not in html
+    assert "harness-result.json is missing" in html and "absence-proof.json is missing" in html
+    assert "no manifest.sha256" in done.stderr
+
+
+def test_a_report_that_cannot_be_written_is_an_error_not_a_traceback(work, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from vast_harness import cli as vast_cli
+    from vast_harness import evidence
+
+    rid = run_id(work)
+
+    def full(path, text, errors="strict"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(evidence, "write_whole", full)
+    monkeypatch.setattr(sys, "argv", ["vast-e2e", "report", str(work / "state" / "sim" / rid)])
+    with pytest.raises(SystemExit) as exited:
+        vast_cli.main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 1 and "No space left on device" in err and "Traceback" not in err, err
