@@ -25,14 +25,7 @@ from typer._click.exceptions import ClickException  # typer vendors click; usage
 
 from vast_harness.cliopts import CANARY, CHECK, EVIDENCE, FLEET, OFFERS, REAP, RUN, STATUS, Flags, takes
 from vast_harness.config import MAX_USD_LIMIT, RunSpec, check_number, load_driver_policy, path_flag
-from vast_harness.errors import (
-    ConfigError,
-    ExitCode,
-    HarnessError,
-    NoOfferError,
-    describe,
-    exit_code_for,
-)
+from vast_harness.errors import ConfigError, ExitCode, HarnessError, NoOfferError, describe, exit_code_for
 from vast_harness.output import Output
 
 if TYPE_CHECKING:  # the client (httpx, tenacity) is imported when a command needs it, not at startup
