@@ -14,6 +14,7 @@ step is not idempotent and a second run could double its cost.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import errno
 import fnmatch
 import logging
@@ -378,7 +379,10 @@ class HostSession:
         try:
             return self._pump(channel, on_line, started, started + timeout_s, stop)
         finally:
-            channel.close()
+            # Closing writes to the link: one that died just now must not replace the outcome with an
+            # exception (the next command, or is_active(), sees the dead link).
+            with contextlib.suppress(*_CONNECT_ERRORS):
+                channel.close()
 
     def _pump(
         self, channel: paramiko.Channel, on_line: LineCallback, started: float, deadline: float,

@@ -583,6 +583,21 @@ def test_run__flood_returns_at_its_deadline(session: HostSession) -> None:
     assert lines[0] > 1000
 
 
+def test_run__a_link_that_dies_as_the_channel_closes_still_returns_the_outcome(
+    session: HostSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Closing the channel writes to the link; a link that died at that moment (EOFError from paramiko's
+    # packetizer, seen once in CI) must not turn a finished or timed-out command into an exception.
+    def dead_link(self: paramiko.Channel) -> None:
+        raise EOFError()
+
+    monkeypatch.setattr(paramiko.Channel, "close", dead_link)
+    outcome = session.run("sleep 5", on_line=lambda s, line: None, timeout_s=0.5)
+    assert outcome.timed_out and outcome.rc is None
+    done = session.run("echo hi", on_line=lambda s, line: None, timeout_s=5)
+    assert done.rc == 0
+
+
 @pytest.fixture
 def proxied(host: FakeHost, run_key: RunKey) -> Iterator[tuple[TcpProxy, HostSession]]:
     proxy = TcpProxy("127.0.0.1", host.port)
