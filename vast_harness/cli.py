@@ -73,11 +73,13 @@ def _api_target(spec: RunSpec) -> Iterator[RunSpec]:
         yield spec.model_copy(update={"api_url": sim.url, "api_key": key})
 
 
-def _client(spec: RunSpec) -> VastClient:
+def _client(spec: RunSpec, out: Output | None = None) -> VastClient:
+    """With `out` (the interactive read-only commands), each retry is said as a warning line."""
     from vast_harness.client import VastClient
 
     assert spec.api_key is not None
-    return VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale)
+    return VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale,
+                      on_retry=out.warn if out is not None else None)
 
 
 _reported: list[int] = []  # exit codes whose message was already shown (by `_guard`)
@@ -155,7 +157,7 @@ def offers(
         from vast_harness.bundle import build_bundle
         from vast_harness.plan import account_credit_usd, choose_offers
 
-        with _api_target(spec) as target, _client(target) as client:
+        with _api_target(spec) as target, _client(target, out) as client:
             credit = account_credit_usd(client)
             choice = choose_offers(target, client, load_driver_policy(), build_bundle(), credit_usd=credit)
         if rank_by == "usd-per-mtok":
@@ -277,7 +279,7 @@ def reap(
         if include_live and not yes and not sys.stdin.isatty():
             raise ConfigError("--include-live deletes live runs' instances: confirm with --yes where there is no "
                               "terminal to ask")
-        with _client(spec) as client:
+        with _client(spec, out) as client:
             return reap_all(spec, client, out, include_live=include_live,
                             confirm=(lambda live: True) if yes else confirm_live)
 
@@ -356,7 +358,7 @@ def status(ctx: typer.Context, flags: Flags) -> None:
         spec = flags.spec(profile="smoke", dry_run=True)
         from vast_harness.status import show_status
 
-        with _client(spec) as client:
+        with _client(spec, out) as client:
             return show_status(spec, client, out)
 
     _guard(out, body)

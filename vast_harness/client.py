@@ -52,6 +52,7 @@ from vast_harness.errors import (
     ServerError,
     TransportError,
     VastError,
+    describe,
 )
 from vast_harness.models import CreateResult, Instance, InstancePage, Offer, User
 from vast_harness.pacing import Pacer, endpoint_key
@@ -219,7 +220,10 @@ class VastClient:
         retry_wait_max_s: float = 20.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        on_retry: Callable[[str], None] | None = None,
     ) -> None:
+        """`on_retry(line)`: told before each retry's wait (an interactive command shows it, so a minute of
+        retrying an unreachable API is not a silent minute)."""
         self._key = _validated_key(api_key)
         self.base_url = validate_api_url(base_url, "base_url")
         if pacing_scale < 0:
@@ -235,6 +239,7 @@ class VastClient:
         )
         self._sleep = sleep
         self._clock = clock
+        self._on_retry = on_retry
         self._pacer_scale = pacing_scale
         self._pacer = Pacer(scale=pacing_scale, clock=clock, sleep=sleep)
         self._stats = CallStats()
@@ -433,7 +438,7 @@ class VastClient:
     ) -> Any:
         if not retry:
             return self._call_once(method, path, params, json)
-        for attempt in self._retrying(retry_on, min_wait_s, max_retry_s):
+        for attempt in self._retrying(retry_on, min_wait_s, max_retry_s, what=f"{method} {path}"):
             with attempt:
                 return self._call_once(method, path, params, json)
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
@@ -466,7 +471,7 @@ class VastClient:
 
     def _retrying(
         self, retry_on: tuple[type[Exception], ...] = RETRYABLE, min_wait_s: float = 0.0,
-        max_retry_s: float | None = None,
+        max_retry_s: float | None = None, *, what: str = "the request",
     ) -> Iterator[Any]:
         """The retry policy, defined once: `retry_on` errors (RETRYABLE by default), jittered exponential
         waits of at least `min_wait_s`, a total bound measured on the injected clock (so it includes pacing
@@ -483,6 +488,11 @@ class VastClient:
                 self._stats.retries += 1
             outcome = state.outcome.exception() if state.outcome else None
             log.info("retrying in %.1f s after %s", state.upcoming_sleep, type(outcome).__name__)
+            if self._on_retry is not None and outcome is not None:
+                left_s = max(0.0, bound_s - (self._clock() - start))
+                why = describe(outcome)
+                why = why if what in why else f"{what}: {why}"  # most typed errors already name the call
+                self._on_retry(f"{why}; retrying in {state.upcoming_sleep:.0f} s (giving up in {left_s:.0f} s)")
 
         return iter(
             Retrying(

@@ -16,9 +16,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from vast_harness.apiurl import is_loopback_url
+from vast_harness.errors import ConfigError
 from vast_harness.hostdata import number, read_json
 from vast_harness.ledger import LEDGER_FILE, Ledger
-from vast_harness.output import Output, safe_cells
+from vast_harness.output import Output, line, safe_cells
 from vast_harness.runs import RESULT_NAME, run_dirs
 from vast_harness.statedir import SIM_SUBDIR, state_dir
 
@@ -63,12 +64,18 @@ def _from_record(path: Path) -> RunCost | None:
                    dir=str(path), fleet=path.parent.name if path.parent.name.startswith("fleet-") else None)
 
 
-def collect(evidence_dir: Path) -> list[RunCost]:
+def ledger_paths(evidence_dir: Path) -> list[Path]:
+    """The ledgers `costs` reads: the state dir's (its --sim part beside it); an --evidence-dir may hold an
+    older one."""
+    homes = [evidence_dir, evidence_dir / SIM_SUBDIR, state_dir(), state_dir() / SIM_SUBDIR]
+    return list(dict.fromkeys(h / LEDGER_FILE for h in homes if (h / LEDGER_FILE).is_file()))
+
+
+def collect(evidence_dir: Path, ledgers: list[Path] | None = None) -> list[RunCost]:
     """Every run: those with a record, and those only the ledger names."""
     runs = {r.run_id: r for r in (_from_record(p) for p in run_dirs(evidence_dir)) if r is not None}
-    # The ledger lives in the state dir (its --sim part beside it); an --evidence-dir may hold an older one.
-    homes = [evidence_dir, evidence_dir / SIM_SUBDIR, state_dir(), state_dir() / SIM_SUBDIR]
-    ledgers = list(dict.fromkeys(h / LEDGER_FILE for h in homes if (h / LEDGER_FILE).is_file()))
+    if ledgers is None:
+        ledgers = ledger_paths(evidence_dir)
     first: dict[str, float] = {}
     instances: dict[str, set[int]] = defaultdict(set)
     sim: dict[str, bool] = {}
@@ -118,10 +125,21 @@ def _dump(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def show_costs(out: Output, evidence_dir: Path) -> int:
-    runs = collect(evidence_dir)
+    if evidence_dir.exists() and not evidence_dir.is_dir():
+        raise ConfigError(f"the evidence directory {evidence_dir} is not a directory")
+    found = evidence_dir.is_dir()
+    ledgers = ledger_paths(evidence_dir)
+    runs = collect(evidence_dir, ledgers)
     summary = summarise(runs)
+    if not found and not ledgers:
+        # Not "$0 spent": nothing was read (a mistyped VAST_HARNESS_HOME or --evidence-dir looks like this).
+        out.warn(f"nothing recorded here: {evidence_dir} does not exist and no ledger was found "
+                 f"(looked in it and in {state_dir()})")
     if out.json_mode:
-        out.emit_json({"evidence_dir": str(evidence_dir), "runs": [r.model_dump() for r in runs]} | _dump(summary))
+        out.emit_json({"evidence_dir": str(evidence_dir), "evidence_dir_found": found,
+                       "ledgers": [str(p) for p in ledgers], "runs": [r.model_dump() for r in runs]} | _dump(summary))
+        return 0
+    if not runs and not found and not ledgers:
         return 0
     from rich.table import Table
 
@@ -147,4 +165,5 @@ def show_costs(out: Output, evidence_dir: Path) -> int:
     out.out.print(f"Total against Vast: ${real.accrued_usd:.4f} over {real.runs} run(s)"
                   + (f" ({real.unrecorded_runs} unrecorded: see the Vast console's billing)" if real.unrecorded_runs
                      else "") + f"; simulated: ${sim.accrued_usd:.4f} over {sim.runs} run(s)")
+    out.out.print(line(("Ledgers read: ", "dim"), ", ".join(map(str, ledgers)) or "none"))
     return 0

@@ -126,10 +126,7 @@ class Ledger:
         self.server_clock = server_clock
         self.bad_lines: list[BadLine] = []  # from the last read
         self.write_failures: list[str] = []  # best-effort lines that did not reach the disk
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise LedgerWriteError(f"cannot create the ledger directory {path.parent}: {exc.strerror}") from None
+        # No directory is made here: a reader (status, costs, a reap's look) must leave the disk as it found it.
 
     @classmethod
     def for_spec(cls, spec: RunSpec, server_clock: Callable[[], float | None] | None = None) -> Ledger:
@@ -229,6 +226,10 @@ def write_line(path: Path, line: bytes, *, what: str = "the ledger") -> None:
     """One whole line appended to `path`, on a fresh line, on disk (fsync) before returning; LedgerWriteError
     (naming `what` and the path) otherwise. Every ledger-like file is written here: the user's ledger and a
     fleet's `fleet.jsonl`."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LedgerWriteError(f"cannot create the directory {path.parent} of {what}: {exc.strerror}") from None
     created = not path.exists()
     try:
         # O_APPEND keeps concurrent writers' lines whole; O_RDWR lets us look at the last byte.

@@ -389,6 +389,22 @@ def test_retry__never_on_auth_or_4xx(vast_api: respx.MockRouter, client: VastCli
     assert route.call_count == 1 and client.stats.retries == 0
 
 
+def test_retry__each_retry_is_told_to_on_retry_naming_the_call_and_the_bound(
+    vast_api: respx.MockRouter, make_client
+) -> None:
+    # `vast-e2e status` against an unreachable API sat silent for two minutes before its one warning.
+    told: list[str] = []
+    client = make_client(on_retry=told.append, max_retry_s=60.0)
+    vast_api.get("/api/v0/instances/42/").mock(
+        side_effect=[httpx.ConnectError("refused"), _text(503, "Service Unavailable"), _json(200, {"instances": None})]
+    )
+    assert client.get_instance(42) is None
+    assert len(told) == 2, told
+    assert all("/api/v0/instances/42/" in line and "retrying in" in line and "giving up in" in line for line in told)
+    assert "refused" in told[0] and "503" in told[1]
+    assert all(VAST_TEST_KEY not in line for line in told)
+
+
 def test_retry__bounded_by_max_retry_s(
     vast_api: respx.MockRouter, make_client, fake_clock: FakeClock
 ) -> None:

@@ -184,3 +184,26 @@ def test_a_report_that_cannot_be_written_is_an_error_not_a_traceback(work, tmp_p
         vast_cli.main()
     err = capsys.readouterr().err
     assert exited.value.code == 1 and "No space left on device" in err and "Traceback" not in err, err
+
+
+def test_costs_with_nothing_to_read_says_so_rather_than_a_plain_zero(tmp_path):
+    # A mistyped VAST_HARNESS_HOME used to print "Total against Vast: $0.0000" and exit 0: a reader took it as
+    # "nothing was spent" when nothing had been read.
+    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {"HOME": str(tmp_path)}
+
+    def costs(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "costs", *args],
+                              capture_output=True, text=True, timeout=60, env=env | {"VAST_HARNESS_HOME": str(home)},
+                              cwd=tmp_path)
+
+    missing = tmp_path / "no-such-home"
+    human = costs(missing)
+    assert human.returncode == 0, human.stderr
+    assert "nothing recorded" in human.stderr and str(missing) in human.stderr and "$0" not in human.stdout
+    data = json.loads(costs(missing, "--json").stdout)
+    assert data["runs"] == [] and data["ledgers"] == [] and data["evidence_dir_found"] is False
+    assert not missing.exists()  # a read-only command creates nothing
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    refused = costs(a_file)
+    assert refused.returncode == 2 and "not a directory" in refused.stderr and str(a_file) in refused.stderr

@@ -154,3 +154,13 @@ def test_a_create_answered_nothing_created_settles_its_label_and_a_5xx_does_not(
     ledger.append("r", "create_failed", "vh-a", offer_id=1, verdict=NOTHING_CREATED, detail="410 no_such_ask")
     ledger.append("r", "create_failed", "vh-b", offer_id=1, detail="502 (may still have created)")
     assert ledger.unproven() == ({}, {"vh-b"})
+
+
+def test_reading_a_ledger_creates_no_directory_and_the_first_write_does(tmp_path):
+    # `vast-e2e status` (read-only) created a missing state directory through Ledger().
+    path = tmp_path / "no" / "such" / "ledger.jsonl"
+    ledger = Ledger(path)
+    assert ledger.entries() == [] and ledger.view().pending == {}
+    assert not (tmp_path / "no").exists()
+    ledger.append("r1", "intent", "vh-x", offer_id=1)
+    assert [e.event for e in Ledger(path).entries()] == ["intent"]
