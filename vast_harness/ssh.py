@@ -20,7 +20,6 @@ import fnmatch
 import logging
 import os
 import re
-import select
 import shlex
 import stat
 import tempfile
@@ -230,6 +229,22 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+class _Wake(threading.Event):
+    """Set by the channel's two buffers when bytes or EOF arrive (paramiko's `BufferedPipe.set_event`); their
+    clear() is ignored, the pump clears it itself before each drain.
+
+    Why not select() on `channel.fileno()`: paramiko backs that with an os.pipe that `channel.close()` closes
+    while the transport thread may still be signalling it on arriving bytes. The write to the closed pipe
+    fails with EBADF inside the transport thread and kills the transport: a command that timed out while
+    writing (a flood) took the whole SSH session with it, so the evidence pull after it found no link."""
+
+    def clear(self) -> None:
+        pass  # the buffers' "now empty"; ignored (see above)
+
+    def rearm(self) -> None:
+        super().clear()
+
+
 class _LineSplitter:
     """Bytes in, whole lines out; decodes UTF-8 incrementally so a split character is not mangled."""
 
@@ -389,8 +404,12 @@ class HostSession:
         stop: threading.Event | None = None,
     ) -> StepOutcome:
         splitters = {"stdout": _LineSplitter(), "stderr": _LineSplitter()}
+        wake = _Wake()
+        channel.in_buffer.set_event(wake)
+        channel.in_stderr_buffer.set_event(wake)
 
-        def drain() -> None:
+        def drain() -> bool:
+            """True when both buffers were emptied (False: the byte budget or the deadline cut the turn)."""
             # Read both buffers every turn: a full stderr window must never stall stdout (or vice versa).
             # Bounded by bytes and by the deadline: a command that floods must not keep us here past it.
             budget = _DRAIN_TURN_BYTES
@@ -407,8 +426,9 @@ class HostSession:
                     for line in splitters["stderr"].feed(data):
                         on_line("stderr", line)
                 if not got:
-                    return
+                    return True
                 budget -= got
+            return False
 
         def flush() -> None:
             for stream, splitter in splitters.items():
@@ -416,7 +436,8 @@ class HostSession:
                     on_line(stream, line)
 
         while True:
-            drain()
+            wake.rearm()  # before the drain: bytes that arrive during it set it again
+            emptied = drain()
             # status_event is set by exit-status and by channel close; data sent before either is
             # already buffered (one ordered transport), so one more drain gets all of it.
             if channel.exit_status_ready():
@@ -433,7 +454,8 @@ class HostSession:
                     detail=(f"timed out after {deadline - started:.1f} s" if now >= deadline
                             else f"stopped after {now - started:.1f} s") + "; channel closed",
                 )
-            select.select([channel], [], [], min(_POLL_INTERVAL_S, deadline - now))
+            if emptied:  # else bytes are already waiting
+                wake.wait(min(_POLL_INTERVAL_S, deadline - now))  # exit status is seen within the poll interval
         seconds = self.clock() - started
         if channel.exit_status != -1:
             return StepOutcome(rc=channel.exit_status, seconds=seconds)
