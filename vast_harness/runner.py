@@ -549,16 +549,17 @@ class GuardedRun:
         self.timings["teardown_s"] = round(self.clock() - start, 3)
         if key is not None:
             key.delete()
-        code, message = self._verdict(code, message)
+        outcome = (code, message)  # the run's own; the verdict adds what the teardown and the writes say
+        code, message = self._verdict(*outcome)
         self.phases.end()
         self.timings["total_s"] = round(self.clock() - self.t0, 3)
         self.ev.write_result(self._record(code, message), self.teardowns, self.spec.proof_interval_s)
-        final = self._verdict(code, message)  # those writes may have failed: the evidence is incomplete
+        final = self._verdict(*outcome)  # those writes may have failed too: each one is named
         if final != (code, message):  # then the result file says what the process says, or is not there
-            code, message = final
+            written, (code, message) = code, final
             if not self.ev.rewrite_result(self._record(code, message)):
-                self.out.warn(f"removed {self.ev.dir / 'harness-result.json'}: it said the run passed and could "
-                              "not be rewritten")
+                self.out.warn(f"removed {self.ev.dir / 'harness-result.json'}: it said exit {int(written)} "
+                              f"and could not be rewritten")
         report_path = write_run_report_safely(self.ev.dir, self.out.warn)
         self.out.stop_view()
         self.out.result(self.run_id, code, message, self.ev.dir, self.steps, self.teardowns, self.accrued_usd(),
@@ -589,9 +590,11 @@ class GuardedRun:
             return ExitCode.CAP_REACHED, f"over the cap: {over} ({message})"
         failures = self._write_failures()
         if failures and code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER):
+            more = failures[3:]  # named all the same: the record itself may be one of the writes that failed
+            rest = f"; and {len(more)} more: {', '.join(f.split(':', 1)[0] for f in more)}" if more else ""
             return ExitCode.FAILED, (f"the instance is deleted and proven absent, but {len(failures)} evidence/ledger "
-                                     f"write(s) failed, so the evidence is incomplete: {'; '.join(failures[:3])} "
-                                     f"({message})")
+                                     f"write(s) failed, so the evidence is incomplete: {'; '.join(failures[:3])}"
+                                     f"{rest} ({message})")
         if code == ExitCode.UNQUALIFIED_DRIVER and self.spec.unqualified_ok:  # driver_qualified: false stays
             return ExitCode.PASSED, f"{message} (exit 0 by --unqualified-ok)"
         return code, message

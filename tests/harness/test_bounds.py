@@ -320,6 +320,10 @@ def test_disk_full_at_teardown_does_not_stop_the_delete_or_the_proof(sim, tmp_pa
     assert not any(i["live"] for i in sim_record(sim, run))
     assert result.exit_code == 1, result.message
     assert "write(s) failed" in result.message and "ledger delete_ack" in result.message
+    # every write that failed is named, not the first three: the record may be one of them
+    lost = run.ev.write_failures + [f"ledger {f}" for f in run.ledger.write_failures]
+    missing = [f for f in lost if f.split(":", 1)[0] not in result.message]
+    assert len(lost) > 3 and not missing, (missing, result.message)
 
 
 def test_a_result_file_says_what_the_process_says_when_an_evidence_write_fails_at_the_end(sim, tmp_path):
