@@ -19,7 +19,7 @@ from vast_harness.config import RunSpec
 from vast_harness.errors import CapReachedError, HarnessError, Interrupted, StepFailedError, TransferAbandoned
 from vast_harness.evidence import PullRecord, RunEvidence, StepLog, StepRecord
 from vast_harness.meter import CostMeter
-from vast_harness.output import Output
+from vast_harness.output import LineBudget, Output
 from vast_harness.ssh import HostSession, StepOutcome, TreePull
 
 REMOTE_DIR = "vh"  # under the host's $HOME
@@ -95,13 +95,22 @@ class HostWork:
         """The step's on_line: capped log, live console for the log's head, bytes into the meter."""
         state = {"unmetered": 0, "said_cut": False}
         redact = self.spec.redactor
+        console = LineBudget(clock=self.meter.now)
+
+        def say_skipped() -> None:
+            if skipped := console.take_skipped():
+                self.out.step_line(name, self.meter.now() - started, self.meter.accrued_usd(), "stdout",
+                                   f"… {skipped} line(s) not shown (too fast to read); `vast-e2e logs {self.run_id} "
+                                   f"{name}` has them")
 
         def on_line(stream: str, raw: str) -> None:
             line = redact.text(raw)  # a secret a step prints is neither logged nor shown, whatever its length
             shown = log.write(line)
             state["unmetered"] += len(raw) + 1
             if shown:
-                self.out.step_line(name, self.meter.now() - started, self.meter.accrued_usd(), stream, line)
+                if console.allow():
+                    say_skipped()
+                    self.out.step_line(name, self.meter.now() - started, self.meter.accrued_usd(), stream, line)
             elif not state["said_cut"]:
                 state["said_cut"] = True
                 self.out.warn(f"step {name}: output past {self.ev.step_log_head_bytes} bytes is no longer shown; "
@@ -114,6 +123,7 @@ class HostWork:
                     raise CapReachedError(f"step {name} stopped at the cap (its output is billed bandwidth)")
 
         def settle() -> None:
+            say_skipped()
             self.meter.add_bytes(down=state["unmetered"])
             state["unmetered"] = 0
 

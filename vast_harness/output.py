@@ -18,6 +18,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -74,6 +75,33 @@ def _line(*parts: str | tuple[str, str] | Text) -> Text:
     string part goes through `terminal_safe` (a Text part was made by `safe_text` or from literals)."""
     return Text.assemble(*(terminal_safe(p) if isinstance(p, str) else
                            (terminal_safe(p[0]), p[1]) if isinstance(p, tuple) else p for p in parts))
+
+
+class LineBudget:
+    """How many of a step's lines reach the console: a burst of `burst`, then `per_s` a second (a token bucket).
+
+    A flood (`yes`, `seq 1 1000000`) printed line by line through rich costs ~0.4 ms a line: the harness then
+    read the host's output at ~30 KB/s, held finished steps to their timeout and let the cap's cut wait behind
+    the drain. The step log keeps every line; the console says how many it skipped and where they are."""
+
+    def __init__(self, *, burst: int = 200, per_s: float = 50.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._burst, self._per_s, self._clock = float(burst), per_s, clock
+        self._tokens, self._t = float(burst), clock()
+        self.skipped = 0
+
+    def allow(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._t) * self._per_s)
+        self._t = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self.skipped += 1
+        return False
+
+    def take_skipped(self) -> int:
+        n, self.skipped = self.skipped, 0
+        return n
 
 
 class SafeStream:

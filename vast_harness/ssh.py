@@ -53,6 +53,7 @@ KEEPALIVE_INTERVAL_S = 15
 _RECV_CHUNK_BYTES = 32768
 # A flooding command never lets `recv_ready` go false: read at most this much per turn, then look at the clock.
 _DRAIN_TURN_BYTES = 1 << 20
+_FINAL_DRAIN_GRACE_S = 5.0  # reading what is buffered at the exit status (<= the window, 2 MiB)
 # An abandoned transfer's worker gets this long to notice its closed link before we stop waiting for it.
 _ABANDON_JOIN_S = 2.0
 _POLL_INTERVAL_S = 0.1
@@ -408,12 +409,11 @@ class HostSession:
         channel.in_buffer.set_event(wake)
         channel.in_stderr_buffer.set_event(wake)
 
-        def drain() -> bool:
-            """True when both buffers were emptied (False: the byte budget or the deadline cut the turn)."""
+        def drain(budget: float = _DRAIN_TURN_BYTES, until: float = deadline) -> bool:
+            """True when both buffers were emptied (False: the byte budget, `until` or `stop` cut the turn)."""
             # Read both buffers every turn: a full stderr window must never stall stdout (or vice versa).
-            # Bounded by bytes and by the deadline: a command that floods must not keep us here past it.
-            budget = _DRAIN_TURN_BYTES
-            while budget > 0 and self.clock() < deadline:
+            # Bounded by bytes, by time and by `stop`: a command that floods must not keep us here past any.
+            while budget > 0 and self.clock() < until and not (stop is not None and stop.is_set()):
                 got = 0
                 if channel.recv_ready():
                     data = channel.recv(_RECV_CHUNK_BYTES)
@@ -430,18 +430,24 @@ class HostSession:
                 budget -= got
             return False
 
+        def drain_rest() -> bool:
+            """What is already here (at most the channel's window): read whole, not by the turn's byte budget,
+            for a short grace past the deadline; False if even that could not empty it."""
+            return drain(budget=float("inf"), until=max(deadline, self.clock()) + _FINAL_DRAIN_GRACE_S)
+
         def flush() -> None:
             for stream, splitter in splitters.items():
                 for line in splitter.flush():
                     on_line(stream, line)
 
+        unread = ""
         while True:
             wake.rearm()  # before the drain: bytes that arrive during it set it again
             emptied = drain()
             # status_event is set by exit-status and by channel close; data sent before either is
             # already buffered (one ordered transport), so one more drain gets all of it.
             if channel.exit_status_ready():
-                drain()
+                unread = "" if drain_rest() else "; output still arriving after the exit status was not read"
                 flush()
                 break
             now = self.clock()
@@ -458,7 +464,7 @@ class HostSession:
                 wake.wait(min(_POLL_INTERVAL_S, deadline - now))  # exit status is seen within the poll interval
         seconds = self.clock() - started
         if channel.exit_status != -1:
-            return StepOutcome(rc=channel.exit_status, seconds=seconds)
+            return StepOutcome(rc=channel.exit_status, seconds=seconds, detail=unread.lstrip("; "))
         if not self.is_active():
             return StepOutcome(
                 rc=None,

@@ -394,3 +394,31 @@ def test_evidence_module_does_not_import_the_runner():
     source = Path(runner_mod.__file__).with_name("evidence.py").read_text()
     imported = {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)}
     assert "vast_harness.runner" not in imported
+
+
+# ---------------------------------------------------------------------------------------- floods
+
+
+def test_a_step_that_floods_its_output_is_read_whole_and_ends_when_the_host_command_does(sim, tmp_path):
+    # Red team: the console printed every line (~0.4 ms each through rich), so the harness read ~30 KB/s: `seq`
+    # ended on the host after 9 s but its step was held to the 30 s timeout and reported rc 0 with 874 KB of its
+    # log silently missing (the last drain after the exit status was cut at 1 MiB).
+    import io
+
+    from rich.console import Console
+
+    spec = make_spec(sim, tmp_path, [Step(name="seq", run="seq 1 300000", timeout_s=60)])
+    buf = io.StringIO()
+    out = Output(quiet=False)
+    out.out = out.err = Console(file=buf, width=140)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), out)
+        result = execute(run, within_s=60)
+    step = run.steps[0]
+    assert result.exit_code == 0 and step.rc == 0, result.message
+    assert step.seconds < 15, step  # the host needs well under a second
+    assert step.log_bytes == 1988895 and step.log_dropped_bytes == 0, step
+    log = (run.ev.dir / "steps" / "seq.log").read_bytes()
+    assert log.endswith(b"299999\n300000\n")
+    assert "not shown" in buf.getvalue()  # the console says it skipped lines, and where they are
+    assert buf.getvalue().count("\n") < 5000

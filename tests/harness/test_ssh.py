@@ -583,6 +583,22 @@ def test_run__flood_returns_at_its_deadline(session: HostSession) -> None:
     assert lines[0] > 1000
 
 
+def test_run__output_buffered_when_the_exit_status_arrives_is_read_whole(session: HostSession) -> None:
+    # A reader slower than the host: the host is done (1.2 MB fits the channel's 2 MiB window) but reading it
+    # takes ~2 s, past the 1 s deadline. The last read after the exit status was cut at the deadline, so the
+    # step said rc 0 with most of its output silently missing (red team: `seq`, 874 KB of its log lost).
+    got: list[int] = []
+
+    def slow(stream: str, line: str) -> None:
+        got.append(len(line))
+        time.sleep(0.0015)
+
+    outcome = session.run("yes \"$(head -c 1000 /dev/zero | tr '\\0' x)\" | head -n 1200", on_line=slow,
+                          timeout_s=1.0)
+    assert outcome.rc == 0 and not outcome.detail, outcome
+    assert len(got) == 1200 and set(got) == {1000}, (len(got), set(got))
+
+
 def test_run__a_command_that_times_out_while_flooding_leaves_the_link_up(session: HostSession) -> None:
     # paramiko's channel.fileno() pipe, closed by channel.close() while the transport thread still signalled it
     # on arriving bytes, raised EBADF in that thread and killed the transport (CI, once; here by the 3rd try):
