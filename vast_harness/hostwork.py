@@ -162,7 +162,10 @@ class HostWork:
                                 workload=step.workload, detail=outcome.detail, log_bytes=log.total_bytes,
                                 log_dropped_bytes=log.dropped_bytes)
             if outcome.connection_lost and not self.cancelled.is_set() and interrupted is None:
-                record.reconnect_ok = self.session.reconnect_probe()
+                why_not = self.session.reopen()  # for the evidence pull; the step is never re-run
+                record.reconnect_ok = why_not is None
+                if why_not is not None:
+                    self.out.warn(f"step {step.name}: {why_not}")
             self.steps.append(record)
             self.t_last_step_end_unix = time.time()
             self.t_last_step_end_mono = self.meter.now()
@@ -218,7 +221,7 @@ class HostWork:
         In the run, a pull the cap cuts is a cap stop (exit 6). In teardown it is best effort: it may use a
         share of the teardown margin, a signal abandons it, and it never delays the DELETE beyond that.
         """
-        if self.evidence_pulled or not self.session.is_active():
+        if self.evidence_pulled:
             return
         if not in_teardown:
             self.meter.check("the evidence pull")  # before marking it done: the teardown still tries, briefly
@@ -242,6 +245,13 @@ class HostWork:
             self.pull.detail = "no time left for the pull before the teardown"
             self.out.warn("no time left to pull the host's evidence; going straight to teardown")
             return
+        if not self.session.is_active():  # lost in a step (or since): the evidence is still on the host
+            why_not = self.session.reopen(timeout_s=deadline - self.meter.now())
+            if why_not is not None:
+                self.pull.detail = f"the SSH link is down and {why_not}: the host's evidence was not pulled"
+                self.out.warn(f"could not pull the host's evidence: {self.pull.detail}")
+                return
+            self.out.info("the SSH link was lost; pulling the host's evidence over a new connection")
         abandon = self._hurry if in_teardown else None
         try:
             pulled = self.session.pull_tree(f"{REMOTE_DIR}/evidence", self.ev.dir / "remote", deadline=deadline,

@@ -658,14 +658,31 @@ class HostSession:
         result.files.sort()
         return result
 
-    def reconnect_probe(self) -> bool:
-        """After a loss: does the endpoint we used accept a fresh connection? (reporting only)"""
+    def reopen(self, timeout_s: float | None = None) -> str | None:
+        """After a loss: a new link to the endpoint we used, for what comes next (the evidence pull); no
+        command is ever re-run on it by this call. The host must show the key it showed first (another key
+        there is not our instance). None once open; else why not, and the session is left as it was."""
+        limit_s = self._attempt_timeout_s if timeout_s is None else max(0.1, min(timeout_s, self._attempt_timeout_s))
         try:
-            client = _open_client(self.endpoint, self._pkey, self._user, self._attempt_timeout_s)
-        except _CONNECT_ERRORS:
-            return False
-        client.close()
-        return True
+            client = _open_client(self.endpoint, self._pkey, self._user, limit_s)
+        except _CONNECT_ERRORS as exc:
+            return f"a new connection to {self.endpoint} failed: {_describe(exc)}"
+        transport = client.get_transport()
+        shown = transport.get_remote_server_key().fingerprint if transport is not None else "none"
+        if shown != self.host_key_fingerprint:
+            client.close()
+            return (f"{self.endpoint} now shows host key {shown}, not {self.host_key_fingerprint}: "
+                    "not the host this run connected to")
+        old, old_sftp = self._client, self._sftp
+        self._client, self._sftp = client, None
+        old_transport = old.get_transport()
+        if old_transport is not None:
+            old_transport.close()  # first: closing the SFTP client politely would write to the dead link
+        with contextlib.suppress(*_CONNECT_ERRORS):
+            if old_sftp is not None:
+                old_sftp.close()
+            old.close()
+        return None
 
     def abort(self) -> None:
         """Close the link now, without any polite exchange: a stalled peer cannot hold this call."""

@@ -179,6 +179,20 @@ def test_ssh_drop_is_reported_not_retried(sim, tmp_path):
     assert r.steps[0].connection_lost and r.steps[0].reconnect_ok is not None
 
 
+def test_after_a_dropped_step_the_evidence_is_pulled_over_a_new_connection(sim, tmp_path):
+    # Red team: `ssh_drop` mid-step, the reconnect probe succeeded, and yet `pull: null`: the evidence the step
+    # had written (blob.bin) was never pulled and nothing said so.
+    sim.set_faults("ssh_drop:1.0")
+    steps = [Step(name="drop", run="mkdir -p evidence; head -c 100000 /dev/urandom > evidence/blob.bin; sleep 5",
+                  timeout_s=20)]
+    r, result = run(sim, make_spec(sim, tmp_path, steps))
+    assert result.exit_code == 1 and "connection lost" in result.message
+    assert r.steps[0].connection_lost and r.steps[0].reconnect_ok is True
+    assert r.pull is not None and r.pull.files == 1 and r.pull.complete, r.pull
+    assert (r.ev.dir / "remote" / "blob.bin").stat().st_size == 100000
+    assert r.teardowns[0].verdict == "gone"
+
+
 def test_unprovable_absence_exits_3_and_reap_cleans_up(sim, tmp_path):
     # Every list answers 503 for a while: the per-id read alone must never be taken as proof.
     sim.set_faults("5xx:list:*:503")

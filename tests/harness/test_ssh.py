@@ -504,9 +504,24 @@ def test_run__connection_dropped__reported_not_retried(host: FakeHost, session: 
     assert outcome.seconds < 3
     assert lines.of("stdout") == ["ready"]
     assert host.connections == 1  # nothing reconnected behind our back
-    assert session.reconnect_probe() is True
+    assert not session.is_active()
+    assert session.reopen() is None  # a new link for what comes next (the evidence pull), never a re-run
+    assert session.is_active() and host.connections == 2
+    assert session.run("echo again", on_line=lines, timeout_s=5).rc == 0
     host.stop()
-    assert session.reconnect_probe() is False
+    assert session.reopen() is not None
+
+
+def test_reopen__refuses_a_host_whose_key_changed(host: FakeHost, session: HostSession) -> None:
+    # A new link to the same endpoint must be the same host: another key there is not our instance.
+    host.host_key = _ed25519()[0]
+    host.drop()
+    give_up = time.monotonic() + 5
+    while session.is_active() and time.monotonic() < give_up:
+        time.sleep(0.02)
+    why = session.reopen()
+    assert why is not None and "host key" in why and session.host_key_fingerprint in why
+    assert not session.is_active()
 
 
 def test_run__env_is_exported_inline_and_quoted(session: HostSession) -> None:
