@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 
 from vast_harness.client import VastClient
 from vast_harness.config import LABEL_PREFIX, RunSpec
-from vast_harness.errors import ExitCode, VastError
+from vast_harness.errors import AuthError, ExitCode, VastError
 from vast_harness.evidence import RunEvidence
 from vast_harness.ledger import EntryFields, Event, Ledger, LedgerEntry, LedgerView, new_run_id, target_of
 from vast_harness.lifecycle import UNSEEN_TRUST_AFTER_S, InstanceTeardown, is_lingering, teardown_instance
@@ -238,6 +238,8 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
         rows = {inst.id: inst for inst in client.list_instances()}
         listed = True
     except VastError as exc:
+        if isinstance(exc, AuthError) and not any(view.pending or view.unresolved for _, view in src.views):
+            raise  # nothing was read and nothing is known to bill: a key to fix (exit 2), not "may still bill"
         listed = False
         result.not_proven.append(f"could not list live instances (the {LABEL_PREFIX}* scan did not run): {exc}")
     server_now = client.server_clock.now()

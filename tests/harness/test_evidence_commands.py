@@ -207,3 +207,15 @@ def test_costs_with_nothing_to_read_says_so_rather_than_a_plain_zero(tmp_path):
     a_file.write_text("x")
     refused = costs(a_file)
     assert refused.returncode == 2 and "not a directory" in refused.stderr and str(a_file) in refused.stderr
+
+
+def test_status_with_a_state_dir_that_is_a_file_is_exit_2_before_any_call(tmp_path):
+    # Red team: exit 0 and a table titled with the file; a live run of this machine showed as "elsewhere".
+    a_file = tmp_path / "f"
+    a_file.write_text("hi")
+    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {
+        "HOME": str(tmp_path), "VAST_HARNESS_HOME": str(a_file), "VAST_API_KEY": "k", "VAST_URL": "http://127.0.0.1:9"}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "status"], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=tmp_path)
+    assert done.returncode == 2 and "not a directory" in done.stderr and str(a_file) in done.stderr, done.stderr
+    assert "retrying" not in done.stderr  # refused before any API call

@@ -63,6 +63,19 @@ def test_ledger_ids_are_deleted_even_when_the_list_fails(sim, tmp_path, monkeypa
     assert code == 3  # the proof and the scan could not complete: not proven, and it says so
 
 
+def test_a_refused_key_with_nothing_in_the_ledger_is_exit_2_not_may_still_bill(sim, tmp_path):
+    # Red team: `VAST_API_KEY=wrong vast-e2e reap` said "NOT all proven absent" (exit 3, "an instance may still
+    # bill") when it had read nothing at all; status and offers say exit 2 for the same key.
+    from vast_harness.errors import AuthError, exit_code_for
+
+    with SimServer(seed=9, rate_scale=SCALE, api_keys=["the-only-key"]) as strict:
+        spec = spec_for(strict, tmp_path, key="not-that-key")
+        with pytest.raises(AuthError) as refused:
+            reap(strict, spec, key="not-that-key")
+        assert exit_code_for(refused.value) == 2 and "401" in str(refused.value)
+    # (with an instance of the ledger still to prove, it stays exit 3: that instance may still bill)
+
+
 def test_unresolved_create_is_found_by_label(sim, tmp_path):
     spec = spec_for(sim, tmp_path)
     label = "custom-unresolved-label"  # no vh- prefix: only the ledger can lead reap to it
