@@ -25,7 +25,15 @@ from typer._click.exceptions import ClickException  # typer vendors click; usage
 
 from vast_harness.cliopts import CANARY, CHECK, EVIDENCE, FLEET, OFFERS, REAP, RUN, STATUS, Flags, takes
 from vast_harness.config import MAX_USD_LIMIT, RunSpec, check_number, load_driver_policy, path_flag
-from vast_harness.errors import ConfigError, ExitCode, HarnessError, NoOfferError, describe, exit_code_for
+from vast_harness.errors import (
+    ConfigError,
+    ExitCode,
+    HarnessError,
+    Interrupted,
+    NoOfferError,
+    describe,
+    exit_code_for,
+)
 from vast_harness.output import Output
 
 if TYPE_CHECKING:  # the client (httpx, tenacity) is imported when a command needs it, not at startup
@@ -89,11 +97,11 @@ def _guard(out: Output, body: Callable[[], int], *, interrupted: str = "interrup
     """Run `body`, turning typed errors into one clear line and their exit code (errors.exit_code_for)."""
     try:
         code = ExitCode(body())
-    except (HarnessError, KeyboardInterrupt) as exc:
+    except (HarnessError, KeyboardInterrupt, Interrupted) as exc:
         if isinstance(exc, NoOfferError) and exc.rejected:
             out.rejections(exc.rejected, title="Closest offers and why each was rejected")
         code = exit_code_for(exc)
-        out.failure(interrupted if isinstance(exc, KeyboardInterrupt) else describe(exc), code)
+        out.failure(interrupted if isinstance(exc, (KeyboardInterrupt, Interrupted)) else describe(exc), code)
     _reported.append(code)
     raise typer.Exit(code)
 

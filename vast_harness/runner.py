@@ -216,8 +216,8 @@ class GuardedRun:
         code, message = ExitCode.FAILED, ""
         key: RunKey | None = None
         with guard, tempfile.TemporaryDirectory(prefix=run_key_dir_prefix(self.run_id)) as key_dir:
-            self.out.start_view(self._snapshot)
             try:
+                self.out.start_view(self._snapshot)  # inside: a Ctrl-C here too is exit 130, not a traceback
                 self.phases.start("plan")
                 check_minimum_cap(self.spec.caps.max_minutes, self.spec.timings)
                 check_evidence_dir(self.spec.evidence_dir, "the evidence dir")  # full or read-only: rent nothing

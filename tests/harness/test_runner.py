@@ -179,6 +179,22 @@ def test_ssh_drop_is_reported_not_retried(sim, tmp_path):
     assert r.steps[0].connection_lost and r.steps[0].reconnect_ok is not None
 
 
+def test_a_signal_while_the_live_view_starts_is_exit_130_not_a_traceback(sim, tmp_path, monkeypatch):
+    # Seen once in the suite: Ctrl-C 1 s after launch landed in start_view, outside the run's try, and the
+    # Interrupted went past every handler (a traceback, exit 1).
+    import signal as signal_mod
+
+    from vast_harness.errors import Interrupted
+
+    def interrupted(self, snapshot) -> None:
+        raise Interrupted(signal_mod.SIGINT)
+
+    monkeypatch.setattr(Output, "start_view", interrupted)
+    r, result = run(sim, make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)]))
+    assert result.exit_code == 130 and "SIGINT" in result.message, result.message
+    assert not r.created
+
+
 def test_after_a_dropped_step_the_evidence_is_pulled_over_a_new_connection(sim, tmp_path):
     # Red team: `ssh_drop` mid-step, the reconnect probe succeeded, and yet `pull: null`: the evidence the step
     # had written (blob.bin) was never pulled and nothing said so.
