@@ -37,13 +37,19 @@ if TYPE_CHECKING:  # annotations only: output keeps importing nothing of the run
     from vast_harness.lifecycle import InstanceTeardown
 
 
-# C0 but TAB, DEL, C1 (0x9b is an 8-bit CSI), and the bidi controls that reorder what a line appears to say
-_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 but TAB, DEL, C1 (0x9b is an 8-bit CSI; 0x85 a newline to some readers), the line and paragraph separators
+# (U+2028/9: newlines to some terminals and pagers), and every format character of Unicode 15 (category Cf:
+# bidi controls that reorder what a line appears to say, zero-width and invisible characters, the soft hyphen,
+# tag characters): what a host prints may only show what it contains.
+_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"
+                     "\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
+                     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+                     "\U000e0001\U000e0020-\U000e007f]")
 
 
 def _escaped(found: re.Match[str]) -> str:
     code = ord(found.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def terminal_safe(text: str) -> str:

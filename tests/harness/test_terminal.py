@@ -42,6 +42,19 @@ def _strip_rich_styles(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)  # rich's own SGR colours (when a terminal is forced)
 
 
+def test_terminal_safe_escapes_every_format_and_separator_character():
+    # Red team: U+061C (a bidi mark), U+2028 (a newline to some readers), U+200B, U+FEFF, U+00AD and the tag
+    # characters passed through unescaped while U+202E and the C1 controls were escaped.
+    import unicodedata
+
+    unsafe = [chr(c) for c in range(0x110000)
+              if unicodedata.category(chr(c)) in ("Cc", "Cf", "Zl", "Zp") and chr(c) != "\t"]
+    left = [f"U+{ord(ch):04X}" for ch in unsafe if terminal_safe(f"a{ch}b") == f"a{ch}b"]
+    assert not left, left
+    assert terminal_safe("x\u2028y\U000e0041z") == "x\\u2028y\\U000e0041z"
+    assert terminal_safe("naïve café 日本 ✓") == "naïve café 日本 ✓"  # text stays text
+
+
 def test_hostile_step_output_reaches_the_console_escaped_and_the_log_as_sent(sim, tmp_path, capsys):
     # OSC 52, OSC 0, cursor-up + erase-line, clear screen, 8-bit CSI, RLO, CR, in printf's notation (U+009B and U+202E as UTF-8; a lone 0x9b as well)
     printf = ("\\x1b]52;c;aGVsbG8=\\x07\\x1b]0;pwned\\x07\\x1b[1A\\x1b[2K\\x1b[2J\\xc2\\x9b2J\\xe2\\x80\\xae\\r"
