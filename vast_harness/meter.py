@@ -172,6 +172,10 @@ class CostMeter:
             deadline = min(deadline, now + (self.max_usd - self.accrued_usd(now) - reserved) / rate)
         return deadline
 
+    def binding_cap(self, now: float | None = None) -> str:
+        """Which cap sets the hard deadline now: "time" or "dollar" (what a cut by the cap is said as)."""
+        return "time" if self.hard_deadline(now) >= self.t0 + self.max_seconds else "dollar"
+
     def work_deadline(self, now: float | None = None) -> float:
         """Until when work may go on and still leave the teardown margin before the cap."""
         return self.hard_deadline(now) - self.teardown_margin_s

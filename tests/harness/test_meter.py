@@ -259,3 +259,14 @@ def test_over_cap_by_time_counts_only_a_rented_instance(fake_clock: FakeClock) -
     fake_clock.sleep(30)
     m.stop_instance(1, fake_clock())
     assert m.over_cap() == "the instance lived 150.0 s, over the 60.0 s cap"  # counted from the run's start
+
+
+def test_binding_cap_names_the_cap_that_sets_the_deadline() -> None:
+    # Red team: a run cut by its time cap said "instance ... now bills $0.1729/h: the cap is reached", a price
+    # that never changed.
+    clock = FakeClock()
+    m = meter(clock, max_usd=1.0, max_seconds=600.0)
+    m.start_instance(1, 0.36)  # $0.0001/s: $1 lasts 10,000 s, the time cap binds
+    assert m.binding_cap() == "time"
+    m.reprice(1, 36.0)  # $0.01/s: $1 lasts 100 s
+    assert m.binding_cap() == "dollar"
