@@ -163,7 +163,9 @@ def show_costs(out: Output, evidence_dir: Path) -> int:
         out.out.print(g)
     real, sim = summary["total"]["real"], summary["total"]["sim"]
     out.out.print(f"Total against Vast: ${real.accrued_usd:.4f} over {real.runs} run(s)"
-                  + (f" ({real.unrecorded_runs} unrecorded: see the Vast console's billing)" if real.unrecorded_runs
-                     else "") + f"; simulated: ${sim.accrued_usd:.4f} over {sim.runs} run(s)")
+                  + (f" ({real.unrecorded_runs} unrecorded, not in that sum: see the Vast console's billing)"
+                     if real.unrecorded_runs
+                     else "") + f"; simulated: ${sim.accrued_usd:.4f} over {sim.runs} run(s)"
+                  + (f" ({sim.unrecorded_runs} unrecorded, not in that sum)" if sim.unrecorded_runs else ""))
     out.out.print(line(("Ledgers read: ", "dim"), ", ".join(map(str, ledgers)) or "none"))
     return 0
