@@ -133,6 +133,7 @@ class PullRecord(BaseModel):
     skipped: list[str] = Field(default_factory=list)  # over the size budget
     left: list[str] = Field(default_factory=list)  # a cut pull: the file being copied, then those not reached
     redacted: list[str] = Field(default_factory=list)  # files in which a secret's value was masked
+    renamed: dict[str, str] = Field(default_factory=dict)  # host name with control characters -> local name
     complete: bool = False
     detail: str = ""
     deadline_s: float | None = None

@@ -268,7 +268,11 @@ class HostWork:
                 self.pull.redacted = masked
         self.pull = self.pull.model_copy(update={"files": len(pulled.files), "bytes": pulled.bytes,
                                                  "skipped": pulled.skipped, "left": pulled.left,
+                                                 "renamed": pulled.renamed,
                                                  "complete": pulled.complete, "detail": pulled.detail})
+        if pulled.renamed:
+            self.out.warn(f"{len(pulled.renamed)} host file name(s) held control characters: saved under escaped "
+                          "names (harness-result.json pull.renamed maps them)")
         self.out.info(f"pulled {len(pulled.files)} evidence file(s), {pulled.bytes} bytes"
                       + ("" if pulled.complete else f"; incomplete: {pulled.detail}"))
         if pulled.complete or in_teardown:

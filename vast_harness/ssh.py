@@ -94,8 +94,27 @@ class TreePull(BaseModel):
     # When the pull is cut (deadline, abandon, link lost): the file being copied, then the files and folders
     # already listed but not reached. Folders not yet listed are not known, so "and more" may apply.
     left: list[str] = []
+    # A host's file name with control characters is saved under an escaped name (remote -> local here):
+    # written as sent, `ls` or `cat manifest.sha256` of the evidence would play it to the user's terminal.
+    renamed: dict[str, str] = {}
     _current: str = ""
     _listed: list[str] = []
+    _taken: set[str] = set()
+
+    def local_name(self, rel: PurePosixPath) -> str:
+        """Where `rel` (the host's relative path) goes locally: as is when every character is printable,
+        else escaped (`\\x1b`); a name already taken in this pull gets `~` appended."""
+        remote = rel.as_posix()
+        local = "/".join(_UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", part) for part in rel.parts)
+        while local in self._taken:
+            local += "~"
+        self._taken.add(local)
+        if local != remote:
+            self.renamed[remote] = local
+        return local
+
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1 (0x9b is an 8-bit CSI)
 
 
 class _OverBudget(Exception):
@@ -640,8 +659,9 @@ class HostSession:
                         result.skipped.append(rel.as_posix())
                         continue
                     result._current = rel.as_posix()
+                    local = result.local_name(rel)
                     try:
-                        size = self.get(str(PurePosixPath(remote_dir) / rel), local_dir / rel, max_bytes=left,
+                        size = self.get(str(PurePosixPath(remote_dir) / rel), local_dir / local, max_bytes=left,
                                         on_bytes=on_bytes)
                     except FileNotFoundError:
                         continue
@@ -653,7 +673,7 @@ class HostSession:
                         result.skipped.append(rel.as_posix())  # grew past the budget while copied
                         continue
                     result.bytes += size
-                    result.files.append(rel.as_posix())
+                    result.files.append(local)
                     result._current = ""
         result.files.sort()
         return result

@@ -66,7 +66,10 @@ def test_a_host_file_named_to_forge_the_manifest_does_not(sim, tmp_path: Path):
         run = GuardedRun(spec_with_steps(sim, tmp_path, make), client, load_driver_policy(), Output(quiet=True))
         result = run.execute()
     assert result.exit_code in (0, 4), result.message
-    assert (run.ev.dir / "remote" / FORGED).is_file()  # the host's file came back under its own name
+    # the host's file came back under an escaped name (a newline in a local name is one more hostile byte), mapped
+    escaped = FORGED.replace("\n", "\\x0a")
+    assert (run.ev.dir / "remote" / escaped).is_file() and not (run.ev.dir / "remote" / FORGED).exists()
+    assert run.pull is not None and run.pull.renamed == {FORGED: escaped}
     check = _check(run.ev.dir)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "harness-result.json: OK" in check.stdout and "FAILED" not in check.stdout

@@ -580,6 +580,25 @@ def test_get_tree__pulls_matching_files_recursively_skipping_vanished(
     assert session.get_tree("no-such-dir", tmp_path / "none") == []
 
 
+def test_pull_tree__control_characters_in_a_host_file_name_never_reach_the_local_name(
+    host: FakeHost, session: HostSession, tmp_path: Path
+) -> None:
+    # Red team: a host file `e\x1b]0;PWN\x07\nnl.txt` was written locally under that name, and its ESC/BEL went
+    # into manifest.sha256: `ls` or `cat` of the evidence then wrote to the user's terminal.
+    (host.root / "evidence" / "d\x1bir").mkdir(parents=True)
+    (host.root / "evidence" / "e\x1b]0;PWN\x07\nnl.txt").write_text("hostile")
+    (host.root / "evidence" / "d\x1bir" / "x\x9b.json").write_text("{}")
+    (host.root / "evidence" / "e\\x1b]0;PWN\\x07\\nnl.txt").write_text("the escaped name, literally")
+    pulled = session.pull_tree("evidence", tmp_path / "local", deadline=time.monotonic() + 10, max_bytes=1e6)
+    local = sorted(p.relative_to(tmp_path / "local").as_posix() for p in (tmp_path / "local").rglob("*")
+                   if p.is_file())
+    assert all(ch.isprintable() for name in local for ch in name), local
+    assert len(local) == 3 and pulled.complete, (local, pulled)
+    assert sorted(pulled.files) == local  # what the record lists is what is on disk
+    assert sorted((tmp_path / "local").rglob("*.txt"))[0].read_text() in ("hostile", "the escaped name, literally")
+    assert pulled.renamed and all(not all(c.isprintable() for c in remote) for remote in pulled.renamed)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Bounds: a flooding command, a stalled link, a slow link, a size budget
 
