@@ -466,7 +466,7 @@ class HostSession:
             # status_event is set by exit-status and by channel close; data sent before either is
             # already buffered (one ordered transport), so one more drain gets all of it.
             if channel.exit_status_ready():
-                unread = "" if drain_rest() else "; output still arriving after the exit status was not read"
+                unread = "" if drain_rest() else "output still arriving after the exit status was not read"
                 flush()
                 break
             now = self.clock()
@@ -483,7 +483,7 @@ class HostSession:
                 wake.wait(min(_POLL_INTERVAL_S, deadline - now))  # exit status is seen within the poll interval
         seconds = self.clock() - started
         if channel.exit_status != -1:
-            return StepOutcome(rc=channel.exit_status, seconds=seconds, detail=unread.lstrip("; "))
+            return StepOutcome(rc=channel.exit_status, seconds=seconds, detail=unread)
         if not self.is_active():
             return StepOutcome(
                 rc=None,
