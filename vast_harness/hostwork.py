@@ -261,6 +261,12 @@ class HostWork:
             self.pull.detail = f"{type(exc).__name__}: {exc}"
             self.out.warn(f"could not pull the host's evidence: {exc}")
             return
+        except Interrupted as exc:
+            # Files copied whole are kept. In the run, the teardown's own pull tries once more (briefly: the
+            # DELETE goes first) and its record names what stayed on the host.
+            self.pull.detail = f"interrupted by {exc}"
+            self.evidence_pulled = in_teardown
+            raise
         finally:
             self.timings["pull_s"] = round(self.meter.now() - start, 3)
             masked = self._redact_pulled()

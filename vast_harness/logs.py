@@ -59,7 +59,12 @@ def show_logs(out: Output, run_dir: Path, step: str | None, *, raw: bool = False
         out.stdout.flush()
     else:
         text = data.decode("utf-8", "replace")
-        out.stdout.write("".join(terminal_safe(line) + "\n" for line in text.splitlines()))
+        # split on "\n" only: splitlines() also breaks at \v, \f, \x1c-\x1e, \x85, U+2028/9, so a host could
+        # forge lines ("✓ step ...") out of characters the console shows escaped
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        out.stdout.write("".join(terminal_safe(line) + "\n" for line in lines))
         out.stdout.flush()
     return 0
 

@@ -219,3 +219,16 @@ def test_status_with_a_state_dir_that_is_a_file_is_exit_2_before_any_call(tmp_pa
                           text=True, timeout=60, env=env, cwd=tmp_path)
     assert done.returncode == 2 and "not a directory" in done.stderr and str(a_file) in done.stderr, done.stderr
     assert "retrying" not in done.stderr  # refused before any API call
+
+
+def test_logs_breaks_lines_only_at_newlines(tmp_path, capsys):
+    # Red team: `logs RUN STEP` split at U+2028, U+2029, U+0085, VT and FF (str.splitlines), so a host could forge
+    # lines such as a fake "✓ step" out of characters the console shows escaped.
+    from vast_harness.logs import show_logs
+    from vast_harness.output import Output
+
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps" / "s.log").write_text("L<\u2028>R\nA<\u2029\x85\x0b\x0c\x1c>B\nend\n", encoding="utf-8")
+    assert show_logs(Output(), tmp_path, "s") == 0
+    shown = capsys.readouterr().out
+    assert shown.split("\n") == ["L<\\u2028>R", "A<\\u2029\\x85\\x0b\\x0c\\x1c>B", "end", ""], shown

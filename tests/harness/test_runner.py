@@ -261,6 +261,30 @@ def test_second_ctrl_c_does_not_skip_teardown(sim, tmp_path, capsys):
     assert not live_ids(sim) & {i.instance_id for i in r.created}
 
 
+def test_one_ctrl_c_during_the_pull_keeps_what_was_copied_and_names_what_was_left(sim, tmp_path):
+    # Red team: one SIGINT 3 s into a 10 s pull: exit 130 and gone (right), but `pull` said files 0, left [],
+    # detail "" and nothing was said: the teardown never tried again and the record named nothing.
+    from vast_harness.hostwork import HostWork
+
+    class SignalDuringPull(HostWork):
+        def pull_evidence(self, *, in_teardown: bool, max_s: float | None = None) -> None:
+            if not in_teardown:
+                threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+            super().pull_evidence(in_teardown=in_teardown, max_s=max_s)
+
+    sim.set_faults("slow_sftp:60000")  # 600 KB: a 10 s pull
+    steps = [Step(name="mk", run="mkdir -p evidence; echo '{}' > evidence/a.json; "
+                               "head -c 600000 /dev/urandom > evidence/big.bin", timeout_s=20)]
+    spec = make_spec(sim, tmp_path, steps)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        r = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), host_work=SignalDuringPull)
+        result = r.execute()
+    assert result.exit_code == 130, result.message
+    assert r.teardowns[0].verdict == "gone"
+    assert (r.ev.dir / "remote" / "a.json").is_file()  # copied whole before the signal: kept
+    assert r.pull is not None and not r.pull.complete and "big.bin" in r.pull.left, r.pull
+
+
 def test_no_offer_exits_5_and_rents_nothing(sim, tmp_path):
     before = len(sim.state()["instances"])
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)])
