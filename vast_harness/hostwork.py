@@ -119,8 +119,8 @@ class HostWork:
                 # Printed bytes leave the host and are billed: they can move the money deadline earlier.
                 self.meter.add_bytes(down=state["unmetered"])
                 state["unmetered"] = 0
-                if self.meter.cut_by_cap():
-                    raise CapReachedError(f"step {name} stopped at the cap (its output is billed bandwidth)")
+                if self.meter.cut_by_cap():  # the bytes, a re-price or the clock: the meter says which cap
+                    raise CapReachedError(f"step {name} stopped: {self.meter.cap_reached()}")
 
         def settle() -> None:
             say_skipped()
@@ -156,6 +156,11 @@ class HostWork:
             finally:
                 settle()
                 log.close()
+            capped = outcome.timed_out and cut is None and (timeout < step.timeout_s or self.meter.cut_by_cap())
+            if capped:  # not the step's own timeout: say so where the step is recorded
+                outcome = outcome.model_copy(update={"detail": f"stopped after {outcome.seconds:.1f} s: "
+                                                               f"{self.meter.cap_reached()} (the step's own "
+                                                               f"timeout is {step.timeout_s:g} s)"})
             record = StepRecord(name=step.name, rc=outcome.rc, seconds=round(outcome.seconds, 3),
                                 timed_out=outcome.timed_out, connection_lost=outcome.connection_lost,
                                 interrupted=interrupted is not None,
@@ -176,8 +181,8 @@ class HostWork:
             if cut is not None:
                 raise cut
             self._check_cancelled()
-            if outcome.timed_out and (timeout < step.timeout_s or self.meter.cut_by_cap()):
-                raise CapReachedError(f"step {step.name} stopped at the cap (time/cost) after {outcome.seconds:.0f} s")
+            if capped:
+                raise CapReachedError(f"step {step.name} {outcome.detail}")
             if outcome.timed_out:
                 raise StepFailedError(f"step {step.name} timed out after {step.timeout_s:g} s", step=step.name)
             if outcome.connection_lost:

@@ -86,11 +86,8 @@ class InstanceReads:
                 try:
                     self.on_read(inst, read)
                     if self.meter.cut_by_cap():
-                        m = self.meter
-                        raise CapReachedError(
-                            f"the {m.binding_cap()} cap is reached, keeping the teardown margin (instance "
-                            f"{inst.instance_id} bills ${inst.dph_usd:.4f}/h; accrued ${m.accrued_usd():.4f} of "
-                            f"${m.max_usd:g}, {m.elapsed_s():.0f} s of {m.max_seconds:.0f} s)")
+                        raise CapReachedError(f"{self.meter.cap_reached()}; instance {inst.instance_id} bills "
+                                              f"${inst.dph_usd:.4f}/h")
                 except CapReachedError as exc:
                     self._cancel(str(exc), ExitCode.CAP_REACHED)
                     return

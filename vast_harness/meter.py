@@ -176,6 +176,11 @@ class CostMeter:
         """Which cap sets the hard deadline now: "time" or "dollar" (what a cut by the cap is said as)."""
         return "time" if self.hard_deadline(now) >= self.t0 + self.max_seconds else "dollar"
 
+    def cap_reached(self) -> str:
+        """How a cut by the cap is said: which cap, and the figures."""
+        return (f"the {self.binding_cap()} cap is reached, keeping the teardown margin (accrued "
+                f"${self.accrued_usd():.4f} of ${self.max_usd:g}, {self.elapsed_s():.0f} s of {self.max_seconds:.0f} s)")
+
     def work_deadline(self, now: float | None = None) -> float:
         """Until when work may go on and still leave the teardown margin before the cap."""
         return self.hard_deadline(now) - self.teardown_margin_s

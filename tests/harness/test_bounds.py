@@ -422,3 +422,14 @@ def test_a_step_that_floods_its_output_is_read_whole_and_ends_when_the_host_comm
     assert log.endswith(b"299999\n300000\n")
     assert "not shown" in buf.getvalue()  # the console says it skipped lines, and where they are
     assert buf.getvalue().count("\n") < 5000
+
+
+def test_a_step_cut_by_the_time_cap_says_the_time_cap_cut_it(sim, tmp_path):
+    # Red team: "step sl stopped at the cap (time/cost) after 57 s", the record saying "timed out" against a
+    # 500 s timeout of its own; under a re-price, "its output is billed bandwidth" with nothing billed for bytes.
+    spec = make_spec(sim, tmp_path, [Step(name="sl", run="sleep 60", timeout_s=120)], max_minutes=0.1)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=40)
+    assert result.exit_code == 6 and "the time cap is reached" in result.message, result.message
+    assert "the time cap is reached" in run.steps[0].detail and "own timeout is 120 s" in run.steps[0].detail
