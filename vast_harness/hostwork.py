@@ -34,6 +34,9 @@ PULL_GRACE_MAX_S = 30.0
 _METER_EVERY_BYTES = 1 << 20
 
 
+_CONSOLE_LINE_CHARS = 1000  # the most of one line the console shows; the step log keeps it whole
+
+
 class HostWork:
     """Upload, steps and evidence pull on one connected host. `steps`, `pull` and `t_last_step_end_unix`
     are what the run's record reports; `timings` is the run's own dict (phases add their seconds)."""
@@ -107,11 +110,14 @@ class HostWork:
             line = redact.text(raw)  # a secret a step prints is neither logged nor shown, whatever its length
             shown = log.write(line)
             state["unmetered"] += len(raw) + 1
-            if shown:
-                if console.allow():
-                    say_skipped()
-                    self.out.step_line(name, self.meter.now() - started, self.meter.accrued_usd(), stream, line)
-            elif not state["said_cut"]:
+            if shown and console.allow():
+                say_skipped()
+                if len(line) > _CONSOLE_LINE_CHARS:  # a 30 MB line is one line to the budget: show its start
+                    line = f"{line[:_CONSOLE_LINE_CHARS]} … ({len(line) - _CONSOLE_LINE_CHARS} more characters in the log)"
+                self.out.step_line(name, self.meter.now() - started, self.meter.accrued_usd(), stream, line)
+            else:
+                self.out.step_output_seen()  # a flood past the console is output, not silence
+            if not shown and not state["said_cut"]:
                 state["said_cut"] = True
                 self.out.warn(f"step {name}: output past {self.ev.step_log_head_bytes} bytes is no longer shown; "
                               "its log keeps the last part")

@@ -237,6 +237,11 @@ class Output:
         if self._out_saved is not None:
             self.out, self._out_saved = self._out_saved, None
 
+    def step_output_seen(self) -> None:
+        """A line arrived that is not shown (past the console's budget or the log's head): not "quiet"."""
+        if self.view is not None:
+            self.view.line_printed()
+
     def step_line(self, step: str, elapsed_s: float, accrued_usd: float, stream: str, line: str) -> None:
         """One line of a step's output, live: the step, its elapsed time and the dollars accrued so far."""
         if self.view is not None:

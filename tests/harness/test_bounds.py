@@ -433,3 +433,24 @@ def test_a_step_cut_by_the_time_cap_says_the_time_cap_cut_it(sim, tmp_path):
         result = execute(run, within_s=40)
     assert result.exit_code == 6 and "the time cap is reached" in result.message, result.message
     assert "the time cap is reached" in run.steps[0].detail and "own timeout is 120 s" in run.steps[0].detail
+
+
+def test_a_flood_of_long_lines_reaches_the_console_cut_short(sim, tmp_path):
+    # Red team: the line budget counted lines, and a 30 MB line came as 127 chunks that wrapped to 52,499 rows
+    # (8.4 MB on stdout in 1.6 s). Each shown line is cut at 1,000 characters; the log keeps the bytes.
+    import io
+
+    from rich.console import Console
+
+    spec = make_spec(sim, tmp_path, [Step(name="long", run="head -c 5000000 /dev/zero | tr '\\0' x; echo; echo TAIL",
+                                          timeout_s=60)])
+    buf = io.StringIO()
+    out = Output(quiet=False)
+    out.out = out.err = Console(file=buf, width=140)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), out)
+        result = execute(run, within_s=60)
+    assert result.exit_code == 0, result.message
+    assert len(buf.getvalue()) < 400_000, len(buf.getvalue())
+    assert "more characters in the log" in buf.getvalue()
+    assert (run.ev.dir / "steps" / "long.log").read_bytes().endswith(b"TAIL\n")
