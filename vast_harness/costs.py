@@ -16,11 +16,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from vast_harness.apiurl import is_loopback_url
-from vast_harness.errors import ConfigError
 from vast_harness.hostdata import number, read_json
 from vast_harness.ledger import LEDGER_FILE, Ledger
 from vast_harness.output import Output, line, safe_cells
-from vast_harness.runs import RESULT_NAME, run_dirs
+from vast_harness.runs import RESULT_NAME, refuse_file_on_path, run_dirs
 from vast_harness.statedir import SIM_SUBDIR, state_dir
 
 
@@ -125,8 +124,7 @@ def _dump(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def show_costs(out: Output, evidence_dir: Path) -> int:
-    if evidence_dir.exists() and not evidence_dir.is_dir():
-        raise ConfigError(f"the evidence directory {evidence_dir} is not a directory")
+    refuse_file_on_path(evidence_dir, "the evidence directory")
     found = evidence_dir.is_dir()
     ledgers = ledger_paths(evidence_dir)
     runs = collect(evidence_dir, ledgers)

@@ -40,11 +40,22 @@ def _is_run(path: Path) -> bool:
     return (path / RESULT_NAME).is_file() or (path / "steps").is_dir()
 
 
+def refuse_file_on_path(path: Path, what: str) -> None:
+    """ConfigError (exit 2) when `path`, or the nearest part of it that exists, is not a directory: a reader
+    would otherwise report "nothing here" for a mistyped path."""
+    for part in (path, *path.parents):
+        if part.exists():
+            if not part.is_dir():
+                raise ConfigError(f"{what} {path} cannot be used: {part} is not a directory")
+            return
+
+
 def find_run(evidence_dir: Path, ref: str) -> Path:
     """A run by path, by id, or by a part of its id that names exactly one run; else exit 2 naming why."""
     given = Path(ref).expanduser()
     if given.is_dir() and _is_run(given):
         return given
+    refuse_file_on_path(evidence_dir, "the evidence directory")
     runs = run_dirs(evidence_dir)
     exact = [p for p in runs if p.name == ref]
     if exact:

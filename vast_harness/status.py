@@ -15,12 +15,13 @@ from rich.table import Table
 
 from vast_harness.client import VastClient
 from vast_harness.config import LABEL_PREFIX, RunSpec
-from vast_harness.errors import AuthError, ConfigError, ExitCode, VastError
+from vast_harness.errors import AuthError, ExitCode, VastError
 from vast_harness.ledger import Ledger
 from vast_harness.lifecycle import is_lingering
 from vast_harness.output import Output, safe_cells, safe_text, terminal_safe
 from vast_harness.reap import LiveInstance, judge
 from vast_harness.registry import LiveRun, RunRegistry, parse_label
+from vast_harness.runs import refuse_file_on_path
 
 
 class StatusRow(BaseModel):
@@ -43,8 +44,7 @@ class StatusRow(BaseModel):
 def collect(spec: RunSpec, client: VastClient) -> tuple[list[StatusRow], list[str]]:
     """The rows, and what could not be read (a failed list is said, never shown as "nothing running")."""
     problems: list[str] = []
-    if spec.state_dir.exists() and not spec.state_dir.is_dir():  # else every live run here looked "elsewhere"
-        raise ConfigError(f"the state directory {spec.state_dir} exists and is not a directory")
+    refuse_file_on_path(spec.state_dir, "the state directory")  # else every live run here looked "elsewhere"
     runs = RunRegistry(spec.state_dir).scan()
     try:
         instances = [i for i in client.list_instances() if (i.label or "").startswith(LABEL_PREFIX)]

@@ -219,6 +219,11 @@ def test_status_with_a_state_dir_that_is_a_file_is_exit_2_before_any_call(tmp_pa
                           text=True, timeout=60, env=env, cwd=tmp_path)
     assert done.returncode == 2 and "not a directory" in done.stderr and str(a_file) in done.stderr, done.stderr
     assert "retrying" not in done.stderr  # refused before any API call
+    # a path under that file, and `logs` with it (which said "no run 'foo'")
+    for args, home in ((["status"], a_file / "sub"), (["logs", "foo"], a_file)):
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args], capture_output=True,
+                              text=True, timeout=60, env=env | {"VAST_HARNESS_HOME": str(home)}, cwd=tmp_path)
+        assert done.returncode == 2 and "not a directory" in done.stderr, (args, done.stderr)
 
 
 def test_logs_breaks_lines_only_at_newlines(tmp_path, capsys):
