@@ -40,11 +40,13 @@ if TYPE_CHECKING:  # annotations only: output keeps importing nothing of the run
 # C0 but TAB, DEL, C1 (0x9b is an 8-bit CSI; 0x85 a newline to some readers), the line and paragraph separators
 # (U+2028/9: newlines to some terminals and pagers), and every format character of Unicode 15 (category Cf:
 # bidi controls that reorder what a line appears to say, zero-width and invisible characters, the soft hyphen,
-# tag characters): what a host prints may only show what it contains.
-_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"
-                     "\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
+# tag characters), plus what renders as nothing though it is not Cf: the combining grapheme joiner, the Hangul
+# fillers, variation selectors and noncharacters. What a host prints may only show what it contains.
+_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\xad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891"
+                     "\u08e2\u115f\u1160\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f"
+                     "\u3164\ufdd0-\ufdef\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb\ufffe\uffff"
                      "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
-                     "\U000e0001\U000e0020-\U000e007f]")
+                     "\U000e0001\U000e0020-\U000e007f\U000e0100-\U000e01ef]")
 
 
 def _escaped(found: re.Match[str]) -> str:

@@ -52,6 +52,8 @@ def test_terminal_safe_escapes_every_format_and_separator_character():
     left = [f"U+{ord(ch):04X}" for ch in unsafe if terminal_safe(f"a{ch}b") == f"a{ch}b"]
     assert not left, left
     assert terminal_safe("x\u2028y\U000e0041z") == "x\\u2028y\\U000e0041z"
+    for invisible in "\u3164\u034f\ufe0f\U000e0100\uffff\u115f\uffa0":  # render as nothing, though not Cf
+        assert terminal_safe(invisible) != invisible, f"U+{ord(invisible):04X}"
     assert terminal_safe("naïve café 日本 ✓") == "naïve café 日本 ✓"  # text stays text
 
 
