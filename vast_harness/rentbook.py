@@ -34,6 +34,7 @@ CreateOutcome = Rented | NotRented
 @dataclass
 class RentBook:
     attempts: dict[str, float] = field(default_factory=dict)  # label -> run-clock time its PUT was sent
+    offers: dict[str, tuple[int, float]] = field(default_factory=dict)  # label -> (offer id, quoted $/h) it was sent for
     unresolved: set[str] = field(default_factory=set)  # labels whose create no answer or read has settled
     created: list[CreatedInstance] = field(default_factory=list)
     teardowns: list[InstanceTeardown] = field(default_factory=list)
@@ -41,9 +42,12 @@ class RentBook:
     excluded_machines: set[int] = field(default_factory=set)  # machines that failed to boot in this run
 
     # ------------------------------------------------------------------------------------ creates
-    def attempt(self, label: str, t_sent: float) -> None:
-        """A PUT is about to leave with `label`: from now on it may have created something."""
+    def attempt(self, label: str, t_sent: float, offer: tuple[int, float] | None = None) -> None:
+        """A PUT is about to leave with `label` (for `offer`: id, quoted $/h): from now on it may have created
+        something."""
         self.attempts[label] = t_sent
+        if offer is not None:
+            self.offers[label] = offer
         self.unresolved.add(label)
 
     def withdraw(self, label: str) -> None:

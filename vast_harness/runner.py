@@ -7,6 +7,7 @@ decides the exit code: 3 beats everything when any instance is not proven gone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
@@ -38,6 +39,7 @@ from vast_harness.errors import (
     RunCancelled,
     SshConnectError,
     TeardownUnproven,
+    VastError,
     describe,
     exit_code_for,
 )
@@ -94,6 +96,7 @@ CANCEL_PRICE_READ_RETRY_S = 2.0  # the price read of a run a cap cancelled (a si
 # On a signal the evidence pull gets this long at most: the DELETE must leave within the first second (a CI
 # cancel gives 7.5 s between SIGINT and SIGTERM, then 2.5 s to SIGKILL).
 SIGNAL_PULL_MAX_S = 0.5
+STRAY_PRICE_READ_S = 3.0  # reading the price of an instance the label sweep found (then it is deleted)
 _T = TypeVar("_T")
 # What signal.signal takes and returns (typeshed's private _HANDLER).
 SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
@@ -364,7 +367,8 @@ class GuardedRun:
         self.out.info(f"renting offer {cand.offer.id} ({cand.offer.num_gpus}x {cand.offer.gpu_name}, "
                       f"${cand.quote.dph_at_disk_usd:.3f}/h) as {label}")
         t_put_mono = self.clock()  # billing may start as the PUT lands: the meter starts here, not at the answer
-        self.book.attempt(label, t_put_mono)  # unresolved until an answer or a read settles it (an interrupt leaves it)
+        # unresolved until an answer or a read settles it (an interrupt leaves it)
+        self.book.attempt(label, t_put_mono, (cand.offer.id, cand.quote.dph_at_disk_usd))
         try:
             outcome = create(self.client, self.ledger, run_id=self.run_id, offer_id=cand.offer.id,
                              request=request, lag_wait_s=max(self.spec.poll_s, 0.2),
@@ -653,10 +657,17 @@ class GuardedRun:
                 if instance_id not in known:
                     self.out.warn(f"found instance {instance_id} with this run's label {label}; deleting it")
                     self.ledger.append(self.run_id, "created", label, instance_id=instance_id, detail="found by sweep")
-                    stray = CreatedInstance(instance_id=instance_id, label=label, offer_id=-1, machine_id=None,
-                                            dph_usd=0.0, t_created_mono=sent.get(label, self.t0),
+                    # It billed from its PUT at its offer's price (the instance's own, when a read gives one).
+                    offer_id, dph_usd = book.offers.get(label, (-1, 0.0))
+                    with contextlib.suppress(VastError):
+                        read = self.client.get_instance(instance_id, max_retry_s=STRAY_PRICE_READ_S)
+                        if read is not None and read.dph_total:
+                            dph_usd = read.dph_total
+                    stray = CreatedInstance(instance_id=instance_id, label=label, offer_id=offer_id, machine_id=None,
+                                            dph_usd=dph_usd, t_created_mono=sent.get(label, self.t0),
                                             status="found by label", seen=True)
                     book.rented(stray)
+                    self.meter.start_instance(instance_id, dph_usd, stray.t_created_mono)
                     self._teardown_one(stray)
                     known.add(instance_id)
 

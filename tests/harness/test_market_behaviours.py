@@ -153,6 +153,29 @@ def test_ctrl_c_while_the_create_is_held_is_exit_3_not_130(sim, tmp_path):
     assert [i["live"] for i in of_run(sim, r)] == [False]
 
 
+def test_an_instance_the_sweep_finds_after_a_ctrl_c_is_billed_at_its_price_from_its_put(sim, tmp_path):
+    # Red team: Ctrl-C during a held create; the sweep found the instance by label and deleted it, but the record
+    # said dph_usd 0.0, offer_id -1, accrued $0.00 where the simulator billed $0.00135 for 28 s.
+    sim.set_faults("create_hold:1")
+    spec = make_spec(sim, tmp_path, OK)
+    r = guarded(sim, spec, read_lag_window_s=2.0)
+
+    def interrupt_when_held() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not sim.backend.faults.rules[0].fired:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_held, daemon=True).start()
+    result = execute(r)
+    assert result.exit_code == 130, result.message  # found by the sweep, deleted, proven gone
+    [found] = r.created
+    assert found.status == "found by label" and found.dph_usd > 0 and found.offer_id == r.plan.chosen.offer.id
+    billed_usd = sum(i["billed_usd"] for i in of_run(sim, r))
+    assert billed_usd > 0 and r.meter.accrued_usd() >= 0.9 * billed_usd, (r.meter.accrued_usd(), billed_usd)
+
+
 def test_create_429_waits_and_retries_the_same_offer(sim, tmp_path):
     sim.set_faults("429:create:2")
     r = guarded(sim, make_spec(sim, tmp_path, OK))
