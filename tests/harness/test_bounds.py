@@ -9,15 +9,18 @@ dollars, destroy time) is the judge, never the harness's word.
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
+from rich.console import Console
 
 import vast_harness.runner as runner_mod
 from tests.harness.netproxy import TcpProxy
@@ -399,21 +402,23 @@ def test_evidence_module_does_not_import_the_runner():
 # ---------------------------------------------------------------------------------------- floods
 
 
-def test_a_step_that_floods_its_output_is_read_whole_and_ends_when_the_host_command_does(sim, tmp_path):
-    # Red team: the console printed every line (~0.4 ms each through rich), so the harness read ~30 KB/s: `seq`
-    # ended on the host after 9 s but its step was held to the 30 s timeout and reported rc 0 with 874 KB of its
-    # log silently missing (the last drain after the exit status was cut at 1 MiB).
-    import io
-
-    from rich.console import Console
-
-    spec = make_spec(sim, tmp_path, [Step(name="seq", run="seq 1 300000", timeout_s=60)])
+def execute_on_a_console(sim: SimServer, spec: RunSpec) -> tuple[GuardedRun, Any, io.StringIO]:
+    """A run whose console (not quiet: every line goes through rich, as a user's does) writes to a buffer."""
     buf = io.StringIO()
     out = Output(quiet=False)
     out.out = out.err = Console(file=buf, width=140)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), out)
         result = execute(run, within_s=60)
+    return run, result, buf
+
+
+def test_a_step_that_floods_its_output_is_read_whole_and_ends_when_the_host_command_does(sim, tmp_path):
+    # Red team: the console printed every line (~0.4 ms each through rich), so the harness read ~30 KB/s: `seq`
+    # ended on the host after 9 s but its step was held to the 30 s timeout and reported rc 0 with 874 KB of its
+    # log silently missing (the last drain after the exit status was cut at 1 MiB).
+    spec = make_spec(sim, tmp_path, [Step(name="seq", run="seq 1 300000", timeout_s=60)])
+    run, result, buf = execute_on_a_console(sim, spec)
     step = run.steps[0]
     assert result.exit_code == 0 and step.rc == 0, result.message
     assert step.seconds < 15, step  # the host needs well under a second
@@ -438,18 +443,9 @@ def test_a_step_cut_by_the_time_cap_says_the_time_cap_cut_it(sim, tmp_path):
 def test_a_flood_of_long_lines_reaches_the_console_cut_short(sim, tmp_path):
     # Red team: the line budget counted lines, and a 30 MB line came as 127 chunks that wrapped to 52,499 rows
     # (8.4 MB on stdout in 1.6 s). Each shown line is cut at 1,000 characters; the log keeps the bytes.
-    import io
-
-    from rich.console import Console
-
     spec = make_spec(sim, tmp_path, [Step(name="long", run="head -c 5000000 /dev/zero | tr '\\0' x; echo; echo TAIL",
                                           timeout_s=60)])
-    buf = io.StringIO()
-    out = Output(quiet=False)
-    out.out = out.err = Console(file=buf, width=140)
-    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
-        run = GuardedRun(spec, client, load_driver_policy(), out)
-        result = execute(run, within_s=60)
+    run, result, buf = execute_on_a_console(sim, spec)
     assert result.exit_code == 0, result.message
     assert len(buf.getvalue()) < 400_000, len(buf.getvalue())
     assert "more characters in the log" in buf.getvalue()

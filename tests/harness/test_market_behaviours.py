@@ -128,19 +128,23 @@ def test_a_lost_create_answer_never_seen_is_exit_3_and_reap_finds_it(sim, tmp_pa
     assert [i["live"] for i in of_run(sim, r)] == [False]
 
 
-def test_ctrl_c_while_the_create_is_held_is_exit_3_not_130(sim, tmp_path):
-    sim.set_faults("create_hold:4")
-    spec = make_spec(sim, tmp_path, OK)
-    r = guarded(sim, spec, read_lag_window_s=0.5)
-
-    def interrupt_when_held() -> None:
+def interrupt_once_the_create_is_held(sim) -> None:
+    """SIGINT to this process 0.2 s after the simulator starts holding the create (its first fault rule)."""
+    def interrupt() -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not sim.backend.faults.rules[0].fired:
             time.sleep(0.02)
         time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=interrupt_when_held, daemon=True).start()
+    threading.Thread(target=interrupt, daemon=True).start()
+
+
+def test_ctrl_c_while_the_create_is_held_is_exit_3_not_130(sim, tmp_path):
+    sim.set_faults("create_hold:4")
+    spec = make_spec(sim, tmp_path, OK)
+    r = guarded(sim, spec, read_lag_window_s=0.5)
+    interrupt_once_the_create_is_held(sim)
     result = execute(r)
     assert result.exit_code == 3 and "create outcome unknown" in result.message
     assert any(e.event == "create_unresolved" for e in Ledger(spec.state_dir / "ledger.jsonl").entries())
@@ -159,15 +163,7 @@ def test_an_instance_the_sweep_finds_after_a_ctrl_c_is_billed_at_its_price_from_
     sim.set_faults("create_hold:1")
     spec = make_spec(sim, tmp_path, OK)
     r = guarded(sim, spec, read_lag_window_s=2.0)
-
-    def interrupt_when_held() -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not sim.backend.faults.rules[0].fired:
-            time.sleep(0.02)
-        time.sleep(0.2)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=interrupt_when_held, daemon=True).start()
+    interrupt_once_the_create_is_held(sim)
     result = execute(r)
     assert result.exit_code == 130, result.message  # found by the sweep, deleted, proven gone
     [found] = r.created
