@@ -428,22 +428,28 @@ class HostSession:
         channel.in_buffer.set_event(wake)
         channel.in_stderr_buffer.set_event(wake)
 
+        link_lost = [False]
+
         def drain(budget: float = _DRAIN_TURN_BYTES, until: float = deadline) -> bool:
             """True when both buffers were emptied (False: the byte budget, `until` or `stop` cut the turn)."""
             # Read both buffers every turn: a full stderr window must never stall stdout (or vice versa).
             # Bounded by bytes, by time and by `stop`: a command that floods must not keep us here past any.
             while budget > 0 and self.clock() < until and not (stop is not None and stop.is_set()):
                 got = 0
-                if channel.recv_ready():
-                    data = channel.recv(_RECV_CHUNK_BYTES)
-                    got += len(data)
-                    for line in splitters["stdout"].feed(data):
-                        on_line("stdout", line)
-                if channel.recv_stderr_ready():
-                    data = channel.recv_stderr(_RECV_CHUNK_BYTES)
-                    got += len(data)
-                    for line in splitters["stderr"].feed(data):
-                        on_line("stderr", line)
+                try:  # recv also sends the window adjust: on a link that just died paramiko raises from it
+                    if channel.recv_ready():
+                        data = channel.recv(_RECV_CHUNK_BYTES)
+                        got += len(data)
+                        for line in splitters["stdout"].feed(data):
+                            on_line("stdout", line)
+                    if channel.recv_stderr_ready():
+                        data = channel.recv_stderr(_RECV_CHUNK_BYTES)
+                        got += len(data)
+                        for line in splitters["stderr"].feed(data):
+                            on_line("stderr", line)
+                except _CONNECT_ERRORS:
+                    link_lost[0] = True
+                    return True  # nothing more will come
                 if not got:
                     return True
                 budget -= got
@@ -465,8 +471,11 @@ class HostSession:
             emptied = drain()
             # status_event is set by exit-status and by channel close; data sent before either is
             # already buffered (one ordered transport), so one more drain gets all of it.
-            if channel.exit_status_ready():
-                unread = "" if drain_rest() else "output still arriving after the exit status was not read"
+            if link_lost[0] or channel.exit_status_ready():
+                if not link_lost[0] and not drain_rest():
+                    unread = "output still arriving after the exit status was not read"
+                if link_lost[0]:
+                    unread = "the link was lost while its output was still being read"
                 flush()
                 break
             now = self.clock()
@@ -484,7 +493,7 @@ class HostSession:
         seconds = self.clock() - started
         if channel.exit_status != -1:
             return StepOutcome(rc=channel.exit_status, seconds=seconds, detail=unread)
-        if not self.is_active():
+        if link_lost[0] or not self.is_active():
             return StepOutcome(
                 rc=None,
                 seconds=seconds,

@@ -644,6 +644,27 @@ def test_run__a_command_that_times_out_while_flooding_leaves_the_link_up(session
     assert session.run("echo still", on_line=lambda s, line: None, timeout_s=5).rc == 0
 
 
+def test_run__a_link_that_dies_under_a_read_is_a_lost_connection_not_an_eoferror(
+    host: FakeHost, session: HostSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found trying to break the flood fix: `recv` sends the window adjust, and on a link that died under a flood
+    # (ssh_drop) paramiko raised EOFError out of it: the run ended "exit 1: unexpected EOFError".
+    real_recv = paramiko.Channel.recv
+    calls = [0]
+
+    def recv_then_dead_link(self: paramiko.Channel, nbytes: int) -> bytes:
+        calls[0] += 1
+        if calls[0] > 3:
+            host.drop()
+            raise EOFError()
+        return real_recv(self, nbytes)
+
+    monkeypatch.setattr(paramiko.Channel, "recv", recv_then_dead_link)
+    outcome = session.run("yes", on_line=lambda s, line: None, timeout_s=5)
+    assert outcome.rc is None and outcome.connection_lost and not outcome.timed_out, outcome
+    assert outcome.seconds < 3
+
+
 def test_run__a_link_that_dies_as_the_channel_closes_still_returns_the_outcome(
     session: HostSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
