@@ -1,6 +1,9 @@
-"""One HTTP request's whole-answer deadline on the wall clock, for the Vast client (client.py).
+"""One exchange's whole deadline on the wall clock: an HTTP request of the Vast client (client.py), an SSH
+connect (ssh.py).
 
 httpx bounds each socket operation, not the answer: a server that trickles a byte a second never trips it.
+paramiko bounds each connect phase (TCP, banner, auth) on its own: a host slow in each holds one attempt for
+several times its timeout.
 """
 
 from __future__ import annotations
@@ -55,12 +58,22 @@ class AnswerBound:
             return
         stream = info.get("return_value")
         sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            self.attach(sock)
+
+    def attach(self, sock: socket.socket) -> None:
+        """The socket the deadline cuts (at once if it has already passed)."""
         with self._lock:
-            if self._done or not isinstance(sock, socket.socket):
+            if self._done:
                 return
             self._sock = sock
             if self._fired:
                 self._cut()
+
+    @property
+    def fired(self) -> bool:
+        """Whether the deadline cut (or would have cut) the socket."""
+        return self._fired
 
     def _fire(self) -> None:
         with self._lock:

@@ -300,10 +300,13 @@ class VastClient:
                           min_wait_s=penalty_s)
         return self._model(CreateResult, data, "PUT", path)
 
-    def get_instance(self, instance_id: int, *, max_retry_s: float | None = None) -> Instance | None:
-        """The instance, or None for 200 `{"instances": null}` (destroyed, or not yet visible)."""
+    def get_instance(self, instance_id: int, *, max_retry_s: float | None = None,
+                     within_s: float | None = None) -> Instance | None:
+        """The instance, or None for 200 `{"instances": null}` (destroyed, or not yet visible). `within_s`:
+        the whole read, retries and each answer included, ends within this many seconds (a phase's deadline:
+        a read that starts just before it must not hold the phase past it)."""
         path = ENDPOINT_PATHS["get_instance"].format(id=int(instance_id))
-        data = self._call("GET", path, retry=True, max_retry_s=max_retry_s)
+        data = self._call("GET", path, retry=True, max_retry_s=max_retry_s, within_s=within_s)
         row = data.get("instances", ...) if isinstance(data, dict) else ...  # ... = key missing
         if row is None:
             return None
@@ -388,21 +391,29 @@ class VastClient:
 
     # ---- internals
     def _send(
-        self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None,
+        until: float | None = None,
     ) -> _Reply:
-        """One paced request, its body read up to MAX_RESPONSE_BYTES. The single place httpx exceptions
-        become TransportError."""
+        """One paced request, its body read up to MAX_RESPONSE_BYTES, its whole answer within the client's
+        bound and by `until` (on the client's clock; past it, after the pacing wait, nothing is sent). The
+        single place httpx exceptions become TransportError."""
         method = method.upper()
         if not path.startswith("/") or "?" in path:
             raise ConfigError(f"path must start with '/' and carry no query string, got {path!r}")
         if params and any(name.lower() == "api_key" for name in params):
             raise ConfigError("the API key goes in the Authorization header only, never in the URL")
         with self._pacer.slot(method, path):
+            total_s = self._total_s
+            if until is not None:
+                total_s = min(total_s, until - self._clock())
+                if total_s <= 0:
+                    raise TransportError(f"{method} {path}: not sent, its phase's deadline has passed",
+                                         method=method, path=path)
             self._count(endpoint_key(method, path))
-            cut = TransportError(f"{method} {path}: no complete answer within {self._total_s:g} s (the server "
+            cut = TransportError(f"{method} {path}: no complete answer within {total_s:.3g} s (the server "
                                  "trickled or stalled)", method=method, path=path)
             try:
-                with AnswerBound(self._total_s) as bound, self._http.stream(
+                with AnswerBound(total_s) as bound, self._http.stream(
                     method, path, params=params, json=json, extensions={"trace": bound.trace}
                 ) as resp:
                     self.server_clock.observe(resp.headers.get("date"))
@@ -434,18 +445,24 @@ class VastClient:
     def _call(
         self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None, retry: bool,
         retry_on: tuple[type[Exception], ...] = RETRYABLE, min_wait_s: float = 0.0,
-        max_retry_s: float | None = None,
+        max_retry_s: float | None = None, within_s: float | None = None,
     ) -> Any:
+        """`within_s`: every attempt's answer and the retries together end by then (see `get_instance`)."""
+        until = None if within_s is None else self._clock() + within_s
         if not retry:
-            return self._call_once(method, path, params, json)
+            return self._call_once(method, path, params, json, until)
+        if within_s is not None:
+            max_retry_s = within_s if max_retry_s is None else min(max_retry_s, within_s)
         for attempt in self._retrying(retry_on, min_wait_s, max_retry_s, what=f"{method} {path}"):
             with attempt:
-                return self._call_once(method, path, params, json)
+                return self._call_once(method, path, params, json, until)
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
-    def _call_once(self, method: str, path: str, params: dict[str, Any] | None, json: Any) -> Any:
-        """Send, parse, and raise the typed error for any non-2xx or `success: false` answer."""
-        resp = self._send(method, path, params=params, json=json)
+    def _call_once(self, method: str, path: str, params: dict[str, Any] | None, json: Any,
+                   until: float | None = None) -> Any:
+        """Send, parse, and raise the typed error for any non-2xx or `success: false` answer. `until` (on the
+        client's clock): the answer is cut then (not sent at all when it has passed)."""
+        resp = self._send(method, path, params=params, json=json, until=until)
         try:
             return self._interpret(method, path, resp)
         except ApiStatusError:

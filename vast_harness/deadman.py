@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from vast_harness.endpoints import ENDPOINT_PATHS
 from vast_harness.errors import HarnessError
 from vast_harness.onstart import ARMED_FILE, DEADLINE_FILE, LOG_FILE
-from vast_harness.ssh import HostSession
+from vast_harness.ssh import HostSession, StepOutcome
 
 ARM_WAIT_S = 50.0  # how long the check waits for the switch's arm probe (20 tries 2 s apart) to be written
 SKEW_WARN_S = 60.0  # a host clock this far from the user's is said in the output and the evidence
@@ -70,9 +70,11 @@ def _script(remaining_s: int, wait_s: int) -> str:
 def read_log(session: HostSession, *, timeout_s: float) -> str:
     """The switch's log from the host (best effort: '' when the host does not answer)."""
     lines: list[str] = []
+    if timeout_s <= 0:
+        return ""
     try:
         session.run(f"tail -c {LOG_KEEP_BYTES} ~/{LOG_FILE} 2>/dev/null", on_line=lambda s, line: lines.append(line),
-                    timeout_s=max(0.5, timeout_s))
+                    timeout_s=timeout_s)
     except Exception:  # noqa: BLE001 - evidence only; the teardown never waits on it
         return ""
     return "\n".join(lines)
@@ -108,18 +110,21 @@ def check_armed(session: HostSession, *, instance_id: int, allowance_s: int, ela
         status.probe_status = _int(armed_lines[0].strip())
         shows = len(armed_lines) > 1 and armed_lines[1].strip() == "shows"  # the switch grepped its body for its id
         status.probe_body_head = "\n".join(armed_lines[2:])[:1000]
-    status.problem = _problem(outcome.ok, status, instance_id, deadline, shows=shows)
+    status.problem = _problem(outcome, status, instance_id, deadline, shows=shows)
     status.armed = status.problem is None
     return status
 
 
-def _problem(ran: bool, status: DeadmanStatus, instance_id: int, deadline: int | None, *, shows: bool) -> str | None:
+def _problem(outcome: StepOutcome, status: DeadmanStatus, instance_id: int, deadline: int | None, *,
+             shows: bool) -> str | None:
     code, body = status.probe_status, status.probe_body_head
     path = ENDPOINT_PATHS["get_instance"].format(id=instance_id)
-    if not ran and deadline is None:
-        return "the check command did not run on the host"
+    if not outcome.ok and deadline is None:
+        return "the check command did not run on the host" + (f" ({outcome.detail})" if outcome.detail else "")
     if deadline is None:
         return "no deadline file on the host"
+    if code is None and outcome.rc is None:  # cut off (timeout, lost link): the host said nothing either way
+        return f"the check did not finish on the host ({outcome.detail or 'no exit status'}) before its arm probe was read"
     if code is None:
         return f"the switch wrote no arm probe within {ARM_WAIT_S:g} s (onstart did not run?)"
     if code == 200 and shows:

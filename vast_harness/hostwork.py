@@ -243,7 +243,7 @@ class HostWork:
         if in_teardown:
             grace_s = min(PULL_GRACE_MAX_S, PULL_GRACE_SHARE * self.spec.teardown_margin_s)
             deadline = min(start + PULL_MAX_S, max(work_deadline, start) + grace_s,
-                           self.meter.hard_deadline(start) - 0.5 * self.spec.teardown_margin_s)
+                           self.meter.prelude_deadline(start))
         else:
             deadline = min(start + PULL_MAX_S, work_deadline)
         own_bound_first = start + PULL_MAX_S < work_deadline  # the pull's own bound, not a cap, ends it

@@ -105,9 +105,15 @@ class InstanceReads:
     def last_price_read(self, inst: CreatedInstance, *, max_retry_s: float = LAST_PRICE_READ_RETRY_S) -> None:
         """One more read of the rented price (a re-price can land between two polls, or steps can be shorter
         than one): the record bills what the host billed, and a run over the cap is not a pass (the verdict
-        turns it into exit 6). Bounded: the teardown is waiting. Never raises."""
+        turns it into exit 6). Bounded: the teardown is waiting, so it ends by the meter's prelude deadline
+        (the DELETE keeps its half of the margin). Never raises."""
+        left_s = self.meter.prelude_deadline() - self.meter.now()
+        if left_s <= 0:
+            self.out.warn(f"no time left before the DELETE to re-read instance {inst.instance_id}'s price; the "
+                          f"record bills the last price read (${inst.dph_usd:.4f}/h)")
+            return
         try:
-            read = self.client.get_instance(inst.instance_id, max_retry_s=max_retry_s)
+            read = self.client.get_instance(inst.instance_id, max_retry_s=max_retry_s, within_s=left_s)
             self.on_read(inst, read)
         except CapReachedError as exc:
             self.out.warn(str(exc))

@@ -167,8 +167,8 @@ def wait_ready(
     started = clock()
     last = "no read yet"
     while True:
-        try:
-            inst = client.get_instance(instance_id)
+        try:  # a read in flight at the deadline ends there (its retries too): the cap's margin is not for it
+            inst = client.get_instance(instance_id, within_s=max(0.0, deadline - clock()))
         except EndpointDeprecated:
             raise  # a retired path answers the same until the harness is updated: waiting cannot help
         except VastError as exc:

@@ -30,6 +30,9 @@ BYTES_PER_GB = 1e9
 TEARDOWN_MIN_S = 60.0  # per instance: delete + absence proof, at least this long
 # A wait that ended this close to its cap-derived deadline was cut by the cap (timers fire a little early).
 CAP_CUT_SLACK_S = 0.05
+# The teardown margin's first half may go to what precedes the DELETE (reads, the evidence pull); the DELETE
+# and its retries keep the second half.
+PRELUDE_SHARE_OF_MARGIN = 0.5
 
 
 def minimum_cap_s(timings: Timings) -> float:
@@ -184,6 +187,11 @@ class CostMeter:
     def work_deadline(self, now: float | None = None) -> float:
         """Until when work may go on and still leave the teardown margin before the cap."""
         return self.hard_deadline(now) - self.teardown_margin_s
+
+    def prelude_deadline(self, now: float | None = None) -> float:
+        """Until when what comes before the first DELETE (the last price read, the evidence pull, the switch's
+        log) may run: the second half of the teardown margin stays for the DELETE and its retries."""
+        return self.hard_deadline(now) - PRELUDE_SHARE_OF_MARGIN * self.teardown_margin_s
 
     def now(self) -> float:
         """The run's clock (monotonic): what every deadline the meter hands out is measured on."""

@@ -459,6 +459,9 @@ class GuardedRun:
         if status.armed:
             self.out.info(status.line())
             return
+        if self.meter.cut_by_cap():  # the cap, not the host, ended the check: exit 6 like any phase it cuts
+            raise CapReachedError(f"{self.meter.cap_reached()} while the dead-man switch was being checked on "
+                                  f"instance {inst.instance_id}: {status.problem}")
         if not status.allowed_unarmed:
             raise DeadmanUnarmed(f"the dead-man switch cannot act on instance {inst.instance_id}: {status.problem}. "
                                  "Without it nothing deletes the host if the harness dies, so the run stops here "
@@ -469,7 +472,9 @@ class GuardedRun:
         """The switch's log (every attempt it made) into the evidence, read once more at teardown."""
         if self.session is None or self.deadman is None or (self.guard and self.guard.hurry):
             return
-        text = (read_log(self.session, timeout_s=DEADMAN_LOG_READ_S) if self.session.is_active() else "") \
+        # Bounded by the meter's prelude deadline too: the DELETE keeps its half of the teardown margin.
+        timeout_s = min(DEADMAN_LOG_READ_S, self.meter.prelude_deadline() - self.clock())
+        text = (read_log(self.session, timeout_s=timeout_s) if self.session.is_active() and timeout_s > 0 else "") \
             or self.deadman.log_tail
         self.ev.guarded("deadman.log", lambda: (self.ev.dir / "deadman.log").write_text(text + "\n", encoding="utf-8"))
 

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import shlex
+import socket
 import stat
 import tempfile
 import threading
@@ -35,6 +36,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import BaseModel
 
+from vast_harness.answerbound import AnswerBound
 from vast_harness.errors import LocalDiskRefused, SshConnectError, SshTransferError, TransferAbandoned
 from vast_harness.models import ConnectAttempt, Instance, SshEndpoint
 
@@ -220,21 +222,40 @@ class _RoundFailed(Exception):
 def _open_client(
     endpoint: SshEndpoint, pkey: paramiko.PKey, user: str, timeout_s: float
 ) -> paramiko.SSHClient:
+    """One connect attempt, bounded as a whole by `timeout_s`: paramiko's own timeouts bound each phase (TCP,
+    banner, key exchange, auth) separately, so at the deadline a timer shuts the socket down under whichever
+    phase is waiting."""
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(_AcceptUnknownHostKey())
+    bound = AnswerBound(timeout_s)
     try:
-        client.connect(
-            endpoint.host,
-            port=endpoint.port,
-            username=user,
-            pkey=pkey,
-            timeout=timeout_s,
-            banner_timeout=timeout_s,
-            auth_timeout=timeout_s,
-            channel_timeout=timeout_s,
-            look_for_keys=False,
-            allow_agent=False,
-        )
+        with bound:
+            sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s)
+            bound.attach(sock)
+            try:
+                client.connect(
+                    endpoint.host,
+                    port=endpoint.port,
+                    username=user,
+                    pkey=pkey,
+                    sock=sock,
+                    timeout=timeout_s,
+                    banner_timeout=timeout_s,
+                    auth_timeout=timeout_s,
+                    channel_timeout=timeout_s,
+                    look_for_keys=False,
+                    allow_agent=False,
+                )
+            except BaseException:
+                sock.close()  # connect() closes only the transports it made; this socket is ours
+                raise
+        if bound.fired:  # cut just as the connect returned: the socket is dead
+            raise TimeoutError(f"no SSH session within {timeout_s:.3g} s")
+    except _CONNECT_ERRORS as exc:
+        client.close()
+        if bound.fired:
+            raise TimeoutError(f"no SSH session within {timeout_s:.3g} s (it was at: {_describe(exc)})") from exc
+        raise
     except BaseException:
         client.close()
         raise

@@ -29,7 +29,7 @@ from vast_harness.client import VastClient
 from vast_harness.config import RunSpec, Step, load_driver_policy, resolve
 from vast_harness.evidence import RESULT_SCHEMA_VERSION, RunRecord
 from vast_harness.hostwork import HostWork
-from vast_harness.meter import minimum_cap_s
+from vast_harness.meter import PRELUDE_SHARE_OF_MARGIN, minimum_cap_s
 from vast_harness.models import Offer
 from vast_harness.output import Output
 from vast_harness.plan import plan_run
@@ -450,3 +450,70 @@ def test_a_flood_of_long_lines_reaches_the_console_cut_short(sim, tmp_path):
     assert len(buf.getvalue()) < 400_000, len(buf.getvalue())
     assert "more characters in the log" in buf.getvalue()
     assert (run.ev.dir / "steps" / "long.log").read_bytes().endswith(b"TAIL\n")
+
+
+# -------------------------------------------------------------- what comes before the DELETE, at the cap
+
+
+def _capped(sim: SimServer, tmp_path: Path, run: str, **kw) -> RunSpec:
+    return make_spec(sim, tmp_path, [Step(name="s", run=run, timeout_s=60)], max_minutes=0.1, **kw)
+
+
+def test_a_deadman_check_the_cap_cuts_on_a_stalled_link_is_a_cap_stop(sim, tmp_path, proxies, monkeypatch):
+    # The link goes silent as the check starts: the check waits to its timeout, the cap's work deadline. That
+    # is the cap stopping the run (exit 6), not a switch that cannot act (exit 1, "onstart did not run?").
+    real = runner_mod.check_armed
+
+    def on_a_stalled_link(session, **kw):
+        for proxy in proxies:
+            proxy.stall()
+        return real(session, **kw)
+
+    monkeypatch.setattr(runner_mod, "check_armed", on_a_stalled_link)
+    spec = _capped(sim, tmp_path, "true")
+    start = time.time()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=30)
+    assert result.exit_code == 6, result.message
+    assert "dead-man switch was being checked" in result.message and "onstart did not run" not in result.message
+    assert_within_caps(sim, run, spec, start)
+
+
+def test_the_switch_log_read_on_a_stalled_link_leaves_the_delete_its_half_of_the_margin(sim, tmp_path, proxies,
+                                                                                         monkeypatch):
+    # After a step the cap cut, the link goes silent as the teardown reads the switch's log: that read (3 s
+    # of its own) must end by the meter's prelude deadline, so the DELETE lands before the cap.
+    real = runner_mod.read_log
+    timeouts: list[float] = []
+
+    def on_a_stalled_link(session, *, timeout_s):
+        timeouts.append(timeout_s)
+        for proxy in proxies:
+            proxy.stall()
+        return real(session, timeout_s=timeout_s)
+
+    monkeypatch.setattr(runner_mod, "read_log", on_a_stalled_link)
+    spec = _capped(sim, tmp_path, "sleep 30")
+    start = time.time()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=30)
+    assert result.exit_code == 6, result.message
+    assert timeouts and max(timeouts) <= PRELUDE_SHARE_OF_MARGIN * spec.teardown_margin_s
+    assert_within_caps(sim, run, spec, start)
+
+
+def test_a_boot_read_that_hangs_at_the_cap_does_not_hold_the_delete_past_it(sim, tmp_path):
+    # The boot polls the instance under the client's own bounds (here a 20 s answer, and retries): a read that
+    # hangs near the cap's work deadline must end there, so the DELETE still lands before the cap.
+    from vast_harness.client import Timeouts
+
+    sim.set_faults("hang:show:20:1")
+    spec = _capped(sim, tmp_path, "true")
+    start = time.time()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, timeouts=Timeouts(read_s=30, total_s=20)) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=30)
+    assert result.exit_code == 6, result.message
+    assert_within_caps(sim, run, spec, start)

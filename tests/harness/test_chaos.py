@@ -155,7 +155,7 @@ def test_chaos_suite_holds_every_invariant():
 def test_full_chaos_suite_holds_every_invariant():
     report = chaos.run_suite(SUITE_SCENARIOS, SUITE_SEED, workers=6, kill9=SUITE_KILL9, net=SUITE_NET,
                              account=SUITE_ACCOUNT)
-    bad = [(o.seed, getattr(o.plan, "kind", "sim"), v.kind, v.detail[:200])
+    bad = [(o.seed, getattr(o.plan, "kind", "sim"), v.kind, v.detail[:700])
            for o in [*report.scenarios, *report.network, *report.kill9, *report.account] for v in o.violations
            if v.known is None]
     assert not bad, f"replay with `python scripts/chaos.py --replay[-net|-account] SEED`: {bad}"

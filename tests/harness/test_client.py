@@ -1084,3 +1084,27 @@ def test_a_410_deprecated_endpoint_is_named_and_never_gone(vast_api: respx.MockR
     with pytest.raises(EndpointDeprecated, match="RETIRED") as info:
         client.get_instance(5) if method == "GET" else client.destroy_instance(5)
     assert not isinstance(info.value, NotFoundError)
+
+
+def _instance_answer(conn: socket.socket) -> None:
+    _answer(conn, b'{"instances": {"id": 7, "actual_status": "loading"}}')
+
+
+def test_within_s__a_read_ends_by_its_phases_deadline_retries_and_answer_included(local_api: Any) -> None:
+    # A read that starts just before a phase's deadline (the boot's, the cap's) must not hold the phase past it:
+    # not with the client's 30 s answer bound, and not with its minutes of retries.
+    server, client = local_api([_header_trickle], total_s=30)
+    client._max_retry_s = 120.0  # the production retry bound
+    start = time.monotonic()
+    with pytest.raises(TransportError):
+        client.get_instance(7, within_s=1.0)
+    assert time.monotonic() - start < 1.6
+    server.handlers = [_instance_answer]
+    assert client.get_instance(7, within_s=5.0) is not None  # an answer in time is read as usual
+
+
+def test_within_s__past_its_deadline_nothing_is_sent(local_api: Any) -> None:
+    server, client = local_api([_instance_answer], total_s=30)
+    with pytest.raises(TransportError, match="not sent"):
+        client.get_instance(7, within_s=0.0)
+    assert server.requests == 0 and client.stats.total == 0

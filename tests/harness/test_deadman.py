@@ -103,3 +103,25 @@ def test_a_410_on_every_v0_instance_path_is_never_gone_and_named(sim, tmp_path):
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         assert reap_all(r.spec, client, Output(quiet=True)) == 0
     assert not [i for i in of_run(sim, r) if i["live"]]
+
+
+class _CutSession:
+    """A host whose link stalls once the check has printed its clock and deadline: the command times out."""
+
+    def run(self, command, *, on_line, timeout_s, **_):
+        from vast_harness.ssh import StepOutcome
+
+        on_line("stdout", f"VHCLOCK {int(time.time())}")
+        on_line("stdout", f"VHDEADLINE {int(time.time()) + 60}")
+        return StepOutcome(rc=None, seconds=timeout_s, timed_out=True, detail=f"timed out after {timeout_s:.1f} s")
+
+
+def test_a_check_cut_off_on_the_host_says_so_not_that_the_onstart_never_ran():
+    # Found by a stalled SSH link under a cap: "the switch wrote no arm probe within 50 s (onstart did not
+    # run?)" after a 6 s check that the link had cut; the host said nothing either way.
+    status = deadman.check_armed(_CutSession(), instance_id=7, allowance_s=60, elapsed_s=1.0, timeout_s=3.0,
+                                 allow_unarmed=False)
+    assert not status.armed
+    assert "did not finish" in status.problem and "timed out after 3.0 s" in status.problem
+    assert "onstart did not run" not in status.problem
+

@@ -108,6 +108,7 @@ class _Server(paramiko.ServerInterface):
 
     def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
         self.host.usernames.append(username)
+        time.sleep(self.host.auth_delay_s)
         if self.reject_auth or key.asbytes() != self.host.allowed_key.asbytes():
             return paramiko.AUTH_FAILED
         return paramiko.AUTH_SUCCESSFUL
@@ -131,6 +132,8 @@ class FakeHost:
         self.host_key = host_key
         self.allowed_key = allowed_key
         self.fail_auth_connections = 0
+        self.banner_delay_s = 0.0  # before the server's banner (a slow or loaded host)
+        self.auth_delay_s = 0.0  # inside the publickey check
         self.connections = 0
         self.usernames: list[str] = []
         self._transports: list[paramiko.Transport] = []
@@ -156,6 +159,7 @@ class FakeHost:
             except OSError:
                 return
             self.connections += 1
+            time.sleep(self.banner_delay_s)
             transport = paramiko.Transport(sock)
             transport.add_server_key(self.host_key)
             transport.set_subsystem_handler("sftp", paramiko.SFTPServer, _RootedSftp, self.root)
@@ -370,7 +374,7 @@ def test_connect__direct_refused__proxy_used(host: FakeHost, run_key: RunKey) ->
     ) as sess:
         assert sess.endpoint == endpoints[1]
     assert [(a.endpoint.kind, a.ok) for a in seen] == [("direct", False), ("proxy", True)]
-    assert "NoValidConnectionsError" in seen[0].outcome
+    assert "Connection refused" in seen[0].outcome
 
 
 def test_connect__all_refused__retries_until_deadline_then_lists_attempts(run_key: RunKey) -> None:
@@ -767,3 +771,16 @@ def test_pull_tree__a_full_local_disk_stops_the_pull_and_says_so_not_over_budget
     assert not pulled.complete and not pulled.skipped and not pulled.files
     assert "No space left on device" in pulled.detail and "cannot write" in pulled.detail, pulled.detail
     assert session.is_active()
+
+
+
+def test_connect__one_attempt_is_bounded_as_a_whole_not_per_phase(host: FakeHost, run_key: RunKey) -> None:
+    """A connect attempt's timeout bounds the whole attempt: TCP, banner, key exchange and auth together.
+    Bounded per phase (paramiko's timeout, banner_timeout, auth_timeout), a host slow in each phase held one
+    attempt for several times its bound, and the boot's deadline (and the cap's margin) with it."""
+    host.banner_delay_s, host.auth_delay_s = 0.7, 5.0
+    endpoints = [SshEndpoint(host="127.0.0.1", port=host.port, kind="direct")]
+    started = time.monotonic()
+    with pytest.raises(SshConnectError):
+        HostSession.connect(endpoints, run_key, deadline_monotonic=started + 1.0, retry_wait_s=0.1)
+    assert time.monotonic() - started < 1.4

@@ -278,7 +278,8 @@ def check_scenario(plan: ScenarioPlan, spec: RunSpec, outcome: ScenarioOutcome, 
     found += sim_bugs(state)
     # An instance left live (exit 3 says "may still bill", or a crash) bills on: the caps cannot be judged then.
     if not (outcome.exit_code in (3, None) and live):
-        found += cap_violations(instances, state["now"], start_unix, spec.caps.max_usd, spec.max_seconds)
+        found += cap_violations(instances, state["now"], start_unix, spec.caps.max_usd, spec.max_seconds,
+                                spec.evidence_dir)
     found += [Violation(kind="exit_mismatch", detail=d) for d in exit_mismatches(plan, outcome, run)]
     return [classify(v) for v in found]
 

@@ -17,6 +17,7 @@ Every scenario kind (in-process, network, kill -9) ends in the same checks, on t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -79,8 +80,10 @@ def false_absences(instances: list[dict[str, Any]], evidence_dir: Path, *, wall_
 
 
 def cap_violations(instances: list[dict[str, Any]], now_unix: float, start_unix: float, max_usd: float,
-                   max_seconds: float) -> list[Violation]:
-    """Dollars billed over `max_usd`; an instance alive past run start + the time cap (still live: `now_unix`)."""
+                   max_seconds: float, evidence_dir: Path | None = None) -> list[Violation]:
+    """Dollars billed over `max_usd`; an instance alive past run start + the time cap (still live: `now_unix`).
+    With the run's `evidence_dir`, a late instance's violation also says when the harness sent its DELETE and
+    what the run was doing (its phases): enough to tell a late decision from a slow answer."""
     found = []
     billed_usd = sum(i["billed_usd"] for i in instances)
     if billed_usd > max_usd:
@@ -88,9 +91,28 @@ def cap_violations(instances: list[dict[str, Any]], now_unix: float, start_unix:
     for inst in instances:
         late_s = (inst["destroyed_at"] or now_unix) - start_unix - max_seconds
         if late_s > 0:
+            when = _teardown_timeline(evidence_dir, inst["id"], start_unix) if evidence_dir else ""
             found.append(Violation(kind="over_cap_time", detail=f"instance {inst['id']} lived {late_s:.2f} s "
-                                   f"past the {max_seconds:.1f} s cap"))
+                                   f"past the {max_seconds:.1f} s cap{when}"))
     return found
+
+
+def _teardown_timeline(evidence_dir: Path, instance_id: int, start_unix: float) -> str:
+    """'; DELETE sent +19.62 s, acknowledged +21.30 s; phases: boot +0.2..+0.4, ...' from the run's record."""
+    parts = []
+    for path in evidence_dir.glob("*/absence-proof.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            for rec in json.loads(path.read_text())["instances"]:
+                if rec["instance_id"] == instance_id and rec["deletes"]:
+                    d = rec["deletes"][0]
+                    ack = f", acknowledged +{d['t_ack_unix'] - start_unix:.2f} s" if d.get("t_ack_unix") else ""
+                    parts.append(f"DELETE sent +{d['t_request_unix'] - start_unix:.2f} s{ack}")
+    for path in evidence_dir.glob("*/harness-result.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            phases = json.loads(path.read_text())["phases"]
+            parts.append("phases: " + ", ".join(f"{p['name']} +{p['t_start_unix'] - start_unix:.2f}.."
+                                                f"+{p['t_end_unix'] - start_unix:.2f}" for p in phases))
+    return ("; " + "; ".join(parts)) if parts else ""
 
 
 def sim_bugs(state: dict[str, Any]) -> list[Violation]:

@@ -292,7 +292,8 @@ def judge_net(plan: NetPlan, spec: Any, outcome: NetOutcome, at_exit: dict[str, 
     found += false_absences(final["instances"], spec.evidence_dir)
     found += sim_bugs(final)
     if not (may_bill and outcome.live_at_exit):  # one left live bills on: the caps cannot be judged then
-        found += cap_violations(instances, at_exit["now"], start_unix, spec.caps.max_usd, spec.max_seconds)
+        found += cap_violations(instances, at_exit["now"], start_unix, spec.caps.max_usd, spec.max_seconds,
+                                spec.evidence_dir)
     found += traceback_violations(text, "harness output")
     found += [Violation(kind="exit_mismatch", detail=d) for d in net_exit_mismatches(plan, outcome, spec)]
     outcome.violations += [classify(v) for v in found]
