@@ -64,6 +64,8 @@ V1_PAGE_LIMIT_MAX = 25  # show_instances.yaml: "max 25"
 MAX_LIST_PAGES = 100  # 2,500 instances: far above any account we drive; a bound against a looping token
 MAX_RECORDED_TEXT_CHARS = 1_000_000
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # far above 8 pages of 1,000 offers; a bound against a flooding proxy
+# `land_within_s` never cuts an attempt below this: a real DELETE answers in about a second (docs/vast-behaviours.md).
+MIN_ATTEMPT_S = 0.5
 # create_instance.yaml documents threshold 4.5 s and "penalty: 12" for PUT /asks/: after a 429, wait at least this.
 CREATE_429_PENALTY_S = 12.0
 _SENSITIVE_FIELDS = frozenset({"api_key", "instance_api_key"})
@@ -286,9 +288,12 @@ class VastClient:
             return CallStats(s.total, dict(s.by_endpoint), s.rate_limited, s.retries)
 
     # ---- endpoints
-    def search_offers(self, query: dict[str, Any], *, max_retry_s: float | None = None) -> list[Offer]:
+    def search_offers(self, query: dict[str, Any], *, max_retry_s: float | None = None,
+                      min_attempts: int = 1) -> list[Offer]:
+        """`min_attempts`: a search rents nothing, so one that stalls for its whole answer bound (longer than
+        a short retry bound) may still be tried again."""
         path = ENDPOINT_PATHS["search_offers"]
-        data = self._call("POST", path, json=query, retry=True, max_retry_s=max_retry_s)
+        data = self._call("POST", path, json=query, retry=True, max_retry_s=max_retry_s, min_attempts=min_attempts)
         return [self._model(Offer, row, "POST", path) for row in self._rows(data, "offers", "POST", path)]
 
     def create_instance(self, offer_id: int, body: dict[str, Any]) -> CreateResult:
@@ -356,20 +361,23 @@ class VastClient:
         raise VastError(f"GET {ENDPOINT_PATHS['list_instances']} still had a next_token after {MAX_LIST_PAGES} pages")
 
     def destroy_instance(
-        self, instance_id: int, *, max_retry_s: float | None = None
+        self, instance_id: int, *, max_retry_s: float | None = None, land_within_s: float | None = None
     ) -> Literal["deleted", "already_gone"]:
         """DELETE, retried on 429/5xx/transport (for at most `max_retry_s`, default the client's bound).
-        A 404 not_found/no_such_instance is "already gone" as far as DELETE can tell: only a proof says gone."""
+        A 404 not_found/no_such_instance is "already gone" as far as DELETE can tell: only a proof says gone.
+        `land_within_s` (the cap's deadline): while two attempts fit before it, each gets half the time left, so
+        one that stalls leaves room for a retry that lands before the cap; after it, attempts go on as usual."""
         path = ENDPOINT_PATHS["destroy_instance"].format(id=int(instance_id))
         try:
-            self._call("DELETE", path, json={}, retry=True, max_retry_s=max_retry_s)
+            self._call("DELETE", path, json={}, retry=True, max_retry_s=max_retry_s, land_within_s=land_within_s)
         except NotFoundError:
             return "already_gone"
         return "deleted"
 
-    def current_user(self, *, max_retry_s: float | None = None) -> User:
+    def current_user(self, *, max_retry_s: float | None = None, min_attempts: int = 1) -> User:
         path = ENDPOINT_PATHS["current_user"]
-        return self._model(User, self._call("GET", path, retry=True, max_retry_s=max_retry_s), "GET", path)
+        data = self._call("GET", path, retry=True, max_retry_s=max_retry_s, min_attempts=min_attempts)
+        return self._model(User, data, "GET", path)
 
     def exchange(
         self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None
@@ -445,18 +453,35 @@ class VastClient:
     def _call(
         self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None, retry: bool,
         retry_on: tuple[type[Exception], ...] = RETRYABLE, min_wait_s: float = 0.0,
-        max_retry_s: float | None = None, within_s: float | None = None,
+        max_retry_s: float | None = None, within_s: float | None = None, land_within_s: float | None = None,
+        min_attempts: int = 1,
     ) -> Any:
-        """`within_s`: every attempt's answer and the retries together end by then (see `get_instance`)."""
-        until = None if within_s is None else self._clock() + within_s
+        """`within_s`: every attempt's answer and the retries together end by then (see `get_instance`).
+        `land_within_s`: the call should land by then, but may go on after (see `destroy_instance`).
+        `min_attempts`: retried at least this often whatever `max_retry_s` says (see `search_offers`)."""
+        start = self._clock()
+        until = None if within_s is None else start + within_s
+        land_by = None if land_within_s is None else start + land_within_s
         if not retry:
             return self._call_once(method, path, params, json, until)
         if within_s is not None:
             max_retry_s = within_s if max_retry_s is None else min(max_retry_s, within_s)
-        for attempt in self._retrying(retry_on, min_wait_s, max_retry_s, what=f"{method} {path}"):
+        for attempt in self._retrying(retry_on, min_wait_s, max_retry_s, what=f"{method} {path}",
+                                      min_attempts=min_attempts):
             with attempt:
-                return self._call_once(method, path, params, json, until)
+                return self._call_once(method, path, params, json, self._attempt_until(until, land_by))
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+
+    def _attempt_until(self, until: float | None, land_by: float | None) -> float | None:
+        """One attempt's answer deadline: `until`, and while two attempts still fit before `land_by`, half the
+        time left to it (a stalled attempt then leaves room for a retry that lands in time)."""
+        if land_by is None:
+            return until
+        left_s = land_by - self._clock()
+        if left_s < 2 * MIN_ATTEMPT_S:
+            return until  # no room for two: this attempt gets its full bound (landing late beats not landing)
+        split = self._clock() + left_s / 2
+        return split if until is None else min(until, split)
 
     def _call_once(self, method: str, path: str, params: dict[str, Any] | None, json: Any,
                    until: float | None = None) -> Any:
@@ -488,16 +513,18 @@ class VastClient:
 
     def _retrying(
         self, retry_on: tuple[type[Exception], ...] = RETRYABLE, min_wait_s: float = 0.0,
-        max_retry_s: float | None = None, *, what: str = "the request",
+        max_retry_s: float | None = None, *, what: str = "the request", min_attempts: int = 1,
     ) -> Iterator[Any]:
         """The retry policy, defined once: `retry_on` errors (RETRYABLE by default), jittered exponential
         waits of at least `min_wait_s`, a total bound measured on the injected clock (so it includes pacing
-        waits and holds under a fake sleep)."""
+        waits and holds under a fake sleep), and at least `min_attempts` attempts whatever the bound."""
         start = self._clock()
         bound_s = self._max_retry_s if max_retry_s is None else min(self._max_retry_s, max_retry_s)
         wait = self._wait if min_wait_s <= 0 else wait_combine(self._wait, wait_fixed(min_wait_s))
 
         def stop(state: RetryCallState) -> bool:
+            if state.attempt_number < min_attempts:
+                return False
             return self._clock() - start + state.upcoming_sleep > bound_s
 
         def before_sleep(state: RetryCallState) -> None:

@@ -203,11 +203,13 @@ class DeleteAck(BaseModel):
 
 
 def destroy(client: VastClient, instance_id: int, *, max_retry_s: float | None = None,
-            clock: Clock = time.monotonic) -> DeleteAck:
-    """DELETE with the client's retry policy (429/5xx/transport), bounded by `max_retry_s`; never raises."""
+            land_by_mono: float | None = None, clock: Clock = time.monotonic) -> DeleteAck:
+    """DELETE with the client's retry policy (429/5xx/transport), bounded by `max_retry_s`, its attempts cut so
+    a retry still lands by `land_by_mono` (on `clock`: the cap's deadline) while two fit; never raises."""
     t0 = time.time()
+    land_within_s = None if land_by_mono is None else land_by_mono - clock()
     try:
-        outcome = client.destroy_instance(instance_id, max_retry_s=max_retry_s)
+        outcome = client.destroy_instance(instance_id, max_retry_s=max_retry_s, land_within_s=land_within_s)
     except Exception as exc:  # noqa: BLE001 - the client raises only typed errors; this is the backstop
         return DeleteAck(instance_id=instance_id, acknowledged=False, outcome=f"{type(exc).__name__}: {exc}"[:500],
                          t_request_unix=t0)
@@ -350,7 +352,7 @@ class LedgerAppend(Protocol):
 def teardown_instance(
     client: VastClient, ledger: LedgerAppend, *, run_id: str, label: str, instance_id: int, interval_s: float,
     deadline: float, sleep: Sleep = time.sleep, created_mono: float | None = None,
-    lag_window_s: float, seen: bool = True, clock: Clock = time.monotonic,
+    lag_window_s: float, seen: bool = True, clock: Clock = time.monotonic, land_by_mono: float | None = None,
 ) -> InstanceTeardown:
     """Delete, then prove absent; delete again whenever a proof sees it live, until proven or `deadline`.
 
@@ -359,7 +361,8 @@ def teardown_instance(
     before `created_mono + lag_window_s` proves nothing, so the proof waits it out. For an instance that no
     read has shown yet (`seen` False: the create's answer named it, nothing since), the window is
     UNSEEN_TRUST_AFTER_S, until a DELETE acknowledges deleting it or a round shows it. The ledger gets every
-    acknowledged DELETE, the first sight, and the verdict.
+    acknowledged DELETE, the first sight, and the verdict. `land_by_mono` (a run's cap deadline, on `clock`):
+    the DELETE's attempts are cut so that a retry after a stalled one still lands by then (`destroy`).
     """
     report = InstanceTeardown(instance_id=instance_id)
 
@@ -372,7 +375,8 @@ def teardown_instance(
         # The DELETE's retries leave the proof its two rounds: a DELETE that never answers must not eat the
         # whole budget and leave the reads no time to decide (jittered retries once did, at random).
         remaining = deadline - clock()
-        ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining - 2 * interval_s), clock=clock)
+        ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining - 2 * interval_s),
+                      land_by_mono=land_by_mono, clock=clock)
         report.deletes.append(ack)
         if ack.acknowledged:
             ledger.append(run_id, "delete_ack", label, instance_id=instance_id, detail=ack.outcome)

@@ -23,6 +23,9 @@ MB = 1_000_000
 # Nothing is rented while the preflight's read-only calls run: an API that does not answer is said after this
 # many seconds of retries, not after the client's whole retry budget (which is there to protect a DELETE).
 PREFLIGHT_RETRY_S = 30.0
+# Nothing is rented yet: a read that stalled for its whole answer bound (45 s, longer than the retry bound)
+# is tried once more, not given up on.
+PREFLIGHT_MIN_ATTEMPTS = 2
 _T = TypeVar("_T")
 
 
@@ -115,13 +118,14 @@ def choose_offers(
     exclude_machine_ids: Iterable[int] = (),
 ) -> OfferChoice:
     criteria = criteria_for(spec, credit_usd=credit_usd, bundle=bundle, exclude_machine_ids=exclude_machine_ids)
-    return _preflight(client, lambda: search_ranked(partial(client.search_offers, max_retry_s=PREFLIGHT_RETRY_S),
-                                                    criteria, drivers))
+    search = partial(client.search_offers, max_retry_s=PREFLIGHT_RETRY_S, min_attempts=PREFLIGHT_MIN_ATTEMPTS)
+    return _preflight(client, lambda: search_ranked(search, criteria, drivers))
 
 
 def account_credit_usd(client: VastClient) -> float:
     """The credit the account can spend now (`users/current`), asked within the preflight's retry bound."""
-    return _preflight(client, lambda: client.current_user(max_retry_s=PREFLIGHT_RETRY_S)).available_usd
+    return _preflight(client, lambda: client.current_user(max_retry_s=PREFLIGHT_RETRY_S,
+                                                          min_attempts=PREFLIGHT_MIN_ATTEMPTS)).available_usd
 
 
 def _preflight(client: VastClient, call: Callable[[], _T]) -> _T:

@@ -288,8 +288,9 @@ def test_billed_price_that_breaks_the_cap_stops_the_run_at_once(sim, tmp_path):
 
 
 def test_a_run_over_its_time_cap_is_never_exit_0(sim, tmp_path):
-    # Everything passes, but the DELETE hangs past the time cap: the instance outlived the cap. Exit 6.
-    sim.set_faults("hang:destroy:6:1")
+    # Everything passes, but every DELETE hangs past the time cap (one hung DELETE alone is now cut and
+    # retried in time): the instance outlived the cap. Exit 6.
+    sim.set_faults("hang:destroy:6:*")
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=20)], max_minutes=0.1)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
@@ -516,4 +517,18 @@ def test_a_boot_read_that_hangs_at_the_cap_does_not_hold_the_delete_past_it(sim,
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
         result = execute(run, within_s=30)
     assert result.exit_code == 6, result.message
+    assert_within_caps(sim, run, spec, start)
+
+
+def test_one_hung_delete_near_the_cap_is_cut_and_retried_in_time(sim, tmp_path):
+    # A step that runs to the cap's work deadline, then a first DELETE the API holds for 6 s: cut at half the
+    # time left to the cap, the retry lands before it (chaos seed 13000087 was 0.35 s over with a stalled one).
+    sim.set_faults("hang:destroy:6:1")
+    spec = _capped(sim, tmp_path, "sleep 30")
+    start = time.time()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, retry_wait_min_s=0.02, retry_wait_max_s=0.2) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=40)
+    assert result.exit_code == 6, result.message
+    assert len(run.teardowns[0].deletes) == 1 and run.teardowns[0].verdict == "gone"
     assert_within_caps(sim, run, spec, start)

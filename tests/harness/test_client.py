@@ -1108,3 +1108,49 @@ def test_within_s__past_its_deadline_nothing_is_sent(local_api: Any) -> None:
     with pytest.raises(TransportError, match="not sent"):
         client.get_instance(7, within_s=0.0)
     assert server.requests == 0 and client.stats.total == 0
+
+
+def _stall(conn: socket.socket) -> None:
+    time.sleep(6)  # accepted, never answered (the client cuts it)
+
+
+def _ok_answer(conn: socket.socket) -> None:
+    _answer(conn, b'{"success": true, "offers": []}')
+
+
+def test_land_within_s__a_stalled_delete_leaves_room_for_a_retry_that_lands_in_time(local_api: Any) -> None:
+    # The cap is 1.6 s away and one answer may take 2 s (the chaos suite's scale: seed 13000087, a stalled first
+    # DELETE retried after its whole 2 s bound landed past the cap). Half the time left per attempt lands it.
+    server = _LocalApi([_stall, _ok_answer])
+    try:
+        with VastClient(VAST_TEST_KEY, base_url=server.base_url, timeouts=Timeouts(total_s=2), pacing_scale=0,
+                        retry_wait_min_s=0.02, retry_wait_max_s=0.2) as client:
+            start = time.monotonic()
+            assert client.destroy_instance(7, land_within_s=1.6) == "deleted"
+            assert time.monotonic() - start < 1.4 and server.requests == 2
+    finally:
+        server.close()
+
+
+def test_land_within_s__without_room_for_two_an_attempt_keeps_its_full_bound(local_api: Any) -> None:
+    # Landing late beats not landing: too close to the cap to split, the attempt is not cut short.
+    server, client = local_api([_ok_slow_answer], total_s=2)
+    assert client.destroy_instance(7, land_within_s=0.6) == "deleted" and server.requests == 1
+
+
+def _ok_slow_answer(conn: socket.socket) -> None:
+    time.sleep(0.8)
+    _ok_answer(conn)
+
+
+def test_min_attempts__a_search_that_stalls_past_the_retry_bound_is_tried_again(local_api: Any) -> None:
+    # Nothing is rented during a search: one that stalled its whole answer bound (longer than the preflight's
+    # retry bound) gets a second try instead of failing the run (chaos seed 13000109: exit 1, not exit 5).
+    server, client = local_api([_stall, _ok_answer], total_s=1)
+    client._max_retry_s = 0.5
+    assert client.search_offers({}, max_retry_s=0.5, min_attempts=2) == [] and server.requests == 2
+    server.requests = 0
+    server.handlers = [_stall]
+    with pytest.raises(TransportError):
+        client.search_offers({}, max_retry_s=0.5, min_attempts=2)
+    assert server.requests == 2
