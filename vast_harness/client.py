@@ -320,14 +320,15 @@ class VastClient:
             raise self._invalid("GET", path, "'instances' is neither an object nor null", data)
         return self._model(Instance, row, "GET", path)
 
-    def read_instance_raw(self, instance_id: int) -> RawExchange:
+    def read_instance_raw(self, instance_id: int, *, within_s: float | None = None) -> RawExchange:
         """The per-id read as one unretried exchange, recorded whole: a round of the absence proof."""
-        return self.exchange("GET", ENDPOINT_PATHS["get_instance"].format(id=int(instance_id)))
+        return self.exchange("GET", ENDPOINT_PATHS["get_instance"].format(id=int(instance_id)), within_s=within_s)
 
-    def list_instances_raw(self, *, label: str | None = None, instance_id: int | None = None) -> RawExchange:
+    def list_instances_raw(self, *, label: str | None = None, instance_id: int | None = None,
+                           within_s: float | None = None) -> RawExchange:
         """One page of the v1 list filtered by label or id, as one unretried exchange: a proof round's read."""
         params = _list_params(label=label, instance_id=instance_id, limit=V1_PAGE_LIMIT_MAX, after_token=None)
-        return self.exchange("GET", ENDPOINT_PATHS["list_instances"], params=params)
+        return self.exchange("GET", ENDPOINT_PATHS["list_instances"], params=params, within_s=within_s)
 
     def list_instances_page(
         self,
@@ -336,24 +337,29 @@ class VastClient:
         instance_id: int | None = None,
         limit: int = V1_PAGE_LIMIT_MAX,
         after_token: str | None = None,
+        within_s: float | None = None,
     ) -> InstancePage:
         if not 1 <= limit <= V1_PAGE_LIMIT_MAX:
             raise ConfigError(f"limit must be within 1..{V1_PAGE_LIMIT_MAX}, got {limit}")
         params = _list_params(label=label, instance_id=instance_id, limit=limit, after_token=after_token)
         path = ENDPOINT_PATHS["list_instances"]
-        data = self._call("GET", path, params=params, retry=True)
+        data = self._call("GET", path, params=params, retry=True, within_s=within_s)
         self._rows(data, "instances", "GET", path)  # a missing list must not read as "no instances"
         return self._model(InstancePage, data, "GET", path)
 
     def list_instances(
-        self, *, label: str | None = None, instance_id: int | None = None, page_limit: int = V1_PAGE_LIMIT_MAX
+        self, *, label: str | None = None, instance_id: int | None = None, page_limit: int = V1_PAGE_LIMIT_MAX,
+        within_s: float | None = None,
     ) -> list[Instance]:
-        """Every matching instance, following `next_token` until null (at most MAX_LIST_PAGES pages)."""
+        """Every matching instance, following `next_token` until null (at most MAX_LIST_PAGES pages); all pages
+        within `within_s` when given."""
         rows: list[Instance] = []
         token: str | None = None
+        until = None if within_s is None else self._clock() + within_s
         for _ in range(MAX_LIST_PAGES):
             page = self.list_instances_page(
-                label=label, instance_id=instance_id, limit=page_limit, after_token=token
+                label=label, instance_id=instance_id, limit=page_limit, after_token=token,
+                within_s=None if until is None else max(0.0, until - self._clock()),
             )
             rows.extend(page.instances)
             token = page.next_token
@@ -363,15 +369,22 @@ class VastClient:
 
     def destroy_instance(
         self, instance_id: int, *, max_retry_s: float | None = None, land_within_s: float | None = None
-    ) -> Literal["deleted", "already_gone"]:
+    ) -> Literal["deleted", "already_gone", "already_gone_after_unanswered"]:
         """DELETE, retried on 429/5xx/transport (for at most `max_retry_s`, default the client's bound).
-        A 404 not_found/no_such_instance is "already gone" as far as DELETE can tell: only a proof says gone.
+        A 404 not_found/no_such_instance is "already gone" as far as DELETE can tell: only a proof says gone
+        ("already_gone_after_unanswered" when an earlier attempt of ours went unanswered).
         `land_within_s` (the cap's deadline): while two attempts fit before it, each gets half the time left, so
         one that stalls leaves room for a retry that lands before the cap; after it, attempts go on as usual."""
         path = ENDPOINT_PATHS["destroy_instance"].format(id=int(instance_id))
+        failures: list[Exception] = []
         try:
-            self._call("DELETE", path, json={}, retry=True, max_retry_s=max_retry_s, land_within_s=land_within_s)
+            self._call("DELETE", path, json={}, retry=True, max_retry_s=max_retry_s, land_within_s=land_within_s,
+                       failures=failures)
         except NotFoundError:
+            # After an attempt of ours that was sent and never answered, that attempt may be what deleted it:
+            # not evidence that someone else did (red team: a hung DELETE, cut, then a 404 blamed "someone else").
+            if any(isinstance(e, TransportError) for e in failures):
+                return "already_gone_after_unanswered"
             return "already_gone"
         return "deleted"
 
@@ -381,14 +394,17 @@ class VastClient:
         return self._model(User, data, "GET", path)
 
     def exchange(
-        self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None,
+        within_s: float | None = None,
     ) -> RawExchange:
-        """One paced request, never retried, never raising: its raw outcome, key scrubbed."""
+        """One paced request, never retried, never raising: its raw outcome, key scrubbed. `within_s`: its
+        answer is cut then (not sent at all when that has passed): a proof round must not outlive its budget."""
         t_start = time.time()
         status: int | None = None
         text, parsed, error = "", None, None
+        until = None if within_s is None else self._clock() + within_s
         try:
-            resp = self._send(method, path, params=params, json=json)
+            resp = self._send(method, path, params=params, json=json, until=until)
             status, text = resp.status_code, resp.text[:MAX_RECORDED_TEXT_CHARS]
             parsed = _parse_json(resp.text)
             text = _redact_text(text, parsed, self._key)
@@ -455,11 +471,12 @@ class VastClient:
         self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None, retry: bool,
         retry_on: tuple[type[Exception], ...] = RETRYABLE, min_wait_s: float = 0.0,
         max_retry_s: float | None = None, within_s: float | None = None, land_within_s: float | None = None,
-        min_attempts: int = 1,
+        min_attempts: int = 1, failures: list[Exception] | None = None,
     ) -> Any:
         """`within_s`: every attempt's answer and the retries together end by then (see `get_instance`).
         `land_within_s`: the call should land by then, but may go on after (see `destroy_instance`).
-        `min_attempts`: retried at least this often whatever `max_retry_s` says (see `search_offers`)."""
+        `min_attempts`: retried at least this often whatever `max_retry_s` says (see `search_offers`).
+        `failures`: each failed attempt's error is appended to it (what the caller may need to judge the end)."""
         start = self._clock()
         until = None if within_s is None else start + within_s
         land_by = None if land_within_s is None else start + land_within_s
@@ -468,9 +485,14 @@ class VastClient:
         if within_s is not None:
             max_retry_s = within_s if max_retry_s is None else min(max_retry_s, within_s)
         for attempt in self._retrying(retry_on, min_wait_s, max_retry_s, what=f"{method} {path}",
-                                      min_attempts=min_attempts):
+                                      min_attempts=min_attempts, land_by=land_by):
             with attempt:
-                return self._call_once(method, path, params, json, self._attempt_until(until, land_by))
+                try:
+                    return self._call_once(method, path, params, json, self._attempt_until(until, land_by))
+                except Exception as exc:
+                    if failures is not None:
+                        failures.append(exc)
+                    raise
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
     def _attempt_until(self, until: float | None, land_by: float | None) -> float | None:
@@ -515,13 +537,23 @@ class VastClient:
     def _retrying(
         self, retry_on: tuple[type[Exception], ...] = RETRYABLE, min_wait_s: float = 0.0,
         max_retry_s: float | None = None, *, what: str = "the request", min_attempts: int = 1,
+        land_by: float | None = None,
     ) -> Iterator[Any]:
         """The retry policy, defined once: `retry_on` errors (RETRYABLE by default), jittered exponential
         waits of at least `min_wait_s`, a total bound measured on the injected clock (so it includes pacing
-        waits and holds under a fake sleep), and at least `min_attempts` attempts whatever the bound."""
+        waits and holds under a fake sleep), and at least `min_attempts` attempts whatever the bound. Before
+        `land_by` (a cap's deadline) a wait is at most a quarter of the time left to it: a backoff grown to
+        20 s must not carry a DELETE's next attempt past the cap (red team: 5 failed DELETEs did)."""
         start = self._clock()
         bound_s = self._max_retry_s if max_retry_s is None else min(self._max_retry_s, max_retry_s)
-        wait = self._wait if min_wait_s <= 0 else wait_combine(self._wait, wait_fixed(min_wait_s))
+        backoff = self._wait if min_wait_s <= 0 else wait_combine(self._wait, wait_fixed(min_wait_s))
+
+        def wait(state: RetryCallState) -> float:
+            w = float(backoff(state))
+            left_s = None if land_by is None else land_by - self._clock()
+            if left_s is not None and left_s > 0:
+                w = max(min_wait_s, min(w, left_s / 4))
+            return w
 
         def stop(state: RetryCallState) -> bool:
             if state.attempt_number < min_attempts:

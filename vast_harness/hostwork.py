@@ -75,9 +75,11 @@ class HostWork:
         with tempfile.NamedTemporaryFile(suffix=".tar.gz") as fh:
             fh.write(bundle.data)
             fh.flush()
-            try:
-                sent = self.session.put(Path(fh.name), "vh-bundle.tar.gz", on_progress=progress, deadline=deadline)
+            try:  # abandoned too when the run is cancelled (a re-price that breaks the cap, a fleet's total)
+                sent = self.session.put(Path(fh.name), "vh-bundle.tar.gz", on_progress=progress, deadline=deadline,
+                                        abandon=self.cancelled.is_set)
             except TransferAbandoned as exc:
+                self._check_cancelled()
                 raise CapReachedError(f"cap reached during the upload ({reported[0]} of {bundle.size_bytes} "
                                       f"bytes sent): {exc}") from exc
         self.meter.add_bytes(up=max(0, sent - reported[0]))
@@ -86,8 +88,9 @@ class HostWork:
             f"rm -rf ~/{REMOTE_DIR} && mkdir -p ~/{REMOTE_DIR}/evidence && tar -xzf ~/vh-bundle.tar.gz -C ~/{REMOTE_DIR}"
             f" && echo \"bundle sha256 $(sha256sum ~/vh-bundle.tar.gz | cut -c1-64)\"",
             on_line=lambda stream, line: self.out.info(f"[setup] {self.spec.redactor.text(line)}"),
-            timeout_s=max(0.05, self.meter.deadline(120.0) - self.meter.now()),
+            timeout_s=max(0.05, self.meter.deadline(120.0) - self.meter.now()), stop=self.cancelled,
         )
+        self._check_cancelled()
         if outcome.timed_out and self.meter.cut_by_cap():
             raise CapReachedError("cap reached while unpacking the bundle")
         if not outcome.ok:
@@ -263,7 +266,8 @@ class HostWork:
                 self.out.warn(f"could not pull the host's evidence: {self.pull.detail}")
                 return
             self.out.info("the SSH link was lost; pulling the host's evidence over a new connection")
-        abandon = self._hurry if in_teardown else None
+        # In the run a cancel (a re-price that breaks the cap) ends it too; in teardown only a second signal.
+        abandon = self._hurry if in_teardown else self.cancelled.is_set
         try:
             pulled = self.session.pull_tree(f"{REMOTE_DIR}/evidence", self.ev.dir / "remote", deadline=deadline,
                                             max_bytes=budget, on_bytes=lambda n: self.meter.add_bytes(down=n),
@@ -294,6 +298,7 @@ class HostWork:
                       + ("" if pulled.complete else f"; incomplete: {pulled.detail}"))
         if pulled.complete or in_teardown:
             return
+        self._check_cancelled()  # cut by a cancel: its reason is the run's
         got = f"{len(pulled.files)} file(s), {pulled.bytes} bytes pulled"
         if self.meter.cut_by_cap(deadline) and own_bound_first:
             # e.g. a host file appended to for ever: the pull's bound ended it with money and time to spare

@@ -57,13 +57,19 @@ class CreateOutcome(BaseModel):
 
 
 def find_by_label(client: VastClient, label: str, *, attempts: int, wait_s: float, sleep: Sleep,
-                  until_mono: float = 0.0, clock: Clock = time.monotonic) -> list[int]:
+                  until_mono: float = 0.0, clock: Clock = time.monotonic,
+                  give_up_mono: float | None = None) -> list[int]:
     """Ids of instances carrying `label` (lingering destroyed rows excluded), tolerating read lag and
-    transient errors for `attempts` tries and, when `until_mono` (on `clock`) is later, until then."""
+    transient errors for `attempts` tries and, when `until_mono` (on `clock`) is later, until then. With
+    `give_up_mono`, every read (retries included) ends by then, and so does the search."""
     i = 0
     while True:
+        within_s = None if give_up_mono is None else give_up_mono - clock()
+        if within_s is not None and within_s <= 0:
+            return []
         try:
-            found = [inst.id for inst in client.list_instances(label=label) if not is_lingering(inst)]
+            found = [inst.id for inst in client.list_instances(label=label, within_s=within_s)
+                     if not is_lingering(inst)]
             if found:
                 return found
         except VastError:
@@ -87,6 +93,9 @@ def is_lingering(inst: Instance | dict[str, Any]) -> bool:
 # no DELETE has acknowledged deleting may be hidden by a lag longer than the read-lag window: until this long after
 # its create, null reads and not-found DELETEs prove nothing for it (exit 3; `reap` keeps it).
 UNSEEN_TRUST_AFTER_S = 3600.0
+# A proof read started at (or just before) the teardown's deadline still gets this long to answer: at most
+# three of them (one round) overrun the deadline, by this each.
+PROOF_READ_MIN_S = 0.5
 
 
 class CreateRequest(BaseModel):
@@ -196,7 +205,7 @@ def wait_ready(
 class DeleteAck(BaseModel):
     instance_id: int
     acknowledged: bool
-    outcome: str  # deleted | already_gone | error text
+    outcome: str  # deleted | already_gone | already_gone_after_unanswered (ours may have deleted it) | error text
     t_request_unix: float
     t_ack_unix: float | None = None
     t_ack_mono: float | None = None  # the same moment on the run's monotonic clock (for the meter)
@@ -267,10 +276,15 @@ def _list_verdict(x: RawExchange, instance_id: int, label: str) -> Verdict:
 
 
 def _one_round(client: VastClient, instance_id: int, label: str, not_before_mono: float,
-               clock: Clock = time.monotonic) -> ProofRound:
-    per_id = client.read_instance_raw(instance_id)
-    by_id = client.list_instances_raw(instance_id=instance_id)
-    by_label = client.list_instances_raw(label=label)
+               clock: Clock = time.monotonic, deadline: float | None = None) -> ProofRound:
+    """Three reads, each ending by `deadline` (on `clock`): one that hangs must not hold the teardown past its
+    budget (red team: `hang:list:100:*` held a run 460 s on a 3 min cap); a read cut there is 'unknown'."""
+    def left() -> float | None:  # a round that began before the deadline gets at least a short answer
+        return None if deadline is None else max(PROOF_READ_MIN_S, deadline - clock())
+
+    per_id = client.read_instance_raw(instance_id, within_s=left())
+    by_id = client.list_instances_raw(instance_id=instance_id, within_s=left())
+    by_label = client.list_instances_raw(label=label, within_s=left())
     verdicts = {_per_id_verdict(per_id, instance_id), _list_verdict(by_id, instance_id, label),
                 _list_verdict(by_label, instance_id, label)}
     verdict: Verdict = ("present" if "present" in verdicts else "going" if "going" in verdicts
@@ -299,7 +313,7 @@ def prove_absent(
     _set_window(proof, not_before_mono, clock)
     streak_start: float | None = None
     while True:
-        r = _one_round(client, instance_id, label, proof.not_before_mono, clock)
+        r = _one_round(client, instance_id, label, proof.not_before_mono, clock, deadline)
         proof.rounds.append(r)
         if r.verdict in ("present", "going") and not proof.seen_by_reads:
             proof.seen_by_reads = True

@@ -235,10 +235,11 @@ class GuardedRun:
                 key = generate_run_key(Path(key_dir))
                 self._rent_and_connect(key)
                 self._timed("deadman_check", self._check_deadman)
-                self._timed("upload", lambda: self._upload(bundle))
+                # The host may re-price while anything runs on it, a slow upload or pull as much as a step.
                 with self.reads.watch_prices(self.book.latest(), cancelled=self.cancelled):
+                    self._timed("upload", lambda: self._upload(bundle))
                     self._run_steps()
-                self._pull_evidence(in_teardown=False)
+                    self._pull_evidence(in_teardown=False)
                 qualified = self.candidate.driver_qualified if self.candidate else False
                 code, message = ((ExitCode.PASSED, "passed") if qualified else
                                  (ExitCode.UNQUALIFIED_DRIVER, "passed on a driver outside the qualified list"))
@@ -656,7 +657,7 @@ class GuardedRun:
             if wait_s > 0:
                 time.sleep(wait_s)
             found = find_by_label(self.client, label, attempts=2, wait_s=self.spec.proof_interval_s, sleep=time.sleep,
-                                  clock=self.clock)
+                                  clock=self.clock, give_up_mono=give_up)
             if found:
                 book.settle(label)
             for instance_id in found:

@@ -532,3 +532,51 @@ def test_one_hung_delete_near_the_cap_is_cut_and_retried_in_time(sim, tmp_path):
     assert result.exit_code == 6, result.message
     assert len(run.teardowns[0].deletes) == 1 and run.teardowns[0].verdict == "gone"
     assert_within_caps(sim, run, spec, start)
+
+
+def test_a_reprice_during_a_slow_evidence_pull_is_seen_and_never_exit_0(sim, tmp_path):
+    # Red team, round 6: the host re-priced 200x while a slow pull ran after the steps; the price was read
+    # only during the steps, so the run passed (exit 0) with the simulator billing 16x the dollar cap. The
+    # price watch now covers the upload and the pull, and a cancel abandons either.
+    sim.set_faults("slow_sftp:100000;reprice:200:1.5")
+    steps = [Step(name="ev", run="head -c 2000000 /dev/urandom > evidence/e.bin", timeout_s=20)]
+    spec = make_spec(sim, tmp_path, steps, max_minutes=0.5, poll_s=0.25)
+    spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.01})})
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=40)
+    assert result.exit_code == 6, result.message
+    assert run.meter.price_changes, "the re-price was never read"
+    assert run.pull is not None and not run.pull.complete
+    res = json.loads((run.ev.dir / "harness-result.json").read_text())
+    assert res["exit_code"] == 6
+
+
+def test_a_list_that_hangs_holds_neither_the_absence_proof_nor_the_sweep_past_their_budgets(sim, tmp_path):
+    # Red team, round 6: with every v1 list hanging 100 s, a run on a 3 min cap exited after 460 s: each proof
+    # round's two lists (and the final label sweep, with retries) waited out the client's own bounds.
+    sim.set_faults("hang:list:100:*")
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=20)], max_minutes=1.0)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        run.teardown_budget_s = 3.0
+        started = time.monotonic()
+        result = execute(run, within_s=60)
+        took_s = time.monotonic() - started
+    assert result.exit_code == 3, result.message  # the lists never answered: absence is not proven
+    assert took_s < 15, f"the run took {took_s:.1f} s with a 3 s teardown budget"
+    assert not any(i["live"] for i in sim_record(sim, run))  # the DELETE itself went out and landed
+
+
+def test_delete_retries_near_the_cap_are_not_spaced_past_it(sim, tmp_path):
+    # Red team, round 6: five failed DELETEs with the backoff grown toward 20 s carried the instance past the
+    # cap (36 s on an 18 s cap). Before the cap each wait is at most a quarter of the time left.
+    sim.set_faults("delete_fail:5:503")
+    spec = _capped(sim, tmp_path, "sleep 30")
+    start = time.time()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:  # production backoff: 1 s .. 20 s
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=60)
+    assert result.exit_code == 6, result.message
+    assert run.teardowns[0].verdict == "gone"
+    assert_within_caps(sim, run, spec, start)

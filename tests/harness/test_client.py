@@ -455,7 +455,8 @@ def test_destroy__sends_empty_object_and_timeout_then_404_is_gone(
     route = vast_api.delete("/api/v0/instances/42/").mock(
         side_effect=[httpx.ReadTimeout("timed out"), _json(404, GONE_INSTANCE)]
     )
-    assert client.destroy_instance(42) == "already_gone"
+    # the timed-out attempt was sent: it may be what deleted it, so the 404 says so (not someone else's delete)
+    assert client.destroy_instance(42) == "already_gone_after_unanswered"
     assert [json.loads(c.request.content) for c in route.calls] == [{}, {}]
 
 
@@ -1154,3 +1155,23 @@ def test_min_attempts__a_search_that_stalls_past_the_retry_bound_is_tried_again(
     with pytest.raises(TransportError):
         client.search_offers({}, max_retry_s=0.5, min_attempts=2)
     assert server.requests == 2
+
+
+def _not_found(conn: socket.socket) -> None:
+    body = b'{"success": false, "error": "no_such_instance", "msg": "Instance 7 not found."}'
+    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                 % len(body) + body)
+
+
+def test_a_404_after_an_unanswered_delete_of_ours_is_not_someone_elses_delete(local_api: Any) -> None:
+    # Red team, round 6: a DELETE the API held was cut, the retry answered 404, and the run said "deleted by
+    # someone else: no DELETE of ours". Ours was sent and may be what deleted it.
+    server = _LocalApi([_stall, _not_found])
+    try:
+        with VastClient(VAST_TEST_KEY, base_url=server.base_url, timeouts=Timeouts(total_s=0.5), pacing_scale=0,
+                        retry_wait_min_s=0.02, retry_wait_max_s=0.1) as client:
+            assert client.destroy_instance(7) == "already_gone_after_unanswered"
+            server.handlers, server.requests = [_not_found], 0
+            assert client.destroy_instance(7) == "already_gone"  # a first answer of 404: nothing of ours was lost
+    finally:
+        server.close()
