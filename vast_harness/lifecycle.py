@@ -367,6 +367,7 @@ def teardown_instance(
     client: VastClient, ledger: LedgerAppend, *, run_id: str, label: str, instance_id: int, interval_s: float,
     deadline: float, sleep: Sleep = time.sleep, created_mono: float | None = None,
     lag_window_s: float, seen: bool = True, clock: Clock = time.monotonic, land_by_mono: float | None = None,
+    while_deleting: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
 ) -> InstanceTeardown:
     """Delete, then prove absent; delete again whenever a proof sees it live, until proven or `deadline`.
 
@@ -389,8 +390,9 @@ def teardown_instance(
         # The DELETE's retries leave the proof its two rounds: a DELETE that never answers must not eat the
         # whole budget and leave the reads no time to decide (jittered retries once did, at random).
         remaining = deadline - clock()
-        ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining - 2 * interval_s),
-                      land_by_mono=land_by_mono, clock=clock)
+        with while_deleting() if while_deleting else contextlib.nullcontext():  # e.g. the run's price watch
+            ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining - 2 * interval_s),
+                          land_by_mono=land_by_mono, clock=clock)
         report.deletes.append(ack)
         if ack.acknowledged:
             ledger.append(run_id, "delete_ack", label, instance_id=instance_id, detail=ack.outcome)

@@ -513,7 +513,8 @@ class GuardedRun:
                                    instance_id=inst.instance_id, interval_s=self.spec.proof_interval_s,
                                    deadline=deadline, created_mono=inst.t_created_mono,
                                    lag_window_s=self.read_lag_window_s, seen=inst.seen, clock=self.clock,
-                                   land_by_mono=self.meter.hard_deadline())
+                                   land_by_mono=self.meter.hard_deadline(),
+                                   while_deleting=lambda: self.reads.watch_while_deleting(inst))
         seen_before, inst.seen = inst.seen, report.seen
         acks = [d for d in report.deletes if d.acknowledged]
         ours = [d for d in acks if d.outcome == "deleted"]  # a DELETE of ours that deleted it

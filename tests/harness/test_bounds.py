@@ -580,3 +580,19 @@ def test_delete_retries_near_the_cap_are_not_spaced_past_it(sim, tmp_path):
     assert result.exit_code == 6, result.message
     assert run.teardowns[0].verdict == "gone"
     assert_within_caps(sim, run, spec, start)
+
+
+def test_a_reprice_while_the_api_holds_our_delete_is_billed_and_never_exit_0(sim, tmp_path):
+    # Red team, round 7: the host re-priced 5000x while the API held our DELETE for 30 s; nothing read the
+    # price after the DELETE was sent, so the run passed (exit 0) with $7 billed on a $0.05 cap. The price is
+    # now re-read while a DELETE is in flight.
+    sim.set_faults("hang:destroy:3:1;reprice:5000:2")
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="sleep 1", timeout_s=20)], max_minutes=1.0, poll_s=0.25)
+    spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.05})})
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=40)
+    billed = sum(i["billed_usd"] for i in sim_record(sim, run))
+    assert billed > spec.caps.max_usd  # the scenario: the host did bill over the cap
+    assert result.exit_code == 6, result.message
+    assert run.meter.price_changes
