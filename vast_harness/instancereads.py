@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from vast_harness.client import VastClient
-from vast_harness.errors import CapReachedError, ExitCode, VastError
+from vast_harness.errors import CapReachedError, ExitCode, Interrupted, VastError
 from vast_harness.evidence import CreatedInstance
 from vast_harness.ledger import Ledger
 from vast_harness.lifecycle import is_lingering
@@ -94,12 +94,16 @@ class InstanceReads:
 
         thread = threading.Thread(target=watch, name=f"vh-price-{self.run_id}", daemon=True)
         thread.start()
+        signalled = False
         try:
             yield
+        except Interrupted:
+            signalled = True  # a signal: the DELETE goes first, so no waiting on the watcher, no last read
+            raise
         finally:
             stop.set()
-            thread.join(timeout=WATCH_JOIN_S)
-            if inst is not None and not cancelled.is_set():
+            thread.join(timeout=0.1 if signalled else WATCH_JOIN_S)
+            if inst is not None and not cancelled.is_set() and not signalled:
                 self.last_price_read(inst)
 
     @contextlib.contextmanager

@@ -471,10 +471,12 @@ class GuardedRun:
 
     def _read_deadman_log(self) -> None:
         """The switch's log (every attempt it made) into the evidence, read once more at teardown."""
-        if self.session is None or self.deadman is None or (self.guard and self.guard.hurry):
+        if self.session is None or self.deadman is None:
             return
-        # Bounded by the meter's prelude deadline too: the DELETE keeps its half of the teardown margin.
-        timeout_s = min(DEADMAN_LOG_READ_S, self.meter.prelude_deadline() - self.clock())
+        # Bounded by the meter's prelude deadline too: the DELETE keeps its half of the teardown margin. After a
+        # signal the DELETE goes first: the tail the check read stands.
+        signalled = self.guard is not None and self.guard.received is not None
+        timeout_s = 0.0 if signalled else min(DEADMAN_LOG_READ_S, self.meter.prelude_deadline() - self.clock())
         text = (read_log(self.session, timeout_s=timeout_s) if self.session.is_active() and timeout_s > 0 else "") \
             or self.deadman.log_tail
         self.ev.guarded("deadman.log", lambda: (self.ev.dir / "deadman.log").write_text(text + "\n", encoding="utf-8"))
