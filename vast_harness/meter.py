@@ -197,13 +197,14 @@ class CostMeter:
         """The run's clock (monotonic): what every deadline the meter hands out is measured on."""
         return self.clock()
 
-    def cut_by_cap(self, deadline: float | None = None) -> bool:
+    def cut_by_cap(self, deadline: float | None = None, *, ends_early_s: float = 0.0) -> bool:
         """Whether a wait that just ended was ended by the cap: now is at (or within CAP_CUT_SLACK_S of) the
-        work deadline, or of `deadline`, a phase deadline the meter handed out. The one place this is decided:
-        a cut by the cap is exit 6, a timeout of the phase's own is not."""
+        work deadline, or of `deadline`, a phase deadline the meter handed out. `ends_early_s`: how long before
+        its deadline the wait gives up by design (an SSH connect starts no attempt it cannot finish). The one
+        place this is decided: a cut by the cap is exit 6, a timeout of the phase's own is not."""
         now = self.clock()
         limit = self.work_deadline(now) if deadline is None else deadline
-        return now >= limit - CAP_CUT_SLACK_S
+        return now >= limit - CAP_CUT_SLACK_S - ends_early_s
 
     def remaining_s(self) -> float:
         now = self.clock()

@@ -217,6 +217,37 @@ def test_an_exit_0_with_the_ledger_naming_an_unproven_instance_is_a_mismatch(tmp
         "exit 0 with the ledger naming unproven instances [42] ['vh-y']"]
 
 
+def test_the_child_counts_the_time_cap_from_the_runs_own_clock(tmp_path: Path, monkeypatch):
+    # The judge measures an instance's life from the t0 the child writes. It was written before the API client
+    # was built: on a loaded CI machine that took 1.6 s, the run's own cap clock started that much later, and
+    # a run that kept its cap was judged 0.13 s over it (seed 3000062).
+    import time
+
+    from vast_harness.chaos import child, engine
+    from vast_harness.runner import GuardedRun, HarnessResult
+
+    real_client = child._client
+
+    def slow_client(url: str):
+        time.sleep(0.4)
+        return real_client(url)
+
+    seen: dict[str, float] = {}
+
+    def execute(run: GuardedRun) -> HarnessResult:
+        seen["t0_unix"] = time.time() - (run.meter.now() - run.meter.t0)
+        return HarnessResult(run_id=run.run_id, exit_code=0)
+
+    monkeypatch.setattr(child, "_client", slow_client)
+    monkeypatch.setattr(GuardedRun, "execute", execute)
+    job = engine.ChildJob(api_url="http://127.0.0.1:9", evidence_dir=tmp_path / "ev", steps=[], max_minutes=1.0,
+                          max_usd=None, boot_retries=0, proof_interval_s=0.1, t0_file=tmp_path / "t0",
+                          state_dir=tmp_path / "state")
+    (tmp_path / "job.json").write_text(job.model_dump_json())
+    assert child.main([str(tmp_path / "job.json")]) == 0
+    assert abs(float((tmp_path / "t0").read_text()) - seen["t0_unix"]) < 0.05
+
+
 @pytest.mark.slow
 def test_a_clean_run_behind_the_proxy_passes_and_a_stalled_one_is_killed_as_a_hang():
     clean = chaos.run_net(_net("clean", net="seed=5"))

@@ -270,3 +270,15 @@ def test_binding_cap_names_the_cap_that_sets_the_deadline() -> None:
     assert m.binding_cap() == "time"
     m.reprice(1, 36.0)  # $0.01/s: $1 lasts 100 s
     assert m.binding_cap() == "dollar"
+
+
+def test_a_wait_that_gives_up_early_by_design_is_still_a_cut_by_the_cap() -> None:
+    # An SSH connect starts no attempt it cannot finish, so it ends up to one attempt before the cap's work
+    # deadline (chaos seeds 1000017, 1000075: exit 1 "no host came up" where the cap had ended the boot).
+    clock = FakeClock(T0)
+    m = meter(clock, max_seconds=100.0, margin_s=10.0)  # work deadline T0 + 90
+    clock.now_s = T0 + 89.8
+    assert not m.cut_by_cap()
+    assert m.cut_by_cap(ends_early_s=0.25)
+    clock.now_s = T0 + 89.0
+    assert not m.cut_by_cap(ends_early_s=0.25)

@@ -29,6 +29,7 @@ from tests.harness.netproxy import TcpProxy
 from vast_harness.errors import HarnessError, SshConnectError, TransferAbandoned
 from vast_harness.models import Instance
 from vast_harness.ssh import (
+    MIN_CONNECT_ATTEMPT_S,
     RUN_KEY_DIR_GLOB,
     ConnectAttempt,
     HostSession,
@@ -386,7 +387,8 @@ def test_connect__all_refused__retries_until_deadline_then_lists_attempts(run_ke
     with pytest.raises(SshConnectError) as info:
         HostSession.connect(endpoints, run_key, deadline_monotonic=started + 1.0, retry_wait_s=0.2)
     elapsed_s = time.monotonic() - started
-    assert 0.9 <= elapsed_s < 2.0
+    # The last attempt starts no later than MIN_CONNECT_ATTEMPT_S before the deadline; a refusal is instant.
+    assert 1.0 - MIN_CONNECT_ATTEMPT_S - 0.1 <= elapsed_s < 2.0
     attempts = info.value.attempts
     assert len(attempts) >= 6  # ~1 s / 0.2 s wait, two endpoints a round
     assert [a.endpoint.kind for a in attempts[:4]] == ["direct", "proxy", "direct", "proxy"]
@@ -410,6 +412,29 @@ def test_connect__wrong_key__fails_at_deadline_naming_auth(host: FakeHost, tmp_p
     with generate_run_key(tmp_path) as other, pytest.raises(SshConnectError) as info:
         HostSession.connect(endpoints, other, deadline_monotonic=time.monotonic() + 0.5, retry_wait_s=0.1)
     assert info.value.attempts and all("Authentication" in a.outcome for a in info.value.attempts)
+
+
+def test_connect__never_starts_an_attempt_too_short_to_finish(run_key: RunKey, monkeypatch) -> None:
+    # The retry wait may run up to the deadline: an attempt then started with a few milliseconds left can
+    # only time out, and its outcome hides what the host really said (CI: "no SSH session within 0.00191 s"
+    # after four attempts that named the refused key).
+    import vast_harness.ssh as ssh_mod
+
+    bounds: list[float] = []
+
+    def refused(endpoint, pkey, user, timeout_s):
+        bounds.append(timeout_s)
+        raise paramiko.AuthenticationException("Authentication failed.")
+
+    monkeypatch.setattr(ssh_mod, "_open_client", refused)
+    endpoints = [SshEndpoint(host="127.0.0.1", port=1, kind="direct"), SshEndpoint(host="127.0.0.1", port=2, kind="proxy")]
+    for deadline_s, wait_s in ((0.5, 0.1), (0.62, 0.2), (0.3, 0.05)):
+        bounds.clear()
+        with pytest.raises(SshConnectError) as info:
+            HostSession.connect(endpoints, run_key, deadline_monotonic=time.monotonic() + deadline_s,
+                                retry_wait_s=wait_s)
+        assert bounds and min(bounds) >= MIN_CONNECT_ATTEMPT_S, (deadline_s, wait_s, bounds)
+        assert all("Authentication" in a.outcome for a in info.value.attempts)
 
 
 def test_connect__no_endpoints__error(run_key: RunKey) -> None:

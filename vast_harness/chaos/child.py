@@ -37,13 +37,15 @@ def main(argv: list[str]) -> int:
     spec = chaos_spec(api_url=job.api_url, evidence_dir=job.evidence_dir, steps=job.steps,
                       max_minutes=job.max_minutes, max_usd=job.max_usd, boot_retries=job.boot_retries,
                       proof_interval_s=job.proof_interval_s, state_dir=job.state_dir)
-    job.t0_file.write_text(repr(time.time()))
     # The wall clock steps (NTP) right after the create answered: while an instance is live and billing.
     wall_step_s = job.wall_step_s
     on_created = (lambda _inst: step_wall_clock(wall_step_s)) if wall_step_s else None
     with _client(job.api_url) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(), on_created=on_created)
         run.teardown_budget_s = job.teardown_budget_s
+        # The time cap counts from the run's own clock, which starts with the run (after the client is built:
+        # on a loaded machine that alone took 1.6 s), not from this process's start.
+        job.t0_file.write_text(repr(run.t0_unix))
         return run.execute().exit_code
 
 

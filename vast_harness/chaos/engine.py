@@ -230,6 +230,8 @@ def run_scenario(plan: ScenarioPlan, workdir: Path) -> ScenarioOutcome:
                                                          detail=f"{type(exc).__name__}: {exc}\n{where}")))
         state = sim.state()
         outcome.faults_fired = _fired(state)
+        if run is not None:  # the cap counts from the run's own clock (GuardedRun.t0_unix), not from before it
+            start_unix = run.t0_unix
         outcome.violations += check_scenario(plan, spec, outcome, state, run, start_unix)
         if outcome.exit_code == 3:
             outcome.violations += _reap_and_check(spec, sim, buf)
