@@ -64,7 +64,7 @@ PCIE = {"NCCL_P2P_DISABLE": "1", "NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "N
         "NCCL_MAX_NCHANNELS": "8", "NCCL_BUFFSIZE": "8388608"}
 RECORDED_ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "PYTORCH_CUDA_ALLOC_CONF",
                          "CUBLAS_WORKSPACE_CONFIG", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "VH_MPS_MODE",
-                         "VH_REDUCE_ORDER", *kernels.ENV_PREFIXES)
+                         "VH_REDUCE_ORDER", "TORCHINDUCTOR_", "TORCH_BLAS_", "CUBLASLT_", *kernels.ENV_PREFIXES)
 REDUCE_ORDERS = ("rank", "backend")
 _ALIGN = 64  # elements: every parameter and every shard starts 128-byte aligned in the flat buffers
 

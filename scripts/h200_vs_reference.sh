@@ -4,7 +4,8 @@
 # scripts/bench_vs_reference.py at mb 16 (ours with the profile's settings, ours deterministic + replay, HF
 # per-layer / whole-model compile, HF + Liger per-layer / whole-model), then extra runs named in H200_EXTRA.
 #   OUT=dir bash scripts/h200_vs_reference.sh   (PY=python3; H200_STEPS=13, H200_BUDGET_S=540,
-#       H200_RUNS=bench runs, H200_EXTRA="name:ENV=..:flags ..." extra run_mfu_dist runs, H200_SKIP=phases)
+#       H200_RUNS=bench runs, H200_EXTRA="name|ENV=..|flags;..." extra run_mfu_dist runs, each limited to
+#       H200_EXTRA_LIMIT_S=150, H200_SKIP=phases)
 # Wheels (liger-kernel, nvidia-cudnn-frontend) are installed from .whl/ when it exists (the device README's
 # carried-wheel recipe). Writes into $OUT: log.txt, kernels-check.json, bench-vs-reference.json, runs.json,
 # extra.tar.gz (every run's JSON and log), and prints a short table last.
@@ -51,7 +52,7 @@ for spec in "${EXTRA[@]}"; do
     [ -z "$spec" ] && continue
     IFS='|' read -r name envs flags <<<"$spec"
     [[ $name == prof* ]] && envs="$envs VH_TORCH_PROFILE_OUT=$WORK/bench/$name-profile.txt"
-    phase "x-$name" 150 env $envs $PY scripts/run_mfu_dist.py --profile mfu-dense-1b-dp1 --device cuda \
+    phase "x-$name" "${H200_EXTRA_LIMIT_S:-150}" env $envs $PY scripts/run_mfu_dist.py --profile mfu-dense-1b-dp1 --device cuda \
         --reduction zero2o --compile --micro-batch 16 --steps "$STEPS" --out "$WORK/bench/mfu-x-$name.json" $flags
 done
 files=$(ls "$WORK"/bench/mfu-*.json "$OUT"/bench-vs-reference.json 2>/dev/null)
