@@ -115,13 +115,15 @@ class CreateRequest(BaseModel):
 def create(
     client: VastClient, ledger: Ledger, *, run_id: str, offer_id: int, request: CreateRequest,
     lag_window_s: float, lag_attempts: int = 6, lag_wait_s: float = 5.0, sleep: Sleep = time.sleep,
-    clock: Clock = time.monotonic,
+    clock: Clock = time.monotonic, on_named: Callable[[int], None] | None = None,
 ) -> CreateOutcome:
     """PUT the create once (the client retries only a 429, which creates nothing). An unknown outcome is
     looked up by label until the read-lag window has passed; not found then, it is `unresolved` (ledger
     `create_unresolved`, which `reap` keeps looking for). An interrupt during the PUT is recorded the same
-    way before it propagates."""
+    way before it propagates. `on_named(instance_id)` is told as soon as an answer names an instance, before
+    its ledger line is written (a disk slow to write it must not hide a billing instance from the cap guard)."""
     label = request.label
+    named = on_named or (lambda _id: None)
     ledger.append(run_id, "intent", label, offer_id=offer_id)
     t_sent = clock()
 
@@ -133,6 +135,7 @@ def create(
         found = find_by_label(client, label, attempts=lag_attempts if unknown else 2, wait_s=lag_wait_s,
                               sleep=sleep, until_mono=t_sent + lag_window_s, clock=clock)
         if found:
+            named(found[0])
             ledger.append(run_id, "created", label, offer_id=offer_id, instance_id=found[0], detail="found by label")
             with contextlib.suppress(LedgerWriteError):  # lost, reap is only more careful with it
                 ledger.append(run_id, "seen", label, instance_id=found[0], detail="in the list by label")
@@ -151,6 +154,7 @@ def create(
         return CreateOutcome(status="not_created", detail=str(exc))
     except ApiStatusError as exc:
         if exc.new_contract is not None:  # bid too low etc.: created stopped, bills storage until deleted
+            named(exc.new_contract)
             ledger.append(run_id, "create_failed", label, offer_id=offer_id, instance_id=exc.new_contract,
                           detail=str(exc)[:300])
             return CreateOutcome(status="created_with_error", instance_id=exc.new_contract, detail=str(exc))
@@ -163,6 +167,7 @@ def create(
     except BaseException as exc:  # Ctrl-C, SIGTERM, a bug: the server may still be creating
         unresolved(f"interrupted while the create was in flight ({type(exc).__name__})")
         raise
+    named(result.new_contract)
     ledger.append(run_id, "created", label, offer_id=offer_id, instance_id=result.new_contract)
     return CreateOutcome(status="created", instance_id=result.new_contract)
 
@@ -368,6 +373,7 @@ def teardown_instance(
     deadline: float, sleep: Sleep = time.sleep, created_mono: float | None = None,
     lag_window_s: float, seen: bool = True, clock: Clock = time.monotonic, land_by_mono: float | None = None,
     while_deleting: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+    first_ack: DeleteAck | None = None,
 ) -> InstanceTeardown:
     """Delete, then prove absent; delete again whenever a proof sees it live, until proven or `deadline`.
 
@@ -378,6 +384,8 @@ def teardown_instance(
     UNSEEN_TRUST_AFTER_S, until a DELETE acknowledges deleting it or a round shows it. The ledger gets every
     acknowledged DELETE, the first sight, and the verdict. `land_by_mono` (a run's cap deadline, on `clock`):
     the DELETE's attempts are cut so that a retry after a stalled one still lands by then (`destroy`).
+    `first_ack`: a DELETE of this instance already sent for this run (the cap guard's, capguard.py): it is the
+    teardown's first when it was answered; otherwise the teardown sends its own.
     """
     report = InstanceTeardown(instance_id=instance_id)
 
@@ -390,9 +398,18 @@ def teardown_instance(
         # The DELETE's retries leave the proof its two rounds: a DELETE that never answers must not eat the
         # whole budget and leave the reads no time to decide (jittered retries once did, at random).
         remaining = deadline - clock()
-        with while_deleting() if while_deleting else contextlib.nullcontext():  # e.g. the run's price watch
-            ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining - 2 * interval_s),
-                          land_by_mono=land_by_mono, clock=clock)
+        unanswered_before = False
+        if first_ack is not None and first_ack.acknowledged:
+            ack, first_ack = first_ack, None
+        else:
+            if first_ack is not None:  # the guard's DELETE got no answer: it is on record, and ours goes now
+                report.deletes.append(first_ack)
+                first_ack, unanswered_before = None, True
+            with while_deleting() if while_deleting else contextlib.nullcontext():  # e.g. the run's price watch
+                ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining - 2 * interval_s),
+                              land_by_mono=land_by_mono, clock=clock)
+            if unanswered_before and ack.outcome == "already_gone":  # that unanswered DELETE may have deleted it
+                ack = ack.model_copy(update={"outcome": "already_gone_after_unanswered"})
         report.deletes.append(ack)
         if ack.acknowledged:
             ledger.append(run_id, "delete_ack", label, instance_id=instance_id, detail=ack.outcome)

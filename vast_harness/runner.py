@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from vast_harness.bundle import Bundle, build_bundle
+from vast_harness.capguard import CapGuard
 from vast_harness.client import VastClient
 from vast_harness.config import DriverPolicy, RunSpec, check_evidence_dir
 from vast_harness.deadman import DeadmanStatus, DeadmanUnarmed, check_armed, read_log
@@ -59,8 +60,10 @@ from vast_harness.instancereads import InstanceReads
 from vast_harness.ledger import Ledger, new_run_id
 from vast_harness.lifecycle import (
     CreateRequest,
+    DeleteAck,
     InstanceTeardown,
     create,
+    destroy,
     find_by_label,
     teardown_instance,
     wait_ready,
@@ -187,6 +190,10 @@ class GuardedRun:
         self.reads = InstanceReads(client=client, ledger=self.ledger, run_id=self.run_id, meter=self.meter,
                                    book=self.book, out=out, poll_s=spec.poll_s,
                                    cancel=lambda why, code: self.cancel(why, exit_code=code))
+        # Deletes the run's instances itself if the main thread has not begun their teardown near the cap.
+        self.cap_guard = CapGuard(meter=self.meter, live=lambda: [i.instance_id for i in self.book.live()],
+                                  delete=self._guard_delete,
+                                  on_fire=self._guard_fired, describe_now=lambda: self.phases.current)
 
     # What the run rented and what became of it (the record, the fleet, the chaos suite and tests read these).
     @property
@@ -207,6 +214,23 @@ class GuardedRun:
         if not self.cancelled.is_set():
             self.cancel_reason, self.cancel_exit_code = reason, exit_code
             self.cancelled.set()
+
+    def _guard_delete(self, instance_id: int, land_by_mono: float) -> DeleteAck:
+        return destroy(self.client, instance_id, max_retry_s=max(1.0, land_by_mono - self.clock()),
+                       land_by_mono=land_by_mono, clock=self.clock)
+
+    def _guard_fired(self, reason: str) -> None:
+        self.timings["cap_guard_fired_s"] = round(self.clock() - self.t0, 3)
+        self.cancel(reason, exit_code=ExitCode.CAP_REACHED)
+        self.out.warn(reason)
+
+    def _with_guard(self, code: ExitCode, message: str) -> tuple[ExitCode, str]:
+        """Once the cap guard has deleted an instance under the run, a pass is not one, and a failure that
+        followed (the host gone mid-step) is the cap's: exit 6, naming the guard."""
+        why = self.cap_guard.fired_reason
+        if why is None or code == ExitCode.INTERRUPTED or why in message:
+            return code, message
+        return ExitCode.CAP_REACHED, why if message in ("", "passed") else f"{why}; then {message}"
 
     def _snapshot(self) -> Snapshot:
         return Snapshot(phase=self.phases.current, phase_elapsed_s=self.clock() - self.phases.current_started_mono,
@@ -237,6 +261,7 @@ class GuardedRun:
                                       f"({'; '.join(self.ev.write_failures)}): nothing rented")
                 self._check_cancelled()
                 key = generate_run_key(Path(key_dir))
+                self.cap_guard.start()
                 self._rent_and_connect(key)
                 self._timed("deadman_check", self._check_deadman)
                 # The host may re-price while anything runs on it, a slow upload or pull as much as a step.
@@ -247,8 +272,9 @@ class GuardedRun:
                 qualified = self.candidate.driver_qualified if self.candidate else False
                 code, message = ((ExitCode.PASSED, "passed") if qualified else
                                  (ExitCode.UNQUALIFIED_DRIVER, "passed on a driver outside the qualified list"))
+                code, message = self._with_guard(code, message)
             except (Exception, Interrupted) as exc:  # a bug too must end in teardown and an exit code
-                code, message = exit_code_for(exc), describe(exc)
+                code, message = self._with_guard(exit_code_for(exc), describe(exc))
                 if isinstance(exc, NoOfferError) and exc.rejected:
                     self.out.rejections(exc.rejected, title="Closest offers and why each was rejected")
             finally:
@@ -377,7 +403,7 @@ class GuardedRun:
         try:
             outcome = create(self.client, self.ledger, run_id=self.run_id, offer_id=cand.offer.id,
                              request=request, lag_wait_s=max(self.spec.poll_s, 0.2),
-                             lag_window_s=self.read_lag_window_s, clock=self.clock)
+                             lag_window_s=self.read_lag_window_s, clock=self.clock, on_named=self.cap_guard.note)
         except LedgerWriteError as exc:  # the intent never reached the disk, so no PUT was sent: nothing to look for
             self.book.withdraw(label)
             raise LedgerWriteError(f"{exc}: the create was not sent, nothing was rented") from None
@@ -514,6 +540,7 @@ class GuardedRun:
         return self.meter.accrued_usd()
 
     def _teardown_one(self, inst: CreatedInstance) -> InstanceTeardown:
+        guard_ack = self.cap_guard.claim(inst.instance_id)  # from here the guard leaves it to us
         deadline = self.clock() + self.teardown_budget_s
         # A full disk must not stop a DELETE or its proof: the ledger records a failed write and goes on.
         report = teardown_instance(self.client, self.ledger, run_id=self.run_id, label=inst.label,
@@ -521,7 +548,8 @@ class GuardedRun:
                                    deadline=deadline, created_mono=inst.t_created_mono,
                                    lag_window_s=self.read_lag_window_s, seen=inst.seen, clock=self.clock,
                                    land_by_mono=self.meter.hard_deadline(),
-                                   while_deleting=lambda: self.reads.watch_while_deleting(inst))
+                                   while_deleting=lambda: self.reads.watch_while_deleting(inst),
+                                   first_ack=guard_ack)
         seen_before, inst.seen = inst.seen, report.seen
         acks = [d for d in report.deletes if d.acknowledged]
         ours = [d for d in acks if d.outcome == "deleted"]  # a DELETE of ours that deleted it
@@ -564,10 +592,13 @@ class GuardedRun:
             if report.proof and report.proof.rounds and acks:
                 self.timings.setdefault("absence_proven_after_delete_s",
                                         round(report.proof.rounds[-1].t_mono - acks[0], 3))
+        self.cap_guard.stop()
         self._sweep_labels()
         self.timings["teardown_s"] = round(self.clock() - start, 3)
         if key is not None:
             key.delete()
+        if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER):  # the guard may have fired in the prelude
+            code, message = self._with_guard(code, message)
         outcome = (code, message)  # the run's own; the verdict adds what the teardown and the writes say
         code, message = self._verdict(*outcome)
         self.phases.end()

@@ -468,6 +468,19 @@ def _capped(sim: SimServer, tmp_path: Path, run: str, **kw) -> RunSpec:
     return make_spec(sim, tmp_path, [Step(name="s", run=run, timeout_s=60)], max_minutes=0.1, **kw)
 
 
+def run_capped(sim: SimServer, tmp_path: Path, step: str, *, within_s: float = 30, client_kw: dict | None = None,
+               **run_kw: Any) -> tuple[RunSpec, GuardedRun, Any]:
+    """A 6 s-capped run (2 s margin) of one step; within caps is asserted from the simulator's record."""
+    spec = _capped(sim, tmp_path, step)
+    start = time.time()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, **(client_kw or {})) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), **run_kw)
+        result = execute(run, within_s=within_s)
+    assert result.exit_code == 6, result.message
+    assert_within_caps(sim, run, spec, start)
+    return spec, run, result
+
+
 def test_a_deadman_check_the_cap_cuts_on_a_stalled_link_is_a_cap_stop(sim, tmp_path, proxies, monkeypatch):
     # The link goes silent as the check starts: the check waits to its timeout, the cap's work deadline. That
     # is the cap stopping the run (exit 6), not a switch that cannot act (exit 1, "onstart did not run?").
@@ -479,14 +492,8 @@ def test_a_deadman_check_the_cap_cuts_on_a_stalled_link_is_a_cap_stop(sim, tmp_p
         return real(session, **kw)
 
     monkeypatch.setattr(runner_mod, "check_armed", on_a_stalled_link)
-    spec = _capped(sim, tmp_path, "true")
-    start = time.time()
-    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
-        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
-        result = execute(run, within_s=30)
-    assert result.exit_code == 6, result.message
+    _, _, result = run_capped(sim, tmp_path, "true")
     assert "dead-man switch was being checked" in result.message and "onstart did not run" not in result.message
-    assert_within_caps(sim, run, spec, start)
 
 
 def test_the_switch_log_read_on_a_stalled_link_leaves_the_delete_its_half_of_the_margin(sim, tmp_path, proxies,
@@ -503,14 +510,51 @@ def test_the_switch_log_read_on_a_stalled_link_leaves_the_delete_its_half_of_the
         return real(session, timeout_s=timeout_s)
 
     monkeypatch.setattr(runner_mod, "read_log", on_a_stalled_link)
-    spec = _capped(sim, tmp_path, "sleep 30")
-    start = time.time()
-    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
-        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
-        result = execute(run, within_s=30)
-    assert result.exit_code == 6, result.message
+    spec, _, _ = run_capped(sim, tmp_path, "sleep 30")
     assert timeouts and max(timeouts) <= PRELUDE_SHARE_OF_MARGIN * spec.teardown_margin_s
-    assert_within_caps(sim, run, spec, start)
+
+
+def blocked_in_the_pull(block_s: float) -> type[HostWork]:
+    """Host work whose in-run evidence pull blocks the main thread, deaf to every deadline: a disk that takes
+    seconds per write (an NFS home, a saturated CI machine), or a library call that ignores its timeout."""
+
+    class BlockedInThePull(HostWork):
+        def pull_evidence(self, *, in_teardown: bool, max_s: float | None = None) -> None:
+            if not in_teardown:
+                time.sleep(block_s)
+            super().pull_evidence(in_teardown=in_teardown, max_s=max_s)
+
+    return BlockedInThePull
+
+
+def test_a_main_thread_blocked_past_the_cap_does_not_keep_the_instance(sim, tmp_path):
+    # Every wait is bounded, but a blocked thread waits on nothing the meter can cut: the cap guard deletes
+    # the instance before the cap on its own, and the run ends exit 6 naming it, whenever the thread returns.
+    spec, run, result = run_capped(sim, tmp_path, "true", within_s=60, host_work=blocked_in_the_pull(12.0))
+    assert "cap guard deleted instance" in result.message, result.message
+    proof = json.loads(next((tmp_path / "ev").glob("*/absence-proof.json")).read_text())
+    assert proof["verdict"] == "gone"
+    assert [d["outcome"] for d in proof["instances"][0]["deletes"]][:1] == ["deleted"]  # the guard's, once
+    assert "someone else" not in result.message and not run.book.vanished
+    assert run.timings["cap_guard_fired_s"] <= spec.max_seconds
+
+
+def test_a_create_whose_ledger_line_takes_past_the_cap_to_write_does_not_keep_the_instance(sim, tmp_path,
+                                                                                           monkeypatch):
+    # The instance bills from the create's answer, and its "created" line is written after it: a disk that
+    # holds that write for 10 s used to hide the instance from everything until then.
+    import vast_harness.ledger as ledger_mod
+
+    real = ledger_mod.write_line
+
+    def slow_created(path, line, **kw):
+        if b'"event":"created"' in line:
+            time.sleep(10.0)
+        return real(path, line, **kw)
+
+    monkeypatch.setattr(ledger_mod, "write_line", slow_created)
+    _, _, result = run_capped(sim, tmp_path, "true", within_s=60)
+    assert "cap guard deleted instance" in result.message, result.message
 
 
 def test_a_boot_read_that_hangs_at_the_cap_does_not_hold_the_delete_past_it(sim, tmp_path):
@@ -519,27 +563,16 @@ def test_a_boot_read_that_hangs_at_the_cap_does_not_hold_the_delete_past_it(sim,
     from vast_harness.client import Timeouts
 
     sim.set_faults("hang:show:20:1")
-    spec = _capped(sim, tmp_path, "true")
-    start = time.time()
-    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, timeouts=Timeouts(read_s=30, total_s=20)) as client:
-        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
-        result = execute(run, within_s=30)
-    assert result.exit_code == 6, result.message
-    assert_within_caps(sim, run, spec, start)
+    run_capped(sim, tmp_path, "true", client_kw=dict(timeouts=Timeouts(read_s=30, total_s=20)))
 
 
 def test_one_hung_delete_near_the_cap_is_cut_and_retried_in_time(sim, tmp_path):
     # A step that runs to the cap's work deadline, then a first DELETE the API holds for 6 s: cut at half the
     # time left to the cap, the retry lands before it (chaos seed 13000087 was 0.35 s over with a stalled one).
     sim.set_faults("hang:destroy:6:1")
-    spec = _capped(sim, tmp_path, "sleep 30")
-    start = time.time()
-    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, retry_wait_min_s=0.02, retry_wait_max_s=0.2) as client:
-        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
-        result = execute(run, within_s=40)
-    assert result.exit_code == 6, result.message
+    _, run, _ = run_capped(sim, tmp_path, "sleep 30", within_s=40,
+                           client_kw=dict(retry_wait_min_s=0.02, retry_wait_max_s=0.2))
     assert len(run.teardowns[0].deletes) == 1 and run.teardowns[0].verdict == "gone"
-    assert_within_caps(sim, run, spec, start)
 
 
 def test_a_reprice_during_a_slow_evidence_pull_is_seen_and_never_exit_0(sim, tmp_path):
@@ -580,14 +613,8 @@ def test_delete_retries_near_the_cap_are_not_spaced_past_it(sim, tmp_path):
     # Red team, round 6: five failed DELETEs with the backoff grown toward 20 s carried the instance past the
     # cap (36 s on an 18 s cap). Before the cap each wait is at most a quarter of the time left.
     sim.set_faults("delete_fail:5:503")
-    spec = _capped(sim, tmp_path, "sleep 30")
-    start = time.time()
-    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:  # production backoff: 1 s .. 20 s
-        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
-        result = execute(run, within_s=60)
-    assert result.exit_code == 6, result.message
+    _, run, _ = run_capped(sim, tmp_path, "sleep 30", within_s=60)  # production backoff: 1 s .. 20 s
     assert run.teardowns[0].verdict == "gone"
-    assert_within_caps(sim, run, spec, start)
 
 
 def test_a_reprice_while_the_api_holds_our_delete_is_billed_and_never_exit_0(sim, tmp_path):

@@ -17,7 +17,7 @@ def test_exported_members_match_all():
     modules = {"apiurl", "bundle", "cli", "client", "config", "errors", "evidence", "ledger", "lifecycle", "meter", "models", "offers",
                "onstart", "output", "pacing", "plan", "quote", "reap", "resources", "runner", "ssh", "sim", "chaos",
                "report", "svgplot", "fleet", "fleet_plan", "fleet_report", "tokrate", "hostwork", "rentbook", "instancereads", "apiurl", "answerbound",
-               "endpoints", "deadman", "check", "canary",
+               "endpoints", "deadman", "check", "canary", "capguard",
                "cliopts", "hostdata", "redact", "progress", "htmlparts", "timeline", "runs", "logs", "costs", "runfacts",
 
                "registry", "servertime", "statedir", "status", "timings"}
