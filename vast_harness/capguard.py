@@ -121,4 +121,5 @@ class CapGuard:
                         self._acks[instance_id] = ack
                     self._done[instance_id].set()
 
+
 __all__ = ["GUARD_SHARE_OF_MARGIN", "CapGuard"]
