@@ -16,6 +16,7 @@ claimed the teardown waits for, and what the teardown has claimed the guard leav
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 
@@ -46,11 +47,22 @@ class CapGuard:
         self._done: dict[int, threading.Event] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._fire_by = math.inf  # sooner than the cap: a signal asked for the DELETE now
+        self._early_why = ""
         self.fired_reason: str | None = None
 
     def fire_at(self) -> float:
         """When the guard acts, on the meter's clock."""
+        return min(self._cap_point(), self._fire_by)
+
+    def _cap_point(self) -> float:
         return self.meter.hard_deadline() - GUARD_SHARE_OF_MARGIN * self.meter.teardown_margin_s
+
+    def fire_by(self, mono: float, why: str) -> None:
+        """Act no later than `mono` (a signal: its DELETE must not wait for a main thread stuck on a disk).
+        Lock-free: a signal handler calls it on the main thread, which may hold the guard's lock."""
+        if mono < self._fire_by:
+            self._early_why, self._fire_by = why, mono
 
     def start(self) -> None:
         if self._thread is None:
@@ -64,6 +76,11 @@ class CapGuard:
     @property
     def fired(self) -> bool:
         return self.fired_reason is not None
+
+    def is_claimed(self, instance_id: int) -> bool:
+        """Whether a DELETE of ours (the teardown's or the guard's) is on its way, or done, for `instance_id`."""
+        with self._lock:
+            return instance_id in self._claimed
 
     def note(self, instance_id: int) -> None:
         """A create's answer named `instance_id`: it bills from now, booked or not."""
@@ -105,11 +122,17 @@ class CapGuard:
     def _act(self, targets: list[int]) -> None:
         if self.fired_reason is None:
             doing = self._describe_now()
-            left_s = max(0.0, self.meter.hard_deadline() - self.meter.now())
+            now = self.meter.now()
+            left_s = self.meter.hard_deadline() - now
+            if now < self._cap_point() and self._early_why:
+                when = self._early_why
+            elif left_s >= 0:
+                when = f"the {self.meter.binding_cap()} cap is {left_s:.1f} s away"
+            else:  # the process was stopped past it (SIGSTOP, a suspended machine): nothing ran until now
+                when = f"the {self.meter.binding_cap()} cap passed {-left_s:.1f} s ago"
             self.fired_reason = (
-                f"the {self.meter.binding_cap()} cap is {left_s:.1f} s away and the run had not begun its "
-                "teardown" + (f" (still in {doing})" if doing else "")
-                + f": the cap guard deleted instance(s) {', '.join(str(i) for i in targets)}")
+                f"{when} and the run had not begun its teardown" + (f" (still in {doing})" if doing else "")
+                + f": the cap guard sent the DELETE for instance(s) {', '.join(str(i) for i in targets)}")
             self._on_fire(self.fired_reason)
         for instance_id in targets:
             ack: DeleteAck | None = None

@@ -31,8 +31,12 @@ Cancel = Callable[[str, ExitCode], None]
 
 class InstanceReads:
     def __init__(self, *, client: VastClient, ledger: Ledger, run_id: str, meter: CostMeter, book: RentBook,
-                 out: Output, cancel: Cancel, poll_s: float) -> None:
+                 out: Output, cancel: Cancel, poll_s: float,
+                 deleting: Callable[[int], bool] = lambda _id: False) -> None:
         self.client, self.ledger, self.run_id, self.meter, self.book, self.out = client, ledger, run_id, meter, book, out
+        # Whether a DELETE of ours (the teardown's or the cap guard's) is on its way for an instance: a read
+        # that then no longer shows it, even one sent before, says nothing about anyone else.
+        self._deleting = deleting
         self._cancel = cancel  # GuardedRun.cancel: stop at the next phase boundary, then the usual teardown
         self.poll_s = poll_s  # how often the price watch re-reads the rented instance while the steps run
 
@@ -52,7 +56,7 @@ class InstanceReads:
 
     def check_gone(self, inst: CreatedInstance, read: Instance | None) -> None:
         """A shown instance that a read no longer shows (or shows destroyed) was deleted by someone else."""
-        if inst.seen and (read is None or is_lingering(read)):
+        if inst.seen and (read is None or is_lingering(read)) and not self._deleting(inst.instance_id):
             self.vanished(inst, "a read of it no longer shows it" if read is None else "a read shows it destroyed")
 
     def vanished(self, inst: CreatedInstance, how: str) -> None:
@@ -79,6 +83,12 @@ class InstanceReads:
                     read = self.client.get_instance(inst.instance_id)
                 except VastError:
                     continue  # a failed read changes nothing: the known price stands
+                except RuntimeError:  # httpx: the run ended and closed its client under a read still out
+                    if stop.is_set():
+                        return
+                    raise
+                if stop.is_set() or self._deleting(inst.instance_id):
+                    return  # the body ended while this read was out: the teardown reads from here on
                 if inst.seen and (read is None or is_lingering(read)):
                     self.vanished(inst, "a read of it no longer shows it running" if read is None
                                   else "a read shows it destroyed")
@@ -120,6 +130,10 @@ class InstanceReads:
                     read = self.client.get_instance(inst.instance_id, max_retry_s=0.0, within_s=self.poll_s)
                 except VastError:
                     continue
+                except RuntimeError:  # httpx: the client closed under this read (the run is over)
+                    if stop.is_set():
+                        return
+                    raise
                 if read is None or is_lingering(read):
                     return  # our DELETE (or someone's) took effect: nothing more bills
                 with contextlib.suppress(CapReachedError):  # recorded by the meter; the verdict says over cap

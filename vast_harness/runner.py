@@ -91,6 +91,8 @@ MAX_UNAVAILABLE_REPICKS = 3
 # An offer sold twice is accepted for both buyers and "this error never propagates back" (SkyPilot PR 9117):
 # the second buyer's instance just never becomes reachable. No message says so, so none is matched: the boot
 # deadline ends it like any host that does not come up (deleted, machine excluded, a boot retry spent).
+# After a signal the DELETE leaves within this long: the teardown's own, or else the cap guard's.
+SIGNAL_DELETE_WITHIN_S = 1.0
 DEADMAN_CHECK_MAX_S = 60.0  # the dead-man check at the first SSH (it waits up to 50 s for the arm probe)
 DEADMAN_LOG_READ_S = 3.0  # reading the switch's log back at teardown: brief, DELETE comes next
 NULL_GRACE_S = 60.0  # reads lag creates: tolerate `instances: null` this long after create
@@ -117,14 +119,16 @@ class _SignalGuard:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self, out: Output) -> None:
+    def __init__(self, out: Output, on_signal: Callable[[str], None] = lambda _name: None) -> None:
         self.out = out
+        self.on_signal = on_signal  # told of every signal, first thing (the cap guard deletes within a second)
         self.in_teardown = False
         self.received: int | None = None
         self.hurry = False  # a signal during teardown: abandon the evidence pull, go straight to DELETE
         self._previous: dict[signal.Signals, SignalHandler] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.on_signal(signal.Signals(signum).name)
         if self.in_teardown or self.received is not None:
             self.hurry = True
             self.out.warn(f"{signal.Signals(signum).name}: teardown is in progress and will finish; it cannot be skipped")
@@ -186,14 +190,15 @@ class GuardedRun:
         self.cancelled = threading.Event()
         self.cancel_reason, self.cancel_exit_code = "", ExitCode.CAP_REACHED
         self.phases = PhaseLog(self.accrued_usd, clock=self.clock)  # the timeline and the live view's phase
-        # First sight, the host's own price, a delete not ours: what every read of the instance tells the run.
-        self.reads = InstanceReads(client=client, ledger=self.ledger, run_id=self.run_id, meter=self.meter,
-                                   book=self.book, out=out, poll_s=spec.poll_s,
-                                   cancel=lambda why, code: self.cancel(why, exit_code=code))
         # Deletes the run's instances itself if the main thread has not begun their teardown near the cap.
         self.cap_guard = CapGuard(meter=self.meter, live=lambda: [i.instance_id for i in self.book.live()],
                                   delete=self._guard_delete,
                                   on_fire=self._guard_fired, describe_now=lambda: self.phases.current)
+        # First sight, the host's own price, a delete not ours: what every read of the instance tells the run.
+        self.reads = InstanceReads(client=client, ledger=self.ledger, run_id=self.run_id, meter=self.meter,
+                                   book=self.book, out=out, poll_s=spec.poll_s,
+                                   cancel=lambda why, code: self.cancel(why, exit_code=code),
+                                   deleting=self.cap_guard.is_claimed)
 
     # What the run rented and what became of it (the record, the fleet, the chaos suite and tests read these).
     @property
@@ -228,8 +233,10 @@ class GuardedRun:
         """Once the cap guard has deleted an instance under the run, a pass is not one, and a failure that
         followed (the host gone mid-step) is the cap's: exit 6, naming the guard."""
         why = self.cap_guard.fired_reason
-        if why is None or code == ExitCode.INTERRUPTED or why in message:
+        if why is None or why in message:
             return code, message
+        if code == ExitCode.INTERRUPTED:  # the signal's own code; the guard only sent its DELETE for it
+            return code, f"{message}; {why}"
         return ExitCode.CAP_REACHED, why if message in ("", "passed") else f"{why}; then {message}"
 
     def _snapshot(self) -> Snapshot:
@@ -243,7 +250,9 @@ class GuardedRun:
 
     # ------------------------------------------------------------------------------------------- run
     def execute(self) -> HarnessResult:
-        guard = self.guard = _SignalGuard(self.out)
+        guard = self.guard = _SignalGuard(self.out, on_signal=lambda name: self.cap_guard.fire_by(
+            self.clock() + SIGNAL_DELETE_WITHIN_S,
+            f"{name} arrived {SIGNAL_DELETE_WITHIN_S:g} s ago"))
         code, message = ExitCode.FAILED, ""
         key: RunKey | None = None
         with guard, tempfile.TemporaryDirectory(prefix=run_key_dir_prefix(self.run_id)) as key_dir:
@@ -597,8 +606,12 @@ class GuardedRun:
         self.timings["teardown_s"] = round(self.clock() - start, 3)
         if key is not None:
             key.delete()
-        if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER):  # the guard may have fired in the prelude
-            code, message = self._with_guard(code, message)
+        why = self.cap_guard.fired_reason  # it may have fired in the prelude, after the run's own outcome
+        if why is not None and why not in message:
+            if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER, ExitCode.CAP_REACHED):
+                code, message = ExitCode.CAP_REACHED, why if code != ExitCode.CAP_REACHED else f"{message}; then {why}"
+            else:
+                message = f"{message}; then {why}"
         outcome = (code, message)  # the run's own; the verdict adds what the teardown and the writes say
         code, message = self._verdict(*outcome)
         self.phases.end()

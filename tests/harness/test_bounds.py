@@ -531,12 +531,33 @@ def test_a_main_thread_blocked_past_the_cap_does_not_keep_the_instance(sim, tmp_
     # Every wait is bounded, but a blocked thread waits on nothing the meter can cut: the cap guard deletes
     # the instance before the cap on its own, and the run ends exit 6 naming it, whenever the thread returns.
     spec, run, result = run_capped(sim, tmp_path, "true", within_s=60, host_work=blocked_in_the_pull(12.0))
-    assert "cap guard deleted instance" in result.message, result.message
+    assert "cap guard sent the DELETE for instance" in result.message, result.message
     proof = json.loads(next((tmp_path / "ev").glob("*/absence-proof.json")).read_text())
     assert proof["verdict"] == "gone"
     assert [d["outcome"] for d in proof["instances"][0]["deletes"]][:1] == ["deleted"]  # the guard's, once
     assert "someone else" not in result.message and not run.book.vanished
     assert run.timings["cap_guard_fired_s"] <= spec.max_seconds
+
+
+def test_a_price_read_out_while_our_delete_goes_blames_no_one(sim, tmp_path):
+    # Red team, round 8: a price read the API held for 110 s came back empty after the run's own DELETE, and
+    # the run said "deleted by someone else: no DELETE of ours". A read that returns once a DELETE of ours is
+    # on its way says nothing about anyone else.
+    class HoldThePriceRead(HostWork):
+        def upload(self, bundle):
+            sim.set_faults("hang:show:9:1")  # the price watch's next read
+            return super().upload(bundle)
+
+    spec = _capped(sim, tmp_path, "sleep 30")
+    start = time.time()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), host_work=HoldThePriceRead)
+        result = execute(run, within_s=30)
+        time.sleep(max(0.0, start + 12.0 - time.time()))  # the held read comes back, on an open client
+    assert result.exit_code == 6, result.message
+    assert_within_caps(sim, run, spec, start)
+    assert not run.book.vanished, run.book.vanished
+    assert "someone else" not in result.message, result.message
 
 
 def test_a_create_whose_ledger_line_takes_past_the_cap_to_write_does_not_keep_the_instance(sim, tmp_path,
@@ -554,7 +575,7 @@ def test_a_create_whose_ledger_line_takes_past_the_cap_to_write_does_not_keep_th
 
     monkeypatch.setattr(ledger_mod, "write_line", slow_created)
     _, _, result = run_capped(sim, tmp_path, "true", within_s=60)
-    assert "cap guard deleted instance" in result.message, result.message
+    assert "cap guard sent the DELETE for instance" in result.message, result.message
 
 
 def test_a_boot_read_that_hangs_at_the_cap_does_not_hold_the_delete_past_it(sim, tmp_path):
