@@ -229,14 +229,19 @@ class GuardedRun:
         self.cancel(reason, exit_code=ExitCode.CAP_REACHED)
         self.out.warn(reason)
 
-    def _with_guard(self, code: ExitCode, message: str) -> tuple[ExitCode, str]:
-        """Once the cap guard has deleted an instance under the run, a pass is not one, and a failure that
-        followed (the host gone mid-step) is the cap's: exit 6, naming the guard."""
+    def _with_guard(self, code: ExitCode, message: str, *, after_outcome: bool = False) -> tuple[ExitCode, str]:
+        """The run's outcome once the cap guard has sent its DELETE under it: a pass is not one, and a failure
+        that followed (the host gone mid-step) is the cap's: exit 6, naming the guard. `after_outcome`: the
+        guard fired after the run had its outcome (in the teardown's prelude): a failure keeps its code."""
         why = self.cap_guard.fired_reason
         if why is None or why in message:
             return code, message
         if code == ExitCode.INTERRUPTED:  # the signal's own code; the guard only sent its DELETE for it
             return code, f"{message}; {why}"
+        if after_outcome:
+            if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER):
+                return ExitCode.CAP_REACHED, why
+            return code, f"{message}; then {why}"
         return ExitCode.CAP_REACHED, why if message in ("", "passed") else f"{why}; then {message}"
 
     def _snapshot(self) -> Snapshot:
@@ -606,12 +611,7 @@ class GuardedRun:
         self.timings["teardown_s"] = round(self.clock() - start, 3)
         if key is not None:
             key.delete()
-        why = self.cap_guard.fired_reason  # it may have fired in the prelude, after the run's own outcome
-        if why is not None and why not in message:
-            if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER, ExitCode.CAP_REACHED):
-                code, message = ExitCode.CAP_REACHED, why if code != ExitCode.CAP_REACHED else f"{message}; then {why}"
-            else:
-                message = f"{message}; then {why}"
+        code, message = self._with_guard(code, message, after_outcome=True)  # it may have fired in the prelude
         outcome = (code, message)  # the run's own; the verdict adds what the teardown and the writes say
         code, message = self._verdict(*outcome)
         self.phases.end()
