@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import random  # noqa: E402
 
-from vast_harness.config import Filters, load_driver_policy  # noqa: E402
-from vast_harness.models import Offer  # noqa: E402
-from vast_harness.offers import OfferCriteria, choose  # noqa: E402
+from vast_harness.market.offers import OfferCriteria, choose  # noqa: E402
 from vast_harness.sim.market import generate_offers  # noqa: E402
+from vast_harness.spec.config import Filters, load_driver_policy  # noqa: E402
+from vast_harness.vast.models import Offer  # noqa: E402
 
 
 def main() -> int:

@@ -36,11 +36,11 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from vast_harness.client import VastClient
-from vast_harness.config import Step, load_driver_policy, resolve
-from vast_harness.output import Output
-from vast_harness.runner import GuardedRun
+from vast_harness.console.output import Output
+from vast_harness.run.runner import GuardedRun
 from vast_harness.sim.server import spawn_standalone
+from vast_harness.spec.config import Step, load_driver_policy, resolve
+from vast_harness.vast.client import VastClient
 
 KEY = "sim-bench-key"
 COLUMNS = ("exit", "last step -> DELETE ack (s)", "DELETE sent -> ack (s)", "DELETE sent -> absence proven (s)",

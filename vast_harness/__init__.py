@@ -18,9 +18,6 @@ if _os.path.basename(_sys.argv[0] if _sys.argv else "") in ("vast-e2e", "vast_e2
 
     _signal.signal(_signal.SIGINT, _interrupted_while_starting)
 
-from vast_harness.apiurl import DEFAULT_API_URL
-from vast_harness.client import RawExchange, Timeouts, VastClient
-from vast_harness.config import DriverPolicy, HarnessProfile, RunSpec, load_driver_policy, load_profile, resolve
 from vast_harness.errors import (
     ApiStatusError,
     AuthError,
@@ -37,10 +34,13 @@ from vast_harness.errors import (
     TransportError,
     VastError,
 )
-from vast_harness.models import Instance, Offer, User
-from vast_harness.offers import Candidate, OfferChoice, OfferCriteria, Rejection, choose, search_ranked
-from vast_harness.quote import Quote, quote_offer
-from vast_harness.runner import GuardedRun, HarnessResult, run_guarded
+from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, choose, search_ranked
+from vast_harness.market.quote import Quote, quote_offer
+from vast_harness.run.runner import GuardedRun, HarnessResult, run_guarded
+from vast_harness.spec.config import DriverPolicy, HarnessProfile, RunSpec, load_driver_policy, load_profile, resolve
+from vast_harness.vast.client import RawExchange, Timeouts, VastClient
+from vast_harness.vast.models import Instance, Offer, User
+from vast_harness.vast.url import DEFAULT_API_URL
 
 __all__ = [
     "DEFAULT_API_URL",

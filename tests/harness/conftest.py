@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import respx
 
-from vast_harness.client import VastClient
 from vast_harness.sim import SimServer
+from vast_harness.vast.client import VastClient
 
 # Distinctive, so a leak into any URL, message or log is unambiguous when searched for.
 VAST_TEST_KEY = "vhkey-SECRET-7f3a9c1e5b2d4680"

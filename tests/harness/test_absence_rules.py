@@ -14,8 +14,7 @@ import pytest
 import respx
 
 from tests.harness.conftest import FakeClock
-from vast_harness.client import RawExchange, VastClient
-from vast_harness.lifecycle import (
+from vast_harness.instance.lifecycle import (
     UNSEEN_TRUST_AFTER_S,
     _list_verdict,
     _per_id_verdict,
@@ -23,6 +22,7 @@ from vast_harness.lifecycle import (
     teardown_instance,
 )
 from vast_harness.timings import Timings
+from vast_harness.vast.client import RawExchange, VastClient
 
 ID, LABEL = 42, "vh-run42"
 LIVE = {"id": ID, "label": LABEL, "actual_status": "running", "intended_status": "running"}

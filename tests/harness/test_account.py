@@ -19,17 +19,17 @@ from pydantic import SecretStr
 
 from tests.harness.test_runner import KEY, SCALE, make_spec
 from vast_harness import chaos
-from vast_harness.client import VastClient
-from vast_harness.config import Step, load_driver_policy, resolve
-from vast_harness.ledger import NOTHING_CREATED, Ledger
-from vast_harness.output import Output
-from vast_harness.reap import judge, reap_all
-from vast_harness.registry import Registration, RunRegistry, make_label, parse_label, probe
-from vast_harness.runner import GuardedRun
-from vast_harness.servertime import ServerClock, parse_http_date
+from vast_harness.console.output import Output
+from vast_harness.ops.reap import judge, reap_all
+from vast_harness.ops.status import collect
+from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
-from vast_harness.statedir import legacy_ledgers, state_dir
-from vast_harness.status import collect
+from vast_harness.spec.config import Step, load_driver_policy, resolve
+from vast_harness.state.dirs import legacy_ledgers, state_dir
+from vast_harness.state.ledger import NOTHING_CREATED, Ledger
+from vast_harness.state.registry import Registration, RunRegistry, make_label, parse_label, probe
+from vast_harness.vast.client import VastClient
+from vast_harness.vast.server_clock import ServerClock, parse_http_date
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,7 +98,7 @@ def test_a_registration_is_live_while_held_and_dead_once_its_process_dies(tmp_pa
     held.release()
     assert "r1" not in reg.scan()
     # another process registers and is SIGKILLed: the kernel drops its lock, so it reads as dead
-    code = ("import sys,time; from pathlib import Path; from vast_harness.registry import *; "
+    code = ("import sys,time; from pathlib import Path; from vast_harness.state.registry import *; "
             "r = RunRegistry(Path(sys.argv[1])).register(Registration(run_id='r2', pid=0, host=this_host(), "
             "started_unix=0, api_url='u', profile='smoke', max_usd=1, max_minutes=1, deadline_unix=0)); "
             "print('up', flush=True); time.sleep(60)")
@@ -124,7 +124,7 @@ def test_any_outcome_line_resolves_an_intent_and_a_later_unknown_reopens_it(tmp_
 
 def test_concurrent_writers_leave_every_line_whole(tmp_path):
     path = tmp_path / "ledger.jsonl"
-    code = ("import sys; from pathlib import Path; from vast_harness.ledger import Ledger; l = Ledger(Path(sys.argv[1]));"
+    code = ("import sys; from pathlib import Path; from vast_harness.state.ledger import Ledger; l = Ledger(Path(sys.argv[1]));"
             " [l.append(sys.argv[2], 'intent', 'vh-' + 'x' * 3000, offer_id=i) for i in range(150)]")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(path), f"w{n}"], cwd=ROOT) for n in range(4)]
     assert [p.wait() for p in procs] == [0, 0, 0, 0]
@@ -266,7 +266,7 @@ def test_account_scenarios_hold_every_invariant(kind):
 
 
 def test_the_cap_cut_is_decided_once_on_the_meters_clock(fake_clock):
-    from vast_harness.meter import CAP_CUT_SLACK_S, CostMeter
+    from vast_harness.caps.meter import CAP_CUT_SLACK_S, CostMeter
 
     meter = CostMeter(max_usd=10.0, max_seconds=100.0, teardown_margin_s=20.0, clock=fake_clock)
     wd = meter.work_deadline()  # t0 + 100 - 20, on the fake clock (no instance: no money deadline)
@@ -288,7 +288,7 @@ def test_status_shows_a_hostile_label_escaped(sim, tmp_path):
 
     from rich.console import Console
 
-    from vast_harness.status import show_status
+    from vast_harness.ops.status import show_status
 
     spec = make_spec(sim, tmp_path, [])
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
@@ -325,7 +325,7 @@ def test_a_reap_on_a_full_disk_still_deletes_the_orphans_and_says_what_it_could_
     # was rented", exit 2) left the orphan billing. Its evidence is best effort; the deletes and proofs are not.
     import errno
 
-    from vast_harness import cli
+    from vast_harness.cli import app as cli
 
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         offer = client.search_offers({"limit": 5})[0]

@@ -22,19 +22,19 @@ import pytest
 from pydantic import SecretStr
 from rich.console import Console
 
-import vast_harness.runner as runner_mod
+import vast_harness.run.runner as runner_mod
 from tests.harness.netproxy import TcpProxy
-from vast_harness.bundle import build_bundle
-from vast_harness.client import VastClient
-from vast_harness.config import RunSpec, Step, load_driver_policy, resolve
-from vast_harness.evidence import RESULT_SCHEMA_VERSION, RunRecord
-from vast_harness.hostwork import HostWork
-from vast_harness.meter import PRELUDE_SHARE_OF_MARGIN, minimum_cap_s
-from vast_harness.models import Offer
-from vast_harness.output import Output
-from vast_harness.plan import plan_run
-from vast_harness.runner import GuardedRun
+from vast_harness.caps.meter import PRELUDE_SHARE_OF_MARGIN, minimum_cap_s
+from vast_harness.console.output import Output
+from vast_harness.evidence.run import RESULT_SCHEMA_VERSION, RunRecord
+from vast_harness.host.bundle import build_bundle
+from vast_harness.market.plan import plan_run
+from vast_harness.run.host_work import HostWork
+from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
+from vast_harness.spec.config import RunSpec, Step, load_driver_policy, resolve
+from vast_harness.vast.client import VastClient
+from vast_harness.vast.models import Offer
 
 SCALE = 0.01
 KEY = "sim-bounds-key"
@@ -403,9 +403,9 @@ def test_result_record_is_typed_and_versioned(sim, tmp_path):
 
 
 def test_evidence_module_does_not_import_the_runner():
-    source = Path(runner_mod.__file__).with_name("evidence.py").read_text()
+    source = (Path(runner_mod.__file__).parents[1] / "evidence" / "run.py").read_text()
     imported = {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)}
-    assert "vast_harness.runner" not in imported
+    assert "vast_harness.run.runner" not in imported
 
 
 # ---------------------------------------------------------------------------------------- floods
@@ -564,7 +564,7 @@ def test_a_create_whose_ledger_line_takes_past_the_cap_to_write_does_not_keep_th
                                                                                            monkeypatch):
     # The instance bills from the create's answer, and its "created" line is written after it: a disk that
     # holds that write for 10 s used to hide the instance from everything until then.
-    import vast_harness.ledger as ledger_mod
+    import vast_harness.state.ledger as ledger_mod
 
     real = ledger_mod.write_line
 
@@ -581,7 +581,7 @@ def test_a_create_whose_ledger_line_takes_past_the_cap_to_write_does_not_keep_th
 def test_a_boot_read_that_hangs_at_the_cap_does_not_hold_the_delete_past_it(sim, tmp_path):
     # The boot polls the instance under the client's own bounds (here a 20 s answer, and retries): a read that
     # hangs near the cap's work deadline must end there, so the DELETE still lands before the cap.
-    from vast_harness.client import Timeouts
+    from vast_harness.vast.client import Timeouts
 
     sim.set_faults("hang:show:20:1")
     run_capped(sim, tmp_path, "true", client_kw=dict(timeouts=Timeouts(read_s=30, total_s=20)))

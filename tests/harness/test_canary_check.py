@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from vast_harness.canary import run_canary
-from vast_harness.check import run_checks
-from vast_harness.client import VastClient
-from vast_harness.config import load_driver_policy, resolve
-from vast_harness.output import Output
+from vast_harness.console.output import Output
+from vast_harness.ops.canary import run_canary
+from vast_harness.ops.check import run_checks
 from vast_harness.sim import SimServer
 from vast_harness.sim import cli as sim_cli
 from vast_harness.sim.calibrate import CalibrationError, load
+from vast_harness.spec.config import load_driver_policy, resolve
+from vast_harness.vast.client import VastClient
 
 SCALE = 0.01
 KEY = "sim-canary-key"

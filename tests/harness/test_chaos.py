@@ -30,8 +30,8 @@ from vast_harness.chaos import (
 )
 from vast_harness.chaos.network import NET_KINDS, NetOutcome, NetPlan, judge_net
 from vast_harness.chaos.suite import KILL9_OFFSET, NET_OFFSET
-from vast_harness.config import resolve
-from vast_harness.ledger import Ledger
+from vast_harness.spec.config import resolve
+from vast_harness.state.ledger import Ledger
 
 SUITE_SCENARIOS = 200
 SUITE_KILL9 = 4  # one per trigger window: intent (create stalled), created, a random time, delete_ack
@@ -224,7 +224,7 @@ def test_the_child_counts_the_time_cap_from_the_runs_own_clock(tmp_path: Path, m
     import time
 
     from vast_harness.chaos import child, engine
-    from vast_harness.runner import GuardedRun, HarnessResult
+    from vast_harness.run.runner import GuardedRun, HarnessResult
 
     real_client = child._client
 

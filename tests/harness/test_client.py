@@ -21,14 +21,6 @@ import pytest
 import respx
 
 from tests.harness.conftest import VAST_TEST_BASE, VAST_TEST_KEY, FakeClock
-from vast_harness import client as client_module
-from vast_harness.client import (
-    DEFAULT_API_URL,
-    USER_AGENT,
-    RawExchange,
-    Timeouts,
-    VastClient,
-)
 from vast_harness.errors import (
     ApiStatusError,
     AuthError,
@@ -40,7 +32,15 @@ from vast_harness.errors import (
     TransportError,
     VastError,
 )
-from vast_harness.pacing import Pacer, endpoint_key
+from vast_harness.vast import client as client_module
+from vast_harness.vast.client import (
+    DEFAULT_API_URL,
+    USER_AGENT,
+    RawExchange,
+    Timeouts,
+    VastClient,
+)
+from vast_harness.vast.pacing import Pacer, endpoint_key
 
 INSTANCE_ROW = {
     "id": 7835610,
@@ -849,7 +849,7 @@ def test_base_url_is_used_verbatim(vast_api: respx.MockRouter, client: VastClien
 def test_preflight_gives_up_on_a_silent_api_within_its_bound(fake_clock: FakeClock) -> None:
     # Nothing is rented yet: an API that never answers is reported after PREFLIGHT_RETRY_S of retries, not after
     # the client's whole budget (120 s, there for a DELETE), and the message names the URL and the bound.
-    from vast_harness.plan import PREFLIGHT_RETRY_S, account_credit_usd
+    from vast_harness.market.plan import PREFLIGHT_RETRY_S, account_credit_usd
 
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("Connection refused", request=request)

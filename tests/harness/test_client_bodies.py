@@ -9,12 +9,12 @@ import pytest
 import respx
 
 from tests.harness.conftest import FakeClock
-from vast_harness import client as client_module
-from vast_harness.client import CREATE_429_PENALTY_S, VastClient
 from vast_harness.errors import ApiStatusError, RateLimitError, VastError
-from vast_harness.ledger import Ledger
-from vast_harness.lifecycle import destroy
-from vast_harness.models import Instance
+from vast_harness.instance.lifecycle import destroy
+from vast_harness.state.ledger import Ledger
+from vast_harness.vast import client as client_module
+from vast_harness.vast.client import CREATE_429_PENALTY_S, VastClient
+from vast_harness.vast.models import Instance
 
 DEEP = "[" * 100_000 + "]" * 100_000  # json.loads raises RecursionError on this
 DEEP_OBJ = '{"instances": ' + '{"a": ' * 900 + "1" + "}" * 900 + "}"  # parses; too deep for recursive code

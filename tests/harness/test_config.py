@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from vast_harness.client import VastClient
-from vast_harness.config import load_driver_policy, load_profile, mask_env, parse_remote_env, read_api_key, resolve
+from vast_harness.caps.meter import minimum_cap_s, teardown_budget_s
+from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError
-from vast_harness.meter import minimum_cap_s, teardown_budget_s
-from vast_harness.output import Output
-from vast_harness.runner import GuardedRun
+from vast_harness.run.runner import GuardedRun
+from vast_harness.spec.config import load_driver_policy, load_profile, mask_env, parse_remote_env, read_api_key, resolve
 from vast_harness.timings import Timings
+from vast_harness.vast.client import VastClient
 
 
 @pytest.fixture
@@ -206,7 +206,7 @@ def test_the_create_sends_the_digest_pinned_form():
 def test_a_bad_profile_file_is_refused_before_anything_is_rented(tmp_path, edit, needle):
     # From the red team: these passed the profile check, rented, then died as "unexpected ValueError" (exit 1),
     # or gave a traceback during the search (inf in the request) or in tomllib (RecursionError).
-    from vast_harness.config import PROFILES_DIR
+    from vast_harness.spec.config import PROFILES_DIR
 
     text = (PROFILES_DIR / "harness" / "smoke.toml").read_text()
     if "disk_gb = " not in text:
@@ -270,7 +270,7 @@ def test_a_spec_copy_refuses_a_timing_it_would_drop_and_with_timings_validates(t
 
 def test_the_embedded_simulator_boots_and_paces_as_the_sim_table_says(tmp_path, monkeypatch):
     import vast_harness.sim as sim_pkg
-    from vast_harness import cli
+    from vast_harness.cli import app as cli
 
     started: dict = {}
 

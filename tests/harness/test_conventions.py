@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from vast_harness.client import VastClient
-from vast_harness.config import DriverPolicy, Step, resolve
-from vast_harness.output import Output
-from vast_harness.runner import GuardedRun
+from vast_harness.console.output import Output
+from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
+from vast_harness.spec.config import DriverPolicy, Step, resolve
+from vast_harness.vast.client import VastClient
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "0123456789abcdef0123456789abcdef"

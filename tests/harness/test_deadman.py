@@ -11,11 +11,11 @@ import pytest
 
 from tests.harness.test_market_behaviours import OK, SIM_OPTIONS, execute, guarded, of_run  # noqa: F401 - conftest.sim reads SIM_OPTIONS
 from tests.harness.test_runner import KEY, SCALE, make_spec
-from vast_harness import deadman
-from vast_harness.client import VastClient
-from vast_harness.onstart import build_onstart
-from vast_harness.output import Output
-from vast_harness.reap import reap_all
+from vast_harness.console.output import Output
+from vast_harness.host import deadman
+from vast_harness.host.onstart import build_onstart
+from vast_harness.ops.reap import reap_all
+from vast_harness.vast.client import VastClient
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +109,7 @@ class _CutSession:
     """A host whose link stalls once the check has printed its clock and deadline: the command times out."""
 
     def run(self, command, *, on_line, timeout_s, **_):
-        from vast_harness.ssh import StepOutcome
+        from vast_harness.host.ssh import StepOutcome
 
         on_line("stdout", f"VHCLOCK {int(time.time())}")
         on_line("stdout", f"VHDEADLINE {int(time.time()) + 60}")

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from vast_harness.client import VastClient
-from vast_harness.config import DriverPolicy, QualifiedDriver, RunSpec, Step, load_driver_policy, resolve
-from vast_harness.output import Output
-from vast_harness.runner import GuardedRun
+from vast_harness.console.output import Output
+from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
+from vast_harness.spec.config import DriverPolicy, QualifiedDriver, RunSpec, Step, load_driver_policy, resolve
+from vast_harness.vast.client import VastClient
 
 SCALE = 0.01
 KEY = "sim-driver-key"

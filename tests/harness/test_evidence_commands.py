@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vast_harness.ledger import Ledger
+from vast_harness.state.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,8 +99,8 @@ def test_a_full_disk_leaves_old_evidence_files_whole_and_no_tmp_behind(tmp_path,
     # A 64 KiB disk left a 0-byte manifest.sha256 (it was written in place) and report.html.tmp (never removed).
     import errno
 
-    from vast_harness.evidence import RunEvidence
-    from vast_harness.report import REPORT_NAME, write_run_report_safely
+    from vast_harness.evidence.run import RunEvidence
+    from vast_harness.reports.run import REPORT_NAME, write_run_report_safely
 
     ev = RunEvidence(tmp_path)
     ev.write_json("harness-result.json", {"run_id": "r1", "exit_code": 0})
@@ -128,9 +128,9 @@ def test_a_full_disk_leaves_old_evidence_files_whole_and_no_tmp_behind(tmp_path,
 def test_a_report_the_manifest_cannot_list_is_removed_and_said(tmp_path, monkeypatch):
     import errno
 
-    from vast_harness import evidence
-    from vast_harness.evidence import RunEvidence
-    from vast_harness.report import REPORT_NAME, write_run_report_safely
+    from vast_harness.evidence import run as evidence
+    from vast_harness.evidence.run import RunEvidence
+    from vast_harness.reports.run import REPORT_NAME, write_run_report_safely
 
     ev = RunEvidence(tmp_path)
     ev.write_json("harness-result.json", {"run_id": "r1", "exit_code": 0})
@@ -170,8 +170,8 @@ def test_a_rebuilt_report_of_a_run_without_its_record_never_says_nothing_was_ren
 def test_a_report_that_cannot_be_written_is_an_error_not_a_traceback(work, tmp_path, monkeypatch, capsys):
     import errno
 
-    from vast_harness import cli as vast_cli
-    from vast_harness import evidence
+    from vast_harness.cli import app as vast_cli
+    from vast_harness.evidence import run as evidence
 
     rid = run_id(work)
 
@@ -229,8 +229,8 @@ def test_status_with_a_state_dir_that_is_a_file_is_exit_2_before_any_call(tmp_pa
 def test_logs_breaks_lines_only_at_newlines(tmp_path, capsys):
     # Red team: `logs RUN STEP` split at U+2028, U+2029, U+0085, VT and FF (str.splitlines), so a host could forge
     # lines such as a fake "✓ step" out of characters the console shows escaped.
-    from vast_harness.logs import show_logs
-    from vast_harness.output import Output
+    from vast_harness.console.output import Output
+    from vast_harness.ops.logs import show_logs
 
     (tmp_path / "steps").mkdir()
     (tmp_path / "steps" / "s.log").write_text("L<\u2028>R\nA<\u2029\x85\x0b\x0c\x1c>B\nend\n", encoding="utf-8")

@@ -19,17 +19,17 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from vast_harness.client import VastClient
-from vast_harness.config import Step, load_driver_policy, resolve
+from vast_harness.console.output import Output
 from vast_harness.errors import PRECEDENCE, worst
-from vast_harness.fleet import run_fleet
-from vast_harness.fleet_plan import parse_gpus
-from vast_harness.ledger import Ledger
-from vast_harness.output import Output
-from vast_harness.pacing import endpoint_key
-from vast_harness.registry import LabelInfo, parse_label
-from vast_harness.runner import GuardedRun
+from vast_harness.fleet.plan import parse_gpus
+from vast_harness.fleet.run import run_fleet
+from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
+from vast_harness.spec.config import Step, load_driver_policy, resolve
+from vast_harness.state.ledger import Ledger
+from vast_harness.state.registry import LabelInfo, parse_label
+from vast_harness.vast.client import VastClient
+from vast_harness.vast.pacing import endpoint_key
 
 ROOT = Path(__file__).resolve().parents[2]
 SCALE = 0.1
@@ -339,7 +339,7 @@ def test_a_fleet_ledger_that_cannot_be_written_fails_a_passing_fleet_and_tears_e
     fleet (a traceback, no fleet-result.json); now the runs go on, every instance is proven gone in the
     simulator's own record, and a fleet whose runs all passed exits 1 naming the incomplete fleet ledger."""
     spec = base_spec(sim, tmp_path)
-    monkeypatch.setattr("vast_harness.fleet.new_fleet_id", lambda: FIXED_FLEET_ID)
+    monkeypatch.setattr("vast_harness.fleet.run.new_fleet_id", lambda: FIXED_FLEET_ID)
     fleet_dir = tmp_path / "ev" / FIXED_FLEET_ID
     (fleet_dir / "fleet.jsonl").mkdir(parents=True)
     out = Output(json_mode=True, quiet=True)
@@ -426,7 +426,7 @@ def test_a_fleet_result_that_cannot_be_written_is_said_and_never_a_traceback(sim
     import errno
 
     spec = base_spec(sim, tmp_path)
-    monkeypatch.setattr("vast_harness.fleet.new_fleet_id", lambda: FIXED_FLEET_ID)
+    monkeypatch.setattr("vast_harness.fleet.run.new_fleet_id", lambda: FIXED_FLEET_ID)
     real_write_text = Path.write_text
 
     def full_disk(self, *args, **kwargs):

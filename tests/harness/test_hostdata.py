@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from vast_harness.fleet_report import build_rows, write_fleet_report
-from vast_harness.hostdata import number, read_json, workload_figures
-from vast_harness.report import load_run, write_run_report
-from vast_harness.tokrate import load_measurements
+from vast_harness.evidence.host_data import number, read_json, workload_figures
+from vast_harness.market.token_rate import load_measurements
+from vast_harness.reports.fleet import build_rows, write_fleet_report
+from vast_harness.reports.run import load_run, write_run_report
 
 DEEP = "[" * 100_000 + "]" * 100_000
 BIG_INT = "1" + "0" * 400  # 10**400: a valid JSON int no float holds

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from vast_harness.client import VastClient
-from vast_harness.config import Step, load_driver_policy, resolve
-from vast_harness.evidence import RunEvidence
-from vast_harness.output import Output
-from vast_harness.runner import GuardedRun
+from vast_harness.console.output import Output
+from vast_harness.evidence.run import RunEvidence
+from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
+from vast_harness.spec.config import Step, load_driver_policy, resolve
+from vast_harness.vast.client import VastClient
 
 SCALE = 0.01
 KEY = "sim-hostile-key"
@@ -81,7 +81,7 @@ def test_an_evidence_file_growing_for_ever_is_incomplete_evidence_not_a_cap(sim,
     import json
     import time
 
-    from vast_harness import hostwork
+    from vast_harness.run import host_work as hostwork
 
     monkeypatch.setattr(hostwork, "PULL_MAX_S", 3.0)
     sim.set_faults("slow_sftp:400000")  # the host writes faster than the link reads

@@ -11,13 +11,13 @@ import httpx
 import pytest
 import respx
 
-from vast_harness.client import VastClient
-from vast_harness.config import load_driver_policy
+from vast_harness.console.output import Output
 from vast_harness.errors import LedgerWriteError
-from vast_harness.ledger import Ledger, LedgerTarget, account_fingerprint
-from vast_harness.lifecycle import CreateRequest, create
-from vast_harness.output import Output
-from vast_harness.runner import GuardedRun
+from vast_harness.instance.lifecycle import CreateRequest, create
+from vast_harness.run.runner import GuardedRun
+from vast_harness.spec.config import load_driver_policy
+from vast_harness.state.ledger import Ledger, LedgerTarget, account_fingerprint
+from vast_harness.vast.client import VastClient
 
 from .conftest import VAST_TEST_BASE, VAST_TEST_KEY
 
@@ -119,8 +119,8 @@ def test_outcome_write_failure_is_recorded_not_raised(tmp_path, disk):
 def test_a_run_whose_intent_cannot_be_written_rents_nothing(tmp_path, disk):
     from pydantic import SecretStr
 
-    from vast_harness.config import resolve
     from vast_harness.sim import SimServer
+    from vast_harness.spec.config import resolve
 
     with SimServer(seed=11, rate_scale=0.01, boot_seconds=0.1, num_offers=200) as sim:
         spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev")
@@ -146,7 +146,7 @@ def test_lines_carry_the_target_never_the_key(tmp_path):
 def test_a_create_answered_nothing_created_settles_its_label_and_a_5xx_does_not(tmp_path):
     # Found by the chaos suite: two offers taken (410 no_such_ask) then an unproven teardown; reap (exit 3)
     # kept looking for the two refused labels for an hour, though the answer said nothing was created.
-    from vast_harness.ledger import NOTHING_CREATED
+    from vast_harness.state.ledger import NOTHING_CREATED
 
     ledger = Ledger(tmp_path / "ledger.jsonl")
     for label in ("vh-a", "vh-b"):

@@ -15,14 +15,14 @@ import time
 import pytest
 
 from tests.harness.test_runner import KEY, SCALE, make_spec
-from vast_harness.client import VastClient
-from vast_harness.config import Step, load_driver_policy
+from vast_harness.console.output import Output
 from vast_harness.errors import Interrupted
-from vast_harness.ledger import Ledger
-from vast_harness.output import Output
-from vast_harness.reap import reap_all
-from vast_harness.registry import make_label, parse_label
-from vast_harness.runner import GuardedRun
+from vast_harness.ops.reap import reap_all
+from vast_harness.run.runner import GuardedRun
+from vast_harness.spec.config import Step, load_driver_policy
+from vast_harness.state.ledger import Ledger
+from vast_harness.state.registry import make_label, parse_label
+from vast_harness.vast.client import VastClient
 
 OK = [Step(name="ok", run="true", timeout_s=10)]
 
@@ -96,7 +96,7 @@ def test_an_instance_no_read_ever_showed_is_never_proven_gone_by_null_reads(sim,
     assert result.exit_code == 3, result.message
     assert r.teardowns[0].verdict != "gone"
     with monkeypatch.context() as m, VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
-        m.setattr("vast_harness.meter.TEARDOWN_MIN_S", 1.0)  # a reap that ends while the lag still hides it
+        m.setattr("vast_harness.caps.meter.TEARDOWN_MIN_S", 1.0)  # a reap that ends while the lag still hides it
         assert reap_all(spec, client, Output(quiet=True)) == 3  # not proven, never "all absent"
     assert [i["live"] for i in of_run(sim, r)] == [True]
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:  # its budget outlasts the lag
@@ -243,7 +243,7 @@ def test_a_silent_double_sale_without_retries_is_exit_1_and_gone(sim, tmp_path):
 
 def test_an_intended_stop_fails_the_boot_fast(sim, tmp_path, monkeypatch):
     # vast-cli machines.py: intended_status stopped/exited before running is an early stop, not a slow boot
-    from vast_harness.models import Instance
+    from vast_harness.vast.models import Instance
 
     assert Instance.model_validate({"id": 1, "actual_status": "loading", "intended_status": "stopped"}).failed_reason
     assert Instance.model_validate({"id": 1, "actual_status": "loading", "intended_status": "exited"}).failed_reason
@@ -309,7 +309,7 @@ def test_wait_ready_returns_the_rented_price(sim, tmp_path):
     billed_dph = of_run(sim, r)[0]["dph_total"]
     assert billed_dph > 1.5 * r.plan.chosen.quote.dph_at_disk_usd  # the search price understated it
     assert r.created[0].dph_usd == pytest.approx(billed_dph)  # the rented price replaced it in the meter
-    from vast_harness.lifecycle import wait_ready
+    from vast_harness.instance.lifecycle import wait_ready
 
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         offer = client.search_offers({"limit": 1, "order": [["dph_total", "asc"]]})[0]

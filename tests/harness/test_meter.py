@@ -1,4 +1,4 @@
-"""The cost meter's rules one by one (vast_harness/meter.py), on the fake clock: accrual from create to the
+"""The cost meter's rules one by one (vast_harness/caps/meter.py), on the fake clock: accrual from create to the
 DELETE acknowledgement, re-pricing, transfers and their reservation, the one work deadline, the over-cap
 verdict, and the two budgets computed nowhere else."""
 
@@ -10,14 +10,14 @@ import threading
 import pytest
 
 from tests.harness.conftest import FakeClock
-from vast_harness.errors import CapReachedError
-from vast_harness.meter import (
+from vast_harness.caps.meter import (
     TEARDOWN_MIN_S,
     CostMeter,
     finite_positive,
     minimum_cap_s,
     teardown_budget_s,
 )
+from vast_harness.errors import CapReachedError
 from vast_harness.timings import Timings
 
 T0 = 1000.0  # the fake clock's start

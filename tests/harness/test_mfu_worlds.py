@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vast_harness.config import load_profile, resolve
+from vast_harness.spec.config import load_profile, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,7 +75,7 @@ def test_the_sweep_and_the_replay_step_launch_that_many_ranks(tmp_path: Path, wo
 def test_the_deterministic_replays_cudnn_wheel_is_installed_hash_pinned_into_a_private_dir() -> None:
     # Without nvidia-cudnn-frontend the replay runs on flash attention (0.95x the fast run, not 0.99x): the
     # profile installs it, hash-pinned, beside the bundle (never into the image's site-packages), best effort.
-    from vast_harness.bundle import build_bundle
+    from vast_harness.host.bundle import build_bundle
 
     steps = {s.name: s.run for s in load_profile("mfu").steps}
     deps = steps["host-deps"]

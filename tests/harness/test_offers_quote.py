@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from vast_harness.config import DriverPolicy, Filters, QualifiedDriver
-from vast_harness.models import Offer
-from vast_harness.offers import OfferCriteria, build_query, check_offer, choose, search_ranked
-from vast_harness.quote import quote_offer
+from vast_harness.market.offers import OfferCriteria, build_query, check_offer, choose, search_ranked
+from vast_harness.market.quote import quote_offer
+from vast_harness.spec.config import DriverPolicy, Filters, QualifiedDriver
+from vast_harness.vast.models import Offer
 
 DRIVERS = DriverPolicy(
     drivers=[
@@ -178,7 +178,7 @@ def test_paging_stops_on_short_page():
 
 
 def test_models_absorb_vast_quirks():
-    from vast_harness.models import Instance
+    from vast_harness.vast.models import Instance
 
     inst = Instance.model_validate(
         {

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from vast_harness.client import VastClient
 from vast_harness.errors import ConfigError
-from vast_harness.lifecycle import is_lingering
-from vast_harness.onstart import ONSTART_LIMIT_CHARS, build_onstart
+from vast_harness.host.onstart import ONSTART_LIMIT_CHARS, build_onstart
+from vast_harness.instance.lifecycle import is_lingering
 from vast_harness.sim import SimServer
 from vast_harness.sim import sandbox as sandbox_mod
+from vast_harness.vast.client import VastClient
 
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOf5m0example vh-run"
 

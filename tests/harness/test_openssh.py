@@ -1,4 +1,4 @@
-"""vast_harness.ssh against a real OpenSSH server on loopback, the kind a rented host runs.
+"""vast_harness.host.ssh against a real OpenSSH server on loopback, the kind a rented host runs.
 
 `.ci/start-sshd.sh` starts it (port in $VH_TEST_SSHD_DIR/port, default /tmp/vh-sshd). Without it these
 tests skip locally, but FAIL under CI=true, so CI cannot pass by silently skipping them.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from vast_harness.errors import SshConnectError
-from vast_harness.ssh import HostSession, RunKey, SshEndpoint, generate_run_key
+from vast_harness.host.ssh import HostSession, RunKey, SshEndpoint, generate_run_key
 
 pytestmark = pytest.mark.openssh
 

@@ -16,12 +16,12 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from vast_harness.client import VastClient
-from vast_harness.config import Step, load_driver_policy, resolve, validate_api_url
-from vast_harness.ledger import Ledger, LedgerTarget, account_fingerprint
-from vast_harness.output import Output
-from vast_harness.runner import GuardedRun
+from vast_harness.console.output import Output
+from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
+from vast_harness.spec.config import Step, load_driver_policy, resolve, validate_api_url
+from vast_harness.state.ledger import Ledger, LedgerTarget, account_fingerprint
+from vast_harness.vast.client import VastClient
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKUP = "[/x] [bold]not bold[/bold] [link=file:///etc] :warning:"

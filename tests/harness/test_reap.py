@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from vast_harness.client import VastClient
-from vast_harness.config import RunSpec, resolve
-from vast_harness.ledger import Ledger
-from vast_harness.output import Output
-from vast_harness.reap import reap_all, remove_stale_key_dirs
+from vast_harness.console.output import Output
+from vast_harness.host.ssh import run_key_dir_prefix
+from vast_harness.ops.reap import reap_all, remove_stale_key_dirs
 from vast_harness.sim import SimServer
-from vast_harness.ssh import run_key_dir_prefix
+from vast_harness.spec.config import RunSpec, resolve
+from vast_harness.state.ledger import Ledger
+from vast_harness.vast.client import VastClient
 
 SCALE = 0.01
 KEY = "sim-reap-key"
@@ -51,7 +51,7 @@ def reap(sim: SimServer, spec: RunSpec, key: str = KEY, **client_kw) -> int:
 
 
 def test_ledger_ids_are_deleted_even_when_the_list_fails(sim, tmp_path, monkeypatch):
-    monkeypatch.setattr("vast_harness.meter.TEARDOWN_MIN_S", 1.0)
+    monkeypatch.setattr("vast_harness.caps.meter.TEARDOWN_MIN_S", 1.0)
     spec = spec_for(sim, tmp_path)
     iid = rent(sim, "vh-listfail")
     Ledger.for_spec(spec).append("r", "created", "vh-listfail", offer_id=1, instance_id=iid)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from vast_harness.fleet import RunOutcome
-from vast_harness.fleet_report import build_rows, write_fleet_report
-from vast_harness.report import write_run_report
+from vast_harness.fleet.run import RunOutcome
+from vast_harness.reports.fleet import build_rows, write_fleet_report
+from vast_harness.reports.run import write_run_report
 
 ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = {
@@ -113,11 +113,11 @@ def fresh_run(tmp_path_factory) -> Path:
     """A real run on the simulator (with the timeline in its record), given the two-GPU sweep's records."""
     from pydantic import SecretStr
 
-    from vast_harness.client import VastClient
-    from vast_harness.config import Step, load_driver_policy, resolve
-    from vast_harness.output import Output
-    from vast_harness.runner import GuardedRun
+    from vast_harness.console.output import Output
+    from vast_harness.run.runner import GuardedRun
     from vast_harness.sim import SimServer
+    from vast_harness.spec.config import Step, load_driver_policy, resolve
+    from vast_harness.vast.client import VastClient
 
     tmp = tmp_path_factory.mktemp("fresh")
     key = "sim-browser-key"
@@ -177,7 +177,7 @@ def _overlap(a: dict, b: dict) -> bool:
 def test_chart_labels_neither_clip_nor_overlap(browser, fresh_run, tmp_path):
     """Measured by the browser's own text layout: every label inside its chart; event labels and point
     labels never on top of each other (the cost plot's event labels and the scatter's "H100 SXM" did)."""
-    from vast_harness import svgplot
+    from vast_harness.reports import svg as svgplot
 
     path = write_run_report(fresh_run)
     browser.get(path.as_uri())
@@ -243,7 +243,7 @@ def test_fleet_report_links_each_run_and_draws_the_fleet_cost_against_its_cap(br
 
 @pytest.mark.parametrize(("lo", "hi"), [(0.0049, 0.0344), (0.0, 8.7), (3.0, 3.0), (-2.0, 97.0), (0.0, 1e-7)])
 def test_axis_ticks_cover_the_data(lo, hi):
-    from vast_harness.svgplot import nice_ticks
+    from vast_harness.reports.svg import nice_ticks
 
     ticks = nice_ticks(lo, hi)
     assert ticks[0] <= lo and ticks[-1] >= hi and ticks == sorted(ticks) and len(ticks) <= 12

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from vast_harness.client import VastClient
-from vast_harness.config import RunSpec, Step, load_driver_policy, resolve
-from vast_harness.ledger import Ledger
-from vast_harness.output import Output
-from vast_harness.reap import reap_all
-from vast_harness.runner import GuardedRun
+from vast_harness.console.output import Output
+from vast_harness.ops.reap import reap_all
+from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
+from vast_harness.spec.config import RunSpec, Step, load_driver_policy, resolve
+from vast_harness.state.ledger import Ledger
+from vast_harness.vast.client import VastClient
 
 SCALE = 0.01
 KEY = "sim-runner-key"
@@ -264,7 +264,7 @@ def test_second_ctrl_c_does_not_skip_teardown(sim, tmp_path, capsys):
 def test_one_ctrl_c_during_the_pull_keeps_what_was_copied_and_names_what_was_left(sim, tmp_path):
     # Red team: one SIGINT 3 s into a 10 s pull: exit 130 and gone (right), but `pull` said files 0, left [],
     # detail "" and nothing was said: the teardown never tried again and the record named nothing.
-    from vast_harness.hostwork import HostWork
+    from vast_harness.run.host_work import HostWork
 
     class SignalDuringPull(HostWork):
         def pull_evidence(self, *, in_teardown: bool, max_s: float | None = None) -> None:

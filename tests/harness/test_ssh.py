@@ -1,4 +1,4 @@
-"""vast_harness.ssh against a minimal paramiko SSH server written here.
+"""vast_harness.host.ssh against a minimal paramiko SSH server written here.
 
 The server is deliberately small and local to this file (not the simulator): it accepts one public key,
 runs exec requests through `bash -c` in a private root with output streamed as it is produced, serves
@@ -27,8 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.harness.netproxy import TcpProxy
 from vast_harness.errors import HarnessError, SshConnectError, TransferAbandoned
-from vast_harness.models import Instance
-from vast_harness.ssh import (
+from vast_harness.host.ssh import (
     MIN_CONNECT_ATTEMPT_S,
     RUN_KEY_DIR_GLOB,
     ConnectAttempt,
@@ -40,6 +39,7 @@ from vast_harness.ssh import (
     run_key_dir_pid,
     run_key_dir_prefix,
 )
+from vast_harness.vast.models import Instance
 
 # ---------------------------------------------------------------------------------------------------
 # The fake host
@@ -418,7 +418,7 @@ def test_connect__never_starts_an_attempt_too_short_to_finish(run_key: RunKey, m
     # The retry wait may run up to the deadline: an attempt then started with a few milliseconds left can
     # only time out, and its outcome hides what the host really said (CI: "no SSH session within 0.00191 s"
     # after four attempts that named the refused key).
-    import vast_harness.ssh as ssh_mod
+    import vast_harness.host.ssh as ssh_mod
 
     bounds: list[float] = []
 

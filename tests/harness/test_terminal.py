@@ -12,13 +12,13 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from vast_harness.bundle import build_bundle
-from vast_harness.client import VastClient
-from vast_harness.config import Step, load_driver_policy, resolve
-from vast_harness.output import Output, safe_text, terminal_safe
-from vast_harness.plan import choose_offers, plan_run
-from vast_harness.runner import GuardedRun
+from vast_harness.console.output import Output, safe_text, terminal_safe
+from vast_harness.host.bundle import build_bundle
+from vast_harness.market.plan import choose_offers, plan_run
+from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
+from vast_harness.spec.config import Step, load_driver_policy, resolve
+from vast_harness.vast.client import VastClient
 
 SCALE = 0.01
 KEY = "sim-terminal-key"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vast_harness.tokrate import gpu_key, load_measurements
+from vast_harness.market.token_rate import gpu_key, load_measurements
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sim-tokrate-key"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from vast_harness.bundle import HOST_PAYLOAD, build_bundle
+from vast_harness.host.bundle import HOST_PAYLOAD, build_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = "vast_harness/_data"

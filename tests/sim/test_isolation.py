@@ -34,5 +34,5 @@ def test_the_simulator_imports_nothing_of_the_harness():
 
 def test_the_scan_sees_a_harness_import(tmp_path: Path):
     planted = tmp_path / "x.py"
-    planted.write_text("from vast_harness.runner import GuardedRun\nfrom vast_harness import ledger\n")
-    assert _imports(planted) == ["vast_harness.runner", "vast_harness", "vast_harness.ledger"]
+    planted.write_text("from vast_harness.run.runner import GuardedRun\nfrom vast_harness import ledger\n")
+    assert _imports(planted) == ["vast_harness.run.runner", "vast_harness", "vast_harness.ledger"]

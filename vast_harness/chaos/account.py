@@ -38,11 +38,11 @@ from rich.console import Console
 
 from vast_harness.chaos.engine import KEY, SCALE, ChildJob, _client, chaos_spec, quiet_paramiko
 from vast_harness.chaos.judge import Violation, classify, false_absences, sim_bugs, traceback_violations
-from vast_harness.config import Step, load_driver_policy
-from vast_harness.ledger import LEDGER_FILE, Ledger
-from vast_harness.output import Output
+from vast_harness.console.output import Output
 from vast_harness.resources import data_root
 from vast_harness.sim.server import SimServer
+from vast_harness.spec.config import Step, load_driver_policy
+from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 AccountKind = Literal["two_runs_reap", "clock_ahead", "clock_behind", "boot_fail_delete_fail", "fleet_reprice"]
 ACCOUNT_KINDS: tuple[AccountKind, ...] = ("two_runs_reap", "clock_ahead", "two_runs_reap", "boot_fail_delete_fail",
@@ -258,7 +258,7 @@ def _boot_fail_delete_fail(plan: AccountPlan, sim: SimServer, work: Path, outcom
 
 
 def _fleet_reprice(plan: AccountPlan, sim: SimServer, work: Path, outcome: AccountOutcome) -> None:
-    from vast_harness.fleet import run_fleet
+    from vast_harness.fleet.run import run_fleet
 
     state = work / "state-a"
     steps = [Step(name="long", run="echo working; sleep 8", timeout_s=30)]

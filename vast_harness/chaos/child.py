@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from vast_harness.chaos.engine import TEARDOWN_BUDGET_S, ChildJob, _client, chaos_spec
-from vast_harness.config import load_driver_policy
-from vast_harness.output import Output
-from vast_harness.runner import GuardedRun
+from vast_harness.console.output import Output
+from vast_harness.run.runner import GuardedRun
+from vast_harness.spec.config import load_driver_policy
 
 _real_time = time.time
 
@@ -50,8 +50,8 @@ def main(argv: list[str]) -> int:
 
 
 def _cli(argv: list[str]) -> int:
-    import vast_harness.meter as meter
-    from vast_harness.cli import main as cli_main
+    import vast_harness.caps.meter as meter
+    from vast_harness.cli.app import main as cli_main
 
     if argv[:1] == ["--wall-step"]:
         step_wall_clock(float(argv[1]))

@@ -26,16 +26,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, SecretStr
 from rich.console import Console
 
-from vast_harness.bundle import build_bundle
 from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences, sim_bugs
-from vast_harness.client import Timeouts, VastClient
-from vast_harness.config import RunSpec, Step, load_driver_policy, resolve
-from vast_harness.ledger import LEDGER_FILE, Ledger
-from vast_harness.output import Output
-from vast_harness.plan import plan_run
-from vast_harness.reap import reap_all
-from vast_harness.runner import GuardedRun
+from vast_harness.console.output import Output
+from vast_harness.host.bundle import build_bundle
+from vast_harness.market.plan import plan_run
+from vast_harness.ops.reap import reap_all
+from vast_harness.run.runner import GuardedRun
 from vast_harness.sim.server import SimServer
+from vast_harness.spec.config import RunSpec, Step, load_driver_policy, resolve
+from vast_harness.state.ledger import LEDGER_FILE, Ledger
+from vast_harness.vast.client import Timeouts, VastClient
 
 SCALE = 0.01  # simulator rate limits and client pacing: a hundredth of Vast's intervals
 TEARDOWN_MARGIN_S = 2.0  # the cap deadline keeps this much for DELETE (retries included)

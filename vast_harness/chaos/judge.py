@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vast_harness.ledger import LEDGER_FILE, Ledger
+from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 VIOLATION_KINDS = ("leak", "false_absence", "over_cap_usd", "over_cap_time", "exit_mismatch", "reap_failed",
                    "hang", "crash", "traceback", "sim_bug")

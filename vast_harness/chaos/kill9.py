@@ -21,9 +21,9 @@ from pydantic import BaseModel, Field
 
 from vast_harness.chaos.engine import KEY, SCALE
 from vast_harness.chaos.judge import Violation, classify, false_absences, sim_bugs, traceback_violations
-from vast_harness.ledger import LEDGER_FILE, Ledger
 from vast_harness.resources import data_root
 from vast_harness.sim.server import spawn_standalone
+from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 Trigger = Literal["time", "intent", "created", "delete_ack"]
 KILL9_HARNESS_LIMIT_S = 120.0

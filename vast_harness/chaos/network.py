@@ -48,11 +48,11 @@ from vast_harness.chaos.judge import (
     traceback_violations,
 )
 from vast_harness.chaos.netproxy import FaultProxy, NetFaultPlan
-from vast_harness.config import Step
-from vast_harness.ledger import LEDGER_FILE, Ledger
-from vast_harness.reap import reap_all
+from vast_harness.ops.reap import reap_all
 from vast_harness.resources import data_root
 from vast_harness.sim.server import SimServer
+from vast_harness.spec.config import Step
+from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 API_EPS = ("search", "create", "show", "list", "destroy", "user", "any")
 STARTUP_ALLOWANCE_S = 12.0  # interpreter start and imports of the child on a loaded 2-core machine

@@ -1,0 +1,390 @@
+"""`vast-e2e` / `python scripts/vast_e2e.py`: declarations only; the work happens in the library.
+
+Options are declared once in `cliopts.py` and reach each command as one `Flags` object. Typed errors become
+exit codes here, in one place (`_guard`, through `errors.exit_code_for`); `main` adds the two that come from
+outside a command: a usage error (2) and an interrupt (130). Per docs/invariants.md: 0 passed on a qualified
+driver · 1 a step failed · 2 bad input · 3 teardown not proven · 4 passed on an unqualified driver · 5 no offer
+fits · 6 a cap was reached · 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from pydantic import SecretStr
+from typer._click.exceptions import ClickException  # typer vendors click; usage errors subclass this
+
+from vast_harness.cli.options import CANARY, CHECK, EVIDENCE, FLEET, OFFERS, REAP, RUN, STATUS, Flags, takes
+from vast_harness.console.output import Output
+from vast_harness.errors import (
+    ConfigError,
+    ExitCode,
+    HarnessError,
+    Interrupted,
+    NoOfferError,
+    describe,
+    exit_code_for,
+)
+from vast_harness.spec.config import MAX_USD_LIMIT, RunSpec, check_number, load_driver_policy, path_flag
+
+if TYPE_CHECKING:  # the client (httpx, tenacity) is imported when a command needs it, not at startup
+    from vast_harness.vast.client import VastClient
+
+app = typer.Typer(
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
+    pretty_exceptions_enable=False,  # tracebacks could show locals; keys stay out of them
+    rich_markup_mode=None,  # plain help: flags as `--sim`, values as `--max-usd USD`
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Rent a Vast.ai GPU host under cost and time caps, run a pinned workload, always delete it with proof.",
+)
+
+SIM_OFFERS = 1000  # a market large enough that every profile finds offers
+MAX_PARALLEL = 64
+CANARY_MAX_USD = 0.10  # a canary rents minutes of the cheapest offer
+
+
+def _version() -> str:
+    try:
+        return metadata.version("vast-harness")
+    except metadata.PackageNotFoundError:  # a checkout run without an install
+        return "unknown (not installed)"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        Output().out.print(f"vast-e2e {_version()}")
+        raise typer.Exit(0)
+
+
+@contextmanager
+def _api_target(spec: RunSpec) -> Iterator[RunSpec]:
+    """The spec pointed at the API it should use: the embedded simulator with --sim, else as given. The
+    simulator boots and enforces Vast's rate limits as the spec's timings (Timings.sim()) say."""
+    if not spec.sim:
+        yield spec
+        return
+    from vast_harness.sim import SimServer  # imported only when asked for
+
+    timings = spec.timings
+    with SimServer(seed=0, boot_seconds=timings.min_boot_s, rate_scale=timings.pacing_scale,
+                   num_offers=SIM_OFFERS) as sim:
+        key = SecretStr("sim-" + secrets.token_hex(16))
+        yield spec.model_copy(update={"api_url": sim.url, "api_key": key})
+
+
+def _client(spec: RunSpec, out: Output | None = None) -> VastClient:
+    """With `out` (the interactive read-only commands), each retry is said as a warning line."""
+    from vast_harness.vast.client import VastClient
+
+    assert spec.api_key is not None
+    return VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale,
+                      on_retry=out.warn if out is not None else None)
+
+
+_reported: list[int] = []  # exit codes whose message was already shown (by `_guard`)
+
+
+def _guard(out: Output, body: Callable[[], int], *, interrupted: str = "interrupted before anything was rented") -> None:
+    """Run `body`, turning typed errors into one clear line and their exit code (errors.exit_code_for)."""
+    try:
+        code = ExitCode(body())
+    except (HarnessError, KeyboardInterrupt, Interrupted) as exc:
+        if isinstance(exc, NoOfferError) and exc.rejected:
+            out.rejections(exc.rejected, title="Closest offers and why each was rejected")
+        code = exit_code_for(exc)
+        out.failure(interrupted if isinstance(exc, (KeyboardInterrupt, Interrupted)) else describe(exc), code)
+    _reported.append(code)
+    raise typer.Exit(code)
+
+
+@app.callback(invoke_without_command=True)
+@takes(*RUN)
+def main_command(
+    ctx: typer.Context,
+    flags: Flags,
+    version: Annotated[bool, typer.Option("--version", metavar="", is_eager=True, callback=_show_version,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Run a profile end to end (or --dry-run to see the offer, the plan and the worst-case cost).
+
+    Commands below take their own options after their name (`vast-e2e offers --sim`); an option given before
+    the command is honoured when the command takes it."""
+    if ctx.invoked_subcommand:
+        ctx.obj = flags  # the subcommand merges these (cliopts.merge_parent)
+        return
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        if flags.profile is None:
+            raise ConfigError("--profile is required (mfu, proofs, smoke or a profile file); "
+                              "vast-e2e -h lists every option")
+        spec = flags.spec()
+        drivers = load_driver_policy()
+        with _api_target(spec) as target, _client(target) as client:
+            if target.dry_run:
+                from vast_harness.caps.meter import check_minimum_cap
+                from vast_harness.host.bundle import build_bundle
+                from vast_harness.market.plan import plan_run
+
+                check_minimum_cap(target.caps.max_minutes, target.timings)  # the run would refuse it: so does the preview
+
+                out.plan(plan_run(target, client, drivers, build_bundle()))
+                return 0
+            from vast_harness.run.runner import run_guarded
+
+            return run_guarded(target, client, drivers, out).exit_code
+
+    _guard(out, body)
+
+
+@app.command()
+@takes(*OFFERS)
+def offers(
+    ctx: typer.Context,
+    flags: Flags,
+    rank_by: Annotated[str, typer.Option("--rank-by", metavar="dph|usd-per-mtok", help=(
+        "dph (worst case, then reliability) or usd-per-mtok (measured tokens/s from committed evidence and "
+        "your fleet results; $/h for GPUs with none)."))] = "dph",
+) -> None:
+    """Search and rank offers for a profile (default mfu); show why each rejected offer failed."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        if rank_by not in ("dph", "usd-per-mtok"):
+            raise ConfigError(f"--rank-by must be dph or usd-per-mtok, got {rank_by!r}")
+        spec = flags.spec(profile="mfu" if flags.profile is None else flags.profile, dry_run=True)
+        from vast_harness.host.bundle import build_bundle
+        from vast_harness.market.plan import account_credit_usd, choose_offers
+
+        with _api_target(spec) as target, _client(target, out) as client:
+            credit = account_credit_usd(client)
+            choice = choose_offers(target, client, load_driver_policy(), build_bundle(), credit_usd=credit)
+        if rank_by == "usd-per-mtok":
+            from vast_harness.market.token_rate import load_measurements, print_ranked, rank_by_usd_per_mtok
+
+            measurements = load_measurements(spec.evidence_dir)
+            print_ranked(out, rank_by_usd_per_mtok(choice, measurements), measurements)
+            return ExitCode.PASSED if choice.ranked else NoOfferError.exit_code
+        out.offers(choice)
+        return ExitCode.PASSED if choice.ranked else NoOfferError.exit_code
+
+    _guard(out, body)
+
+
+@app.command()
+@takes(*FLEET, required=("max_usd",), help_overrides={"max_usd": (
+    "Total cost cap of the whole fleet, dollars: the summed worst cases before renting, the summed accrual while "
+    "running.")})
+def fleet(
+    ctx: typer.Context,
+    flags: Flags,
+    gpus: Annotated[str, typer.Option("--gpus", metavar="NAMES", help=(
+        'GPU types, comma separated: "RTX 5090,RTX 4090,H100 SXM".'))],
+    per_run_usd: Annotated[float | None, typer.Option("--per-run-usd", metavar="USD", help=(
+        "Cost cap of each run (default: --max-usd / number of GPU types)."))] = None,
+    parallel: Annotated[int, typer.Option("--parallel", metavar="K", help="Runs at once.")] = 3,
+    allow_overcommit: Annotated[bool, typer.Option("--allow-overcommit", metavar="", help=(
+        "Start even when the summed worst cases exceed --max-usd: the live monitor alone holds the total (runs "
+        "are cancelled when it is reached)."))] = False,
+) -> None:
+    """One guarded run per GPU type, K at once, under one total cap; ranked by $ per million training tokens."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.fleet.plan import parse_gpus
+        from vast_harness.fleet.run import run_fleet
+
+        names = parse_gpus(gpus)
+        total = flags.max_usd
+        check_number("--max-usd", total, low=0, high=MAX_USD_LIMIT, low_inclusive=False)  # finite: inf is refused
+        assert total is not None  # required by the declaration
+        per_run = per_run_usd if per_run_usd is not None else total / len(names)
+        check_number("--per-run-usd", per_run, low=0, high=MAX_USD_LIMIT, low_inclusive=False)
+        check_number("--parallel", parallel, low=1, high=MAX_PARALLEL)
+        spec = flags.spec(profile="mfu" if flags.profile is None else flags.profile, max_usd=per_run)
+        with _api_target(spec) as target, _client(target) as client:
+            return run_fleet(target, names, client, load_driver_policy(), out, total_usd=total,
+                             per_run_usd=per_run, parallel=parallel, allow_overcommit=allow_overcommit)
+
+    _guard(out, body)
+
+
+@app.command()
+@takes(*CHECK)
+def check(ctx: typer.Context, flags: Flags) -> None:
+    """Read-only: the key, credit and balance, each endpoint the harness uses and the image reference form."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        spec = flags.spec(profile=flags.profile or "mfu", dry_run=True)
+        from vast_harness.ops.check import print_report, run_checks
+
+        with _api_target(spec) as target, _client(target) as client:
+            report = run_checks(target, client)
+        print_report(out, report)
+        return report.exit_code
+
+    _guard(out, body)
+
+
+@app.command()
+@takes(*CANARY, help_overrides={"max_usd": "Cost cap of the canary rental, dollars (default 0.10)."})
+def canary(
+    ctx: typer.Context,
+    flags: Flags,
+    out_file: Annotated[str, typer.Option("--out", metavar="PATH",
+                                          help="Where canary.json goes (also in the run's evidence).")]
+    = "canary.json",
+) -> None:
+    """Rent the cheapest qualified offer under the usual guards and measure read lag, boot, the image reference,
+    the dead-man switch, SSH environment, linger and a repeat DELETE; writes canary.json."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        out_path = path_flag("--out", out_file)
+        spec = flags.spec(profile=flags.profile or "smoke",
+                          max_usd=flags.max_usd if flags.max_usd is not None else CANARY_MAX_USD)
+        from vast_harness.ops.canary import print_canary, run_canary
+
+        with _api_target(spec) as target, _client(target) as client:
+            rep, _ = run_canary(target, client, load_driver_policy(), out, out_path)
+        print_canary(out, rep, out_path)
+        return rep.exit_code
+
+    _guard(out, body)
+
+
+@app.command()
+@takes(*REAP)
+def reap(
+    ctx: typer.Context,
+    flags: Flags,
+    include_live: Annotated[bool, typer.Option("--include-live", metavar="", help="Also delete live runs' "
+                                               "instances (after a confirmation prompt).")] = False,
+    yes: Annotated[bool, typer.Option("--yes", metavar="", help="Confirm --include-live without a prompt "
+                                      "(scripts).")] = False,
+) -> None:
+    """Delete and prove absent every orphan (instances of dead runs, or past their own cap deadline); list
+    live runs' instances and leave them alone."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        # A full disk must not keep the orphans billing: reap warns and deletes; what it cannot write (ledger
+        # lines, evidence) is said as it happens, and the verdicts stand on the API's answers alone.
+        spec = flags.spec(profile="smoke", on_unwritable=out.warn)
+        from vast_harness.ops.reap import reap_all
+        from vast_harness.ops.status import confirm_live
+
+        if include_live and not yes and not sys.stdin.isatty():
+            raise ConfigError("--include-live deletes live runs' instances: confirm with --yes where there is no "
+                              "terminal to ask")
+        with _client(spec, out) as client:
+            return reap_all(spec, client, out, include_live=include_live,
+                            confirm=(lambda live: True) if yes else confirm_live)
+
+    _guard(out, body, interrupted="reap interrupted before it deleted anything; run `vast-e2e reap` again")
+
+
+def _evidence_dir(flags: Flags) -> Path:
+    from vast_harness.spec.config import UserConfig
+    from vast_harness.state.runs import default_evidence_dir
+
+    given = flags.evidence_path
+    if given is None:
+        user, _ = UserConfig.load(os.environ)
+        given = Path(user.evidence_dir) if user.evidence_dir else default_evidence_dir()
+    return given.expanduser()
+
+
+@app.command()
+@takes(*EVIDENCE)
+def report(ctx: typer.Context, flags: Flags,
+           run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")]) -> None:
+    """Rebuild a run's report.html from its evidence and print where it is."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.ops.logs import rebuild_report
+        from vast_harness.state.runs import find_run
+
+        return rebuild_report(out, find_run(_evidence_dir(flags), run))
+
+    _guard(out, body, interrupted="interrupted")
+
+
+@app.command()
+@takes(*EVIDENCE)
+def logs(ctx: typer.Context, flags: Flags,
+         run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")],
+         step: Annotated[str | None, typer.Argument(metavar="[STEP]", help="The step whose log to print; "
+                                                    "without it, the run's step logs are listed.")] = None,
+         raw: Annotated[bool, typer.Option("--raw", metavar="", help="The bytes as the host sent them (escape "
+                                           "codes included); else control characters are shown escaped.")] = False,
+         ) -> None:
+    """List a run's step logs, or print one."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.ops.logs import show_logs
+        from vast_harness.state.runs import find_run
+
+        return show_logs(out, find_run(_evidence_dir(flags), run), step, raw=raw)
+
+    _guard(out, body, interrupted="interrupted")
+
+
+@app.command()
+@takes(*EVIDENCE)
+def costs(ctx: typer.Context, flags: Flags) -> None:
+    """What every run cost, from the ledger and the evidence: per run, per day, per profile, and totals."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.ops.costs import show_costs
+
+        return show_costs(out, _evidence_dir(flags))
+
+    _guard(out, body, interrupted="interrupted")
+
+
+@app.command()
+@takes(*STATUS)
+def status(ctx: typer.Context, flags: Flags) -> None:
+    """Read-only: every live run of this user and every `vh-` instance of the account, with accrued dollars."""
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        spec = flags.spec(profile="smoke", dry_run=True)
+        from vast_harness.ops.status import show_status
+
+        with _client(spec, out) as client:
+            return show_status(spec, client, out)
+
+    _guard(out, body)
+
+
+def main() -> None:
+    """The program: every way out is an exit code and at most one clear line on stderr, never a traceback."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # replaces the quiet exit used while importing
+    _reported.clear()
+    if len(sys.argv) == 1:  # bare `vast-e2e`: what it can do, not an error about a missing --profile
+        sys.argv.append("--help")
+    try:
+        code = app(standalone_mode=False, prog_name="vast-e2e")
+    except ClickException as exc:  # usage errors: the flag and why, exit 2
+        Output().failure(exc.format_message(), exc.exit_code)
+        code = exc.exit_code
+    except (KeyboardInterrupt, typer.Abort):
+        code = ExitCode.INTERRUPTED
+    if code == ExitCode.INTERRUPTED and ExitCode.INTERRUPTED not in _reported:
+        Output().failure("interrupted before anything was rented", ExitCode.INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else 0)

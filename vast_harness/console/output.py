@@ -1,0 +1,441 @@
+"""The one sink for what the CLI shows: rich tables for people, one JSON object for `--json`.
+
+Human output goes to stdout; progress, warnings and errors to stderr, so `--json` stdout stays parseable.
+Everything shown is plain text to rich (consoles without markup, values wrapped in `Text`): a profile name,
+a path, a server message or a step's output containing `[/x]` prints as it is and can never raise. And
+nothing a host or the API supplied reaches the terminal raw: `terminal_safe` shows every control character
+escaped (ESC, 8-bit CSI, BEL, CR, newline, DEL, bidi overrides), so a step cannot write the clipboard (OSC 52),
+retitle the window, move the cursor up and forge a result line, or clear the screen. Step logs keep the bytes
+as sent; only what is shown is escaped. Writes
+never raise either: a closed or broken stdout (`| head`) must not end a run or skip its teardown. `RunOutput` is
+a fleet run's sink: several runs at once, so tagged lines on stderr only.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, cast
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from vast_harness.console.live import HEARTBEAT_S, LiveView, Snapshot
+from vast_harness.errors import ExitCode
+from vast_harness.market.offers import Candidate, OfferChoice, Rejection
+from vast_harness.market.plan import RunPlan
+
+if TYPE_CHECKING:  # annotations only: output keeps importing nothing of the run machinery at runtime
+    from vast_harness.evidence.run import StepRecord
+    from vast_harness.instance.lifecycle import InstanceTeardown
+
+
+# C0 but TAB, DEL, C1 (0x9b is an 8-bit CSI; 0x85 a newline to some readers), the line and paragraph separators
+# (U+2028/9: newlines to some terminals and pagers), and every format character of Unicode 15 (category Cf:
+# bidi controls that reorder what a line appears to say, zero-width and invisible characters, the soft hyphen,
+# tag characters), plus what renders as nothing though it is not Cf: the combining grapheme joiner, the Hangul
+# fillers, variation selectors and noncharacters. What a host prints may only show what it contains.
+_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\xad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891"
+                     "\u08e2\u115f\u1160\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f"
+                     "\u3164\ufdd0-\ufdef\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb\ufffe\uffff"
+                     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+                     "\U000e0001\U000e0020-\U000e007f\U000e0100-\U000e01ef]")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def terminal_safe(text: str) -> str:
+    """The one sanitiser for the console: control characters shown escaped (`\\x1b`), everything else as is."""
+    return _UNSAFE.sub(_escaped, text)
+
+
+def safe_text(value: object, style: str = "") -> Text:
+    """Anything user-, host- or server-supplied becomes a Text: control characters escaped, never parsed as
+    markup (`[/x]`), never an emoji code."""
+    return Text(terminal_safe(str(value)), style=style)
+
+
+_t = safe_text
+
+
+def safe_cells(*values: object) -> list[Text]:
+    """A table row: every value a `safe_text` (a Text already made from literals or by safe_text is kept)."""
+    return [v if isinstance(v, Text) else safe_text(v) for v in values]
+
+
+def line(*parts: str | tuple[str, str] | Text) -> Text:
+    """`_line` for other modules: (literal, style) tuples and plain values, all made terminal-safe."""
+    return _line(*parts)
+
+
+def _line(*parts: str | tuple[str, str] | Text) -> Text:
+    """Styled literals as (text, style) tuples, values as plain strings: nothing inside is markup, and every
+    string part goes through `terminal_safe` (a Text part was made by `safe_text` or from literals)."""
+    return Text.assemble(*(terminal_safe(p) if isinstance(p, str) else
+                           (terminal_safe(p[0]), p[1]) if isinstance(p, tuple) else p for p in parts))
+
+
+class LineBudget:
+    """How many of a step's lines reach the console: a burst of `burst`, then `per_s` a second (a token bucket).
+
+    A flood (`yes`, `seq 1 1000000`) printed line by line through rich costs ~0.4 ms a line: the harness then
+    read the host's output at ~30 KB/s, held finished steps to their timeout and let the cap's cut wait behind
+    the drain. The step log keeps every line; the console says how many it skipped and where they are."""
+
+    def __init__(self, *, burst: int = 200, per_s: float = 50.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._burst, self._per_s, self._clock = float(burst), per_s, clock
+        self._tokens, self._t = float(burst), clock()
+        self.skipped = 0
+
+    def allow(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._t) * self._per_s)
+        self._t = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self.skipped += 1
+        return False
+
+    def take_skipped(self) -> int:
+        n, self.skipped = self.skipped, 0
+        return n
+
+
+class SafeStream:
+    """A text stream whose writes never raise.
+
+    A closed stdout (`>&-`), a reader that went away (`| head -3`: EPIPE) or a closed file must not end a run
+    early or skip its teardown: after the first failure the stream swallows writes, and the file descriptor is
+    pointed at /dev/null so the interpreter's final flush cannot complain either.
+    """
+
+    def __init__(self, stream: IO[str] | None, fd: int | None = None) -> None:
+        self._stream = stream
+        self._fd = fd
+        self.broken = stream is None
+
+    def _break(self, exc: BaseException) -> None:
+        self.broken = True
+        if self._fd is not None and isinstance(exc, OSError) and exc.errno in (errno.EPIPE, errno.EBADF):
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self._fd)
+                os.close(devnull)
+            except OSError:
+                pass
+
+    def write(self, text: str) -> int:
+        if not self.broken and self._stream is not None:  # broken whenever there is no stream
+            try:
+                return self._stream.write(text)
+            except (OSError, ValueError) as exc:
+                self._break(exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken and self._stream is not None:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError) as exc:
+                self._break(exc)
+
+    def isatty(self) -> bool:
+        try:
+            return not self.broken and self._stream is not None and self._stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise OSError(errno.EBADF, "no file descriptor")
+        return self._fd
+
+
+def _safe(stream: IO[str] | None) -> SafeStream:
+    fd = None
+    if stream is not None:
+        try:
+            fd = stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            fd = None
+    return SafeStream(stream, fd)
+
+
+class Output:
+    def __init__(self, *, json_mode: bool = False, quiet: bool = False, progress: bool = True) -> None:
+        self.json_mode = json_mode
+        self.progress = progress and not quiet  # the live view / heartbeat (off for a fleet's runs)
+        self.view: LiveView | None = None
+        self._out_saved: Console | None = None
+        self.stdout = _safe(sys.stdout)
+        self.stderr = _safe(sys.stderr)
+        # markup=False: a string that reaches rich by any path prints as it is; styles come only from Text.
+        # rich wants an IO[str]; it only calls write, flush, isatty, fileno and encoding, all of which SafeStream has.
+        self.out = Console(file=cast(IO[str], self.stdout), highlight=False, soft_wrap=False, width=160, markup=False,
+                           emoji=False)
+        self.err = Console(file=cast(IO[str], self.stderr), highlight=False, soft_wrap=False, width=160, markup=False,
+                           emoji=False)
+        self.quiet = quiet
+        self.emitted = False  # --json promises exactly one object on stdout
+        self.rejected_rows: list[dict[str, Any]] = []  # with --json, rejections ride along in that one object
+
+    # -- generic -------------------------------------------------------------------------------
+    def info(self, message: str) -> None:
+        if not self.quiet:
+            self.err.print(_t(message))
+
+    def warn(self, message: str) -> None:
+        self.err.print(_line(("warning:", "yellow"), " ", message))
+
+    def failure(self, message: str, exit_code: int) -> None:
+        """An error that ends the command: one line on stderr, and with --json the one stdout object."""
+        self.error(message)
+        if self.json_mode and not self.emitted:
+            self.emit_json({"error": message, "exit_code": exit_code})
+
+    def error(self, message: str, hint: str | None = None) -> None:
+        self.err.print(_line(("error:", "bold red"), " ", message))
+        if hint:
+            self.err.print(_t(hint, "dim"))
+
+    def emit_json(self, payload: dict[str, Any]) -> None:
+        if self.rejected_rows and "rejected" not in payload:
+            payload = payload | {"rejected": self.rejected_rows}
+        self.emitted = True
+        self.stdout.write(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+        self.stdout.flush()
+
+    # -- a run -----------------------------------------------------------------------------------
+    def start_view(self, snapshot: Callable[[], Snapshot]) -> None:
+        """The live view on stderr (a terminal) or heartbeat lines (not a terminal); progress.py."""
+        if not self.progress or self.view is not None:
+            return
+        live = self.stderr.isatty()
+        beat = float(os.environ.get("VH_HEARTBEAT_S") or HEARTBEAT_S)  # a test knob: seconds of silence per line
+        self.view = LiveView(self.err, snapshot, live=live, heartbeat_s=beat, plain=self.info)
+        if live and self.stdout.isatty():  # one terminal: print above the live region, through its console
+            self._out_saved, self.out = self.out, self.err
+        self.view.start()
+
+    def stop_view(self) -> None:
+        if self.view is not None:
+            self.view.stop()
+            self.view = None
+        if self._out_saved is not None:
+            self.out, self._out_saved = self._out_saved, None
+
+    def step_output_seen(self) -> None:
+        """A line arrived that is not shown (past the console's budget or the log's head): not "quiet"."""
+        if self.view is not None:
+            self.view.line_printed()
+
+    def step_line(self, step: str, elapsed_s: float, accrued_usd: float, stream: str, line: str) -> None:
+        """One line of a step's output, live: the step, its elapsed time and the dollars accrued so far."""
+        if self.view is not None:
+            self.view.line_printed()
+        if self.quiet:
+            return
+        console = self.err if self.json_mode else self.out
+        prefix = f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]"
+        console.print(_line((prefix, "red" if stream == "stderr" else "dim"), " ", line))
+
+    def step_done(self, step: StepRecord, accrued_usd: float) -> None:
+        """One line per finished step (stderr): its outcome, seconds and the run's dollars so far."""
+        if self.view is not None:
+            self.view.line_printed()
+        how = ("interrupted" if step.interrupted else "timed out" if step.timed_out else
+               "connection lost" if step.connection_lost else f"rc {step.rc}")
+        ok = step.rc == 0 and not step.interrupted
+        if not self.quiet:
+            self.err.print(_line(("✓ " if ok else "✗ ", "green" if ok else "red"),
+                                 f"step {step.name}: {how} in {step.seconds:.1f} s; accrued ${accrued_usd:.4f}"))
+
+    def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
+               teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None) -> None:
+        if self.json_mode:
+            self.emit_json({"run_id": run_id, "exit_code": code, "message": message,
+                            "evidence_dir": str(evidence_dir), "accrued_usd": round(accrued_usd, 6),
+                            "report": str(report) if report else None,
+                            "steps": [s.model_dump() for s in steps],
+                            "absence": {t.instance_id: t.verdict for t in teardowns}})
+            return
+        t = Table(title=_t(f"Run {run_id}"), header_style="bold")
+        for col in ("step", "rc", "seconds", "note"):
+            t.add_column(col)
+        for s in steps:
+            note = ("interrupted" if s.interrupted else "timed out" if s.timed_out else
+                    "connection lost" if s.connection_lost else "")
+            t.add_row(_t(s.name), _t("NA" if s.rc is None else s.rc), _t(f"{s.seconds:.1f}"), _t(note))
+        self.out.print(t)
+        for td in teardowns:
+            color = "green" if td.verdict == "gone" else "bold red"
+            self.out.print(_line(f"instance {td.instance_id}: ", (str(td.verdict), color),
+                                 f" ({len(td.proof.rounds) if td.proof else 0} proof rounds)"))
+        color = "green" if code in (0, 4) else "red"
+        self.out.print(_line((f"exit {code}", color), f": {message}  accrued ${accrued_usd:.4f}  "
+                                                       f"evidence {evidence_dir}"))
+        if report is not None:
+            self.out.print(_line(("report", "bold"), f" {report}"))
+
+    def reap_report(self, rows: Sequence[tuple[int, str, int, str]], lines: Sequence[str], *, ok: bool) -> None:
+        """`reap`'s table (instance, label, deletes, verdict) and what it could not prove, one line each."""
+        t = Table(title=_t(f"reap: {len(rows)} instance(s)"), header_style="bold")
+        for col in ("instance", "label", "deletes", "verdict"):
+            t.add_column(col)
+        for instance_id, label, deletes, verdict in rows:
+            t.add_row(_t(instance_id), _t(label), _t(deletes), _t(verdict, "" if verdict == "gone" else "red"))
+        self.out.print(t)
+        for line in lines:
+            self.out.print(_t(line, "red"))
+        self.out.print(_t("all proven absent", "green") if ok else _t("NOT all proven absent", "bold red"))
+
+    # -- plans and offers ----------------------------------------------------------------------
+    def plan(self, plan: RunPlan) -> None:
+        if self.json_mode:
+            self.emit_json({"dry_run": True} | plan.summary())
+            return
+        o, q = plan.chosen.offer, plan.chosen.quote
+        self.out.print(_line(("Dry run", "bold"), " — profile ", (str(plan.profile), "cyan")))
+        repo_tag, _, digest = plan.image.partition("@")  # repo:tag@sha256:... (config refuses any other form)
+        self.out.print(_line(("image", "bold"), f" {repo_tag}  ", ("digest", "bold"),
+                             f" {digest}{'' if plan.image_digest_verified else ' (unverified)'}"), soft_wrap=True)
+        self.out.print(_line(("create sends", "bold"), f" {repo_tag.rsplit(':', 1)[0]}@{digest}"), soft_wrap=True)
+        t = Table(title="Chosen offer", show_header=True, header_style="bold")
+        for col in ("id", "GPU", "count", "driver", "qualified", "CUDA", "PCIe GB/s", "$/h", "reliability",
+                    "location"):
+            t.add_column(col)
+        t.add_row(
+            _t(o.id), _t(o.gpu_name), _t(o.num_gpus), _t(o.driver_version or "?"),
+            _t("yes") if plan.chosen.driver_qualified else _t("no", "yellow"), _t(o.cuda_max_good),
+            _t(o.pcie_bw_gbps), _t(f"{q.dph_at_disk_usd:.4f}"), _t(f"{o.reliability_score:.3f}"),
+            _t(o.geolocation or "?"),
+        )
+        self.out.print(t)
+        steps = Table(title="Steps", show_header=True, header_style="bold")
+        steps.add_column("#")
+        steps.add_column("name")
+        steps.add_column("timeout")
+        steps.add_column("command", overflow="fold")
+        for i, s in enumerate(plan.steps, 1):
+            steps.add_row(_t(i), _t(s.name), _t(f"{s.timeout_s:g} s"), _t(s.run))
+        self.out.print(steps)
+        if plan.pytest_node_ids:
+            self.out.print(_line(("pytest node ids", "bold"), " (a skip fails the run):"))
+            for node in plan.pytest_node_ids:
+                self.out.print(_t(f"  {node}"))
+        self.out.print(_line(("Caps", "bold"), f": ${plan.caps.max_usd:.2f}, {plan.caps.max_minutes:g} min   ",
+                             ("Credit", "bold"), f": ${plan.credit_usd:.2f}"))
+        self.out.print(_line(("Worst case", "bold"), f": {q.arithmetic}"))
+        env = " ".join(f"{k}={v}" for k, v in plan.remote_env_shown.items()) or "(none)"
+        self.out.print(_line(("remote_env", "bold"), f": {env}"))
+        self.out.print(_t(f"bundle sha256 {plan.bundle_sha256[:16]}… ({plan.bundle_bytes} bytes); {plan.offers_seen} "
+                          f"offers seen in {plan.pages} page(s); nothing was created.", "dim"))
+        for w in plan.warnings:
+            self.warn(w)
+
+    def offers(self, choice: OfferChoice, *, show_rejected: int = 20) -> None:
+        if self.json_mode:
+            self.emit_json(
+                {
+                    "ranked": [_candidate_row(c) for c in choice.ranked],
+                    "rejected": [_rejection_row(r) for r in choice.closest_rejections(show_rejected)],
+                    "offers_seen": choice.offers_seen,
+                    "pages": choice.pages,
+                }
+            )
+            return
+        t = Table(title=_t(f"Ranked offers ({len(choice.ranked)} of {choice.offers_seen} seen)"), header_style="bold")
+        for col in ("rank", "id", "GPU", "n", "driver", "qual", "CUDA", "PCIe", "$/h", "worst $", "rel", "location"):
+            t.add_column(col)
+        for i, c in enumerate(choice.ranked, 1):
+            r = _candidate_row(c)
+            t.add_row(_t(i), *(_t(r[k]) for k in ("id", "gpu", "n", "driver", "qualified", "cuda", "pcie_bw",
+                                                  "dph", "worst_case_usd", "reliability", "location")))
+        self.out.print(t)
+        self.rejections(choice.closest_rejections(show_rejected), title="Closest rejected offers")
+
+    def rejections(self, rejected: list[Rejection], *, title: str) -> None:
+        if self.json_mode:
+            self.rejected_rows = [_rejection_row(r) for r in rejected]
+            return
+        t = Table(title=_t(title), header_style="bold")
+        for col in ("id", "GPU", "n", "driver", "worst $", "why rejected"):
+            t.add_column(col, overflow="fold")
+        for r in rejected:
+            row = _rejection_row(r)
+            t.add_row(_t(row["id"]), _t(row["gpu"]), _t(row["n"]), _t(row["driver"]), _t(row["worst_case_usd"]),
+                      _t("; ".join(row["reasons"])))
+        self.out.print(t)
+
+
+class RunOutput(Output):
+    """A fleet run's progress: every line tagged with its GPU type, all on stderr (stdout is the fleet's)."""
+
+    def __init__(self, tag: str, *, quiet: bool = False) -> None:
+        super().__init__(json_mode=True, quiet=quiet, progress=False)  # several runs at once: tagged lines only
+        self.tag = f"[{tag}]"
+
+    def info(self, message: str) -> None:
+        if not self.quiet:
+            self.err.print(_line((self.tag, "cyan"), " ", message))
+
+    def warn(self, message: str) -> None:
+        self.err.print(_line((self.tag, "cyan"), " ", ("warning:", "yellow"), " ", message))
+
+    def step_line(self, step: str, elapsed_s: float, accrued_usd: float, stream: str, text: str) -> None:
+        if not self.quiet:
+            prefix = f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]"
+            self.err.print(_line((self.tag, "cyan"), (prefix, "dim"), " ", text))
+
+    def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
+               teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None) -> None:
+        # exit 3 with no teardown: a create of unknown outcome, so "nothing rented" would be a claim it cannot make
+        verdicts = ", ".join(f"{t.instance_id} {t.verdict}" for t in teardowns) or (
+            "no instance seen yet" if code == ExitCode.NOT_PROVEN_GONE else "nothing rented")
+        color = "green" if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) else "red"
+        self.err.print(_line((self.tag, "cyan"), " ", (f"exit {code}", color),
+                             f": {message}; {verdicts}; accrued ${accrued_usd:.4f}"
+                             + (f"; report {report}" if report else "")))
+
+    def step_done(self, step: StepRecord, accrued_usd: float) -> None:
+        how = "interrupted" if step.interrupted else "timed out" if step.timed_out else f"rc {step.rc}"
+        if not self.quiet:
+            self.err.print(_line((self.tag, "cyan"), f" step {step.name}: {how} in {step.seconds:.1f} s; "
+                                                     f"accrued ${accrued_usd:.4f}"))
+
+    def rejections(self, rejected: Sequence[Any], *, title: str) -> None:
+        self.err.print(_line((self.tag, "cyan"), f" {title}: {len(rejected)} offer(s)"))
+
+
+def _candidate_row(c: Candidate) -> dict[str, Any]:
+    o = c.offer
+    return {
+        "id": o.id, "gpu": o.gpu_name, "n": o.num_gpus, "driver": o.driver_version, "qualified": c.driver_qualified,
+        "cuda": o.cuda_max_good, "pcie_bw": o.pcie_bw_gbps, "dph": round(c.quote.dph_at_disk_usd, 4),
+        "worst_case_usd": round(c.quote.worst_case_usd, 4), "reliability": round(o.reliability_score, 3),
+        "location": o.geolocation,
+    }
+
+
+def _rejection_row(r: Rejection) -> dict[str, Any]:
+    o = r.offer
+    return {
+        "id": o.id, "gpu": o.gpu_name, "n": o.num_gpus, "driver": o.driver_version,
+        "worst_case_usd": round(r.worst_case_usd, 4) if r.worst_case_usd is not None else None,
+        "reasons": r.reasons,
+    }

@@ -1,0 +1,339 @@
+"""A run's evidence directory: the files, their layout, the typed run record, and the closing manifest.
+
+harness-result.json (a `RunRecord`, versioned), offer-quote.json, steps.tsv, steps/<name>.log, remote/,
+absence-proof.json, and manifest.sha256 (sha256 of every file above). Nothing here ever holds the API key or
+a `--remote-secret` value (settings, `--remote-env`, are recorded as given).
+
+Writing evidence never stops a teardown: every write catches OSError (a full disk, a read-only mount) and
+records it in `write_failures`, which the run reports and turns into its exit code. Step logs are capped:
+past `head_bytes` only the last `tail_bytes` are kept, with a line saying how much was dropped between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from pydantic import BaseModel, Field
+
+from vast_harness.caps.meter import PriceChange
+from vast_harness.console.live import PhaseRecord
+from vast_harness.instance.lifecycle import InstanceTeardown
+
+RESULT_SCHEMA_VERSION = 2
+STEP_LOG_HEAD_BYTES = 8 * 1024 * 1024
+STEP_LOG_TAIL_BYTES = 2 * 1024 * 1024
+_T = TypeVar("_T")
+
+
+def write_whole(path: Path, text: str, errors: str = "strict") -> None:
+    """Write `path` whole or not at all: a full disk leaves the old file (or none), never a truncated one,
+    and no `.tmp` behind."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8", errors=errors)
+        tmp.replace(path)
+    finally:
+        with contextlib.suppress(OSError):  # a read-only disk refuses even the unlink of nothing
+            tmp.unlink(missing_ok=True)
+
+
+class StepRecord(BaseModel):
+    name: str
+    rc: int | None
+    seconds: float
+    timed_out: bool = False
+    connection_lost: bool = False
+    interrupted: bool = False  # a signal (Ctrl-C, SIGTERM, SIGHUP) ended it
+    reconnect_ok: bool | None = None
+    workload: bool = True
+    detail: str = ""
+    log_bytes: int = 0  # what the step printed (stdout + stderr)
+    log_dropped_bytes: int = 0  # cut from the middle of its log by the size cap
+
+
+class RecordedInstance(BaseModel):
+    """An instance as the record keeps it (harness-result.json `instances`)."""
+
+    instance_id: int
+    label: str
+    offer_id: int
+    machine_id: int | None
+    dph_usd: float
+    t_created_unix: float = Field(default_factory=time.time)
+    status: str = "created"  # the create outcome (created, created_with_error, found_after_unknown, ...)
+    detail: str = ""
+    absence: str | None = None  # the teardown's verdict: gone, present or unknown
+    seen: bool = False  # a read has shown it (or listed it): only then do null reads soon mean gone
+
+
+class CreatedInstance(RecordedInstance):
+    """An instance while the run owns it: plus the monotonic times the meter bills by (never recorded)."""
+
+    t_created_mono: float
+    t_deleted_mono: float | None = None
+
+    def recorded(self) -> RecordedInstance:
+        return RecordedInstance.model_validate(self.model_dump(exclude={"t_created_mono", "t_deleted_mono"}))
+
+
+class OfferSummary(BaseModel):
+    """The chosen offer as the plan, the quote file and the record show it."""
+
+    id: int
+    machine_id: int | None
+    gpu_name: str
+    num_gpus: int
+    driver_version: str | None
+    driver_qualified: bool
+    cuda_max_good: float | None
+    pcie_bw_gbps: float | None
+    dph_total_usd: float | None
+    dph_at_disk_usd: float
+    reliability: float
+    geolocation: str | None
+
+
+class RecordCaps(BaseModel):
+    max_usd: float
+    max_minutes: float
+    teardown_margin_s: float
+    minimum_cap_s: float
+
+
+class ByteCounts(BaseModel):
+    uploaded: int
+    downloaded: int
+
+
+class HostKeyRecord(BaseModel):
+    fingerprint: str
+    type: str
+    endpoint: str
+
+
+class AbsenceSummary(BaseModel):
+    verdict: str  # gone | unproven | nothing-created
+    per_instance: dict[int, str]
+    # creates whose outcome no read settled: an instance may exist that no teardown knows of (never "nothing")
+    unresolved_labels: list[str] = Field(default_factory=list)
+
+
+class PullRecord(BaseModel):
+    """The host's evidence pull: what came back, what was left (budget, deadline), and why."""
+
+    files: int = 0
+    bytes: int = 0
+    skipped: list[str] = Field(default_factory=list)  # over the size budget
+    left: list[str] = Field(default_factory=list)  # a cut pull: the file being copied, then those not reached
+    redacted: list[str] = Field(default_factory=list)  # files in which a secret's value was masked
+    renamed: dict[str, str] = Field(default_factory=dict)  # host name with control characters -> local name
+    complete: bool = False
+    detail: str = ""
+    deadline_s: float | None = None
+    max_bytes: float | None = None
+
+
+class RunRecord(BaseModel):
+    """harness-result.json. Built by the run, serialised here; readers check `schema_version`."""
+
+    schema_version: int = RESULT_SCHEMA_VERSION
+    run_id: str
+    profile: str
+    image: str
+    api_url: str
+    sim: bool
+    offer: OfferSummary | None
+    driver_qualified: bool | None
+    any_driver: bool
+    caps: RecordCaps
+    worst_case_usd: float | None
+    accrued_usd: float
+    over_cap: str | None = None
+    bytes: ByteCounts
+    bundle_sha256: str | None
+    host_key: HostKeyRecord | None
+    remote_env: dict[str, str]  # settings as given; a secret's name with ***
+    remote_secrets: list[str] = Field(default_factory=list)  # names only: a secret is never stored by value
+    instances: list[RecordedInstance]
+    price_changes: list[PriceChange] = Field(default_factory=list)
+    steps: list[StepRecord]
+    pull: PullRecord | None = None
+    timings: dict[str, float]  # phase name -> seconds: an open set of names
+    phases: list[PhaseRecord] = Field(default_factory=list)  # the run's timeline (progress.PhaseLog)
+    absence: AbsenceSummary
+    api_calls: dict[str, Any]  # client.ClientStats as a dict (the client's own counters)
+    evidence_write_failures: list[str] = Field(default_factory=list)
+    deadman: dict[str, Any] | None = None  # deadman.DeadmanStatus at the first SSH: armed, fires at, clock skew
+    image_sent: str | None = None  # the image reference the create carried (repo@sha256:digest)
+    image_expect_override: dict[str, str] | None = None  # --image-expect: what the host check expected instead
+    exit_code: int
+    message: str
+    finished_unix: float = Field(default_factory=time.time)
+    harness: dict[str, str]
+
+
+def manifest_line(digest: str, name: str) -> str:
+    """One `sha256sum` line, escaped as GNU sha256sum escapes it: a name holding a backslash, newline or CR
+    gets a leading backslash and those characters as `\\\\`, `\\n`, `\\r`. A host file named
+    "x\\n<64 zeros>  harness-result.json" therefore stays one line and cannot add a forged entry."""
+    if not any(ch in name for ch in "\\\n\r"):
+        return f"{digest}  {name}"
+    escaped = name.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return f"\\{digest}  {escaped}"
+
+
+def overall_absence(teardowns: list[InstanceTeardown], unresolved_labels: Iterable[str] = ()) -> AbsenceSummary:
+    verdicts: dict[int, str] = {t.instance_id: t.verdict for t in teardowns}
+    unresolved = sorted(unresolved_labels)
+    if unresolved or any(v != "gone" for v in verdicts.values()):
+        verdict = "unproven"  # a create of unknown outcome may have made an instance that bills
+    else:
+        verdict = "gone" if verdicts else "nothing-created"
+    return AbsenceSummary(verdict=verdict, per_instance=verdicts, unresolved_labels=unresolved)
+
+
+class StepLog:
+    """A step's log with a size cap: the first `head_bytes` and the last `tail_bytes`, and what was dropped."""
+
+    def __init__(self, path: Path, head_bytes: int, tail_bytes: int, on_error: Callable[[str, OSError], None]):
+        self.path, self._on_error = path, on_error
+        self._head_left, self._tail_cap = head_bytes, tail_bytes
+        self._tail: deque[bytes] = deque()
+        self._tail_bytes = 0
+        self.total_bytes = 0
+        self.dropped_bytes = 0
+        self.dropped_lines = 0
+        self._fh: IO[bytes] | None = None
+        try:
+            self._fh = path.open("ab")
+        except OSError as exc:
+            on_error(f"steps/{path.name}", exc)
+
+    def write(self, line: str) -> bool:
+        """Record one line; True while it falls in the head (worth showing live), False once in the tail."""
+        data = line.encode("utf-8", "replace") + b"\n"
+        self.total_bytes += len(data)
+        if len(data) <= self._head_left:
+            self._head_left -= len(data)
+            self._put(data)
+            return True
+        self._head_left = 0  # from here on everything goes through the tail, in order
+        self._tail.append(data)
+        self._tail_bytes += len(data)
+        while self._tail_bytes > self._tail_cap and self._tail:
+            old = self._tail.popleft()
+            self._tail_bytes -= len(old)
+            self.dropped_bytes += len(old)
+            self.dropped_lines += 1
+        return False
+
+    def _put(self, data: bytes) -> None:
+        if self._fh is None:
+            return
+        try:
+            self._fh.write(data)
+        except OSError as exc:
+            self._on_error(f"steps/{self.path.name}", exc)
+            self._drop_handle()
+
+    def _drop_handle(self) -> None:
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            try:
+                fh.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self.dropped_bytes:
+            self._put(f"[vast-harness: {self.dropped_bytes} bytes in {self.dropped_lines} lines dropped here; "
+                      f"the log keeps its first and last bytes, {self.total_bytes} bytes were printed]\n"
+                      .encode())
+        while self._tail:
+            self._put(self._tail.popleft())
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            except OSError as exc:
+                self._on_error(f"steps/{self.path.name}", exc)
+            self._fh = None
+
+
+class RunEvidence:
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.write_failures: list[str] = []
+        self.step_log_head_bytes = STEP_LOG_HEAD_BYTES
+        self.step_log_tail_bytes = STEP_LOG_TAIL_BYTES
+        (self.dir / "steps").mkdir(parents=True, exist_ok=True)
+        (self.dir / "remote").mkdir(parents=True, exist_ok=True)
+
+    def _failed(self, what: str, exc: OSError) -> None:
+        self.write_failures.append(f"{what}: {exc.strerror or exc}")
+
+    def guarded(self, what: str, fn: Callable[[], _T]) -> _T | None:
+        """Run a write; an OSError is recorded, never raised (a full disk must not stop the teardown)."""
+        try:
+            return fn()
+        except OSError as exc:
+            self._failed(what, exc)
+            return None
+
+    def write_json(self, name: str, payload: Any) -> Path | None:
+        path = self.dir / name
+
+        def write() -> Path:
+            write_whole(path, json.dumps(payload, indent=2, default=str) + "\n")  # never a half-written file
+            return path
+
+        return self.guarded(name, write)
+
+    def step_log(self, name: str) -> StepLog:
+        return StepLog(self.dir / "steps" / f"{name}.log", self.step_log_head_bytes, self.step_log_tail_bytes,
+                       self._failed)
+
+    def append_step_tsv(self, name: str, rc: int | None, seconds: float) -> None:
+        def write() -> None:
+            with (self.dir / "steps.tsv").open("a", encoding="utf-8") as fh:
+                fh.write(f"{name}\t{'NA' if rc is None else rc}\t{seconds:.3f}\n")
+
+        self.guarded("steps.tsv", write)
+
+    def write_result(self, record: RunRecord, teardowns: list[InstanceTeardown], proof_interval_s: float) -> None:
+        self.write_json("absence-proof.json", {
+            "interval_s": proof_interval_s,
+            "instances": [t.model_dump() for t in teardowns],
+            "verdict": record.absence.verdict,
+            "unresolved_labels": record.absence.unresolved_labels,
+        })
+        self.write_json("harness-result.json", record.model_dump(mode="json"))
+        self.write_manifest()
+
+    def rewrite_result(self, record: RunRecord) -> bool:
+        """Replace harness-result.json with `record` (the verdict changed after it was written) and the manifest;
+        a result that cannot be replaced is removed rather than left saying something else. False then."""
+        path = self.dir / "harness-result.json"
+        if self.write_json(path.name, record.model_dump(mode="json")) is None:
+            self.guarded(path.name, lambda: path.unlink(missing_ok=True))
+            self.write_manifest()
+            return False
+        self.write_manifest()
+        return True
+
+    def write_manifest(self) -> None:
+        def write() -> None:
+            lines = []
+            for path in sorted(p for p in self.dir.rglob("*")
+                               if p.is_file() and p.name not in ("manifest.sha256", "manifest.sha256.tmp")):
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                lines.append(manifest_line(digest, path.relative_to(self.dir).as_posix()))
+            write_whole(self.dir / "manifest.sha256", "\n".join(lines) + "\n", errors="surrogateescape")
+
+        self.guarded("manifest.sha256", write)

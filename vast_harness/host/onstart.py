@@ -1,0 +1,124 @@
+"""The onstart script Vast runs at boot: install the run's one-time SSH key, disable auto-tmux, arm the
+dead-man switch, and prove it armed.
+
+The dead-man switch deletes *its own* instance with `CONTAINER_API_KEY` (which "can only start, stop, or
+destroy that specific instance", and read it: docs `hello-world.mdx`, `docker-environment.mdx`).
+
+* **Its deadline is on the host's clock.** The create carries the allowance in seconds (the time cap plus a
+  grace, counted from create); the first onstart writes `host now + allowance` to `~/.vh-deadman.deadline`
+  and a re-run (onstart "runs automatically on container startup": Vast FAQ) reuses the file. The user's
+  clock never enters it, so a user clock an hour off cannot move it. The onstart cannot know how long the
+  host took to start it, so that deadline is late by at most one boot; the harness tightens it at its first
+  SSH (`deadman.py`: host now + what is left of the allowance by the harness's monotonic clock; never later).
+* **It proves it can act.** Before sleeping it reads its instance with the container key through the same
+  URL and path family it deletes with, and writes the answer (status, first bytes) to `~/.vh-deadman.armed`;
+  the harness fails the run closed unless that is a 200 showing this instance.
+* **It stops only when the instance is gone**: a 200 `success: true`, or a 404 naming the instance missing
+  (`not_found` / `no_such_instance`). Anything else is retried with a capped backoff, forever (the host exists
+  as long as the loop does; `curl -s` alone exits 0 on every status). A 401/403 (the key refused) or a 410
+  `deprecated_endpoint` (Vast retired the v0 path family) is logged as `DEADMAN-BROKEN`: loud, never "gone".
+  Every attempt is logged (time, verb, status, first bytes) to `~/.vh-deadman.log`, pulled into the evidence.
+
+The account key never goes to the host. Vast caps args + onstart at 4096 characters.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from vast_harness.errors import ConfigError
+from vast_harness.vast.endpoints import ENDPOINT_PATHS
+
+ONSTART_LIMIT_CHARS = 4096
+DEADMAN_BACKOFF_FIRST_S = 2
+DEADMAN_BACKOFF_MAX_S = 120
+DEADMAN_SLEEP_MAX_S = 30  # the switch re-reads its deadline file this often (the harness may tighten it)
+# Files on the host (under $HOME): the deadline (host epoch seconds), the arm probe's answer, the switch's log.
+DEADLINE_FILE = ".vh-deadman.deadline"
+ARMED_FILE = ".vh-deadman.armed"
+LOG_FILE = ".vh-deadman.log"
+# The arm probe retries a 429/5xx/no answer, and a 200 that does not show the instance yet (reads lag creates:
+# Timings.real().read_lag_window_s is 30 s), this often, 2 s apart.
+ARM_PROBE_ATTEMPTS = 20
+
+# Placeholders are @NAME@ (the script is full of shell and Python braces).
+_TEMPLATE = """\
+touch ~/.no_auto_tmux
+mkdir -p ~/.ssh && chmod 700 ~/.ssh
+echo @PUBKEY@ >> ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys
+[ -s ~/@DFILE@ ] || echo $(($(date +%s)+@ALLOW_S@)) > ~/@DFILE@
+cat > ~/.vh-deadman.sh <<'VHEOF'
+f=~/@DFILE@
+u=@API_URL@@INSTANCE_PATH@
+o=~/.vh-deadman.out
+q() {
+  : > $o
+  if command -v curl >/dev/null; then
+    curl -s -o $o -w '%{http_code}' -m 20 -X $1 -H "Authorization: Bearer $CONTAINER_API_KEY" -H 'Content-Type: application/json' ${2:+-d "$2"} "$u"
+  else
+    python3 -c "
+import os,sys,urllib.request as r,urllib.error as e
+d=sys.argv[4].encode() if sys.argv[4] else None
+q=r.Request(sys.argv[2],data=d,method=sys.argv[1],headers={'Authorization':'Bearer '+os.environ.get('CONTAINER_API_KEY',''),'Content-Type':'application/json'})
+try:
+ x=r.urlopen(q,timeout=20);c=x.status;b=x.read()
+except e.HTTPError as h:
+ c=h.code;b=h.read()
+except Exception as h:
+ c=0;b=repr(h).encode()
+open(sys.argv[3],'wb').write(b);print(c)" $1 "$u" $o "$2"
+  fi
+}
+say() {
+  m="$(date +%s) $1 $2 $(head -c 200 $o | tr -d '\\n')"
+  case "$2" in 401|403) m="$m DEADMAN-BROKEN: the container key was refused";; 410) m="$m DEADMAN-BROKEN: the endpoint answers 410 (deprecated?)";; esac
+  echo "$m"
+}
+if [ -z "$CONTAINER_ID" ] || [ -z "$CONTAINER_API_KEY" ]; then
+  echo "$(date +%s) ARM 0 DEADMAN-BROKEN: CONTAINER_ID or CONTAINER_API_KEY is empty"; echo 0 > ~/@AFILE@; exit 1
+fi
+i=0
+while :; do
+  c=$(q GET); say ARM $c; i=$((i+1))
+  case "$c" in 200) grep -Eq '"id": *'"$CONTAINER_ID"'([^0-9]|$)' $o && break;; 401|403|404|410) break;; esac
+  [ $i -ge @ARM_TRIES@ ] && break; sleep 2
+done
+w=missing; grep -Eq '"id": *'"$CONTAINER_ID"'([^0-9]|$)' $o && w=shows
+{ echo $c; echo $w; head -c 1000 $o; } > ~/@AFILE@.t && mv ~/@AFILE@.t ~/@AFILE@
+echo "$(date +%s) armed: deletes at host epoch $(cat $f) (never later; a missing or odd file keeps the last)"
+n=$(date +%s); D0=$(cat $f 2>/dev/null); case "$D0" in ''|*[!0-9]*) D0=$((n+@ALLOW_S@));; esac
+while :; do
+  n=$(date +%s); D=$(cat $f 2>/dev/null); case "$D" in ''|*[!0-9]*) D=$D0;; esac
+  [ "$D" -lt "$D0" ] && D0=$D; D=$D0
+  [ "$n" -ge "$D" ] && break
+  s=$((D-n)); [ $s -gt @SLEEP_MAX@ ] && s=@SLEEP_MAX@; sleep $s
+done
+b=@BACKOFF_FIRST@
+while :; do
+  c=$(q DELETE '{}'); say DELETE $c
+  case "$c" in
+    200) grep -Eq '"success": *true|no_such_instance' $o && exit 0;;
+    404) grep -Eq '"(not_found|no_such_instance)"' $o && exit 0;;
+  esac
+  sleep $b; b=$((b*2)); [ $b -gt @BACKOFF_MAX@ ] && b=@BACKOFF_MAX@
+done
+VHEOF
+nohup setsid bash ~/.vh-deadman.sh >> ~/@LFILE@ 2>&1 < /dev/null &
+echo "vh onstart done: dead-man switch armed for host epoch $(cat ~/@DFILE@)"
+"""
+
+
+def build_onstart(*, public_key: str, api_url: str, deadman_after_s: int) -> str:
+    """The onstart for a create: the switch fires `deadman_after_s` after the host first runs it (on the
+    host's clock), however often onstart runs, unless the harness tightens it."""
+    if deadman_after_s < 0:
+        raise ConfigError(f"the dead-man allowance must be >= 0 s, got {deadman_after_s}")
+    values = {"PUBKEY": shlex.quote(public_key.strip()), "API_URL": shlex.quote(api_url.rstrip("/")),
+              "ALLOW_S": str(int(deadman_after_s)), "BACKOFF_FIRST": str(DEADMAN_BACKOFF_FIRST_S),
+              "BACKOFF_MAX": str(DEADMAN_BACKOFF_MAX_S), "SLEEP_MAX": str(DEADMAN_SLEEP_MAX_S),
+              "INSTANCE_PATH": ENDPOINT_PATHS["destroy_instance"].replace("{id}", "$CONTAINER_ID"), "DFILE": DEADLINE_FILE, "AFILE": ARMED_FILE, "LFILE": LOG_FILE, "ARM_TRIES": str(ARM_PROBE_ATTEMPTS)}
+    script = re.sub(r"@([A-Z_]+)@", lambda m: values[m.group(1)], _TEMPLATE)  # one pass: a key cannot inject
+    if len(script) > ONSTART_LIMIT_CHARS:
+        raise ConfigError(f"onstart is {len(script)} characters; Vast allows {ONSTART_LIMIT_CHARS}")
+    return script

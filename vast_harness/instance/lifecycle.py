@@ -1,0 +1,430 @@
+"""An instance's life as functions: create, wait_ready, destroy, prove_absent, teardown.
+
+Each takes a monotonic deadline or a bounded count: nothing here waits forever. Every window (read lag, the
+unseen-instance trust window, the proof interval) is measured on the monotonic clock too; wall-clock times
+are recorded for the reader, never compared, so an NTP step cannot turn a lagging read into "gone". Create is
+never retried blindly; a create whose outcome is unknown is followed by a list by label (reads lag creates).
+
+Two Vast behaviours shape the teardown (docs/vast-behaviours.md):
+  * a destroyed instance lingers: reads keep showing its row as `intended_status: destroyed` for a while.
+    Such a row is "going": neither present (nothing to delete again) nor gone (not a proof).
+  * reads lag creates: for a while after create, the per-id read, the v1 list and even DELETE may not see
+    the instance. A DELETE or an absence proof inside that window (`Timings.read_lag_window_s`, passed in as
+    `lag_window_s`) proves nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any, Literal, Protocol, Unpack
+
+from pydantic import BaseModel, Field
+
+from vast_harness.errors import (
+    ApiStatusError,
+    BootFailed,
+    EndpointDeprecated,
+    LedgerWriteError,
+    OfferUnavailable,
+    RateLimitError,
+    TransportError,
+    VastError,
+)
+from vast_harness.state.ledger import NOTHING_CREATED, EntryFields, Event, Ledger, LedgerEntry
+from vast_harness.vast.client import RawExchange, VastClient
+from vast_harness.vast.models import Instance
+
+Sleep = Callable[[float], None]
+Clock = Callable[[], float]  # monotonic seconds (time.monotonic, or a test's fake clock)
+
+LINGERING_STATUSES = frozenset({"destroyed", "terminated"})  # vast-cli's instance_exist counts these as gone
+# A 5xx answer to a create says nothing about what the API did (the contract may have been written before the
+# gateway failed). Not found by label through the lag window, it is *unresolved* (ledger create_unresolved,
+# exit 3, reap keeps looking), never "not created": an instance whose reads lag longer would otherwise bill
+# beside the next offer's, under a run that says exit 0 (found by the red team with a 45 s read lag).
+def _outcome_unknown(status: int) -> bool:
+    return status >= 500
+
+
+class CreateOutcome(BaseModel):
+    status: Literal["created", "created_with_error", "unavailable", "found_after_unknown", "not_created",
+                    "unresolved"]
+    instance_id: int | None = None
+    detail: str = ""
+    t_unix: float = Field(default_factory=time.time)
+
+
+def find_by_label(client: VastClient, label: str, *, attempts: int, wait_s: float, sleep: Sleep,
+                  until_mono: float = 0.0, clock: Clock = time.monotonic,
+                  give_up_mono: float | None = None) -> list[int]:
+    """Ids of instances carrying `label` (lingering destroyed rows excluded), tolerating read lag and
+    transient errors for `attempts` tries and, when `until_mono` (on `clock`) is later, until then. With
+    `give_up_mono`, every read (retries included) ends by then, and so does the search."""
+    i = 0
+    while True:
+        within_s = None if give_up_mono is None else give_up_mono - clock()
+        if within_s is not None and within_s <= 0:
+            return []
+        try:
+            found = [inst.id for inst in client.list_instances(label=label, within_s=within_s)
+                     if not is_lingering(inst)]
+            if found:
+                return found
+        except VastError:
+            pass
+        i += 1
+        if i >= attempts and clock() >= until_mono:
+            return []
+        sleep(max(0.0, min(wait_s, until_mono - clock())) if i >= attempts else wait_s)
+
+
+def is_lingering(inst: Instance | dict[str, Any]) -> bool:
+    """A destroyed instance's row that reads still show for a while (not billing, not yet gone)."""
+    if isinstance(inst, dict):
+        intended, actual = inst.get("intended_status"), inst.get("actual_status")
+    else:
+        intended, actual = inst.intended_status, inst.actual_status
+    return intended in LINGERING_STATUSES or actual in LINGERING_STATUSES
+
+
+# No read lag we know of lasts this long. An instance whose id a create returned but that no read has shown and
+# no DELETE has acknowledged deleting may be hidden by a lag longer than the read-lag window: until this long after
+# its create, null reads and not-found DELETEs prove nothing for it (exit 3; `reap` keeps it).
+UNSEEN_TRUST_AFTER_S = 3600.0
+# A proof read started at (or just before) the teardown's deadline still gets this long to answer: at most
+# three of them (one round) overrun the deadline, by this each.
+PROOF_READ_MIN_S = 0.5
+
+
+class CreateRequest(BaseModel):
+    """The body of `PUT /api/v0/asks/{offer}/` (create_instance.yaml): an SSH-direct container that boots into
+    `onstart` (our key, the dead-man switch) and is refused, not queued, when the offer is gone."""
+
+    image: str
+    disk: float  # GB
+    label: str
+    onstart: str
+    runtype: Literal["ssh_direct"] = "ssh_direct"
+    client_id: Literal["me"] = "me"
+    cancel_unavail: bool = True  # an offer taken meanwhile fails the create instead of renting it stopped
+    target_state: Literal["running"] = "running"
+
+
+def create(
+    client: VastClient, ledger: Ledger, *, run_id: str, offer_id: int, request: CreateRequest,
+    lag_window_s: float, lag_attempts: int = 6, lag_wait_s: float = 5.0, sleep: Sleep = time.sleep,
+    clock: Clock = time.monotonic, on_named: Callable[[int], None] | None = None,
+) -> CreateOutcome:
+    """PUT the create once (the client retries only a 429, which creates nothing). An unknown outcome is
+    looked up by label until the read-lag window has passed; not found then, it is `unresolved` (ledger
+    `create_unresolved`, which `reap` keeps looking for). An interrupt during the PUT is recorded the same
+    way before it propagates. `on_named(instance_id)` is told as soon as an answer names an instance, before
+    its ledger line is written (a disk slow to write it must not hide a billing instance from the cap guard)."""
+    label = request.label
+    named = on_named or (lambda _id: None)
+    ledger.append(run_id, "intent", label, offer_id=offer_id)
+    t_sent = clock()
+
+    def unresolved(detail: str) -> CreateOutcome:
+        ledger.append(run_id, "create_unresolved", label, offer_id=offer_id, detail=detail[:300])
+        return CreateOutcome(status="unresolved", detail=detail)
+
+    def look(exc: Exception, *, unknown: bool) -> CreateOutcome:
+        found = find_by_label(client, label, attempts=lag_attempts if unknown else 2, wait_s=lag_wait_s,
+                              sleep=sleep, until_mono=t_sent + lag_window_s, clock=clock)
+        if found:
+            named(found[0])
+            ledger.append(run_id, "created", label, offer_id=offer_id, instance_id=found[0], detail="found by label")
+            with contextlib.suppress(LedgerWriteError):  # lost, reap is only more careful with it
+                ledger.append(run_id, "seen", label, instance_id=found[0], detail="in the list by label")
+            return CreateOutcome(status="found_after_unknown", instance_id=found[0], detail=str(exc))
+        if unknown:
+            return unresolved(f"{exc}; no instance with label {label} appeared within {lag_window_s:g} s")
+        return CreateOutcome(status="not_created", detail=str(exc))
+
+    try:
+        result = client.create_instance(offer_id, request.model_dump())
+    except OfferUnavailable as exc:  # refused, not queued (cancel_unavail): nothing to look for later
+        ledger.append(run_id, "create_failed", label, offer_id=offer_id, verdict=NOTHING_CREATED, detail=str(exc)[:300])
+        return CreateOutcome(status="unavailable", detail=str(exc))
+    except RateLimitError as exc:  # 429: nothing was created (the client already waited and retried)
+        ledger.append(run_id, "create_failed", label, offer_id=offer_id, verdict=NOTHING_CREATED, detail=str(exc)[:300])
+        return CreateOutcome(status="not_created", detail=str(exc))
+    except ApiStatusError as exc:
+        if exc.new_contract is not None:  # bid too low etc.: created stopped, bills storage until deleted
+            named(exc.new_contract)
+            ledger.append(run_id, "create_failed", label, offer_id=offer_id, instance_id=exc.new_contract,
+                          detail=str(exc)[:300])
+            return CreateOutcome(status="created_with_error", instance_id=exc.new_contract, detail=str(exc))
+        ledger.append(run_id, "create_failed", label, offer_id=offer_id, detail=str(exc)[:300])
+        # A 5xx may still have created (the contract was written before the gateway failed): look first.
+        return look(exc, unknown=_outcome_unknown(exc.status))
+    except TransportError as exc:
+        ledger.append(run_id, "create_unknown", label, offer_id=offer_id, detail=str(exc)[:300])
+        return look(exc, unknown=True)
+    except BaseException as exc:  # Ctrl-C, SIGTERM, a bug: the server may still be creating
+        unresolved(f"interrupted while the create was in flight ({type(exc).__name__})")
+        raise
+    named(result.new_contract)
+    ledger.append(run_id, "created", label, offer_id=offer_id, instance_id=result.new_contract)
+    return CreateOutcome(status="created", instance_id=result.new_contract)
+
+
+def wait_ready(
+    client: VastClient, instance_id: int, *, deadline: float, poll_s: float, null_grace_s: float,
+    sleep: Sleep = time.sleep, on_poll: Callable[[Instance | None], None] | None = None,
+    clock: Clock = time.monotonic,
+) -> Instance:
+    """Poll until running with an SSH endpoint; fail fast on failed states; `deadline` is on `clock`."""
+    started = clock()
+    last = "no read yet"
+    while True:
+        try:  # a read in flight at the deadline ends there (its retries too): the cap's margin is not for it
+            inst = client.get_instance(instance_id, within_s=max(0.0, deadline - clock()))
+        except EndpointDeprecated:
+            raise  # a retired path answers the same until the harness is updated: waiting cannot help
+        except VastError as exc:
+            inst, last = None, f"read failed: {exc}"
+        else:
+            if on_poll:
+                on_poll(inst)
+            if inst is None:
+                last = "instances: null"
+                if clock() - started > null_grace_s:
+                    raise BootFailed(f"instance {instance_id} not visible {null_grace_s:g} s after create")
+            else:
+                reason = inst.failed_reason
+                if reason:
+                    raise BootFailed(f"instance {instance_id} failed to boot: {reason}")
+                if inst.is_ready:
+                    return inst
+                last = f"actual_status={inst.actual_status} status_msg={inst.status_msg!r}"
+        remaining = deadline - clock()
+        if remaining <= 0:
+            raise BootFailed(f"instance {instance_id} not ready before the deadline ({last})")
+        sleep(min(poll_s, remaining))
+
+
+class DeleteAck(BaseModel):
+    instance_id: int
+    acknowledged: bool
+    outcome: str  # deleted | already_gone | already_gone_after_unanswered (ours may have deleted it) | error text
+    t_request_unix: float
+    t_ack_unix: float | None = None
+    t_ack_mono: float | None = None  # the same moment on the run's monotonic clock (for the meter)
+
+
+def destroy(client: VastClient, instance_id: int, *, max_retry_s: float | None = None,
+            land_by_mono: float | None = None, clock: Clock = time.monotonic) -> DeleteAck:
+    """DELETE with the client's retry policy (429/5xx/transport), bounded by `max_retry_s`, its attempts cut so
+    a retry still lands by `land_by_mono` (on `clock`: the cap's deadline) while two fit; never raises."""
+    t0 = time.time()
+    land_within_s = None if land_by_mono is None else land_by_mono - clock()
+    try:
+        outcome = client.destroy_instance(instance_id, max_retry_s=max_retry_s, land_within_s=land_within_s)
+    except Exception as exc:  # noqa: BLE001 - the client raises only typed errors; this is the backstop
+        return DeleteAck(instance_id=instance_id, acknowledged=False, outcome=f"{type(exc).__name__}: {exc}"[:500],
+                         t_request_unix=t0)
+    return DeleteAck(instance_id=instance_id, acknowledged=True, outcome=outcome, t_request_unix=t0,
+                     t_ack_unix=time.time(), t_ack_mono=clock())
+
+
+# gone: parsed absence everywhere; going: only lingering destroyed rows; present: a live row; unknown: no answer
+Verdict = Literal["gone", "going", "present", "unknown"]
+
+
+class ProofRound(BaseModel):
+    t_unix: float  # recorded for the reader
+    t_mono: float = 0.0  # what the proof compares (this process's monotonic clock)
+    per_id: dict[str, Any]
+    list_by_id: dict[str, Any]
+    list_by_label: dict[str, Any]
+    verdict: Verdict
+    in_lag_window: bool = False  # taken before the read-lag window closed: a "gone" here counts for nothing
+
+
+class AbsenceProof(BaseModel):
+    instance_id: int
+    label: str
+    interval_s: float
+    not_before_unix: float = 0.0  # absence observed before this (create + read-lag window) proves nothing
+    not_before_mono: float = 0.0  # the same instant on the monotonic clock: what the rounds are judged by
+    seen_by_reads: bool = False  # a round showed the instance (live or lingering)
+    rounds: list[ProofRound] = Field(default_factory=list)
+    verdict: Verdict = "unknown"
+
+
+def _per_id_verdict(x: RawExchange, instance_id: int) -> Verdict:
+    if x.status != 200 or not isinstance(x.json, dict) or "instances" not in x.json:
+        return "unknown"
+    inst = x.json["instances"]
+    if inst is None:
+        return "gone"
+    if isinstance(inst, dict) and inst.get("id") == instance_id:
+        return "going" if is_lingering(inst) else "present"
+    return "unknown"  # some other shape: never read as absence
+
+
+def _list_verdict(x: RawExchange, instance_id: int, label: str) -> Verdict:
+    if x.status != 200 or not isinstance(x.json, dict) or not isinstance(x.json.get("instances"), list):
+        return "unknown"
+    rows = x.json["instances"]
+    ours = [r for r in rows if isinstance(r, dict) and (r.get("id") == instance_id or r.get("label") == label)]
+    if ours:
+        return "going" if all(is_lingering(r) for r in ours) else "present"
+    total = x.json.get("total_instances")
+    if rows or (total not in (None, 0)) or x.json.get("next_token"):
+        return "unknown"  # rows we cannot attribute, a count that disagrees, more pages: not a proof
+    return "gone"
+
+
+def _one_round(client: VastClient, instance_id: int, label: str, not_before_mono: float,
+               clock: Clock = time.monotonic, deadline: float | None = None) -> ProofRound:
+    """Three reads, each ending by `deadline` (on `clock`): one that hangs must not hold the teardown past its
+    budget (red team: `hang:list:100:*` held a run 460 s on a 3 min cap); a read cut there is 'unknown'."""
+    def left() -> float | None:  # a round that began before the deadline gets at least a short answer
+        return None if deadline is None else max(PROOF_READ_MIN_S, deadline - clock())
+
+    per_id = client.read_instance_raw(instance_id, within_s=left())
+    by_id = client.list_instances_raw(instance_id=instance_id, within_s=left())
+    by_label = client.list_instances_raw(label=label, within_s=left())
+    verdicts = {_per_id_verdict(per_id, instance_id), _list_verdict(by_id, instance_id, label),
+                _list_verdict(by_label, instance_id, label)}
+    verdict: Verdict = ("present" if "present" in verdicts else "going" if "going" in verdicts
+                        else "gone" if verdicts == {"gone"} else "unknown")
+    t = clock()
+    return ProofRound(t_unix=time.time(), t_mono=t, per_id=per_id.to_dict(), list_by_id=by_id.to_dict(),
+                      list_by_label=by_label.to_dict(), verdict=verdict, in_lag_window=t < not_before_mono)
+
+
+def prove_absent(
+    client: VastClient, instance_id: int, label: str, *, interval_s: float, deadline: float,
+    sleep: Sleep = time.sleep, not_before_mono: float = 0.0, not_before_once_seen_mono: float | None = None,
+    clock: Clock = time.monotonic,
+) -> AbsenceProof:
+    """Two consecutive all-'gone' rounds at least `interval_s` apart, both at or after `not_before_mono`
+    (the end of the read-lag window), before `deadline`; all three on the monotonic clock. Once a round shows
+    the instance (live or lingering), the window is `not_before_once_seen_mono` when given (an instance reads
+    can show is past any lag).
+
+    Any non-200, timeout or unparsable body makes a round 'unknown' and restarts the count; a lingering
+    destroyed row ('going') restarts it too and the proof keeps going until the deadline. If a round sees
+    the instance live, the verdict is 'present' (the caller deletes again). `deadline`, the read-lag window and
+    the rounds' spacing are all on `clock` (monotonic seconds; a test's fake clock); wall time is only recorded.
+    """
+    proof = AbsenceProof(instance_id=instance_id, label=label, interval_s=interval_s)
+    _set_window(proof, not_before_mono, clock)
+    streak_start: float | None = None
+    while True:
+        r = _one_round(client, instance_id, label, proof.not_before_mono, clock, deadline)
+        proof.rounds.append(r)
+        if r.verdict in ("present", "going") and not proof.seen_by_reads:
+            proof.seen_by_reads = True
+            if not_before_once_seen_mono is not None:
+                _set_window(proof, min(proof.not_before_mono, not_before_once_seen_mono), clock)
+        if r.verdict == "present":
+            proof.verdict = "present"
+            return proof
+        if r.verdict == "gone" and not r.in_lag_window:
+            if streak_start is None:
+                streak_start = r.t_mono
+            elif r.t_mono - streak_start >= interval_s:
+                proof.verdict = "gone"
+                return proof
+        else:
+            streak_start = None
+        wait_s = interval_s
+        if r.in_lag_window:  # nothing read now counts: sleep to the window's end (polling for a late row)
+            wait_s = max(interval_s, min(proof.not_before_mono - clock(), max(interval_s, 1.0)))
+        if clock() + wait_s > deadline:
+            proof.verdict = "going" if r.verdict == "going" else "unknown"
+            return proof
+        sleep(wait_s)
+
+
+def _set_window(proof: AbsenceProof, not_before_mono: float, clock: Clock = time.monotonic) -> None:
+    proof.not_before_mono = not_before_mono
+    # recorded on the wall clock too, for a reader of absence-proof.json (0: no window)
+    proof.not_before_unix = time.time() + (not_before_mono - clock()) if not_before_mono > 0 else 0.0
+
+
+class InstanceTeardown(BaseModel):
+    instance_id: int
+    seen: bool = True  # a read showed it or a DELETE deleted it (else its null reads proved nothing)
+    deletes: list[DeleteAck] = Field(default_factory=list)
+    proof: AbsenceProof | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.proof.verdict if self.proof else "unknown"
+
+
+class LedgerAppend(Protocol):
+    """What teardown needs of a ledger: an append (a `Ledger`, which records a failed best-effort write and
+    goes on, or reap's fan-out to every ledger that names the instance)."""
+
+    def append(self, run_id: str, event: Event, label: str, **fields: Unpack[EntryFields]) -> LedgerEntry | None: ...
+
+
+def teardown_instance(
+    client: VastClient, ledger: LedgerAppend, *, run_id: str, label: str, instance_id: int, interval_s: float,
+    deadline: float, sleep: Sleep = time.sleep, created_mono: float | None = None,
+    lag_window_s: float, seen: bool = True, clock: Clock = time.monotonic, land_by_mono: float | None = None,
+    while_deleting: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+    first_ack: DeleteAck | None = None,
+) -> InstanceTeardown:
+    """Delete, then prove absent; delete again whenever a proof sees it live, until proven or `deadline`.
+
+    `created_mono` (when known: the create on this process's monotonic clock; a reap maps the server-clock
+    age of the create onto it) opens the read-lag window: a "not found" DELETE or an absence observed
+    before `created_mono + lag_window_s` proves nothing, so the proof waits it out. For an instance that no
+    read has shown yet (`seen` False: the create's answer named it, nothing since), the window is
+    UNSEEN_TRUST_AFTER_S, until a DELETE acknowledges deleting it or a round shows it. The ledger gets every
+    acknowledged DELETE, the first sight, and the verdict. `land_by_mono` (a run's cap deadline, on `clock`):
+    the DELETE's attempts are cut so that a retry after a stalled one still lands by then (`destroy`).
+    `first_ack`: a DELETE of this instance already sent for this run (the cap guard's, capguard.py): it is the
+    teardown's first when it was answered; otherwise the teardown sends its own.
+    """
+    report = InstanceTeardown(instance_id=instance_id)
+
+    def window_end(seen_now: bool) -> float:
+        if created_mono is None:
+            return 0.0
+        return created_mono + (lag_window_s if seen_now else max(lag_window_s, UNSEEN_TRUST_AFTER_S))
+
+    while True:
+        # The DELETE's retries leave the proof its two rounds: a DELETE that never answers must not eat the
+        # whole budget and leave the reads no time to decide (jittered retries once did, at random).
+        remaining = deadline - clock()
+        unanswered_before = False
+        if first_ack is not None and first_ack.acknowledged:
+            ack, first_ack = first_ack, None
+        else:
+            if first_ack is not None:  # the guard's DELETE got no answer: it is on record, and ours goes now
+                report.deletes.append(first_ack)
+                first_ack, unanswered_before = None, True
+            with while_deleting() if while_deleting else contextlib.nullcontext():  # e.g. the run's price watch
+                ack = destroy(client, instance_id, max_retry_s=max(0.0, remaining - 2 * interval_s),
+                              land_by_mono=land_by_mono, clock=clock)
+            if unanswered_before and ack.outcome == "already_gone":  # that unanswered DELETE may have deleted it
+                ack = ack.model_copy(update={"outcome": "already_gone_after_unanswered"})
+        report.deletes.append(ack)
+        if ack.acknowledged:
+            ledger.append(run_id, "delete_ack", label, instance_id=instance_id, detail=ack.outcome)
+            seen = seen or ack.outcome == "deleted"  # it existed, as far as the API could tell
+        report.proof = prove_absent(client, instance_id, label, interval_s=interval_s, deadline=deadline,
+                                    sleep=sleep, not_before_mono=window_end(seen),
+                                    not_before_once_seen_mono=window_end(True), clock=clock)
+        if report.proof.seen_by_reads and not seen:
+            seen = True
+            ledger.append(run_id, "seen", label, instance_id=instance_id, detail="in an absence-proof round")
+        if report.proof.verdict != "present" or clock() + interval_s > deadline:
+            break
+        sleep(min(interval_s, max(0.0, deadline - clock())))  # live again: pace the next DELETE
+    report.seen = seen
+    detail = None if seen else ("no read has shown this instance and no DELETE deleted it: null reads may be a "
+                                "read lag; reap keeps it")
+    ledger.append(run_id, "absence", label, instance_id=instance_id, verdict=report.verdict, detail=detail)
+    return report

@@ -1,0 +1,233 @@
+"""Offer choice: the server-side query, the client-side re-check, driver qualification, paging, ranking.
+
+The server filters are a first cut only: every filter is checked again here on the parsed offer, since Vast's
+search has no documented guarantees and a stale or mis-typed row must never be rented. Ranking is by worst-case
+cost (see quote.py), then reliability. Everything but `search_ranked` is a pure function.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from vast_harness.market.quote import Quote, quote_offer, worst_case_usd
+from vast_harness.spec.config import DriverPolicy, Filters
+from vast_harness.vast.models import Offer
+
+MAX_PAGES = 8
+PAGE_LIMIT = 64
+# Enough ranked candidates for the boot retries and a margin; paging stops once this many qualify.
+WANTED_CANDIDATES = 8
+
+
+class OfferCriteria(BaseModel):
+    """What an offer must satisfy, gathered from the run spec."""
+
+    filters: Filters
+    image_cuda: float
+    disk_gb: float
+    min_duration_s: float
+    max_minutes: float
+    max_usd: float
+    credit_usd: float | None = None
+    any_driver: bool = False
+    upload_bytes: int = 0
+    download_bytes: int = 0
+    exclude_machine_ids: frozenset[int] = frozenset()
+
+
+class Candidate(BaseModel):
+    offer: Offer
+    quote: Quote
+    driver_qualified: bool
+
+
+@dataclass(slots=True)
+class Rejection:
+    """An offer that failed, and why. A plain dataclass: thousands are made per search (bench_offers.py)."""
+
+    offer: Offer
+    worst_case_usd: float | None
+    reasons: list[str]
+
+
+class OfferChoice(BaseModel):
+    ranked: list[Candidate] = Field(default_factory=list)
+    rejected: list[Rejection] = Field(default_factory=list)
+    pages: int = 0
+    offers_seen: int = 0
+
+    def closest_rejections(self, n: int = 5) -> list[Rejection]:
+        """The rejects a user most wants to see: fewest reasons, then cheapest worst case."""
+        return sorted(
+            self.rejected,
+            key=lambda r: (len(r.reasons), r.worst_case_usd if r.worst_case_usd is not None else float("inf")),
+        )[:n]
+
+
+def build_query(
+    criteria: OfferCriteria, *, exclude_ids: Iterable[int] = (), limit: int = PAGE_LIMIT
+) -> dict[str, Any]:
+    """The POST /api/v0/bundles/ body for these criteria (docs/vast-behaviours.md)."""
+    f = criteria.filters
+    query: dict[str, Any] = {
+        "verified": {"eq": True} if f.verified else None,
+        "external": {"eq": False},
+        "rentable": {"eq": True},
+        "rented": {"eq": False},
+        "num_gpus": {"eq": f.num_gpus},
+        "cuda_max_good": {"gte": criteria.image_cuda},
+        "reliability2": {"gte": f.min_reliability},
+        "direct_port_count": {"gte": f.min_direct_ports},
+        "disk_space": {"gte": criteria.disk_gb},
+        "duration": {"gte": criteria.min_duration_s},
+        "pcie_bw": {"gte": f.min_pcie_bw_gbps} if f.min_pcie_bw_gbps else None,
+        "inet_down": {"gte": f.min_inet_down_mbps} if f.min_inet_down_mbps else None,
+        "gpu_ram": {"gte": f.min_gpu_ram_gb * 1000} if f.min_gpu_ram_gb else None,
+        "gpu_name": {"in": list(f.gpu_names)} if f.gpu_names else None,
+        "id": {"notin": sorted(set(exclude_ids))} if exclude_ids else None,
+        "order": [["dph_total", "asc"]],
+        "type": "on-demand",
+        "allocated_storage": criteria.disk_gb,
+        "limit": limit,
+    }
+    return {k: v for k, v in query.items() if v is not None}
+
+
+def check_offer(offer: Offer, criteria: OfferCriteria) -> list[str]:
+    """Every filter re-checked on the parsed offer; the reasons it fails (empty: it passes)."""
+    f = criteria.filters
+    reasons: list[str] = []
+    if offer.num_gpus != f.num_gpus:
+        reasons.append(f"num_gpus {offer.num_gpus} != {f.num_gpus}")
+    if f.gpu_names and offer.gpu_name not in f.gpu_names:
+        reasons.append(f"gpu {offer.gpu_name!r} not in {f.gpu_names}")
+    if (offer.pcie_bw_gbps or 0.0) < f.min_pcie_bw_gbps:
+        reasons.append(f"pcie_bw {offer.pcie_bw_gbps} < {f.min_pcie_bw_gbps} GB/s")
+    if offer.cuda_max_good is None or offer.cuda_max_good < criteria.image_cuda:
+        reasons.append(f"cuda_max_good {offer.cuda_max_good} < image CUDA {criteria.image_cuda}")
+    if offer.reliability_score < f.min_reliability:
+        reasons.append(f"reliability {offer.reliability_score:.3f} < {f.min_reliability}")
+    if (offer.direct_port_count or 0) < f.min_direct_ports:
+        reasons.append(f"direct ports {offer.direct_port_count} < {f.min_direct_ports}")
+    if (offer.disk_space_gb or 0.0) < criteria.disk_gb:
+        reasons.append(f"disk {offer.disk_space_gb} < {criteria.disk_gb} GB")
+    if (offer.duration_s or 0.0) < criteria.min_duration_s:
+        reasons.append(f"duration {(offer.duration_s or 0) / 60:.0f} min < time cap")
+    if f.min_inet_down_mbps and (offer.inet_down or 0.0) < f.min_inet_down_mbps:
+        reasons.append(f"inet_down {offer.inet_down} < {f.min_inet_down_mbps}")
+    if f.min_gpu_ram_gb and (offer.gpu_ram_mb or 0.0) < f.min_gpu_ram_gb * 1000:
+        reasons.append(f"gpu_ram {offer.gpu_ram_mb} MB < {f.min_gpu_ram_gb} GB")
+    if f.verified and offer.verified is False:
+        reasons.append("not verified")
+    if offer.rentable is False or offer.rented is True:
+        reasons.append("not rentable")
+    if offer.dph_base is None and offer.dph_total is None:
+        reasons.append("no price")
+    reasons.extend(price_faults(offer))
+    reasons.extend(non_finite_fields(offer))
+    if offer.machine_id is not None and offer.machine_id in criteria.exclude_machine_ids:
+        reasons.append(f"machine {offer.machine_id} failed to boot earlier in this run")
+    return reasons
+
+
+# Every number a filter above or the quote reads. A NaN passes any `<` check (every comparison with NaN is
+# false: `reliability2: NaN` used to pass `min_reliability 0.95`), so each must be finite, said with the reason.
+_FILTERED_NUMBERS = ("pcie_bw_gbps", "cuda_max_good", "reliability", "reliability2", "disk_space_gb", "duration_s",
+                     "inet_down", "gpu_ram_mb")
+
+
+def non_finite_fields(offer: Offer) -> list[str]:
+    """The filtered fields that are NaN or infinite (prices are `price_faults`'s)."""
+    return [f"{Offer.model_fields[name].alias or name} {value} is not a finite number"
+            for name in _FILTERED_NUMBERS
+            if isinstance(value := getattr(offer, name), float) and not math.isfinite(value)]
+
+
+def price_faults(offer: Offer) -> list[str]:
+    """Prices that cannot be trusted: non-finite, or not positive ($/h) / negative (storage, bandwidth).
+
+    Written as positive checks (`isfinite and > 0`), since every comparison with NaN is false."""
+    faults = []
+    for name, value in (("dph_total", offer.dph_total), ("dph_base", offer.dph_base)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            faults.append(f"{name} price {value} is not a positive finite number")
+    for name, value in (("storage_cost", offer.storage_cost_usd_per_gb_month),
+                        ("inet_up_cost", offer.inet_up_cost_usd_per_gb),
+                        ("inet_down_cost", offer.inet_down_cost_usd_per_gb)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            faults.append(f"{name} {value} is not a finite non-negative number")
+    return faults
+
+
+def choose(offers: Iterable[Offer], criteria: OfferCriteria, drivers: DriverPolicy) -> OfferChoice:
+    """Check, qualify, quote and rank. Pure: the same offers give the same choice."""
+    choice = OfferChoice()
+    for offer in offers:
+        choice.offers_seen += 1
+        reasons = check_offer(offer, criteria)
+        qualified = drivers.qualifies(offer.driver_version)
+        if not qualified and not criteria.any_driver:
+            reasons.append(f"driver {offer.driver_version} not qualified (--any-driver to allow)")
+        worst = None
+        if (offer.dph_base is not None or offer.dph_total is not None) and not price_faults(offer):
+            worst = worst_case_usd(offer, max_minutes=criteria.max_minutes, disk_gb=criteria.disk_gb,
+                                   upload_bytes=criteria.upload_bytes, download_bytes=criteria.download_bytes)
+            if worst > criteria.max_usd:
+                reasons.append(f"worst case ${worst:.2f} > --max-usd ${criteria.max_usd:.2f}")
+            if criteria.credit_usd is not None and worst > criteria.credit_usd:
+                reasons.append(f"worst case ${worst:.2f} > credit ${criteria.credit_usd:.2f}")
+        if reasons or worst is None:
+            choice.rejected.append(Rejection(offer=offer, worst_case_usd=worst, reasons=reasons))
+        else:
+            quote = quote_offer(offer, max_minutes=criteria.max_minutes, disk_gb=criteria.disk_gb,
+                                upload_bytes=criteria.upload_bytes, download_bytes=criteria.download_bytes)
+            choice.ranked.append(Candidate.model_construct(offer=offer, quote=quote, driver_qualified=qualified))
+    # Cheapest worst case first; among equals the more reliable host; then id for a stable order.
+    choice.ranked.sort(key=lambda c: (round(c.quote.worst_case_usd, 6), -c.offer.reliability_score, c.offer.id))
+    return choice
+
+
+def search_ranked(
+    search: Callable[[dict[str, Any]], list[Offer]],
+    criteria: OfferCriteria,
+    drivers: DriverPolicy,
+    *,
+    max_pages: int = MAX_PAGES,
+    page_limit: int = PAGE_LIMIT,
+    wanted: int = WANTED_CANDIDATES,
+) -> OfferChoice:
+    """Page through the search (Vast has no pagination: exclude the ids already seen) and rank.
+
+    Stops after `max_pages`, when a page comes back short (the market is exhausted), or once `wanted`
+    candidates qualify.
+    """
+    seen: dict[int, Offer] = {}
+    pages = 0
+    choice = OfferChoice()
+    while pages < max_pages:
+        page = search(build_query(criteria, exclude_ids=seen.keys(), limit=page_limit))
+        pages += 1
+        fresh = [o for o in page if o.id not in seen]
+        for offer in fresh:
+            seen[offer.id] = offer
+        choice = choose(seen.values(), criteria, drivers)
+        if len(page) < page_limit or not fresh or len(choice.ranked) >= wanted:
+            break
+    if not choice.ranked and pages < max_pages:
+        # Nothing fits: one broader read-only search (the market's defaults and the GPU count only) so the
+        # user sees the closest offers and exactly which filter each one fails.
+        broad = {k: v for k, v in build_query(criteria, limit=page_limit).items()
+                 if k in ("verified", "external", "rentable", "rented", "num_gpus", "order", "type",
+                          "allocated_storage", "limit")}
+        pages += 1
+        extra = [o for o in search(broad) if o.id not in seen]
+        widened = choose([*seen.values(), *extra], criteria, drivers)
+        choice.rejected = widened.rejected
+        choice.offers_seen = widened.offers_seen
+    choice.pages = pages
+    return choice

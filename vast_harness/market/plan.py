@@ -1,0 +1,176 @@
+"""Preflight and offer choice: everything a run decides before it rents, and all a dry run shows.
+
+Only read-only calls happen here: `users/current` and at most MAX_PAGES offer searches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from vast_harness.errors import NoOfferError, TransportError
+from vast_harness.evidence.run import OfferSummary
+from vast_harness.host.bundle import Bundle
+from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
+from vast_harness.spec.config import DriverPolicy, RunSpec
+from vast_harness.vast.client import VastClient
+
+MB = 1_000_000
+# Nothing is rented while the preflight's read-only calls run: an API that does not answer is said after this
+# many seconds of retries, not after the client's whole retry budget (which is there to protect a DELETE).
+PREFLIGHT_RETRY_S = 30.0
+# Nothing is rented yet: a read that stalled for its whole answer bound (45 s, longer than the retry bound)
+# is tried once more, not given up on.
+PREFLIGHT_MIN_ATTEMPTS = 2
+_T = TypeVar("_T")
+
+
+class PlannedStep(BaseModel):
+    """A step as the plan shows it: the command the host will run (placeholders expanded) and its timeout."""
+
+    name: str
+    run: str
+    timeout_s: float
+
+
+class PlanCaps(BaseModel):
+    max_usd: float
+    max_minutes: float
+
+
+class RunPlan(BaseModel):
+    """The chosen offer, the alternatives, and what the run will do: the dry run's whole output."""
+
+    profile: str
+    image: str
+    image_digest_verified: bool
+    chosen: Candidate
+    alternatives: list[Candidate]
+    closest_rejections: list[Rejection]
+    offers_seen: int
+    pages: int
+    credit_usd: float
+    steps: list[PlannedStep]
+    pytest_node_ids: list[str]
+    caps: PlanCaps
+    remote_env_shown: dict[str, str]  # settings as given, secrets as ***
+    remote_secret_names: list[str]
+    bundle_sha256: str
+    bundle_bytes: int
+    any_driver: bool
+    warnings: list[str]
+
+    def offer_summary(self) -> OfferSummary:
+        o, q = self.chosen.offer, self.chosen.quote
+        return OfferSummary(id=o.id, machine_id=o.machine_id, gpu_name=o.gpu_name, num_gpus=o.num_gpus,
+                            driver_version=o.driver_version, driver_qualified=self.chosen.driver_qualified,
+                            cuda_max_good=o.cuda_max_good, pcie_bw_gbps=o.pcie_bw_gbps, dph_total_usd=o.dph_total,
+                            dph_at_disk_usd=q.dph_at_disk_usd, reliability=o.reliability_score,
+                            geolocation=o.geolocation)
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON form (`--json`): the same facts as the human table."""
+        q = self.chosen.quote
+        return {
+            "profile": self.profile,
+            "image": self.image,
+            "image_sent": self.image.split(":", 1)[0] + "@" + self.image.partition("@")[2],
+            "offer": self.offer_summary().model_dump(),
+            "quote": q.model_dump() | {"arithmetic": q.arithmetic},
+            "caps": self.caps.model_dump(),
+            "credit_usd": self.credit_usd,
+            "steps": [s.model_dump() for s in self.steps],
+            "pytest_node_ids": self.pytest_node_ids,
+            "remote_env": self.remote_env_shown, "remote_secrets": self.remote_secret_names,
+            "bundle": {"sha256": self.bundle_sha256, "bytes": self.bundle_bytes},
+            "offers_seen": self.offers_seen,
+            "pages": self.pages,
+            "alternatives": [c.offer.id for c in self.alternatives],
+            "warnings": self.warnings,
+        }
+
+
+def criteria_for(
+    spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exclude_machine_ids: Iterable[int] = ()
+) -> OfferCriteria:
+    prof = spec.profile
+    return OfferCriteria(
+        filters=spec.filters,
+        image_cuda=prof.image_cuda,
+        disk_gb=prof.disk_gb,
+        min_duration_s=spec.max_seconds,
+        max_minutes=spec.caps.max_minutes,
+        max_usd=spec.caps.max_usd,
+        credit_usd=credit_usd,
+        any_driver=spec.any_driver,
+        upload_bytes=bundle.size_bytes + int(prof.transfer.upload_extra_mb * MB),
+        download_bytes=int(prof.transfer.expected_evidence_mb * MB),
+        exclude_machine_ids=frozenset(exclude_machine_ids),
+    )
+
+
+def choose_offers(
+    spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle, *, credit_usd: float | None,
+    exclude_machine_ids: Iterable[int] = (),
+) -> OfferChoice:
+    criteria = criteria_for(spec, credit_usd=credit_usd, bundle=bundle, exclude_machine_ids=exclude_machine_ids)
+    search = partial(client.search_offers, max_retry_s=PREFLIGHT_RETRY_S, min_attempts=PREFLIGHT_MIN_ATTEMPTS)
+    return _preflight(client, lambda: search_ranked(search, criteria, drivers))
+
+
+def account_credit_usd(client: VastClient) -> float:
+    """The credit the account can spend now (`users/current`), asked within the preflight's retry bound."""
+    return _preflight(client, lambda: client.current_user(max_retry_s=PREFLIGHT_RETRY_S,
+                                                          min_attempts=PREFLIGHT_MIN_ATTEMPTS)).available_usd
+
+
+def _preflight(client: VastClient, call: Callable[[], _T]) -> _T:
+    start_s = time.monotonic()  # the measured time, said as it was: retries stop early when a wait won't fit
+    try:
+        return call()
+    except TransportError as exc:
+        elapsed_s = time.monotonic() - start_s
+        raise TransportError(f"the Vast API at {client.base_url} gave no usable answer in {elapsed_s:.0f} s "
+                             f"(retried for up to {PREFLIGHT_RETRY_S:g} s) ({exc})",
+                             method=exc.method, path=exc.path) from exc
+
+
+def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle) -> RunPlan:
+    """Preflight (credit) and offer choice. Raises NoOfferError (exit 5) with the closest rejects."""
+    credit = account_credit_usd(client)
+    choice = choose_offers(spec, client, drivers, bundle, credit_usd=credit)
+    if not choice.ranked:
+        raise NoOfferError(
+            f"no offer satisfies the filters and caps ({choice.offers_seen} offers seen in {choice.pages} "
+            f"page(s), max ${spec.caps.max_usd:.2f}, {spec.caps.max_minutes:g} min, credit ${credit:.2f})",
+            rejected=choice.closest_rejections(),
+        )
+    warnings = []
+    if not spec.profile.image_digest_verified:
+        warnings.append("the image digest was not verified against the registry here; check it before paying")
+    if not choice.ranked[0].driver_qualified:
+        warnings.append("driver outside the qualified list: a valid run, but no bitwise claim (exit 4 on success)")
+    return RunPlan(
+        profile=spec.profile.name,
+        image=spec.profile.image,
+        image_digest_verified=spec.profile.image_digest_verified,
+        chosen=choice.ranked[0],
+        alternatives=choice.ranked[1 : 1 + max(spec.boot_retries, 3)],
+        closest_rejections=choice.closest_rejections(),
+        offers_seen=choice.offers_seen,
+        pages=choice.pages,
+        credit_usd=credit,
+        steps=[PlannedStep(name=s.name, run=s.run, timeout_s=s.timeout_s) for s in spec.profile.steps],
+        pytest_node_ids=list(spec.profile.pytest_node_ids),
+        caps=PlanCaps(max_usd=spec.caps.max_usd, max_minutes=spec.caps.max_minutes),
+        remote_env_shown=spec.shown_remote_env,
+        remote_secret_names=sorted(spec.remote_secrets),
+        bundle_sha256=bundle.sha256,
+        bundle_bytes=bundle.size_bytes,
+        any_driver=spec.any_driver,
+        warnings=warnings,
+    )

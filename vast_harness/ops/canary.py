@@ -1,0 +1,265 @@
+"""`vast-e2e canary`: one cheap guarded run that measures what the harness otherwise assumes about Vast.
+
+It is a `GuardedRun` (the same caps, quote, write-ahead ledger, signal handling, teardown and absence proof;
+`--max-usd` 0.10 by default) on the cheapest qualified offer, with one step that looks at the SSH session's
+environment, and a few read-only observations added where the run already is:
+
+* create -> the first per-id read and the first v1 list row that show the instance (read lag), at the
+  client's pacing (2 s per-id, 1 s list against Vast: that is the resolution);
+* create -> running (boot time), and whether the image reference was accepted (running, not "manifest ...");
+* the container key's read of its own instance (the dead-man switch armed, from `deadman.py`);
+* which of Vast's variables an SSH session sees (docs: none, unless in /etc/environment);
+* DELETE -> null per-id read and list absence, and the shape in between (a lingering destroyed row, or null
+  at once), from the absence proof's own rounds (resolution: the proof interval);
+* the answer to a repeat DELETE, sent only after the absence is proven.
+
+It writes `canary.json` (the run's evidence directory and `--out`) and prints a table;
+`python -m vast_harness.sim --calibrate canary.json` sets the simulator's read lag, linger and boot time from it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+from rich.table import Table
+from rich.text import Text
+
+from vast_harness.console.output import Output
+from vast_harness.errors import BootFailed
+from vast_harness.evidence.run import CreatedInstance
+from vast_harness.host.ssh import RunKey
+from vast_harness.instance.lifecycle import is_lingering
+from vast_harness.run.runner import GuardedRun, HarnessResult
+from vast_harness.spec.config import DriverPolicy, RunSpec, Step
+from vast_harness.vast.client import VastClient
+from vast_harness.vast.endpoints import ENDPOINT_PATHS
+
+CANARY_SCHEMA_VERSION = 1
+_VARS = ("CONTAINER_ID", "CONTAINER_API_KEY", "VAST_CONTAINERLABEL", "PUBLIC_IPADDR")
+# The one step: which of Vast's variables an SSH session sees, and whether /etc/environment carries them
+# (names only: a value never leaves the host).
+ENV_STEP = Step(name="ssh-env", workload=False, timeout_s=60, run="; ".join(
+    [*(f'echo "VHCANARY ssh {v} ${{{v}:+set}}"' for v in _VARS),
+     *(f'echo "VHCANARY etc {v} $(grep -sc "^{v}=" /etc/environment)"' for v in _VARS)]))
+
+
+class Visibility(BaseModel):
+    """When reads first showed the instance, seconds after the create's answer (None: not within the boot)."""
+
+    per_id_s: float | None = None
+    list_s: float | None = None
+    polls: int = 0
+
+
+class CanaryReport(BaseModel):
+    """canary.json."""
+
+    schema_version: int = CANARY_SCHEMA_VERSION
+    api_url: str
+    sim: bool
+    run_id: str
+    exit_code: int
+    message: str
+    accrued_usd: float
+    offer_id: int | None = None
+    instance_id: int | None = None
+    create_answer_s: float | None = None  # PUT sent -> answered
+    read_lag: Visibility = Field(default_factory=Visibility)
+    boot_s: float | None = None  # create answered -> running with SSH
+    image_sent: str
+    image_accepted: bool | None = None
+    deadman_armed: bool | None = None
+    deadman_probe_status: int | None = None
+    host_clock_skew_s: float | None = None
+    ssh_env: dict[str, bool] = Field(default_factory=dict)  # variable -> visible in an SSH session
+    etc_environment: dict[str, bool] = Field(default_factory=dict)  # variable -> listed in /etc/environment
+    delete_to_null_s: float | None = None  # DELETE acknowledged -> per-id read null
+    delete_to_list_absent_s: float | None = None  # ... -> v1 list without it
+    linger_shape: str | None = None  # "null at once" or "destroyed row, then null"
+    linger_s: float | None = None  # how long a destroyed row was seen (0 when none)
+    proof_interval_s: float
+    absence: str | None = None
+    repeat_delete: dict[str, Any] | None = None  # status and body of a DELETE after the absence was proven
+    measured_unix: float = Field(default_factory=time.time)
+
+
+class CanaryRun(GuardedRun):
+    """The guarded run, with the observations above. Nothing here rents, deletes or waits on its own."""
+
+    def __init__(self, spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output) -> None:
+        super().__init__(spec, client, drivers, out)
+        self.visibility = Visibility()
+        self.boot_s: float | None = None
+        self.image_accepted: bool | None = None
+
+    def _boot(self, inst: CreatedInstance, key: RunKey) -> None:
+        self._watch_visibility(inst)
+        try:
+            super()._boot(inst, key)
+        except BootFailed as exc:
+            if "manifest" in str(exc).lower():
+                self.image_accepted = False
+            raise
+        self.boot_s = round(time.time() - inst.t_created_unix, 3)
+        self.image_accepted = True
+
+    def _watch_visibility(self, inst: CreatedInstance) -> None:
+        """Per-id read and v1 list by id, each until it first shows the instance (bounded by the boot's time)."""
+        deadline = self.meter.deadline(self.spec.profile.boot_timeout_s)
+        vis = self.visibility = Visibility()
+        while time.monotonic() < deadline and (vis.per_id_s is None or vis.list_s is None):
+            self._check_cancelled()
+            vis.polls += 1
+            if vis.per_id_s is None:
+                x = self.client.read_instance_raw(inst.instance_id)
+                shown = x.json.get("instances") if x.status == 200 and isinstance(x.json, dict) else None
+                if isinstance(shown, dict) and shown.get("id") == inst.instance_id:
+                    vis.per_id_s = round(x.t_end_unix - inst.t_created_unix, 3)
+            if vis.list_s is None:
+                x = self.client.list_instances_raw(instance_id=inst.instance_id)
+                rows = x.json.get("instances") if x.status == 200 and isinstance(x.json, dict) else None
+                if isinstance(rows, list) and any(isinstance(r, dict) and r.get("id") == inst.instance_id
+                                                  for r in rows):
+                    vis.list_s = round(x.t_end_unix - inst.t_created_unix, 3)
+            if vis.per_id_s is None or vis.list_s is None:
+                time.sleep(min(self.spec.poll_s, 1.0))
+
+    def report(self, result: HarnessResult) -> CanaryReport:
+        inst = self.created[-1] if self.created else None
+        sent = self.book.attempts
+        rep = CanaryReport(
+            api_url=self.spec.api_url, sim=self.spec.sim, run_id=self.run_id, exit_code=int(result.exit_code),
+            message=result.message, accrued_usd=round(self.accrued_usd(), 6),
+            offer_id=inst.offer_id if inst else None, instance_id=inst.instance_id if inst else None,
+            create_answer_s=_answer_s(inst.t_created_unix, sent[inst.label]) if inst and inst.label in sent else None,
+            read_lag=self.visibility, boot_s=self.boot_s, image_sent=self.spec.profile.image_ref.create_form,
+            image_accepted=self.image_accepted, proof_interval_s=self.spec.proof_interval_s,
+            deadman_armed=self.deadman.armed if self.deadman else None,
+            deadman_probe_status=self.deadman.probe_status if self.deadman else None,
+            host_clock_skew_s=self.deadman.host_clock_skew_s if self.deadman else None,
+        )
+        self._read_env(rep)
+        teardown = next((t for t in self.teardowns if inst and t.instance_id == inst.instance_id), None)
+        if teardown is not None:
+            rep.absence = teardown.verdict
+            self._read_linger(rep, teardown)
+        return rep
+
+    def _read_env(self, rep: CanaryReport) -> None:
+        log = self.ev.dir / "steps" / f"{ENV_STEP.name}.log"
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            return
+        for line in lines:
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] == "VHCANARY":
+                value = parts[3] if len(parts) > 3 else ""
+                if parts[1] == "ssh":
+                    rep.ssh_env[parts[2]] = value == "set"
+                elif parts[1] == "etc":
+                    rep.etc_environment[parts[2]] = value not in ("", "0")
+
+    def _read_linger(self, rep: CanaryReport, teardown: Any) -> None:
+        acks = [d.t_ack_unix for d in teardown.deletes if d.acknowledged and d.t_ack_unix]
+        if not acks or teardown.proof is None:
+            return
+        t_ack = acks[0]
+        first_row_t = last_row_t = None
+        for rnd in teardown.proof.rounds:
+            per_id = rnd.per_id.get("json") if rnd.per_id.get("status") == 200 else None
+            shown = per_id.get("instances", "odd") if isinstance(per_id, dict) else "odd"
+            rows = rnd.list_by_id.get("json", {}).get("instances") if rnd.list_by_id.get("status") == 200 \
+                and isinstance(rnd.list_by_id.get("json"), dict) else None
+            if isinstance(shown, dict) and is_lingering(shown):
+                first_row_t = first_row_t or rnd.t_unix
+                last_row_t = rnd.t_unix
+            if shown is None and rep.delete_to_null_s is None:
+                rep.delete_to_null_s = round(rnd.t_unix - t_ack, 3)
+            if rows == [] and rep.delete_to_list_absent_s is None:
+                rep.delete_to_list_absent_s = round(rnd.t_unix - t_ack, 3)
+        if first_row_t is None:
+            rep.linger_shape, rep.linger_s = "null at once", 0.0
+        else:
+            rep.linger_shape = "destroyed row, then null"
+            rep.linger_s = round((last_row_t or first_row_t) - t_ack, 3)
+
+    def repeat_delete(self, rep: CanaryReport) -> None:
+        """One DELETE after the absence was proven: what Vast answers for an instance already gone."""
+        if rep.instance_id is None or rep.absence != "gone":
+            return
+        x = self.client.exchange("DELETE", ENDPOINT_PATHS["destroy_instance"].format(id=rep.instance_id), json={})
+        rep.repeat_delete = {"status": x.status, "body": x.text[:300], "error": x.error}
+
+
+def canary_spec(spec: RunSpec) -> RunSpec:
+    """The profile's image, caps and filters, one step (the SSH environment), no boot retries."""
+    profile = spec.profile.model_copy(update={"steps": [ENV_STEP], "image_expect": None})
+    return spec.model_copy(update={"profile": profile, "boot_retries": 0})
+
+
+def run_canary(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output,
+               out_path: Path | None) -> tuple[CanaryReport, CanaryRun]:
+    run_out = out
+    if out.json_mode:  # stdout carries canary.json alone: the run's own lines go to stderr
+        run_out = Output()
+        run_out.out = out.err
+    run = CanaryRun(canary_spec(spec), client, drivers, run_out)
+    result = run.execute()
+    rep = run.report(result)
+    run.repeat_delete(rep)
+    payload = rep.model_dump()
+    run.ev.write_json("canary.json", payload)
+    if out_path is not None:
+        out_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return rep, run
+
+
+def print_canary(out: Output, rep: CanaryReport, out_path: Path | None) -> None:
+    if out.json_mode:
+        out.emit_json(rep.model_dump())
+        return
+    vis = rep.read_lag
+    rows = [
+        ("exit code", f"{rep.exit_code}: {rep.message[:120]}"), ("accrued $", f"{rep.accrued_usd:.4f}"),
+        ("create answered after", _s(rep.create_answer_s)),
+        ("read lag: per-id / v1 list", f"{_s(vis.per_id_s)} / {_s(vis.list_s)} ({vis.polls} polls)"),
+        ("boot (answer -> running)", _s(rep.boot_s)),
+        ("image reference accepted", f"{_show(rep.image_accepted)} ({rep.image_sent})"),
+        ("dead-man armed (container key read)", f"{_show(rep.deadman_armed)} (HTTP {rep.deadman_probe_status})"),
+        ("host clock skew", _s(rep.host_clock_skew_s)),
+        ("SSH session sees", ", ".join(k for k, v in rep.ssh_env.items() if v) or "none of Vast's variables"),
+        ("/etc/environment lists", ", ".join(k for k, v in rep.etc_environment.items() if v) or "none"),
+        ("DELETE -> per-id null / list absent", f"{_s(rep.delete_to_null_s)} / {_s(rep.delete_to_list_absent_s)} "
+                                                f"(resolution {rep.proof_interval_s:g} s)"),
+        ("linger", f"{rep.linger_shape} ({_s(rep.linger_s)})"), ("absence", str(rep.absence)),
+        ("repeat DELETE", f"HTTP {rep.repeat_delete['status']} {rep.repeat_delete['body'][:80]}"
+         if rep.repeat_delete else "not sent"),
+    ]
+    table = Table(title=Text(f"vast-e2e canary: {rep.api_url}"))
+    table.add_column("measured")
+    table.add_column("value")
+    for name, value in rows:
+        table.add_row(Text(name), Text(value))
+    out.out.print(table)
+    if out_path is not None:
+        out.info(f"wrote {out_path}; `python -m vast_harness.sim --calibrate {out_path}` runs the simulator on these "
+                 "figures")
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def _show(value: bool | None) -> str:
+    return "unknown" if value is None else "yes" if value else "NO"
+
+
+def _answer_s(answered_unix: float, sent_mono: float) -> float:
+    """PUT sent (this process's monotonic clock, as the run records it) -> answered (wall clock, recorded)."""
+    sent_unix = time.time() - (time.monotonic() - sent_mono)
+    return round(max(0.0, answered_unix - sent_unix), 3)

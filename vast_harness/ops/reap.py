@@ -1,0 +1,409 @@
+"""`vast-e2e reap`: delete and prove absent every instance a dead run left billing; never a live run's.
+
+Two sources, because either alone can miss one: the ledgers (the user's, in the state dir, and any older
+one: every instance a run recorded and never proved gone, and every create whose outcome is unknown, looked
+up by label) and the live list (every instance whose label carries the project's prefix). Each instance is
+then judged (`judge`): an **orphan** (its run is known dead, or its own cap deadline has passed) is deleted
+and proven absent; a **live** run's instance (its registration is locked on this machine, or its label's
+deadline is still ahead on the API server's clock) is listed and left alone, unless `--include-live` (after a
+confirmation). Only instances of this reap's own target (API URL and account) are proven: with another
+account's key a per-id `null` means "not visible to this key", not "gone", so those are reported as
+unproven, and so are ledger lines that carry no target. Exit 0 when every orphan is proven gone and every
+scan answered, whatever live runs it left. Also removes the one-time SSH keys that killed runs left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal, Unpack
+
+from pydantic import BaseModel, Field
+
+from vast_harness.caps.meter import teardown_budget_s
+from vast_harness.console.output import Output
+from vast_harness.errors import AuthError, ExitCode, VastError
+from vast_harness.evidence.run import RunEvidence
+from vast_harness.host.ssh import RUN_KEY_DIR_GLOB, run_key_dir_pid
+from vast_harness.instance.lifecycle import UNSEEN_TRUST_AFTER_S, InstanceTeardown, is_lingering, teardown_instance
+from vast_harness.spec.config import LABEL_PREFIX, RunSpec
+from vast_harness.state.dirs import legacy_ledgers
+from vast_harness.state.ledger import EntryFields, Event, Ledger, LedgerEntry, LedgerView, new_run_id, target_of
+from vast_harness.state.registry import MAX_RUN_S, LiveRun, RunRegistry, parse_label
+from vast_harness.timings import Timings
+from vast_harness.vast.client import VastClient
+from vast_harness.vast.models import Instance
+
+# A label is marked swept (no longer searched) only once its intent is older than any read lag we know of.
+LABEL_SWEEP_AFTER_S = UNSEEN_TRUST_AFTER_S
+# Key dirs of runs from before the pid was in the name: removed once older than any run can last.
+LEGACY_KEY_DIR_AGE_S = 8 * 24 * 3600.0
+# A run past its cap deadline is tearing down for at most its teardown budget (at Vast's proof interval):
+# only after that is its instance an orphan to a reap that cannot see the run itself.
+DEADLINE_GRACE_S = teardown_budget_s(Timings.real().proof_interval_s) + 60.0
+
+
+class LiveInstance(BaseModel):
+    """An instance reap left alone because its run may still be working."""
+
+    instance_id: int
+    label: str
+    run_id: str | None
+    why: str
+    host: str | None = None
+    dph_usd: float | None = None
+    accrued_usd: float | None = None
+    deadline_unix: float | None = None
+
+    def line(self) -> str:
+        accrued = f"${self.accrued_usd:.4f} accrued" if self.accrued_usd is not None else "accrued unknown"
+        ends = (time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(self.deadline_unix)) if self.deadline_unix
+                else "unknown")
+        return (f"run {self.run_id or '?'} on host {self.host or '?'}, live, {accrued}, ends by {ends}: instance "
+                f"{self.instance_id} ({self.label}) left alone ({self.why}); `reap --include-live` deletes it")
+
+
+class ReapOutcome(BaseModel):
+    reports: list[InstanceTeardown] = Field(default_factory=list)
+    labels: dict[int, str] = Field(default_factory=dict)  # the orphans to delete
+    not_proven: list[str] = Field(default_factory=list)  # one line per thing reap could not prove
+    foreign: list[int] = Field(default_factory=list)
+    unresolved_labels: list[str] = Field(default_factory=list)  # creates of unknown outcome, no instance seen yet
+    unseen: dict[int, float] = Field(default_factory=dict)  # ledger ids no read has shown -> their create's age (s)
+    live: list[LiveInstance] = Field(default_factory=list)
+    orphan_why: dict[int, str] = Field(default_factory=dict)
+    ledgers_read: list[str] = Field(default_factory=list)
+    key_dirs_removed: list[str] = Field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def unproven_ids(self) -> list[int]:
+        return sorted({r.instance_id for r in self.reports if r.verdict != "gone"} |
+                      {i for i in self.labels if i not in {r.instance_id for r in self.reports}} | set(self.foreign))
+
+    @property
+    def ok(self) -> bool:
+        return not self.not_proven and not self.unproven_ids and not self.interrupted
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, not ours to signal
+    return True
+
+
+def remove_stale_key_dirs(tmp_dir: Path | None = None, *, now: float | None = None) -> list[Path]:
+    """Remove runs' one-time SSH key dirs (`vh-key-*`, private keys) whose run process is gone."""
+    tmp_dir = Path(tmp_dir or tempfile.gettempdir())
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    for path in sorted(tmp_dir.glob(RUN_KEY_DIR_GLOB)):
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid():
+            continue
+        pid = run_key_dir_pid(path.name)
+        if pid is not None:
+            if _pid_alive(pid):
+                continue
+        elif now - st.st_mtime < LEGACY_KEY_DIR_AGE_S:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed.append(path)
+    return removed
+
+
+class _Sources:
+    """Every ledger reap reads (the state dir's first), and for each line which ledger it came from, so the
+    reap's own lines (delete_ack, absence, label_swept) settle it where it was written."""
+
+    def __init__(self, spec: RunSpec, server_clock: Callable[[], float | None]) -> None:
+        self.primary = Ledger.for_spec(spec, server_clock)
+        others = legacy_ledgers(spec.state_dir, evidence_dir=spec.evidence_dir)
+        self.ledgers = [self.primary, *(Ledger(p, target_of(spec), server_clock) for p in others)]
+        self.views: list[tuple[Ledger, LedgerView]] = [(ledger, ledger.view()) for ledger in self.ledgers]
+
+    def where(self, *, instance_id: int | None = None, label: str | None = None) -> list[Ledger]:
+        out = [self.primary]
+        for ledger, view in self.views[1:]:
+            if (instance_id is not None and instance_id in view.pending) or (label is not None and label in view.unresolved):
+                out.append(ledger)
+        return out
+
+    def run_ids(self) -> set[str]:
+        """Runs this user's ledgers know: runs of this machine (or of this state dir)."""
+        return {e.run_id for ledger in self.ledgers for e in ledger.entries()}
+
+
+class _FanOut:
+    """A LedgerAppend that writes to each ledger naming the instance or label."""
+
+    def __init__(self, ledgers: list[Ledger]) -> None:
+        self._ledgers = ledgers
+
+    def append(self, run_id: str, event: Event, label: str, **fields: Unpack[EntryFields]) -> LedgerEntry | None:
+        entry = None
+        for ledger in self._ledgers:
+            entry = ledger.append(run_id, event, label, **fields)
+        return entry
+
+
+Judgement = tuple[Literal["orphan", "live"], str]
+
+
+def judge(run_id: str | None, label: str, row: Instance | None, *, runs: dict[str, LiveRun], known_runs: set[str],
+          server_now: float | None) -> Judgement:
+    """Is this instance an orphan (its run is dead, or past its own cap deadline) or a live run's?
+
+    The label's deadline is compared with the API server's clock (never this machine's wall clock alone); a
+    registration on this machine is judged by its lock; a run this user's ledger knows but that holds no
+    registration has ended. What cannot be judged is treated as live: deleting a live run's host is the
+    harm this avoids, and the dead-man switch still ends it."""
+    info = parse_label(label)
+    run_id = run_id or (info.run_id if info else None)
+    deadline = info.deadline_unix if info else None
+    if deadline is not None and server_now is not None and server_now > deadline + DEADLINE_GRACE_S:
+        return "orphan", f"its cap deadline passed {server_now - deadline:.0f} s ago (API server's clock)"
+    run = runs.get(run_id or "")
+    if run is not None:
+        if run.liveness == "live":
+            return "live", f"its run holds its registration on this machine (pid {run.reg.pid if run.reg else '?'})"
+        if run.liveness == "dead":
+            return "orphan", f"its run (pid {run.reg.pid if run.reg else '?'}) is dead: nothing holds its registration"
+    elif run_id in known_runs:
+        return "orphan", "its run has ended (this user's ledger knows it; it holds no registration)"
+    if deadline is not None:
+        if server_now is None:
+            return "live", "its cap deadline cannot be judged: the API sent no Date header"
+        if deadline >= server_now:
+            return "live", f"its cap deadline is {deadline - server_now:.0f} s ahead (API server's clock)"
+        return "live", (f"its cap deadline passed {server_now - deadline:.0f} s ago, within the "
+                        f"{DEADLINE_GRACE_S:.0f} s teardown grace (API server's clock)")
+    started = row.start_date if row is not None else None
+    if started is not None and server_now is not None and server_now - started > MAX_RUN_S:
+        return "orphan", f"an old label without a deadline, created {(server_now - started) / 3600:.0f} h ago"
+    return "live", "not this user's run and its label carries no deadline: it may be working elsewhere"
+
+
+def create_age_s(entry: LedgerEntry, server_now: float | None) -> float:
+    """How long ago a ledger line was written, on the API server's clock where both ends know it. A line
+    without a server time (an older version) takes the smaller of the two wall-clock readings, so a
+    stepped-ahead clock on either side cannot make a create look older than it is."""
+    if entry.server_unix is not None and server_now is not None:
+        return server_now - entry.server_unix
+    local = time.time() - entry.t_unix
+    return min(local, server_now - entry.t_unix) if server_now is not None else local
+
+
+def _live_instance(instance_id: int, label: str, run_id: str | None, why: str, row: Instance | None,
+                   runs: dict[str, LiveRun], server_now: float | None) -> LiveInstance:
+    info = parse_label(label)
+    run_id = run_id or (info.run_id if info else None)
+    run = runs.get(run_id or "")
+    accrued = None
+    if row is not None and row.dph_total is not None and row.start_date is not None and server_now is not None:
+        accrued = row.dph_total * max(0.0, server_now - row.start_date) / 3600.0
+    return LiveInstance(instance_id=instance_id, label=label, run_id=run_id, why=why,
+                        host=run.reg.host if run and run.reg else ("this machine" if run else "elsewhere"),
+                        dph_usd=row.dph_total if row else None, accrued_usd=accrued,
+                        deadline_unix=info.deadline_unix if info and info.deadline_unix else
+                        (run.reg.deadline_unix if run and run.reg else None))
+
+
+def _describe(entry: LedgerEntry) -> str:
+    return entry.target.describe() if entry.target else "an unrecorded target (a line without an API/account stamp)"
+
+
+def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome, run_id: str, *,
+             runs: dict[str, LiveRun], include_live: bool) -> None:
+    """Fill `result.labels` (instance id -> label) with every orphan this key must delete; `result.live` with
+    the live runs' instances it leaves alone."""
+    for ledger, view in src.views:
+        for bad in view.bad_lines:
+            out.warn(f"ledger {ledger.path} line {bad.line_no} skipped: {bad.reason}")
+    mine = src.primary.target
+    rows: dict[int, Instance] = {}
+    try:  # first: its Date header gives the server's clock that every age below is judged by
+        rows = {inst.id: inst for inst in client.list_instances()}
+        listed = True
+    except VastError as exc:
+        if isinstance(exc, AuthError) and not any(view.pending or view.unresolved for _, view in src.views):
+            raise  # nothing was read and nothing is known to bill: a key to fix (exit 2), not "may still bill"
+        listed = False
+        result.not_proven.append(f"could not list live instances (the {LABEL_PREFIX}* scan did not run): {exc}")
+    server_now = client.server_clock.now()
+    known_runs = src.run_ids()
+
+    def decide(instance_id: int, label: str, owner_run: str | None) -> bool:
+        """True when reap deletes it; records a live one."""
+        kind, why = judge(owner_run, label, rows.get(instance_id), runs=runs, known_runs=known_runs,
+                          server_now=server_now)
+        if kind == "live" and not include_live:
+            if not any(li.instance_id == instance_id for li in result.live):
+                result.live.append(_live_instance(instance_id, label, owner_run, why, rows.get(instance_id), runs,
+                                                  server_now))
+            return False
+        result.orphan_why[instance_id] = why if kind == "orphan" else f"live, deleted by --include-live: {why}"
+        return True
+
+    seen: set[int] = set().union(*(v.seen for _, v in src.views))
+    for _, view in src.views:
+        for instance_id, entry in sorted(view.pending.items()):
+            if instance_id in result.labels or instance_id in result.foreign:
+                continue
+            own = entry.target == mine if entry.target is not None else instance_id in rows
+            if not own:
+                result.foreign.append(instance_id)
+                result.not_proven.append(f"instance {instance_id} ({entry.label}) belongs to {_describe(entry)}: it "
+                                         "cannot be proven absent with this key/URL; reap with that key and --api-url")
+                continue
+            if not decide(instance_id, entry.label, entry.run_id):
+                continue
+            result.labels[instance_id] = entry.label
+            if instance_id not in seen and instance_id not in rows:  # named by a create, never shown by a read
+                result.unseen[instance_id] = create_age_s(entry, server_now)
+    for ledger, view in src.views:
+        for label, entry in sorted(view.unresolved.items()):
+            if label in result.unresolved_labels:
+                continue
+            if entry.target != mine:
+                result.not_proven.append(f"label {label} (create outcome unknown) belongs to {_describe(entry)}: "
+                                         "cannot look for it with this key/URL")
+                continue
+            run = runs.get(entry.run_id)
+            if run is not None and run.liveness == "live" and not include_live:
+                continue  # its run is still settling it
+            try:
+                found = [i.id for i in client.list_instances(label=label) if not is_lingering(i)]
+            except VastError as exc:
+                result.not_proven.append(f"label {label} (create outcome unknown): could not list it: {exc}")
+                continue
+            for instance_id in found:
+                if instance_id not in result.labels and decide(instance_id, label, entry.run_id):
+                    result.labels[instance_id] = label
+            age_s = create_age_s(entry, server_now)
+            if not found and age_s > LABEL_SWEEP_AFTER_S:
+                _FanOut([ledger]).append(run_id, "label_swept", label,
+                                         detail="no instance with this label long after its create")
+            elif not found:
+                # Not seen is not gone: reads lag creates, and a create whose answer was lost may still land. Say
+                # so (exit 3) until the label is older than any lag we allow for; never "all proven absent".
+                result.unresolved_labels.append(label)
+                result.not_proven.append(f"label {label}: a create {age_s:.0f} s ago has an unknown outcome and no "
+                                         f"instance carries the label yet; run reap again later (it keeps looking "
+                                         f"until {LABEL_SWEEP_AFTER_S / 3600:g} h after the create)")
+    if listed:
+        for inst in rows.values():
+            label = inst.label or ""
+            if label.startswith(LABEL_PREFIX) and inst.id not in result.labels and not is_lingering(inst) \
+                    and decide(inst.id, label, None):
+                result.labels[inst.id] = label
+
+
+def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bool = False,
+             confirm: Callable[[list[LiveInstance]], bool] | None = None) -> ExitCode:
+    """Delete and prove absent every orphan; list live runs' instances (with `include_live`, delete them too
+    once `confirm` agrees, having seen them)."""
+    src = _Sources(spec, client.server_clock.now)
+    result = ReapOutcome(ledgers_read=[str(ledger.path) for ledger in src.ledgers if ledger.path.exists()])
+    out.info("ledgers read: " + (", ".join(result.ledgers_read) or f"none yet ({src.primary.path})"))
+    run_id = new_run_id("reap-")  # unique: two reaps in one second once shared (and overwrote) one proof file
+    registry = RunRegistry(spec.state_dir)
+    runs = registry.scan()
+    result.key_dirs_removed = [str(p) for p in remove_stale_key_dirs()]
+    if result.key_dirs_removed:
+        out.info(f"removed {len(result.key_dirs_removed)} one-time SSH key dir(s) left by killed runs")
+    scanned = False
+    try:
+        if include_live:
+            probe = ReapOutcome()
+            _collect(client, src, Output(quiet=True, json_mode=True), probe, run_id, runs=runs, include_live=False)
+            if probe.live and not (confirm is not None and confirm(probe.live)):
+                out.warn("--include-live not confirmed: live runs are left alone")
+                include_live = False
+        _collect(client, src, out, result, run_id, runs=runs, include_live=include_live)
+        scanned = True
+        for live in result.live:
+            out.info(live.line())
+        for instance_id, label in sorted(result.labels.items()):
+            out.info(f"deleting instance {instance_id} ({label}): {result.orphan_why.get(instance_id, 'orphan')}")
+            deadline = time.monotonic() + teardown_budget_s(spec.proof_interval_s)
+            age_s = result.unseen.get(instance_id)
+            report = teardown_instance(client, _FanOut(src.where(instance_id=instance_id, label=label)),
+                                       run_id=run_id, label=label, instance_id=instance_id,
+                                       interval_s=spec.proof_interval_s, deadline=deadline,
+                                       lag_window_s=spec.timings.read_lag_window_s,
+                                       created_mono=None if age_s is None else time.monotonic() - age_s,
+                                       seen=age_s is None)
+            result.reports.append(report)
+            if not report.seen and report.verdict != "gone" and age_s is not None:
+                result.not_proven.append(
+                    f"instance {instance_id} ({label}): its create named it {age_s:.0f} s ago (API server's clock) "
+                    f"but no read has shown it and every DELETE answered not found; reads may lag a create, so "
+                    f"this is not proof it is gone: run reap again later (null reads count once it is "
+                    f"{UNSEEN_TRUST_AFTER_S / 3600:g} h old)")
+    except KeyboardInterrupt:
+        result.interrupted = True
+        if not scanned:
+            result.not_proven.append("reap interrupted before its ledger and label scans finished; run "
+                                     "`vast-e2e reap` again")
+        left = [i for i in sorted(result.labels) if i not in {r.instance_id for r in result.reports if r.proof}]
+        if left:
+            result.not_proven.append(f"reap interrupted while deleting: instance(s) {left} not proven absent; "
+                                     "run `vast-e2e reap` again")
+        result.reports = [r for r in result.reports if r.proof]
+    if result.ok:
+        _forget_dead(registry, runs, result)
+    evidence_dir = _write_evidence(spec, run_id, result, out)
+    if out.json_mode:
+        out.emit_json({"reaped": {r.instance_id: r.verdict for r in result.reports}, "unproven": result.unproven_ids,
+                       "not_proven": result.not_proven, "live": [li.model_dump() for li in result.live],
+                       "ledgers_read": result.ledgers_read, "key_dirs_removed": result.key_dirs_removed,
+                       "evidence_dir": evidence_dir, "exit_code": _code(result)})
+    else:
+        rows = [(r.instance_id, result.labels.get(r.instance_id, ""), len(r.deletes), r.verdict)
+                for r in result.reports]
+        out.reap_report(rows, result.not_proven, ok=result.ok)
+        if result.live:
+            out.info(f"{len(result.live)} live run instance(s) left alone (see above)")
+    return _code(result)
+
+
+def _forget_dead(registry: RunRegistry, runs: dict[str, LiveRun], result: ReapOutcome) -> None:
+    """A dead run's registration goes once nothing of it is left unproven."""
+    for run in runs.values():
+        if run.liveness == "dead":
+            registry.forget(run)
+
+
+def _write_evidence(spec: RunSpec, run_id: str, result: ReapOutcome, out: Output) -> str | None:
+    try:
+        ev = RunEvidence(spec.evidence_dir / run_id)
+        ev.write_json("absence-proof.json", {"interval_s": spec.proof_interval_s,
+                                             "instances": [r.model_dump() for r in result.reports],
+                                             "orphans": {str(k): v for k, v in result.orphan_why.items()},
+                                             "live": [li.model_dump() for li in result.live],
+                                             "ledgers_read": result.ledgers_read,
+                                             "not_proven": result.not_proven})
+        ev.write_manifest()
+        return str(ev.dir)
+    except OSError as exc:  # evidence is best effort; the verdicts below still stand
+        out.warn(f"could not write reap evidence under {spec.evidence_dir}: {exc}")
+        return None
+
+
+def _code(result: ReapOutcome) -> ExitCode:
+    if result.not_proven or result.unproven_ids:
+        return ExitCode.NOT_PROVEN_GONE  # something may still bill
+    return ExitCode.INTERRUPTED if result.interrupted else ExitCode.PASSED

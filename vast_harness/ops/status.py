@@ -1,0 +1,132 @@
+"""`vast-e2e status`: read-only. Every live run of this user (its registration) and every `vh-` instance of the
+account (the v1 list), one row each: run id, profile, GPU, age, $/h, accrued $, caps, deadline, owner (this
+machine / elsewhere) and state (starting / running / orphan / tearing down).
+
+Ages and accrued dollars are on the API server's clock (its `Date` header against the instance's
+`start_date`), never this machine's wall clock; an orphan is what `reap` would delete (`reap.judge`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel
+from rich.table import Table
+
+from vast_harness.console.output import Output, safe_cells, safe_text, terminal_safe
+from vast_harness.errors import AuthError, ExitCode, VastError
+from vast_harness.instance.lifecycle import is_lingering
+from vast_harness.ops.reap import LiveInstance, judge
+from vast_harness.spec.config import LABEL_PREFIX, RunSpec
+from vast_harness.state.ledger import Ledger
+from vast_harness.state.registry import LiveRun, RunRegistry, parse_label
+from vast_harness.state.runs import refuse_file_on_path
+from vast_harness.vast.client import VastClient
+
+
+class StatusRow(BaseModel):
+    run_id: str | None
+    instance_id: int | None = None
+    label: str | None = None
+    profile: str | None = None
+    gpu: str | None = None
+    age_s: float | None = None
+    dph_usd: float | None = None
+    accrued_usd: float | None = None
+    max_usd: float | None = None
+    max_minutes: float | None = None
+    deadline_unix: float | None = None
+    owner: str  # this machine | elsewhere
+    state: str  # starting | running | orphan | tearing down
+    why: str = ""
+
+
+def collect(spec: RunSpec, client: VastClient) -> tuple[list[StatusRow], list[str]]:
+    """The rows, and what could not be read (a failed list is said, never shown as "nothing running")."""
+    problems: list[str] = []
+    refuse_file_on_path(spec.state_dir, "the state directory")  # else every live run here looked "elsewhere"
+    runs = RunRegistry(spec.state_dir).scan()
+    try:
+        instances = [i for i in client.list_instances() if (i.label or "").startswith(LABEL_PREFIX)]
+    except AuthError:
+        raise  # a refused key is bad configuration (exit 2), not an account that shows nothing
+    except VastError as exc:
+        instances = []
+        problems.append(f"could not list the account's instances: {exc}")
+    server_now = client.server_clock.now()
+    known = {e.run_id for e in Ledger.for_spec(spec).entries()}
+    rows: list[StatusRow] = []
+    for inst in instances:
+        info = parse_label(inst.label)
+        run_id = info.run_id if info else None
+        run = runs.get(run_id or "")
+        reg = run.reg if run else None
+        kind, why = judge(None, inst.label or "", inst, runs=runs, known_runs=known, server_now=server_now)
+        age = server_now - inst.start_date if server_now is not None and inst.start_date is not None else None
+        state = "tearing down" if is_lingering(inst) else ("orphan" if kind == "orphan" else "running")
+        rows.append(StatusRow(
+            run_id=run_id, instance_id=inst.id, label=inst.label, profile=reg.profile if reg else None,
+            gpu=inst.gpu_name or (reg.gpu if reg else None), age_s=age, dph_usd=inst.dph_total,
+            accrued_usd=inst.dph_total * max(0.0, age) / 3600.0 if age is not None and inst.dph_total else None,
+            max_usd=reg.max_usd if reg else None, max_minutes=reg.max_minutes if reg else None,
+            deadline_unix=(info.deadline_unix if info and info.deadline_unix else (reg.deadline_unix if reg else None)),
+            owner="this machine" if run is not None and run.liveness in ("live", "dead") else "elsewhere",
+            state=state, why=why))
+    with_instance = {r.run_id for r in rows}
+    for run_id, run in sorted(runs.items()):
+        if run_id in with_instance or run.liveness != "live":
+            continue
+        rows.append(_registered_only(run))
+    return rows, problems
+
+
+def _registered_only(run: LiveRun) -> StatusRow:
+    reg = run.reg
+    return StatusRow(run_id=run.run_id, profile=reg.profile if reg else None, gpu=reg.gpu if reg else None,
+                     max_usd=reg.max_usd if reg else None, max_minutes=reg.max_minutes if reg else None,
+                     deadline_unix=reg.deadline_unix if reg else None, owner="this machine", state="starting",
+                     why="registered; no instance listed yet")
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t)) if t else "?"
+
+
+def _money(v: float | None, digits: int = 4) -> str:
+    return f"{v:.{digits}f}" if v is not None else "?"
+
+
+def show_status(spec: RunSpec, client: VastClient, out: Output) -> int:
+    rows, problems = collect(spec, client)
+    if out.json_mode:
+        out.emit_json({"rows": [r.model_dump() for r in rows], "problems": problems,
+                       "server_clock": client.server_clock.now(), "state_dir": str(spec.state_dir)})
+    else:
+        t = Table(title=f"vast-harness status ({len(rows)} row(s); state dir {spec.state_dir})", header_style="bold")
+        for col in ("run", "instance", "profile", "GPU", "age", "$/h", "accrued $", "caps", "deadline", "owner",
+                    "state"):
+            t.add_column(col, overflow="fold")
+        for r in rows:
+            caps = f"${r.max_usd:g} / {r.max_minutes:g} min" if r.max_usd is not None and r.max_minutes else "?"
+            style = {"orphan": "red", "tearing down": "yellow"}.get(r.state, "")
+            # every cell may carry what the API sent (a label, a GPU name): control characters shown escaped
+            t.add_row(*safe_cells(r.run_id or "?", str(r.instance_id or "-"), r.profile or "?", r.gpu or "?",
+                                  f"{r.age_s:.0f} s" if r.age_s is not None else "?", _money(r.dph_usd),
+                                  _money(r.accrued_usd), caps, _when(r.deadline_unix), r.owner),
+                      safe_text(r.state, style=style))
+        out.out.print(t)
+        for p in problems:
+            out.warn(p)
+    return ExitCode.FAILED if problems else ExitCode.PASSED
+
+
+def confirm_live(live: list[LiveInstance]) -> bool:
+    """`reap --include-live`'s prompt, on stderr: every live run it would delete, then yes/no."""
+    import typer
+
+    for li in live:
+        typer.echo(terminal_safe(li.line()), err=True)  # the label is the API's
+    try:
+        return bool(typer.confirm(f"delete these {len(live)} live instance(s)?", default=False, err=True))
+    except (EOFError, typer.Abort):
+        return False

@@ -1,0 +1,244 @@
+"""`report.html` of one run, built only from the files the run wrote (so it can be rebuilt at any time).
+
+Reads harness-result.json, offer-quote.json, steps.tsv, absence-proof.json and remote/*.json; writes one
+self-contained HTML file (inline CSS, charts as embedded SVG data URIs, no script, no network). Missing or
+odd files shrink the report, never break it: the report runs after teardown and must never fail a run.
+The same sections make up each run's part of the fleet report (`fleet_report.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from vast_harness.evidence.host_data import WorkloadFigures, load_workloads, number, read_json
+from vast_harness.reports import svg as svgplot
+from vast_harness.reports import timeline
+from vast_harness.reports.html import Cell, Link, exit_cell, page, show, table, usd
+from vast_harness.reports.run_facts import RunFacts
+
+__all__ = ["REPORT_NAME", "Cell", "RunFacts", "exit_cell", "load_run", "page", "run_sections", "table",
+           "usd_per_mtok", "write_run_report", "write_run_report_safely"]
+
+REPORT_NAME = "report.html"
+
+def _read_json(path: Path) -> Any:
+    return read_json(path)[0]
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def load_run(directory: Path) -> RunFacts:
+    facts = RunFacts(dir=directory)
+    facts.result = _dict(_read_json(directory / "harness-result.json"))
+    facts.quote = _dict(_read_json(directory / "offer-quote.json"))
+    facts.absence = _dict(_read_json(directory / "absence-proof.json"))
+    steps = facts.result.get("steps")
+    facts.steps = [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
+    if not facts.steps and (directory / "steps.tsv").is_file():
+        for line in (directory / "steps.tsv").read_text(errors="replace").splitlines():
+            name, rc, secs = (line.split("\t") + ["", "", ""])[:3]
+            seconds = number(_float_or_none(secs), low=0.0, high=1e9, low_inclusive=True).value
+            facts.steps.append({"name": name, "rc": None if rc == "NA" else rc, "seconds": seconds or 0.0})
+    facts.workloads, facts.unreadable = load_workloads(directory / "remote")
+    facts.missing = [n for n in ("harness-result.json", "absence-proof.json") if not (directory / n).is_file()]
+    return facts
+
+
+def _float_or_none(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def usd_per_mtok(dph_usd: float | None, tokens_per_s_total: float | None) -> float | None:
+    """Dollars per million training tokens: $/h / (tokens/s × 3600 / 1e6)."""
+    if not dph_usd or not tokens_per_s_total or tokens_per_s_total <= 0:
+        return None
+    return dph_usd / (tokens_per_s_total * 3600.0 / 1e6)
+
+
+def summary_section(f: RunFacts) -> str:
+    r, o = f.result, f.offer
+    caps = _dict(r.get("caps"))
+    rows = [
+        ["run id", r.get("run_id", f.dir.name)], ["exit code", exit_cell(r.get("exit_code"))],
+        ["message", r.get("message")],
+        ["offer", f"{o.get('id')} · {o.get('num_gpus')}× {o.get('gpu_name')} · {o.get('geolocation')}" if o else None],
+        ["$/h (at disk)", usd(f.dph_usd)], ["driver", f"{o.get('driver_version')} (qualified: "
+                                                      f"{show(r.get('driver_qualified'))})" if o else None],
+        ["caps", f"{usd(caps.get('max_usd'), 2)} · {caps.get('max_minutes')} min" if caps else None],
+        ["worst case", usd(r.get("worst_case_usd"))], ["accrued", usd(r.get("accrued_usd"))],
+        ["absence", (r.get("absence") or {}).get("verdict")], ["simulated", r.get("sim")],
+        ["dead-man", deadman_line(r.get("deadman"))], ["image sent", r.get("image_sent")],
+    ]
+    if "harness-result.json" in f.missing:
+        rows.insert(0, ["record", Cell("harness-result.json is missing (the run could not write it): its outcome "
+                                       "is not known from this directory; the ledger says what it rented", "bad")])
+    override = r.get("image_expect_override")
+    if override:
+        rows.append(["image check", Cell("OVERRIDDEN by --image-expect: " + ", ".join(
+            f"{k}={v}" for k, v in override.items()), "bad")])
+    return table(["", ""], [[k, v] for k, v in rows], cls="summary")
+
+
+def deadman_line(d: dict[str, Any] | None) -> str | None:
+    """ "armed, fires at <UTC>" (with the host clock's skew), or why it was not armed."""
+    if not d:
+        return None
+    skew = d.get("host_clock_skew_s")
+    skew_text = f" (host clock {skew:+.0f} s)" if isinstance(skew, int | float) else ""
+    if d.get("armed"):
+        return f"armed, fires at {d.get('fires_at_utc')}{skew_text}"
+    allowed = "; run allowed by --allow-unarmed-deadman" if d.get("allowed_unarmed") else ""
+    return f"NOT ARMED: {d.get('problem')}{allowed}{skew_text}"
+
+
+def profile_section(f: RunFacts) -> str:
+    """The profile that actually ran: its name, image, settings and each step's command (offer-quote.json
+    holds the plan as the run resolved it; under `fleet --sim` a GPU profile runs the smoke steps)."""
+    r = f.result
+    env = _dict(r.get("remote_env"))
+    rows: list[list[Any]] = [["profile", r.get("profile")], ["image", r.get("image")],
+            ["remote env", " ".join(f"{k}={v}" for k, v in env.items()) or "(none)"],
+            ["secrets (names)", ", ".join(str(n) for n in r.get("remote_secrets") or []) or "(none)"]]
+    steps = f.quote.get("steps")
+    plan: list[list[Any]] = [[s.get("name"), s.get("timeout_s"), s.get("run")]
+                             for s in (steps if isinstance(steps, list) else []) if isinstance(s, dict)]
+    return ("<h3>Profile that ran</h3>" + table(["", ""], rows, cls="profile")
+            + table(["step", "timeout s", "command"], plan, cls="plan"))
+
+
+def steps_section(f: RunFacts) -> str:
+    rows = []
+    for s in f.steps:
+        name = str(s.get("name"))
+        log = f.dir / "steps" / f"{name}.log"
+        note = ("interrupted" if s.get("interrupted") else "timed out" if s.get("timed_out") else
+                "connection lost" if s.get("connection_lost") else "")
+        rows.append([name, s.get("rc"), s.get("seconds"), note, s.get("detail") or "",
+                     Link(f"steps/{name}.log", f"steps/{name}.log") if log.is_file() else "–"])
+    timings = _dict(f.result.get("timings"))
+    return ("<h3>Steps</h3>" + table(["step", "rc", "seconds", "note", "detail", "log"], rows, cls="steps")
+            + "<h3>Timings</h3>" + table(["phase", "seconds"], [[k, v] for k, v in timings.items()], cls="timings"))
+
+
+def absence_section(f: RunFacts) -> str:
+    rows = []
+    for td in f.absence.get("instances") or []:
+        deletes = td.get("deletes") or []
+        outcome = "; ".join(f"{d.get('outcome')}" for d in deletes) or "–"
+        proof = td.get("proof") or {}
+        for i, rd in enumerate(proof.get("rounds") or [], 1):
+            rows.append([td.get("instance_id"), outcome, i, time.strftime("%H:%M:%S", time.gmtime(rd.get("t_unix", 0))),
+                         _exchange(rd.get("per_id")), _exchange(rd.get("list_by_id")),
+                         _exchange(rd.get("list_by_label")), Cell(str(rd.get("verdict")),
+                                                                  "ok" if rd.get("verdict") == "gone" else "bad")])
+        if not proof.get("rounds"):
+            rows.append([td.get("instance_id"), outcome, "–", "–", "–", "–", "–",
+                         Cell(str(td.get("verdict")), "bad")])
+    verdict = f.absence.get("verdict") or (f.result.get("absence") or {}).get("verdict") or (
+        "not known (absence-proof.json is missing)" if "absence-proof.json" in f.missing else "nothing-created")
+    return (f"<h3>Absence proof</h3><p>verdict: <b class={'ok' if verdict in ('gone', 'nothing-created') else 'bad'}>"
+            f"{escape(str(verdict))}</b> (interval {escape(str(f.absence.get('interval_s')))} s)</p>"
+            + table(["instance", "DELETE", "round", "time (UTC)", "GET by id", "list by id", "list by label",
+                     "verdict"], rows, cls="absence"))
+
+
+def _exchange(ex: dict[str, Any] | None) -> str:
+    if not ex:
+        return "–"
+    body = ex.get("json")
+    if isinstance(body, dict) and "instances" in body:
+        inst = body["instances"]
+        shown = "null" if inst is None else f"{len(inst) if isinstance(inst, list) else 1} row(s)"
+    else:
+        shown = (ex.get("error") or "")[:40]
+    return f"{ex.get('status')} {shown}".strip()
+
+
+def sweep_series(workloads: list[WorkloadFigures]) -> list[tuple[str, list[tuple[float, float]]]]:
+    """MFU % against micro-batch, one series per world size (and compile mode when both ran): the sweep's
+    shape. Empty unless some series has two micro-batches or more (a single point is not a sweep)."""
+    groups: dict[tuple[int, bool | None], dict[int, float]] = {}
+    for w in workloads:
+        if w.mfu is None or w.micro_batch is None or w.world_size is None:
+            continue
+        points = groups.setdefault((w.world_size, w.compiled), {})
+        points[w.micro_batch] = max(points.get(w.micro_batch, 0.0), 100 * w.mfu)
+    if not any(len(p) > 1 for p in groups.values()):
+        return []
+    modes = {compiled for _, compiled in groups}
+    series = []
+    for (world, compiled), points in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        mode = "" if len(modes) == 1 else (" compiled" if compiled else " eager")
+        series.append((f"world {world}{mode}", sorted((float(mb), mfu) for mb, mfu in points.items())))
+    return series
+
+
+def workload_section(f: RunFacts) -> str:
+    if not f.workloads and not f.unreadable:
+        return ""
+    rows = [[w.name, w.world_size, w.micro_batch, w.reduction, None if w.mfu is None else round(100 * w.mfu, 2),
+             w.tokens_per_s, w.tokens_per_s_per_gpu, w.peak_tflops, w.replay_match, w.attention_backend,
+             Cell("; ".join(w.invalid), "bad") if w.invalid else ""] for w in f.workloads]
+    parts = ["<h3>Workload (MFU)</h3>",
+             table(["file", "world", "micro-batch", "reduction", "MFU %", "tokens/s", "tokens/s per GPU",
+                    "peak TFLOP/s", "replay match", "attention", "invalid figures"], rows, cls="mfu")]
+    if f.unreadable:
+        parts.append("<p class=bad>Not read: " + escape("; ".join(f.unreadable)) + "</p>")
+    series = sweep_series(f.workloads)
+    if series:
+        svg = svgplot.lines(series, title="MFU sweep: MFU vs micro-batch per world size", xlabel="micro-batch",
+                            ylabel="MFU %", point_marks=True)
+        parts.append(svgplot.img_tag(svg, "MFU vs micro-batch per world size", cls="plot sweep"))
+    elif any(w.mfu is not None for w in f.workloads):
+        svg = svgplot.bars([(w.name.removesuffix(".json"), 100 * (w.mfu or 0.0)) for w in f.workloads],
+                           title="MFU per measurement", ylabel="MFU %")
+        parts.append(svgplot.img_tag(svg, "MFU per measurement"))
+    return "".join(parts)
+
+
+def run_sections(f: RunFacts, *, link_prefix: str = "") -> str:
+    """A run's sections; `link_prefix` makes its links relative to another page (the fleet report)."""
+    html = (summary_section(f) + timeline.timeline_section(f) + timeline.cost_section(f) + steps_section(f)
+            + profile_section(f) + absence_section(f) + workload_section(f))
+    return html.replace('href="steps/', f'href="{escape(link_prefix)}steps/') if link_prefix else html
+
+
+def write_run_report(directory: Path) -> Path:
+    """Build `report.html` in a run's evidence directory from its files; returns its path."""
+    f = load_run(directory)
+    run_id = f.result.get("run_id", directory.name)
+    html = page(f"Run {run_id}", f"<h1>Run {escape(str(run_id))}</h1>" + run_sections(f))
+    from vast_harness.evidence.run import write_whole
+
+    path = directory / REPORT_NAME
+    write_whole(path, html)
+    return path
+
+
+def write_run_report_safely(directory: Path, warn: Callable[[str], None]) -> Path | None:
+    """The run's last act, after teardown and the result: the report, then the manifest again so that it
+    covers the report. A report that cannot be written is a warning, never a failure."""
+    from vast_harness.evidence.run import RunEvidence
+
+    rebuild = f"`vast-e2e report {directory.name}` rebuilds it from the evidence files once there is room"
+    try:
+        path = write_run_report(directory)
+    except Exception as exc:  # noqa: BLE001 - the evidence files stay; the report can be rebuilt from them
+        warn(f"could not write {REPORT_NAME} ({type(exc).__name__}: {exc}); {rebuild}")
+        return None
+    ev = RunEvidence(directory)
+    ev.write_manifest()  # the report is evidence too: the manifest covers it
+    if ev.write_failures:  # a report the manifest does not list would fail a check of the directory
+        path.unlink(missing_ok=True)
+        warn(f"could not add {REPORT_NAME} to the manifest ({'; '.join(ev.write_failures)}): removed it; {rebuild}")
+        return None
+    return path

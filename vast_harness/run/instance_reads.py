@@ -1,0 +1,166 @@
+"""What reads of a run's rented instance tell the run, whoever makes them (the boot's polls, the price watch
+while the steps run, the last read before teardown).
+
+Three facts: the first read that shows the instance (recorded in the ledger: from then on null reads can prove
+it gone); the host's own price when it is higher than the search's (the meter is re-priced, the cap deadline
+moves earlier, a price that breaks the cap cancels the run, exit 6); and a delete that was not ours (the
+instance was shown, and now a read does not show it: the run stops, the teardown still proves it absent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
+from vast_harness.caps.meter import CostMeter, finite_positive
+from vast_harness.console.output import Output
+from vast_harness.errors import CapReachedError, ExitCode, Interrupted, VastError
+from vast_harness.evidence.run import CreatedInstance
+from vast_harness.instance.lifecycle import is_lingering
+from vast_harness.run.rent_book import RentBook
+from vast_harness.state.ledger import Ledger
+from vast_harness.vast.client import VastClient
+from vast_harness.vast.models import Instance
+
+LAST_PRICE_READ_RETRY_S = 5.0  # the price read after the steps: brief, DELETE comes next
+WATCH_JOIN_S = 5.0  # the price watcher's thread gets this long to notice the steps ended
+
+Cancel = Callable[[str, ExitCode], None]
+
+
+class InstanceReads:
+    def __init__(self, *, client: VastClient, ledger: Ledger, run_id: str, meter: CostMeter, book: RentBook,
+                 out: Output, cancel: Cancel, poll_s: float,
+                 deleting: Callable[[int], bool] = lambda _id: False) -> None:
+        self.client, self.ledger, self.run_id, self.meter, self.book, self.out = client, ledger, run_id, meter, book, out
+        # Whether a DELETE of ours (the teardown's or the cap guard's) is on its way for an instance: a read
+        # that then no longer shows it, even one sent before, says nothing about anyone else.
+        self._deleting = deleting
+        self._cancel = cancel  # GuardedRun.cancel: stop at the next phase boundary, then the usual teardown
+        self.poll_s = poll_s  # how often the price watch re-reads the rented instance while the steps run
+
+    def on_read(self, inst: CreatedInstance, read: Instance | None) -> None:
+        """Every per-id read of the rented instance: the first that shows it is recorded, and its own price
+        replaces the search's when higher. Raises CapReachedError when that price breaks the cap."""
+        if read is not None and not inst.seen:
+            inst.seen = True
+            self.ledger.append(self.run_id, "seen", inst.label, instance_id=inst.instance_id, detail="in a per-id read")
+        if read is None or read.dph_total is None:
+            return  # no price sent: the search's stands
+        if finite_positive(read.dph_total) and read.dph_total > inst.dph_usd:
+            self.out.warn(f"instance {inst.instance_id} bills ${read.dph_total:.4f}/h, not the "
+                          f"${inst.dph_usd:.4f}/h the search showed: the cap deadline moves earlier")
+            inst.dph_usd = read.dph_total
+        self.meter.reprice(inst.instance_id, read.dph_total)
+
+    def check_gone(self, inst: CreatedInstance, read: Instance | None) -> None:
+        """A shown instance that a read no longer shows (or shows destroyed) was deleted by someone else."""
+        if inst.seen and (read is None or is_lingering(read)) and not self._deleting(inst.instance_id):
+            self.vanished(inst, "a read of it no longer shows it" if read is None else "a read shows it destroyed")
+
+    def vanished(self, inst: CreatedInstance, how: str) -> None:
+        """Our instance went away and we sent no DELETE: someone else deleted it (a reap elsewhere, the
+        console). Say so, stop the work; the teardown still proves it absent."""
+        if inst.instance_id in self.book.vanished:
+            return
+        self.book.vanished[inst.instance_id] = how
+        why = f"instance {inst.instance_id} was deleted by someone else: no DELETE of ours ({how})"
+        self.out.warn(why)
+        self._cancel(why, ExitCode.FAILED)
+
+    @contextlib.contextmanager
+    def watch_prices(self, inst: CreatedInstance | None, *, cancelled: threading.Event) -> Iterator[None]:
+        """While the body runs (the steps), re-read `inst` every `poll_s` (hosts re-price running contracts): a
+        higher price re-prices the meter; one that breaks the cap, or moves the work deadline into the past,
+        cancels the run (exit 6) and the running step is cut. When the body ends, one last read (unless the
+        run was cancelled: its teardown goes first)."""
+        stop = threading.Event()
+
+        def watch() -> None:
+            while inst is not None and not stop.wait(self.poll_s):
+                try:
+                    read = self.client.get_instance(inst.instance_id)
+                except VastError:
+                    continue  # a failed read changes nothing: the known price stands
+                except RuntimeError:  # httpx: the run ended and closed its client under a read still out
+                    if stop.is_set():
+                        return
+                    raise
+                if stop.is_set() or self._deleting(inst.instance_id):
+                    return  # the body ended while this read was out: the teardown reads from here on
+                if inst.seen and (read is None or is_lingering(read)):
+                    self.vanished(inst, "a read of it no longer shows it running" if read is None
+                                  else "a read shows it destroyed")
+                    return
+                try:
+                    self.on_read(inst, read)
+                    if self.meter.cut_by_cap():
+                        raise CapReachedError(f"{self.meter.cap_reached()}; instance {inst.instance_id} bills "
+                                              f"${inst.dph_usd:.4f}/h")
+                except CapReachedError as exc:
+                    self._cancel(str(exc), ExitCode.CAP_REACHED)
+                    return
+
+        thread = threading.Thread(target=watch, name=f"vh-price-{self.run_id}", daemon=True)
+        thread.start()
+        signalled = False
+        try:
+            yield
+        except Interrupted:
+            signalled = True  # a signal: the DELETE goes first, so no waiting on the watcher, no last read
+            raise
+        finally:
+            stop.set()
+            thread.join(timeout=0.1 if signalled else WATCH_JOIN_S)
+            if inst is not None and not cancelled.is_set() and not signalled:
+                self.last_price_read(inst)
+
+    @contextlib.contextmanager
+    def watch_while_deleting(self, inst: CreatedInstance) -> Iterator[None]:
+        """While our DELETE is in flight (an API that holds it for tens of seconds) the host still bills, at
+        whatever it charges now: re-read the price every `poll_s` until a read no longer shows the instance, so
+        a re-price there reaches the meter and the verdict (red team: a 5000x re-price during a 30 s DELETE
+        was exit 0 with $7 billed on a $0.05 cap). Never cancels anything: the teardown is already running."""
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(self.poll_s):
+                try:
+                    read = self.client.get_instance(inst.instance_id, max_retry_s=0.0, within_s=self.poll_s)
+                except VastError:
+                    continue
+                except RuntimeError:  # httpx: the client closed under this read (the run is over)
+                    if stop.is_set():
+                        return
+                    raise
+                if read is None or is_lingering(read):
+                    return  # our DELETE (or someone's) took effect: nothing more bills
+                with contextlib.suppress(CapReachedError):  # recorded by the meter; the verdict says over cap
+                    self.on_read(inst, read)
+
+        thread = threading.Thread(target=watch, name=f"vh-delete-price-{self.run_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=WATCH_JOIN_S)
+
+    def last_price_read(self, inst: CreatedInstance, *, max_retry_s: float = LAST_PRICE_READ_RETRY_S) -> None:
+        """One more read of the rented price (a re-price can land between two polls, or steps can be shorter
+        than one): the record bills what the host billed, and a run over the cap is not a pass (the verdict
+        turns it into exit 6). Bounded: the teardown is waiting, so it ends by the meter's prelude deadline
+        (the DELETE keeps its half of the margin). Never raises."""
+        left_s = self.meter.prelude_deadline() - self.meter.now()
+        if left_s <= 0:
+            self.out.warn(f"no time left before the DELETE to re-read instance {inst.instance_id}'s price; the "
+                          f"record bills the last price read (${inst.dph_usd:.4f}/h)")
+            return
+        try:
+            read = self.client.get_instance(inst.instance_id, max_retry_s=max_retry_s, within_s=left_s)
+            self.on_read(inst, read)
+        except CapReachedError as exc:
+            self.out.warn(str(exc))
+        except VastError as exc:
+            self.out.warn(f"could not re-read instance {inst.instance_id}'s price after the steps: {exc}")

@@ -1,0 +1,91 @@
+"""What one guarded run has sent, rented and proven gone: the facts its teardown and its verdict decide from.
+
+Every create attempt is written down before its PUT (label -> the moment it was sent) and stays *unresolved*
+until an answer or a read settles it; every instance a create (or the final label sweep) found is *created*;
+every teardown report is kept. The runner asks the book, not lists of its own, what is left to delete and
+what may still bill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vast_harness.evidence.run import CreatedInstance
+from vast_harness.instance.lifecycle import InstanceTeardown
+
+
+@dataclass(frozen=True)
+class Rented:
+    """A create that rented `instance` (it bills from its PUT until its DELETE)."""
+
+    instance: CreatedInstance
+
+
+@dataclass(frozen=True)
+class NotRented:
+    """A create the market answered with "nothing rented" (offer taken, refused, 429): try the next offer."""
+
+    why: str
+
+
+CreateOutcome = Rented | NotRented
+
+
+@dataclass
+class RentBook:
+    attempts: dict[str, float] = field(default_factory=dict)  # label -> run-clock time its PUT was sent
+    offers: dict[str, tuple[int, float]] = field(default_factory=dict)  # label -> (offer id, quoted $/h) it was sent for
+    unresolved: set[str] = field(default_factory=set)  # labels whose create no answer or read has settled
+    created: list[CreatedInstance] = field(default_factory=list)
+    teardowns: list[InstanceTeardown] = field(default_factory=list)
+    vanished: dict[int, str] = field(default_factory=dict)  # instance id -> how we learnt someone else deleted it
+    excluded_machines: set[int] = field(default_factory=set)  # machines that failed to boot in this run
+
+    # ------------------------------------------------------------------------------------ creates
+    def attempt(self, label: str, t_sent: float, offer: tuple[int, float] | None = None) -> None:
+        """A PUT is about to leave with `label` (for `offer`: id, quoted $/h): from now on it may have created
+        something."""
+        self.attempts[label] = t_sent
+        if offer is not None:
+            self.offers[label] = offer
+        self.unresolved.add(label)
+
+    def withdraw(self, label: str) -> None:
+        """The create's intent never reached the ledger, so its PUT was never sent: nothing to look for."""
+        self.attempts.pop(label, None)
+        self.unresolved.discard(label)
+
+    def settle(self, label: str) -> None:
+        """An answer or a read said what `label`'s create did."""
+        self.unresolved.discard(label)
+
+    def rented(self, inst: CreatedInstance) -> None:
+        self.created.append(inst)
+
+    def latest(self) -> CreatedInstance | None:
+        return self.created[-1] if self.created else None
+
+    def labels(self) -> set[str]:
+        """Every label a PUT was sent for, and every label an instance of this run carries."""
+        return set(self.attempts) | {i.label for i in self.created}
+
+    # ------------------------------------------------------------------------------------ teardowns
+    def torn_down(self, report: InstanceTeardown) -> None:
+        self.teardowns.append(report)
+
+    def known_ids(self) -> set[int]:
+        """Instances that have had their teardown (proven gone or not)."""
+        return {t.instance_id for t in self.teardowns}
+
+    def pending(self) -> list[CreatedInstance]:
+        """Instances of this run that no teardown has handled yet."""
+        done = self.known_ids()
+        return [i for i in self.created if i.instance_id not in done]
+
+    def live(self) -> list[CreatedInstance]:
+        """Instances still ours to bill: not torn down, not deleted by someone else."""
+        return [i for i in self.created if i.absence is None and i.instance_id not in self.vanished]
+
+    def unproven(self) -> list[int]:
+        """Instances whose teardown did not prove them gone: they may still bill (exit 3)."""
+        return [t.instance_id for t in self.teardowns if t.verdict != "gone"]

@@ -1,0 +1,211 @@
+"""Which runs are alive: a registration per run, held locked for the run's whole life, and labels that say
+when a run's own caps end it.
+
+On this machine a run writes `<state>/live/<run_id>.json` (run id, pid, host, start, API URL, account
+fingerprint, caps, the deadline by which its caps end it) and holds an exclusive `flock` on it until its
+teardown is over. The kernel drops the lock when the process dies, however it dies (`kill -9` included), so
+a probe that can take a shared lock on the file knows its run is dead; a reused pid does not hold the lock,
+so it cannot pass for the run. The file is made under a temporary name, locked, then renamed into place, so
+no probe ever sees it unlocked while its run lives.
+
+Another machine cannot see those locks. It judges by the instance's label, `vh-<run_id>[-r<n>]-d<deadline>`
+(the run's cap deadline in epoch seconds on the API server's clock, base 36: under 40 characters where Vast
+allows 256), against the server's `Date`: a run whose deadline passed more than a teardown ago is over, so its
+instance is an orphan. Old labels without a deadline are judged by their instance's `start_date` against the
+longest time cap a run may have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ValidationError
+
+from vast_harness.errors import ConfigError
+from vast_harness.spec.config import LABEL_PREFIX, MAX_MINUTES_LIMIT
+
+LIVE_DIR = "live"
+# A run id as new_run_id makes it: the strict form makes old labels (no deadline) unambiguous, even when
+# their random part starts with "d".
+_STRICT = re.compile(r"^vh-(?P<run>\d{8}T\d{6}Z-[0-9a-f]{6})(?:-r(?P<n>\d+))?(?:-d(?P<dl>[0-9a-z]{1,12}))?$")
+_LOOSE = re.compile(r"^vh-(?P<run>.+?)(?:-r(?P<n>\d+))?(?:-d(?P<dl>[0-9a-z]{6}))?$")
+# No run lives longer than this: its time cap's upper bound plus the dead-man switch's grace.
+MAX_RUN_S = MAX_MINUTES_LIMIT * 60.0 + 3600.0
+
+Liveness = Literal["live", "dead", "elsewhere"]
+
+
+def _b36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if n == 0:
+            return out
+
+
+def make_label(run_id: str, attempt: int, deadline_unix: float) -> str:
+    """The label of a run's `attempt`-th create: its run id, the attempt, and its cap deadline (server clock)."""
+    return f"{LABEL_PREFIX}{run_id}{f'-r{attempt}' if attempt else ''}-d{_b36(max(0, int(deadline_unix) + 1))}"
+
+
+class LabelInfo(BaseModel):
+    run_id: str
+    deadline_unix: float | None = None  # None: an old label, written before labels carried it
+
+
+def parse_label(label: str | None) -> LabelInfo | None:
+    """The run id and cap deadline a `vh-` label carries, or None for a label that is not the harness's."""
+    if not label or not label.startswith(LABEL_PREFIX):
+        return None
+    m = _STRICT.match(label) or _LOOSE.match(label)
+    if m is None:
+        return None
+    dl = m.group("dl")
+    return LabelInfo(run_id=m.group("run"), deadline_unix=float(int(dl, 36)) if dl else None)
+
+
+class Registration(BaseModel):
+    """What one live run says about itself (`<state>/live/<run_id>.json`)."""
+
+    run_id: str
+    pid: int
+    host: str
+    started_unix: float  # wall clock: recorded, never compared
+    api_url: str
+    account: str | None = None  # the key's fingerprint (ledger.account_fingerprint), never the key
+    profile: str
+    gpu: str | None = None
+    max_usd: float
+    max_minutes: float
+    # When the run's caps end it (time cap from its start), on the API server's clock once it has heard the
+    # server, else on the wall clock at registration (deadline_clock says which).
+    deadline_unix: float
+    deadline_clock: Literal["server", "local wall clock"] = "local wall clock"
+    labels: list[str] = []
+    instance_ids: list[int] = []
+
+
+def this_host() -> str:
+    return socket.gethostname()
+
+
+class HeldRegistration:
+    """The run's own registration: locked from `register` until `release`. `update` rewrites it in place
+    (the lock is on the file, so the file is never replaced)."""
+
+    def __init__(self, path: Path, fd: int, reg: Registration) -> None:
+        self.path, self._fd, self.reg = path, fd, reg
+
+    def update(self, **fields: object) -> None:
+        self.reg = self.reg.model_copy(update=fields)
+        data = self.reg.model_dump_json().encode()
+        with contextlib.suppress(OSError):  # best effort: the lock, not the content, is the liveness
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, data, 0)
+            os.fsync(self._fd)
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()  # first, so no probe finds it unlocked and calls the run dead meanwhile
+        os.close(self._fd)
+        self._fd = -1
+
+
+class LiveRun(BaseModel):
+    reg: Registration | None  # None: the file could not be read (still locked: live)
+    run_id: str
+    liveness: Liveness
+    path: Path
+
+
+class RunRegistry:
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir / LIVE_DIR
+
+    def register(self, reg: Registration) -> HeldRegistration:
+        """Write and lock the run's registration; ConfigError (nothing rented) when the state dir refuses."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            final = self.dir / f"{reg.run_id}.json"
+            tmp = self.dir / f".{reg.run_id}.{os.getpid()}.tmp"
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"cannot register the run in {self.dir}: {exc.strerror or exc}; set "
+                              "VAST_HARNESS_HOME to a writable directory. Nothing rented") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(fd, reg.model_dump_json().encode())
+            os.fsync(fd)
+            os.replace(tmp, final)  # the same inode, still locked, now under its name
+        except OSError as exc:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise ConfigError(f"cannot register the run in {self.dir}: {exc.strerror or exc}; nothing rented") from None
+        return HeldRegistration(final, fd, reg)
+
+    def scan(self) -> dict[str, LiveRun]:
+        """Every registration here, with whether its run is alive (probed by its lock)."""
+        out: dict[str, LiveRun] = {}
+        try:
+            paths = sorted(self.dir.glob("*.json"))
+        except OSError:
+            return out
+        host = this_host()
+        for path in paths:
+            run_id = path.name[: -len(".json")]
+            alive = probe(path)
+            if alive is None:
+                continue  # gone meanwhile: its run ended
+            reg = _read(path)
+            if reg is not None and reg.host != host:  # a shared state dir: locks do not cross machines
+                out[run_id] = LiveRun(reg=reg, run_id=run_id, liveness="elsewhere", path=path)
+                continue
+            out[run_id] = LiveRun(reg=reg, run_id=run_id, liveness="live" if alive else "dead", path=path)
+        return out
+
+    def forget(self, run: LiveRun) -> None:
+        """Remove a dead run's registration (after its instances are proven gone)."""
+        if run.liveness == "dead" and probe(run.path) is False:
+            with contextlib.suppress(OSError):
+                run.path.unlink()
+
+
+def probe(path: Path) -> bool | None:
+    """True while a process holds the file's lock, False when none does, None when the file is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return True  # cannot look: never call a run dead on that
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True  # held (EWOULDBLOCK), or a lock we cannot take: either way never "dead"
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path) -> Registration | None:
+    for _ in range(3):  # an update in place can be caught half-written: look again
+        try:
+            return Registration.model_validate(json.loads(path.read_bytes()))
+        except (OSError, ValueError, ValidationError):
+            time.sleep(0.02)
+    return None

@@ -1,0 +1,72 @@
+"""The runs an evidence directory holds (its own and its fleets'), found by id, unique part of an id, or path.
+
+Used by `vast-e2e report`, `logs` and `costs`, which read evidence and call no API. Standard library only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vast_harness.errors import ConfigError
+from vast_harness.state.dirs import SIM_SUBDIR, state_dir
+
+RESULT_NAME = "harness-result.json"
+
+
+def default_evidence_dir() -> Path:
+    """Where runs write evidence unless told otherwise: the user's state directory (statedir.py)."""
+    return state_dir()
+
+
+def run_dirs(evidence_dir: Path) -> list[Path]:
+    """Every run directory: a directory with a record or step logs, directly under the evidence dir or under
+    one of its `fleet-*` directories. Sorted by name (run ids start with their UTC time)."""
+    found: list[Path] = []
+    try:
+        tops = sorted(p for p in evidence_dir.iterdir() if p.is_dir())
+    except OSError:
+        return found
+    for top in tops:
+        if top.name == SIM_SUBDIR:  # --sim runs keep their own state (and evidence) beside the real ones
+            found += run_dirs(top)
+        elif top.name.startswith("fleet-"):
+            found += sorted(p for p in top.iterdir() if p.is_dir() and _is_run(p))
+        elif _is_run(top):
+            found.append(top)
+    return sorted(found, key=lambda p: p.name)
+
+
+def _is_run(path: Path) -> bool:
+    return (path / RESULT_NAME).is_file() or (path / "steps").is_dir()
+
+
+def refuse_file_on_path(path: Path, what: str) -> None:
+    """ConfigError (exit 2) when `path`, or the nearest part of it that exists, is not a directory: a reader
+    would otherwise report "nothing here" for a mistyped path."""
+    for part in (path, *path.parents):
+        if part.exists():
+            if not part.is_dir():
+                raise ConfigError(f"{what} {path} cannot be used: {part} is not a directory")
+            return
+
+
+def find_run(evidence_dir: Path, ref: str) -> Path:
+    """A run by path, by id, or by a part of its id that names exactly one run; else exit 2 naming why."""
+    given = Path(ref).expanduser()
+    if given.is_dir() and _is_run(given):
+        return given
+    refuse_file_on_path(evidence_dir, "the evidence directory")
+    runs = run_dirs(evidence_dir)
+    exact = [p for p in runs if p.name == ref]
+    if exact:
+        return exact[0]
+    partial = [p for p in runs if ref and ref in p.name]
+    if len(partial) == 1:
+        return partial[0]
+    if not partial:
+        latest = ", ".join(p.name for p in runs[-3:]) or "none"
+        raise ConfigError(f"no run {ref!r} in {evidence_dir} (latest: {latest}); give a run id, part of one, or "
+                          "the run's directory (--evidence-dir to look elsewhere)")
+    names = ", ".join(p.name for p in partial[:5])
+    raise ConfigError(f"{ref!r} names {len(partial)} runs ({names}{', ...' if len(partial) > 5 else ''}): give more "
+                      "of the id")
