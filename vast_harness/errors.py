@@ -42,7 +42,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from vast_harness.vast.models import ConnectAttempt
+    from vast_harness.records import ConnectAttempt
 
 
 class ExitCode(IntEnum):

@@ -26,9 +26,9 @@ import vast_harness.run.runner as runner_mod
 from tests.harness.netproxy import TcpProxy
 from vast_harness.caps.meter import PRELUDE_SHARE_OF_MARGIN, minimum_cap_s
 from vast_harness.console.output import Output
-from vast_harness.evidence.run import RESULT_SCHEMA_VERSION, RunRecord
 from vast_harness.host.bundle import build_bundle
 from vast_harness.market.plan import plan_run
+from vast_harness.records import RESULT_SCHEMA_VERSION, RunRecord
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer

@@ -8,8 +8,7 @@ import time
 from tests.harness.conftest import FakeClock
 from vast_harness.caps.guard import GUARD_SHARE_OF_MARGIN, CapGuard
 from vast_harness.caps.meter import CostMeter
-from vast_harness.evidence.run import CreatedInstance
-from vast_harness.instance.lifecycle import DeleteAck
+from vast_harness.records import CreatedInstance, DeleteAck
 
 T0 = 1000.0
 MAX_S, MARGIN_S = 100.0, 20.0  # the guard fires at T0 + 100 - 0.25 * 20 = T0 + 95

@@ -109,7 +109,7 @@ class _CutSession:
     """A host whose link stalls once the check has printed its clock and deadline: the command times out."""
 
     def run(self, command, *, on_line, timeout_s, **_):
-        from vast_harness.host.ssh import StepOutcome
+        from vast_harness.records import StepOutcome
 
         on_line("stdout", f"VHCLOCK {int(time.time())}")
         on_line("stdout", f"VHDEADLINE {int(time.time()) + 60}")

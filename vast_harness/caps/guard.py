@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 
 from vast_harness.caps.meter import CostMeter
-from vast_harness.instance.lifecycle import DeleteAck
+from vast_harness.records import DeleteAck
 
 # The guard fires when the hard deadline is this share of the teardown margin away: after the prelude's
 # half (so a teardown on time never meets it) and early enough for a DELETE to land (sim 3.75 s, Vast 30 s).

@@ -21,9 +21,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from pydantic import BaseModel, Field
-
 from vast_harness.errors import CapReachedError, ConfigError
+from vast_harness.records import PriceChange
 from vast_harness.timings import Timings
 
 BYTES_PER_GB = 1e9
@@ -60,14 +59,6 @@ def teardown_budget_s(proof_interval_s: float) -> float:
 def finite_positive(value: float | None) -> bool:
     """True for a usable price. Written so NaN fails (every comparison with NaN is false)."""
     return value is not None and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-
-
-class PriceChange(BaseModel):
-    instance_key: int
-    searched_dph_usd: float
-    billed_dph_usd: float | None
-    t_unix: float = Field(default_factory=time.time)
-    outcome: str  # tightened | unchanged | refused
 
 
 class _Accrual:

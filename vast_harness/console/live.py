@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pydantic import BaseModel
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.progress_bar import ProgressBar
@@ -24,16 +23,10 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from vast_harness.records import PhaseRecord
+
 HEARTBEAT_S = 30.0  # plain mode: a line after this much silence (and again after each further interval)
 QUIET_SHOWN_AFTER_S = 2.0  # live mode: "quiet N s" once a step has printed nothing for this long
-
-
-class PhaseRecord(BaseModel):
-    name: str
-    t_start_unix: float
-    t_end_unix: float | None = None
-    usd_start: float = 0.0
-    usd_end: float | None = None
 
 
 class PhaseLog:

@@ -33,8 +33,7 @@ from vast_harness.market.offers import Candidate, OfferChoice, Rejection
 from vast_harness.market.plan import RunPlan
 
 if TYPE_CHECKING:  # annotations only: output keeps importing nothing of the run machinery at runtime
-    from vast_harness.evidence.run import StepRecord
-    from vast_harness.instance.lifecycle import InstanceTeardown
+    from vast_harness.records import InstanceTeardown, StepRecord
 
 
 # C0 but TAB, DEL, C1 (0x9b is an 8-bit CSI; 0x85 a newline to some readers), the line and paragraph separators

@@ -14,19 +14,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from pydantic import BaseModel, Field
+from vast_harness.records import AbsenceSummary, InstanceTeardown, RunRecord
 
-from vast_harness.caps.meter import PriceChange
-from vast_harness.console.live import PhaseRecord
-from vast_harness.instance.lifecycle import InstanceTeardown
-
-RESULT_SCHEMA_VERSION = 2
 STEP_LOG_HEAD_BYTES = 8 * 1024 * 1024
 STEP_LOG_TAIL_BYTES = 2 * 1024 * 1024
 _T = TypeVar("_T")
@@ -42,141 +36,6 @@ def write_whole(path: Path, text: str, errors: str = "strict") -> None:
     finally:
         with contextlib.suppress(OSError):  # a read-only disk refuses even the unlink of nothing
             tmp.unlink(missing_ok=True)
-
-
-class StepRecord(BaseModel):
-    name: str
-    rc: int | None
-    seconds: float
-    timed_out: bool = False
-    connection_lost: bool = False
-    interrupted: bool = False  # a signal (Ctrl-C, SIGTERM, SIGHUP) ended it
-    reconnect_ok: bool | None = None
-    workload: bool = True
-    detail: str = ""
-    log_bytes: int = 0  # what the step printed (stdout + stderr)
-    log_dropped_bytes: int = 0  # cut from the middle of its log by the size cap
-
-
-class RecordedInstance(BaseModel):
-    """An instance as the record keeps it (harness-result.json `instances`)."""
-
-    instance_id: int
-    label: str
-    offer_id: int
-    machine_id: int | None
-    dph_usd: float
-    t_created_unix: float = Field(default_factory=time.time)
-    status: str = "created"  # the create outcome (created, created_with_error, found_after_unknown, ...)
-    detail: str = ""
-    absence: str | None = None  # the teardown's verdict: gone, present or unknown
-    seen: bool = False  # a read has shown it (or listed it): only then do null reads soon mean gone
-
-
-class CreatedInstance(RecordedInstance):
-    """An instance while the run owns it: plus the monotonic times the meter bills by (never recorded)."""
-
-    t_created_mono: float
-    t_deleted_mono: float | None = None
-
-    def recorded(self) -> RecordedInstance:
-        return RecordedInstance.model_validate(self.model_dump(exclude={"t_created_mono", "t_deleted_mono"}))
-
-
-class OfferSummary(BaseModel):
-    """The chosen offer as the plan, the quote file and the record show it."""
-
-    id: int
-    machine_id: int | None
-    gpu_name: str
-    num_gpus: int
-    driver_version: str | None
-    driver_qualified: bool
-    cuda_max_good: float | None
-    pcie_bw_gbps: float | None
-    dph_total_usd: float | None
-    dph_at_disk_usd: float
-    reliability: float
-    geolocation: str | None
-
-
-class RecordCaps(BaseModel):
-    max_usd: float
-    max_minutes: float
-    teardown_margin_s: float
-    minimum_cap_s: float
-
-
-class ByteCounts(BaseModel):
-    uploaded: int
-    downloaded: int
-
-
-class HostKeyRecord(BaseModel):
-    fingerprint: str
-    type: str
-    endpoint: str
-
-
-class AbsenceSummary(BaseModel):
-    verdict: str  # gone | unproven | nothing-created
-    per_instance: dict[int, str]
-    # creates whose outcome no read settled: an instance may exist that no teardown knows of (never "nothing")
-    unresolved_labels: list[str] = Field(default_factory=list)
-
-
-class PullRecord(BaseModel):
-    """The host's evidence pull: what came back, what was left (budget, deadline), and why."""
-
-    files: int = 0
-    bytes: int = 0
-    skipped: list[str] = Field(default_factory=list)  # over the size budget
-    left: list[str] = Field(default_factory=list)  # a cut pull: the file being copied, then those not reached
-    redacted: list[str] = Field(default_factory=list)  # files in which a secret's value was masked
-    renamed: dict[str, str] = Field(default_factory=dict)  # host name with control characters -> local name
-    complete: bool = False
-    detail: str = ""
-    deadline_s: float | None = None
-    max_bytes: float | None = None
-
-
-class RunRecord(BaseModel):
-    """harness-result.json. Built by the run, serialised here; readers check `schema_version`."""
-
-    schema_version: int = RESULT_SCHEMA_VERSION
-    run_id: str
-    profile: str
-    image: str
-    api_url: str
-    sim: bool
-    offer: OfferSummary | None
-    driver_qualified: bool | None
-    any_driver: bool
-    caps: RecordCaps
-    worst_case_usd: float | None
-    accrued_usd: float
-    over_cap: str | None = None
-    bytes: ByteCounts
-    bundle_sha256: str | None
-    host_key: HostKeyRecord | None
-    remote_env: dict[str, str]  # settings as given; a secret's name with ***
-    remote_secrets: list[str] = Field(default_factory=list)  # names only: a secret is never stored by value
-    instances: list[RecordedInstance]
-    price_changes: list[PriceChange] = Field(default_factory=list)
-    steps: list[StepRecord]
-    pull: PullRecord | None = None
-    timings: dict[str, float]  # phase name -> seconds: an open set of names
-    phases: list[PhaseRecord] = Field(default_factory=list)  # the run's timeline (progress.PhaseLog)
-    absence: AbsenceSummary
-    api_calls: dict[str, Any]  # client.ClientStats as a dict (the client's own counters)
-    evidence_write_failures: list[str] = Field(default_factory=list)
-    deadman: dict[str, Any] | None = None  # deadman.DeadmanStatus at the first SSH: armed, fires at, clock skew
-    image_sent: str | None = None  # the image reference the create carried (repo@sha256:digest)
-    image_expect_override: dict[str, str] | None = None  # --image-expect: what the host check expected instead
-    exit_code: int
-    message: str
-    finished_unix: float = Field(default_factory=time.time)
-    harness: dict[str, str]
 
 
 def manifest_line(digest: str, name: str) -> str:

@@ -22,7 +22,8 @@ from pydantic import BaseModel
 
 from vast_harness.errors import HarnessError
 from vast_harness.host.onstart import ARMED_FILE, DEADLINE_FILE, LOG_FILE
-from vast_harness.host.ssh import HostSession, StepOutcome
+from vast_harness.host.ssh import HostSession
+from vast_harness.records import StepOutcome
 from vast_harness.vast.endpoints import ENDPOINT_PATHS
 
 ARM_WAIT_S = 50.0  # how long the check waits for the switch's arm probe (20 tries 2 s apart) to be written

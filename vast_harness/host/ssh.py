@@ -37,8 +37,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import BaseModel
 
 from vast_harness.errors import LocalDiskRefused, SshConnectError, SshTransferError, TransferAbandoned
+from vast_harness.records import ConnectAttempt, SshEndpoint, StepOutcome
 from vast_harness.vast.answer_bound import AnswerBound
-from vast_harness.vast.models import ConnectAttempt, Instance, SshEndpoint
+from vast_harness.vast.models import Instance
 
 # paramiko logs a failed handshake ("Error reading SSH protocol banner") with its traceback at ERROR; with
 # no handler configured, Python's last-resort handler prints that to stderr. Failures reach the user as our
@@ -72,20 +73,6 @@ _LOCAL_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 LineCallback = Callable[[str, str], None]
 _T = TypeVar("_T")
-
-
-class StepOutcome(BaseModel):
-    """How a remote command ended. `rc` is None when it did not end by itself (timeout, lost link)."""
-
-    rc: int | None
-    seconds: float
-    timed_out: bool = False
-    connection_lost: bool = False
-    detail: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.rc == 0
 
 
 class TreePull(BaseModel):

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol, Unpack
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from vast_harness.errors import (
     ApiStatusError,
@@ -32,6 +32,7 @@ from vast_harness.errors import (
     TransportError,
     VastError,
 )
+from vast_harness.records import AbsenceProof, CreateOutcome, DeleteAck, InstanceTeardown, ProofRound, Verdict
 from vast_harness.state.ledger import NOTHING_CREATED, EntryFields, Event, Ledger, LedgerEntry
 from vast_harness.vast.client import RawExchange, VastClient
 from vast_harness.vast.models import Instance
@@ -46,14 +47,6 @@ LINGERING_STATUSES = frozenset({"destroyed", "terminated"})  # vast-cli's instan
 # beside the next offer's, under a run that says exit 0 (found by the red team with a 45 s read lag).
 def _outcome_unknown(status: int) -> bool:
     return status >= 500
-
-
-class CreateOutcome(BaseModel):
-    status: Literal["created", "created_with_error", "unavailable", "found_after_unknown", "not_created",
-                    "unresolved"]
-    instance_id: int | None = None
-    detail: str = ""
-    t_unix: float = Field(default_factory=time.time)
 
 
 def find_by_label(client: VastClient, label: str, *, attempts: int, wait_s: float, sleep: Sleep,
@@ -207,15 +200,6 @@ def wait_ready(
         sleep(min(poll_s, remaining))
 
 
-class DeleteAck(BaseModel):
-    instance_id: int
-    acknowledged: bool
-    outcome: str  # deleted | already_gone | already_gone_after_unanswered (ours may have deleted it) | error text
-    t_request_unix: float
-    t_ack_unix: float | None = None
-    t_ack_mono: float | None = None  # the same moment on the run's monotonic clock (for the meter)
-
-
 def destroy(client: VastClient, instance_id: int, *, max_retry_s: float | None = None,
             land_by_mono: float | None = None, clock: Clock = time.monotonic) -> DeleteAck:
     """DELETE with the client's retry policy (429/5xx/transport), bounded by `max_retry_s`, its attempts cut so
@@ -229,31 +213,6 @@ def destroy(client: VastClient, instance_id: int, *, max_retry_s: float | None =
                          t_request_unix=t0)
     return DeleteAck(instance_id=instance_id, acknowledged=True, outcome=outcome, t_request_unix=t0,
                      t_ack_unix=time.time(), t_ack_mono=clock())
-
-
-# gone: parsed absence everywhere; going: only lingering destroyed rows; present: a live row; unknown: no answer
-Verdict = Literal["gone", "going", "present", "unknown"]
-
-
-class ProofRound(BaseModel):
-    t_unix: float  # recorded for the reader
-    t_mono: float = 0.0  # what the proof compares (this process's monotonic clock)
-    per_id: dict[str, Any]
-    list_by_id: dict[str, Any]
-    list_by_label: dict[str, Any]
-    verdict: Verdict
-    in_lag_window: bool = False  # taken before the read-lag window closed: a "gone" here counts for nothing
-
-
-class AbsenceProof(BaseModel):
-    instance_id: int
-    label: str
-    interval_s: float
-    not_before_unix: float = 0.0  # absence observed before this (create + read-lag window) proves nothing
-    not_before_mono: float = 0.0  # the same instant on the monotonic clock: what the rounds are judged by
-    seen_by_reads: bool = False  # a round showed the instance (live or lingering)
-    rounds: list[ProofRound] = Field(default_factory=list)
-    verdict: Verdict = "unknown"
 
 
 def _per_id_verdict(x: RawExchange, instance_id: int) -> Verdict:
@@ -348,17 +307,6 @@ def _set_window(proof: AbsenceProof, not_before_mono: float, clock: Clock = time
     proof.not_before_mono = not_before_mono
     # recorded on the wall clock too, for a reader of absence-proof.json (0: no window)
     proof.not_before_unix = time.time() + (not_before_mono - clock()) if not_before_mono > 0 else 0.0
-
-
-class InstanceTeardown(BaseModel):
-    instance_id: int
-    seen: bool = True  # a read showed it or a DELETE deleted it (else its null reads proved nothing)
-    deletes: list[DeleteAck] = Field(default_factory=list)
-    proof: AbsenceProof | None = None
-
-    @property
-    def verdict(self) -> Verdict:
-        return self.proof.verdict if self.proof else "unknown"
 
 
 class LedgerAppend(Protocol):

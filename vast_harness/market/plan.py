@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from vast_harness.errors import NoOfferError, TransportError
-from vast_harness.evidence.run import OfferSummary
 from vast_harness.host.bundle import Bundle
 from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
+from vast_harness.records import OfferSummary
 from vast_harness.spec.config import DriverPolicy, RunSpec
 from vast_harness.vast.client import VastClient
 

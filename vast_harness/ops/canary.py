@@ -30,9 +30,9 @@ from rich.text import Text
 
 from vast_harness.console.output import Output
 from vast_harness.errors import BootFailed
-from vast_harness.evidence.run import CreatedInstance
 from vast_harness.host.ssh import RunKey
 from vast_harness.instance.lifecycle import is_lingering
+from vast_harness.records import CreatedInstance
 from vast_harness.run.runner import GuardedRun, HarnessResult
 from vast_harness.spec.config import DriverPolicy, RunSpec, Step
 from vast_harness.vast.client import VastClient

@@ -17,9 +17,10 @@ from pathlib import Path
 from vast_harness.caps.meter import CostMeter
 from vast_harness.console.output import LineBudget, Output
 from vast_harness.errors import CapReachedError, HarnessError, Interrupted, StepFailedError, TransferAbandoned
-from vast_harness.evidence.run import PullRecord, RunEvidence, StepLog, StepRecord
+from vast_harness.evidence.run import RunEvidence, StepLog
 from vast_harness.host.bundle import Bundle
-from vast_harness.host.ssh import HostSession, StepOutcome, TreePull
+from vast_harness.host.ssh import HostSession, TreePull
+from vast_harness.records import PullRecord, StepOutcome, StepRecord
 from vast_harness.spec.config import RunSpec
 
 REMOTE_DIR = "vh"  # under the host's $HOME

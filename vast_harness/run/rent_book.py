@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vast_harness.evidence.run import CreatedInstance
-from vast_harness.instance.lifecycle import InstanceTeardown
+from vast_harness.records import CreatedInstance, InstanceTeardown
 
 
 @dataclass(frozen=True)

@@ -43,17 +43,7 @@ from vast_harness.errors import (
     describe,
     exit_code_for,
 )
-from vast_harness.evidence.run import (
-    ByteCounts,
-    CreatedInstance,
-    HostKeyRecord,
-    PullRecord,
-    RecordCaps,
-    RunEvidence,
-    RunRecord,
-    StepRecord,
-    overall_absence,
-)
+from vast_harness.evidence.run import RunEvidence, overall_absence
 from vast_harness.host.bundle import Bundle, build_bundle
 from vast_harness.host.deadman import DeadmanStatus, DeadmanUnarmed, check_armed, read_log
 from vast_harness.host.onstart import build_onstart
@@ -65,18 +55,20 @@ from vast_harness.host.ssh import (
     generate_run_key,
     run_key_dir_prefix,
 )
-from vast_harness.instance.lifecycle import (
-    CreateRequest,
-    DeleteAck,
-    InstanceTeardown,
-    create,
-    destroy,
-    find_by_label,
-    teardown_instance,
-    wait_ready,
-)
+from vast_harness.instance.lifecycle import CreateRequest, create, destroy, find_by_label, teardown_instance, wait_ready
 from vast_harness.market.offers import Candidate
 from vast_harness.market.plan import RunPlan, account_credit_usd, choose_offers, plan_run
+from vast_harness.records import (
+    ByteCounts,
+    CreatedInstance,
+    DeleteAck,
+    HostKeyRecord,
+    InstanceTeardown,
+    PullRecord,
+    RecordCaps,
+    RunRecord,
+    StepRecord,
+)
 from vast_harness.reports.run import write_run_report_safely
 from vast_harness.run.host_work import PULL_GRACE_SHARE, HostWork
 from vast_harness.run.instance_reads import InstanceReads

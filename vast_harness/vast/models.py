@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -247,22 +247,3 @@ class InstancePage(_VastModel):
     next_token: str | None = None
 
 
-class SshEndpoint(BaseModel):
-    """Where an instance's sshd may be reached (ssh.endpoints_for reads it from the instance)."""
-
-    host: str
-    port: int
-    kind: Literal["direct", "proxy"]
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.host}:{self.port}"
-
-
-class ConnectAttempt(BaseModel):
-    """One try at one endpoint: what happened and how long it took (ssh makes them, errors reports them)."""
-
-    number: int
-    endpoint: SshEndpoint
-    ok: bool
-    outcome: str
-    seconds: float

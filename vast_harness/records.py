@@ -1,0 +1,258 @@
+"""The typed records the layers hand upward: what happened, as data, with no behaviour that bills.
+
+Each record is made by the layer that observes it and read by the layers above: the SSH layer makes
+`SshEndpoint` and `ConnectAttempt`; the instance verbs make `CreateOutcome`, `DeleteAck`, `ProofRound`,
+`AbsenceProof` and `InstanceTeardown`; the meter makes `PriceChange`; the live view's phase log makes
+`PhaseRecord`; a remote command ends in a `StepOutcome`; and the run assembles them into its `RunRecord`
+(harness-result.json, versioned by `RESULT_SCHEMA_VERSION`). Living here, below every behaviour module, lets
+the evidence writer, the reports and the errors read them without importing the code that makes them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class SshEndpoint(BaseModel):
+    """Where an instance's sshd may be reached (ssh.endpoints_for reads it from the instance)."""
+
+    host: str
+    port: int
+    kind: Literal["direct", "proxy"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.host}:{self.port}"
+
+
+class ConnectAttempt(BaseModel):
+    """One try at one endpoint: what happened and how long it took (ssh makes them, errors reports them)."""
+
+    number: int
+    endpoint: SshEndpoint
+    ok: bool
+    outcome: str
+    seconds: float
+
+
+class CreateOutcome(BaseModel):
+    status: Literal["created", "created_with_error", "unavailable", "found_after_unknown", "not_created",
+                    "unresolved"]
+    instance_id: int | None = None
+    detail: str = ""
+    t_unix: float = Field(default_factory=time.time)
+
+
+class DeleteAck(BaseModel):
+    instance_id: int
+    acknowledged: bool
+    outcome: str  # deleted | already_gone | already_gone_after_unanswered (ours may have deleted it) | error text
+    t_request_unix: float
+    t_ack_unix: float | None = None
+    t_ack_mono: float | None = None  # the same moment on the run's monotonic clock (for the meter)
+
+
+# gone: parsed absence everywhere; going: only lingering destroyed rows; present: a live row; unknown: no answer
+Verdict = Literal["gone", "going", "present", "unknown"]
+
+
+class ProofRound(BaseModel):
+    t_unix: float  # recorded for the reader
+    t_mono: float = 0.0  # what the proof compares (this process's monotonic clock)
+    per_id: dict[str, Any]
+    list_by_id: dict[str, Any]
+    list_by_label: dict[str, Any]
+    verdict: Verdict
+    in_lag_window: bool = False  # taken before the read-lag window closed: a "gone" here counts for nothing
+
+
+class AbsenceProof(BaseModel):
+    instance_id: int
+    label: str
+    interval_s: float
+    not_before_unix: float = 0.0  # absence observed before this (create + read-lag window) proves nothing
+    not_before_mono: float = 0.0  # the same instant on the monotonic clock: what the rounds are judged by
+    seen_by_reads: bool = False  # a round showed the instance (live or lingering)
+    rounds: list[ProofRound] = Field(default_factory=list)
+    verdict: Verdict = "unknown"
+
+
+class InstanceTeardown(BaseModel):
+    instance_id: int
+    seen: bool = True  # a read showed it or a DELETE deleted it (else its null reads proved nothing)
+    deletes: list[DeleteAck] = Field(default_factory=list)
+    proof: AbsenceProof | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.proof.verdict if self.proof else "unknown"
+
+
+class PriceChange(BaseModel):
+    instance_key: int
+    searched_dph_usd: float
+    billed_dph_usd: float | None
+    t_unix: float = Field(default_factory=time.time)
+    outcome: str  # tightened | unchanged | refused
+
+
+class PhaseRecord(BaseModel):
+    name: str
+    t_start_unix: float
+    t_end_unix: float | None = None
+    usd_start: float = 0.0
+    usd_end: float | None = None
+
+
+class StepOutcome(BaseModel):
+    """How a remote command ended. `rc` is None when it did not end by itself (timeout, lost link)."""
+
+    rc: int | None
+    seconds: float
+    timed_out: bool = False
+    connection_lost: bool = False
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+RESULT_SCHEMA_VERSION = 2
+
+
+class StepRecord(BaseModel):
+    name: str
+    rc: int | None
+    seconds: float
+    timed_out: bool = False
+    connection_lost: bool = False
+    interrupted: bool = False  # a signal (Ctrl-C, SIGTERM, SIGHUP) ended it
+    reconnect_ok: bool | None = None
+    workload: bool = True
+    detail: str = ""
+    log_bytes: int = 0  # what the step printed (stdout + stderr)
+    log_dropped_bytes: int = 0  # cut from the middle of its log by the size cap
+
+
+class RecordedInstance(BaseModel):
+    """An instance as the record keeps it (harness-result.json `instances`)."""
+
+    instance_id: int
+    label: str
+    offer_id: int
+    machine_id: int | None
+    dph_usd: float
+    t_created_unix: float = Field(default_factory=time.time)
+    status: str = "created"  # the create outcome (created, created_with_error, found_after_unknown, ...)
+    detail: str = ""
+    absence: str | None = None  # the teardown's verdict: gone, present or unknown
+    seen: bool = False  # a read has shown it (or listed it): only then do null reads soon mean gone
+
+
+class CreatedInstance(RecordedInstance):
+    """An instance while the run owns it: plus the monotonic times the meter bills by (never recorded)."""
+
+    t_created_mono: float
+    t_deleted_mono: float | None = None
+
+    def recorded(self) -> RecordedInstance:
+        return RecordedInstance.model_validate(self.model_dump(exclude={"t_created_mono", "t_deleted_mono"}))
+
+
+class OfferSummary(BaseModel):
+    """The chosen offer as the plan, the quote file and the record show it."""
+
+    id: int
+    machine_id: int | None
+    gpu_name: str
+    num_gpus: int
+    driver_version: str | None
+    driver_qualified: bool
+    cuda_max_good: float | None
+    pcie_bw_gbps: float | None
+    dph_total_usd: float | None
+    dph_at_disk_usd: float
+    reliability: float
+    geolocation: str | None
+
+
+class RecordCaps(BaseModel):
+    max_usd: float
+    max_minutes: float
+    teardown_margin_s: float
+    minimum_cap_s: float
+
+
+class ByteCounts(BaseModel):
+    uploaded: int
+    downloaded: int
+
+
+class HostKeyRecord(BaseModel):
+    fingerprint: str
+    type: str
+    endpoint: str
+
+
+class AbsenceSummary(BaseModel):
+    verdict: str  # gone | unproven | nothing-created
+    per_instance: dict[int, str]
+    # creates whose outcome no read settled: an instance may exist that no teardown knows of (never "nothing")
+    unresolved_labels: list[str] = Field(default_factory=list)
+
+
+class PullRecord(BaseModel):
+    """The host's evidence pull: what came back, what was left (budget, deadline), and why."""
+
+    files: int = 0
+    bytes: int = 0
+    skipped: list[str] = Field(default_factory=list)  # over the size budget
+    left: list[str] = Field(default_factory=list)  # a cut pull: the file being copied, then those not reached
+    redacted: list[str] = Field(default_factory=list)  # files in which a secret's value was masked
+    renamed: dict[str, str] = Field(default_factory=dict)  # host name with control characters -> local name
+    complete: bool = False
+    detail: str = ""
+    deadline_s: float | None = None
+    max_bytes: float | None = None
+
+
+class RunRecord(BaseModel):
+    """harness-result.json. Built by the run, serialised here; readers check `schema_version`."""
+
+    schema_version: int = RESULT_SCHEMA_VERSION
+    run_id: str
+    profile: str
+    image: str
+    api_url: str
+    sim: bool
+    offer: OfferSummary | None
+    driver_qualified: bool | None
+    any_driver: bool
+    caps: RecordCaps
+    worst_case_usd: float | None
+    accrued_usd: float
+    over_cap: str | None = None
+    bytes: ByteCounts
+    bundle_sha256: str | None
+    host_key: HostKeyRecord | None
+    remote_env: dict[str, str]  # settings as given; a secret's name with ***
+    remote_secrets: list[str] = Field(default_factory=list)  # names only: a secret is never stored by value
+    instances: list[RecordedInstance]
+    price_changes: list[PriceChange] = Field(default_factory=list)
+    steps: list[StepRecord]
+    pull: PullRecord | None = None
+    timings: dict[str, float]  # phase name -> seconds: an open set of names
+    phases: list[PhaseRecord] = Field(default_factory=list)  # the run's timeline (progress.PhaseLog)
+    absence: AbsenceSummary
+    api_calls: dict[str, Any]  # client.ClientStats as a dict (the client's own counters)
+    evidence_write_failures: list[str] = Field(default_factory=list)
+    deadman: dict[str, Any] | None = None  # deadman.DeadmanStatus at the first SSH: armed, fires at, clock skew
+    image_sent: str | None = None  # the image reference the create carried (repo@sha256:digest)
+    image_expect_override: dict[str, str] | None = None  # --image-expect: what the host check expected instead
+    exit_code: int
+    message: str
+    finished_unix: float = Field(default_factory=time.time)
+    harness: dict[str, str]
