@@ -19,7 +19,7 @@ import random  # noqa: E402
 
 from vast_harness.market.offers import OfferCriteria, choose  # noqa: E402
 from vast_harness.sim.market import generate_offers  # noqa: E402
-from vast_harness.spec.config import Filters, load_driver_policy  # noqa: E402
+from vast_harness.spec.profile import Filters, load_driver_policy
 from vast_harness.vast.models import Offer  # noqa: E402
 
 

@@ -39,7 +39,8 @@ from rich.table import Table
 from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim.server import spawn_standalone
-from vast_harness.spec.config import Step, load_driver_policy, resolve
+from vast_harness.spec.profile import Step, load_driver_policy
+from vast_harness.spec.resolve import resolve
 from vast_harness.vast.client import VastClient
 
 KEY = "sim-bench-key"

@@ -13,5 +13,5 @@ def _harness_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     state = tmp_path / "vh-state"
     monkeypatch.setenv("VAST_HARNESS_HOME", str(state))
     # resolve(environ={...}) reads no environment: point its default at the same directory
-    monkeypatch.setattr("vast_harness.spec.config.user_state_dir", lambda environ=None: state)
+    monkeypatch.setattr("vast_harness.spec.resolve.user_state_dir", lambda environ=None: state)
     return state

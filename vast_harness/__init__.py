@@ -37,7 +37,8 @@ from vast_harness.errors import (
 from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, choose, search_ranked
 from vast_harness.market.quote import Quote, quote_offer
 from vast_harness.run.runner import GuardedRun, HarnessResult, run_guarded
-from vast_harness.spec.config import DriverPolicy, HarnessProfile, RunSpec, load_driver_policy, load_profile, resolve
+from vast_harness.spec.profile import DriverPolicy, HarnessProfile, load_driver_policy, load_profile
+from vast_harness.spec.resolve import RunSpec, resolve
 from vast_harness.vast.client import RawExchange, Timeouts, VastClient
 from vast_harness.vast.models import Instance, Offer, User
 from vast_harness.vast.url import DEFAULT_API_URL

@@ -65,3 +65,8 @@ class Timings(BaseModel):
 
 
 __all__ = ["Timings"]
+
+
+# The longest run a user may ask for (--max-minutes): a week. A live-run label whose deadline lies further out
+# than this is not one of ours (state/registry.py).
+MAX_MINUTES_LIMIT = 7 * 24 * 60.0

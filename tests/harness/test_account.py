@@ -24,7 +24,8 @@ from vast_harness.ops.reap import judge, reap_all
 from vast_harness.ops.status import collect
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
-from vast_harness.spec.config import Step, load_driver_policy, resolve
+from vast_harness.spec.profile import Step, load_driver_policy
+from vast_harness.spec.resolve import resolve
 from vast_harness.state.dirs import legacy_ledgers, state_dir
 from vast_harness.state.ledger import NOTHING_CREATED, Ledger
 from vast_harness.state.registry import Registration, RunRegistry, make_label, parse_label, probe

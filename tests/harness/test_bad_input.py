@@ -145,7 +145,7 @@ def test_non_ascii_key_in_the_environment_is_refused(monkeypatch, capsys):
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8080", "http://localhost:1", "http://[::1]:1"])
 def test_the_floors_are_lifted_only_for_loopback(url):
-    from vast_harness.spec.config import resolve
+    from vast_harness.spec.resolve import resolve
 
     spec = resolve(profile="smoke", api_url=url, proof_interval_s=0.05, pacing_scale=0.01, dry_run=True,
                    environ={"VAST_API_KEY": "k"})
@@ -160,7 +160,7 @@ def test_a_bad_state_dir_is_named_as_the_state_dir_not_as_a_flag_never_given(com
     afile.write_text("x")
     monkeypatch.setenv("VAST_HARNESS_HOME", str(afile))
     monkeypatch.setenv("VAST_API_KEY", "k")
-    monkeypatch.setattr("vast_harness.spec.config.user_state_dir", lambda environ=None: afile)
+    monkeypatch.setattr("vast_harness.spec.resolve.user_state_dir", lambda environ=None: afile)
     monkeypatch.setattr(sys, "argv", ["vast-e2e", *command, "--api-url", NOWHERE])
     with pytest.raises(SystemExit) as exited:
         cli.main()

@@ -32,7 +32,8 @@ from vast_harness.records import RESULT_SCHEMA_VERSION, RunRecord
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
-from vast_harness.spec.config import RunSpec, Step, load_driver_policy, resolve
+from vast_harness.spec.profile import Step, load_driver_policy
+from vast_harness.spec.resolve import RunSpec, resolve
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Offer
 

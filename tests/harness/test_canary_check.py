@@ -17,7 +17,8 @@ from vast_harness.ops.check import run_checks
 from vast_harness.sim import SimServer
 from vast_harness.sim import cli as sim_cli
 from vast_harness.sim.calibrate import CalibrationError, load
-from vast_harness.spec.config import load_driver_policy, resolve
+from vast_harness.spec.profile import load_driver_policy
+from vast_harness.spec.resolve import resolve
 from vast_harness.vast.client import VastClient
 
 SCALE = 0.01

@@ -30,7 +30,7 @@ from vast_harness.chaos import (
 )
 from vast_harness.chaos.network import NET_KINDS, NetOutcome, NetPlan, judge_net
 from vast_harness.chaos.suite import KILL9_OFFSET, NET_OFFSET
-from vast_harness.spec.config import resolve
+from vast_harness.spec.resolve import resolve
 from vast_harness.state.ledger import Ledger
 
 SUITE_SCENARIOS = 200

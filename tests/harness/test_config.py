@@ -12,7 +12,10 @@ from vast_harness.caps.meter import minimum_cap_s, teardown_budget_s
 from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError
 from vast_harness.run.runner import GuardedRun
-from vast_harness.spec.config import load_driver_policy, load_profile, mask_env, parse_remote_env, read_api_key, resolve
+from vast_harness.spec.profile import load_driver_policy, load_profile
+from vast_harness.spec.resolve import resolve
+from vast_harness.spec.user import read_api_key
+from vast_harness.spec.values import mask_env, parse_remote_env
 from vast_harness.timings import Timings
 from vast_harness.vast.client import VastClient
 
@@ -206,7 +209,7 @@ def test_the_create_sends_the_digest_pinned_form():
 def test_a_bad_profile_file_is_refused_before_anything_is_rented(tmp_path, edit, needle):
     # From the red team: these passed the profile check, rented, then died as "unexpected ValueError" (exit 1),
     # or gave a traceback during the search (inf in the request) or in tomllib (RecursionError).
-    from vast_harness.spec.config import PROFILES_DIR
+    from vast_harness.spec.profile import PROFILES_DIR
 
     text = (PROFILES_DIR / "harness" / "smoke.toml").read_text()
     if "disk_gb = " not in text:

@@ -16,7 +16,8 @@ from pydantic import SecretStr
 from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
-from vast_harness.spec.config import DriverPolicy, Step, resolve
+from vast_harness.spec.profile import DriverPolicy, Step
+from vast_harness.spec.resolve import resolve
 from vast_harness.vast.client import VastClient
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,8 @@ from pydantic import SecretStr
 from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
-from vast_harness.spec.config import DriverPolicy, QualifiedDriver, RunSpec, Step, load_driver_policy, resolve
+from vast_harness.spec.profile import DriverPolicy, QualifiedDriver, Step, load_driver_policy
+from vast_harness.spec.resolve import RunSpec, resolve
 from vast_harness.vast.client import VastClient
 
 SCALE = 0.01

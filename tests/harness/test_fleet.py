@@ -25,7 +25,8 @@ from vast_harness.fleet.plan import parse_gpus
 from vast_harness.fleet.run import run_fleet
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
-from vast_harness.spec.config import Step, load_driver_policy, resolve
+from vast_harness.spec.profile import Step, load_driver_policy
+from vast_harness.spec.resolve import resolve
 from vast_harness.state.ledger import Ledger
 from vast_harness.state.registry import LabelInfo, parse_label
 from vast_harness.vast.client import VastClient

@@ -14,7 +14,8 @@ from vast_harness.console.output import Output
 from vast_harness.evidence.run import RunEvidence
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
-from vast_harness.spec.config import Step, load_driver_policy, resolve
+from vast_harness.spec.profile import Step, load_driver_policy
+from vast_harness.spec.resolve import resolve
 from vast_harness.vast.client import VastClient
 
 SCALE = 0.01

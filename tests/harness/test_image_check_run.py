@@ -14,7 +14,8 @@ from remote import envprobe
 from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
-from vast_harness.spec.config import load_driver_policy, resolve
+from vast_harness.spec.profile import load_driver_policy
+from vast_harness.spec.resolve import resolve
 from vast_harness.vast.client import VastClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +90,7 @@ def test_secret_values_never_reach_the_evidence_and_settings_do(sim, tmp_path):
 def test_a_step_that_prints_a_secret_has_it_masked_and_a_setting_shown(sim, tmp_path, capsys):
     """Settings are not secrets: --remote-env BAR=flash once turned "attention backend: flash" into "***" on
     the console and in the log, while a 3-character or multi-line secret was echoed in clear."""
-    from vast_harness.spec.config import Step
+    from vast_harness.spec.profile import Step
 
     spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
                    remote_secret=["VH_PRIVATE_TOKEN=vhcanary-printed-4410", "SHORT=q7z", "MULTI=line-one\nline-two"],

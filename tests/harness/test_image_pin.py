@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from vast_harness.errors import ConfigError
-from vast_harness.spec.config import PROFILE_NAMES, ImageRef, load_profile, resolve
+from vast_harness.spec.profile import PROFILE_NAMES, ImageRef, load_profile
+from vast_harness.spec.resolve import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 PIN = ("pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime"

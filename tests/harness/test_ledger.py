@@ -15,7 +15,7 @@ from vast_harness.console.output import Output
 from vast_harness.errors import LedgerWriteError
 from vast_harness.instance.lifecycle import CreateRequest, create
 from vast_harness.run.runner import GuardedRun
-from vast_harness.spec.config import load_driver_policy
+from vast_harness.spec.profile import load_driver_policy
 from vast_harness.state.ledger import Ledger, LedgerTarget, account_fingerprint
 from vast_harness.vast.client import VastClient
 
@@ -120,7 +120,7 @@ def test_a_run_whose_intent_cannot_be_written_rents_nothing(tmp_path, disk):
     from pydantic import SecretStr
 
     from vast_harness.sim import SimServer
-    from vast_harness.spec.config import resolve
+    from vast_harness.spec.resolve import resolve
 
     with SimServer(seed=11, rate_scale=0.01, boot_seconds=0.1, num_offers=200) as sim:
         spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev")

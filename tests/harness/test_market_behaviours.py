@@ -19,7 +19,7 @@ from vast_harness.console.output import Output
 from vast_harness.errors import Interrupted
 from vast_harness.ops.reap import reap_all
 from vast_harness.run.runner import GuardedRun
-from vast_harness.spec.config import Step, load_driver_policy
+from vast_harness.spec.profile import Step, load_driver_policy
 from vast_harness.state.ledger import Ledger
 from vast_harness.state.registry import make_label, parse_label
 from vast_harness.vast.client import VastClient

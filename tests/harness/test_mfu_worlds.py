@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vast_harness.spec.config import load_profile, resolve
+from vast_harness.spec.profile import load_profile
+from vast_harness.spec.resolve import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 

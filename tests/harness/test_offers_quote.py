@@ -6,7 +6,7 @@ import pytest
 
 from vast_harness.market.offers import OfferCriteria, build_query, check_offer, choose, search_ranked
 from vast_harness.market.quote import quote_offer
-from vast_harness.spec.config import DriverPolicy, Filters, QualifiedDriver
+from vast_harness.spec.profile import DriverPolicy, Filters, QualifiedDriver
 from vast_harness.vast.models import Offer
 
 DRIVERS = DriverPolicy(

@@ -19,7 +19,8 @@ from pydantic import SecretStr
 from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
-from vast_harness.spec.config import Step, load_driver_policy, resolve, validate_api_url
+from vast_harness.spec.profile import Step, load_driver_policy
+from vast_harness.spec.resolve import resolve, validate_api_url
 from vast_harness.state.ledger import Ledger, LedgerTarget, account_fingerprint
 from vast_harness.vast.client import VastClient
 

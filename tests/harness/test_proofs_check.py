@@ -12,7 +12,8 @@ from remote.checks.proofs import check
 from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
-from vast_harness.spec.config import Step, load_driver_policy, resolve
+from vast_harness.spec.profile import Step, load_driver_policy
+from vast_harness.spec.resolve import resolve
 from vast_harness.vast.client import VastClient
 
 EXPECTED_ON_A_NON_PROOFS_RUN = {"profile is 'smoke', not 'proofs'", "remote/mfu-proof.json is missing",

@@ -17,7 +17,7 @@ from vast_harness.console.output import Output
 from vast_harness.host.ssh import run_key_dir_prefix
 from vast_harness.ops.reap import reap_all, remove_stale_key_dirs
 from vast_harness.sim import SimServer
-from vast_harness.spec.config import RunSpec, resolve
+from vast_harness.spec.resolve import RunSpec, resolve
 from vast_harness.state.ledger import Ledger
 from vast_harness.vast.client import VastClient
 

@@ -19,7 +19,8 @@ from vast_harness.console.output import Output
 from vast_harness.ops.reap import reap_all
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
-from vast_harness.spec.config import RunSpec, Step, load_driver_policy, resolve
+from vast_harness.spec.profile import Step, load_driver_policy
+from vast_harness.spec.resolve import RunSpec, resolve
 from vast_harness.state.ledger import Ledger
 from vast_harness.vast.client import VastClient
 

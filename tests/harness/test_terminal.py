@@ -17,7 +17,8 @@ from vast_harness.host.bundle import build_bundle
 from vast_harness.market.plan import choose_offers, plan_run
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
-from vast_harness.spec.config import Step, load_driver_policy, resolve
+from vast_harness.spec.profile import Step, load_driver_policy
+from vast_harness.spec.resolve import resolve
 from vast_harness.vast.client import VastClient
 
 SCALE = 0.01

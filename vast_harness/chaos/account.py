@@ -41,7 +41,7 @@ from vast_harness.chaos.judge import Violation, classify, false_absences, sim_bu
 from vast_harness.console.output import Output
 from vast_harness.resources import data_root
 from vast_harness.sim.server import SimServer
-from vast_harness.spec.config import Step, load_driver_policy
+from vast_harness.spec.profile import Step, load_driver_policy
 from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 AccountKind = Literal["two_runs_reap", "clock_ahead", "clock_behind", "boot_fail_delete_fail", "fleet_reprice"]

@@ -20,7 +20,7 @@ from pathlib import Path
 from vast_harness.chaos.engine import TEARDOWN_BUDGET_S, ChildJob, _client, chaos_spec
 from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
-from vast_harness.spec.config import load_driver_policy
+from vast_harness.spec.profile import load_driver_policy
 
 _real_time = time.time
 

@@ -51,7 +51,7 @@ from vast_harness.chaos.netproxy import FaultProxy, NetFaultPlan
 from vast_harness.ops.reap import reap_all
 from vast_harness.resources import data_root
 from vast_harness.sim.server import SimServer
-from vast_harness.spec.config import Step
+from vast_harness.spec.profile import Step
 from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 API_EPS = ("search", "create", "show", "list", "destroy", "user", "any")

@@ -34,7 +34,9 @@ from vast_harness.errors import (
     describe,
     exit_code_for,
 )
-from vast_harness.spec.config import MAX_USD_LIMIT, RunSpec, check_number, load_driver_policy, path_flag
+from vast_harness.spec.profile import load_driver_policy
+from vast_harness.spec.resolve import RunSpec
+from vast_harness.spec.values import MAX_USD_LIMIT, check_number, path_flag
 
 if TYPE_CHECKING:  # the client (httpx, tenacity) is imported when a command needs it, not at startup
     from vast_harness.vast.client import VastClient
@@ -295,7 +297,7 @@ def reap(
 
 
 def _evidence_dir(flags: Flags) -> Path:
-    from vast_harness.spec.config import UserConfig
+    from vast_harness.spec.user import UserConfig
     from vast_harness.state.runs import default_evidence_dir
 
     given = flags.evidence_path

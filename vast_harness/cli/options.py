@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict
 from typer._click.core import ParameterSource  # typer vendors click
 from typer._click.exceptions import UsageError
 
-from vast_harness.spec.config import RunSpec, path_flag, resolve
+from vast_harness.spec.resolve import RunSpec, resolve
+from vast_harness.spec.values import path_flag
 
 
 def _opt(*names: str, text: str, metavar: str | None = None, hidden: bool = False) -> Any:

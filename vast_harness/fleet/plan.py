@@ -20,7 +20,8 @@ from vast_harness.errors import ConfigError, NoOfferError
 from vast_harness.host.bundle import Bundle
 from vast_harness.market.plan import RunPlan, account_credit_usd, plan_run
 from vast_harness.resources import data_root
-from vast_harness.spec.config import Caps, DriverPolicy, RunSpec, load_profile
+from vast_harness.spec.profile import Caps, DriverPolicy, load_profile
+from vast_harness.spec.resolve import RunSpec
 from vast_harness.vast.client import VastClient
 
 # On --sim the tiny CPU round stands in for the GPU workload; its MFU is against a nominal peak per GPU type

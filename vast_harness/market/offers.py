@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from vast_harness.market.quote import Quote, quote_offer, worst_case_usd
-from vast_harness.spec.config import DriverPolicy, Filters
+from vast_harness.spec.profile import DriverPolicy, Filters
 from vast_harness.vast.models import Offer
 
 MAX_PAGES = 8

@@ -16,7 +16,8 @@ from vast_harness.errors import NoOfferError, TransportError
 from vast_harness.host.bundle import Bundle
 from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
 from vast_harness.records import OfferSummary
-from vast_harness.spec.config import DriverPolicy, RunSpec
+from vast_harness.spec.profile import DriverPolicy
+from vast_harness.spec.resolve import RunSpec
 from vast_harness.vast.client import VastClient
 
 MB = 1_000_000

@@ -34,7 +34,8 @@ from vast_harness.host.ssh import RunKey
 from vast_harness.instance.lifecycle import is_lingering
 from vast_harness.records import CreatedInstance
 from vast_harness.run.runner import GuardedRun, HarnessResult
-from vast_harness.spec.config import DriverPolicy, RunSpec, Step
+from vast_harness.spec.profile import DriverPolicy, Step
+from vast_harness.spec.resolve import RunSpec
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.endpoints import ENDPOINT_PATHS
 

@@ -18,7 +18,7 @@ from rich.text import Text
 from vast_harness.console.output import Output
 from vast_harness.errors import AuthError, EndpointDeprecated, ExitCode, VastError
 from vast_harness.market.offers import price_faults
-from vast_harness.spec.config import RunSpec
+from vast_harness.spec.resolve import RunSpec
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.endpoints import ENDPOINT_PATHS
 

@@ -31,10 +31,10 @@ from vast_harness.evidence.run import RunEvidence
 from vast_harness.host.ssh import RUN_KEY_DIR_GLOB, run_key_dir_pid
 from vast_harness.instance.lifecycle import UNSEEN_TRUST_AFTER_S, is_lingering, teardown_instance
 from vast_harness.records import InstanceTeardown
-from vast_harness.spec.config import LABEL_PREFIX, RunSpec
+from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.dirs import legacy_ledgers
 from vast_harness.state.ledger import EntryFields, Event, Ledger, LedgerEntry, LedgerView, new_run_id, target_of
-from vast_harness.state.registry import MAX_RUN_S, LiveRun, RunRegistry, parse_label
+from vast_harness.state.registry import LABEL_PREFIX, MAX_RUN_S, LiveRun, RunRegistry, parse_label
 from vast_harness.timings import Timings
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Instance

@@ -17,9 +17,9 @@ from vast_harness.console.output import Output, safe_cells, safe_text, terminal_
 from vast_harness.errors import AuthError, ExitCode, VastError
 from vast_harness.instance.lifecycle import is_lingering
 from vast_harness.ops.reap import LiveInstance, judge
-from vast_harness.spec.config import LABEL_PREFIX, RunSpec
+from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.ledger import Ledger
-from vast_harness.state.registry import LiveRun, RunRegistry, parse_label
+from vast_harness.state.registry import LABEL_PREFIX, LiveRun, RunRegistry, parse_label
 from vast_harness.state.runs import refuse_file_on_path
 from vast_harness.vast.client import VastClient
 

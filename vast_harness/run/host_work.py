@@ -21,7 +21,7 @@ from vast_harness.evidence.run import RunEvidence, StepLog
 from vast_harness.host.bundle import Bundle
 from vast_harness.host.ssh import HostSession, TreePull
 from vast_harness.records import PullRecord, StepOutcome, StepRecord
-from vast_harness.spec.config import RunSpec
+from vast_harness.spec.resolve import RunSpec
 
 REMOTE_DIR = "vh"  # under the host's $HOME
 # The evidence pull: never longer than this, never more bytes than this (and never more than the cap affords).

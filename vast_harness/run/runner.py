@@ -73,7 +73,9 @@ from vast_harness.reports.run import write_run_report_safely
 from vast_harness.run.host_work import PULL_GRACE_SHARE, HostWork
 from vast_harness.run.instance_reads import InstanceReads
 from vast_harness.run.rent_book import CreateOutcome, NotRented, RentBook, Rented
-from vast_harness.spec.config import DriverPolicy, RunSpec, check_evidence_dir
+from vast_harness.spec.profile import DriverPolicy
+from vast_harness.spec.resolve import RunSpec
+from vast_harness.spec.values import check_evidence_dir
 from vast_harness.state.ledger import Ledger, new_run_id
 from vast_harness.state.registry import HeldRegistration, Registration, RunRegistry, make_label, this_host
 from vast_harness.vast.client import VastClient

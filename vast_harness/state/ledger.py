@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field, StrictInt, ValidationError
 from vast_harness.errors import LedgerWriteError
 
 if TYPE_CHECKING:
-    from vast_harness.spec.config import RunSpec
+    from vast_harness.spec.resolve import RunSpec
 
 Event = Literal["intent", "created", "create_unknown", "create_unresolved", "create_failed", "delete_ack",
                 "absence", "label_swept", "seen"]

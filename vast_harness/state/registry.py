@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import BaseModel, ValidationError
 
 from vast_harness.errors import ConfigError
-from vast_harness.spec.config import LABEL_PREFIX, MAX_MINUTES_LIMIT
+from vast_harness.timings import MAX_MINUTES_LIMIT
 
 LIVE_DIR = "live"
 # A run id as new_run_id makes it: the strict form makes old labels (no deadline) unambiguous, even when
@@ -38,6 +38,7 @@ LIVE_DIR = "live"
 _STRICT = re.compile(r"^vh-(?P<run>\d{8}T\d{6}Z-[0-9a-f]{6})(?:-r(?P<n>\d+))?(?:-d(?P<dl>[0-9a-z]{1,12}))?$")
 _LOOSE = re.compile(r"^vh-(?P<run>.+?)(?:-r(?P<n>\d+))?(?:-d(?P<dl>[0-9a-z]{6}))?$")
 # No run lives longer than this: its time cap's upper bound plus the dead-man switch's grace.
+LABEL_PREFIX = "vh-"  # every instance a run creates is labelled vh-<run id>-...: reap and status find them by it
 MAX_RUN_S = MAX_MINUTES_LIMIT * 60.0 + 3600.0
 
 Liveness = Literal["live", "dead", "elsewhere"]

@@ -1,0 +1,285 @@
+"""The validated run spec, and the one place that builds it: `resolve` lays flag > environment > user config >
+profile, in that order, over the target's timings.
+
+Everything that can be wrong with the input is found here (or by the parsers in `values`, `profile` and `user`)
+and raised as ConfigError naming the flag or field, before any network call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from vast_harness.errors import ConfigError, UnwritableDirError
+from vast_harness.spec.profile import (
+    NUM_GPUS_PLACEHOLDER,
+    PROFILES_DIR,
+    Caps,
+    Filters,
+    HarnessProfile,
+    ImageExpect,
+    load_profile,
+    parse_image_expect,
+    validation_message,
+    with_image_expect,
+)
+from vast_harness.spec.redact import Redactor
+from vast_harness.spec.user import UserConfig, read_api_key
+from vast_harness.spec.values import (
+    MAX_BOOT_RETRIES,
+    MAX_INTERVAL_S,
+    MAX_PACING_SCALE,
+    MAX_PCIE_GBPS,
+    MAX_USD_LIMIT,
+    check_evidence_dir,
+    check_number,
+    mask_env,
+    parse_remote_env,
+    path_flag,
+    read_secret_file,
+)
+from vast_harness.state.dirs import SIM_SUBDIR, STATE_ENV
+from vast_harness.state.dirs import state_dir as user_state_dir
+from vast_harness.timings import MAX_MINUTES_LIMIT, Timings
+from vast_harness.vast.url import DEFAULT_API_URL, is_loopback_url, validate_api_url
+
+# Against a real API the absence proof's two rounds must be this far apart, and pacing may not go below
+# Vast's own rate limits: lower values are for the simulator (loopback or --sim) only.
+REAL_PROOF_INTERVAL_FLOOR_S = 10.0
+REAL_PACING_SCALE_FLOOR = 1.0
+
+
+class RunSpec(BaseModel):
+    """Everything a run needs, validated. Built only by `resolve`."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    profile: HarnessProfile
+    filters: Filters
+    caps: Caps
+    remote_env: dict[str, str]  # settings: shown and stored as given
+    remote_secrets: dict[str, SecretStr] = Field(default_factory=dict)  # masked everywhere, never stored
+    api_url: str
+    api_key: SecretStr | None  # None with --sim until the embedded simulator is up
+    dry_run: bool = False
+    any_driver: bool = False
+    eight_gpu_qualified: bool = False
+    unqualified_ok: bool = False  # exit 0 instead of 4 for a pass on an unqualified driver (--any-driver runs)
+    boot_retries: int = 0
+    evidence_dir: Path
+    state_dir: Path  # the user's ledger and live-run registrations (statedir.py); evidence by default
+    sim: bool = False
+    timings: Timings  # the table for this target (timings.py), the user's flags laid over it
+    allow_unarmed_deadman: bool = False  # run even when the dead-man switch cannot prove it can act (recorded)
+    image_expect_override: ImageExpect | None = None  # --image-expect: recorded in the evidence and the report
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunSpec:
+        if self.any_driver and self.eight_gpu_qualified:
+            raise ValueError("--any-driver and --eight-gpu-qualified contradict each other")
+        both = sorted(set(self.remote_env) & set(self.remote_secrets))
+        if both:
+            raise ValueError(f"{', '.join(both)} given both as --remote-env and as a secret: give it once")
+        return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        # pydantic's `update` skips validation: a key that is not a field (`poll_s`, read from `timings`)
+        # would be dropped without a word. Refused instead.
+        unknown = sorted(set(update or {}) - set(type(self).model_fields))
+        if unknown:
+            raise TypeError(f"RunSpec has no field {', '.join(unknown)} (timings change with with_timings)")
+        return super().model_copy(update=update, deep=deep)
+
+    def with_timings(self, **changes: float) -> RunSpec:
+        """This spec with some timings replaced, validated (tests and chaos scale the clocks down)."""
+        return self.model_copy(update={"timings": Timings.model_validate(self.timings.model_dump() | changes)})
+
+    # Shorthands for the `timings` the phases read; not fields of their own (with_timings changes them).
+    @property
+    def proof_interval_s(self) -> float:
+        return self.timings.proof_interval_s
+
+    @property
+    def teardown_margin_s(self) -> float:
+        return self.timings.teardown_margin_s
+
+    @property
+    def poll_s(self) -> float:
+        return self.timings.poll_s
+
+    @property
+    def deadman_grace_s(self) -> float:
+        return self.timings.deadman_grace_s
+
+    @property
+    def pacing_scale(self) -> float:
+        return self.timings.pacing_scale
+
+    @property
+    def shown_remote_env(self) -> dict[str, str]:
+        """What the dry run, the record and the reports show: settings as given, secrets as `***`."""
+        return dict(self.remote_env) | mask_env(self.remote_secrets)
+
+    @property
+    def host_env(self) -> dict[str, str]:
+        """The steps' environment on the host: settings and secrets, by value."""
+        return dict(self.remote_env) | {k: v.get_secret_value() for k, v in self.remote_secrets.items()}
+
+    @cached_property
+    def redactor(self) -> Redactor:
+        return Redactor(v.get_secret_value() for v in self.remote_secrets.values())
+
+    @property
+    def max_seconds(self) -> float:
+        return self.caps.max_minutes * 60.0
+
+
+def resolve(
+    *,
+    profile: str,
+    num_gpus: int | None = None,
+    min_pcie_bw: float | None = None,
+    key_file: Path | str | None = None,
+    max_usd: float | None = None,
+    max_minutes: float | None = None,
+    remote_env: list[str] | None = None,
+    remote_secret: list[str] | None = None,
+    remote_secret_file: Path | str | None = None,
+    dry_run: bool = False,
+    any_driver: bool = False,
+    eight_gpu_qualified: bool = False,
+    unqualified_ok: bool = False,
+    boot_retries: int | None = None,
+    evidence_dir: Path | str | None = None,
+    api_url: str | None = None,
+    sim: bool = False,
+    proof_interval_s: float | None = None,
+    pacing_scale: float | None = None,
+    poll_s: float | None = None,
+    allow_unarmed_deadman: bool = False,
+    image_expect: str | None = None,
+    image_expect_ack: bool = False,
+    state_dir: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    profiles_dir: Path = PROFILES_DIR,
+    on_unwritable: Callable[[str], None] | None = None,
+) -> RunSpec:
+    """Flags > environment (VAST_API_KEY, VAST_URL) > the user's config file > profile, validated. Raises
+    ConfigError naming the offending flag or field. An evidence or state dir that takes no writes is refused,
+    unless `on_unwritable` is given: then it is told (a reap warns and goes on deleting)."""
+    environ = os.environ if environ is None else environ
+    user, _ = UserConfig.load(environ)
+    prof = load_profile(profile, profiles_dir)
+    if unqualified_ok and not any_driver:
+        raise ConfigError("--unqualified-ok only applies with --any-driver (without it no run passes on an "
+                          "unqualified driver)")
+    max_usd = max_usd if max_usd is not None else user.max_usd
+    max_minutes = max_minutes if max_minutes is not None else user.max_minutes
+    ev_source = "--evidence-dir" if evidence_dir is not None else "evidence_dir (config file)"
+    evidence_dir = evidence_dir if evidence_dir is not None else user.evidence_dir
+    check_number("--max-usd", max_usd, low=0, high=MAX_USD_LIMIT, low_inclusive=False)
+    check_number("--max-minutes", max_minutes, low=0, high=MAX_MINUTES_LIMIT, low_inclusive=False)
+    check_number("--min-pcie-bw", min_pcie_bw, low=0, high=MAX_PCIE_GBPS)
+    check_number("--num-gpus", num_gpus, low=1, high=16)
+    check_number("--boot-retries", boot_retries, low=0, high=MAX_BOOT_RETRIES)
+    check_number("--proof-interval", proof_interval_s, low=0, high=MAX_INTERVAL_S)
+    check_number("--poll-interval", poll_s, low=0, high=MAX_INTERVAL_S, low_inclusive=False)
+    check_number("--pacing-scale", pacing_scale, low=0, high=MAX_PACING_SCALE)
+    evidence_dir = path_flag("--evidence-dir", evidence_dir)
+    key_file = path_flag("--key-file", key_file)
+
+    filters = prof.filters.model_copy(
+        update={
+            k: v
+            for k, v in {
+                "num_gpus": 8 if eight_gpu_qualified else num_gpus,
+                "min_pcie_bw_gbps": min_pcie_bw,
+            }.items()
+            if v is not None
+        }
+    )
+    caps = Caps(
+        max_usd=max_usd if max_usd is not None else prof.caps.max_usd,
+        max_minutes=max_minutes if max_minutes is not None else prof.caps.max_minutes,
+    )
+    given_env = parse_remote_env(remote_env or [])
+    secret_file = path_flag("--remote-secret-file", remote_secret_file)
+    secrets = read_secret_file(secret_file) if secret_file is not None else {}
+    secrets.update(parse_remote_env(remote_secret or [], flag="--remote-secret", environ=environ))
+    # `{num_gpus}` follows --num-gpus / --eight-gpu-qualified (the mfu sweep's world sizes); --remote-env wins;
+    # a secret named like one of the profile's settings replaces it (a flag given twice is refused below)
+    profile_env = {k: v.replace(NUM_GPUS_PLACEHOLDER, str(filters.num_gpus)) for k, v in prof.remote_env.items()}
+    env = {k: v for k, v in profile_env.items() if k not in secrets} | given_env
+
+    if api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
+        url = validate_api_url(api_url)
+    elif environ.get("VAST_URL") is not None:
+        url = validate_api_url(environ["VAST_URL"], "VAST_URL")
+    else:
+        url = DEFAULT_API_URL
+    if not (sim or is_loopback_url(url)):  # the safety floors hold against any real API
+        if proof_interval_s is not None and proof_interval_s < REAL_PROOF_INTERVAL_FLOOR_S:
+            raise ConfigError(f"--proof-interval {proof_interval_s:g} is below the {REAL_PROOF_INTERVAL_FLOOR_S:g} s "
+                              f"floor against {url}; lower values are for the simulator (loopback or --sim)")
+        if pacing_scale is not None and pacing_scale < REAL_PACING_SCALE_FLOOR:
+            raise ConfigError(f"--pacing-scale {pacing_scale:g} is below {REAL_PACING_SCALE_FLOOR:g} against {url}: "
+                              "Vast's rate limits cannot be scaled down; lower values are for the simulator")
+    override = None
+    if image_expect is not None:
+        override = parse_image_expect(image_expect, prof.image_expect)
+        if not (sim or is_loopback_url(url) or image_expect_ack):
+            raise ConfigError(f"--image-expect overrides the profile's image check against {url}: a real rental "
+                              "could run on an image the profile was not measured with. Add --image-expect-ack "
+                              "to do it anyway (the override is recorded in the evidence and the report)")
+        prof = with_image_expect(prof, override)
+    elif image_expect_ack:
+        raise ConfigError("--image-expect-ack acknowledges an --image-expect override; none was given")
+    key = None if sim else read_api_key(key_file, environ, path_flag("key_file (config file)", user.key_file))
+    # --sim runs keep their own state: the embedded simulator's account dies with the process, so its ledger
+    # lines must never make a reap of the real account exit 3.
+    state = (state_dir or (user_state_dir(environ) / SIM_SUBDIR if sim else user_state_dir(environ))).expanduser()
+    ev_dir = (evidence_dir or state).expanduser()  # never site-packages, never the current directory
+    if not dry_run:  # a run writes its ledger and evidence here: find out now, not after renting
+        state_name = f"the state directory (${STATE_ENV})" if environ.get(STATE_ENV) else "the state directory"
+        checks = [(ev_dir, ev_source if evidence_dir is not None else state_name)]
+        checks += [(state, state_name)] if state != ev_dir else []
+        for path, name in checks:
+            try:
+                check_evidence_dir(path, name, **({"consequence": "reaping anyway; what cannot be written is "
+                                                  "skipped"} if on_unwritable else {}))
+            except UnwritableDirError as exc:
+                if on_unwritable is None:
+                    raise
+                on_unwritable(str(exc))
+    # The one place a run's timings are chosen: the simulator's table with --sim, else Vast's; flags win.
+    timing_flags = {"proof_interval_s": proof_interval_s, "poll_s": poll_s, "pacing_scale": pacing_scale}
+    table = Timings.sim() if sim else Timings.real()
+    try:
+        timings = Timings.model_validate(table.model_dump() | {k: v for k, v in timing_flags.items() if v is not None})
+        return RunSpec(
+            profile=prof,
+            filters=filters,
+            caps=caps,
+            remote_env=env,
+            remote_secrets={k: SecretStr(v) for k, v in secrets.items()},
+            api_url=url,
+            api_key=key,
+            dry_run=dry_run,
+            any_driver=any_driver,
+            eight_gpu_qualified=eight_gpu_qualified,
+            unqualified_ok=unqualified_ok,
+            boot_retries=prof.boot_retries if boot_retries is None else boot_retries,
+            evidence_dir=ev_dir,
+            state_dir=state,
+            sim=sim,
+            timings=timings,
+            allow_unarmed_deadman=allow_unarmed_deadman,
+            image_expect_override=override,
+        )
+    except ValidationError as exc:
+        raise ConfigError(validation_message("run spec", exc)) from None

@@ -1,0 +1,125 @@
+"""What the user keeps on disk: the config file (`$XDG_CONFIG_HOME/vast-harness/config.toml`) and the API
+key (`--key-file`, `VAST_API_KEY`, the official CLI's key file), each checked for private permissions.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import Field, SecretStr, ValidationError
+
+from vast_harness.errors import ConfigError
+from vast_harness.spec.profile import StrictModel, load_toml, validation_message
+from vast_harness.spec.values import MAX_USD_LIMIT
+from vast_harness.timings import MAX_MINUTES_LIMIT
+from vast_harness.vast.url import shown
+
+MAX_KEY_FILE_BYTES = 4096  # a Vast key is 64 hex characters; anything this large is not a key file
+
+
+def _checked_key(key: str, source: str) -> SecretStr:
+    if not key:
+        raise ConfigError(f"{source} is empty")
+    if len(key) > MAX_KEY_FILE_BYTES:
+        raise ConfigError(f"{source}: the key is {len(key)} characters long; a Vast API key is 64")
+    if not key.isascii() or any(ch.isspace() or not ch.isprintable() for ch in key):
+        raise ConfigError(f"{source}: the key must be printable ASCII without spaces (is this the right file?)")
+    return SecretStr(key)
+
+
+def _check_private_file(path: Path, where: str, st: os.stat_result | None = None) -> None:
+    """A file holding a secret: a regular file (a FIFO would block the run for ever) that only its owner can
+    read (`chmod 600`), as ssh requires of a private key."""
+    if st is None:
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+        except ValueError as exc:
+            raise ConfigError(f"{where}: not a usable path ({exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{where} is not a regular file")
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(
+            f"{where} is readable by group or others (mode {stat.S_IMODE(st.st_mode):o}): run chmod 600 on it"
+        )
+
+
+CONFIG_FILE = Path("vast-harness") / "config.toml"  # under the XDG config directory
+
+
+OFFICIAL_CLI_KEY_FILE = Path("vastai") / "vast_api_key"  # where `vastai set api-key` writes it
+
+
+def config_home(environ: Mapping[str, str]) -> Path | None:
+    """$XDG_CONFIG_HOME, else $HOME/.config, from the given environment only (tests pass their own)."""
+    if environ.get("XDG_CONFIG_HOME"):
+        return Path(environ["XDG_CONFIG_HOME"])
+    return Path(environ["HOME"]) / ".config" if environ.get("HOME") else None
+
+
+class UserConfig(StrictModel):
+    """`$XDG_CONFIG_HOME/vast-harness/config.toml`: a user's defaults, below flags and the environment and
+    above the profile. Every key optional; an unknown key is refused (exit 2 naming it)."""
+
+    key_file: str | None = None
+    evidence_dir: str | None = None
+    max_usd: float | None = Field(default=None, gt=0, le=MAX_USD_LIMIT)
+    max_minutes: float | None = Field(default=None, gt=0, le=MAX_MINUTES_LIMIT)
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str]) -> tuple[UserConfig, Path | None]:
+        home = config_home(environ)
+        path = home / CONFIG_FILE if home is not None else None
+        if path is None or not path.is_file():
+            return cls(), None
+        try:
+            return cls.model_validate(load_toml(path)), path
+        except ValidationError as exc:
+            raise ConfigError(validation_message(str(path), exc)) from None
+
+
+def read_api_key(key_file: Path | None, environ: Mapping[str, str] | None = None,
+                 config_key_file: Path | None = None) -> SecretStr:
+    """The key from --key-file, VAST_API_KEY, the config file's key_file, or the official CLI's key file
+    (in that order); every file is refused when group/world readable."""
+    environ = os.environ if environ is None else environ
+    if key_file is None and not environ.get("VAST_API_KEY", "").strip():
+        home = config_home(environ)
+        official = home / OFFICIAL_CLI_KEY_FILE if home is not None else None
+        if config_key_file is not None:
+            return _read_key_file(config_key_file.expanduser(), f"key_file {shown(config_key_file)} (config file)")
+        if official is not None and official.exists():
+            return _read_key_file(official, f"the official CLI's key file {shown(official)}")
+    if key_file is not None:
+        return _read_key_file(key_file.expanduser(), f"--key-file {shown(key_file.expanduser())}")
+    key = environ.get("VAST_API_KEY", "").strip()
+    if not key:
+        raise ConfigError("no API key: pass --key-file PATH (chmod 600), set VAST_API_KEY, or run `vastai set "
+                          "api-key` (read from ~/.config/vastai/vast_api_key) (or use --sim)")
+    return _checked_key(key, "VAST_API_KEY")
+
+
+def _read_key_file(path: Path, where: str) -> SecretStr:
+    """A key file: regular, owner-only (`chmod 600`), small, one printable ASCII key."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+    except ValueError as exc:  # an embedded NUL
+        raise ConfigError(f"{where}: not a usable path ({exc})") from None
+    _check_private_file(path, where, st)
+    if st.st_size > MAX_KEY_FILE_BYTES:
+        raise ConfigError(f"{where} is {st.st_size} bytes; a Vast API key file is under {MAX_KEY_FILE_BYTES}")
+    try:
+        raw = path.read_bytes()[: MAX_KEY_FILE_BYTES + 1]
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where} is not ASCII text: a Vast API key is 64 hex characters") from None
+    return _checked_key(text.strip(), where)
