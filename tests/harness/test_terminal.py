@@ -12,6 +12,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from vast_harness.cli.tables import show_offers, show_plan
 from vast_harness.console.output import Output, safe_text, terminal_safe
 from vast_harness.host.bundle import build_bundle
 from vast_harness.market.plan import choose_offers, plan_run
@@ -100,10 +101,10 @@ def test_api_fields_reach_offers_and_the_dry_run_escaped(sim, tmp_path, capsys):
     spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)})
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, transport=HostileOffers()) as client:
         choice = choose_offers(spec, client, load_driver_policy(), build_bundle(), credit_usd=100.0)
-        Output().offers(choice)
-        Output().plan(plan_run(spec, client, load_driver_policy(), build_bundle()))
+        show_offers(Output(), choice)
+        show_plan(Output(), plan_run(spec, client, load_driver_policy(), build_bundle()))
         json_out = Output(json_mode=True)
-        json_out.offers(choice)
+        show_offers(json_out, choice)
     captured = capsys.readouterr()
     text = captured.out[: captured.out.rindex("{")] if "{" in captured.out else captured.out
     assert choice.ranked

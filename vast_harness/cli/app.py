@@ -24,6 +24,7 @@ from pydantic import SecretStr
 from typer._click.exceptions import ClickException  # typer vendors click; usage errors subclass this
 
 from vast_harness.cli.options import CANARY, CHECK, EVIDENCE, FLEET, OFFERS, REAP, RUN, STATUS, Flags, takes
+from vast_harness.cli.tables import show_offers, show_plan
 from vast_harness.console.output import Output
 from vast_harness.errors import (
     ConfigError,
@@ -101,7 +102,7 @@ def _guard(out: Output, body: Callable[[], int], *, interrupted: str = "interrup
         code = ExitCode(body())
     except (HarnessError, KeyboardInterrupt, Interrupted) as exc:
         if isinstance(exc, NoOfferError) and exc.rejected:
-            out.rejections(exc.rejected, title="Closest offers and why each was rejected")
+            out.rejections([r.row() for r in exc.rejected], title="Closest offers and why each was rejected")
         code = exit_code_for(exc)
         out.failure(interrupted if isinstance(exc, (KeyboardInterrupt, Interrupted)) else describe(exc), code)
     _reported.append(code)
@@ -139,7 +140,7 @@ def main_command(
 
                 check_minimum_cap(target.caps.max_minutes, target.timings)  # the run would refuse it: so does the preview
 
-                out.plan(plan_run(target, client, drivers, build_bundle()))
+                show_plan(out, plan_run(target, client, drivers, build_bundle()))
                 return 0
             from vast_harness.run.runner import run_guarded
 
@@ -176,7 +177,7 @@ def offers(
             measurements = load_measurements(spec.evidence_dir)
             print_ranked(out, rank_by_usd_per_mtok(choice, measurements), measurements)
             return ExitCode.PASSED if choice.ranked else NoOfferError.exit_code
-        out.offers(choice)
+        show_offers(out, choice)
         return ExitCode.PASSED if choice.ranked else NoOfferError.exit_code
 
     _guard(out, body)

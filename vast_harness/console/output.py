@@ -29,8 +29,6 @@ from rich.text import Text
 
 from vast_harness.console.live import HEARTBEAT_S, LiveView, Snapshot
 from vast_harness.errors import ExitCode
-from vast_harness.market.offers import Candidate, OfferChoice, Rejection
-from vast_harness.market.plan import RunPlan
 
 if TYPE_CHECKING:  # annotations only: output keeps importing nothing of the run machinery at runtime
     from vast_harness.records import InstanceTeardown, StepRecord
@@ -303,80 +301,16 @@ class Output:
             self.out.print(_t(line, "red"))
         self.out.print(_t("all proven absent", "green") if ok else _t("NOT all proven absent", "bold red"))
 
-    # -- plans and offers ----------------------------------------------------------------------
-    def plan(self, plan: RunPlan) -> None:
+    def rejections(self, rows: Sequence[dict[str, Any]], *, title: str) -> None:
+        """The closest rejected offers as a table (`Rejection.row()` each), or with --json riding along in the
+        one JSON object the command prints."""
         if self.json_mode:
-            self.emit_json({"dry_run": True} | plan.summary())
-            return
-        o, q = plan.chosen.offer, plan.chosen.quote
-        self.out.print(_line(("Dry run", "bold"), " — profile ", (str(plan.profile), "cyan")))
-        repo_tag, _, digest = plan.image.partition("@")  # repo:tag@sha256:... (config refuses any other form)
-        self.out.print(_line(("image", "bold"), f" {repo_tag}  ", ("digest", "bold"),
-                             f" {digest}{'' if plan.image_digest_verified else ' (unverified)'}"), soft_wrap=True)
-        self.out.print(_line(("create sends", "bold"), f" {repo_tag.rsplit(':', 1)[0]}@{digest}"), soft_wrap=True)
-        t = Table(title="Chosen offer", show_header=True, header_style="bold")
-        for col in ("id", "GPU", "count", "driver", "qualified", "CUDA", "PCIe GB/s", "$/h", "reliability",
-                    "location"):
-            t.add_column(col)
-        t.add_row(
-            _t(o.id), _t(o.gpu_name), _t(o.num_gpus), _t(o.driver_version or "?"),
-            _t("yes") if plan.chosen.driver_qualified else _t("no", "yellow"), _t(o.cuda_max_good),
-            _t(o.pcie_bw_gbps), _t(f"{q.dph_at_disk_usd:.4f}"), _t(f"{o.reliability_score:.3f}"),
-            _t(o.geolocation or "?"),
-        )
-        self.out.print(t)
-        steps = Table(title="Steps", show_header=True, header_style="bold")
-        steps.add_column("#")
-        steps.add_column("name")
-        steps.add_column("timeout")
-        steps.add_column("command", overflow="fold")
-        for i, s in enumerate(plan.steps, 1):
-            steps.add_row(_t(i), _t(s.name), _t(f"{s.timeout_s:g} s"), _t(s.run))
-        self.out.print(steps)
-        if plan.pytest_node_ids:
-            self.out.print(_line(("pytest node ids", "bold"), " (a skip fails the run):"))
-            for node in plan.pytest_node_ids:
-                self.out.print(_t(f"  {node}"))
-        self.out.print(_line(("Caps", "bold"), f": ${plan.caps.max_usd:.2f}, {plan.caps.max_minutes:g} min   ",
-                             ("Credit", "bold"), f": ${plan.credit_usd:.2f}"))
-        self.out.print(_line(("Worst case", "bold"), f": {q.arithmetic}"))
-        env = " ".join(f"{k}={v}" for k, v in plan.remote_env_shown.items()) or "(none)"
-        self.out.print(_line(("remote_env", "bold"), f": {env}"))
-        self.out.print(_t(f"bundle sha256 {plan.bundle_sha256[:16]}… ({plan.bundle_bytes} bytes); {plan.offers_seen} "
-                          f"offers seen in {plan.pages} page(s); nothing was created.", "dim"))
-        for w in plan.warnings:
-            self.warn(w)
-
-    def offers(self, choice: OfferChoice, *, show_rejected: int = 20) -> None:
-        if self.json_mode:
-            self.emit_json(
-                {
-                    "ranked": [_candidate_row(c) for c in choice.ranked],
-                    "rejected": [_rejection_row(r) for r in choice.closest_rejections(show_rejected)],
-                    "offers_seen": choice.offers_seen,
-                    "pages": choice.pages,
-                }
-            )
-            return
-        t = Table(title=_t(f"Ranked offers ({len(choice.ranked)} of {choice.offers_seen} seen)"), header_style="bold")
-        for col in ("rank", "id", "GPU", "n", "driver", "qual", "CUDA", "PCIe", "$/h", "worst $", "rel", "location"):
-            t.add_column(col)
-        for i, c in enumerate(choice.ranked, 1):
-            r = _candidate_row(c)
-            t.add_row(_t(i), *(_t(r[k]) for k in ("id", "gpu", "n", "driver", "qualified", "cuda", "pcie_bw",
-                                                  "dph", "worst_case_usd", "reliability", "location")))
-        self.out.print(t)
-        self.rejections(choice.closest_rejections(show_rejected), title="Closest rejected offers")
-
-    def rejections(self, rejected: list[Rejection], *, title: str) -> None:
-        if self.json_mode:
-            self.rejected_rows = [_rejection_row(r) for r in rejected]
+            self.rejected_rows = list(rows)
             return
         t = Table(title=_t(title), header_style="bold")
         for col in ("id", "GPU", "n", "driver", "worst $", "why rejected"):
             t.add_column(col, overflow="fold")
-        for r in rejected:
-            row = _rejection_row(r)
+        for row in rows:
             t.add_row(_t(row["id"]), _t(row["gpu"]), _t(row["n"]), _t(row["driver"]), _t(row["worst_case_usd"]),
                       _t("; ".join(row["reasons"])))
         self.out.print(t)
@@ -417,24 +351,6 @@ class RunOutput(Output):
             self.err.print(_line((self.tag, "cyan"), f" step {step.name}: {how} in {step.seconds:.1f} s; "
                                                      f"accrued ${accrued_usd:.4f}"))
 
-    def rejections(self, rejected: Sequence[Any], *, title: str) -> None:
-        self.err.print(_line((self.tag, "cyan"), f" {title}: {len(rejected)} offer(s)"))
+    def rejections(self, rows: Sequence[dict[str, Any]], *, title: str) -> None:
+        self.err.print(_line((self.tag, "cyan"), f" {title}: {len(rows)} offer(s)"))
 
-
-def _candidate_row(c: Candidate) -> dict[str, Any]:
-    o = c.offer
-    return {
-        "id": o.id, "gpu": o.gpu_name, "n": o.num_gpus, "driver": o.driver_version, "qualified": c.driver_qualified,
-        "cuda": o.cuda_max_good, "pcie_bw": o.pcie_bw_gbps, "dph": round(c.quote.dph_at_disk_usd, 4),
-        "worst_case_usd": round(c.quote.worst_case_usd, 4), "reliability": round(o.reliability_score, 3),
-        "location": o.geolocation,
-    }
-
-
-def _rejection_row(r: Rejection) -> dict[str, Any]:
-    o = r.offer
-    return {
-        "id": o.id, "gpu": o.gpu_name, "n": o.num_gpus, "driver": o.driver_version,
-        "worst_case_usd": round(r.worst_case_usd, 4) if r.worst_case_usd is not None else None,
-        "reasons": r.reasons,
-    }

@@ -164,3 +164,10 @@ def json_safe(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [json_safe(v) for v in obj]
     return obj
+
+
+def usd_per_mtok(dph_usd: float | None, tokens_per_s_total: float | None) -> float | None:
+    """Dollars per million training tokens: $/h / (tokens/s × 3600 / 1e6)."""
+    if not dph_usd or not tokens_per_s_total or tokens_per_s_total <= 0:
+        return None
+    return dph_usd / (tokens_per_s_total * 3600.0 / 1e6)

@@ -45,6 +45,16 @@ class Candidate(BaseModel):
     quote: Quote
     driver_qualified: bool
 
+    def row(self) -> dict[str, Any]:
+        """One ranked offer as the offers table and its --json show it."""
+        o = self.offer
+        return {
+            "id": o.id, "gpu": o.gpu_name, "n": o.num_gpus, "driver": o.driver_version, "qualified": self.driver_qualified,
+            "cuda": o.cuda_max_good, "pcie_bw": o.pcie_bw_gbps, "dph": round(self.quote.dph_at_disk_usd, 4),
+            "worst_case_usd": round(self.quote.worst_case_usd, 4), "reliability": round(o.reliability_score, 3),
+            "location": o.geolocation,
+        }
+
 
 @dataclass(slots=True)
 class Rejection:
@@ -53,6 +63,15 @@ class Rejection:
     offer: Offer
     worst_case_usd: float | None
     reasons: list[str]
+
+    def row(self) -> dict[str, Any]:
+        """One rejected offer as the rejections table and its --json show it."""
+        o = self.offer
+        return {
+            "id": o.id, "gpu": o.gpu_name, "n": o.num_gpus, "driver": o.driver_version,
+            "worst_case_usd": round(self.worst_case_usd, 4) if self.worst_case_usd is not None else None,
+            "reasons": self.reasons,
+        }
 
 
 class OfferChoice(BaseModel):

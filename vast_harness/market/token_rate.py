@@ -17,9 +17,15 @@ from pathlib import Path
 from rich.table import Table
 
 from vast_harness.console.output import Output, line, safe_cells
-from vast_harness.evidence.host_data import TOKENS_PER_S_RANGE, is_workload_record, number, read_json, workload_figures
+from vast_harness.evidence.host_data import (
+    TOKENS_PER_S_RANGE,
+    is_workload_record,
+    number,
+    read_json,
+    usd_per_mtok,
+    workload_figures,
+)
 from vast_harness.market.offers import Candidate, OfferChoice
-from vast_harness.reports.run import usd_per_mtok
 from vast_harness.resources import data_root
 
 COMMITTED_GLOBS = (".evidence/h200*/**/mfu*.json", ".evidence/h200*/**/dp*.json")

@@ -15,12 +15,12 @@ from rich.table import Table
 from rich.text import Text
 
 from vast_harness.console.output import Output, safe_cells
-from vast_harness.evidence.host_data import json_safe
+from vast_harness.evidence.host_data import json_safe, usd_per_mtok
 from vast_harness.evidence.run import write_whole
 from vast_harness.reports import svg as svgplot
 from vast_harness.reports import timeline
 from vast_harness.reports.html import Link, usd
-from vast_harness.reports.run import REPORT_NAME, Cell, exit_cell, load_run, page, run_sections, table, usd_per_mtok
+from vast_harness.reports.run import REPORT_NAME, Cell, exit_cell, load_run, page, run_sections, table
 
 FLEET_REPORT_NAME = "fleet-report.html"
 FLEET_RESULT_NAME = "fleet-result.json"

@@ -14,7 +14,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from vast_harness.evidence.host_data import WorkloadFigures, load_workloads, number, read_json
+from vast_harness.evidence.host_data import WorkloadFigures, load_workloads, number, read_json, usd_per_mtok
 from vast_harness.reports import svg as svgplot
 from vast_harness.reports import timeline
 from vast_harness.reports.html import Cell, Link, exit_cell, page, show, table, usd
@@ -55,13 +55,6 @@ def _float_or_none(text: str) -> float | None:
         return float(text)
     except ValueError:
         return None
-
-
-def usd_per_mtok(dph_usd: float | None, tokens_per_s_total: float | None) -> float | None:
-    """Dollars per million training tokens: $/h / (tokens/s × 3600 / 1e6)."""
-    if not dph_usd or not tokens_per_s_total or tokens_per_s_total <= 0:
-        return None
-    return dph_usd / (tokens_per_s_total * 3600.0 / 1e6)
 
 
 def summary_section(f: RunFacts) -> str:

@@ -284,7 +284,7 @@ class GuardedRun:
             except (Exception, Interrupted) as exc:  # a bug too must end in teardown and an exit code
                 code, message = self._with_guard(exit_code_for(exc), describe(exc))
                 if isinstance(exc, NoOfferError) and exc.rejected:
-                    self.out.rejections(exc.rejected, title="Closest offers and why each was rejected")
+                    self.out.rejections([r.row() for r in exc.rejected], title="Closest offers and why each was rejected")
             finally:
                 guard.in_teardown = True
                 try:

@@ -5,7 +5,6 @@ key (`--key-file`, `VAST_API_KEY`, the official CLI's key file), each checked fo
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from pydantic import Field, SecretStr, ValidationError
 
 from vast_harness.errors import ConfigError
 from vast_harness.spec.profile import StrictModel, load_toml, validation_message
-from vast_harness.spec.values import MAX_USD_LIMIT
+from vast_harness.spec.values import MAX_USD_LIMIT, check_private_file
 from vast_harness.timings import MAX_MINUTES_LIMIT
 from vast_harness.vast.url import shown
 
@@ -28,24 +27,6 @@ def _checked_key(key: str, source: str) -> SecretStr:
     if not key.isascii() or any(ch.isspace() or not ch.isprintable() for ch in key):
         raise ConfigError(f"{source}: the key must be printable ASCII without spaces (is this the right file?)")
     return SecretStr(key)
-
-
-def _check_private_file(path: Path, where: str, st: os.stat_result | None = None) -> None:
-    """A file holding a secret: a regular file (a FIFO would block the run for ever) that only its owner can
-    read (`chmod 600`), as ssh requires of a private key."""
-    if st is None:
-        try:
-            st = path.stat()
-        except OSError as exc:
-            raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
-        except ValueError as exc:
-            raise ConfigError(f"{where}: not a usable path ({exc})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{where} is not a regular file")
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(
-            f"{where} is readable by group or others (mode {stat.S_IMODE(st.st_mode):o}): run chmod 600 on it"
-        )
 
 
 CONFIG_FILE = Path("vast-harness") / "config.toml"  # under the XDG config directory
@@ -111,7 +92,7 @@ def _read_key_file(path: Path, where: str) -> SecretStr:
         raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
     except ValueError as exc:  # an embedded NUL
         raise ConfigError(f"{where}: not a usable path ({exc})") from None
-    _check_private_file(path, where, st)
+    check_private_file(path, where, st)
     if st.st_size > MAX_KEY_FILE_BYTES:
         raise ConfigError(f"{where} is {st.st_size} bytes; a Vast API key file is under {MAX_KEY_FILE_BYTES}")
     try:

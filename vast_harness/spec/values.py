@@ -10,12 +10,12 @@ import errno
 import math
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from vast_harness.errors import ConfigError, UnwritableDirError
-from vast_harness.spec.user import _check_private_file
 from vast_harness.vast.url import shown
 
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -77,7 +77,7 @@ def read_secret_file(path: Path) -> dict[str, str]:
     """`--remote-secret-file`: KEY=VALUE lines (blank lines and `#` comments skipped), under the key file's
     rule: a regular file readable by its owner only. Values are never echoed in a message."""
     where = f"--remote-secret-file {shown(path)}"
-    _check_private_file(path.expanduser(), where)
+    check_private_file(path.expanduser(), where)
     try:
         text = path.expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -158,3 +158,21 @@ def check_number(flag: str, value: float | None, *, low: float, high: float, low
         raise ConfigError(f"{flag} must be {lower}{what}, got {value}")
     if not value <= high:
         raise ConfigError(f"{flag} must be at most {high:g}{what}, got {value}")
+
+
+def check_private_file(path: Path, where: str, st: os.stat_result | None = None) -> None:
+    """A file holding a secret: a regular file (a FIFO would block the run for ever) that only its owner can
+    read (`chmod 600`), as ssh requires of a private key."""
+    if st is None:
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+        except ValueError as exc:
+            raise ConfigError(f"{where}: not a usable path ({exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{where} is not a regular file")
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(
+            f"{where} is readable by group or others (mode {stat.S_IMODE(st.st_mode):o}): run chmod 600 on it"
+        )

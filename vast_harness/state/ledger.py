@@ -27,14 +27,23 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
+from typing import Any, Literal, Protocol, TypedDict, Unpack
 
-from pydantic import BaseModel, Field, StrictInt, ValidationError
+from pydantic import BaseModel, Field, SecretStr, StrictInt, ValidationError
 
 from vast_harness.errors import LedgerWriteError
 
-if TYPE_CHECKING:
-    from vast_harness.spec.resolve import RunSpec
+
+class LedgerSpec(Protocol):
+    """What the ledger reads of a run spec (spec.resolve.RunSpec): where the user's state lives, and the API
+    and account its lines are stamped with. Structural, so the state layer imports nothing of spec/."""
+
+    @property
+    def state_dir(self) -> Path: ...
+    @property
+    def api_url(self) -> str: ...
+    @property
+    def api_key(self) -> SecretStr | None: ...
 
 Event = Literal["intent", "created", "create_unknown", "create_unresolved", "create_failed", "delete_ack",
                 "absence", "label_swept", "seen"]
@@ -129,7 +138,7 @@ class Ledger:
         # No directory is made here: a reader (status, costs, a reap's look) must leave the disk as it found it.
 
     @classmethod
-    def for_spec(cls, spec: RunSpec, server_clock: Callable[[], float | None] | None = None) -> Ledger:
+    def for_spec(cls, spec: LedgerSpec, server_clock: Callable[[], float | None] | None = None) -> Ledger:
         """The ledger of `spec`'s state dir, stamping every line with the spec's API and account (and the
         server's time, from `server_clock`)."""
         return cls(spec.state_dir / LEDGER_FILE, target_of(spec), server_clock)
@@ -266,7 +275,7 @@ def write_line(path: Path, line: bytes, *, what: str = "the ledger") -> None:
             pass  # some filesystems refuse fsync on a directory; the file itself is synced
 
 
-def target_of(spec: RunSpec) -> LedgerTarget | None:
+def target_of(spec: LedgerSpec) -> LedgerTarget | None:
     """The API and account a spec's runs belong to (None before the --sim key exists)."""
     if spec.api_key is None:
         return None
