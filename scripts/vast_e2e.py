@@ -7,7 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 try:
-    from vast_harness.cli.app import main
+    from vast_harness.cli import main
 except ModuleNotFoundError as exc:  # a Python without the project's dependencies (typer, pydantic, httpx...)
     sys.stderr.write(f"error: {exc}: run this with the project's environment: `uv run python "
                      "scripts/vast_e2e.py ...` or `uv run vast-e2e ...` (uv installs everything from uv.lock)\n")

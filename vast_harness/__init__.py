@@ -1,55 +1,66 @@
-"""vast_harness: a guarded Vast.ai GPU-rental harness (control plane). See README.md and docs/.
+"""vast_harness: a guarded Vast.ai GPU-rental harness (control plane). See README.md and docs/architecture.md.
 
-The public surface is re-exported here; the modules behind it are the parts of a run, in flow order:
-config (spec) -> client (API) -> offers/quote/plan (choice) -> lifecycle/ssh/runner (the guarded run)
--> evidence -> reap. The control plane never imports torch.
+The packages are the layers of a run, top to bottom (imports only go down; `lint-imports` checks it):
+cli -> ops, fleet -> run -> market, reports -> instance, host, caps -> spec -> state -> console, evidence -> vast
+-> errors -> records, timings, resources. `sim` is the embedded marketplace and knows none of them.
+
+The public names below are re-exported lazily (PEP 562): `import vast_harness` loads nothing else, so
+`import vast_harness.sim` stays free of the control plane and `vast-e2e --version` starts without httpx.
+The control plane never imports torch.
 """
 
-import os as _os
-import signal as _signal
-import sys as _sys
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
-if _os.path.basename(_sys.argv[0] if _sys.argv else "") in ("vast-e2e", "vast_e2e.py"):
-    # The CLI takes ~1 s to import; a Ctrl-C meanwhile is a clean exit 130, not a traceback (nothing is
-    # rented yet). `cli.main` puts the default handler back before doing anything.
-    def _interrupted_while_starting(signum: int, frame: object) -> None:
-        _os.write(2, b"error: interrupted before anything was rented\n")
-        _os._exit(130)
-
-    _signal.signal(_signal.SIGINT, _interrupted_while_starting)
-
-from vast_harness.errors import (
-    ApiStatusError,
-    AuthError,
-    CapReachedError,
-    ConfigError,
-    ExitCode,
-    HarnessError,
-    NoOfferError,
-    NotFoundError,
-    OfferUnavailable,
-    RateLimitError,
-    ServerError,
-    StepFailedError,
-    TransportError,
-    VastError,
-)
-from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, choose, search_ranked
-from vast_harness.market.quote import Quote, quote_offer
-from vast_harness.run.runner import GuardedRun, HarnessResult, run_guarded
-from vast_harness.spec.profile import DriverPolicy, HarnessProfile, load_driver_policy, load_profile
-from vast_harness.spec.resolve import RunSpec, resolve
-from vast_harness.vast.client import RawExchange, Timeouts, VastClient
-from vast_harness.vast.models import Instance, Offer, User
-from vast_harness.vast.url import DEFAULT_API_URL
+_EXPORTS: dict[str, str] = {
+    "ApiStatusError": "vast_harness.errors",
+    "AuthError": "vast_harness.errors",
+    "Candidate": "vast_harness.market.offers",
+    "CapReachedError": "vast_harness.errors",
+    "choose": "vast_harness.market.offers",
+    "ConfigError": "vast_harness.errors",
+    "DEFAULT_API_URL": "vast_harness.vast.url",
+    "DriverPolicy": "vast_harness.spec.profile",
+    "ExitCode": "vast_harness.errors",
+    "GuardedRun": "vast_harness.run.runner",
+    "HarnessError": "vast_harness.errors",
+    "HarnessProfile": "vast_harness.spec.profile",
+    "HarnessResult": "vast_harness.run.runner",
+    "Instance": "vast_harness.vast.models",
+    "load_driver_policy": "vast_harness.spec.profile",
+    "load_profile": "vast_harness.spec.profile",
+    "NoOfferError": "vast_harness.errors",
+    "NotFoundError": "vast_harness.errors",
+    "Offer": "vast_harness.vast.models",
+    "OfferChoice": "vast_harness.market.offers",
+    "OfferCriteria": "vast_harness.market.offers",
+    "OfferUnavailable": "vast_harness.errors",
+    "Quote": "vast_harness.market.quote",
+    "quote_offer": "vast_harness.market.quote",
+    "RateLimitError": "vast_harness.errors",
+    "RawExchange": "vast_harness.vast.client",
+    "Rejection": "vast_harness.market.offers",
+    "resolve": "vast_harness.spec.resolve",
+    "run_guarded": "vast_harness.run.runner",
+    "RunSpec": "vast_harness.spec.resolve",
+    "search_ranked": "vast_harness.market.offers",
+    "ServerError": "vast_harness.errors",
+    "StepFailedError": "vast_harness.errors",
+    "Timeouts": "vast_harness.vast.client",
+    "TransportError": "vast_harness.errors",
+    "User": "vast_harness.vast.models",
+    "VastClient": "vast_harness.vast.client",
+    "VastError": "vast_harness.errors",
+}
 
 __all__ = [
-    "DEFAULT_API_URL",
     "ApiStatusError",
     "AuthError",
     "Candidate",
     "CapReachedError",
     "ConfigError",
+    "DEFAULT_API_URL",
     "DriverPolicy",
     "ExitCode",
     "GuardedRun",
@@ -83,3 +94,42 @@ __all__ = [
     "run_guarded",
     "search_ranked",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _EXPORTS:
+        value = getattr(_importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # once: later lookups do not come back here
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if _TYPE_CHECKING:  # the same names, for type checkers and editors
+    from vast_harness.errors import (
+        ApiStatusError,
+        AuthError,
+        CapReachedError,
+        ConfigError,
+        ExitCode,
+        HarnessError,
+        NoOfferError,
+        NotFoundError,
+        OfferUnavailable,
+        RateLimitError,
+        ServerError,
+        StepFailedError,
+        TransportError,
+        VastError,
+    )
+    from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, choose, search_ranked
+    from vast_harness.market.quote import Quote, quote_offer
+    from vast_harness.run.runner import GuardedRun, HarnessResult, run_guarded
+    from vast_harness.spec.profile import DriverPolicy, HarnessProfile, load_driver_policy, load_profile
+    from vast_harness.spec.resolve import RunSpec, resolve
+    from vast_harness.vast.client import RawExchange, Timeouts, VastClient
+    from vast_harness.vast.models import Instance, Offer, User
+    from vast_harness.vast.url import DEFAULT_API_URL

@@ -1,1 +1,23 @@
-"""cli."""
+"""The `vast-e2e` command. `main` is the installed entry point; the app itself lives in `app.py`.
+
+Importing the app takes about a second (typer, pydantic, rich and the harness). A Ctrl-C in that second is
+a clean exit 130 with one line, not a traceback: nothing is rented yet. The quiet handler is installed when
+`main` is called, never on import, and `app.main` puts the default one back before doing anything.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    os.write(2, b"error: interrupted before anything was rented\n")
+    os._exit(130)
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+    from vast_harness.cli.app import main as app_main
+
+    app_main()

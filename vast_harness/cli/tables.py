@@ -6,13 +6,17 @@ knows nothing of offers.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Table
 
 from vast_harness.console.output import Output
 from vast_harness.console.output import line as _line
 from vast_harness.console.output import safe_text as _t
-from vast_harness.market.offers import OfferChoice
-from vast_harness.market.plan import RunPlan
+
+if TYPE_CHECKING:  # annotations only: `vast-e2e --version` and `-h` start without the API client (httpx)
+    from vast_harness.market.offers import OfferChoice
+    from vast_harness.market.plan import RunPlan
 
 
 def show_plan(out: Output, plan: RunPlan) -> None:
