@@ -13,7 +13,8 @@ import pytest
 from pydantic import SecretStr
 
 from vast_harness.cli.tables import show_offers, show_plan
-from vast_harness.console.output import Output, safe_text, terminal_safe
+from vast_harness.console.output import Output
+from vast_harness.console.terminal import safe_text, terminal_safe
 from vast_harness.host.bundle import build_bundle
 from vast_harness.market.plan import choose_offers, plan_run
 from vast_harness.run.runner import GuardedRun

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from vast_harness.console.output import Output
-from vast_harness.console.output import line as _line
-from vast_harness.console.output import safe_text as _t
+from vast_harness.console.terminal import line as _line
+from vast_harness.console.terminal import safe_text as _t
 
 if TYPE_CHECKING:  # annotations only: `vast-e2e --version` and `-h` start without the API client (httpx)
     from vast_harness.market.offers import OfferChoice

@@ -15,7 +15,8 @@ from typing import Any
 
 from rich.text import Text
 
-from vast_harness.console.output import Output, line, safe_cells, safe_text
+from vast_harness.console.output import Output
+from vast_harness.console.terminal import line, safe_cells, safe_text
 from vast_harness.errors import ConfigError, NoOfferError
 from vast_harness.host.bundle import Bundle
 from vast_harness.market.plan import RunPlan, account_credit_usd, plan_run

@@ -28,7 +28,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from vast_harness.console.output import Output, RunOutput, line
+from vast_harness.console.output import Output, RunOutput
+from vast_harness.console.terminal import line
 from vast_harness.errors import PRECEDENCE, ExitCode, LedgerWriteError, NoOfferError, describe, exit_code_for, worst
 from vast_harness.fleet.plan import SIM_PEAK_SCALE, FleetEntry, Preflight, preflight, print_preflight
 from vast_harness.host.bundle import build_bundle

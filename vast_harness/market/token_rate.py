@@ -16,7 +16,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from vast_harness.console.output import Output, line, safe_cells
+from vast_harness.console.output import Output
+from vast_harness.console.terminal import line, safe_cells
 from vast_harness.evidence.host_data import (
     TOKENS_PER_S_RANGE,
     is_workload_record,

@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vast_harness.console.output import Output, line, safe_cells
+from vast_harness.console.output import Output
+from vast_harness.console.terminal import line, safe_cells
 from vast_harness.evidence.host_data import number, read_json
 from vast_harness.state.dirs import SIM_SUBDIR, state_dir
 from vast_harness.state.ledger import LEDGER_FILE, Ledger

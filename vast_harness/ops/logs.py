@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from vast_harness.console.output import Output, safe_cells, terminal_safe
+from vast_harness.console.output import Output
+from vast_harness.console.terminal import safe_cells, terminal_safe
 from vast_harness.errors import ConfigError, HarnessError
 from vast_harness.evidence.run import manifest_line, write_whole
 from vast_harness.reports.run import REPORT_NAME, write_run_report

@@ -13,7 +13,8 @@ import time
 from pydantic import BaseModel
 from rich.table import Table
 
-from vast_harness.console.output import Output, safe_cells, safe_text, terminal_safe
+from vast_harness.console.output import Output
+from vast_harness.console.terminal import safe_cells, safe_text, terminal_safe
 from vast_harness.errors import AuthError, ExitCode, VastError
 from vast_harness.instance.lifecycle import is_lingering
 from vast_harness.ops.reap import LiveInstance, judge

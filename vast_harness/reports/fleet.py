@@ -14,7 +14,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from vast_harness.console.output import Output, safe_cells
+from vast_harness.console.output import Output
+from vast_harness.console.terminal import safe_cells
 from vast_harness.evidence.host_data import json_safe, usd_per_mtok
 from vast_harness.evidence.run import write_whole
 from vast_harness.reports import svg as svgplot
