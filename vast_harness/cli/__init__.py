@@ -18,6 +18,10 @@ def _interrupted_while_starting(signum: int, frame: object) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, _interrupted_while_starting)
-    from vast_harness.cli.app import main as app_main
-
+    try:
+        from vast_harness.cli.app import main as app_main
+    except ModuleNotFoundError as exc:  # a Python without the project's dependencies (typer, pydantic, httpx...)
+        os.write(2, f"error: {exc}: run this with the project's environment: `uv run vast-e2e ...` or `uv run "
+                    "python scripts/vast_e2e.py ...` (uv installs everything from uv.lock)\n".encode())
+        raise SystemExit(2) from None
     app_main()
