@@ -132,12 +132,12 @@ def test_unqualified_ok_turns_exit_4_into_0_and_the_record_still_says_unqualifie
 
 
 @pytest.mark.skipif(__import__("shutil").which("uv") is None, reason="needs uv (the README's only prerequisite)")
-def test_the_readmes_seed_example_runs_as_written_with_sim(tmp_path):
+def test_the_cli_docs_seed_example_runs_as_written_with_sim(tmp_path):
     import re
     import shlex
 
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("The seed invocation", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    cli_doc = (ROOT / "docs" / "cli.md").read_text()
+    block = cli_doc.split("The seed invocation", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     argv = shlex.split(re.sub(r"\\\n\s*", " ", block).strip()) + ["--sim", "--evidence-dir", str(tmp_path)]
     assert argv[:3] == ["uv", "run", "vast-e2e"]
     env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL", "VIRTUAL_ENV")}

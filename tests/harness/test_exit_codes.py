@@ -11,13 +11,26 @@ import pytest
 from vast_harness import errors
 from vast_harness.errors import ExitCode, exit_code_for, worst
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+_ROW = re.compile(r"^\| (\d+) \| `(\w+)` \|", flags=re.M)
 
 
 def test_readme_table_is_the_enum():
+    """The README's one table lists every ExitCode, by value and by name, in the enum's order, and nothing else."""
     section = README.read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
-    codes = {int(m) for m in re.findall(r"^\| (\d+) \|", section, flags=re.M)}
-    assert codes == {int(c) for c in ExitCode}
+    rows = [(int(code), name) for code, name in _ROW.findall(section)]
+    assert rows == [(int(c), c.name) for c in ExitCode]
+    assert len(re.findall(r"^\| \d+ \|", section, flags=re.M)) == len(rows)  # no row outside the pattern
+
+
+def test_the_docs_link_to_the_readme_table_instead_of_copying_it():
+    """One table: a page of docs/ that speaks of exit codes links to the README's, and none draws its own."""
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        text = page.read_text()
+        assert not re.search(r"^\| (0|130) \|", text, flags=re.M), f"{page.name} copies the exit-code table"
+        if re.search(r"^#+ .*[Ee]xit codes", text, flags=re.M):
+            assert "README.md#exit-codes" in text, f"{page.name} has an exit-code section without the link"
 
 
 def _error_classes() -> dict[str, type[BaseException]]:
