@@ -40,7 +40,7 @@ from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim.server import spawn_standalone
 from vast_harness.spec.profile import Step, load_driver_policy
-from vast_harness.spec.resolve import resolve
+from vast_harness.spec.resolve import RunOptions, resolve
 from vast_harness.vast.client import VastClient
 
 KEY = "sim-bench-key"
@@ -61,8 +61,9 @@ def one_run(seed: int, args: argparse.Namespace) -> dict[str, float]:
     sim, url = start_sim(seed, args.rate_scale)
     try:
         with tempfile.TemporaryDirectory(prefix="vh-bench-") as tmp:
-            spec = resolve(profile="smoke", api_url=url, environ={"VAST_API_KEY": KEY}, evidence_dir=Path(tmp),
-                           proof_interval_s=args.proof_interval, pacing_scale=args.pacing_scale)
+            spec = resolve(RunOptions(profile="smoke", api_url=url, evidence_dir=Path(tmp),
+                                      proof_interval_s=args.proof_interval, pacing_scale=args.pacing_scale),
+                           environ={"VAST_API_KEY": KEY})
             steps = [Step(name="bench", run=f"echo bench; sleep {args.step_seconds}", timeout_s=60)]
             spec = spec.model_copy(update={"profile": spec.profile.model_copy(update={"steps": steps})})
             with VastClient(KEY, base_url=url, pacing_scale=args.pacing_scale) as client:

@@ -25,7 +25,7 @@ from vast_harness.ops.status import collect
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
-from vast_harness.spec.resolve import resolve
+from vast_harness.spec.resolve import RunOptions, resolve
 from vast_harness.state.dirs import legacy_ledgers, state_dir
 from vast_harness.state.ledger import NOTHING_CREATED, Ledger
 from vast_harness.state.registry import Registration, RunRegistry, make_label, parse_label, probe
@@ -53,7 +53,7 @@ def test_the_state_dir_follows_the_user_not_the_directory(tmp_path):
     assert state_dir({"VAST_HARNESS_HOME": str(tmp_path / "h")}) == tmp_path / "h"
     assert state_dir({"XDG_STATE_HOME": str(tmp_path / "x")}) == tmp_path / "x" / "vast-harness"
     assert state_dir({"XDG_STATE_HOME": "relative"}) == Path.home() / ".local/state/vast-harness"  # XDG: ignored
-    spec = resolve(profile="smoke", sim=True, environ={}, state_dir=tmp_path / "s")
+    spec = resolve(RunOptions(profile="smoke", sim=True, state_dir=tmp_path / "s"), environ={})
     assert spec.evidence_dir == spec.state_dir == tmp_path / "s"  # evidence defaults to the state dir
     old = tmp_path / "cwd" / ".evidence" / "vast"
     old.mkdir(parents=True)
@@ -220,7 +220,7 @@ def test_reap_include_live_deletes_only_after_confirmation(sim, tmp_path):
         offer = client.search_offers({"limit": 5})[0]
         iid = client.create_instance(offer.id, {"image": "x", "disk": 10,
                                                 "label": make_label("elsewhere-run", 0, time.time() + 3600)}).new_contract
-        spec = resolve(profile="smoke", sim=True, environ={}, state_dir=tmp_path, proof_interval_s=0.05)
+        spec = resolve(RunOptions(profile="smoke", sim=True, state_dir=tmp_path, proof_interval_s=0.05), environ={})
         spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)})
         asked: list[int] = []
         assert reap_all(spec, client, Output(quiet=True), include_live=True,

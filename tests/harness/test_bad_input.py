@@ -145,9 +145,9 @@ def test_non_ascii_key_in_the_environment_is_refused(monkeypatch, capsys):
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8080", "http://localhost:1", "http://[::1]:1"])
 def test_the_floors_are_lifted_only_for_loopback(url):
-    from vast_harness.spec.resolve import resolve
+    from vast_harness.spec.resolve import RunOptions, resolve
 
-    spec = resolve(profile="smoke", api_url=url, proof_interval_s=0.05, pacing_scale=0.01, dry_run=True,
+    spec = resolve(RunOptions(profile="smoke", api_url=url, proof_interval_s=0.05, pacing_scale=0.01, dry_run=True),
                    environ={"VAST_API_KEY": "k"})
     assert spec.proof_interval_s == 0.05 and spec.pacing_scale == 0.01
 

@@ -33,7 +33,7 @@ from vast_harness.run.host_work import HostWork
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
-from vast_harness.spec.resolve import RunSpec, resolve
+from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Offer
 
@@ -47,7 +47,8 @@ pytestmark = pytest.mark.usefixtures("clean_sim")  # faults cleared around each 
 
 def make_spec(sim: SimServer, tmp_path: Path, steps: list[Step], *, max_minutes: float = 1.0,
               max_usd: float | None = None, **overrides) -> RunSpec:
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05),
+                   environ={})
     prof = spec.profile.model_copy(update={"steps": steps})
     caps = spec.caps.model_copy(update={"max_minutes": max_minutes} | ({"max_usd": max_usd} if max_usd else {}))
     return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY), "caps": caps}

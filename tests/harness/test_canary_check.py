@@ -18,7 +18,7 @@ from vast_harness.sim import SimServer
 from vast_harness.sim import cli as sim_cli
 from vast_harness.sim.calibrate import CalibrationError, load
 from vast_harness.spec.profile import load_driver_policy
-from vast_harness.spec.resolve import resolve
+from vast_harness.spec.resolve import RunOptions, resolve
 from vast_harness.vast.client import VastClient
 
 SCALE = 0.01
@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spec(sim: SimServer, tmp_path: Path, **kw):
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.2,
-                   max_usd=0.10, **kw)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.2,
+                              max_usd=0.10, **kw), environ={})
     return spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)}).with_timings(teardown_margin_s=2.0)
 
 

@@ -30,7 +30,7 @@ from vast_harness.chaos import (
 )
 from vast_harness.chaos.network import NET_KINDS, NetOutcome, NetPlan, judge_net
 from vast_harness.chaos.suite import KILL9_OFFSET, NET_OFFSET
-from vast_harness.spec.resolve import resolve
+from vast_harness.spec.resolve import RunOptions, resolve
 from vast_harness.state.ledger import Ledger
 
 SUITE_SCENARIOS = 200
@@ -83,7 +83,7 @@ def _state(live: bool, destroyed_at: float | None, billed_usd: float = 0.001) ->
 
 def test_a_live_instance_after_exit_1_is_a_leak_and_a_premature_gone_is_a_false_absence(tmp_path: Path):
     p = plan("offline:0.1:1")  # a fault: exit 1 is a plausible outcome, so only the planted faults count
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, state_dir=tmp_path)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path, state_dir=tmp_path), environ={})
     ledger = Ledger(tmp_path / "ledger.jsonl")
     ledger.append("r", "created", "vh-x", instance_id=42)
     entry = ledger.append("r", "absence", "vh-x", instance_id=42, verdict="gone")
@@ -104,7 +104,8 @@ def test_a_live_instance_after_exit_1_is_a_leak_and_a_premature_gone_is_a_false_
 
 def test_a_bill_over_the_cap_and_an_exit_that_does_not_fit_are_reported(tmp_path: Path):
     p = plan("seed=1", step_rc=7)
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, state_dir=tmp_path, max_usd=0.01)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path, state_dir=tmp_path, max_usd=0.01),
+                   environ={})
     out = ScenarioOutcome(seed=1, plan=p, exit_code=0)
     found = {v.kind for v in check_scenario(p, spec, out, _state(False, 1000.5, billed_usd=0.02), None, 1000.0)}
     assert found == {"over_cap_usd", "exit_mismatch"}
@@ -187,7 +188,8 @@ def _net(kind: str = "api_stall", **overrides) -> NetPlan:
 
 def test_the_network_judge_catches_tracebacks_leaks_and_a_zero_over_the_cap(tmp_path: Path):
     p = _net()
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, state_dir=tmp_path, max_usd=0.01, max_minutes=0.35)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path, state_dir=tmp_path, max_usd=0.01,
+                              max_minutes=0.35), environ={})
     out = NetOutcome(seed=5, plan=p, exit_code=1, max_usd=0.01)
     judge_net(p, spec, out, _state(True, None), 1999.0, "ok\nTraceback (most recent call last):\n  boom", None)
     assert {v.kind for v in out.violations} == {"leak", "traceback"}
@@ -206,7 +208,8 @@ def test_the_network_judge_catches_tracebacks_leaks_and_a_zero_over_the_cap(tmp_
 def test_an_exit_0_with_the_ledger_naming_an_unproven_instance_is_a_mismatch(tmp_path: Path):
     from vast_harness.chaos.network import _unproven, net_exit_mismatches
 
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, state_dir=tmp_path, max_usd=0.01, max_minutes=0.35)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path, state_dir=tmp_path, max_usd=0.01,
+                              max_minutes=0.35), environ={})
     out = NetOutcome(seed=5, plan=_net(), exit_code=0, max_usd=0.01)
     assert _unproven(tmp_path) == (set(), set()) and net_exit_mismatches(out.plan, out, spec) == []
     ledger = Ledger(tmp_path / "ledger.jsonl")

@@ -13,7 +13,7 @@ from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError
 from vast_harness.run.runner import GuardedRun
 from vast_harness.spec.profile import load_driver_policy, load_profile
-from vast_harness.spec.resolve import resolve
+from vast_harness.spec.resolve import RunOptions, resolve
 from vast_harness.spec.user import read_api_key
 from vast_harness.spec.values import mask_env, parse_remote_env
 from vast_harness.timings import Timings
@@ -29,32 +29,26 @@ def key_file(tmp_path: Path) -> Path:
 
 
 def test_flags_beat_environment_beat_profile(key_file):
-    spec = resolve(
-        profile="mfu",
-        key_file=key_file,
-        num_gpus=4,
-        max_usd=2.5,
-        remote_env=["HT_MFU_MB=16"],
-        environ={"VAST_URL": "http://127.0.0.1:9"},
-    )
+    spec = resolve(RunOptions(profile="mfu", key_file=key_file, num_gpus=4, max_usd=2.5, remote_env=["HT_MFU_MB=16"]),
+                   environ={"VAST_URL": "http://127.0.0.1:9"})
     assert spec.filters.num_gpus == 4 and spec.caps.max_usd == 2.5
     assert spec.caps.max_minutes == 60  # from the profile
     assert spec.remote_env["HT_MFU_MB"] == "16" and spec.remote_env["HT_MFU_WORLDS"] == "4"  # follows --num-gpus
     assert spec.api_url == "http://127.0.0.1:9"
     assert (
-        resolve(
-            profile="mfu", key_file=key_file, api_url="http://a.b", environ={"VAST_URL": "http://c.d"}
-        ).api_url
+        resolve(RunOptions(profile="mfu", key_file=key_file, api_url="http://a.b"),
+                environ={"VAST_URL": "http://c.d"}).api_url
         == "http://a.b"
     )
 
 
 def test_eight_gpu_qualified_sets_eight_and_refuses_any_driver(key_file):
     assert (
-        resolve(profile="mfu", key_file=key_file, eight_gpu_qualified=True, environ={}).filters.num_gpus == 8
+        resolve(RunOptions(profile="mfu", key_file=key_file, eight_gpu_qualified=True),
+                environ={}).filters.num_gpus == 8
     )
     with pytest.raises(ConfigError, match="contradict"):
-        resolve(profile="mfu", key_file=key_file, eight_gpu_qualified=True, any_driver=True, environ={})
+        resolve(RunOptions(profile="mfu", key_file=key_file, eight_gpu_qualified=True, any_driver=True), environ={})
 
 
 @pytest.mark.parametrize(
@@ -74,9 +68,9 @@ def test_eight_gpu_qualified_sets_eight_and_refuses_any_driver(key_file):
     ],
 )
 def test_bad_input_is_a_config_error_naming_the_flag(key_file, kwargs, match):
-    kwargs = {"profile": "mfu", "key_file": key_file, "environ": {}} | kwargs
+    kwargs = {"profile": "mfu", "key_file": key_file} | kwargs
     with pytest.raises(ConfigError, match=match):
-        resolve(**kwargs)
+        resolve(RunOptions(**kwargs), environ={})
 
 
 def test_key_file_must_not_be_group_or_world_readable(key_file):
@@ -94,7 +88,7 @@ def test_unreadable_or_missing_key(tmp_path):
 
 
 def test_key_is_secret_in_reprs(key_file):
-    spec = resolve(profile="smoke", key_file=key_file, environ={})
+    spec = resolve(RunOptions(profile="smoke", key_file=key_file), environ={})
     assert "k-123" not in repr(spec) and "k-123" not in str(spec.model_dump())
 
 
@@ -105,8 +99,8 @@ def test_remote_env_parsing_and_secret_masking():
 
 
 def test_settings_are_shown_and_secrets_masked_in_the_spec(tmp_path):
-    spec = resolve(profile="smoke", sim=True, environ={"FROM_ENV": "env-secret-value"}, remote_env=["BAR=flash"],
-                   remote_secret=["TOK=a", "FROM_ENV"])
+    spec = resolve(RunOptions(profile="smoke", sim=True, remote_env=["BAR=flash"], remote_secret=["TOK=a", "FROM_ENV"]),
+                   environ={"FROM_ENV": "env-secret-value"})
     assert spec.shown_remote_env == {"OMP_NUM_THREADS": "1", "BAR": "flash", "TOK": "***", "FROM_ENV": "***"}
     assert spec.host_env["TOK"] == "a" and spec.host_env["FROM_ENV"] == "env-secret-value"
     assert "env-secret-value" not in repr(spec) and "env-secret-value" not in str(spec.model_dump())
@@ -118,13 +112,13 @@ def test_secret_file_follows_the_key_file_rule_and_never_echoes_values(tmp_path)
     path.write_text("# comment\nHF_TOKEN=hf-value-123\n\nWANDB=w\n")
     path.chmod(0o644)
     with pytest.raises(ConfigError, match="chmod 600"):
-        resolve(profile="smoke", sim=True, environ={}, remote_secret_file=path)
+        resolve(RunOptions(profile="smoke", sim=True, remote_secret_file=path), environ={})
     path.chmod(0o600)
-    spec = resolve(profile="smoke", sim=True, environ={}, remote_secret_file=path)
+    spec = resolve(RunOptions(profile="smoke", sim=True, remote_secret_file=path), environ={})
     assert sorted(spec.remote_secrets) == ["HF_TOKEN", "WANDB"]
     path.write_text("HF_TOKEN hf-value-123\n")
     with pytest.raises(ConfigError) as exc:
-        resolve(profile="smoke", sim=True, environ={}, remote_secret_file=path)
+        resolve(RunOptions(profile="smoke", sim=True, remote_secret_file=path), environ={})
     assert "hf-value-123" not in str(exc.value) and "entry 1" in str(exc.value)
 
 
@@ -135,14 +129,14 @@ def test_secret_file_follows_the_key_file_rule_and_never_echoes_values(tmp_path)
 ])
 def test_bad_secrets_are_refused_naming_the_flag(kw, needle):
     with pytest.raises(ConfigError, match=needle):
-        resolve(profile="smoke", sim=True, environ={}, **kw)
+        resolve(RunOptions(profile="smoke", sim=True, **kw), environ={})
 
 
 def test_profiles_are_valid_and_pinned():
     for name in ("mfu", "proofs", "smoke"):
-        spec = resolve(profile=name, sim=True, environ={})
+        spec = resolve(RunOptions(profile=name, sim=True), environ={})
         assert "@sha256:" in spec.profile.image
-    proofs = resolve(profile="proofs", sim=True, environ={}).profile
+    proofs = resolve(RunOptions(profile="proofs", sim=True), environ={}).profile
     assert proofs.boot_retries == 0 and proofs.pytest_node_ids
 
 
@@ -158,7 +152,7 @@ def test_a_profile_value_of_the_wrong_type_is_refused_not_coerced(tmp_path, old,
     assert old in text
     (tmp_path / "harness" / "smoke.toml").write_text(text.replace(old, new, 1))
     with pytest.raises(ConfigError, match=field):
-        resolve(profile="smoke", sim=True, environ={}, profiles_dir=tmp_path)
+        resolve(RunOptions(profile="smoke", sim=True), environ={}, profiles_dir=tmp_path)
 
 
 def test_unpinned_image_is_refused(tmp_path):
@@ -167,7 +161,7 @@ def test_unpinned_image_is_refused(tmp_path):
     text = (src / "harness" / "smoke.toml").read_text().replace("@sha256:", ":latest#")
     (tmp_path / "harness" / "smoke.toml").write_text(text)
     with pytest.raises(ConfigError, match="pinned by digest"):
-        resolve(profile="smoke", sim=True, environ={}, profiles_dir=tmp_path)
+        resolve(RunOptions(profile="smoke", sim=True), environ={}, profiles_dir=tmp_path)
 
 
 
@@ -176,23 +170,23 @@ def test_unpinned_image_is_refused(tmp_path):
                                              ("torch=1.0,torch=2.0", "torch is given twice")])
 def test_a_bad_image_expect_is_refused_naming_the_flag(tmp_path, raw, needle):
     with pytest.raises(ConfigError, match="--image-expect") as info:
-        resolve(profile="proofs", sim=True, environ={}, evidence_dir=tmp_path, image_expect=raw)
+        resolve(RunOptions(profile="proofs", sim=True, evidence_dir=tmp_path, image_expect=raw), environ={})
     assert needle in str(info.value)
 
 
 def test_image_expect_is_refused_against_a_real_api_unless_acknowledged(tmp_path):
     env = {"VAST_API_KEY": "k" * 64}
     with pytest.raises(ConfigError, match="--image-expect-ack"):
-        resolve(profile="proofs", environ=env, evidence_dir=tmp_path, image_expect="cuda=13.0")
-    spec = resolve(profile="proofs", environ=env, evidence_dir=tmp_path, image_expect="cuda=13.0",
-                   image_expect_ack=True)
+        resolve(RunOptions(profile="proofs", evidence_dir=tmp_path, image_expect="cuda=13.0"), environ=env)
+    spec = resolve(RunOptions(profile="proofs", evidence_dir=tmp_path, image_expect="cuda=13.0", image_expect_ack=True),
+                   environ=env)
     assert spec.image_expect_override is not None and spec.image_expect_override.cuda == "13.0"
     assert spec.image_expect_override.torch == "2.11.0"  # the rest keep the profile's values
     assert any("--expect-cuda 13.0 " in s.run for s in spec.profile.steps)
     with pytest.raises(ConfigError, match="nothing to override"):
-        resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path, image_expect="cuda=13.0")
+        resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path, image_expect="cuda=13.0"), environ={})
     with pytest.raises(ConfigError, match="none was given"):
-        resolve(profile="proofs", sim=True, environ={}, evidence_dir=tmp_path, image_expect_ack=True)
+        resolve(RunOptions(profile="proofs", sim=True, evidence_dir=tmp_path, image_expect_ack=True), environ={})
 
 
 def test_the_create_sends_the_digest_pinned_form():
@@ -217,7 +211,7 @@ def test_a_bad_profile_file_is_refused_before_anything_is_rented(tmp_path, edit,
     path = tmp_path / "mine.toml"
     path.write_text(edit(text))
     with pytest.raises(ConfigError) as err:
-        resolve(profile=str(path), sim=True, dry_run=True, environ={}, evidence_dir=tmp_path / "ev")
+        resolve(RunOptions(profile=str(path), sim=True, dry_run=True, evidence_dir=tmp_path / "ev"), environ={})
     assert needle in str(err.value)
 
 
@@ -237,8 +231,8 @@ def test_the_two_timing_tables_set_the_same_fields_and_describe_both_values():
 
 @pytest.mark.parametrize(("sim", "table"), [(True, Timings.sim()), (False, Timings.real())], ids=["sim", "real"])
 def test_a_resolved_spec_carries_its_targets_table(tmp_path, key_file, sim, table):
-    spec = resolve(profile="smoke", sim=sim, key_file=None if sim else key_file, environ={}, dry_run=True,
-                   state_dir=tmp_path)
+    spec = resolve(RunOptions(profile="smoke", sim=sim, key_file=None if sim else key_file, dry_run=True,
+                              state_dir=tmp_path), environ={})
     assert spec.timings == table
     assert (spec.proof_interval_s, spec.teardown_margin_s, spec.poll_s, spec.deadman_grace_s, spec.pacing_scale) == (
         table.proof_interval_s, table.teardown_margin_s, table.poll_s, table.deadman_grace_s, table.pacing_scale)
@@ -254,14 +248,14 @@ def test_a_resolved_spec_carries_its_targets_table(tmp_path, key_file, sim, tabl
 @pytest.mark.parametrize("sim", [True, False], ids=["sim", "real"])
 def test_timing_flags_win_over_the_table(tmp_path, key_file, sim):
     table = Timings.sim() if sim else Timings.real()
-    spec = resolve(profile="smoke", sim=sim, key_file=None if sim else key_file, environ={}, dry_run=True,
-                   state_dir=tmp_path, api_url="http://127.0.0.1:9", proof_interval_s=0.05, poll_s=0.3,
-                   pacing_scale=0.02)
+    spec = resolve(RunOptions(profile="smoke", sim=sim, key_file=None if sim else key_file, dry_run=True,
+                              state_dir=tmp_path, api_url="http://127.0.0.1:9", proof_interval_s=0.05, poll_s=0.3,
+                              pacing_scale=0.02), environ={})
     assert spec.timings == table.model_copy(update={"proof_interval_s": 0.05, "poll_s": 0.3, "pacing_scale": 0.02})
 
 
 def test_a_spec_copy_refuses_a_timing_it_would_drop_and_with_timings_validates(tmp_path):
-    spec = resolve(profile="smoke", sim=True, environ={}, dry_run=True, state_dir=tmp_path)
+    spec = resolve(RunOptions(profile="smoke", sim=True, dry_run=True, state_dir=tmp_path), environ={})
     with pytest.raises(TypeError, match="poll_s"):
         spec.model_copy(update={"poll_s": 3600.0})  # not a field: pydantic would drop it without a word
     assert spec.with_timings(poll_s=3600.0).poll_s == 3600.0 and spec.poll_s == Timings.sim().poll_s
@@ -290,7 +284,7 @@ def test_the_embedded_simulator_boots_and_paces_as_the_sim_table_says(tmp_path, 
             pass
 
     monkeypatch.setattr(sim_pkg, "SimServer", Recorder)
-    spec = resolve(profile="smoke", sim=True, environ={}, dry_run=True, state_dir=tmp_path)
+    spec = resolve(RunOptions(profile="smoke", sim=True, dry_run=True, state_dir=tmp_path), environ={})
     with cli._api_target(spec) as target:
         assert target.api_url == Recorder.url and target.pacing_scale == Timings.sim().pacing_scale
     assert started["boot_seconds"] == Timings.sim().min_boot_s

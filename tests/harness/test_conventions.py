@@ -17,7 +17,7 @@ from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import DriverPolicy, Step
-from vast_harness.spec.resolve import resolve
+from vast_harness.spec.resolve import RunOptions, resolve
 from vast_harness.vast.client import VastClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,8 +116,8 @@ def test_unqualified_ok_turns_exit_4_into_0_and_the_record_still_says_unqualifie
     nobody_qualified = DriverPolicy(drivers=[])
     codes = {}
     for ok in (False, True):
-        spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / f"ev{ok}", any_driver=True,
-                       unqualified_ok=ok, proof_interval_s=0.05)
+        spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / f"ev{ok}", any_driver=True,
+                                  unqualified_ok=ok, proof_interval_s=0.05), environ={})
         prof = spec.profile.model_copy(update={"steps": [Step(name="ok", run="true", timeout_s=20)]})
         spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY)}
             ).with_timings(teardown_margin_s=2.0)

@@ -12,7 +12,7 @@ from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import DriverPolicy, QualifiedDriver, Step, load_driver_policy
-from vast_harness.spec.resolve import RunSpec, resolve
+from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.vast.client import VastClient
 
 SCALE = 0.01
@@ -25,8 +25,8 @@ NO_DRIVERS = DriverPolicy(drivers=[])
 
 
 def _spec(sim: SimServer, tmp_path: Path, *, any_driver: bool) -> RunSpec:
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
-                   any_driver=any_driver)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
+                              any_driver=any_driver), environ={})
     prof = spec.profile.model_copy(update={"steps": OK})
     return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY)}
         ).with_timings(teardown_margin_s=2.0)

@@ -26,7 +26,7 @@ from vast_harness.fleet.run import run_fleet
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
-from vast_harness.spec.resolve import resolve
+from vast_harness.spec.resolve import RunOptions, resolve
 from vast_harness.state.ledger import Ledger
 from vast_harness.state.registry import LabelInfo, parse_label
 from vast_harness.vast.client import VastClient
@@ -49,8 +49,8 @@ def live(sim: SimServer) -> list[dict]:
 
 
 def base_spec(sim: SimServer, tmp_path: Path, **kw):
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.2,
-                   poll_s=0.2, **kw)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.2,
+                              poll_s=0.2, **kw), environ={})
     return spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)})
 
 

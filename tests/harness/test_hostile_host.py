@@ -15,7 +15,7 @@ from vast_harness.evidence.run import RunEvidence
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
-from vast_harness.spec.resolve import resolve
+from vast_harness.spec.resolve import RunOptions, resolve
 from vast_harness.vast.client import VastClient
 
 SCALE = 0.01
@@ -32,7 +32,8 @@ def sim():
 
 
 def spec_with_steps(sim: SimServer, tmp_path: Path, *steps: Step):
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05),
+                   environ={})
     prof = spec.profile.model_copy(update={"steps": list(steps)})
     return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY)}
         ).with_timings(teardown_margin_s=2.0)

@@ -15,7 +15,7 @@ from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import load_driver_policy
-from vast_harness.spec.resolve import resolve
+from vast_harness.spec.resolve import RunOptions, resolve
 from vast_harness.vast.client import VastClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,8 +29,9 @@ SIM_OPTIONS = dict(seed=13, rate_scale=SCALE, boot_seconds=0.1, num_offers=200) 
 def _run(sim: SimServer, tmp_path: Path, profiles_dir: Path | None = None, remote_env: list[str] | None = None,
          remote_secret: list[str] | None = None, **flags):
     kw = {"profiles_dir": profiles_dir} if profiles_dir else {}
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
-                   remote_env=remote_env or [], remote_secret=remote_secret or [], **kw, **flags)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
+                              remote_env=remote_env or [], remote_secret=remote_secret or [], **flags),
+                   environ={}, **kw)
     spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)}).with_timings(teardown_margin_s=2.0)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
@@ -92,9 +93,10 @@ def test_a_step_that_prints_a_secret_has_it_masked_and_a_setting_shown(sim, tmp_
     the console and in the log, while a 3-character or multi-line secret was echoed in clear."""
     from vast_harness.spec.profile import Step
 
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
-                   remote_secret=["VH_PRIVATE_TOKEN=vhcanary-printed-4410", "SHORT=q7z", "MULTI=line-one\nline-two"],
-                   remote_env=["BAR=flash"])
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
+                              remote_secret=["VH_PRIVATE_TOKEN=vhcanary-printed-4410", "SHORT=q7z",
+                                             "MULTI=line-one\nline-two"],
+                              remote_env=["BAR=flash"]), environ={})
     prof = spec.profile.model_copy(update={"steps": [Step(
         name="leak", run='echo token=$VH_PRIVATE_TOKEN short=$SHORT; echo "$MULTI"; echo "attention backend: $BAR"; '
                          'echo "$MULTI" > evidence/multi.txt; echo hi > "evidence/f-$SHORT.txt"', timeout_s=30)]})

@@ -16,7 +16,7 @@ import pytest
 
 from vast_harness.errors import ConfigError
 from vast_harness.spec.profile import PROFILE_NAMES, ImageRef, load_profile
-from vast_harness.spec.resolve import resolve
+from vast_harness.spec.resolve import RunOptions, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 PIN = ("pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime"
@@ -68,7 +68,7 @@ def _profile_dir(tmp_path: Path, name: str, edit) -> Path:
 ])
 def test_inconsistent_image_declarations_are_refused(tmp_path, name, edit, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
-        resolve(profile=name, sim=True, environ={}, profiles_dir=_profile_dir(tmp_path, name, edit))
+        resolve(RunOptions(profile=name, sim=True), environ={}, profiles_dir=_profile_dir(tmp_path, name, edit))
 
 
 def test_image_ref_parses_repo_tag_digest():

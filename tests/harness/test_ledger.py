@@ -120,10 +120,10 @@ def test_a_run_whose_intent_cannot_be_written_rents_nothing(tmp_path, disk):
     from pydantic import SecretStr
 
     from vast_harness.sim import SimServer
-    from vast_harness.spec.resolve import resolve
+    from vast_harness.spec.resolve import RunOptions, resolve
 
     with SimServer(seed=11, rate_scale=0.01, boot_seconds=0.1, num_offers=200) as sim:
-        spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev")
+        spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev"), environ={})
         spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr("k")})
         disk(spec.state_dir / "ledger.jsonl", "short")
         with VastClient("k", base_url=sim.url, pacing_scale=0.01) as client:

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from vast_harness.spec.profile import load_profile
-from vast_harness.spec.resolve import resolve
+from vast_harness.spec.resolve import RunOptions, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _worlds(**flags: object) -> str:
-    spec = resolve(profile="mfu", sim=True, dry_run=True, environ={}, **flags)  # type: ignore[arg-type]
+    spec = resolve(RunOptions(profile="mfu", sim=True, dry_run=True, **flags), environ={})  # type: ignore[arg-type]
     return spec.remote_env["HT_MFU_WORLDS"]
 
 

@@ -20,7 +20,7 @@ from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
-from vast_harness.spec.resolve import resolve, validate_api_url
+from vast_harness.spec.resolve import RunOptions, resolve, validate_api_url
 from vast_harness.state.ledger import Ledger, LedgerTarget, account_fingerprint
 from vast_harness.vast.client import VastClient
 
@@ -85,7 +85,8 @@ class MarkupStatus(httpx.HTTPTransport):
 def test_markup_in_step_output_server_message_and_path_does_not_change_the_run(sim, tmp_path, capsys):
     """A passed run stays passed (it was exit 1 with a traceback); a boot failure with markup in the server's
     message still moves on to the next host (its retry was skipped)."""
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "[/x]", proof_interval_s=0.05)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "[/x]", proof_interval_s=0.05),
+                   environ={})
     prof = spec.profile.model_copy(update={"steps": [Step(name="echo", run=f"echo '{MARKUP}'; echo '{MARKUP}' >&2",
                                                           timeout_s=20)], "boot_retries": 1})
     spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),

@@ -13,7 +13,7 @@ from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
-from vast_harness.spec.resolve import resolve
+from vast_harness.spec.resolve import RunOptions, resolve
 from vast_harness.vast.client import VastClient
 
 EXPECTED_ON_A_NON_PROOFS_RUN = {"profile is 'smoke', not 'proofs'", "remote/mfu-proof.json is missing",
@@ -24,7 +24,7 @@ EXPECTED_ON_A_NON_PROOFS_RUN = {"profile is 'smoke', not 'proofs'", "remote/mfu-
 def run_dir(tmp_path_factory) -> Path:
     ev = tmp_path_factory.mktemp("ev")
     with SimServer(seed=11, rate_scale=0.01, boot_seconds=0.05) as sim:
-        spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=ev, proof_interval_s=0.1)
+        spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=ev, proof_interval_s=0.1), environ={})
         steps = [Step(name="env-probe", run="echo '{}' > evidence/env.json", timeout_s=10),
                  Step(name="work", run="echo working", timeout_s=10)]
         spec = spec.model_copy(update={"profile": spec.profile.model_copy(update={"steps": steps}),

@@ -17,7 +17,7 @@ from vast_harness.console.output import Output
 from vast_harness.host.ssh import run_key_dir_prefix
 from vast_harness.ops.reap import reap_all, remove_stale_key_dirs
 from vast_harness.sim import SimServer
-from vast_harness.spec.resolve import RunSpec, resolve
+from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.state.ledger import Ledger
 from vast_harness.vast.client import VastClient
 
@@ -31,7 +31,8 @@ pytestmark = pytest.mark.usefixtures("clean_sim")  # faults cleared around each 
 
 
 def spec_for(sim: SimServer, tmp_path: Path, key: str = KEY) -> RunSpec:
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05),
+                   environ={})
     return spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(key)})
 
 

@@ -117,13 +117,13 @@ def fresh_run(tmp_path_factory) -> Path:
     from vast_harness.run.runner import GuardedRun
     from vast_harness.sim import SimServer
     from vast_harness.spec.profile import Step, load_driver_policy
-    from vast_harness.spec.resolve import resolve
+    from vast_harness.spec.resolve import RunOptions, resolve
     from vast_harness.vast.client import VastClient
 
     tmp = tmp_path_factory.mktemp("fresh")
     key = "sim-browser-key"
     with SimServer(seed=31, rate_scale=0.01, boot_seconds=0.2, num_offers=200) as sim:
-        spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp / "ev", proof_interval_s=0.2)
+        spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp / "ev", proof_interval_s=0.2), environ={})
         steps = [Step(name="warm-up", run="sleep 1; echo warm", timeout_s=30),
                  Step(name="sweep", run="sleep 2; echo swept", timeout_s=30)]
         spec = spec.model_copy(update={"profile": spec.profile.model_copy(update={"steps": steps}),

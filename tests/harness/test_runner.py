@@ -20,7 +20,7 @@ from vast_harness.ops.reap import reap_all
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
-from vast_harness.spec.resolve import RunSpec, resolve
+from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.state.ledger import Ledger
 from vast_harness.vast.client import VastClient
 
@@ -33,8 +33,8 @@ pytestmark = pytest.mark.usefixtures("clean_sim")  # faults cleared around each 
 
 
 def make_spec(sim: SimServer, tmp_path: Path, steps: list[Step], **overrides) -> RunSpec:
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
-                   remote_secret=["SECRET_TOKEN=hunter2-value"], remote_env=["BACKEND=flash"])
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
+                              remote_secret=["SECRET_TOKEN=hunter2-value"], remote_env=["BACKEND=flash"]), environ={})
     prof = spec.profile.model_copy(update={"steps": steps, **overrides.pop("profile", {})})
     return spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY)} | overrides
                            ).with_timings(teardown_margin_s=2.0)

@@ -20,7 +20,7 @@ from vast_harness.market.plan import choose_offers, plan_run
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
-from vast_harness.spec.resolve import resolve
+from vast_harness.spec.resolve import RunOptions, resolve
 from vast_harness.vast.client import VastClient
 
 SCALE = 0.01
@@ -65,7 +65,8 @@ def test_hostile_step_output_reaches_the_console_escaped_and_the_log_as_sent(sim
     printf = ("\\x1b]52;c;aGVsbG8=\\x07\\x1b]0;pwned\\x07\\x1b[1A\\x1b[2K\\x1b[2J\\xc2\\x9b2J\\xe2\\x80\\xae\\r"
               "\\x9b5n")
     run_cmd = f"printf '{printf}exit 0: passed\\n'; printf '\\x1b]52;c;c2VjcmV0\\x07\\n' >&2"
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05),
+                   environ={})
     prof = spec.profile.model_copy(update={"steps": [Step(name="hostile", run=run_cmd, timeout_s=20)]})
     spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY)}
         ).with_timings(teardown_margin_s=2.0)
@@ -98,7 +99,7 @@ class HostileOffers(httpx.HTTPTransport):
 
 
 def test_api_fields_reach_offers_and_the_dry_run_escaped(sim, tmp_path, capsys):
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", dry_run=True)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", dry_run=True), environ={})
     spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)})
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, transport=HostileOffers()) as client:
         choice = choose_offers(spec, client, load_driver_policy(), build_bundle(), credit_usd=100.0)

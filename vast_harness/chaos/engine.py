@@ -34,7 +34,7 @@ from vast_harness.ops.reap import reap_all
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim.server import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
-from vast_harness.spec.resolve import RunSpec, resolve
+from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.state.ledger import LEDGER_FILE, Ledger
 from vast_harness.vast.client import Timeouts, VastClient
 
@@ -178,10 +178,11 @@ def chaos_spec(*, api_url: str, evidence_dir: Path, steps: list[Step], max_minut
                proof_interval_s: float, max_usd: float | None = None, state_dir: Path | None = None) -> RunSpec:
     """The smoke profile with the scenario's steps and every clock scaled down (also built by `child`). The
     ledger and registrations go to `state_dir` (default: the evidence dir, so each scenario has its own)."""
-    base = resolve(profile="smoke", sim=True, environ={}, evidence_dir=evidence_dir,
-                   state_dir=state_dir or evidence_dir, max_usd=max_usd,
-                   proof_interval_s=proof_interval_s, poll_s=0.05, boot_retries=boot_retries,
-                   max_minutes=max_minutes, dry_run=True)  # the run itself checks its evidence dir (disk kinds)
+    base = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=evidence_dir, state_dir=state_dir or evidence_dir,
+                              max_usd=max_usd, proof_interval_s=proof_interval_s, poll_s=0.05,
+                              boot_retries=boot_retries, max_minutes=max_minutes,
+                              dry_run=True),  # the run itself checks its evidence dir (disk kinds)
+                   environ={})
     profile = base.profile.model_copy(update={"steps": steps, "boot_timeout_s": BOOT_TIMEOUT_S})
     return base.model_copy(update={"profile": profile, "api_url": api_url, "api_key": SecretStr(KEY),
                                    "dry_run": False}).with_timings(teardown_margin_s=TEARDOWN_MARGIN_S)

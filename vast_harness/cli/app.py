@@ -1,10 +1,12 @@
 """`vast-e2e` / `python scripts/vast_e2e.py`: declarations only; the work happens in the library.
 
-Options are declared once in `cliopts.py` and reach each command as one `Flags` object. Typed errors become
-exit codes here, in one place (`_guard`, through `errors.exit_code_for`); `main` adds the two that come from
-outside a command: a usage error (2) and an interrupt (130). Per docs/invariants.md: 0 passed on a qualified
-driver · 1 a step failed · 2 bad input · 3 teardown not proven · 4 passed on an unqualified driver · 5 no offer
-fits · 6 a cap was reached · 130 interrupted.
+Each command declares its options in its signature, the shared ones through the `Annotated` aliases of
+`options.py`; its body is one call into a private function, handed the shared values as one `Flags` (read by
+name from the parsed parameters, so the body does not repeat them). Typed errors become exit codes here, in
+one place (`_guard`, through `errors.exit_code_for`); `main` adds the two that come from outside a command: a
+usage error (2) and an interrupt (130). Per docs/invariants.md: 0 passed on a qualified driver · 1 a step
+failed · 2 bad input · 3 teardown not proven · 4 passed on an unqualified driver · 5 no offer fits · 6 a cap
+was reached · 130 interrupted.
 """
 
 from __future__ import annotations
@@ -21,9 +23,36 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import SecretStr
-from typer._click.exceptions import ClickException  # typer vendors click; usage errors subclass this
 
-from vast_harness.cli.options import CANARY, CHECK, EVIDENCE, FLEET, OFFERS, REAP, RUN, STATUS, Flags, takes
+from vast_harness.cli.options import (
+    AllowUnarmedDeadman,
+    AnyDriver,
+    ApiUrl,
+    BootRetries,
+    CanaryMaxUsd,
+    DryRun,
+    EightGpuQualified,
+    EvidenceDir,
+    Flags,
+    FleetMaxUsd,
+    ImageExpect,
+    ImageExpectAck,
+    JsonOutput,
+    KeyFile,
+    MaxMinutes,
+    MaxUsd,
+    MinPcieBw,
+    NumGpus,
+    PacingScale,
+    PollInterval,
+    Profile,
+    ProofInterval,
+    RemoteEnv,
+    RemoteSecret,
+    RemoteSecretFile,
+    Sim,
+    UnqualifiedOk,
+)
 from vast_harness.cli.tables import show_offers, show_plan
 from vast_harness.console.output import Output
 from vast_harness.errors import (
@@ -110,24 +139,49 @@ def _guard(out: Output, body: Callable[[], int], *, interrupted: str = "interrup
 
 
 @app.callback(invoke_without_command=True)
-@takes(*RUN)
 def main_command(
     ctx: typer.Context,
-    flags: Flags,
+    *,
     version: Annotated[bool, typer.Option("--version", metavar="", is_eager=True, callback=_show_version,
                                           help="Print the version and exit.")] = False,
+    profile: Profile = None,
+    num_gpus: NumGpus = None,
+    min_pcie_bw: MinPcieBw = None,
+    key_file: KeyFile = None,
+    max_usd: MaxUsd = None,
+    max_minutes: MaxMinutes = None,
+    remote_env: RemoteEnv = None,
+    remote_secret: RemoteSecret = None,
+    remote_secret_file: RemoteSecretFile = None,
+    dry_run: DryRun = False,
+    any_driver: AnyDriver = False,
+    unqualified_ok: UnqualifiedOk = False,
+    eight_gpu_qualified: EightGpuQualified = False,
+    boot_retries: BootRetries = None,
+    evidence_dir: EvidenceDir = None,
+    api_url: ApiUrl = None,
+    sim: Sim = False,
+    json_output: JsonOutput = False,
+    proof_interval_s: ProofInterval = None,
+    pacing_scale: PacingScale = None,
+    poll_s: PollInterval = None,
+    allow_unarmed_deadman: AllowUnarmedDeadman = False,
+    image_expect: ImageExpect = None,
+    image_expect_ack: ImageExpectAck = False,
 ) -> None:
     """Run a profile end to end (or --dry-run to see the offer, the plan and the worst-case cost).
 
     Commands below take their own options after their name (`vast-e2e offers --sim`); an option given before
     the command is honoured when the command takes it."""
-    if ctx.invoked_subcommand:
-        ctx.obj = flags  # the subcommand merges these (cliopts.merge_parent)
-        return
+    if ctx.invoked_subcommand is None:  # else the subcommand takes these up (Flags.of reads its parent)
+        _run_profile(Flags.of(ctx))
+
+
+def _run_profile(flags: Flags) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        if flags.profile is None:
+        if flags.options.profile is None:
             raise ConfigError("--profile is required (mfu, proofs, smoke or a profile file); "
                               "vast-e2e -h lists every option")
         spec = flags.spec()
@@ -150,21 +204,38 @@ def main_command(
 
 
 @app.command()
-@takes(*OFFERS)
 def offers(
     ctx: typer.Context,
-    flags: Flags,
+    *,
     rank_by: Annotated[str, typer.Option("--rank-by", metavar="dph|usd-per-mtok", help=(
         "dph (worst case, then reliability) or usd-per-mtok (measured tokens/s from committed evidence and "
         "your fleet results; $/h for GPUs with none)."))] = "dph",
+    profile: Profile = None,
+    num_gpus: NumGpus = None,
+    min_pcie_bw: MinPcieBw = None,
+    key_file: KeyFile = None,
+    max_usd: MaxUsd = None,
+    max_minutes: MaxMinutes = None,
+    any_driver: AnyDriver = False,
+    eight_gpu_qualified: EightGpuQualified = False,
+    api_url: ApiUrl = None,
+    sim: Sim = False,
+    json_output: JsonOutput = False,
+    pacing_scale: PacingScale = None,
+    evidence_dir: EvidenceDir = None,
 ) -> None:
     """Search and rank offers for a profile (default mfu); show why each rejected offer failed."""
+    _offers(Flags.of(ctx), rank_by)
+
+
+def _offers(flags: Flags, rank_by: str) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
         if rank_by not in ("dph", "usd-per-mtok"):
             raise ConfigError(f"--rank-by must be dph or usd-per-mtok, got {rank_by!r}")
-        spec = flags.spec(profile="mfu" if flags.profile is None else flags.profile, dry_run=True)
+        given = flags.options.profile
+        spec = flags.spec(profile="mfu" if given is None else given, dry_run=True)
         from vast_harness.host.bundle import build_bundle
         from vast_harness.market.plan import account_credit_usd, choose_offers
 
@@ -184,12 +255,9 @@ def offers(
 
 
 @app.command()
-@takes(*FLEET, required=("max_usd",), help_overrides={"max_usd": (
-    "Total cost cap of the whole fleet, dollars: the summed worst cases before renting, the summed accrual while "
-    "running.")})
 def fleet(
     ctx: typer.Context,
-    flags: Flags,
+    *,
     gpus: Annotated[str, typer.Option("--gpus", metavar="NAMES", help=(
         'GPU types, comma separated: "RTX 5090,RTX 4090,H100 SXM".'))],
     per_run_usd: Annotated[float | None, typer.Option("--per-run-usd", metavar="USD", help=(
@@ -198,8 +266,35 @@ def fleet(
     allow_overcommit: Annotated[bool, typer.Option("--allow-overcommit", metavar="", help=(
         "Start even when the summed worst cases exceed --max-usd: the live monitor alone holds the total (runs "
         "are cancelled when it is reached)."))] = False,
+    profile: Profile = None,
+    num_gpus: NumGpus = None,
+    min_pcie_bw: MinPcieBw = None,
+    key_file: KeyFile = None,
+    max_usd: FleetMaxUsd,
+    max_minutes: MaxMinutes = None,
+    remote_env: RemoteEnv = None,
+    remote_secret: RemoteSecret = None,
+    remote_secret_file: RemoteSecretFile = None,
+    dry_run: DryRun = False,
+    any_driver: AnyDriver = False,
+    unqualified_ok: UnqualifiedOk = False,
+    boot_retries: BootRetries = None,
+    evidence_dir: EvidenceDir = None,
+    api_url: ApiUrl = None,
+    sim: Sim = False,
+    json_output: JsonOutput = False,
+    proof_interval_s: ProofInterval = None,
+    pacing_scale: PacingScale = None,
+    poll_s: PollInterval = None,
+    allow_unarmed_deadman: AllowUnarmedDeadman = False,
+    image_expect: ImageExpect = None,
+    image_expect_ack: ImageExpectAck = False,
 ) -> None:
     """One guarded run per GPU type, K at once, under one total cap; ranked by $ per million training tokens."""
+    _fleet(Flags.of(ctx), gpus=gpus, per_run_usd=per_run_usd, parallel=parallel, allow_overcommit=allow_overcommit)
+
+
+def _fleet(flags: Flags, *, gpus: str, per_run_usd: float | None, parallel: int, allow_overcommit: bool) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
@@ -207,13 +302,14 @@ def fleet(
         from vast_harness.fleet.run import run_fleet
 
         names = parse_gpus(gpus)
-        total = flags.max_usd
+        total = flags.options.max_usd
         check_number("--max-usd", total, low=0, high=MAX_USD_LIMIT, low_inclusive=False)  # finite: inf is refused
         assert total is not None  # required by the declaration
         per_run = per_run_usd if per_run_usd is not None else total / len(names)
         check_number("--per-run-usd", per_run, low=0, high=MAX_USD_LIMIT, low_inclusive=False)
         check_number("--parallel", parallel, low=1, high=MAX_PARALLEL)
-        spec = flags.spec(profile="mfu" if flags.profile is None else flags.profile, max_usd=per_run)
+        given = flags.options.profile
+        spec = flags.spec(profile="mfu" if given is None else given, max_usd=per_run)
         with _api_target(spec) as target, _client(target) as client:
             return run_fleet(target, names, client, load_driver_policy(), out, total_usd=total,
                              per_run_usd=per_run, parallel=parallel, allow_overcommit=allow_overcommit)
@@ -222,13 +318,25 @@ def fleet(
 
 
 @app.command()
-@takes(*CHECK)
-def check(ctx: typer.Context, flags: Flags) -> None:
+def check(
+    ctx: typer.Context,
+    *,
+    profile: Profile = None,
+    key_file: KeyFile = None,
+    api_url: ApiUrl = None,
+    sim: Sim = False,
+    json_output: JsonOutput = False,
+    pacing_scale: PacingScale = None,
+) -> None:
     """Read-only: the key, credit and balance, each endpoint the harness uses and the image reference form."""
+    _check(Flags.of(ctx))
+
+
+def _check(flags: Flags) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        spec = flags.spec(profile=flags.profile or "mfu", dry_run=True)
+        spec = flags.spec(profile=flags.options.profile or "mfu", dry_run=True)
         from vast_harness.ops.check import print_report, run_checks
 
         with _api_target(spec) as target, _client(target) as client:
@@ -240,22 +348,37 @@ def check(ctx: typer.Context, flags: Flags) -> None:
 
 
 @app.command()
-@takes(*CANARY, help_overrides={"max_usd": "Cost cap of the canary rental, dollars (default 0.10)."})
 def canary(
     ctx: typer.Context,
-    flags: Flags,
+    *,
     out_file: Annotated[str, typer.Option("--out", metavar="PATH",
                                           help="Where canary.json goes (also in the run's evidence).")]
     = "canary.json",
+    max_usd: CanaryMaxUsd = None,
+    max_minutes: MaxMinutes = None,
+    profile: Profile = None,
+    key_file: KeyFile = None,
+    evidence_dir: EvidenceDir = None,
+    api_url: ApiUrl = None,
+    sim: Sim = False,
+    json_output: JsonOutput = False,
+    proof_interval_s: ProofInterval = None,
+    pacing_scale: PacingScale = None,
+    poll_s: PollInterval = None,
 ) -> None:
     """Rent the cheapest qualified offer under the usual guards and measure read lag, boot, the image reference,
     the dead-man switch, SSH environment, linger and a repeat DELETE; writes canary.json."""
+    _canary(Flags.of(ctx), out_file)
+
+
+def _canary(flags: Flags, out_file: str) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
         out_path = path_flag("--out", out_file)
-        spec = flags.spec(profile=flags.profile or "smoke",
-                          max_usd=flags.max_usd if flags.max_usd is not None else CANARY_MAX_USD)
+        given = flags.options
+        spec = flags.spec(profile=given.profile or "smoke",
+                          max_usd=given.max_usd if given.max_usd is not None else CANARY_MAX_USD)
         from vast_harness.ops.canary import print_canary, run_canary
 
         with _api_target(spec) as target, _client(target) as client:
@@ -267,17 +390,26 @@ def canary(
 
 
 @app.command()
-@takes(*REAP)
 def reap(
     ctx: typer.Context,
-    flags: Flags,
+    *,
     include_live: Annotated[bool, typer.Option("--include-live", metavar="", help="Also delete live runs' "
                                                "instances (after a confirmation prompt).")] = False,
     yes: Annotated[bool, typer.Option("--yes", metavar="", help="Confirm --include-live without a prompt "
                                       "(scripts).")] = False,
+    key_file: KeyFile = None,
+    evidence_dir: EvidenceDir = None,
+    api_url: ApiUrl = None,
+    json_output: JsonOutput = False,
+    proof_interval_s: ProofInterval = None,
+    pacing_scale: PacingScale = None,
 ) -> None:
     """Delete and prove absent every orphan (instances of dead runs, or past their own cap deadline); list
     live runs' instances and leave them alone."""
+    _reap(Flags.of(ctx), include_live=include_live, yes=yes)
+
+
+def _reap(flags: Flags, *, include_live: bool, yes: bool) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
@@ -309,10 +441,18 @@ def _evidence_dir(flags: Flags) -> Path:
 
 
 @app.command()
-@takes(*EVIDENCE)
-def report(ctx: typer.Context, flags: Flags,
-           run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")]) -> None:
+def report(
+    ctx: typer.Context,
+    *,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")],
+    evidence_dir: EvidenceDir = None,
+    json_output: JsonOutput = False,
+) -> None:
     """Rebuild a run's report.html from its evidence and print where it is."""
+    _report(Flags.of(ctx), run)
+
+
+def _report(flags: Flags, run: str) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
@@ -325,15 +465,22 @@ def report(ctx: typer.Context, flags: Flags,
 
 
 @app.command()
-@takes(*EVIDENCE)
-def logs(ctx: typer.Context, flags: Flags,
-         run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")],
-         step: Annotated[str | None, typer.Argument(metavar="[STEP]", help="The step whose log to print; "
-                                                    "without it, the run's step logs are listed.")] = None,
-         raw: Annotated[bool, typer.Option("--raw", metavar="", help="The bytes as the host sent them (escape "
-                                           "codes included); else control characters are shown escaped.")] = False,
-         ) -> None:
+def logs(
+    ctx: typer.Context,
+    *,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")],
+    step: Annotated[str | None, typer.Argument(metavar="[STEP]", help="The step whose log to print; without it, "
+                                               "the run's step logs are listed.")] = None,
+    raw: Annotated[bool, typer.Option("--raw", metavar="", help="The bytes as the host sent them (escape codes "
+                                      "included); else control characters are shown escaped.")] = False,
+    evidence_dir: EvidenceDir = None,
+    json_output: JsonOutput = False,
+) -> None:
     """List a run's step logs, or print one."""
+    _logs(Flags.of(ctx), run, step, raw=raw)
+
+
+def _logs(flags: Flags, run: str, step: str | None, *, raw: bool) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
@@ -346,9 +493,12 @@ def logs(ctx: typer.Context, flags: Flags,
 
 
 @app.command()
-@takes(*EVIDENCE)
-def costs(ctx: typer.Context, flags: Flags) -> None:
+def costs(ctx: typer.Context, *, evidence_dir: EvidenceDir = None, json_output: JsonOutput = False) -> None:
     """What every run cost, from the ledger and the evidence: per run, per day, per profile, and totals."""
+    _costs(Flags.of(ctx))
+
+
+def _costs(flags: Flags) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
@@ -360,9 +510,19 @@ def costs(ctx: typer.Context, flags: Flags) -> None:
 
 
 @app.command()
-@takes(*STATUS)
-def status(ctx: typer.Context, flags: Flags) -> None:
+def status(
+    ctx: typer.Context,
+    *,
+    key_file: KeyFile = None,
+    api_url: ApiUrl = None,
+    json_output: JsonOutput = False,
+    pacing_scale: PacingScale = None,
+) -> None:
     """Read-only: every live run of this user and every `vh-` instance of the account, with accrued dollars."""
+    _status(Flags.of(ctx))
+
+
+def _status(flags: Flags) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
@@ -383,7 +543,7 @@ def main() -> None:
         sys.argv.append("--help")
     try:
         code = app(standalone_mode=False, prog_name="vast-e2e")
-    except ClickException as exc:  # usage errors: the flag and why, exit 2
+    except typer.TyperException as exc:  # usage errors (click's, which typer vendors, subclass this): exit 2
         Output().failure(exc.format_message(), exc.exit_code)
         code = exc.exit_code
     except (KeyboardInterrupt, typer.Abort):

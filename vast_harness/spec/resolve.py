@@ -1,5 +1,5 @@
-"""The validated run spec, and the one place that builds it: `resolve` lays flag > environment > user config >
-profile, in that order, over the target's timings.
+"""The validated run spec, and the one place that builds it: `resolve` takes the flags as given (`RunOptions`)
+and lays flag > environment > user config > profile, in that order, over the target's timings.
 
 Everything that can be wrong with the input is found here (or by the parsers in `values`, `profile` and `user`)
 and raised as ConfigError naming the flag or field, before any network call.
@@ -139,66 +139,79 @@ class RunSpec(BaseModel):
         return self.caps.max_minutes * 60.0
 
 
+class RunOptions(BaseModel):
+    """What a run is asked to be: every flag's value as given (None or False when not), before precedence,
+    defaults and bounds are applied. `resolve` turns it into a `RunSpec`; nothing here is checked yet."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profile: str | None = None  # a shipped name or a profile file; required by `resolve`
+    num_gpus: int | None = None
+    min_pcie_bw: float | None = None
+    key_file: Path | str | None = None
+    max_usd: float | None = None
+    max_minutes: float | None = None
+    remote_env: list[str] | None = None
+    remote_secret: list[str] | None = None
+    remote_secret_file: Path | str | None = None
+    dry_run: bool = False
+    any_driver: bool = False
+    eight_gpu_qualified: bool = False
+    unqualified_ok: bool = False
+    boot_retries: int | None = None
+    evidence_dir: Path | str | None = None
+    api_url: str | None = None
+    sim: bool = False
+    proof_interval_s: float | None = None
+    pacing_scale: float | None = None
+    poll_s: float | None = None
+    allow_unarmed_deadman: bool = False
+    image_expect: str | None = None
+    image_expect_ack: bool = False
+    state_dir: Path | None = None  # the ledger's home (default: the user's state dir, by the environment)
+
+
 def resolve(
+    options: RunOptions,
     *,
-    profile: str,
-    num_gpus: int | None = None,
-    min_pcie_bw: float | None = None,
-    key_file: Path | str | None = None,
-    max_usd: float | None = None,
-    max_minutes: float | None = None,
-    remote_env: list[str] | None = None,
-    remote_secret: list[str] | None = None,
-    remote_secret_file: Path | str | None = None,
-    dry_run: bool = False,
-    any_driver: bool = False,
-    eight_gpu_qualified: bool = False,
-    unqualified_ok: bool = False,
-    boot_retries: int | None = None,
-    evidence_dir: Path | str | None = None,
-    api_url: str | None = None,
-    sim: bool = False,
-    proof_interval_s: float | None = None,
-    pacing_scale: float | None = None,
-    poll_s: float | None = None,
-    allow_unarmed_deadman: bool = False,
-    image_expect: str | None = None,
-    image_expect_ack: bool = False,
-    state_dir: Path | None = None,
     environ: Mapping[str, str] | None = None,
     profiles_dir: Path = PROFILES_DIR,
     on_unwritable: Callable[[str], None] | None = None,
 ) -> RunSpec:
     """Flags > environment (VAST_API_KEY, VAST_URL) > the user's config file > profile, validated. Raises
-    ConfigError naming the offending flag or field. An evidence or state dir that takes no writes is refused,
+    ConfigError naming the offending flag or field. `environ` and `profiles_dir` say where to read (default:
+    this process's environment, the shipped profiles). An evidence or state dir that takes no writes is refused,
     unless `on_unwritable` is given: then it is told (a reap warns and goes on deleting)."""
+    o = options
+    if o.profile is None:
+        raise ConfigError("a profile is required (mfu, proofs, smoke or a profile file)")
     environ = os.environ if environ is None else environ
     user, _ = UserConfig.load(environ)
-    prof = load_profile(profile, profiles_dir)
-    if unqualified_ok and not any_driver:
+    prof = load_profile(o.profile, profiles_dir)
+    if o.unqualified_ok and not o.any_driver:
         raise ConfigError("--unqualified-ok only applies with --any-driver (without it no run passes on an "
                           "unqualified driver)")
-    max_usd = max_usd if max_usd is not None else user.max_usd
-    max_minutes = max_minutes if max_minutes is not None else user.max_minutes
-    ev_source = "--evidence-dir" if evidence_dir is not None else "evidence_dir (config file)"
-    evidence_dir = evidence_dir if evidence_dir is not None else user.evidence_dir
+    max_usd = o.max_usd if o.max_usd is not None else user.max_usd
+    max_minutes = o.max_minutes if o.max_minutes is not None else user.max_minutes
+    ev_source = "--evidence-dir" if o.evidence_dir is not None else "evidence_dir (config file)"
+    evidence_given = o.evidence_dir if o.evidence_dir is not None else user.evidence_dir
     check_number("--max-usd", max_usd, low=0, high=MAX_USD_LIMIT, low_inclusive=False)
     check_number("--max-minutes", max_minutes, low=0, high=MAX_MINUTES_LIMIT, low_inclusive=False)
-    check_number("--min-pcie-bw", min_pcie_bw, low=0, high=MAX_PCIE_GBPS)
-    check_number("--num-gpus", num_gpus, low=1, high=16)
-    check_number("--boot-retries", boot_retries, low=0, high=MAX_BOOT_RETRIES)
-    check_number("--proof-interval", proof_interval_s, low=0, high=MAX_INTERVAL_S)
-    check_number("--poll-interval", poll_s, low=0, high=MAX_INTERVAL_S, low_inclusive=False)
-    check_number("--pacing-scale", pacing_scale, low=0, high=MAX_PACING_SCALE)
-    evidence_dir = path_flag("--evidence-dir", evidence_dir)
-    key_file = path_flag("--key-file", key_file)
+    check_number("--min-pcie-bw", o.min_pcie_bw, low=0, high=MAX_PCIE_GBPS)
+    check_number("--num-gpus", o.num_gpus, low=1, high=16)
+    check_number("--boot-retries", o.boot_retries, low=0, high=MAX_BOOT_RETRIES)
+    check_number("--proof-interval", o.proof_interval_s, low=0, high=MAX_INTERVAL_S)
+    check_number("--poll-interval", o.poll_s, low=0, high=MAX_INTERVAL_S, low_inclusive=False)
+    check_number("--pacing-scale", o.pacing_scale, low=0, high=MAX_PACING_SCALE)
+    evidence_dir = path_flag("--evidence-dir", evidence_given)
+    key_file = path_flag("--key-file", o.key_file)
 
     filters = prof.filters.model_copy(
         update={
             k: v
             for k, v in {
-                "num_gpus": 8 if eight_gpu_qualified else num_gpus,
-                "min_pcie_bw_gbps": min_pcie_bw,
+                "num_gpus": 8 if o.eight_gpu_qualified else o.num_gpus,
+                "min_pcie_bw_gbps": o.min_pcie_bw,
             }.items()
             if v is not None
         }
@@ -207,44 +220,44 @@ def resolve(
         max_usd=max_usd if max_usd is not None else prof.caps.max_usd,
         max_minutes=max_minutes if max_minutes is not None else prof.caps.max_minutes,
     )
-    given_env = parse_remote_env(remote_env or [])
-    secret_file = path_flag("--remote-secret-file", remote_secret_file)
+    given_env = parse_remote_env(o.remote_env or [])
+    secret_file = path_flag("--remote-secret-file", o.remote_secret_file)
     secrets = read_secret_file(secret_file) if secret_file is not None else {}
-    secrets.update(parse_remote_env(remote_secret or [], flag="--remote-secret", environ=environ))
+    secrets.update(parse_remote_env(o.remote_secret or [], flag="--remote-secret", environ=environ))
     # `{num_gpus}` follows --num-gpus / --eight-gpu-qualified (the mfu sweep's world sizes); --remote-env wins;
     # a secret named like one of the profile's settings replaces it (a flag given twice is refused below)
     profile_env = {k: v.replace(NUM_GPUS_PLACEHOLDER, str(filters.num_gpus)) for k, v in prof.remote_env.items()}
     env = {k: v for k, v in profile_env.items() if k not in secrets} | given_env
 
-    if api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
-        url = validate_api_url(api_url)
+    if o.api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
+        url = validate_api_url(o.api_url)
     elif environ.get("VAST_URL") is not None:
         url = validate_api_url(environ["VAST_URL"], "VAST_URL")
     else:
         url = DEFAULT_API_URL
-    if not (sim or is_loopback_url(url)):  # the safety floors hold against any real API
-        if proof_interval_s is not None and proof_interval_s < REAL_PROOF_INTERVAL_FLOOR_S:
-            raise ConfigError(f"--proof-interval {proof_interval_s:g} is below the {REAL_PROOF_INTERVAL_FLOOR_S:g} s "
+    if not (o.sim or is_loopback_url(url)):  # the safety floors hold against any real API
+        if o.proof_interval_s is not None and o.proof_interval_s < REAL_PROOF_INTERVAL_FLOOR_S:
+            raise ConfigError(f"--proof-interval {o.proof_interval_s:g} is below the {REAL_PROOF_INTERVAL_FLOOR_S:g} s "
                               f"floor against {url}; lower values are for the simulator (loopback or --sim)")
-        if pacing_scale is not None and pacing_scale < REAL_PACING_SCALE_FLOOR:
-            raise ConfigError(f"--pacing-scale {pacing_scale:g} is below {REAL_PACING_SCALE_FLOOR:g} against {url}: "
+        if o.pacing_scale is not None and o.pacing_scale < REAL_PACING_SCALE_FLOOR:
+            raise ConfigError(f"--pacing-scale {o.pacing_scale:g} is below {REAL_PACING_SCALE_FLOOR:g} against {url}: "
                               "Vast's rate limits cannot be scaled down; lower values are for the simulator")
     override = None
-    if image_expect is not None:
-        override = parse_image_expect(image_expect, prof.image_expect)
-        if not (sim or is_loopback_url(url) or image_expect_ack):
+    if o.image_expect is not None:
+        override = parse_image_expect(o.image_expect, prof.image_expect)
+        if not (o.sim or is_loopback_url(url) or o.image_expect_ack):
             raise ConfigError(f"--image-expect overrides the profile's image check against {url}: a real rental "
-                              "could run on an image the profile was not measured with. Add --image-expect-ack "
+                              "could run on an image the o.profile was not measured with. Add --image-expect-ack "
                               "to do it anyway (the override is recorded in the evidence and the report)")
         prof = with_image_expect(prof, override)
-    elif image_expect_ack:
+    elif o.image_expect_ack:
         raise ConfigError("--image-expect-ack acknowledges an --image-expect override; none was given")
-    key = None if sim else read_api_key(key_file, environ, path_flag("key_file (config file)", user.key_file))
+    key = None if o.sim else read_api_key(key_file, environ, path_flag("key_file (config file)", user.key_file))
     # --sim runs keep their own state: the embedded simulator's account dies with the process, so its ledger
     # lines must never make a reap of the real account exit 3.
-    state = (state_dir or (user_state_dir(environ) / SIM_SUBDIR if sim else user_state_dir(environ))).expanduser()
+    state = (o.state_dir or (user_state_dir(environ) / SIM_SUBDIR if o.sim else user_state_dir(environ))).expanduser()
     ev_dir = (evidence_dir or state).expanduser()  # never site-packages, never the current directory
-    if not dry_run:  # a run writes its ledger and evidence here: find out now, not after renting
+    if not o.dry_run:  # a run writes its ledger and evidence here: find out now, not after renting
         state_name = f"the state directory (${STATE_ENV})" if environ.get(STATE_ENV) else "the state directory"
         checks = [(ev_dir, ev_source if evidence_dir is not None else state_name)]
         checks += [(state, state_name)] if state != ev_dir else []
@@ -257,8 +270,8 @@ def resolve(
                     raise
                 on_unwritable(str(exc))
     # The one place a run's timings are chosen: the simulator's table with --sim, else Vast's; flags win.
-    timing_flags = {"proof_interval_s": proof_interval_s, "poll_s": poll_s, "pacing_scale": pacing_scale}
-    table = Timings.sim() if sim else Timings.real()
+    timing_flags = {"proof_interval_s": o.proof_interval_s, "poll_s": o.poll_s, "pacing_scale": o.pacing_scale}
+    table = Timings.sim() if o.sim else Timings.real()
     try:
         timings = Timings.model_validate(table.model_dump() | {k: v for k, v in timing_flags.items() if v is not None})
         return RunSpec(
@@ -269,16 +282,16 @@ def resolve(
             remote_secrets={k: SecretStr(v) for k, v in secrets.items()},
             api_url=url,
             api_key=key,
-            dry_run=dry_run,
-            any_driver=any_driver,
-            eight_gpu_qualified=eight_gpu_qualified,
-            unqualified_ok=unqualified_ok,
-            boot_retries=prof.boot_retries if boot_retries is None else boot_retries,
+            dry_run=o.dry_run,
+            any_driver=o.any_driver,
+            eight_gpu_qualified=o.eight_gpu_qualified,
+            unqualified_ok=o.unqualified_ok,
+            boot_retries=prof.boot_retries if o.boot_retries is None else o.boot_retries,
             evidence_dir=ev_dir,
             state_dir=state,
-            sim=sim,
+            sim=o.sim,
             timings=timings,
-            allow_unarmed_deadman=allow_unarmed_deadman,
+            allow_unarmed_deadman=o.allow_unarmed_deadman,
             image_expect_override=override,
         )
     except ValidationError as exc:
