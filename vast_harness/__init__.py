@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "Rejection": "vast_harness.market.offers",
     "resolve": "vast_harness.spec.resolve",
     "run_guarded": "vast_harness.run.runner",
+    "RunOptions": "vast_harness.spec.resolve",
     "RunSpec": "vast_harness.spec.resolve",
     "search_ranked": "vast_harness.market.offers",
     "ServerError": "vast_harness.errors",
@@ -78,6 +79,7 @@ __all__ = [
     "RateLimitError",
     "RawExchange",
     "Rejection",
+    "RunOptions",
     "RunSpec",
     "ServerError",
     "StepFailedError",
@@ -129,7 +131,7 @@ if _TYPE_CHECKING:  # the same names, for type checkers and editors
     from vast_harness.market.quote import Quote, quote_offer
     from vast_harness.run.runner import GuardedRun, HarnessResult, run_guarded
     from vast_harness.spec.profile import DriverPolicy, HarnessProfile, load_driver_policy, load_profile
-    from vast_harness.spec.resolve import RunSpec, resolve
+    from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
     from vast_harness.vast.client import RawExchange, Timeouts, VastClient
     from vast_harness.vast.models import Instance, Offer, User
     from vast_harness.vast.url import DEFAULT_API_URL
