@@ -309,7 +309,7 @@ def test_status_shows_a_hostile_label_escaped(sim, tmp_path):
 
 
 def test_status_with_a_refused_key_is_bad_input_not_an_empty_account(tmp_path):
-    # A refused key used to be one "problem" row (exit 1) beside an empty table: it is bad configuration (exit 2).
+    # A refused key is bad configuration (exit 2), not a "problem" row (exit 1) beside an empty table.
     from vast_harness.errors import AuthError, ExitCode, exit_code_for
 
     with SimServer(seed=31, rate_scale=SCALE, api_keys=["another-key"]) as other:

@@ -155,7 +155,7 @@ def test_the_floors_are_lifted_only_for_loopback(url):
 @pytest.mark.parametrize("command", [["--profile", "smoke"], ["reap"]], ids=["run", "reap"])
 def test_a_bad_state_dir_is_named_as_the_state_dir_not_as_a_flag_never_given(command, monkeypatch, capsys,
                                                                               tmp_path):
-    # Red team: VAST_HARNESS_HOME pointing at a file was reported as "--evidence-dir ... is not a directory".
+    # A state dir that is a file is named as the state dir ($VAST_HARNESS_HOME), not as a flag never given.
     afile = tmp_path / "afile"
     afile.write_text("x")
     monkeypatch.setenv("VAST_HARNESS_HOME", str(afile))

@@ -125,8 +125,8 @@ def stall_at_teardown_pull(proxies: list[TcpProxy]) -> type[HostWork]:
 
 
 def test_stalled_link_at_the_teardown_pull_does_not_hold_the_delete(sim, tmp_path, proxies):
-    # The step fails; the teardown's pull meets a silent link. It used to wait on SFTP forever, before DELETE;
-    # now the silent SFTP channel is closed after the stall timeout (1 s with a 2 s margin).
+    # The step fails; the teardown's pull meets a silent link. The pull must not hold the DELETE: the silent
+    # SFTP channel is closed after the stall timeout (1 s with a 2 s margin).
     spec = make_spec(sim, tmp_path, [Step(name="fail", run="echo x > evidence/a.txt; exit 7", timeout_s=20)])
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True),
@@ -218,7 +218,7 @@ def test_flooding_step_is_cut_at_the_cap(sim, tmp_path):
 
 
 def test_slow_upload_is_stopped_at_the_cap(sim, tmp_path):
-    # SFTP at 500 B/s: the bundle would take minutes; it used to bill past both caps.
+    # SFTP at 500 B/s: the bundle would take minutes; the upload is stopped at the cap, never billed past it.
     sim.set_faults("slow_sftp:500")
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=20)], max_minutes=0.1)
     start_unix = time.time()
@@ -231,7 +231,7 @@ def test_slow_upload_is_stopped_at_the_cap(sim, tmp_path):
 
 
 def test_large_evidence_on_a_slow_link_is_stopped_at_the_cap_and_never_exit_0(sim, tmp_path):
-    # 3 MB of evidence at 200 kB/s is 15 s; the cap leaves ~7 s. It used to exit 0, billed over the cap.
+    # 3 MB of evidence at 200 kB/s is 15 s; the cap leaves ~7 s: the pull is stopped at the cap, never exit 0.
     sim.set_faults("slow_sftp:200000")
     steps = [Step(name="big", run="head -c 3000000 /dev/urandom > evidence/big.bin", timeout_s=20)]
     spec = make_spec(sim, tmp_path, steps, max_minutes=0.15)
@@ -341,8 +341,8 @@ def test_disk_full_at_teardown_does_not_stop_the_delete_or_the_proof(sim, tmp_pa
 
 
 def test_a_result_file_says_what_the_process_says_when_an_evidence_write_fails_at_the_end(sim, tmp_path):
-    # Red team: absence-proof.json failed on a full disk, the process exited 1 "evidence incomplete", and
-    # harness-result.json (written just after, fine) said exit 0 "passed", as did report.html.
+    # absence-proof.json fails on a full disk, so the process exits 1 "evidence incomplete": harness-result.json
+    # (written just after, fine) and report.html must say the same, not exit 0 "passed".
     class DiskFillsAfterSteps(HostWork):
         def run_steps(self) -> None:
             super().run_steps()
@@ -378,7 +378,7 @@ def test_time_cap_below_boot_plus_teardown_is_refused_before_renting(sim, tmp_pa
 
 def test_a_run_refused_before_any_create_asks_the_api_nothing_after(sim, tmp_path):
     # No PUT was sent, so no instance can carry the run's label: the teardown's label sweep has nothing to look
-    # for. Against an API that does not answer it used to spend the client's retries twice (4 min) on it.
+    # for, and against an API that does not answer it must not spend the client's retries (minutes) on it.
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=20)], max_minutes=0.003)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
@@ -425,9 +425,9 @@ def execute_on_a_console(sim: SimServer, spec: RunSpec) -> tuple[GuardedRun, Any
 
 
 def test_a_step_that_floods_its_output_is_read_whole_and_ends_when_the_host_command_does(sim, tmp_path):
-    # Red team: the console printed every line (~0.4 ms each through rich), so the harness read ~30 KB/s: `seq`
-    # ended on the host after 9 s but its step was held to the 30 s timeout and reported rc 0 with 874 KB of its
-    # log silently missing (the last drain after the exit status was cut at 1 MiB).
+    # The console must not throttle the read: printing every line through rich (~0.4 ms each) would read ~30 KB/s,
+    # hold a step that ended on the host to its timeout, and cut the last drain after the exit status, leaving
+    # its log silently short.
     spec = make_spec(sim, tmp_path, [Step(name="seq", run="seq 1 300000", timeout_s=60)])
     run, result, buf = execute_on_a_console(sim, spec)
     step = run.steps[0]
@@ -441,8 +441,8 @@ def test_a_step_that_floods_its_output_is_read_whole_and_ends_when_the_host_comm
 
 
 def test_a_step_cut_by_the_time_cap_says_the_time_cap_cut_it(sim, tmp_path):
-    # Red team: "step sl stopped at the cap (time/cost) after 57 s", the record saying "timed out" against a
-    # 500 s timeout of its own; under a re-price, "its output is billed bandwidth" with nothing billed for bytes.
+    # The message and the record name the time cap, not "the cap (time/cost)" nor "timed out" against the
+    # step's own longer timeout; under a re-price, no "its output is billed bandwidth" when no bytes were billed.
     spec = make_spec(sim, tmp_path, [Step(name="sl", run="sleep 60", timeout_s=120)], max_minutes=0.1)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
@@ -452,8 +452,8 @@ def test_a_step_cut_by_the_time_cap_says_the_time_cap_cut_it(sim, tmp_path):
 
 
 def test_a_flood_of_long_lines_reaches_the_console_cut_short(sim, tmp_path):
-    # Red team: the line budget counted lines, and a 30 MB line came as 127 chunks that wrapped to 52,499 rows
-    # (8.4 MB on stdout in 1.6 s). Each shown line is cut at 1,000 characters; the log keeps the bytes.
+    # A line budget that counts lines is not enough: one 30 MB line wraps to tens of thousands of rows. Each
+    # shown line is cut at 1,000 characters; the log keeps the bytes.
     spec = make_spec(sim, tmp_path, [Step(name="long", run="head -c 5000000 /dev/zero | tr '\\0' x; echo; echo TAIL",
                                           timeout_s=60)])
     run, result, buf = execute_on_a_console(sim, spec)
@@ -542,9 +542,8 @@ def test_a_main_thread_blocked_past_the_cap_does_not_keep_the_instance(sim, tmp_
 
 
 def test_a_price_read_out_while_our_delete_goes_blames_no_one(sim, tmp_path):
-    # Red team, round 8: a price read the API held for 110 s came back empty after the run's own DELETE, and
-    # the run said "deleted by someone else: no DELETE of ours". A read that returns once a DELETE of ours is
-    # on its way says nothing about anyone else.
+    # A price read the API holds may come back empty after the run's own DELETE: a read that returns once a
+    # DELETE of ours is on its way says nothing about anyone else, so no "deleted by someone else".
     class HoldThePriceRead(HostWork):
         def upload(self, bundle):
             sim.set_faults("hang:show:9:1")  # the price watch's next read
@@ -565,7 +564,7 @@ def test_a_price_read_out_while_our_delete_goes_blames_no_one(sim, tmp_path):
 def test_a_create_whose_ledger_line_takes_past_the_cap_to_write_does_not_keep_the_instance(sim, tmp_path,
                                                                                            monkeypatch):
     # The instance bills from the create's answer, and its "created" line is written after it: a disk that
-    # holds that write for 10 s used to hide the instance from everything until then.
+    # holds that write for 10 s must not hide the instance from the cap and the teardown until then.
     import vast_harness.state.ledger as ledger_mod
 
     real = ledger_mod.write_line
@@ -591,7 +590,7 @@ def test_a_boot_read_that_hangs_at_the_cap_does_not_hold_the_delete_past_it(sim,
 
 def test_one_hung_delete_near_the_cap_is_cut_and_retried_in_time(sim, tmp_path):
     # A step that runs to the cap's work deadline, then a first DELETE the API holds for 6 s: cut at half the
-    # time left to the cap, the retry lands before it (chaos seed 13000087 was 0.35 s over with a stalled one).
+    # time left to the cap, the retry lands before it (an uncut one would carry the DELETE past the cap).
     sim.set_faults("hang:destroy:6:1")
     _, run, _ = run_capped(sim, tmp_path, "sleep 30", within_s=40,
                            client_kw=dict(retry_wait_min_s=0.02, retry_wait_max_s=0.2))
@@ -599,9 +598,9 @@ def test_one_hung_delete_near_the_cap_is_cut_and_retried_in_time(sim, tmp_path):
 
 
 def test_a_reprice_during_a_slow_evidence_pull_is_seen_and_never_exit_0(sim, tmp_path):
-    # Red team, round 6: the host re-priced 200x while a slow pull ran after the steps; the price was read
-    # only during the steps, so the run passed (exit 0) with the simulator billing 16x the dollar cap. The
-    # price watch now covers the upload and the pull, and a cancel abandons either.
+    # The host re-prices 200x while a slow pull runs after the steps. A price read only during the steps would
+    # pass (exit 0) while billing many times the dollar cap: the price watch covers the upload and the pull,
+    # and a cancel abandons either.
     sim.set_faults("slow_sftp:100000;reprice:200:1.5")
     steps = [Step(name="ev", run="head -c 2000000 /dev/urandom > evidence/e.bin", timeout_s=20)]
     spec = make_spec(sim, tmp_path, steps, max_minutes=0.5, poll_s=0.25)
@@ -617,8 +616,8 @@ def test_a_reprice_during_a_slow_evidence_pull_is_seen_and_never_exit_0(sim, tmp
 
 
 def test_a_list_that_hangs_holds_neither_the_absence_proof_nor_the_sweep_past_their_budgets(sim, tmp_path):
-    # Red team, round 6: with every v1 list hanging 100 s, a run on a 3 min cap exited after 460 s: each proof
-    # round's two lists (and the final label sweep, with retries) waited out the client's own bounds.
+    # With every v1 list hanging 100 s, each proof round's two lists (and the final label sweep, with retries)
+    # are held to the teardown's budget, not the client's own bounds, which would run far past the cap.
     sim.set_faults("hang:list:100:*")
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=20)], max_minutes=1.0)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
@@ -633,17 +632,16 @@ def test_a_list_that_hangs_holds_neither_the_absence_proof_nor_the_sweep_past_th
 
 
 def test_delete_retries_near_the_cap_are_not_spaced_past_it(sim, tmp_path):
-    # Red team, round 6: five failed DELETEs with the backoff grown toward 20 s carried the instance past the
-    # cap (36 s on an 18 s cap). Before the cap each wait is at most a quarter of the time left.
+    # Five failed DELETEs with the backoff grown toward 20 s would carry the instance past the cap. Before the
+    # cap each wait is at most a quarter of the time left.
     sim.set_faults("delete_fail:5:503")
     _, run, _ = run_capped(sim, tmp_path, "sleep 30", within_s=60)  # production backoff: 1 s .. 20 s
     assert run.teardowns[0].verdict == "gone"
 
 
 def test_a_reprice_while_the_api_holds_our_delete_is_billed_and_never_exit_0(sim, tmp_path):
-    # Red team, round 7: the host re-priced 5000x while the API held our DELETE for 30 s; nothing read the
-    # price after the DELETE was sent, so the run passed (exit 0) with $7 billed on a $0.05 cap. The price is
-    # now re-read while a DELETE is in flight.
+    # The host re-prices 5000x while the API holds our DELETE: the price is re-read while a DELETE is in
+    # flight, so the bill is seen and the run never passes (exit 0) far over its cap.
     sim.set_faults("hang:destroy:3:1;reprice:5000:2")
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="sleep 1", timeout_s=20)], max_minutes=1.0, poll_s=0.25)
     spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.05})})

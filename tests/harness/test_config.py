@@ -201,8 +201,8 @@ def test_the_create_sends_the_digest_pinned_form():
     (lambda t: t + "\nx = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
 ], ids=["env-key-injection", "env-key-space", "disk-inf", "toml-5000-deep"])
 def test_a_bad_profile_file_is_refused_before_anything_is_rented(tmp_path, edit, needle):
-    # From the red team: these passed the profile check, rented, then died as "unexpected ValueError" (exit 1),
-    # or gave a traceback during the search (inf in the request) or in tomllib (RecursionError).
+    # Each is refused by the profile check (exit 2), before anything is rented: not left to fail after renting
+    # ("unexpected ValueError", exit 1), in the search (inf in the request) or in tomllib (RecursionError).
     from vast_harness.spec.profile import PROFILES_DIR
 
     text = (PROFILES_DIR / "harness" / "smoke.toml").read_text()

@@ -52,7 +52,7 @@ def test_version_help_and_bare_invocation(tmp_path):
 
 def test_an_option_before_a_subcommand_is_honoured_or_refused(sim, tmp_path):
     honoured = cli("--sim", "offers", "--profile", "smoke", "--json", home=tmp_path)
-    assert honoured.returncode == 0, honoured.stderr  # was "no API key ... (or use --sim)": --sim was dropped
+    assert honoured.returncode == 0, honoured.stderr  # --sim given before `offers` reaches it: no key asked for
     assert json.loads(honoured.stdout)["ranked"]
     refused = cli("--max-minutes", "5", "reap", home=tmp_path)
     assert refused.returncode == 2 and "--max-minutes does not apply to `reap`" in refused.stderr

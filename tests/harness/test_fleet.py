@@ -421,9 +421,9 @@ def test_a_full_disk_under_the_fleet_ledger_still_cancels_every_run_at_the_total
 @pytest.mark.parametrize("refused", [("fleet-result.json", "fleet-report.html"), ("fleet-report.html",)])
 def test_a_fleet_result_that_cannot_be_written_is_said_and_never_a_traceback(sim, tmp_path, monkeypatch, capsys,
                                                                              refused):
-    """Found by the red team on a 64 KiB tmpfs: fleet-result.json's write raised ENOSPC out of run_fleet (a
-    traceback, exit 1 from the crash, a 0-byte result). Now: said, the fleet's own verdict kept (a pass
-    becomes 1: its evidence is incomplete), every instance still gone, no half-written file."""
+    """A full disk (ENOSPC) when fleet-result.json or the report is written is said, never a traceback or a
+    0-byte result: the fleet's own verdict is kept (a pass becomes 1: its evidence is incomplete), every
+    instance is still gone, no half-written file is left."""
     import errno
 
     spec = base_spec(sim, tmp_path)
@@ -453,7 +453,7 @@ def test_a_fleet_result_that_cannot_be_written_is_said_and_never_a_traceback(sim
     result = fleet_dir / "fleet-result.json"
     if "fleet-result.json" in refused:
         assert not result.exists() and "result and report could not be written" in summary["message"]
-    else:  # red team round 2: the result once said exit 0 while the process said 1 and "not written"
+    else:  # the result says what the process says: exit 1 and "not written", never exit 0
         on_disk = json.loads(result.read_text())
         assert on_disk["exit_code"] == 1 and on_disk["message"] == summary["message"]
         assert "the fleet's report could not be written" in on_disk["message"]

@@ -144,8 +144,8 @@ def test_lines_carry_the_target_never_the_key(tmp_path):
 
 
 def test_a_create_answered_nothing_created_settles_its_label_and_a_5xx_does_not(tmp_path):
-    # Found by the chaos suite: two offers taken (410 no_such_ask) then an unproven teardown; reap (exit 3)
-    # kept looking for the two refused labels for an hour, though the answer said nothing was created.
+    # A create answered "nothing created" (410 no_such_ask) settles its label: reap does not keep looking for it
+    # (exit 3) after an unproven teardown. A 5xx proves nothing, so its label stays open.
     from vast_harness.state.ledger import NOTHING_CREATED
 
     ledger = Ledger(tmp_path / "ledger.jsonl")
@@ -157,7 +157,7 @@ def test_a_create_answered_nothing_created_settles_its_label_and_a_5xx_does_not(
 
 
 def test_reading_a_ledger_creates_no_directory_and_the_first_write_does(tmp_path):
-    # `vast-e2e status` (read-only) created a missing state directory through Ledger().
+    # Reading the ledger (`vast-e2e status` is read-only) creates no state directory; the first write does.
     path = tmp_path / "no" / "such" / "ledger.jsonl"
     ledger = Ledger(path)
     assert ledger.entries() == [] and ledger.view().pending == {}

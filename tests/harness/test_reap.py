@@ -65,8 +65,8 @@ def test_ledger_ids_are_deleted_even_when_the_list_fails(sim, tmp_path, monkeypa
 
 
 def test_a_refused_key_with_nothing_in_the_ledger_is_exit_2_not_may_still_bill(sim, tmp_path):
-    # Red team: `VAST_API_KEY=wrong vast-e2e reap` said "NOT all proven absent" (exit 3, "an instance may still
-    # bill") when it had read nothing at all; status and offers say exit 2 for the same key.
+    # A refused key is bad input (exit 2), as status and offers say for the same key: reap has read nothing, so
+    # it must not say "NOT all proven absent" (exit 3, "an instance may still bill").
     from vast_harness.errors import AuthError, exit_code_for
 
     with SimServer(seed=9, rate_scale=SCALE, api_keys=["the-only-key"]) as strict:

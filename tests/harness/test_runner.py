@@ -197,8 +197,8 @@ def test_a_signal_while_the_live_view_starts_is_exit_130_not_a_traceback(sim, tm
 
 
 def test_after_a_dropped_step_the_evidence_is_pulled_over_a_new_connection(sim, tmp_path):
-    # Red team: `ssh_drop` mid-step, the reconnect probe succeeded, and yet `pull: null`: the evidence the step
-    # had written (blob.bin) was never pulled and nothing said so.
+    # `ssh_drop` mid-step and a reconnect probe that succeeds: the evidence the step had written (blob.bin) is
+    # pulled over the new connection, not left behind with `pull: null` and nothing said.
     sim.set_faults("ssh_drop:1.0")
     steps = [Step(name="drop", run="mkdir -p evidence; head -c 100000 /dev/urandom > evidence/blob.bin; sleep 5",
                   timeout_s=20)]
@@ -263,8 +263,8 @@ def test_second_ctrl_c_does_not_skip_teardown(sim, tmp_path, capsys):
 
 
 def test_one_ctrl_c_during_the_pull_keeps_what_was_copied_and_names_what_was_left(sim, tmp_path):
-    # Red team: one SIGINT 3 s into a 10 s pull: exit 130 and gone (right), but `pull` said files 0, left [],
-    # detail "" and nothing was said: the teardown never tried again and the record named nothing.
+    # One SIGINT 3 s into a 10 s pull: exit 130 and gone, and the record keeps what was copied and names what
+    # was left (not files 0, left [], detail ""), so the teardown can try again.
     from vast_harness.run.host_work import HostWork
 
     class SignalDuringPull(HostWork):

@@ -46,8 +46,8 @@ def _strip_rich_styles(text: str) -> str:
 
 
 def test_terminal_safe_escapes_every_format_and_separator_character():
-    # Red team: U+061C (a bidi mark), U+2028 (a newline to some readers), U+200B, U+FEFF, U+00AD and the tag
-    # characters passed through unescaped while U+202E and the C1 controls were escaped.
+    # Every control, format and line/paragraph separator is escaped, not only U+202E and the C1 controls: U+061C
+    # (a bidi mark), U+2028 (a newline to some readers), U+200B, U+FEFF, U+00AD and the tag characters too.
     import unicodedata
 
     unsafe = [chr(c) for c in range(0x110000)
