@@ -328,6 +328,7 @@ def test_a_reap_on_a_full_disk_still_deletes_the_orphans_and_says_what_it_could_
 
     from vast_harness.cli import app as cli
 
+    sim.set_faults("started_earlier:7200")  # an orphan left earlier: its row started 2 h ago
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         offer = client.search_offers({"limit": 5})[0]
         iid = client.create_instance(offer.id, {"image": "x", "disk": 10,

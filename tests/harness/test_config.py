@@ -36,9 +36,9 @@ def test_flags_beat_environment_beat_profile(key_file):
     assert spec.remote_env["HT_MFU_MB"] == "16" and spec.remote_env["HT_MFU_WORLDS"] == "4"  # follows --num-gpus
     assert spec.api_url == "http://127.0.0.1:9"
     assert (
-        resolve(RunOptions(profile="mfu", key_file=key_file, api_url="http://a.b"),
-                environ={"VAST_URL": "http://c.d"}).api_url
-        == "http://a.b"
+        resolve(RunOptions(profile="mfu", key_file=key_file, api_url="https://a.b"),
+                environ={"VAST_URL": "https://c.d"}).api_url
+        == "https://a.b"
     )
 
 

@@ -322,7 +322,8 @@ def test_wait_ready_returns_the_rented_price(sim, tmp_path):
 
 
 def test_label_scans_page_past_25(sim, tmp_path):
-    sim.set_faults("linger:0:*")  # 30 teardowns: do not wait out 30 lingers
+    # 30 teardowns: do not wait out 30 lingers; rows started 2 h ago, as orphans left earlier are
+    sim.set_faults("linger:0:*;started_earlier:7200:*")
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         offers = client.search_offers({"limit": 40, "order": [["dph_total", "asc"]]})
         # orphans to any reap: their labels' cap deadlines passed an hour ago

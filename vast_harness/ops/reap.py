@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal, Unpack
 
@@ -34,6 +34,7 @@ from vast_harness.records import InstanceTeardown
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.dirs import legacy_ledgers
 from vast_harness.state.ledger import EntryFields, Event, Ledger, LedgerEntry, LedgerView, new_run_id, target_of
+from vast_harness.state.process import ProcessId, this_process
 from vast_harness.state.registry import LABEL_PREFIX, MAX_RUN_S, LiveRun, RunRegistry, parse_label
 from vast_harness.timings import Timings
 from vast_harness.vast.client import VastClient
@@ -146,6 +147,15 @@ class _Sources:
         """Runs this user's ledgers know: runs of this machine (or of this state dir)."""
         return {e.run_id for ledger in self.ledgers for e in ledger.entries()}
 
+    def processes(self) -> dict[str, ProcessId]:
+        """The process each known run's latest ledger line names (lines of older versions name none)."""
+        out: dict[str, ProcessId] = {}
+        for ledger in self.ledgers:
+            for e in ledger.entries():
+                if e.process is not None:
+                    out[e.run_id] = e.process
+        return out
+
 
 class _FanOut:
     """A LedgerAppend that writes to each ledger naming the instance or label."""
@@ -163,48 +173,78 @@ class _FanOut:
 Judgement = tuple[Literal["orphan", "live"], str]
 
 
+def label_deadline(label: str, row: Instance | None) -> tuple[float | None, str]:
+    """The cap deadline a label gives, checked against the instance's own `start_date` (Vast's clock), and a
+    note when the row changed it. A label's deadline is as good as the `Date` header it was computed from: a
+    run whose answers came 2 h late wrote a deadline 2 h early. The seconds of cap the label carries, added to
+    the start date, bound the run's end on Vast's clock; the later of the two counts. An older label without
+    them whose deadline precedes the instance's start contradicts itself and is not trusted at all."""
+    info = parse_label(label)
+    deadline = info.deadline_unix if info else None
+    started = row.start_date if row is not None else None
+    if info is None or deadline is None or started is None:
+        return deadline, ""
+    if info.left_s is not None:
+        by_start = started + info.left_s
+        if by_start > deadline:
+            return by_start, f" (the instance's start + the {info.left_s:.0f} s of cap its label carries)"
+        return deadline, ""
+    if deadline < started:
+        return None, " (its label's deadline precedes the instance's own start: written from a skewed clock)"
+    return deadline, ""
+
+
 def judge(run_id: str | None, label: str, row: Instance | None, *, runs: dict[str, LiveRun], known_runs: set[str],
-          server_now: float | None) -> Judgement:
+          server_now: float | None, processes: Mapping[str, ProcessId] | None = None) -> Judgement:
     """Is this instance an orphan (its run is dead, or past its own cap deadline) or a live run's?
 
-    The label's deadline is compared with the API server's clock (never this machine's wall clock alone); a
-    registration on this machine is judged by its lock; a run this user's ledger knows but that holds no
-    registration has ended. What cannot be judged is treated as live: deleting a live run's host is the
-    harm this avoids, and the dead-man switch still ends it."""
+    The label's deadline is compared with the API server's clock (never this machine's wall clock alone) and
+    checked against the instance's own start (`label_deadline`); a registration on this machine is judged by its
+    lock, then by its process; a run this user's ledger knows but that holds no registration has ended unless its
+    process (recorded on its ledger lines) still runs here. What cannot be judged is treated as live: deleting a
+    live run's host is the harm this avoids, and the dead-man switch still ends it."""
     info = parse_label(label)
     run_id = run_id or (info.run_id if info else None)
-    deadline = info.deadline_unix if info else None
+    deadline, note = label_deadline(label, row)
     if deadline is not None and server_now is not None and server_now > deadline + DEADLINE_GRACE_S:
-        return "orphan", f"its cap deadline passed {server_now - deadline:.0f} s ago (API server's clock)"
+        return "orphan", f"its cap deadline passed {server_now - deadline:.0f} s ago (API server's clock){note}"
     run = runs.get(run_id or "")
+    process = (processes or {}).get(run_id or "")
     if run is not None:
         if run.liveness == "live":
-            return "live", f"its run holds its registration on this machine (pid {run.reg.pid if run.reg else '?'})"
+            how = "its process is alive (its registration file lost its lock)" if run.unlocked else \
+                "its run holds its registration on this machine"
+            return "live", f"{how} (pid {run.reg.pid if run.reg else '?'})"
         if run.liveness == "dead":
             return "orphan", f"its run (pid {run.reg.pid if run.reg else '?'}) is dead: nothing holds its registration"
     elif run_id in known_runs:
+        if process is not None and process != this_process() and process.running():  # the reaper is no run
+            return "live", (f"its run's process (pid {process.pid}) is alive on this machine, though its "
+                            "registration is gone")
         return "orphan", "its run has ended (this user's ledger knows it; it holds no registration)"
     if deadline is not None:
         if server_now is None:
             return "live", "its cap deadline cannot be judged: the API sent no Date header"
         if deadline >= server_now:
-            return "live", f"its cap deadline is {deadline - server_now:.0f} s ahead (API server's clock)"
+            return "live", f"its cap deadline is {deadline - server_now:.0f} s ahead (API server's clock){note}"
         return "live", (f"its cap deadline passed {server_now - deadline:.0f} s ago, within the "
-                        f"{DEADLINE_GRACE_S:.0f} s teardown grace (API server's clock)")
+                        f"{DEADLINE_GRACE_S:.0f} s teardown grace (API server's clock){note}")
     started = row.start_date if row is not None else None
     if started is not None and server_now is not None and server_now - started > MAX_RUN_S:
-        return "orphan", f"an old label without a deadline, created {(server_now - started) / 3600:.0f} h ago"
-    return "live", "not this user's run and its label carries no deadline: it may be working elsewhere"
+        return "orphan", f"an old label without a deadline, created {(server_now - started) / 3600:.0f} h ago{note}"
+    return "live", f"not this user's run and its label carries no deadline it can trust{note}: it may be working elsewhere"
 
 
 def create_age_s(entry: LedgerEntry, server_now: float | None) -> float:
-    """How long ago a ledger line was written, on the API server's clock where both ends know it. A line
-    without a server time (an older version) takes the smaller of the two wall-clock readings, so a
-    stepped-ahead clock on either side cannot make a create look older than it is."""
-    if entry.server_unix is not None and server_now is not None:
-        return server_now - entry.server_unix
+    """How long ago a ledger line was written: the smallest of the readings both ends can give (the API server's
+    clock then and now, this machine's wall clock then and now). A create is settled as old only when every
+    clock agrees: one `Date` header 2 h off, or a wall clock stepped ahead, must not make it look older than it
+    is (an old create's null reads are trusted; a young one's are not)."""
     local = time.time() - entry.t_unix
-    return min(local, server_now - entry.t_unix) if server_now is not None else local
+    readings = [local]
+    if server_now is not None:
+        readings.append(server_now - (entry.server_unix if entry.server_unix is not None else entry.t_unix))
+    return min(readings)
 
 
 def _live_instance(instance_id: int, label: str, run_id: str | None, why: str, row: Instance | None,
@@ -245,11 +285,12 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
         result.not_proven.append(f"could not list live instances (the {LABEL_PREFIX}* scan did not run): {exc}")
     server_now = client.server_clock.now()
     known_runs = src.run_ids()
+    processes = src.processes()
 
     def decide(instance_id: int, label: str, owner_run: str | None) -> bool:
         """True when reap deletes it; records a live one."""
         kind, why = judge(owner_run, label, rows.get(instance_id), runs=runs, known_runs=known_runs,
-                          server_now=server_now)
+                          server_now=server_now, processes=processes)
         if kind == "live" and not include_live:
             if not any(li.instance_id == instance_id for li in result.live):
                 result.live.append(_live_instance(instance_id, label, owner_run, why, rows.get(instance_id), runs,
@@ -269,6 +310,14 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
                 result.not_proven.append(f"instance {instance_id} ({entry.label}) belongs to {_describe(entry)}: it "
                                          "cannot be proven absent with this key/URL; reap with that key and --api-url")
                 continue
+            row = rows.get(instance_id)
+            if row is not None and (row.label or "") != entry.label:
+                # Only what carries the run's own label is deleted as the run's: a forged or mistaken ledger
+                # line (or a create answer that named another instance) must not delete the user's own.
+                result.not_proven.append(
+                    f"instance {instance_id} is named by the ledger as {entry.label!r} but its row carries the label "
+                    f"{row.label!r}: not deleted (it is not this run's); if it is yours to delete, delete it by hand")
+                continue
             if not decide(instance_id, entry.label, entry.run_id):
                 continue
             result.labels[instance_id] = entry.label
@@ -286,7 +335,7 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
             if run is not None and run.liveness == "live" and not include_live:
                 continue  # its run is still settling it
             try:
-                found = [i.id for i in client.list_instances(label=label) if not is_lingering(i)]
+                found = [i.id for i in client.list_instances(label=label) if not is_lingering(i) and i.label == label]
             except VastError as exc:
                 result.not_proven.append(f"label {label} (create outcome unknown): could not list it: {exc}")
                 continue
@@ -322,6 +371,8 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
     run_id = new_run_id("reap-")  # unique: two reaps in one second once shared (and overwrote) one proof file
     registry = RunRegistry(spec.state_dir)
     runs = registry.scan()
+    for skipped in registry.skipped:
+        out.warn(skipped)
     result.key_dirs_removed = [str(p) for p in remove_stale_key_dirs()]
     if result.key_dirs_removed:
         out.info(f"removed {len(result.key_dirs_removed)} one-time SSH key dir(s) left by killed runs")

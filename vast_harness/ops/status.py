@@ -46,7 +46,9 @@ def collect(spec: RunSpec, client: VastClient) -> tuple[list[StatusRow], list[st
     """The rows, and what could not be read (a failed list is said, never shown as "nothing running")."""
     problems: list[str] = []
     refuse_file_on_path(spec.state_dir, "the state directory")  # else every live run here looked "elsewhere"
-    runs = RunRegistry(spec.state_dir).scan()
+    registry = RunRegistry(spec.state_dir)
+    runs = registry.scan()
+    problems.extend(registry.skipped)
     try:
         instances = [i for i in client.list_instances() if (i.label or "").startswith(LABEL_PREFIX)]
     except AuthError:

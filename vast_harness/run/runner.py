@@ -361,7 +361,8 @@ class GuardedRun:
             # the run's cap deadline (server clock), so a reap on another machine can tell a live run's host
             # from an orphan.
             deadline, clock = self.cap_deadline_unix()
-            label = make_label(self.run_id, len(book.attempts), deadline)
+            cap_left_s = self.meter.t0 + self.spec.max_seconds - self.clock()
+            label = make_label(self.run_id, len(book.attempts), deadline, left_s=cap_left_s)
             if self.registration is not None:
                 self.registration.update(labels=[*self.registration.reg.labels, label], deadline_unix=deadline,
                                          deadline_clock=clock)

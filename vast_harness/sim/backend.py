@@ -223,6 +223,8 @@ class Backend:
             inst.container_key_refused = self.faults.take("container_key_refused") is not None
             scheduling = self.faults.take("scheduling")
             inst.scheduling_s = scheduling.seconds or 0.0 if scheduling is not None else 0.0
+            earlier = self.faults.take("started_earlier")
+            inst.started_earlier_s = earlier.seconds or 0.0 if earlier is not None else 0.0
             lag = self.faults.take("read_lag")
             inst.read_lag_until = now + (lag.seconds or 0.0) if lag else 0.0
             self.rented[offer_id] = (account.index, inst.id)

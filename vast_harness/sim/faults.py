@@ -59,6 +59,9 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
     reprice:FACTOR:SECONDS[:COUNT]          SECONDS after running the instance's dph_total becomes
                                             FACTOR x its price (the read shows it, billing follows)
     boot_stall[:COUNT]                      the next COUNT instances never leave `loading`
+    started_earlier:SECONDS[:COUNT]         the next COUNT instances' rows report a start_date SECONDS
+                                            before their create (an instance left from an earlier day);
+                                            only the reported start moves, billing is unchanged
     offline:SECONDS[:COUNT]                 SECONDS after reaching running the host goes offline:
                                             actual_status offline, processes killed, SSH closed
     ssh_refuse:K                            the next K SSH connections are reset at once
@@ -84,12 +87,12 @@ Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_
                "read_lag", "boot_stall", "offline", "ssh_refuse", "ssh_drop", "slow_sftp", "create_5xx",
                "create_hold", "linger", "double_accept", "oci_fail", "manifest_missing", "exit",
                "credit_zero", "reprice_offer", "reprice", "container_key_refused", "v0_deprecated",
-               "scheduling", "negative_balance"]
+               "scheduling", "negative_balance", "started_earlier"]
 ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "any")
 GATEWAY_STATUSES = (502, 503, 504)
 _NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
 _NEEDS_SECONDS = frozenset({"hang", "read_lag", "offline", "ssh_drop", "create_hold", "linger", "exit",
-                            "credit_zero", "reprice", "scheduling", "negative_balance"})
+                            "credit_zero", "reprice", "scheduling", "negative_balance", "started_earlier"})
 _NEEDS_FACTOR = frozenset({"reprice_offer", "reprice"})
 _UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp", "v0_deprecated"})
 # Positional ARGs per kind, in SPEC order (after the kind, and after the endpoint where there is one).
@@ -103,7 +106,7 @@ _POSITIONAL: dict[str, tuple[str, ...]] = {
     "manifest_missing": ("count",), "exit": ("seconds", "count"), "credit_zero": ("seconds", "count"),
     "reprice_offer": ("factor", "count"), "reprice": ("factor", "seconds", "count"),
     "container_key_refused": ("count",), "v0_deprecated": ("count",), "scheduling": ("seconds", "count"),
-    "negative_balance": ("seconds", "count"),
+    "negative_balance": ("seconds", "count"), "started_earlier": ("seconds", "count"),
 }
 
 

@@ -54,6 +54,7 @@ class Instance:
     unreachable: bool = False  # sold twice: reads say running, SSH never accepts, onstart never runs
     container_key_refused: bool = False  # its CONTAINER_API_KEY answers 401 everywhere
     scheduling_s: float = 0.0  # extra seconds in `scheduling` before the boot path starts
+    started_earlier_s: float = 0.0  # the row's start_date is this much older than the create (fault)
     ssh_keys: list[dict[str, Any]] = field(default_factory=list)
     direct_port: int = 0
     proxy_port: int = 0
@@ -142,7 +143,7 @@ def render(inst: Instance, now: float, boot_s: float) -> dict[str, Any]:
         ssh_host="127.0.0.1", ssh_idx="1", ssh_port=inst.proxy_port, machine_dir_ssh_port=inst.proxy_port,
         ports={"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(inst.direct_port)}]} if running else None,
         direct_port_start=inst.direct_port, direct_port_end=inst.direct_port,
-        start_date=inst.created_at, end_date=offer["end_date"], duration=offer["end_date"] - now,
+        start_date=inst.created_at - inst.started_earlier_s, end_date=offer["end_date"], duration=offer["end_date"] - now,
         uptime_mins=(now - inst.booted_at) / 60 if running and inst.booted_at else None,
         disk_space=inst.disk_gb, disk_util=0.0, disk_usage=0.0, cpu_util=0.0, mem_limit=None,
         mem_usage=None, vmem_usage=None, gpu_util=None, gpu_temp=None, gpu_totalram=offer["gpu_total_ram"],

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vast_harness.errors import ConfigError
+from vast_harness.files import UnusableFile, read_regular_file
 from vast_harness.resources import profiles_dir as _profiles_dir
 from vast_harness.spec.values import ENV_KEY_RE, env_value, path_flag
 from vast_harness.vast.models import pack_driver_version
@@ -273,12 +274,23 @@ class DriverPolicy(BaseModel):
         return floor is not None and packed >= floor
 
 
+MAX_TOML_BYTES = 1 << 20  # a profile or config file is a few KB; anything past this is not one
+
+
 def load_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's table, or a ConfigError naming the file and what is wrong with it (missing, not a regular
+    file, too large, not UTF-8, not TOML): never a traceback and never a silent default."""
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
+        text = read_regular_file(path, max_bytes=MAX_TOML_BYTES).decode("utf-8")
+        return tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(f"file not found: {path}") from None
+    except UnusableFile as exc:
+        raise ConfigError(f"{path} cannot be read as a TOML file: it is {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); TOML files are UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     except RecursionError:  # tomllib recurses per nesting level: a 5000-deep array is bad input, not a crash

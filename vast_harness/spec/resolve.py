@@ -229,10 +229,15 @@ def resolve(
     profile_env = {k: v.replace(NUM_GPUS_PLACEHOLDER, str(filters.num_gpus)) for k, v in prof.remote_env.items()}
     env = {k: v for k, v in profile_env.items() if k not in secrets} | given_env
 
+<<<<<<< HEAD
     if o.api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
         url = validate_api_url(o.api_url)
+=======
+    if api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
+        url = validate_api_url(api_url, environ=environ)
+>>>>>>> f34db71 (Reliability: reap deletes only what carries the run's label, settles no create on one clock, and judges liveness by the process (issue 35 items 2, 3b, 4, 6, 8, 9, 10b))
     elif environ.get("VAST_URL") is not None:
-        url = validate_api_url(environ["VAST_URL"], "VAST_URL")
+        url = validate_api_url(environ["VAST_URL"], "VAST_URL", environ)
     else:
         url = DEFAULT_API_URL
     if not (o.sim or is_loopback_url(url)):  # the safety floors hold against any real API

@@ -55,7 +55,9 @@ class UserConfig(StrictModel):
     def load(cls, environ: Mapping[str, str]) -> tuple[UserConfig, Path | None]:
         home = config_home(environ)
         path = home / CONFIG_FILE if home is not None else None
-        if path is None or not path.is_file():
+        # Only a path with nothing at it means "no config". A directory, a FIFO, a device or a dangling link in its
+        # place is refused (exit 2 naming it): ignoring it would silently drop the user's own caps.
+        if path is None or not os.path.lexists(path):
             return cls(), None
         try:
             return cls.model_validate(load_toml(path)), path

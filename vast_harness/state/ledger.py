@@ -32,6 +32,7 @@ from typing import Any, Literal, Protocol, TypedDict, Unpack
 from pydantic import BaseModel, Field, SecretStr, StrictInt, ValidationError
 
 from vast_harness.errors import LedgerWriteError
+from vast_harness.state.process import ProcessId, this_process
 
 
 class LedgerSpec(Protocol):
@@ -93,6 +94,17 @@ class LedgerEntry(BaseModel):
     api_url: str | None = None  # the target; absent on lines written before targets were recorded
     account: str | None = None
     server_unix: float | None = None  # the API server's clock when written (its Date header), if known
+    # The process that wrote the line (state/process.py): a run whose registration file was lost is still
+    # known alive by its process. Absent on lines written before it was recorded.
+    host: str | None = None
+    pid: int | None = None
+    pid_start: str | None = None
+
+    @property
+    def process(self) -> ProcessId | None:
+        if self.host is None or self.pid is None:
+            return None
+        return ProcessId(host=self.host, pid=self.pid, start=self.pid_start)
 
     @property
     def target(self) -> LedgerTarget | None:
@@ -151,6 +163,8 @@ class Ledger:
         server_now = self.server_clock() if self.server_clock is not None else None
         if server_now is not None:
             data.setdefault("server_unix", round(server_now, 3))
+        me = this_process()
+        data = {"host": me.host, "pid": me.pid, "pid_start": me.start, **data}
         entry = LedgerEntry(t_unix=time.time(), run_id=run_id, event=event, label=label, **data)
         line = (entry.model_dump_json(exclude_none=True) + "\n").encode()
         try:

@@ -22,21 +22,25 @@ import fcntl
 import json
 import os
 import re
-import socket
+import stat
 import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, model_validator
 
 from vast_harness.errors import ConfigError
+from vast_harness.files import UnusableFile, kind_of, read_regular_file
+from vast_harness.state.process import ProcessId, this_process
+from vast_harness.state.process import this_host as this_host  # re-exported: the run registers by it
 from vast_harness.timings import MAX_MINUTES_LIMIT
 
 LIVE_DIR = "live"
 # A run id as new_run_id makes it: the strict form makes old labels (no deadline) unambiguous, even when
 # their random part starts with "d".
-_STRICT = re.compile(r"^vh-(?P<run>\d{8}T\d{6}Z-[0-9a-f]{6})(?:-r(?P<n>\d+))?(?:-d(?P<dl>[0-9a-z]{1,12}))?$")
-_LOOSE = re.compile(r"^vh-(?P<run>.+?)(?:-r(?P<n>\d+))?(?:-d(?P<dl>[0-9a-z]{6}))?$")
+_STRICT = re.compile(r"^vh-(?P<run>\d{8}T\d{6}Z-[0-9a-f]{6})(?:-r(?P<n>\d+))?(?:-d(?P<dl>[0-9a-z]{1,12}))?"
+                     r"(?:-c(?P<left>[0-9a-z]{1,8}))?$")
+_LOOSE = re.compile(r"^vh-(?P<run>.+?)(?:-r(?P<n>\d+))?(?:-d(?P<dl>[0-9a-z]{6}))?(?:-c(?P<left>[0-9a-z]{1,8}))?$")
 # No run lives longer than this: its time cap's upper bound plus the dead-man switch's grace.
 LABEL_PREFIX = "vh-"  # every instance a run creates is labelled vh-<run id>-...: reap and status find them by it
 MAX_RUN_S = MAX_MINUTES_LIMIT * 60.0 + 3600.0
@@ -54,14 +58,19 @@ def _b36(n: int) -> str:
             return out
 
 
-def make_label(run_id: str, attempt: int, deadline_unix: float) -> str:
-    """The label of a run's `attempt`-th create: its run id, the attempt, and its cap deadline (server clock)."""
-    return f"{LABEL_PREFIX}{run_id}{f'-r{attempt}' if attempt else ''}-d{_b36(max(0, int(deadline_unix) + 1))}"
+def make_label(run_id: str, attempt: int, deadline_unix: float, left_s: float | None = None) -> str:
+    """The label of a run's `attempt`-th create: its run id, the attempt, its cap deadline (server clock), and
+    the seconds of cap left when the label was made. The deadline is as good as the clock that read it; the
+    seconds left are not: added to the instance's own `start_date` (Vast's clock) they bound the run's end
+    whatever a skewed `Date` made of the deadline."""
+    left = f"-c{_b36(max(0, int(left_s) + 1))}" if left_s is not None else ""
+    return f"{LABEL_PREFIX}{run_id}{f'-r{attempt}' if attempt else ''}-d{_b36(max(0, int(deadline_unix) + 1))}{left}"
 
 
 class LabelInfo(BaseModel):
     run_id: str
     deadline_unix: float | None = None  # None: an old label, written before labels carried it
+    left_s: float | None = None  # the cap left when the label was made (None on older labels)
 
 
 def parse_label(label: str | None) -> LabelInfo | None:
@@ -71,8 +80,9 @@ def parse_label(label: str | None) -> LabelInfo | None:
     m = _STRICT.match(label) or _LOOSE.match(label)
     if m is None:
         return None
-    dl = m.group("dl")
-    return LabelInfo(run_id=m.group("run"), deadline_unix=float(int(dl, 36)) if dl else None)
+    dl, left = m.group("dl"), m.group("left")
+    return LabelInfo(run_id=m.group("run"), deadline_unix=float(int(dl, 36)) if dl else None,
+                     left_s=float(int(left, 36)) if left else None)
 
 
 class Registration(BaseModel):
@@ -94,10 +104,17 @@ class Registration(BaseModel):
     deadline_clock: Literal["server", "local wall clock"] = "local wall clock"
     labels: list[str] = []
     instance_ids: list[int] = []
+    pid_start: str | None = None  # the pid's start time (state/process.py); filled in by the run itself
 
+    @model_validator(mode="after")
+    def _own_start(self) -> Registration:
+        if self.pid_start is None and self.pid == os.getpid():
+            self.pid_start = this_process().start
+        return self
 
-def this_host() -> str:
-    return socket.gethostname()
+    @property
+    def process(self) -> ProcessId:
+        return ProcessId(host=self.host, pid=self.pid, start=self.pid_start)
 
 
 class HeldRegistration:
@@ -129,11 +146,16 @@ class LiveRun(BaseModel):
     run_id: str
     liveness: Liveness
     path: Path
+    unlocked: bool = False  # live by its process although nothing holds the file's lock
+
+
+MAX_REGISTRATION_BYTES = 64 * 1024  # a registration is under 1 KB
 
 
 class RunRegistry:
     def __init__(self, state_dir: Path) -> None:
         self.dir = state_dir / LIVE_DIR
+        self.skipped: list[str] = []  # registrations `scan` could not use, one line each (callers say them)
 
     def register(self, reg: Registration) -> HeldRegistration:
         """Write and lock the run's registration; ConfigError (nothing rented) when the state dir refuses."""
@@ -165,14 +187,26 @@ class RunRegistry:
         except OSError:
             return out
         host = this_host()
+        self.skipped = []
         for path in paths:
             run_id = path.name[: -len(".json")]
+            try:
+                mode = path.lstat().st_mode
+            except OSError:
+                continue  # gone meanwhile
+            if not stat.S_ISREG(mode):  # a FIFO would hang the probe, a link to /dev/zero fill memory
+                self.skipped.append(f"registration {path} skipped: it is {kind_of(mode)}, not a regular file")
+                continue
             alive = probe(path)
             if alive is None:
                 continue  # gone meanwhile: its run ended
             reg = _read(path)
             if reg is not None and reg.host != host:  # a shared state dir: locks do not cross machines
                 out[run_id] = LiveRun(reg=reg, run_id=run_id, liveness="elsewhere", path=path)
+                continue
+            if not alive and reg is not None and reg.process != this_process() and reg.process.running():
+                # The file lost its lock (replaced, or moved and copied back) but its run's process is alive.
+                out[run_id] = LiveRun(reg=reg, run_id=run_id, liveness="live", path=path, unlocked=True)
                 continue
             out[run_id] = LiveRun(reg=reg, run_id=run_id, liveness="live" if alive else "dead", path=path)
         return out
@@ -187,7 +221,7 @@ class RunRegistry:
 def probe(path: Path) -> bool | None:
     """True while a process holds the file's lock, False when none does, None when the file is gone."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
         return None
     except OSError:
@@ -206,7 +240,10 @@ def probe(path: Path) -> bool | None:
 def _read(path: Path) -> Registration | None:
     for _ in range(3):  # an update in place can be caught half-written: look again
         try:
-            return Registration.model_validate(json.loads(path.read_bytes()))
-        except (OSError, ValueError, ValidationError):
+            raw = read_regular_file(path, max_bytes=MAX_REGISTRATION_BYTES, follow_symlinks=False)
+            return Registration.model_validate(json.loads(raw))
+        except UnusableFile:
+            return None
+        except (OSError, ValueError, ValidationError, RecursionError):  # RecursionError: JSON nested 100k deep
             time.sleep(0.02)
     return None

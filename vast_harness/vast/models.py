@@ -220,6 +220,19 @@ class User(_VastModel):
     balance: float | None = None
     can_pay: bool | None = None
 
+    @field_validator("credit", "balance", mode="before")
+    @classmethod
+    def _finite_money(cls, value: Any) -> float | None:
+        """A money figure is a finite number (a numeric string accepted). `true` is not $1.00 and `1e400` (which
+        JSON parses as infinity) is not spendable: either is no figure at all, and nothing is trusted from it."""
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            return None
+        try:
+            number = float(value.strip() if isinstance(value, str) else value)
+        except ValueError:
+            return None
+        return number if math.isfinite(number) else None
+
     @property
     def available_usd(self) -> float:
         """The spendable amount: `credit` when sent (the docs' example), else `balance`."""

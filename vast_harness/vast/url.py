@@ -5,11 +5,16 @@ and whether it is the simulator on this machine. A leaf: config and client both 
 from __future__ import annotations
 
 import ipaddress
+import os
+from collections.abc import Mapping
 from urllib.parse import urlparse
 
 from vast_harness.errors import ConfigError
 
 DEFAULT_API_URL = "https://console.vast.ai"
+# Plain http sends the account key (`Authorization: Bearer`) in clear. Allowed to a loopback API (the simulator)
+# and, anywhere else, only when this variable is set to 1: a typo, a stale VAST_URL or a proxy must not do it.
+PLAIN_HTTP_ENV = "VAST_HARNESS_ALLOW_PLAIN_HTTP"
 
 
 def shown(value: object, limit: int = 60) -> str:
@@ -18,9 +23,10 @@ def shown(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
-def validate_api_url(url: str, flag: str = "--api-url") -> str:
+def validate_api_url(url: str, flag: str = "--api-url", environ: Mapping[str, str] | None = None) -> str:
     """`url` without a trailing slash, or a ConfigError naming `flag`: an http(s) URL with a host and nothing
-    that could carry a secret (query, fragment, credentials)."""
+    that could carry a secret (query, fragment, credentials), and https unless the API is on this machine or
+    `VAST_HARNESS_ALLOW_PLAIN_HTTP=1` says plain http is meant."""
     if not url or not url.strip():
         raise ConfigError(f"{flag} is empty: give the API base URL (default {DEFAULT_API_URL})")
     if not url.isascii() or any(not ch.isprintable() or ch.isspace() for ch in url):
@@ -38,6 +44,10 @@ def validate_api_url(url: str, flag: str = "--api-url") -> str:
         raise ConfigError(f"{flag} {shown(url)}: port 0 is not a port")
     if parsed.query or parsed.fragment or parsed.username or parsed.password or "api_key" in url:
         raise ConfigError(f"{flag} must not carry a query string, fragment or credentials (the key goes in a header only)")
+    env = os.environ if environ is None else environ
+    if parsed.scheme == "http" and not is_loopback_url(url) and env.get(PLAIN_HTTP_ENV) != "1":
+        raise ConfigError(f"{flag} {shown(url)} is plain http to another machine: the account key would travel in "
+                          f"clear. Use https, or set {PLAIN_HTTP_ENV}=1 if plain http is really meant. Nothing was sent")
     return url.rstrip("/")
 
 

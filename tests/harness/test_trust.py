@@ -1,0 +1,240 @@
+"""What the harness trusts, and what it must not: a `Date` header, a ledger line, a registration file, a config
+file, an API URL and a money figure are each checked before anything is deleted, settled or sent.
+
+Judged by the simulator's state where an instance is at stake (`/_sim/state`), and by exit codes and messages
+for bad input: nothing of the user's is deleted, no unknown create is settled on one clock reading, no key
+travels in clear, and no odd file hangs, floods or crashes a command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from vast_harness.console.output import Output
+from vast_harness.errors import ConfigError
+from vast_harness.ops.reap import judge, reap_all
+from vast_harness.sim import SimServer
+from vast_harness.spec.profile import load_toml
+from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
+from vast_harness.spec.user import UserConfig
+from vast_harness.state.ledger import Ledger
+from vast_harness.state.process import ProcessId, process_start
+from vast_harness.state.registry import Registration, RunRegistry, make_label, this_host
+from vast_harness.vast.client import VastClient
+from vast_harness.vast.models import Instance, User
+from vast_harness.vast.url import validate_api_url
+
+ROOT = Path(__file__).resolve().parents[2]
+SCALE = 0.01
+KEY = "sim-trust-key"
+SIM_OPTIONS = dict(seed=35, rate_scale=SCALE, boot_seconds=0.1, num_offers=200)  # conftest.sim
+pytestmark = pytest.mark.usefixtures("clean_sim")
+
+
+def spec_for(sim: SimServer, tmp_path: Path) -> RunSpec:
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05), environ={})
+    return spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)})
+
+
+def rent(sim: SimServer, label: str) -> int:
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        offer = client.search_offers({"limit": 5})[0]
+        return client.create_instance(offer.id, {"image": "img", "disk": 10, "label": label}).new_contract
+
+
+def live(sim: SimServer) -> set[int]:
+    return {i["id"] for i in sim.state()["instances"] if i["live"]}
+
+
+def reap(sim: SimServer, spec: RunSpec, out: Output | None = None) -> int:
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        return reap_all(spec, client, out or Output(quiet=True))
+
+
+def cli(*args: str, env: dict[str, str], timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args], capture_output=True,
+                          text=True, timeout=timeout_s, env={**os.environ, **env}, stdin=subprocess.DEVNULL)
+
+
+# ------------------------------------------------------------------------------------- what reap deletes
+def test_reap_never_deletes_an_instance_whose_row_carries_another_label(sim, tmp_path, capsys):
+    spec = spec_for(sim, tmp_path)
+    theirs = rent(sim, "prod-database")  # the user's own instance, nothing to do with any run
+    forged = make_label("20200101T000000Z-abcdef", 0, time.time() - 7 * 24 * 3600)
+    Ledger.for_spec(spec).append("20200101T000000Z-abcdef", "created", forged, offer_id=1, instance_id=theirs)
+    code = reap(sim, spec, Output())
+    out = capsys.readouterr().out
+    assert theirs in live(sim), "reap deleted an instance that does not carry the run's label"
+    assert code == 3
+    assert "'prod-database'" in out and "not deleted" in out
+
+
+def test_reap_does_not_settle_an_unknown_create_on_one_skewed_server_reading(sim, tmp_path):
+    """The create's answer was lost and its `Date` said 2 h earlier than the truth: by the server clock alone the
+    create looks 2 h old, older than any read lag, so null reads would 'prove' the label empty. They may not."""
+    spec = spec_for(sim, tmp_path)
+    label = make_label("20261203T100000Z-abc123", 0, time.time() + 600)
+    sim.set_faults("read_lag:60")  # the instance exists but no read shows it yet
+    iid = rent(sim, label)
+    skewed = Ledger(spec.state_dir / "ledger.jsonl", Ledger.for_spec(spec).target, lambda: time.time() - 7200)
+    skewed.append("20261203T100000Z-abc123", "intent", label, offer_id=1)
+    skewed.append("20261203T100000Z-abc123", "create_unresolved", label, offer_id=1)
+    assert reap(sim, spec) == 3  # not "all proven absent"
+    assert iid in live(sim)
+    assert label in Ledger.for_spec(spec).view().unresolved  # still looked for by the next reap
+    sim.set_faults("")
+
+
+def test_a_label_deadline_from_a_skewed_clock_does_not_make_a_live_run_an_orphan():
+    now = 1_800_000_000.0
+    skewed_deadline = now - 7200 + 180  # a 3-min cap labelled by a run whose `Date` was 2 h behind
+    row = Instance.model_validate({"id": 1, "start_date": now - 20, "label": "x"})
+    old_label, new_label = make_label("run", 0, skewed_deadline), make_label("run", 0, skewed_deadline, left_s=180)
+    for label in (old_label, new_label):
+        verdict, why = judge(None, label, row, runs={}, known_runs=set(), server_now=now)
+        assert verdict == "live", (label, why)
+    # the same labels on an instance that really started 2 h ago are orphans
+    old_row = Instance.model_validate({"id": 1, "start_date": now - 7200, "label": "x"})
+    for label in (old_label, new_label):
+        assert judge(None, label, old_row, runs={}, known_runs=set(), server_now=now)[0] == "orphan"
+
+
+def test_a_replaced_or_deleted_registration_does_not_make_a_live_run_dead(tmp_path):
+    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the live run's process
+    try:
+        registry = RunRegistry(tmp_path)
+        (tmp_path / "live").mkdir(mode=0o700)
+        path = tmp_path / "live" / "r1.json"
+        # An editor's save, or a move and copy back: the file is there with its content, on a new inode that
+        # no process locks.
+        path.write_text(Registration(run_id="r1", pid=run.pid, pid_start=process_start(run.pid), host=this_host(),
+                                     started_unix=0, api_url="u", profile="smoke", max_usd=1, max_minutes=1,
+                                     deadline_unix=0).model_dump_json())
+        found = registry.scan()["r1"]
+        assert found.liveness == "live" and found.unlocked
+        verdict, why = judge("r1", make_label("r1", 0, 1e8), None, runs=registry.scan(), known_runs={"r1"},
+                             server_now=1e9)
+        assert verdict == "orphan"  # its deadline is long past on the server's clock: that still decides
+        verdict, why = judge("r1", "vh-r1", None, runs=registry.scan(), known_runs={"r1"}, server_now=1e9)
+        assert verdict == "live" and "process is alive" in why, why
+        path.unlink()  # deleted: the ledger's lines still name the run's process
+        process = ProcessId(host=this_host(), pid=run.pid, start=process_start(run.pid))
+        verdict, why = judge("r1", "vh-r1", None, runs=registry.scan(), known_runs={"r1"}, server_now=1e9,
+                             processes={"r1": process})
+        assert verdict == "live" and f"pid {run.pid}" in why, why
+    finally:
+        run.kill()
+        run.wait()
+    assert judge("r1", "vh-r1", None, runs=registry.scan(), known_runs={"r1"}, server_now=1e9,
+                 processes={"r1": process})[0] == "orphan"
+
+
+def test_a_dead_runs_process_is_not_mistaken_for_a_live_one(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    registry = RunRegistry(tmp_path)
+    (tmp_path / "live").mkdir(mode=0o700)
+    (tmp_path / "live" / "r2.json").write_text(Registration(
+        run_id="r2", pid=child.pid, host=this_host(), started_unix=0, api_url="u", profile="smoke", max_usd=1,
+        max_minutes=1, deadline_unix=0, pid_start="1").model_dump_json())
+    assert registry.scan()["r2"].liveness == "dead"
+
+
+# ----------------------------------------------------------------------------------- files that are odd
+def test_odd_registration_files_are_skipped_and_said_not_hung_on(tmp_path):
+    live_dir = tmp_path / "live"
+    live_dir.mkdir(mode=0o700)
+    os.mkfifo(live_dir / "fifo.json")
+    (live_dir / "zero.json").symlink_to("/dev/zero")
+    (live_dir / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    registry = RunRegistry(tmp_path)
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.setdefault("runs", registry.scan()), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "scan hung on a FIFO or read /dev/zero"
+    runs = box["runs"]
+    assert isinstance(runs, dict) and set(runs) == {"deep"}
+    assert runs["deep"].reg is None
+    said = " ".join(registry.skipped)
+    assert "fifo.json" in said and "a FIFO" in said and "zero.json" in said
+
+
+@pytest.mark.parametrize("kind", ["invalid-utf8", "directory", "dangling-link", "fifo", "dev-zero"])
+def test_a_config_file_that_cannot_be_read_is_refused_naming_it(tmp_path, kind):
+    conf = tmp_path / "xdg" / "vast-harness" / "config.toml"
+    conf.parent.mkdir(parents=True)
+    if kind == "invalid-utf8":
+        conf.write_bytes(b"max_usd = 0.01\n# caf\xe9\n")
+    elif kind == "directory":
+        conf.mkdir()
+    elif kind == "dangling-link":
+        conf.symlink_to(tmp_path / "nowhere.toml")
+    elif kind == "fifo":
+        os.mkfifo(conf)
+    else:
+        conf.symlink_to("/dev/zero")
+    with pytest.raises(ConfigError) as refused:
+        UserConfig.load({"XDG_CONFIG_HOME": str(tmp_path / "xdg")})
+    assert str(conf) in str(refused.value)
+
+
+def test_a_config_with_one_bad_byte_is_exit_2_in_every_command_not_a_traceback(tmp_path):
+    conf = tmp_path / "xdg" / "vast-harness" / "config.toml"
+    conf.parent.mkdir(parents=True)
+    conf.write_bytes(b"max_usd = 0.01\n# caf\xe9\n")
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg"), "VAST_HARNESS_HOME": str(tmp_path / "home"),
+           "VAST_API_KEY": "a" * 64}
+    nowhere = ["--api-url", "http://127.0.0.1:9"]  # the config is read before any request
+    for args in (["--profile", "smoke", "--sim", "--dry-run"], ["reap", *nowhere], ["status", *nowhere],
+                 ["check", *nowhere]):
+        proc = cli(*args, env=env)
+        assert "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert proc.returncode == 2, (args, proc.returncode, proc.stderr)
+        assert "not UTF-8" in proc.stderr and str(conf) in proc.stderr, proc.stderr
+
+
+def test_a_profile_file_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    bad = tmp_path / "p.toml"
+    bad.write_bytes(b"name = '\xff'\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_toml(bad)
+
+
+# ------------------------------------------------------------------------------------ keys and money
+@pytest.mark.parametrize("url", ["http://198.51.100.7", "http://console.vast.ai", "http://10.0.0.1:8080/"])
+def test_plain_http_to_another_machine_is_refused_before_any_request(url):
+    with pytest.raises(ConfigError, match="in clear"):
+        validate_api_url(url, environ={})
+    assert validate_api_url(url, environ={"VAST_HARNESS_ALLOW_PLAIN_HTTP": "1"}) == url.rstrip("/")
+    assert validate_api_url("http://127.0.0.1:8080", environ={}) == "http://127.0.0.1:8080"  # the simulator
+
+
+@pytest.mark.parametrize("args", [["check"], ["--profile", "smoke", "--dry-run"], ["reap"], ["status"]])
+def test_no_command_sends_the_key_over_plain_http(tmp_path, args):
+    key = tmp_path / "key"
+    key.write_text("a" * 64)
+    key.chmod(0o600)
+    t0 = time.monotonic()
+    proc = cli(*args, env={"VAST_URL": "http://198.51.100.7", "VAST_API_KEY": "a" * 64,
+                           "VAST_HARNESS_HOME": str(tmp_path / "home")}, timeout_s=30)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "in clear" in proc.stderr and "Traceback" not in proc.stderr
+    assert time.monotonic() - t0 < 25  # refused, not tried (198.51.100.0/24 answers nothing)
+
+
+@pytest.mark.parametrize(("raw", "credit"), [("1e400", None), ("true", None), ("NaN", None), ('"12.5"', 12.5),
+                                             ("-3", -3.0)])
+def test_a_money_figure_must_be_a_finite_number(raw, credit):
+    user = User.model_validate(json.loads(f'{{"credit": {raw}, "balance": 2.0}}'))
+    assert user.credit == credit
+    assert user.available_usd == (credit if credit is not None else 2.0)
