@@ -149,6 +149,50 @@ def test_a_dead_runs_process_is_not_mistaken_for_a_live_one(tmp_path):
     assert registry.scan()["r2"].liveness == "dead"
 
 
+# ------------------------------------------------------------------------------- whose directory it is
+def test_a_state_dir_others_can_write_is_refused(tmp_path):
+    shared = tmp_path / "vh"
+    shared.mkdir()
+    shared.chmod(0o777)  # made by someone else for everyone, e.g. VAST_HARNESS_HOME=/tmp/vh
+    with pytest.raises(ConfigError, match="writable by group or others"):
+        resolve(RunOptions(profile="smoke", sim=True, state_dir=shared, dry_run=True), environ={})
+    proc = cli("reap", "--api-url", "http://127.0.0.1:9", env={"VAST_HARNESS_HOME": str(shared),
+                                                              "VAST_API_KEY": "a" * 64})
+    assert proc.returncode == 2 and "writable by group or others" in proc.stderr, proc.stderr
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root (CI runs as root)")
+def test_a_state_dir_of_another_user_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(ConfigError, match="belongs to another user"):
+        resolve(RunOptions(profile="smoke", sim=True, state_dir=theirs, evidence_dir=tmp_path / "ev"), environ={})
+
+
+def test_a_ledger_that_is_a_link_is_neither_read_nor_written(tmp_path):
+    from vast_harness.errors import LedgerWriteError
+
+    victim = tmp_path / "their-ledger.jsonl"
+    victim.write_text(json.dumps({"t_unix": 1, "run_id": "x", "event": "created", "label": "vh-x",
+                                  "instance_id": 42}) + "\n")
+    (tmp_path / "state").mkdir(mode=0o700)
+    (tmp_path / "state" / "ledger.jsonl").symlink_to(victim)
+    ledger = Ledger(tmp_path / "state" / "ledger.jsonl")
+    assert ledger.entries() == [] and "symbolic link" in ledger.bad_lines[0].reason
+    with pytest.raises(LedgerWriteError, match="symbolic link"):
+        ledger.append("r", "intent", "vh-r")
+    assert victim.read_text().count("\n") == 1  # untouched
+
+
+def test_evidence_is_private(tmp_path):
+    from vast_harness.evidence.run import RunEvidence
+
+    ev = RunEvidence(tmp_path / "ev" / "run-1")
+    for d in (ev.dir, ev.dir / "steps", ev.dir / "remote"):
+        assert d.stat().st_mode & 0o077 == 0, d
+
+
 # ----------------------------------------------------------------------------------- files that are odd
 def test_odd_registration_files_are_skipped_and_said_not_hung_on(tmp_path):
     live_dir = tmp_path / "live"

@@ -131,8 +131,10 @@ class RunEvidence:
         self.write_failures: list[str] = []
         self.step_log_head_bytes = STEP_LOG_HEAD_BYTES
         self.step_log_tail_bytes = STEP_LOG_TAIL_BYTES
-        (self.dir / "steps").mkdir(parents=True, exist_ok=True)
-        (self.dir / "remote").mkdir(parents=True, exist_ok=True)
+        # Private: step logs and pulled files may hold what a host printed about the user's work.
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (self.dir / "steps").mkdir(exist_ok=True, mode=0o700)
+        (self.dir / "remote").mkdir(exist_ok=True, mode=0o700)
 
     def _failed(self, what: str, exc: OSError) -> None:
         self.write_failures.append(f"{what}: {exc.strerror or exc}")

@@ -38,6 +38,7 @@ from vast_harness.spec.values import (
     MAX_USD_LIMIT,
     check_evidence_dir,
     check_number,
+    check_own_dir,
     mask_env,
     parse_remote_env,
     path_flag,
@@ -229,13 +230,8 @@ def resolve(
     profile_env = {k: v.replace(NUM_GPUS_PLACEHOLDER, str(filters.num_gpus)) for k, v in prof.remote_env.items()}
     env = {k: v for k, v in profile_env.items() if k not in secrets} | given_env
 
-<<<<<<< HEAD
-    if o.api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
-        url = validate_api_url(o.api_url)
-=======
     if api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
         url = validate_api_url(api_url, environ=environ)
->>>>>>> f34db71 (Reliability: reap deletes only what carries the run's label, settles no create on one clock, and judges liveness by the process (issue 35 items 2, 3b, 4, 6, 8, 9, 10b))
     elif environ.get("VAST_URL") is not None:
         url = validate_api_url(environ["VAST_URL"], "VAST_URL", environ)
     else:
@@ -252,7 +248,7 @@ def resolve(
         override = parse_image_expect(o.image_expect, prof.image_expect)
         if not (o.sim or is_loopback_url(url) or o.image_expect_ack):
             raise ConfigError(f"--image-expect overrides the profile's image check against {url}: a real rental "
-                              "could run on an image the o.profile was not measured with. Add --image-expect-ack "
+                              "could run on an image the profile was not measured with. Add --image-expect-ack "
                               "to do it anyway (the override is recorded in the evidence and the report)")
         prof = with_image_expect(prof, override)
     elif o.image_expect_ack:
@@ -262,8 +258,11 @@ def resolve(
     # lines must never make a reap of the real account exit 3.
     state = (o.state_dir or (user_state_dir(environ) / SIM_SUBDIR if o.sim else user_state_dir(environ))).expanduser()
     ev_dir = (evidence_dir or state).expanduser()  # never site-packages, never the current directory
+    state_name = f"the state directory (${STATE_ENV})" if environ.get(STATE_ENV) else "the state directory"
+    for own in dict.fromkeys([state, state.parent] if o.state_dir is None and o.sim else [state]):  # --sim: <home>/sim
+        check_own_dir(own, state_name)
+    check_own_dir(ev_dir, ev_source if evidence_dir is not None else state_name)
     if not o.dry_run:  # a run writes its ledger and evidence here: find out now, not after renting
-        state_name = f"the state directory (${STATE_ENV})" if environ.get(STATE_ENV) else "the state directory"
         checks = [(ev_dir, ev_source if evidence_dir is not None else state_name)]
         checks += [(state, state_name)] if state != ev_dir else []
         for path, name in checks:

@@ -116,6 +116,26 @@ _SYSTEM_DIRS = ("/proc", "/sys", "/dev")
 _NO_WRITES = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, None}
 
 
+def check_own_dir(path: Path, where: str) -> None:
+    """A directory whose contents the harness trusts (the ledger, the registrations, the evidence) must be the
+    user's own: owned by this user and not writable by group or others (a sticky directory such as /tmp is
+    still refused unless it is ours). Else another local user could plant a ledger line that a `reap` then acts
+    on, or read the evidence. A path that does not exist yet is created private, so it passes."""
+    try:
+        st = path.stat()
+    except (OSError, ValueError):
+        return  # not there yet (created private), or unusable: the directory checks that follow say why
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    if st.st_uid != os.getuid():
+        raise ConfigError(f"{where} {shown(path)} belongs to another user (uid {st.st_uid}): its ledger and "
+                          "evidence cannot be trusted; use a directory of your own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(f"{where} {shown(path)} is writable by group or others (mode "
+                          f"{stat.S_IMODE(st.st_mode):o}): anyone could add lines reap would act on; run chmod go-w "
+                          "on it, or use a private directory")
+
+
 def check_evidence_dir(path: Path, flag: str = "--evidence-dir", consequence: str = "nothing was rented") -> None:
     """The evidence dir must be a writable directory with room, checked before anything is rented."""
     where = f"{flag} {shown(path)}"
@@ -128,7 +148,7 @@ def check_evidence_dir(path: Path, flag: str = "--evidence-dir", consequence: st
     try:
         if path.exists() and not path.is_dir():
             raise ConfigError(f"{where} exists and is not a directory")
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd, probe = tempfile.mkstemp(prefix=".vh-write-probe-", dir=path)
         try:
             data = b"\0" * 4096  # room for the ledger's first lines

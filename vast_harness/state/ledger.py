@@ -32,6 +32,7 @@ from typing import Any, Literal, Protocol, TypedDict, Unpack
 from pydantic import BaseModel, Field, SecretStr, StrictInt, ValidationError
 
 from vast_harness.errors import LedgerWriteError
+from vast_harness.files import UnusableFile, read_regular_file
 from vast_harness.state.process import ProcessId, this_process
 
 
@@ -57,6 +58,7 @@ NOTHING_CREATED = "nothing_created"
 _CREATE_EVENTS = frozenset({"intent", "create_unknown", "create_unresolved", "created", "create_failed"})
 _OPEN_CREATE_EVENTS = frozenset({"intent", "create_unknown", "create_unresolved"})
 MAX_LINE_BYTES = 64 * 1024
+MAX_LEDGER_BYTES = 512 * 1024 * 1024  # years of lines; past this the file is not a ledger
 LEDGER_FILE = "ledger.jsonl"  # in the state dir, shared by every run, fleet and reap of the user
 
 
@@ -181,8 +183,11 @@ class Ledger:
         """Every readable line; unreadable ones are skipped and listed in `bad_lines`."""
         self.bad_lines = []
         try:
-            data = self.path.read_bytes()
+            data = read_regular_file(self.path, max_bytes=MAX_LEDGER_BYTES, follow_symlinks=False)
         except FileNotFoundError:
+            return []
+        except UnusableFile as exc:
+            self.bad_lines.append(BadLine(line_no=0, reason=f"{self.path} not read: it is {exc.strerror}"))
             return []
         except OSError as exc:
             self.bad_lines.append(BadLine(line_no=0, reason=f"cannot read {self.path}: {exc.strerror}"))
@@ -256,8 +261,12 @@ def write_line(path: Path, line: bytes, *, what: str = "the ledger") -> None:
     created = not path.exists()
     try:
         # O_APPEND keeps concurrent writers' lines whole; O_RDWR lets us look at the last byte.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        # Never through a link: a ledger.jsonl that points at someone else's file is not the user's ledger.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LedgerWriteError(f"{what} {path} is a symbolic link: refused (it may point at another user's "
+                                   "file); remove the link") from None
         raise LedgerWriteError(f"cannot open {what} {path}: {exc.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # another writer's torn-line check and write never interleave with ours
