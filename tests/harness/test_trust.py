@@ -282,3 +282,35 @@ def test_a_money_figure_must_be_a_finite_number(raw, credit):
     user = User.model_validate(json.loads(f'{{"credit": {raw}, "balance": 2.0}}'))
     assert user.credit == credit
     assert user.available_usd == (credit if credit is not None else 2.0)
+
+
+# ------------------------------------------------------------------------------------------- secrets
+def test_a_secret_is_masked_as_json_writes_it_and_in_folder_names(sim, tmp_path):
+    from vast_harness.run.runner import GuardedRun
+    from vast_harness.spec.profile import Step, load_driver_policy
+
+    secret = 'p\u00e4ss"w0rd-\u00fcml'
+    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
+                   remote_secret=[f"TOKEN={secret}"])
+    # The host writes the value into JSON both ways, and makes a folder (and a file in another) named after it.
+    script = ("python3 -c \"import json,os; v=os.environ['TOKEN']; "
+              "open('evidence/a.json','w').write(json.dumps({'t': v})); "
+              "open('evidence/b.json','w').write(json.dumps({'t': v}, ensure_ascii=False)); "
+              "os.makedirs('evidence/'+v, exist_ok=True); os.makedirs('evidence/x/'+v+'-d', exist_ok=True); "
+              "open('evidence/x/'+v+'-d/f.txt','w').write('ok')\"; echo \"$TOKEN\" >> ~/.vh-deadman.log; "
+              "echo \"$TOKEN\" | python3 -c "
+              "\"import json,sys; print(json.dumps(sys.stdin.read().strip()))\"")
+    prof = spec.profile.model_copy(update={"steps": [Step(name="leak", run=script, timeout_s=30)]})
+    spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY)}
+                           ).with_timings(teardown_margin_s=2.0)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = run.execute()
+    assert result.exit_code == 0, result.message
+    escaped = {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
+    for path in run.ev.dir.rglob("*"):
+        rel = path.relative_to(run.ev.dir).as_posix()
+        assert not any(v in rel for v in escaped), f"a secret in a name: {rel}"
+        if path.is_file():
+            text = path.read_text(encoding="utf-8", errors="replace")
+            assert not any(v in text for v in escaped), path

@@ -228,6 +228,22 @@ class HostWork:
             except OSError as exc:
                 self.ev.write_failures.append(f"remote/{redact.text(name)}: could not mask a secret "
                                               f"({exc.strerror or exc})")
+        # A folder named after a secret: its files moved to the masked name above; the name itself must go too.
+        for folder in sorted((p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()), reverse=True):
+            name = folder.relative_to(root).as_posix()
+            if redact.text(name) != name:
+                try:
+                    if any(folder.iterdir()):  # only what no file of it was moved out of: keep it, masked
+                        target = root / redact.text(name)
+                        while target.exists():
+                            target = target.with_name(target.name + "~")
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        folder.rename(target)
+                    else:
+                        folder.rmdir()
+                except OSError as exc:
+                    self.ev.write_failures.append(f"remote/{redact.text(name)}: could not mask a secret in a "
+                                                  f"folder's name ({exc.strerror or exc})")
         return changed
 
     def pull_evidence(self, *, in_teardown: bool, max_s: float | None = None) -> None:

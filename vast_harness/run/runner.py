@@ -519,6 +519,7 @@ class GuardedRun:
         timeout_s = 0.0 if signalled else min(DEADMAN_LOG_READ_S, self.meter.prelude_deadline() - self.clock())
         text = (read_log(self.session, timeout_s=timeout_s) if self.session.is_active() and timeout_s > 0 else "") \
             or self.deadman.log_tail
+        text = self.spec.redactor.text(text)  # any host process can append to the switch's log
         self.ev.guarded("deadman.log", lambda: (self.ev.dir / "deadman.log").write_text(text + "\n", encoding="utf-8"))
 
     # ---------------------------------------------------------------------------------- host work

@@ -2,12 +2,14 @@
 reports, JSON. Settings (`--remote-env`) are not secrets and are shown and stored as given.
 
 A secret is masked whatever its length or content: every occurrence of the value, and of each line of a
-multi-line value (step output arrives line by line), becomes `***`. Longest first, so a secret that contains
-another is masked whole. Standard library only.
+multi-line value (step output arrives line by line), becomes `***`, and so does each as JSON writes it (a
+quote, a backslash or a non-ASCII letter escaped: `p\u00e4ss\"`), since the host's evidence is JSON. Longest
+first, so a secret that contains another is masked whole. Standard library only.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,8 +23,10 @@ class Redactor:
         needles: set[str] = set()
         for value in values:
             if value:
-                needles.add(value)
-                needles.update(part for part in value.splitlines() if part.strip())
+                for part in [value, *(p for p in value.splitlines() if p.strip())]:
+                    needles.add(part)
+                    needles.add(json.dumps(part)[1:-1])  # as json.dumps writes it into a file: \u00e4, \"
+                    needles.add(json.dumps(part, ensure_ascii=False)[1:-1])
         self._text = sorted(needles, key=len, reverse=True)
         self._bytes = [n.encode("utf-8") for n in self._text]
         self._overlap = max((len(b) for b in self._bytes), default=1) - 1
