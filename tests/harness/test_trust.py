@@ -41,7 +41,8 @@ pytestmark = pytest.mark.usefixtures("clean_sim")
 
 
 def spec_for(sim: SimServer, tmp_path: Path) -> RunSpec:
-    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05), environ={})
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05),
+                   environ={})
     return spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)})
 
 
@@ -290,8 +291,8 @@ def test_a_secret_is_masked_as_json_writes_it_and_in_folder_names(sim, tmp_path)
     from vast_harness.spec.profile import Step, load_driver_policy
 
     secret = 'p\u00e4ss"w0rd-\u00fcml'
-    spec = resolve(profile="smoke", sim=True, environ={}, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
-                   remote_secret=[f"TOKEN={secret}"])
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
+                              remote_secret=[f"TOKEN={secret}"]), environ={})
     # The host writes the value into JSON both ways, and makes a folder (and a file in another) named after it.
     script = ("python3 -c \"import json,os; v=os.environ['TOKEN']; "
               "open('evidence/a.json','w').write(json.dumps({'t': v})); "

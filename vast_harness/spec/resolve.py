@@ -230,8 +230,8 @@ def resolve(
     profile_env = {k: v.replace(NUM_GPUS_PLACEHOLDER, str(filters.num_gpus)) for k, v in prof.remote_env.items()}
     env = {k: v for k, v in profile_env.items() if k not in secrets} | given_env
 
-    if api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
-        url = validate_api_url(api_url, environ=environ)
+    if o.api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
+        url = validate_api_url(o.api_url, environ=environ)
     elif environ.get("VAST_URL") is not None:
         url = validate_api_url(environ["VAST_URL"], "VAST_URL", environ)
     else:
