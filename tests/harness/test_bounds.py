@@ -24,7 +24,7 @@ from rich.console import Console
 
 import vast_harness.run.runner as runner_mod
 from tests.harness.netproxy import TcpProxy
-from vast_harness.caps.meter import PRELUDE_SHARE_OF_MARGIN, minimum_cap_s
+from vast_harness.caps.meter import minimum_cap_s
 from vast_harness.console.output import Output
 from vast_harness.host.bundle import build_bundle
 from vast_harness.market.plan import plan_run
@@ -34,6 +34,7 @@ from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
 from vast_harness.spec.resolve import RunSpec, resolve
+from vast_harness.timings import TeardownBudget
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Offer
 
@@ -512,7 +513,7 @@ def test_the_switch_log_read_on_a_stalled_link_leaves_the_delete_its_half_of_the
 
     monkeypatch.setattr(runner_mod, "read_log", on_a_stalled_link)
     spec, _, _ = run_capped(sim, tmp_path, "sleep 30")
-    assert timeouts and max(timeouts) <= PRELUDE_SHARE_OF_MARGIN * spec.teardown_margin_s
+    assert timeouts and max(timeouts) <= TeardownBudget.PRELUDE_SHARE * spec.teardown_margin_s
 
 
 def blocked_in_the_pull(block_s: float) -> type[HostWork]:

@@ -48,7 +48,6 @@ from vast_harness.host.bundle import Bundle, build_bundle
 from vast_harness.host.deadman import DeadmanStatus, DeadmanUnarmed, check_armed, read_log
 from vast_harness.host.onstart import build_onstart
 from vast_harness.host.ssh import (
-    MIN_CONNECT_ATTEMPT_S,
     HostSession,
     RunKey,
     endpoints_for,
@@ -70,7 +69,7 @@ from vast_harness.records import (
     StepRecord,
 )
 from vast_harness.reports.run import write_run_report_safely
-from vast_harness.run.host_work import PULL_GRACE_SHARE, HostWork
+from vast_harness.run.host_work import HostWork
 from vast_harness.run.instance_reads import InstanceReads
 from vast_harness.run.rent_book import CreateOutcome, NotRented, RentBook, Rented
 from vast_harness.spec.profile import DriverPolicy
@@ -78,6 +77,7 @@ from vast_harness.spec.resolve import RunSpec
 from vast_harness.spec.values import check_evidence_dir
 from vast_harness.state.ledger import Ledger, new_run_id
 from vast_harness.state.registry import HeldRegistration, Registration, RunRegistry, make_label, this_host
+from vast_harness.timings import TeardownBudget
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Instance
 
@@ -85,17 +85,10 @@ MAX_UNAVAILABLE_REPICKS = 3
 # An offer sold twice is accepted for both buyers and "this error never propagates back" (SkyPilot PR 9117):
 # the second buyer's instance just never becomes reachable. No message says so, so none is matched: the boot
 # deadline ends it like any host that does not come up (deleted, machine excluded, a boot retry spent).
-# After a signal the DELETE leaves within this long: the teardown's own, or else the cap guard's.
-SIGNAL_DELETE_WITHIN_S = 1.0
 DEADMAN_CHECK_MAX_S = 60.0  # the dead-man check at the first SSH (it waits up to 50 s for the arm probe)
 DEADMAN_LOG_READ_S = 3.0  # reading the switch's log back at teardown: brief, DELETE comes next
 NULL_GRACE_S = 60.0  # reads lag creates: tolerate `instances: null` this long after create
-# An SFTP channel with no byte for this long (a share of the margin, 1-30 s) is a stalled link: closed.
-SFTP_STALL_MAX_S = 30.0
 CANCEL_PRICE_READ_RETRY_S = 2.0  # the price read of a run a cap cancelled (a signal skips it: DELETE first)
-# On a signal the evidence pull gets this long at most: the DELETE must leave within the first second (a CI
-# cancel gives 7.5 s between SIGINT and SIGTERM, then 2.5 s to SIGKILL).
-SIGNAL_PULL_MAX_S = 0.5
 STRAY_PRICE_READ_S = 3.0  # reading the price of an instance the label sweep found (then it is deleted)
 _T = TypeVar("_T")
 # What signal.signal takes and returns (typeshed's private _HANDLER).
@@ -250,8 +243,8 @@ class GuardedRun:
     # ------------------------------------------------------------------------------------------- run
     def execute(self) -> HarnessResult:
         guard = self.guard = _SignalGuard(self.out, on_signal=lambda name: self.cap_guard.fire_by(
-            self.clock() + SIGNAL_DELETE_WITHIN_S,
-            f"{name} arrived {SIGNAL_DELETE_WITHIN_S:g} s ago"))
+            self.clock() + TeardownBudget.SIGNAL_DELETE_WITHIN_S,
+            f"{name} arrived {TeardownBudget.SIGNAL_DELETE_WITHIN_S:g} s ago"))
         code, message = ExitCode.FAILED, ""
         key: RunKey | None = None
         with guard, tempfile.TemporaryDirectory(prefix=run_key_dir_prefix(self.run_id)) as key_dir:
@@ -467,7 +460,7 @@ class GuardedRun:
             self.out.info(f"instance {inst.instance_id} running; connecting over SSH")
             self.session = HostSession.connect(endpoints_for(ready), key, deadline_monotonic=boot_deadline,
                                                retry_wait_s=min(2.0, max(self.spec.poll_s, 0.2)), clock=self.clock)
-            self.session.stall_timeout_s = min(SFTP_STALL_MAX_S, max(1.0, PULL_GRACE_SHARE * self.spec.teardown_margin_s))
+            self.session.stall_timeout_s = self.meter.budget.sftp_stall_s
             self.work = self._host_work(self.session, spec=self.spec, meter=self.meter, ev=self.ev, out=self.out,
                                  run_id=self.run_id, cancelled=self.cancelled, check_cancelled=self._check_cancelled,
                                  hurry=lambda: bool(self.guard and self.guard.hurry), timings=self.timings,
@@ -475,7 +468,7 @@ class GuardedRun:
         except (BootFailed, SshConnectError) as exc:
             # When the cap, not the boot timeout, cut the wait, the run stopped at its cap (exit 6): trying
             # another host would only spend past it. A connect gives up once an attempt no longer fits.
-            ends_early_s = MIN_CONNECT_ATTEMPT_S if isinstance(exc, SshConnectError) else 0.0
+            ends_early_s = TeardownBudget.CONNECT_ATTEMPT_MIN_S if isinstance(exc, SshConnectError) else 0.0
             if self.meter.cut_by_cap(ends_early_s=ends_early_s):
                 raise CapReachedError(f"cap reached while instance {inst.instance_id} was booting: {exc}") from exc
             raise
@@ -533,7 +526,7 @@ class GuardedRun:
     def _pull_evidence(self, *, in_teardown: bool) -> None:
         if self.work is not None:
             signalled = in_teardown and self.guard is not None and self.guard.received is not None
-            self.work.pull_evidence(in_teardown=in_teardown, max_s=SIGNAL_PULL_MAX_S if signalled else None)
+            self.work.pull_evidence(in_teardown=in_teardown, max_s=TeardownBudget.SIGNAL_PULL_MAX_S if signalled else None)
 
     @property
     def steps(self) -> list[StepRecord]:

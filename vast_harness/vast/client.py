@@ -51,6 +51,7 @@ from vast_harness.errors import (
     VastError,
     describe,
 )
+from vast_harness.timings import TeardownBudget
 from vast_harness.vast.answer_bound import AnswerBound
 from vast_harness.vast.endpoints import ENDPOINT_PATHS
 from vast_harness.vast.models import CreateResult, Instance, InstancePage, Offer, User
@@ -64,9 +65,6 @@ V1_PAGE_LIMIT_MAX = 25  # show_instances.yaml: "max 25"
 MAX_LIST_PAGES = 100  # 2,500 instances: far above any account we drive; a bound against a looping token
 MAX_RECORDED_TEXT_CHARS = 1_000_000
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # far above 8 pages of 1,000 offers; a bound against a flooding proxy
-# `land_within_s` never cuts an attempt below this. Halving what is left per attempt survives a stall or two
-# before the cap; only the last half-second is split this fine, and an attempt cut there was still sent.
-MIN_ATTEMPT_S = 0.25
 # create_instance.yaml documents threshold 4.5 s and "penalty: 12" for PUT /asks/: after a 429, wait at least this.
 CREATE_429_PENALTY_S = 12.0
 _SENSITIVE_FIELDS = frozenset({"api_key", "instance_api_key"})
@@ -501,7 +499,7 @@ class VastClient:
         if land_by is None:
             return until
         left_s = land_by - self._clock()
-        if left_s < 2 * MIN_ATTEMPT_S:
+        if left_s < 2 * TeardownBudget.DELETE_ATTEMPT_MIN_S:
             return until  # no room for two: this attempt gets its full bound (landing late beats not landing)
         split = self._clock() + left_s / 2
         return split if until is None else min(until, split)
