@@ -3,7 +3,7 @@ run has not begun to.
 
 Every wait of the run is bounded by the meter's deadlines, so its teardown starts its DELETE by the prelude
 deadline (half the teardown margin before the cap). That holds only while nothing blocks the main thread
-past its bound: a disk that takes seconds per fsync (an NFS home, a saturated CI machine: 14 s once), a
+past its bound: a disk that takes seconds per fsync (an NFS home, a saturated CI machine), a
 library call that ignores its timeout, a bug. The guard does not depend on any of them. Once the hard
 deadline is `TeardownBudget.guard_s` away, it cancels the run (exit 6) and sends the DELETE
 itself, for every instance of the run whose teardown has not claimed it; the teardown, when it gets there,

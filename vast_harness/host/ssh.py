@@ -534,7 +534,7 @@ class HostSession:
         """Upload a file; returns the bytes written (paramiko checks the remote size matches).
 
         A host that drops mid-transfer raises SshTransferError (a HarnessError), never a raw paramiko error:
-        the run must turn it into an exit code after teardown, not crash past it (found by the chaos suite).
+        the run must turn it into an exit code after teardown, not crash past it.
         With a `deadline` (monotonic) the transfer runs in a worker and is abandoned at it (TransferAbandoned).
         """
 

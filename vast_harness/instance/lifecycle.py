@@ -45,7 +45,7 @@ LINGERING_STATUSES = frozenset({"destroyed", "terminated"})  # vast-cli's instan
 # A 5xx answer to a create says nothing about what the API did (the contract may have been written before the
 # gateway failed). Not found by label through the lag window, it is *unresolved* (ledger create_unresolved,
 # exit 3, reap keeps looking), never "not created": an instance whose reads lag longer would otherwise bill
-# beside the next offer's, under a run that says exit 0 (found by the red team with a 45 s read lag).
+# beside the next offer's, under a run that says exit 0.
 def _outcome_unknown(status: int) -> bool:
     return status >= 500
 
@@ -240,7 +240,7 @@ def _list_verdict(x: RawExchange, instance_id: int, label: str) -> Verdict:
 def _one_round(client: VastClient, instance_id: int, label: str, not_before_mono: float,
                clock: Clock = time.monotonic, deadline: float | None = None) -> ProofRound:
     """Three reads, each ending by `deadline` (on `clock`): one that hangs must not hold the teardown past its
-    budget (red team: `hang:list:100:*` held a run 460 s on a 3 min cap); a read cut there is 'unknown'."""
+    budget; a read cut there is 'unknown'."""
     def left() -> float | None:  # a round that began before the deadline gets at least a short answer
         return None if deadline is None else max(TeardownBudget.PROOF_READ_MIN_S, deadline - clock())
 

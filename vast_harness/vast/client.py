@@ -380,7 +380,7 @@ class VastClient:
                        failures=failures)
         except NotFoundError:
             # After an attempt of ours that was sent and never answered, that attempt may be what deleted it:
-            # not evidence that someone else did (red team: a hung DELETE, cut, then a 404 blamed "someone else").
+            # not evidence that someone else did.
             if any(isinstance(e, TransportError) for e in failures):
                 return "already_gone_after_unanswered"
             return "already_gone"
@@ -541,7 +541,7 @@ class VastClient:
         waits of at least `min_wait_s`, a total bound measured on the injected clock (so it includes pacing
         waits and holds under a fake sleep), and at least `min_attempts` attempts whatever the bound. Before
         `land_by` (a cap's deadline) a wait is at most a quarter of the time left to it: a backoff grown to
-        20 s must not carry a DELETE's next attempt past the cap (red team: 5 failed DELETEs did)."""
+        20 s must not carry a DELETE's next attempt past the cap."""
         start = self._clock()
         bound_s = self._max_retry_s if max_retry_s is None else min(self._max_retry_s, max_retry_s)
         backoff = self._wait if min_wait_s <= 0 else wait_combine(self._wait, wait_fixed(min_wait_s))
