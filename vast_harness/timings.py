@@ -8,6 +8,8 @@ lays the user's flags over it (`--proof-interval`, `--poll-interval`, `--pacing-
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -23,7 +25,7 @@ class Timings(BaseModel):
         "a real API at or above it. Simulator: 0.5 s, its reads answer at once. --proof-interval wins."))
     teardown_margin_s: float = Field(ge=0, description=(
         "Room kept before a cap for the DELETE and the absence proof: the meter's work deadline is the hard "
-        "deadline less this (meter.py), and the teardown pull's grace is a share of it (hostwork.py). Vast: "
+        "deadline less this (meter.py), and its shares are `TeardownBudget`'s. Vast: "
         "120 s, what it must cover there: a DELETE retried under the client's per-call bound (120 s, "
         "client.py max_retry_s) and two proof rounds 10 s apart. Simulator: 15 s, its calls answer in "
         "milliseconds."))
@@ -63,8 +65,76 @@ class Timings(BaseModel):
         return cls(proof_interval_s=0.5, teardown_margin_s=15.0, poll_s=0.25, deadman_grace_s=30.0,
                    read_lag_window_s=1.0, min_boot_s=1.0, pacing_scale=0.1)
 
+    @property
+    def teardown_budget(self) -> TeardownBudget:
+        """The shares of `teardown_margin_s`."""
+        return TeardownBudget(margin_s=self.teardown_margin_s)
 
-__all__ = ["Timings"]
+
+class TeardownBudget(BaseModel):
+    """How the teardown margin is shared out: every share of it, computed here from `margin_s` and nowhere else.
+
+    The margin is the room a run keeps before its cap for the DELETE and the absence proof (the meter's work
+    deadline is the hard deadline less the margin). Counted back from the hard deadline, the shares nest:
+    the prelude before the first DELETE ends `prelude_s` before it, the cap guard fires `guard_s` before it,
+    and the teardown's evidence pull may run `pull_grace_s` past the work deadline. The minima at the end are
+    fixed floors, not shares: they keep a bounded wait from shrinking to an attempt that can only time out.
+    The module sits at the bottom layer so the client, the SSH session and the lifecycle can read it too.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    margin_s: float = Field(ge=0, description="Timings.teardown_margin_s: the room kept before the cap.")
+
+    PRELUDE_SHARE: ClassVar[float] = 0.5
+    GUARD_SHARE: ClassVar[float] = 0.25
+    PULL_GRACE_SHARE: ClassVar[float] = 0.25
+    PULL_GRACE_MAX_S: ClassVar[float] = 30.0
+    SFTP_STALL_MIN_S: ClassVar[float] = 1.0
+    SFTP_STALL_MAX_S: ClassVar[float] = 30.0
+    SIGNAL_PULL_MAX_S: ClassVar[float] = 0.5
+    """On a signal the evidence pull gets this long at most: the DELETE must leave within the first second (a
+    CI cancel gives 7.5 s between SIGINT and SIGTERM, then 2.5 s to SIGKILL)."""
+    SIGNAL_DELETE_WITHIN_S: ClassVar[float] = 1.0
+    """After a signal the DELETE leaves within this long: the teardown's own, or else the cap guard's."""
+    DELETE_ATTEMPT_MIN_S: ClassVar[float] = 0.25
+    """The DELETE split: while two attempts fit before the cap, each gets half the time left, never less than
+    this. Halving survives a stall or two; only the last half-second is split this fine, and an attempt cut
+    there was still sent."""
+    PROOF_READ_MIN_S: ClassVar[float] = 0.5
+    """A proof read started at (or just before) the teardown's deadline still gets this long to answer: at most
+    three of them (one round) overrun the deadline, by this each."""
+    CONNECT_ATTEMPT_MIN_S: ClassVar[float] = 0.25
+    """No SSH connect attempt starts with less than this left before its deadline: it could only time out, and
+    its outcome would hide what the host said to the attempts before it. A retry wait ends this far from it."""
+
+    @property
+    def prelude_s(self) -> float:
+        """What precedes the first DELETE (the last price read, the evidence pull, the switch's log) ends this
+        long before the hard deadline: the first half of the margin may go to it, the DELETE and its retries
+        keep the second half."""
+        return self.PRELUDE_SHARE * self.margin_s
+
+    @property
+    def guard_s(self) -> float:
+        """The cap guard fires when the hard deadline is this close: after the prelude's half (so a teardown on
+        time never meets it) and early enough for a DELETE to land (sim 3.75 s, Vast 30 s)."""
+        return self.GUARD_SHARE * self.margin_s
+
+    @property
+    def pull_grace_s(self) -> float:
+        """In teardown the evidence pull may run this long past the work deadline (never past the prelude): the
+        rest of the margin belongs to DELETE and the absence proof, which a pull never delays."""
+        return min(self.PULL_GRACE_MAX_S, self.PULL_GRACE_SHARE * self.margin_s)
+
+    @property
+    def sftp_stall_s(self) -> float:
+        """An SFTP channel with no byte for this long (the pull's share of the margin, 1-30 s) is a stalled link:
+        closed."""
+        return min(self.SFTP_STALL_MAX_S, max(self.SFTP_STALL_MIN_S, self.PULL_GRACE_SHARE * self.margin_s))
+
+
+__all__ = ["TeardownBudget", "Timings"]
 
 
 # The longest run a user may ask for (--max-minutes): a week. A live-run label whose deadline lies further out

@@ -204,7 +204,7 @@ def test_a_run_whose_instance_is_deleted_under_it_says_so(sim, tmp_path):
     thread, box = _in_thread(run)
     _wait_seen(run)
     end = time.monotonic() + 30
-    while run.work is None and time.monotonic() < end:  # SSH is up: the step starts
+    while run.state.work is None and time.monotonic() < end:  # SSH is up: the step starts
         time.sleep(0.05)
     time.sleep(0.5)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:  # someone else's DELETE

@@ -22,9 +22,10 @@ import pytest
 from pydantic import SecretStr
 from rich.console import Console
 
-import vast_harness.run.runner as runner_mod
+import vast_harness.run.rent as rent_mod
+import vast_harness.run.teardown as teardown_mod
 from tests.harness.netproxy import TcpProxy
-from vast_harness.caps.meter import PRELUDE_SHARE_OF_MARGIN, minimum_cap_s
+from vast_harness.caps.meter import minimum_cap_s
 from vast_harness.console.output import Output
 from vast_harness.host.bundle import build_bundle
 from vast_harness.market.plan import plan_run
@@ -34,6 +35,7 @@ from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
+from vast_harness.timings import TeardownBudget
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Offer
 
@@ -71,28 +73,28 @@ def sim_record(sim: SimServer, run: GuardedRun) -> list[dict]:
 
 
 def assert_within_caps(sim: SimServer, run: GuardedRun, spec: RunSpec, start_unix: float) -> None:
-    """The simulator's record within both caps. The time cap counts from the run's own clock (`run.t0_unix`,
+    """The simulator's record within both caps. The time cap counts from the run's own clock (`run.state.t0_unix`,
     taken as the run is made, before anything is searched or rented): on a loaded machine building the client
     before it took 14 s once, and a test clock started before that judged a run that kept its cap late."""
     insts = sim_record(sim, run)
     assert insts and not any(i["live"] for i in insts)
     billed = sum(i["billed_usd"] for i in insts)
     assert billed <= spec.caps.max_usd, f"billed ${billed:.6f} > cap ${spec.caps.max_usd:.6f}"
-    assert start_unix <= run.t0_unix, "the run's clock started before the test did"
-    phases = ", ".join(f"{p.name} +{p.t_start_unix - run.t0_unix:.2f}..+{(p.t_end_unix or 0) - run.t0_unix:.2f}"
-                       for p in run.phases.records)
+    assert start_unix <= run.state.t0_unix, "the run's clock started before the test did"
+    phases = ", ".join(f"{p.name} +{p.t_start_unix - run.state.t0_unix:.2f}..+{(p.t_end_unix or 0) - run.state.t0_unix:.2f}"
+                       for p in run.tools.phases.records)
     for i in insts:
-        assert i["created_at"] >= run.t0_unix, "an instance was created before the run's clock started"
-        lived_s = i["destroyed_at"] - run.t0_unix
+        assert i["created_at"] >= run.state.t0_unix, "an instance was created before the run's clock started"
+        lived_s = i["destroyed_at"] - run.state.t0_unix
         assert lived_s <= spec.max_seconds, (f"instance {i['id']} destroyed {lived_s:.2f} s after the run started "
-                                             f"({run.t0_unix - start_unix:.2f} s after the test); phases: {phases}")
+                                             f"({run.state.t0_unix - start_unix:.2f} s after the test); phases: {phases}")
 
 
 @pytest.fixture
 def proxies(monkeypatch):
     """Route the run's SSH through TcpProxy instances the test can stall."""
     made: list[TcpProxy] = []
-    real = runner_mod.endpoints_for
+    real = rent_mod.endpoints_for
 
     def via_proxy(instance):
         out = []
@@ -102,7 +104,7 @@ def proxies(monkeypatch):
             out.append(ep.model_copy(update={"port": proxy.port}))
         return out
 
-    monkeypatch.setattr(runner_mod, "endpoints_for", via_proxy)
+    monkeypatch.setattr(rent_mod, "endpoints_for", via_proxy)
     yield made
     for proxy in made:
         proxy.close()
@@ -136,7 +138,7 @@ def test_stalled_link_at_the_teardown_pull_does_not_hold_the_delete(sim, tmp_pat
     assert run.teardowns[0].verdict == "gone"
     assert not any(i["live"] for i in sim_record(sim, run))
     assert run.pull is not None and not run.pull.complete
-    assert run.timings["pull_s"] <= 0.25 * spec.teardown_margin_s + 1.5
+    assert run.state.timings["pull_s"] <= 0.25 * spec.teardown_margin_s + 1.5
 
 
 def test_signal_abandons_a_stalled_teardown_pull_and_the_delete_still_runs(sim, tmp_path, proxies):
@@ -161,7 +163,7 @@ def test_signal_abandons_a_stalled_teardown_pull_and_the_delete_still_runs(sim, 
     assert result.exit_code == 1
     assert run.teardowns[0].verdict == "gone"
     assert not any(i["live"] for i in sim_record(sim, run))
-    assert run.timings["pull_s"] < 0.5 + 1.5  # grace was 10 s: the signal ended it
+    assert run.state.timings["pull_s"] < 0.5 + 1.5  # grace was 10 s: the signal ended it
 
 
 def test_stalled_link_at_the_pull_after_the_steps_is_abandoned_and_never_exit_0(sim, tmp_path, proxies):
@@ -179,7 +181,7 @@ def test_stalled_link_at_the_pull_after_the_steps_is_abandoned_and_never_exit_0(
         result = execute(run, within_s=20)
     assert result.exit_code == 1, result.message
     assert "evidence pull broke off" in result.message and "stalled" in result.message
-    assert run.timings["pull_s"] < run.session.stall_timeout_s + 1.5
+    assert run.state.timings["pull_s"] < run.state.session.stall_timeout_s + 1.5
     assert run.teardowns[0].verdict == "gone"
     assert_within_caps(sim, run, spec, start_unix)
 
@@ -293,7 +295,7 @@ def test_billed_price_that_breaks_the_cap_stops_the_run_at_once(sim, tmp_path):
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
         result = execute(run, within_s=30)
     assert result.exit_code == 6 and "bills" in result.message, result.message
-    assert not run.steps and run.session is None
+    assert not run.steps and run.state.session is None
     assert_within_caps(sim, run, spec, start_unix)
 
 
@@ -328,14 +330,14 @@ def test_disk_full_at_teardown_does_not_stop_the_delete_or_the_proof(sim, tmp_pa
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="echo hi", timeout_s=20)])
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), host_work=DiskFillsAfterSteps)
-        ledger_path = run.ledger.path
+        ledger_path = run.tools.ledger.path
         result = execute(run, within_s=30)
     assert run.teardowns[0].verdict == "gone"
     assert not any(i["live"] for i in sim_record(sim, run))
     assert result.exit_code == 1, result.message
     assert "write(s) failed" in result.message and "ledger delete_ack" in result.message
     # every write that failed is named, not the first three: the record may be one of them
-    lost = run.ev.write_failures + [f"ledger {f}" for f in run.ledger.write_failures]
+    lost = run.ev.write_failures + [f"ledger {f}" for f in run.tools.ledger.write_failures]
     missing = [f for f in lost if f.split(":", 1)[0] not in result.message]
     assert len(lost) > 3 and not missing, (missing, result.message)
 
@@ -405,7 +407,7 @@ def test_result_record_is_typed_and_versioned(sim, tmp_path):
 
 
 def test_evidence_module_does_not_import_the_runner():
-    source = (Path(runner_mod.__file__).parents[1] / "evidence" / "run.py").read_text()
+    source = (Path(rent_mod.__file__).parents[1] / "evidence" / "run.py").read_text()
     imported = {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)}
     assert "vast_harness.run.runner" not in imported
 
@@ -486,14 +488,14 @@ def run_capped(sim: SimServer, tmp_path: Path, step: str, *, within_s: float = 3
 def test_a_deadman_check_the_cap_cuts_on_a_stalled_link_is_a_cap_stop(sim, tmp_path, proxies, monkeypatch):
     # The link goes silent as the check starts: the check waits to its timeout, the cap's work deadline. That
     # is the cap stopping the run (exit 6), not a switch that cannot act (exit 1, "onstart did not run?").
-    real = runner_mod.check_armed
+    real = rent_mod.check_armed
 
     def on_a_stalled_link(session, **kw):
         for proxy in proxies:
             proxy.stall()
         return real(session, **kw)
 
-    monkeypatch.setattr(runner_mod, "check_armed", on_a_stalled_link)
+    monkeypatch.setattr(rent_mod, "check_armed", on_a_stalled_link)
     _, _, result = run_capped(sim, tmp_path, "true")
     assert "dead-man switch was being checked" in result.message and "onstart did not run" not in result.message
 
@@ -502,7 +504,7 @@ def test_the_switch_log_read_on_a_stalled_link_leaves_the_delete_its_half_of_the
                                                                                          monkeypatch):
     # After a step the cap cut, the link goes silent as the teardown reads the switch's log: that read (3 s
     # of its own) must end by the meter's prelude deadline, so the DELETE lands before the cap.
-    real = runner_mod.read_log
+    real = teardown_mod.read_log
     timeouts: list[float] = []
 
     def on_a_stalled_link(session, *, timeout_s):
@@ -511,9 +513,9 @@ def test_the_switch_log_read_on_a_stalled_link_leaves_the_delete_its_half_of_the
             proxy.stall()
         return real(session, timeout_s=timeout_s)
 
-    monkeypatch.setattr(runner_mod, "read_log", on_a_stalled_link)
+    monkeypatch.setattr(teardown_mod, "read_log", on_a_stalled_link)
     spec, _, _ = run_capped(sim, tmp_path, "sleep 30")
-    assert timeouts and max(timeouts) <= PRELUDE_SHARE_OF_MARGIN * spec.teardown_margin_s
+    assert timeouts and max(timeouts) <= TeardownBudget.PRELUDE_SHARE * spec.teardown_margin_s
 
 
 def blocked_in_the_pull(block_s: float) -> type[HostWork]:
@@ -538,7 +540,7 @@ def test_a_main_thread_blocked_past_the_cap_does_not_keep_the_instance(sim, tmp_
     assert proof["verdict"] == "gone"
     assert [d["outcome"] for d in proof["instances"][0]["deletes"]][:1] == ["deleted"]  # the guard's, once
     assert "someone else" not in result.message and not run.book.vanished
-    assert run.timings["cap_guard_fired_s"] <= spec.max_seconds
+    assert run.state.timings["cap_guard_fired_s"] <= spec.max_seconds
 
 
 def test_a_price_read_out_while_our_delete_goes_blames_no_one(sim, tmp_path):
@@ -622,7 +624,7 @@ def test_a_list_that_hangs_holds_neither_the_absence_proof_nor_the_sweep_past_th
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=20)], max_minutes=1.0)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
-        run.teardown_budget_s = 3.0
+        run.state.teardown_budget_s = 3.0
         started = time.monotonic()
         result = execute(run, within_s=60)
         took_s = time.monotonic() - started

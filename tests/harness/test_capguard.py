@@ -6,9 +6,10 @@ import threading
 import time
 
 from tests.harness.conftest import FakeClock
-from vast_harness.caps.guard import GUARD_SHARE_OF_MARGIN, CapGuard
+from vast_harness.caps.guard import CapGuard
 from vast_harness.caps.meter import CostMeter
 from vast_harness.records import CreatedInstance, DeleteAck
+from vast_harness.timings import TeardownBudget
 
 T0 = 1000.0
 MAX_S, MARGIN_S = 100.0, 20.0  # the guard fires at T0 + 100 - 0.25 * 20 = T0 + 95
@@ -47,7 +48,7 @@ def test_the_guard_waits_until_a_quarter_margin_before_the_cap_then_deletes_ever
     try:
         h.at(94.9)
         assert not h.deleted and not h.fired and not h.guard.fired
-        h.at(MAX_S - GUARD_SHARE_OF_MARGIN * MARGIN_S)
+        h.at(MAX_S - TeardownBudget.GUARD_SHARE * MARGIN_S)
         assert sorted(i for i, _ in h.deleted) == [1, 2]
         assert all(land_by == T0 + MAX_S for _, land_by in h.deleted)  # it lands by the cap itself
         assert len(h.fired) == 1 and "cap guard sent the DELETE for instance(s) 1, 2" in h.fired[0]

@@ -241,8 +241,8 @@ def test_a_resolved_spec_carries_its_targets_table(tmp_path, key_file, sim, tabl
     with VastClient("k", base_url="http://127.0.0.1:9") as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
     assert run.meter.teardown_margin_s == table.teardown_margin_s
-    assert run.read_lag_window_s == table.read_lag_window_s
-    assert run.teardown_budget_s == teardown_budget_s(table.proof_interval_s)
+    assert run.state.read_lag_window_s == table.read_lag_window_s
+    assert run.state.teardown_budget_s == teardown_budget_s(table.proof_interval_s)
 
 
 @pytest.mark.parametrize("sim", [True, False], ids=["sim", "real"])

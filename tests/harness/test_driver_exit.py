@@ -56,4 +56,4 @@ def test_without_any_driver_only_qualified_offers_are_rented_so_a_pass_is_0(clea
     policy = load_driver_policy()
     run, code, record = _run(clean_sim, _spec(clean_sim, tmp_path, any_driver=False), policy)
     assert code == 0, record.get("message")
-    assert run.candidate is not None and policy.qualifies(run.candidate.offer.driver_version)
+    assert run.state.candidate is not None and policy.qualifies(run.state.candidate.offer.driver_version)

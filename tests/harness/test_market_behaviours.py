@@ -35,7 +35,7 @@ def guarded(sim, spec, *, on_created=None, **attrs) -> GuardedRun:
     client = VastClient(KEY, base_url=sim.url, pacing_scale=SCALE)
     r = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), on_created=on_created)
     for name, value in attrs.items():
-        setattr(r, name, value)
+        setattr(r.state, name, value)
     return r
 
 
@@ -43,7 +43,7 @@ def execute(r: GuardedRun):
     try:
         return r.execute()
     finally:
-        r.client.close()
+        r.tools.client.close()
 
 
 def of_run(sim, r: GuardedRun) -> list[dict]:
@@ -55,7 +55,7 @@ def test_a_lingering_row_is_going_and_the_proof_waits_for_absence(sim, tmp_path)
     r = guarded(sim, make_spec(sim, tmp_path, OK), read_lag_window_s=0.0)
     result = execute(r)
     assert result.exit_code == 0, result.message
-    assert r.teardowns[0].verdict == "gone" and r.timings["teardown_s"] >= 2.5
+    assert r.teardowns[0].verdict == "gone" and r.state.timings["teardown_s"] >= 2.5
     assert any(rd.verdict == "going" for rd in r.teardowns[0].proof.rounds)
     assert not [i for i in of_run(sim, r) if i["live"]]
 
@@ -167,7 +167,7 @@ def test_an_instance_the_sweep_finds_after_a_ctrl_c_is_billed_at_its_price_from_
     result = execute(r)
     assert result.exit_code == 130, result.message  # found by the sweep, deleted, proven gone
     [found] = r.created
-    assert found.status == "found by label" and found.dph_usd > 0 and found.offer_id == r.plan.chosen.offer.id
+    assert found.status == "found by label" and found.dph_usd > 0 and found.offer_id == r.state.plan.chosen.offer.id
     billed_usd = sum(i["billed_usd"] for i in of_run(sim, r))
     assert billed_usd > 0 and r.meter.accrued_usd() >= 0.9 * billed_usd, (r.meter.accrued_usd(), billed_usd)
 
@@ -177,7 +177,7 @@ def test_create_429_waits_and_retries_the_same_offer(sim, tmp_path):
     r = guarded(sim, make_spec(sim, tmp_path, OK))
     result = execute(r)
     assert result.exit_code == 0, result.message
-    assert len(of_run(sim, r)) == 1 and r.created[0].offer_id == r.plan.chosen.offer.id
+    assert len(of_run(sim, r)) == 1 and r.created[0].offer_id == r.state.plan.chosen.offer.id
 
 
 def test_a_5xx_create_that_created_is_found_by_label_and_only_one_bills(sim, tmp_path):
@@ -256,7 +256,7 @@ def test_scheduling_is_waited_out_within_the_boot_deadline(sim, tmp_path):
     r = guarded(sim, make_spec(sim, tmp_path, OK))
     result = execute(r)
     assert result.exit_code == 0, result.message
-    assert r.timings["rent_and_connect_s"] >= 0.9 and not [i for i in of_run(sim, r) if i["live"]]
+    assert r.state.timings["rent_and_connect_s"] >= 0.9 and not [i for i in of_run(sim, r) if i["live"]]
 
 
 def test_a_negative_balance_that_vast_resolves_by_destroying_is_never_a_false_absence(sim, tmp_path):
@@ -307,7 +307,7 @@ def test_wait_ready_returns_the_rented_price(sim, tmp_path):
     result = execute(r)
     assert result.exit_code == 0, result.message
     billed_dph = of_run(sim, r)[0]["dph_total"]
-    assert billed_dph > 1.5 * r.plan.chosen.quote.dph_at_disk_usd  # the search price understated it
+    assert billed_dph > 1.5 * r.state.plan.chosen.quote.dph_at_disk_usd  # the search price understated it
     assert r.created[0].dph_usd == pytest.approx(billed_dph)  # the rented price replaced it in the meter
     from vast_harness.instance.lifecycle import wait_ready
 
@@ -359,7 +359,7 @@ def test_a_reprice_after_running_is_read_when_the_steps_end_and_never_exit_0(sim
     spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.05})})
     # Steps shorter than one price poll: the watcher never gets to read the price while they run.
     r = guarded(sim, spec)
-    r.reads.poll_s = 3600.0
+    r.tools.reads.poll_s = 3600.0
     result = execute(r)
     billed_usd = sum(i["billed_usd"] for i in of_run(sim, r))
     assert billed_usd > 0.05  # the simulator's truth: over the cap

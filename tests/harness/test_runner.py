@@ -117,8 +117,8 @@ def test_every_phase_runs_on_the_runs_own_clock(sim, tmp_path):
     assert 3.0 < took_s < 15, took_s
     assert [s.name for s in r.steps] == ["ok", "long"] and r.steps[0].rc == 0
     assert r.teardowns[0].verdict == "gone" and not live_ids(sim) & {i.instance_id for i in r.created}
-    assert r.t0 >= week_s and r.created[0].t_created_mono >= week_s
-    assert 0 < r.timings["total_s"] < 15 and 0 <= r.timings["teardown_s"] < 10
+    assert r.meter.t0 >= week_s and r.created[0].t_created_mono >= week_s
+    assert 0 < r.state.timings["total_s"] < 15 and 0 <= r.state.timings["teardown_s"] < 10
     res = json.loads((r.ev.dir / "harness-result.json").read_text())
     assert all(0 <= p["t_end_unix"] - p["t_start_unix"] < 15 for p in res["phases"])
 
@@ -216,7 +216,7 @@ def test_unprovable_absence_exits_3_and_reap_cleans_up(sim, tmp_path):
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)])
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, max_retry_s=0.5) as client:
         r = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
-        r.teardown_budget_s = 1.0
+        r.state.teardown_budget_s = 1.0
         result = r.execute()
     assert result.exit_code == 3 and "reap" in result.message
     pending, _ = Ledger(spec.state_dir / "ledger.jsonl").unproven()

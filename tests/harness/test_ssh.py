@@ -28,7 +28,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from tests.harness.netproxy import TcpProxy
 from vast_harness.errors import HarnessError, SshConnectError, TransferAbandoned
 from vast_harness.host.ssh import (
-    MIN_CONNECT_ATTEMPT_S,
     RUN_KEY_DIR_GLOB,
     ConnectAttempt,
     HostSession,
@@ -39,6 +38,7 @@ from vast_harness.host.ssh import (
     run_key_dir_pid,
     run_key_dir_prefix,
 )
+from vast_harness.timings import TeardownBudget
 from vast_harness.vast.models import Instance
 
 # ---------------------------------------------------------------------------------------------------
@@ -387,8 +387,8 @@ def test_connect__all_refused__retries_until_deadline_then_lists_attempts(run_ke
     with pytest.raises(SshConnectError) as info:
         HostSession.connect(endpoints, run_key, deadline_monotonic=started + 1.0, retry_wait_s=0.2)
     elapsed_s = time.monotonic() - started
-    # The last attempt starts no later than MIN_CONNECT_ATTEMPT_S before the deadline; a refusal is instant.
-    assert 1.0 - MIN_CONNECT_ATTEMPT_S - 0.1 <= elapsed_s < 2.0
+    # The last attempt starts no later than TeardownBudget.CONNECT_ATTEMPT_MIN_S before the deadline; a refusal is instant.
+    assert 1.0 - TeardownBudget.CONNECT_ATTEMPT_MIN_S - 0.1 <= elapsed_s < 2.0
     attempts = info.value.attempts
     assert len(attempts) >= 6  # ~1 s / 0.2 s wait, two endpoints a round
     assert [a.endpoint.kind for a in attempts[:4]] == ["direct", "proxy", "direct", "proxy"]
@@ -433,7 +433,7 @@ def test_connect__never_starts_an_attempt_too_short_to_finish(run_key: RunKey, m
         with pytest.raises(SshConnectError) as info:
             HostSession.connect(endpoints, run_key, deadline_monotonic=time.monotonic() + deadline_s,
                                 retry_wait_s=wait_s)
-        assert bounds and min(bounds) >= MIN_CONNECT_ATTEMPT_S, (deadline_s, wait_s, bounds)
+        assert bounds and min(bounds) >= TeardownBudget.CONNECT_ATTEMPT_MIN_S, (deadline_s, wait_s, bounds)
         assert all("Authentication" in a.outcome for a in info.value.attempts)
 
 

@@ -3,9 +3,9 @@ run has not begun to.
 
 Every wait of the run is bounded by the meter's deadlines, so its teardown starts its DELETE by the prelude
 deadline (half the teardown margin before the cap). That holds only while nothing blocks the main thread
-past its bound: a disk that takes seconds per fsync (an NFS home, a saturated CI machine: 14 s once), a
+past its bound: a disk that takes seconds per fsync (an NFS home, a saturated CI machine), a
 library call that ignores its timeout, a bug. The guard does not depend on any of them. Once the hard
-deadline is `GUARD_SHARE_OF_MARGIN` of the margin away, it cancels the run (exit 6) and sends the DELETE
+deadline is `TeardownBudget.guard_s` away, it cancels the run (exit 6) and sends the DELETE
 itself, for every instance of the run whose teardown has not claimed it; the teardown, when it gets there,
 takes the guard's answer as its first DELETE and proves absence as usual. The guard writes nothing to disk
 before its DELETE, and only ever deletes instances of this run.
@@ -23,9 +23,6 @@ from collections.abc import Callable
 from vast_harness.caps.meter import CostMeter
 from vast_harness.records import DeleteAck
 
-# The guard fires when the hard deadline is this share of the teardown margin away: after the prelude's
-# half (so a teardown on time never meets it) and early enough for a DELETE to land (sim 3.75 s, Vast 30 s).
-GUARD_SHARE_OF_MARGIN = 0.25
 GUARD_POLL_S = 0.25  # how often the deadline is re-read (a re-price moves it earlier)
 CLAIM_WAIT_S = 5.0  # beyond the DELETE's own bounds: how long a teardown waits for the guard's answer
 
@@ -56,7 +53,7 @@ class CapGuard:
         return min(self._cap_point(), self._fire_by)
 
     def _cap_point(self) -> float:
-        return self.meter.hard_deadline() - GUARD_SHARE_OF_MARGIN * self.meter.teardown_margin_s
+        return self.meter.hard_deadline() - self.meter.budget.guard_s
 
     def fire_by(self, mono: float, why: str) -> None:
         """Act no later than `mono` (a signal: its DELETE must not wait for a main thread stuck on a disk).
@@ -145,4 +142,4 @@ class CapGuard:
                     self._done[instance_id].set()
 
 
-__all__ = ["GUARD_SHARE_OF_MARGIN", "CapGuard"]
+__all__ = ["CapGuard"]

@@ -23,15 +23,12 @@ from collections.abc import Callable
 
 from vast_harness.errors import CapReachedError, ConfigError
 from vast_harness.records import PriceChange
-from vast_harness.timings import Timings
+from vast_harness.timings import TeardownBudget, Timings
 
 BYTES_PER_GB = 1e9
 TEARDOWN_MIN_S = 60.0  # per instance: delete + absence proof, at least this long
 # A wait that ended this close to its cap-derived deadline was cut by the cap (timers fire a little early).
 CAP_CUT_SLACK_S = 0.05
-# The teardown margin's first half may go to what precedes the DELETE (reads, the evidence pull); the DELETE
-# and its retries keep the second half.
-PRELUDE_SHARE_OF_MARGIN = 0.5
 
 
 def minimum_cap_s(timings: Timings) -> float:
@@ -77,6 +74,7 @@ class CostMeter:
     def __init__(self, *, max_usd: float, max_seconds: float, teardown_margin_s: float,
                  t0: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_usd, self.max_seconds, self.teardown_margin_s = max_usd, max_seconds, teardown_margin_s
+        self.budget = TeardownBudget(margin_s=teardown_margin_s)  # the margin's shares (prelude, guard, pull)
         self.clock = clock
         self.t0 = clock() if t0 is None else t0
         self._lock = threading.Lock()
@@ -181,8 +179,8 @@ class CostMeter:
 
     def prelude_deadline(self, now: float | None = None) -> float:
         """Until when what comes before the first DELETE (the last price read, the evidence pull, the switch's
-        log) may run: the second half of the teardown margin stays for the DELETE and its retries."""
-        return self.hard_deadline(now) - PRELUDE_SHARE_OF_MARGIN * self.teardown_margin_s
+        log) may run: the rest of the teardown margin stays for the DELETE and its retries."""
+        return self.hard_deadline(now) - self.budget.prelude_s
 
     def now(self) -> float:
         """The run's clock (monotonic): what every deadline the meter hands out is measured on."""

@@ -42,10 +42,10 @@ def main(argv: list[str]) -> int:
     on_created = (lambda _inst: step_wall_clock(wall_step_s)) if wall_step_s else None
     with _client(job.api_url) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(), on_created=on_created)
-        run.teardown_budget_s = job.teardown_budget_s
+        run.state.teardown_budget_s = job.teardown_budget_s
         # The time cap counts from the run's own clock, which starts with the run (after the client is built:
         # on a loaded machine that alone took 1.6 s), not from this process's start.
-        job.t0_file.write_text(repr(run.t0_unix))
+        job.t0_file.write_text(repr(run.state.t0_unix))
         return run.execute().exit_code
 
 

@@ -223,7 +223,7 @@ def run_scenario(plan: ScenarioPlan, workdir: Path) -> ScenarioOutcome:
         try:
             with _client(sim.url) as client:
                 run = GuardedRun(spec, client, load_driver_policy(), _output(buf))
-                run.teardown_budget_s = TEARDOWN_BUDGET_S
+                run.state.teardown_budget_s = TEARDOWN_BUDGET_S
                 result = run.execute()
             outcome.exit_code, outcome.message = result.exit_code, result.message
         except Exception as exc:  # noqa: BLE001 - a crash is a finding, reported with the rest
@@ -232,8 +232,8 @@ def run_scenario(plan: ScenarioPlan, workdir: Path) -> ScenarioOutcome:
                                                          detail=f"{type(exc).__name__}: {exc}\n{where}")))
         state = sim.state()
         outcome.faults_fired = _fired(state)
-        if run is not None:  # the cap counts from the run's own clock (GuardedRun.t0_unix), not from before it
-            start_unix = run.t0_unix
+        if run is not None:  # the cap counts from the run's own clock (RunState.t0_unix), not from before it
+            start_unix = run.state.t0_unix
         outcome.violations += check_scenario(plan, spec, outcome, state, run, start_unix)
         if outcome.exit_code == 3:
             outcome.violations += _reap_and_check(spec, sim, buf)

@@ -33,7 +33,8 @@ from vast_harness.console.terminal import line
 from vast_harness.errors import PRECEDENCE, ExitCode, LedgerWriteError, NoOfferError, describe, exit_code_for, worst
 from vast_harness.fleet.plan import SIM_PEAK_SCALE, FleetEntry, Preflight, preflight, print_preflight
 from vast_harness.host.bundle import build_bundle
-from vast_harness.run.runner import GuardedRun, SignalHandler
+from vast_harness.run.runner import GuardedRun
+from vast_harness.run.signals import SignalHandler
 from vast_harness.spec.profile import DriverPolicy
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.ledger import new_run_id, write_line

@@ -38,6 +38,7 @@ from pydantic import BaseModel
 
 from vast_harness.errors import LocalDiskRefused, SshConnectError, SshTransferError, TransferAbandoned
 from vast_harness.records import ConnectAttempt, SshEndpoint, StepOutcome
+from vast_harness.timings import TeardownBudget
 from vast_harness.vast.answer_bound import AnswerBound
 from vast_harness.vast.models import Instance
 
@@ -59,9 +60,6 @@ _DRAIN_TURN_BYTES = 1 << 20
 _FINAL_DRAIN_GRACE_S = 5.0  # reading what is buffered at the exit status (<= the window, 2 MiB)
 # An abandoned transfer's worker gets this long to notice its closed link before we stop waiting for it.
 _ABANDON_JOIN_S = 2.0
-# No connect attempt starts with less than this left before its deadline: it could only time out, and its
-# outcome would hide what the host said to the attempts before it. A retry wait ends this far from it.
-MIN_CONNECT_ATTEMPT_S = 0.25
 _POLL_INTERVAL_S = 0.1
 _MAX_TREE_DEPTH = 16
 # A progress bar redrawn with \r never ends its line: past this many characters, emit what we have.
@@ -344,7 +342,7 @@ class HostSession:
         def one_round() -> HostSession:
             for endpoint in endpoints:
                 remaining_s = deadline_monotonic - clock()
-                if remaining_s < MIN_CONNECT_ATTEMPT_S:
+                if remaining_s < TeardownBudget.CONNECT_ATTEMPT_MIN_S:
                     break
                 started = clock()
                 try:
@@ -369,8 +367,8 @@ class HostSession:
 
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(_RoundFailed),
-            stop=lambda _state: deadline_monotonic - clock() < MIN_CONNECT_ATTEMPT_S,
-            wait=lambda _state: max(0.0, min(retry_wait_s, deadline_monotonic - clock() - MIN_CONNECT_ATTEMPT_S)),
+            stop=lambda _state: deadline_monotonic - clock() < TeardownBudget.CONNECT_ATTEMPT_MIN_S,
+            wait=lambda _state: max(0.0, min(retry_wait_s, deadline_monotonic - clock() - TeardownBudget.CONNECT_ATTEMPT_MIN_S)),
             reraise=True,
         )
         try:
@@ -536,7 +534,7 @@ class HostSession:
         """Upload a file; returns the bytes written (paramiko checks the remote size matches).
 
         A host that drops mid-transfer raises SshTransferError (a HarnessError), never a raw paramiko error:
-        the run must turn it into an exit code after teardown, not crash past it (found by the chaos suite).
+        the run must turn it into an exit code after teardown, not crash past it.
         With a `deadline` (monotonic) the transfer runs in a worker and is abandoned at it (TransferAbandoned).
         """
 

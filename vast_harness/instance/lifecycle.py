@@ -34,6 +34,7 @@ from vast_harness.errors import (
 )
 from vast_harness.records import AbsenceProof, CreateOutcome, DeleteAck, InstanceTeardown, ProofRound, Verdict
 from vast_harness.state.ledger import NOTHING_CREATED, EntryFields, Event, Ledger, LedgerEntry
+from vast_harness.timings import TeardownBudget
 from vast_harness.vast.client import RawExchange, VastClient
 from vast_harness.vast.models import Instance
 
@@ -44,7 +45,7 @@ LINGERING_STATUSES = frozenset({"destroyed", "terminated"})  # vast-cli's instan
 # A 5xx answer to a create says nothing about what the API did (the contract may have been written before the
 # gateway failed). Not found by label through the lag window, it is *unresolved* (ledger create_unresolved,
 # exit 3, reap keeps looking), never "not created": an instance whose reads lag longer would otherwise bill
-# beside the next offer's, under a run that says exit 0 (found by the red team with a 45 s read lag).
+# beside the next offer's, under a run that says exit 0.
 def _outcome_unknown(status: int) -> bool:
     return status >= 500
 
@@ -86,9 +87,6 @@ def is_lingering(inst: Instance | dict[str, Any]) -> bool:
 # no DELETE has acknowledged deleting may be hidden by a lag longer than the read-lag window: until this long after
 # its create, null reads and not-found DELETEs prove nothing for it (exit 3; `reap` keeps it).
 UNSEEN_TRUST_AFTER_S = 3600.0
-# A proof read started at (or just before) the teardown's deadline still gets this long to answer: at most
-# three of them (one round) overrun the deadline, by this each.
-PROOF_READ_MIN_S = 0.5
 
 
 class CreateRequest(BaseModel):
@@ -242,9 +240,9 @@ def _list_verdict(x: RawExchange, instance_id: int, label: str) -> Verdict:
 def _one_round(client: VastClient, instance_id: int, label: str, not_before_mono: float,
                clock: Clock = time.monotonic, deadline: float | None = None) -> ProofRound:
     """Three reads, each ending by `deadline` (on `clock`): one that hangs must not hold the teardown past its
-    budget (red team: `hang:list:100:*` held a run 460 s on a 3 min cap); a read cut there is 'unknown'."""
+    budget; a read cut there is 'unknown'."""
     def left() -> float | None:  # a round that began before the deadline gets at least a short answer
-        return None if deadline is None else max(PROOF_READ_MIN_S, deadline - clock())
+        return None if deadline is None else max(TeardownBudget.PROOF_READ_MIN_S, deadline - clock())
 
     per_id = client.read_instance_raw(instance_id, within_s=left())
     by_id = client.list_instances_raw(instance_id=instance_id, within_s=left())

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,6 @@ from rich.text import Text
 
 from vast_harness.console.output import Output
 from vast_harness.errors import BootFailed
-from vast_harness.host.ssh import RunKey
 from vast_harness.instance.lifecycle import is_lingering
 from vast_harness.records import CreatedInstance
 from vast_harness.run.runner import GuardedRun, HarnessResult
@@ -92,15 +92,16 @@ class CanaryRun(GuardedRun):
     """The guarded run, with the observations above. Nothing here rents, deletes or waits on its own."""
 
     def __init__(self, spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output) -> None:
-        super().__init__(spec, client, drivers, out)
+        super().__init__(spec, client, drivers, out, around_boot=self._observe_boot)
         self.visibility = Visibility()
         self.boot_s: float | None = None
         self.image_accepted: bool | None = None
 
-    def _boot(self, inst: CreatedInstance, key: RunKey) -> None:
+    def _observe_boot(self, inst: CreatedInstance, boot: Callable[[], None]) -> None:
+        """Around each boot: reads until they show the instance, then the boot; its time and the image's fate."""
         self._watch_visibility(inst)
         try:
-            super()._boot(inst, key)
+            boot()
         except BootFailed as exc:
             if "manifest" in str(exc).lower():
                 self.image_accepted = False
@@ -112,16 +113,17 @@ class CanaryRun(GuardedRun):
         """Per-id read and v1 list by id, each until it first shows the instance (bounded by the boot's time)."""
         deadline = self.meter.deadline(self.spec.profile.boot_timeout_s)
         vis = self.visibility = Visibility()
+        client = self.tools.client
         while time.monotonic() < deadline and (vis.per_id_s is None or vis.list_s is None):
-            self._check_cancelled()
+            self.state.check_cancelled()
             vis.polls += 1
             if vis.per_id_s is None:
-                x = self.client.read_instance_raw(inst.instance_id)
+                x = client.read_instance_raw(inst.instance_id)
                 shown = x.json.get("instances") if x.status == 200 and isinstance(x.json, dict) else None
                 if isinstance(shown, dict) and shown.get("id") == inst.instance_id:
                     vis.per_id_s = round(x.t_end_unix - inst.t_created_unix, 3)
             if vis.list_s is None:
-                x = self.client.list_instances_raw(instance_id=inst.instance_id)
+                x = client.list_instances_raw(instance_id=inst.instance_id)
                 rows = x.json.get("instances") if x.status == 200 and isinstance(x.json, dict) else None
                 if isinstance(rows, list) and any(isinstance(r, dict) and r.get("id") == inst.instance_id
                                                   for r in rows):
@@ -131,7 +133,7 @@ class CanaryRun(GuardedRun):
 
     def report(self, result: HarnessResult) -> CanaryReport:
         inst = self.created[-1] if self.created else None
-        sent = self.book.attempts
+        sent, deadman = self.book.attempts, self.state.deadman
         rep = CanaryReport(
             api_url=self.spec.api_url, sim=self.spec.sim, run_id=self.run_id, exit_code=int(result.exit_code),
             message=result.message, accrued_usd=round(self.accrued_usd(), 6),
@@ -139,9 +141,9 @@ class CanaryRun(GuardedRun):
             create_answer_s=_answer_s(inst.t_created_unix, sent[inst.label]) if inst and inst.label in sent else None,
             read_lag=self.visibility, boot_s=self.boot_s, image_sent=self.spec.profile.image_ref.create_form,
             image_accepted=self.image_accepted, proof_interval_s=self.spec.proof_interval_s,
-            deadman_armed=self.deadman.armed if self.deadman else None,
-            deadman_probe_status=self.deadman.probe_status if self.deadman else None,
-            host_clock_skew_s=self.deadman.host_clock_skew_s if self.deadman else None,
+            deadman_armed=deadman.armed if deadman else None,
+            deadman_probe_status=deadman.probe_status if deadman else None,
+            host_clock_skew_s=deadman.host_clock_skew_s if deadman else None,
         )
         self._read_env(rep)
         teardown = next((t for t in self.teardowns if inst and t.instance_id == inst.instance_id), None)
@@ -193,7 +195,7 @@ class CanaryRun(GuardedRun):
         """One DELETE after the absence was proven: what Vast answers for an instance already gone."""
         if rep.instance_id is None or rep.absence != "gone":
             return
-        x = self.client.exchange("DELETE", ENDPOINT_PATHS["destroy_instance"].format(id=rep.instance_id), json={})
+        x = self.tools.client.exchange("DELETE", ENDPOINT_PATHS["destroy_instance"].format(id=rep.instance_id), json={})
         rep.repeat_delete = {"status": x.status, "body": x.text[:300], "error": x.error}
 
 

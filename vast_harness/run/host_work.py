@@ -27,10 +27,6 @@ REMOTE_DIR = "vh"  # under the host's $HOME
 # The evidence pull: never longer than this, never more bytes than this (and never more than the cap affords).
 PULL_MAX_S = 600.0
 PULL_MAX_BYTES = 1 << 30
-# In teardown the pull may spend this share of the teardown margin past the work deadline (at most the
-# cap): the rest of the margin belongs to DELETE and the absence proof, which a pull never delays.
-PULL_GRACE_SHARE = 0.25
-PULL_GRACE_MAX_S = 30.0
 # How often (in printed bytes) a step's output re-asks the meter: printed bytes are billed bandwidth.
 _METER_EVERY_BYTES = 1 << 20
 
@@ -261,8 +257,7 @@ class HostWork:
         start = self.meter.now()
         work_deadline = self.meter.work_deadline(start)
         if in_teardown:
-            grace_s = min(PULL_GRACE_MAX_S, PULL_GRACE_SHARE * self.spec.teardown_margin_s)
-            deadline = min(start + PULL_MAX_S, max(work_deadline, start) + grace_s,
+            deadline = min(start + PULL_MAX_S, max(work_deadline, start) + self.meter.budget.pull_grace_s,
                            self.meter.prelude_deadline(start))
         else:
             deadline = min(start + PULL_MAX_S, work_deadline)

@@ -37,7 +37,7 @@ class InstanceReads:
         # Whether a DELETE of ours (the teardown's or the cap guard's) is on its way for an instance: a read
         # that then no longer shows it, even one sent before, says nothing about anyone else.
         self._deleting = deleting
-        self._cancel = cancel  # GuardedRun.cancel: stop at the next phase boundary, then the usual teardown
+        self._cancel = cancel  # RunState.cancel: stop at the next phase boundary, then the usual teardown
         self.poll_s = poll_s  # how often the price watch re-reads the rented instance while the steps run
 
     def on_read(self, inst: CreatedInstance, read: Instance | None) -> None:
@@ -120,8 +120,8 @@ class InstanceReads:
     def watch_while_deleting(self, inst: CreatedInstance) -> Iterator[None]:
         """While our DELETE is in flight (an API that holds it for tens of seconds) the host still bills, at
         whatever it charges now: re-read the price every `poll_s` until a read no longer shows the instance, so
-        a re-price there reaches the meter and the verdict (red team: a 5000x re-price during a 30 s DELETE
-        was exit 0 with $7 billed on a $0.05 cap). Never cancels anything: the teardown is already running."""
+        a re-price there reaches the meter and the verdict (a run over its cap is never exit 0). Never cancels
+        anything: the teardown is already running."""
         stop = threading.Event()
 
         def watch() -> None:

@@ -51,6 +51,7 @@ from vast_harness.errors import (
     VastError,
     describe,
 )
+from vast_harness.timings import TeardownBudget
 from vast_harness.vast.answer_bound import AnswerBound
 from vast_harness.vast.endpoints import ENDPOINT_PATHS
 from vast_harness.vast.models import CreateResult, Instance, InstancePage, Offer, User
@@ -64,9 +65,6 @@ V1_PAGE_LIMIT_MAX = 25  # show_instances.yaml: "max 25"
 MAX_LIST_PAGES = 100  # 2,500 instances: far above any account we drive; a bound against a looping token
 MAX_RECORDED_TEXT_CHARS = 1_000_000
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # far above 8 pages of 1,000 offers; a bound against a flooding proxy
-# `land_within_s` never cuts an attempt below this. Halving what is left per attempt survives a stall or two
-# before the cap; only the last half-second is split this fine, and an attempt cut there was still sent.
-MIN_ATTEMPT_S = 0.25
 # create_instance.yaml documents threshold 4.5 s and "penalty: 12" for PUT /asks/: after a 429, wait at least this.
 CREATE_429_PENALTY_S = 12.0
 _SENSITIVE_FIELDS = frozenset({"api_key", "instance_api_key"})
@@ -382,7 +380,7 @@ class VastClient:
                        failures=failures)
         except NotFoundError:
             # After an attempt of ours that was sent and never answered, that attempt may be what deleted it:
-            # not evidence that someone else did (red team: a hung DELETE, cut, then a 404 blamed "someone else").
+            # not evidence that someone else did.
             if any(isinstance(e, TransportError) for e in failures):
                 return "already_gone_after_unanswered"
             return "already_gone"
@@ -501,7 +499,7 @@ class VastClient:
         if land_by is None:
             return until
         left_s = land_by - self._clock()
-        if left_s < 2 * MIN_ATTEMPT_S:
+        if left_s < 2 * TeardownBudget.DELETE_ATTEMPT_MIN_S:
             return until  # no room for two: this attempt gets its full bound (landing late beats not landing)
         split = self._clock() + left_s / 2
         return split if until is None else min(until, split)
@@ -543,7 +541,7 @@ class VastClient:
         waits of at least `min_wait_s`, a total bound measured on the injected clock (so it includes pacing
         waits and holds under a fake sleep), and at least `min_attempts` attempts whatever the bound. Before
         `land_by` (a cap's deadline) a wait is at most a quarter of the time left to it: a backoff grown to
-        20 s must not carry a DELETE's next attempt past the cap (red team: 5 failed DELETEs did)."""
+        20 s must not carry a DELETE's next attempt past the cap."""
         start = self._clock()
         bound_s = self._max_retry_s if max_retry_s is None else min(self._max_retry_s, max_retry_s)
         backoff = self._wait if min_wait_s <= 0 else wait_combine(self._wait, wait_fixed(min_wait_s))

@@ -1,0 +1,302 @@
+"""The stages before the work: PREFLIGHT (nothing rented until it passes), RENT (create -> boot -> SSH
+connect, the next offer after a host that does not come up) and DEADMAN (the switch proven able to act).
+
+Every create is written down (the ledger, the book) before its PUT; a host that does not come up is deleted
+and proven gone before the next offer is rented: never two instances at once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from vast_harness.caps.meter import check_minimum_cap
+from vast_harness.errors import (
+    BootFailed,
+    CapReachedError,
+    ConfigError,
+    CreateUnresolved,
+    LedgerWriteError,
+    NoOfferError,
+    SshConnectError,
+    TeardownUnproven,
+)
+from vast_harness.host.bundle import Bundle, build_bundle
+from vast_harness.host.deadman import DeadmanUnarmed, check_armed
+from vast_harness.host.onstart import build_onstart
+from vast_harness.host.ssh import HostSession, endpoints_for, generate_run_key
+from vast_harness.instance.lifecycle import CreateRequest, create, wait_ready
+from vast_harness.market.offers import Candidate
+from vast_harness.market.plan import account_credit_usd, choose_offers, plan_run
+from vast_harness.records import CreatedInstance
+from vast_harness.run.rent_book import CreateOutcome, NotRented, Rented
+from vast_harness.run.state import RunState, RunTools, Stage
+from vast_harness.run.teardown import teardown_one
+from vast_harness.spec.values import check_evidence_dir
+from vast_harness.state.registry import Registration, RunRegistry, make_label, this_host
+from vast_harness.timings import TeardownBudget
+from vast_harness.vast.models import Instance
+
+# An offer sold twice is accepted for both buyers and "this error never propagates back" (SkyPilot PR 9117):
+# the second buyer's instance just never becomes reachable. No message says so, so none is matched: the boot
+# deadline ends it like any host that does not come up (deleted, machine excluded, a boot retry spent).
+MAX_UNAVAILABLE_REPICKS = 3
+NULL_GRACE_S = 60.0  # reads lag creates: tolerate `instances: null` this long after create
+DEADMAN_CHECK_MAX_S = 60.0  # the dead-man check at the first SSH (it waits up to 50 s for the arm probe)
+_T = TypeVar("_T")
+
+
+def timed(t: RunTools, s: RunState, name: str, fn: Callable[[], _T]) -> _T:
+    """Run `fn`, recording its seconds on the run's clock as timings[name_s], however it ends."""
+    start = t.clock()
+    try:
+        return fn()
+    finally:
+        s.timings[f"{name}_s"] = round(t.clock() - start, 3)
+
+
+# ------------------------------------------------------------------------------------------- PREFLIGHT
+def preflight(t: RunTools, s: RunState, key_dir: Path) -> Bundle:
+    """Refuse what cannot be kept before anything is rented; then register, plan, and make the run's key."""
+    s.stage = Stage.PREFLIGHT
+    t.phases.start("plan")
+    check_minimum_cap(t.spec.caps.max_minutes, t.spec.timings)
+    check_evidence_dir(t.spec.evidence_dir, "the evidence dir")  # full or read-only: rent nothing
+    register(t, s)  # before anything is rented: from now on a reap sees this run as live
+    bundle = build_bundle()
+    s.plan = plan = timed(t, s, "plan", lambda: plan_run(t.spec, t.client, t.drivers, bundle))
+    t.ev.write_json("offer-quote.json", plan.summary())
+    if t.ev.write_failures:  # a full or read-only evidence dir: rent nothing
+        raise ConfigError(f"the evidence dir {t.ev.dir} cannot be written "
+                          f"({'; '.join(t.ev.write_failures)}): nothing rented")
+    s.check_cancelled()
+    s.key = generate_run_key(key_dir)
+    t.cap_guard.start()
+    return bundle
+
+
+def cap_deadline_unix(t: RunTools) -> tuple[float, str]:
+    """When the time cap ends this run, on the API server's clock once it has answered (else the wall
+    clock), and which clock it is: what the labels and the registration tell other processes."""
+    end_mono = t.meter.t0 + t.spec.max_seconds
+    server = t.server_clock.to_server(end_mono) if t.server_clock else None
+    if server is not None:
+        return server, "server"
+    return time.time() + (end_mono - t.clock()), "local wall clock"
+
+
+def register(t: RunTools, s: RunState) -> None:
+    deadline, clock = cap_deadline_unix(t)
+    target, spec = t.ledger.target, t.spec
+    s.registration = RunRegistry(spec.state_dir).register(Registration(
+        run_id=s.run_id, pid=os.getpid(), host=this_host(), started_unix=time.time(),
+        api_url=spec.api_url, account=target.account if target else None, profile=spec.profile.name,
+        gpu=", ".join(spec.filters.gpu_names) or None, max_usd=spec.caps.max_usd,
+        max_minutes=spec.caps.max_minutes, deadline_unix=deadline,
+        deadline_clock="server" if clock == "server" else "local wall clock"))
+
+
+# ------------------------------------------------------------------------------------------- RENT
+def candidates(t: RunTools, s: RunState) -> Iterator[Candidate]:
+    """The plan's offers, then a fresh search that excludes the machines that failed to boot in this run."""
+    assert s.plan is not None
+    for cand in [s.plan.chosen, *s.plan.alternatives]:
+        t.meter.check("renting")  # each create asks the clock first
+        yield cand
+    try:
+        credit = account_credit_usd(t.client)
+        choice = choose_offers(t.spec, t.client, t.drivers, build_bundle(), credit_usd=credit,
+                               exclude_machine_ids=t.book.excluded_machines)
+    except NoOfferError:
+        return
+    for cand in choice.ranked:
+        t.meter.check("renting")
+        yield cand
+
+
+def rent_and_connect(t: RunTools, s: RunState) -> None:
+    """Rent offers in turn until one host boots and takes SSH; a host that does not is deleted and proven
+    gone first. Raises BootFailed / NoOfferError (by whether anything was rented) when none is left."""
+    s.stage = Stage.RENT
+    boots_left = t.spec.boot_retries + 1
+    repicks_left = MAX_UNAVAILABLE_REPICKS
+    tried: set[int] = set()
+    start = t.clock()
+    book = t.book
+    for cand in candidates(t, s):
+        if cand.offer.id in tried or cand.offer.machine_id in book.excluded_machines:
+            continue
+        tried.add(cand.offer.id)
+        s.check_cancelled()
+        outcome = create_one(t, s, cand, next_label(t, s))
+        if isinstance(outcome, NotRented):
+            repicks_left -= 1
+            if repicks_left < 0:
+                what = "every further offer was" if book.created else "every offer tried was"
+                error = BootFailed if book.created else NoOfferError
+                raise error(f"{what} taken or refused before it could be rented ({outcome.why})")
+            continue
+        inst = outcome.instance
+        try:
+            if inst.status == "created_with_error":
+                raise BootFailed(f"create answered an error but created instance {inst.instance_id} "
+                                 f"(stopped, billing storage): {inst.detail}")
+            if t.around_boot is not None:
+                t.around_boot(inst, lambda: boot(t, s, inst))
+            else:
+                boot(t, s, inst)
+            s.candidate = cand
+            s.timings["rent_and_connect_s"] = round(t.clock() - start, 3)
+            return
+        except (BootFailed, SshConnectError) as exc:
+            boots_left = _after_failed_boot(t, s, inst, exc, boots_left)
+    if book.created:  # something was rented (and deleted): "nothing rented" (exit 5) would be untrue
+        raise BootFailed("no further offer to try after boot failures")
+    raise NoOfferError("no further offer to try after boot failures")
+
+
+def next_label(t: RunTools, s: RunState) -> str:
+    """One label per create attempt, so a late instance of an earlier attempt is told apart; it carries the
+    run's cap deadline (server clock), so a reap on another machine can tell a live run's host from an orphan."""
+    deadline, clock = cap_deadline_unix(t)
+    cap_left_s = t.meter.t0 + t.spec.max_seconds - t.clock()  # skew-free: reap adds it to the row's start_date
+    label = make_label(s.run_id, len(t.book.attempts), deadline, left_s=cap_left_s)
+    if s.registration is not None:
+        s.registration.update(labels=[*s.registration.reg.labels, label], deadline_unix=deadline,
+                              deadline_clock=clock)
+    return label
+
+
+def _after_failed_boot(t: RunTools, s: RunState, inst: CreatedInstance, exc: Exception, boots_left: int) -> int:
+    """Delete the host that did not come up and prove it gone; exclude its machine; one boot retry spent."""
+    t.out.warn(f"instance {inst.instance_id} did not come up: {exc}")
+    report = teardown_one(t, s, inst)
+    if report.verdict != "gone":  # never two instances at once: the next create waits for a proof
+        raise TeardownUnproven(
+            f"instance {inst.instance_id} did not come up ({exc}) and its teardown is not proven "
+            f"({report.verdict}); no further offer is rented while it may still bill") from None
+    if inst.machine_id is not None:
+        t.book.excluded_machines.add(inst.machine_id)
+    boots_left -= 1
+    if boots_left <= 0:
+        raise BootFailed(f"no host came up after {t.spec.boot_retries + 1} attempt(s): {exc}") from None
+    return boots_left
+
+
+def create_one(t: RunTools, s: RunState, cand: Candidate, label: str) -> CreateOutcome:
+    """Rented (the instance), or NotRented (why; the caller tries the next offer). An unknown outcome
+    that no read settles raises CreateUnresolved (exit 3 unless the final sweep finds it)."""
+    spec, book = t.spec, t.book
+    assert s.key is not None
+    deadman_s = int(spec.max_seconds + spec.deadman_grace_s)
+    request = CreateRequest(
+        image=spec.profile.image_ref.create_form, disk=spec.profile.disk_gb, label=label,
+        onstart=build_onstart(public_key=s.key.public_openssh, api_url=spec.api_url, deadman_after_s=deadman_s),
+    )
+    t.phases.start("create")
+    t.out.info(f"renting offer {cand.offer.id} ({cand.offer.num_gpus}x {cand.offer.gpu_name}, "
+               f"${cand.quote.dph_at_disk_usd:.3f}/h) as {label}")
+    t_put_mono = t.clock()  # billing may start as the PUT lands: the meter starts here, not at the answer
+    # unresolved until an answer or a read settles it (an interrupt leaves it)
+    book.attempt(label, t_put_mono, (cand.offer.id, cand.quote.dph_at_disk_usd))
+    try:
+        outcome = create(t.client, t.ledger, run_id=s.run_id, offer_id=cand.offer.id,
+                         request=request, lag_wait_s=max(spec.poll_s, 0.2),
+                         lag_window_s=s.read_lag_window_s, clock=t.clock, on_named=t.cap_guard.note)
+    except LedgerWriteError as exc:  # the intent never reached the disk, so no PUT was sent: nothing to look for
+        book.withdraw(label)
+        raise LedgerWriteError(f"{exc}: the create was not sent, nothing was rented") from None
+    if outcome.status == "unresolved":
+        raise CreateUnresolved(f"create of offer {cand.offer.id} has an unknown outcome: {outcome.detail}",
+                               label=label)
+    book.settle(label)
+    if outcome.instance_id is None:
+        t.out.warn(f"offer {cand.offer.id}: nothing rented ({outcome.status}): {outcome.detail}")
+        return NotRented(f"offer {cand.offer.id}: {outcome.status}: {outcome.detail[:200]}")
+    inst = CreatedInstance(instance_id=outcome.instance_id, label=label, offer_id=cand.offer.id,
+                           machine_id=cand.offer.machine_id, dph_usd=cand.quote.dph_at_disk_usd,
+                           t_created_mono=t_put_mono, status=outcome.status, detail=outcome.detail[:300],
+                           seen=outcome.status == "found_after_unknown")  # found in the list by label
+    book.rented(inst)
+    start_meter(t, inst, cand)  # the money clock starts now, at this offer's price
+    if t.on_created is not None:
+        t.on_created(inst)
+    return Rented(inst)
+
+
+def start_meter(t: RunTools, inst: CreatedInstance, cand: Candidate) -> None:
+    q = cand.quote
+    t.meter.set_transfer(inet_down_cost_usd_per_gb=cand.offer.inet_down_cost_usd_per_gb,
+                         inet_up_cost_usd_per_gb=cand.offer.inet_up_cost_usd_per_gb,
+                         expected_up_bytes=int(q.upload_gb * 1e9), expected_down_bytes=int(q.download_gb * 1e9))
+    t.meter.start_instance(inst.instance_id, inst.dph_usd, inst.t_created_mono)
+
+
+def boot(t: RunTools, s: RunState, inst: CreatedInstance) -> None:
+    """Wait for the instance to run, then connect over SSH, both by the boot's deadline; make the host work."""
+    t.phases.start("boot")
+    spec, meter = t.spec, t.meter
+    boot_deadline = meter.deadline(spec.profile.boot_timeout_s)
+    assert s.key is not None
+    try:
+        ready = wait_ready(t.client, inst.instance_id, deadline=boot_deadline, poll_s=spec.poll_s,
+                           null_grace_s=NULL_GRACE_S, on_poll=lambda read: _on_poll(t, s, inst, read),
+                           clock=t.clock)
+        t.reads.on_read(inst, ready)
+        s.check_cancelled()
+        # The price may have moved the deadline: SSH gets what is left of the boot's, never more.
+        boot_deadline = min(boot_deadline, meter.deadline())
+        t.out.info(f"instance {inst.instance_id} running; connecting over SSH")
+        s.session = HostSession.connect(endpoints_for(ready), s.key, deadline_monotonic=boot_deadline,
+                                        retry_wait_s=min(2.0, max(spec.poll_s, 0.2)), clock=t.clock)
+        s.session.stall_timeout_s = t.budget.sftp_stall_s
+        s.work = t.host_work(s.session, spec=spec, meter=meter, ev=t.ev, out=t.out, run_id=s.run_id,
+                             cancelled=s.cancelled, check_cancelled=s.check_cancelled,
+                             hurry=lambda: t.signals.hurry, timings=s.timings, on_phase=t.phases.start)
+    except (BootFailed, SshConnectError) as exc:
+        # When the cap, not the boot timeout, cut the wait, the run stopped at its cap (exit 6): trying
+        # another host would only spend past it. A connect gives up once an attempt no longer fits.
+        ends_early_s = TeardownBudget.CONNECT_ATTEMPT_MIN_S if isinstance(exc, SshConnectError) else 0.0
+        if meter.cut_by_cap(ends_early_s=ends_early_s):
+            raise CapReachedError(f"cap reached while instance {inst.instance_id} was booting: {exc}") from exc
+        raise
+
+
+def _on_poll(t: RunTools, s: RunState, inst: CreatedInstance, read: Instance | None) -> None:
+    t.reads.check_gone(inst, read)
+    s.check_cancelled()
+    t.reads.on_read(inst, read)
+
+
+# ------------------------------------------------------------------------------------------- DEADMAN
+def check_deadman(t: RunTools, s: RunState) -> None:
+    """Prove the dead-man switch can act before any workload minute (host/deadman.py); fail closed unless
+    --allow-unarmed-deadman. The host clock's skew and the deadline go into the evidence either way."""
+    s.stage = Stage.DEADMAN
+    inst = t.book.latest()
+    assert s.session is not None and inst is not None
+    timeout_s = min(DEADMAN_CHECK_MAX_S, t.meter.deadline() - t.clock())
+    if timeout_s <= 1.0:
+        raise CapReachedError("cap reached before the dead-man switch could be checked")
+    allowance_s = int(t.spec.max_seconds + t.spec.deadman_grace_s)
+    status = check_armed(s.session, instance_id=inst.instance_id, allowance_s=allowance_s,
+                         elapsed_s=t.clock() - inst.t_created_mono, timeout_s=timeout_s,
+                         allow_unarmed=t.spec.allow_unarmed_deadman)
+    s.deadman = status
+    if status.skew_large:
+        t.out.warn(f"the host's clock is {status.host_clock_skew_s:+.0f} s from this machine's; the "
+                   "dead-man switch counts on the host's clock only, so it still fires on time")
+    if status.armed:
+        t.out.info(status.line())
+        return
+    if t.meter.cut_by_cap():  # the cap, not the host, ended the check: exit 6 like any phase it cuts
+        raise CapReachedError(f"{t.meter.cap_reached()} while the dead-man switch was being checked on "
+                              f"instance {inst.instance_id}: {status.problem}")
+    if not status.allowed_unarmed:
+        raise DeadmanUnarmed(f"the dead-man switch cannot act on instance {inst.instance_id}: {status.problem}. "
+                             "Without it nothing deletes the host if the harness dies, so the run stops here "
+                             "(--allow-unarmed-deadman runs anyway and records it)")
+    t.out.warn(status.line())

@@ -1,0 +1,168 @@
+"""What one guarded run is made of: its stages in order, the state it learns as it goes (declared once, in
+`RunState`), and the tools it works with (built once, in `build_tools`). The stages are functions of
+(tools, state), in `run/rent.py` and `run/teardown.py`; `GuardedRun.execute` calls them in `Stage` order."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vast_harness.caps.guard import CapGuard
+from vast_harness.caps.meter import CostMeter, teardown_budget_s
+from vast_harness.console.live import PhaseLog, Snapshot
+from vast_harness.console.output import Output
+from vast_harness.errors import ExitCode, RunCancelled
+from vast_harness.evidence.run import RunEvidence
+from vast_harness.host.deadman import DeadmanStatus
+from vast_harness.host.ssh import HostSession, RunKey
+from vast_harness.instance.lifecycle import destroy
+from vast_harness.market.offers import Candidate
+from vast_harness.market.plan import RunPlan
+from vast_harness.records import CreatedInstance, DeleteAck
+from vast_harness.run.host_work import HostWork
+from vast_harness.run.instance_reads import InstanceReads
+from vast_harness.run.rent_book import RentBook
+from vast_harness.run.signals import SignalGuard
+from vast_harness.spec.profile import DriverPolicy
+from vast_harness.spec.resolve import RunSpec
+from vast_harness.state.ledger import Ledger
+from vast_harness.state.registry import HeldRegistration
+from vast_harness.timings import TeardownBudget
+from vast_harness.vast.client import VastClient
+from vast_harness.vast.server_clock import ServerClock
+
+Clock = Callable[[], float]
+# Wraps the boot of one instance (the canary observes reads around it): called with the instance and the boot.
+AroundBoot = Callable[[CreatedInstance, Callable[[], None]], None]
+
+
+class Stage(enum.Enum):
+    """The run's stages, in the order `GuardedRun.execute` runs them. Whatever ends the work (an error, a cap,
+    a signal), TEARDOWN and VERDICT run."""
+
+    PREFLIGHT = "preflight"  # caps, evidence dir, registration, the plan and its quote, the run's key
+    RENT = "rent"  # create -> boot -> SSH connect; the next offer after a host that does not come up
+    DEADMAN = "deadman"  # the dead-man switch proven able to act before any workload minute
+    UPLOAD = "upload"  # the bundle, unpacked on the host
+    STEPS = "steps"  # the profile's steps, in order
+    PULL = "pull"  # the host's evidence, back under the meter's deadline
+    TEARDOWN = "teardown"  # last reads and pull, then DELETE + absence proof per instance, then the label sweep
+    VERDICT = "verdict"  # the exit code, the record, the report
+
+
+@dataclass
+class RunState:
+    """Everything the run learns as it goes: the stages write it, the verdict and the record read it."""
+
+    run_id: str
+    teardown_budget_s: float  # one instance's delete + absence proof before it is declared unproven (exit 3)
+    read_lag_window_s: float  # reads may not see an instance this long after its create
+    # The meter's t0 on the wall clock (set as the meter starts): where the time cap starts for a judge outside
+    # the process (the chaos suite, tests). Recorded, never compared here: deadlines are on the monotonic clock.
+    t0_unix: float = 0.0
+    stage: Stage = Stage.PREFLIGHT
+    timings: dict[str, float] = field(default_factory=dict)
+    registration: HeldRegistration | None = None  # held (locked) from before the first create to the end
+    plan: RunPlan | None = None
+    candidate: Candidate | None = None  # the offer whose host came up
+    key: RunKey | None = None
+    session: HostSession | None = None
+    work: HostWork | None = None  # the host's phases, once SSH is up
+    deadman: DeadmanStatus | None = None  # the switch as the first SSH found it
+    # Set by `cancel` from another thread; checked wherever the cap deadline is, and by a running step.
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancel_reason: str = ""
+    cancel_exit_code: ExitCode = ExitCode.CAP_REACHED
+
+    def cancel(self, reason: str, exit_code: ExitCode = ExitCode.CAP_REACHED) -> None:
+        """Thread-safe: stop at the next stage boundary; the first reason stands."""
+        if not self.cancelled.is_set():
+            self.cancel_reason, self.cancel_exit_code = reason, exit_code
+            self.cancelled.set()
+
+    def check_cancelled(self, *_: object) -> None:
+        if self.cancelled.is_set():
+            raise RunCancelled(f"cancelled: {self.cancel_reason}", self.cancel_exit_code)
+
+
+@dataclass(frozen=True)
+class RunTools:
+    """What the run works with, built once by `build_tools`. The hooks are how tests and the canary reach in:
+    `host_work` makes the host's phases once SSH is up, `on_created` is told of each instance as soon as its
+    create answered, `around_boot` wraps each boot."""
+
+    spec: RunSpec
+    client: VastClient
+    drivers: DriverPolicy
+    out: Output
+    ledger: Ledger
+    ev: RunEvidence
+    meter: CostMeter  # the one clock: every stage asks it for its deadline; it turns both caps into one
+    budget: TeardownBudget
+    book: RentBook  # what was sent, rented, proven gone: teardown and the verdict read it
+    phases: PhaseLog  # the timeline and the live view's phase
+    cap_guard: CapGuard  # deletes the run's instances itself if the teardown has not begun near the cap
+    reads: InstanceReads  # what every read of the rented instance tells the run
+    signals: SignalGuard
+    server_clock: ServerClock | None  # the API's Date headers
+    host_work: type[HostWork]
+    on_created: Callable[[CreatedInstance], None] | None
+    around_boot: AroundBoot | None
+
+    def clock(self) -> float:
+        """The run's monotonic clock (the meter's): every deadline of every stage is on it."""
+        return self.meter.now()
+
+
+def new_state(spec: RunSpec, run_id: str) -> RunState:
+    return RunState(run_id=run_id, teardown_budget_s=teardown_budget_s(spec.proof_interval_s),
+                    read_lag_window_s=spec.timings.read_lag_window_s)
+
+
+def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output, state: RunState, *,
+                clock: Clock, host_work: type[HostWork], on_created: Callable[[CreatedInstance], None] | None,
+                around_boot: AroundBoot | None) -> RunTools:
+    server_clock: ServerClock | None = getattr(client, "server_clock", None)
+    ledger = Ledger.for_spec(spec, server_clock.now if server_clock else None)
+    ev = RunEvidence(spec.evidence_dir / state.run_id)
+    meter = CostMeter(max_usd=spec.caps.max_usd, max_seconds=spec.max_seconds,
+                      teardown_margin_s=spec.teardown_margin_s, clock=clock)
+    state.t0_unix = time.time()
+    book = RentBook()
+    phases = PhaseLog(meter.accrued_usd, clock=meter.now)
+
+    def guard_delete(instance_id: int, land_by_mono: float) -> DeleteAck:
+        return destroy(client, instance_id, max_retry_s=max(1.0, land_by_mono - meter.now()),
+                       land_by_mono=land_by_mono, clock=meter.now)
+
+    def guard_fired(reason: str) -> None:
+        state.timings["cap_guard_fired_s"] = round(meter.now() - meter.t0, 3)
+        state.cancel(reason, ExitCode.CAP_REACHED)
+        out.warn(reason)
+
+    cap_guard = CapGuard(meter=meter, live=lambda: [i.instance_id for i in book.live()], delete=guard_delete,
+                         on_fire=guard_fired, describe_now=lambda: phases.current)
+    reads = InstanceReads(client=client, ledger=ledger, run_id=state.run_id, meter=meter, book=book, out=out,
+                          poll_s=spec.poll_s, cancel=state.cancel, deleting=cap_guard.is_claimed)
+    within_s = TeardownBudget.SIGNAL_DELETE_WITHIN_S
+    signals = SignalGuard(out, on_signal=lambda name: cap_guard.fire_by(meter.now() + within_s,
+                                                                        f"{name} arrived {within_s:g} s ago"))
+    return RunTools(spec=spec, client=client, drivers=drivers, out=out, ledger=ledger,
+                    ev=ev, meter=meter, budget=meter.budget, book=book,
+                    phases=phases, cap_guard=cap_guard, reads=reads, signals=signals, server_clock=server_clock,
+                    host_work=host_work, on_created=on_created, around_boot=around_boot)
+
+
+def snapshot(t: RunTools) -> Snapshot:
+    """What the live view shows."""
+    return Snapshot(phase=t.phases.current, phase_elapsed_s=t.clock() - t.phases.current_started_mono,
+                    accrued_usd=t.meter.accrued_usd(), max_usd=t.spec.caps.max_usd,
+                    elapsed_s=t.meter.elapsed_s(), max_s=t.spec.max_seconds)
+
+
+def signalled(t: RunTools) -> bool:
+    """A signal arrived: the DELETE goes first, before any read or pull that could wait."""
+    return t.signals.received is not None

@@ -1,0 +1,154 @@
+"""TEARDOWN: whatever ended the work, pull what evidence there is time for, delete every instance this run
+created, prove each absent, then sweep the run's labels for an instance it did not know it created.
+
+Its prelude (the last price reads, the evidence pull, the switch's log) ends by the meter's prelude
+deadline: the DELETE keeps the rest of the teardown margin. After a signal the DELETE goes first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from vast_harness.errors import ExitCode, VastError
+from vast_harness.host.deadman import read_log
+from vast_harness.instance.lifecycle import find_by_label, teardown_instance
+from vast_harness.records import CreatedInstance, InstanceTeardown
+from vast_harness.run.state import RunState, RunTools, Stage, signalled
+
+DEADMAN_LOG_READ_S = 3.0  # reading the switch's log back at teardown: brief, DELETE comes next
+CANCEL_PRICE_READ_RETRY_S = 2.0  # the price read of a run a cap cancelled (a signal skips it: DELETE first)
+STRAY_PRICE_READ_S = 3.0  # reading the price of an instance the label sweep found (then it is deleted)
+
+
+def pull_evidence(t: RunTools, s: RunState, *, in_teardown: bool) -> None:
+    """The host's evidence (host_work.py); in teardown after a signal, for `SIGNAL_PULL_MAX_S` at most."""
+    if not in_teardown:
+        s.stage = Stage.PULL
+    if s.work is not None:
+        hurried = in_teardown and signalled(t)
+        s.work.pull_evidence(in_teardown=in_teardown, max_s=t.budget.SIGNAL_PULL_MAX_S if hurried else None)
+
+
+def prelude(t: RunTools, s: RunState) -> None:
+    """What comes before the first DELETE, each bounded by the prelude deadline; the link closed last."""
+    s.stage = Stage.TEARDOWN
+    cancelled_price_reads(t, s)
+    pull_evidence(t, s, in_teardown=True)
+    read_deadman_log(t, s)
+    if s.session is not None:
+        s.session.close()  # transport first: a stalled link cannot hold this
+
+
+def cancelled_price_reads(t: RunTools, s: RunState) -> None:
+    """A run a cap cancelled (a fleet's total) reads its live instances' final price before its verdict,
+    so the accrual it reports, and the fleet sums, is what the host billed. A signal skips this: its
+    DELETE goes first."""
+    if not s.cancelled.is_set() or s.cancel_exit_code != ExitCode.CAP_REACHED:
+        return
+    for inst in t.book.live():
+        t.reads.last_price_read(inst, max_retry_s=CANCEL_PRICE_READ_RETRY_S)
+
+
+def read_deadman_log(t: RunTools, s: RunState) -> None:
+    """The switch's log (every attempt it made) into the evidence, read once more at teardown."""
+    if s.session is None or s.deadman is None:
+        return
+    # Bounded by the meter's prelude deadline too. After a signal the DELETE goes first: the tail the check
+    # read stands.
+    timeout_s = 0.0 if signalled(t) else min(DEADMAN_LOG_READ_S, t.meter.prelude_deadline() - t.clock())
+    text = (read_log(s.session, timeout_s=timeout_s) if s.session.is_active() and timeout_s > 0 else "") \
+        or s.deadman.log_tail
+    text = t.spec.redactor.text(text)  # any host process can append to the switch's log
+    t.ev.guarded("deadman.log", lambda: (t.ev.dir / "deadman.log").write_text(text + "\n", encoding="utf-8"))
+
+
+def delete_all(t: RunTools, s: RunState, t_last_step_end: float) -> None:
+    """Every instance no teardown has handled yet: DELETE, absence proof; then the guard stops and the sweep
+    runs. Timings: to the first DELETE's acknowledgement and to the proof, from the last step's end."""
+    start = t.clock()
+    t.phases.start("teardown")
+    if t.book.created:
+        t.out.info("tearing down: deleting every instance of this run and proving it absent…")
+    for inst in t.book.pending():
+        report = teardown_one(t, s, inst)
+        acks = [d.t_ack_mono for d in report.deletes if d.acknowledged and d.t_ack_mono]
+        if acks:  # to the DELETE's acknowledgement, not to the end of the absence proof
+            s.timings.setdefault("delete_ack_after_last_step_s", round(acks[0] - t_last_step_end, 3))
+        if report.proof and report.proof.rounds and acks:
+            s.timings.setdefault("absence_proven_after_delete_s", round(report.proof.rounds[-1].t_mono - acks[0], 3))
+    t.cap_guard.stop()
+    sweep_labels(t, s)
+    s.timings["teardown_s"] = round(t.clock() - start, 3)
+    if s.key is not None:
+        s.key.delete()
+
+
+def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTeardown:
+    """DELETE one instance (taking the cap guard's answer as the first, if it sent one) and prove it absent."""
+    guard_ack = t.cap_guard.claim(inst.instance_id)  # from here the guard leaves it to us
+    deadline = t.clock() + s.teardown_budget_s
+    # A full disk must not stop a DELETE or its proof: the ledger records a failed write and goes on.
+    report = teardown_instance(t.client, t.ledger, run_id=s.run_id, label=inst.label,
+                               instance_id=inst.instance_id, interval_s=t.spec.proof_interval_s,
+                               deadline=deadline, created_mono=inst.t_created_mono,
+                               lag_window_s=s.read_lag_window_s, seen=inst.seen, clock=t.clock,
+                               land_by_mono=t.meter.hard_deadline(),
+                               while_deleting=lambda: t.reads.watch_while_deleting(inst),
+                               first_ack=guard_ack)
+    seen_before, inst.seen = inst.seen, report.seen
+    acks = [d for d in report.deletes if d.acknowledged]
+    ours = [d for d in acks if d.outcome == "deleted"]  # a DELETE of ours that deleted it
+    # "Already gone" is someone else's delete only for an instance a read had shown and that none of our
+    # DELETEs then deleted: a not-found answer while reads still lag the create is not.
+    if acks and acks[0].outcome == "already_gone" and seen_before and not ours:
+        t.reads.vanished(inst, "our first DELETE found it already gone")
+    if acks:  # billing ends at the DELETE that deleted it (else at the first that found it gone)
+        inst.t_deleted_mono = (ours or acks)[0].t_ack_mono or t.clock()
+        t.meter.stop_instance(inst.instance_id, inst.t_deleted_mono)
+    inst.absence = report.verdict
+    t.book.torn_down(report)
+    return report
+
+
+def sweep_labels(t: RunTools, s: RunState) -> None:
+    """Catch what the run did not know it created (a create whose answer was lost or interrupted, a 5xx
+    that created, an instance that appeared late): every label this run sent, scanned once the read-lag
+    window after its create has passed (bounded by the teardown budget)."""
+    book = t.book
+    known = book.known_ids()
+    sent = book.attempts
+    # Only labels a PUT was sent for (each attempt is recorded before its PUT): none sent, nothing to find.
+    give_up = t.clock() + s.teardown_budget_s
+    for label in sorted(book.labels()):
+        ready_at = sent.get(label, 0.0) + s.read_lag_window_s
+        wait_s = min(ready_at - t.clock(), give_up - t.clock())
+        if wait_s > 0:
+            time.sleep(wait_s)
+        found = find_by_label(t.client, label, attempts=2, wait_s=t.spec.proof_interval_s, sleep=time.sleep,
+                              clock=t.clock, give_up_mono=give_up)
+        if found:
+            book.settle(label)
+        for instance_id in found:
+            if instance_id not in known:
+                _delete_stray(t, s, label, instance_id)
+                known.add(instance_id)
+
+
+def _delete_stray(t: RunTools, s: RunState, label: str, instance_id: int) -> None:
+    """An instance with this run's label that the run did not know: booked, metered from its PUT, deleted."""
+    book = t.book
+    t.out.warn(f"found instance {instance_id} with this run's label {label}; deleting it")
+    t.ledger.append(s.run_id, "created", label, instance_id=instance_id, detail="found by sweep")
+    # It billed from its PUT at its offer's price (the instance's own, when a read gives one).
+    offer_id, dph_usd = book.offers.get(label, (-1, 0.0))
+    with contextlib.suppress(VastError):
+        read = t.client.get_instance(instance_id, max_retry_s=STRAY_PRICE_READ_S)
+        if read is not None and read.dph_total:
+            dph_usd = read.dph_total
+    stray = CreatedInstance(instance_id=instance_id, label=label, offer_id=offer_id, machine_id=None,
+                            dph_usd=dph_usd, t_created_mono=book.attempts.get(label, t.meter.t0),
+                            status="found by label", seen=True)
+    book.rented(stray)
+    t.meter.start_instance(instance_id, dph_usd, stray.t_created_mono)
+    teardown_one(t, s, stray)
