@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable
 
+from vast_harness.clock import now_s
 from vast_harness.errors import CapReachedError, ConfigError
 from vast_harness.records import PriceChange
 from vast_harness.timings import TeardownBudget, Timings
@@ -72,7 +72,7 @@ class _Accrual:
 
 class CostMeter:
     def __init__(self, *, max_usd: float, max_seconds: float, teardown_margin_s: float,
-                 t0: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 t0: float | None = None, clock: Callable[[], float] = now_s) -> None:
         self.max_usd, self.max_seconds, self.teardown_margin_s = max_usd, max_seconds, teardown_margin_s
         self.budget = TeardownBudget(margin_s=teardown_margin_s)  # the margin's shares (prelude, guard, pull)
         self.clock = clock

@@ -38,6 +38,7 @@ from rich.console import Console
 
 from vast_harness.chaos.engine import KEY, SCALE, ChildJob, _client, chaos_spec, quiet_paramiko
 from vast_harness.chaos.judge import Violation, classify, false_absences, sim_bugs, traceback_violations
+from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.resources import data_root
 from vast_harness.sim.server import SimServer
@@ -135,8 +136,8 @@ def _wait(proc: subprocess.Popen[bytes]) -> int | None:
 
 
 def _wait_for(pred: Any, limit_s: float) -> bool:
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
+    end = now_s() + limit_s
+    while now_s() < end:
         if pred():
             return True
         time.sleep(0.05)
@@ -151,7 +152,7 @@ def _seen(state: Path) -> bool:
 def run_account(plan: AccountPlan) -> AccountOutcome:
     quiet_paramiko()
     outcome = AccountOutcome(seed=plan.seed, plan=plan)
-    started = time.monotonic()
+    started = now_s()
     with tempfile.TemporaryDirectory(prefix=f"vh-account-{plan.seed}-") as tmp, \
             SimServer(seed=plan.seed, rate_scale=SCALE, boot_seconds=0.1, num_offers=300) as sim:
         work = Path(tmp)
@@ -177,7 +178,7 @@ def run_account(plan: AccountPlan) -> AccountOutcome:
             outcome.violations += traceback_violations(text, log.name)
             outcome.log += f"--- {log.name}\n{text[-1500:]}\n"
     outcome.violations = [classify(v) for v in outcome.violations]
-    outcome.wall_s = round(time.monotonic() - started, 2)
+    outcome.wall_s = round(now_s() - started, 2)
     return outcome
 
 
@@ -209,7 +210,7 @@ def _clock_ahead(plan: AccountPlan, sim: SimServer, work: Path, outcome: Account
     steps = [Step(name="quick", run="echo hi", timeout_s=30)]
     run = _spawn_run(_child_job(work, "a", sim.url, steps=steps, state=state, wall_step_s=CLOCK_STEP_S),
                      work / "a.log")
-    t_spawn = time.monotonic()
+    t_spawn = now_s()
     outcome.exit_codes = [_wait(run)]
     # the same stepped machine
     code, text = _recorded_reap(outcome, sim.url, state, work, "reap-stepped.log", wall_step_s=CLOCK_STEP_S)
@@ -224,7 +225,7 @@ def _clock_ahead(plan: AccountPlan, sim: SimServer, work: Path, outcome: Account
     pending, _ = Ledger(state / LEDGER_FILE).unproven()
     if live and not {i["id"] for i in live} <= set(pending):
         _mismatch(outcome, "a live instance the ledger does not name after the clock step")
-    time.sleep(max(0.0, READ_LAG_S + 1.0 - (time.monotonic() - t_spawn)))  # the lag is over: reads see it
+    time.sleep(max(0.0, READ_LAG_S + 1.0 - (now_s() - t_spawn)))  # the lag is over: reads see it
     code, text = _recorded_reap(outcome, sim.url, state, work, "reap-after.log")
     if code != 0:
         _mismatch(outcome, f"reap after the read lag exited {code}: {text[-600:]}")

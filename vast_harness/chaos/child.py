@@ -7,7 +7,7 @@ its real stdout/stderr to search for tracebacks. The run is the CLI's (`GuardedR
 `Output`, its signal handling and exit code), with the scenario's steps and the chaos suite's scaled clocks,
 which no CLI flag can set. Nothing here catches an exception: one that escapes is a finding.
 
-The wall-clock step is an NTP step as this process sees it: `time.time` moves, `time.monotonic` does not.
+The wall-clock step is an NTP step as this process sees it: `time.time` moves, `now_s` does not.
 Only this process's clock moves; the simulator (the API server) keeps the true time.
 """
 

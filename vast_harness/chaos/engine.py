@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field, SecretStr
 from rich.console import Console
 
 from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences, sim_bugs
+from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.host.bundle import build_bundle
 from vast_harness.market.plan import plan_run
@@ -213,7 +214,7 @@ def run_scenario(plan: ScenarioPlan, workdir: Path) -> ScenarioOutcome:
     """One guarded run under `plan`'s faults, then every check. Never raises for a harness failure."""
     outcome = ScenarioOutcome(seed=plan.seed, plan=plan)
     buf = io.StringIO()
-    started = time.monotonic()
+    started = now_s()
     with SimServer(seed=plan.seed, rate_scale=SCALE, boot_seconds=0.1, num_offers=300) as sim:
         spec = build_spec(plan, sim, workdir / "ev")
         outcome.max_usd = spec.caps.max_usd
@@ -237,7 +238,7 @@ def run_scenario(plan: ScenarioPlan, workdir: Path) -> ScenarioOutcome:
         outcome.violations += check_scenario(plan, spec, outcome, state, run, start_unix)
         if outcome.exit_code == 3:
             outcome.violations += _reap_and_check(spec, sim, buf)
-    outcome.wall_s = round(time.monotonic() - started, 3)
+    outcome.wall_s = round(now_s() - started, 3)
     outcome.log = buf.getvalue()[-6000:]
     return outcome
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from vast_harness.chaos.engine import KEY, SCALE
 from vast_harness.chaos.judge import Violation, classify, false_absences, sim_bugs, traceback_violations
+from vast_harness.clock import now_s
 from vast_harness.resources import data_root
 from vast_harness.sim.server import spawn_standalone
 from vast_harness.state.ledger import LEDGER_FILE, Ledger
@@ -88,11 +89,11 @@ def _cli(*args: str, url: str) -> list[str]:
 
 def _wait_trigger(proc: subprocess.Popen[bytes], plan: Kill9Plan, ledger: Ledger, started: float) -> bool:
     """Block until the kill moment; False when the run ended first."""
-    while time.monotonic() - started < KILL9_HARNESS_LIMIT_S:
+    while now_s() - started < KILL9_HARNESS_LIMIT_S:
         if proc.poll() is not None:
             return False
         if plan.trigger == "time":
-            if time.monotonic() - started >= plan.delay_s:
+            if now_s() - started >= plan.delay_s:
                 return True
         elif any(e.event == plan.trigger for e in ledger.entries()):
             time.sleep(plan.delay_s)
@@ -104,7 +105,7 @@ def _wait_trigger(proc: subprocess.Popen[bytes], plan: Kill9Plan, ledger: Ledger
 def run_kill9(plan: Kill9Plan) -> Kill9Outcome:
     """The CLI against a standalone simulator, SIGKILLed at the drawn moment, then `reap`; then the checks."""
     outcome = Kill9Outcome(seed=plan.seed, plan=plan)
-    started = time.monotonic()
+    started = now_s()
     with tempfile.TemporaryDirectory(prefix=f"vh-kill9-{plan.seed}-") as tmp, \
             (Path(tmp) / "sim.log").open("w") as sim_log:
         work = Path(tmp)
@@ -120,7 +121,7 @@ def run_kill9(plan: Kill9Plan) -> Kill9Outcome:
                     _cli("--profile", "smoke", "--poll-interval", "0.1", url=url),
                     cwd=data_root(), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 t_start_unix = time.time()
-                outcome.killed = _wait_trigger(harness, plan, ledger, time.monotonic())
+                outcome.killed = _wait_trigger(harness, plan, ledger, now_s())
                 if outcome.killed:
                     harness.send_signal(signal.SIGKILL)
                     outcome.t_kill_s = round(time.time() - t_start_unix, 3)
@@ -142,7 +143,7 @@ def run_kill9(plan: Kill9Plan) -> Kill9Outcome:
         outcome.violations += traceback_violations(reap.stdout + reap.stderr, "reap")
         outcome.violations = [classify(v) for v in outcome.violations]
         outcome.ledger_events = [f"{e.event}@{e.t_unix - t_start_unix:.2f}" for e in ledger.entries()]
-    outcome.wall_s = round(time.monotonic() - started, 2)
+    outcome.wall_s = round(now_s() - started, 2)
     return outcome
 
 

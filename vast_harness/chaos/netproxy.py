@@ -48,6 +48,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field
 
+from vast_harness.clock import now_s
 from vast_harness.sim.routes import ROUTES
 
 API_KINDS = ("stall", "lost", "stall_body", "lag", "throttle", "reset", "truncate", "html", "empty", "nested",
@@ -223,7 +224,7 @@ class FaultProxy:
             return
         self._conns.add(up)
         rule = self.plan.take(SSH_KINDS, "ssh")
-        started = time.monotonic()
+        started = now_s()
         done = threading.Event()
         other = threading.Thread(target=self._pump, args=(up, conn, "down", rule, started, done), daemon=True)
         other.start()
@@ -238,7 +239,7 @@ class FaultProxy:
         bps = rule.bytes_per_s if rule and rule.kind == "ssh_slow" else None
         chunk = max(1, min(65536, (bps or 655360) // 10))
         while not self._stop.is_set() and not done.is_set():
-            now = time.monotonic() - started
+            now = now_s() - started
             if rule and rule.kind == "ssh_reset" and now >= (rule.seconds or 0.0):
                 done.set()
                 _reset(src)
@@ -253,7 +254,7 @@ class FaultProxy:
                 break
             if not data:
                 break
-            now = time.monotonic() - started  # when the bytes arrived, not when the wait began
+            now = now_s() - started  # when the bytes arrived, not when the wait began
             stalled = (rule is not None and rule.kind == "ssh_stall" and now >= (rule.seconds or 0.0)
                        and rule.target in (direction, "both"))
             if stalled:

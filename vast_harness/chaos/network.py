@@ -48,6 +48,7 @@ from vast_harness.chaos.judge import (
     traceback_violations,
 )
 from vast_harness.chaos.netproxy import FaultProxy, NetFaultPlan
+from vast_harness.clock import now_s
 from vast_harness.ops.reap import reap_all
 from vast_harness.resources import data_root
 from vast_harness.sim.server import SimServer
@@ -220,7 +221,7 @@ def run_net(plan: NetPlan) -> NetOutcome:
     """One network scenario, judged. Never raises for a harness failure."""
     quiet_paramiko()
     outcome = NetOutcome(seed=plan.seed, plan=plan, budget_s=budget_s(plan))
-    started = time.monotonic()
+    started = now_s()
     with tempfile.TemporaryDirectory(prefix=f"vh-net-{plan.seed}-") as tmp:
         work = Path(tmp)
         with _small_disk(work / "ev", plan) as skip:
@@ -230,7 +231,7 @@ def run_net(plan: NetPlan) -> NetOutcome:
             with SimServer(seed=plan.seed, rate_scale=SCALE, boot_seconds=0.1, num_offers=300) as sim, \
                     FaultProxy(sim.url, plan.net) as proxy:
                 _run_child(plan, sim, proxy, work, outcome)
-    outcome.wall_s = round(time.monotonic() - started, 3)
+    outcome.wall_s = round(now_s() - started, 3)
     return outcome
 
 

@@ -8,7 +8,6 @@ into what runs.
 from __future__ import annotations
 
 import fnmatch
-import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,6 +20,7 @@ from vast_harness.chaos.engine import FAULT_KINDS, ScenarioOutcome, draw_scenari
 from vast_harness.chaos.judge import VIOLATION_KINDS
 from vast_harness.chaos.kill9 import Kill9Outcome, draw_kill9, run_kill9
 from vast_harness.chaos.network import NET_KINDS, NetOutcome, draw_net, run_net
+from vast_harness.clock import now_s
 
 NET_OFFSET = 2_000_000
 KILL9_OFFSET = 1_000_000
@@ -121,7 +121,7 @@ def run_suite(count: int, suite_seed: int, *, workers: int = 4, kill9: int = 0, 
               selection: Selection | None = None, progress: Callable[[str], None] | None = None) -> SuiteReport:
     sel = selection or Selection()
     report = SuiteReport(suite_seed=suite_seed)
-    started = time.monotonic()
+    started = now_s()
     plans = [draw_scenario(scenario_seed(suite_seed, i)) for i in range(count)] if sel.sim else []
     net_plans = [draw_net(scenario_seed(suite_seed, NET_OFFSET + i), sel.net) for i in range(net)] if sel.net else []
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="chaos") as pool:
@@ -148,7 +148,7 @@ def run_suite(count: int, suite_seed: int, *, workers: int = 4, kill9: int = 0, 
         report.account.append(outcome_a)
         if progress:
             progress(f"account {k + 1}/{account} seed {outcome_a.seed}: {outcome_a.summary()}")
-    report.wall_s = round(time.monotonic() - started, 2)
+    report.wall_s = round(now_s() - started, 2)
     return report
 
 

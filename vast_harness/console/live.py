@@ -23,6 +23,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from vast_harness.clock import now_s
 from vast_harness.records import PhaseRecord
 
 HEARTBEAT_S = 30.0  # plain mode: a line after this much silence (and again after each further interval)
@@ -32,7 +33,7 @@ QUIET_SHOWN_AFTER_S = 2.0  # live mode: "quiet N s" once a step has printed noth
 class PhaseLog:
     """The run's phases in order; starting one ends the previous one. Thread-safe (a fleet's runs, the view)."""
 
-    def __init__(self, accrued_usd: Callable[[], float], *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, accrued_usd: Callable[[], float], *, clock: Callable[[], float] = now_s) -> None:
         self._accrued = accrued_usd
         self._clock = clock  # the run's monotonic clock (the phase's elapsed time in the live view)
         self._lock = threading.Lock()
@@ -86,18 +87,18 @@ class LiveView:
         self.console, self._snapshot, self.is_live = console, snapshot, live
         self.heartbeat_s = heartbeat_s
         self._plain = plain or (lambda text: console.print(Text(text, style="dim")))
-        self._last_line = time.monotonic()
-        self._last_beat = time.monotonic()
+        self._last_line = now_s()
+        self._last_beat = now_s()
         self._spinner = Spinner("dots")
         self._live: Live | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def line_printed(self) -> None:
-        self._last_line = self._last_beat = time.monotonic()
+        self._last_line = self._last_beat = now_s()
 
     def quiet_s(self) -> float:
-        return time.monotonic() - self._last_line
+        return now_s() - self._last_line
 
     def render(self) -> RenderableType:
         s = self._snapshot()
@@ -124,7 +125,7 @@ class LiveView:
 
     def _beat(self) -> None:
         while not self._stop.wait(min(1.0, self.heartbeat_s / 4)):
-            now = time.monotonic()
+            now = now_s()
             if now - self._last_beat >= self.heartbeat_s:
                 self._last_beat = now
                 self._plain(self.heartbeat_text())

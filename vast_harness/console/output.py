@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -21,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 from rich.console import Console
 from rich.table import Table
 
+from vast_harness.clock import now_s
 from vast_harness.console.live import HEARTBEAT_S, LiveView, Snapshot
 from vast_harness.console.terminal import line as _line
 from vast_harness.console.terminal import safe_text as _t
@@ -37,7 +37,7 @@ class LineBudget:
     read the host's output at ~30 KB/s, held finished steps to their timeout and let the cap's cut wait behind
     the drain. The step log keeps every line; the console says how many it skipped and where they are."""
 
-    def __init__(self, *, burst: int = 200, per_s: float = 50.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, burst: int = 200, per_s: float = 50.0, clock: Callable[[], float] = now_s) -> None:
         self._burst, self._per_s, self._clock = float(burst), per_s, clock
         self._tokens, self._t = float(burst), clock()
         self.skipped = 0

@@ -25,7 +25,6 @@ import socket
 import stat
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Self, TypeVar
@@ -36,6 +35,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import BaseModel
 
+from vast_harness.clock import now_s
 from vast_harness.errors import LocalDiskRefused, SshConnectError, SshTransferError, TransferAbandoned
 from vast_harness.records import ConnectAttempt, SshEndpoint, StepOutcome
 from vast_harness.timings import TeardownBudget
@@ -307,7 +307,7 @@ class HostSession:
         pkey: paramiko.PKey,
         user: str,
         attempt_timeout_s: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = now_s,
     ) -> None:
         self.clock = clock  # the run's monotonic clock: every deadline given to this session is on it
         self._client = client
@@ -331,7 +331,7 @@ class HostSession:
         attempt_timeout_s: float = 10.0,
         retry_wait_s: float = 2.0,
         on_attempt: Callable[[ConnectAttempt], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = now_s,
     ) -> HostSession:
         """Try each endpoint in order, round after round, until one accepts the key or time is up."""
         if not endpoints:

@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol, Unpack
 
 from pydantic import BaseModel
 
+from vast_harness.clock import now_s
 from vast_harness.errors import (
     ApiStatusError,
     BootFailed,
@@ -39,7 +40,7 @@ from vast_harness.vast.client import RawExchange, VastClient
 from vast_harness.vast.models import Instance
 
 Sleep = Callable[[float], None]
-Clock = Callable[[], float]  # monotonic seconds (time.monotonic, or a test's fake clock)
+Clock = Callable[[], float]  # monotonic seconds (now_s, or a test's fake clock)
 
 LINGERING_STATUSES = frozenset({"destroyed", "terminated"})  # vast-cli's instance_exist counts these as gone
 # A 5xx answer to a create says nothing about what the API did (the contract may have been written before the
@@ -51,7 +52,7 @@ def _outcome_unknown(status: int) -> bool:
 
 
 def find_by_label(client: VastClient, label: str, *, attempts: int, wait_s: float, sleep: Sleep,
-                  until_mono: float = 0.0, clock: Clock = time.monotonic,
+                  until_mono: float = 0.0, clock: Clock = now_s,
                   give_up_mono: float | None = None) -> list[int]:
     """Ids of instances carrying `label` (lingering destroyed rows excluded), tolerating read lag and
     transient errors for `attempts` tries and, when `until_mono` (on `clock`) is later, until then. With
@@ -106,7 +107,7 @@ class CreateRequest(BaseModel):
 def create(
     client: VastClient, ledger: Ledger, *, run_id: str, offer_id: int, request: CreateRequest,
     lag_window_s: float, lag_attempts: int = 6, lag_wait_s: float = 5.0, sleep: Sleep = time.sleep,
-    clock: Clock = time.monotonic, on_named: Callable[[int], None] | None = None,
+    clock: Clock = now_s, on_named: Callable[[int], None] | None = None,
 ) -> CreateOutcome:
     """PUT the create once (the client retries only a 429, which creates nothing). An unknown outcome is
     looked up by label until the read-lag window has passed; not found then, it is `unresolved` (ledger
@@ -166,7 +167,7 @@ def create(
 def wait_ready(
     client: VastClient, instance_id: int, *, deadline: float, poll_s: float, null_grace_s: float,
     sleep: Sleep = time.sleep, on_poll: Callable[[Instance | None], None] | None = None,
-    clock: Clock = time.monotonic,
+    clock: Clock = now_s,
 ) -> Instance:
     """Poll until running with an SSH endpoint; fail fast on failed states; `deadline` is on `clock`."""
     started = clock()
@@ -199,7 +200,7 @@ def wait_ready(
 
 
 def destroy(client: VastClient, instance_id: int, *, max_retry_s: float | None = None,
-            land_by_mono: float | None = None, clock: Clock = time.monotonic) -> DeleteAck:
+            land_by_mono: float | None = None, clock: Clock = now_s) -> DeleteAck:
     """DELETE with the client's retry policy (429/5xx/transport), bounded by `max_retry_s`, its attempts cut so
     a retry still lands by `land_by_mono` (on `clock`: the cap's deadline) while two fit; never raises."""
     t0 = time.time()
@@ -238,7 +239,7 @@ def _list_verdict(x: RawExchange, instance_id: int, label: str) -> Verdict:
 
 
 def _one_round(client: VastClient, instance_id: int, label: str, not_before_mono: float,
-               clock: Clock = time.monotonic, deadline: float | None = None) -> ProofRound:
+               clock: Clock = now_s, deadline: float | None = None) -> ProofRound:
     """Three reads, each ending by `deadline` (on `clock`): one that hangs must not hold the teardown past its
     budget; a read cut there is 'unknown'."""
     def left() -> float | None:  # a round that began before the deadline gets at least a short answer
@@ -259,7 +260,7 @@ def _one_round(client: VastClient, instance_id: int, label: str, not_before_mono
 def prove_absent(
     client: VastClient, instance_id: int, label: str, *, interval_s: float, deadline: float,
     sleep: Sleep = time.sleep, not_before_mono: float = 0.0, not_before_once_seen_mono: float | None = None,
-    clock: Clock = time.monotonic,
+    clock: Clock = now_s,
 ) -> AbsenceProof:
     """Two consecutive all-'gone' rounds at least `interval_s` apart, both at or after `not_before_mono`
     (the end of the read-lag window), before `deadline`; all three on the monotonic clock. Once a round shows
@@ -301,7 +302,7 @@ def prove_absent(
         sleep(wait_s)
 
 
-def _set_window(proof: AbsenceProof, not_before_mono: float, clock: Clock = time.monotonic) -> None:
+def _set_window(proof: AbsenceProof, not_before_mono: float, clock: Clock = now_s) -> None:
     proof.not_before_mono = not_before_mono
     # recorded on the wall clock too, for a reader of absence-proof.json (0: no window)
     proof.not_before_unix = time.time() + (not_before_mono - clock()) if not_before_mono > 0 else 0.0
@@ -317,7 +318,7 @@ class LedgerAppend(Protocol):
 def teardown_instance(
     client: VastClient, ledger: LedgerAppend, *, run_id: str, label: str, instance_id: int, interval_s: float,
     deadline: float, sleep: Sleep = time.sleep, created_mono: float | None = None,
-    lag_window_s: float, seen: bool = True, clock: Clock = time.monotonic, land_by_mono: float | None = None,
+    lag_window_s: float, seen: bool = True, clock: Clock = now_s, land_by_mono: float | None = None,
     while_deleting: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
     first_ack: DeleteAck | None = None,
 ) -> InstanceTeardown:

@@ -5,13 +5,13 @@ Only read-only calls happen here: `users/current` and at most MAX_PAGES offer se
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from vast_harness.clock import now_s
 from vast_harness.errors import NoOfferError, TransportError
 from vast_harness.host.bundle import Bundle
 from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
@@ -130,11 +130,11 @@ def account_credit_usd(client: VastClient) -> float:
 
 
 def _preflight(client: VastClient, call: Callable[[], _T]) -> _T:
-    start_s = time.monotonic()  # the measured time, said as it was: retries stop early when a wait won't fit
+    start_s = now_s()  # the measured time, said as it was: retries stop early when a wait won't fit
     try:
         return call()
     except TransportError as exc:
-        elapsed_s = time.monotonic() - start_s
+        elapsed_s = now_s() - start_s
         raise TransportError(f"the Vast API at {client.base_url} gave no usable answer in {elapsed_s:.0f} s "
                              f"(retried for up to {PREFLIGHT_RETRY_S:g} s) ({exc})",
                              method=exc.method, path=exc.path) from exc

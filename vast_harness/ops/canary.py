@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 from rich.table import Table
 from rich.text import Text
 
+from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.errors import BootFailed
 from vast_harness.instance.lifecycle import is_lingering
@@ -114,7 +115,7 @@ class CanaryRun(GuardedRun):
         deadline = self.meter.deadline(self.spec.profile.boot_timeout_s)
         vis = self.visibility = Visibility()
         client = self.tools.client
-        while time.monotonic() < deadline and (vis.per_id_s is None or vis.list_s is None):
+        while now_s() < deadline and (vis.per_id_s is None or vis.list_s is None):
             self.state.check_cancelled()
             vis.polls += 1
             if vis.per_id_s is None:
@@ -264,5 +265,5 @@ def _show(value: bool | None) -> str:
 
 def _answer_s(answered_unix: float, sent_mono: float) -> float:
     """PUT sent (this process's monotonic clock, as the run records it) -> answered (wall clock, recorded)."""
-    sent_unix = time.time() - (time.monotonic() - sent_mono)
+    sent_unix = time.time() - (now_s() - sent_mono)
     return round(max(0.0, answered_unix - sent_unix), 3)

@@ -25,6 +25,7 @@ from typing import Literal, Unpack
 from pydantic import BaseModel, Field
 
 from vast_harness.caps.meter import teardown_budget_s
+from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.errors import AuthError, ExitCode, VastError
 from vast_harness.evidence.run import RunEvidence
@@ -390,13 +391,13 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
             out.info(live.line())
         for instance_id, label in sorted(result.labels.items()):
             out.info(f"deleting instance {instance_id} ({label}): {result.orphan_why.get(instance_id, 'orphan')}")
-            deadline = time.monotonic() + teardown_budget_s(spec.proof_interval_s)
+            deadline = now_s() + teardown_budget_s(spec.proof_interval_s)
             age_s = result.unseen.get(instance_id)
             report = teardown_instance(client, _FanOut(src.where(instance_id=instance_id, label=label)),
                                        run_id=run_id, label=label, instance_id=instance_id,
                                        interval_s=spec.proof_interval_s, deadline=deadline,
                                        lag_window_s=spec.timings.read_lag_window_s,
-                                       created_mono=None if age_s is None else time.monotonic() - age_s,
+                                       created_mono=None if age_s is None else now_s() - age_s,
                                        seen=age_s is None)
             result.reports.append(report)
             if not report.seen and report.verdict != "gone" and age_s is not None:

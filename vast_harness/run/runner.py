@@ -8,13 +8,13 @@ decides the exit code: 3 beats everything when any instance is not proven gone.
 from __future__ import annotations
 
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from vast_harness.caps.meter import CostMeter
+from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.errors import ExitCode, Interrupted, NoOfferError, describe, exit_code_for
 from vast_harness.evidence.run import RunEvidence
@@ -49,7 +49,7 @@ class GuardedRun:
     `around_boot`, wraps each instance's boot (the canary watches reads around it)."""
 
     def __init__(self, spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output, *,
-                 run_id: str | None = None, clock: Clock = time.monotonic,
+                 run_id: str | None = None, clock: Clock = now_s,
                  host_work: type[HostWork] = HostWork,
                  on_created: Callable[[CreatedInstance], None] | None = None,
                  around_boot: AroundBoot | None = None) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any, Self
+
+from vast_harness.clock import now_s
 
 # httpcore trace events whose return value is the stream a request reads from: the TCP connect, then TLS
 # (which detaches the TCP socket object, so only the TLS socket can still be cut); proxies emit their own.
@@ -28,7 +29,7 @@ class AnswerBound:
 
     def __init__(self, total_s: float) -> None:
         self.total_s = total_s
-        self.deadline = time.monotonic() + total_s  # the real clock: this bound is wall time, not pacing
+        self.deadline = now_s() + total_s  # the real clock: this bound is wall time, not pacing
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._fired = False
@@ -49,7 +50,7 @@ class AnswerBound:
 
     @property
     def expired(self) -> bool:
-        return self._fired or time.monotonic() >= self.deadline
+        return self._fired or now_s() >= self.deadline
 
     def trace(self, event: str, info: Mapping[str, Any]) -> None:
         """httpcore's trace callback: keep this request's newest socket; cut it at once if the deadline

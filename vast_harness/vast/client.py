@@ -37,6 +37,7 @@ from tenacity import (
     wait_fixed,
 )
 
+from vast_harness.clock import now_s
 from vast_harness.errors import (
     RETRYABLE,
     ApiStatusError,
@@ -220,7 +221,7 @@ class VastClient:
         retry_wait_min_s: float = 1.0,
         retry_wait_max_s: float = 20.0,
         sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = now_s,
         on_retry: Callable[[str], None] | None = None,
     ) -> None:
         """`on_retry(line)`: told before each retry's wait (an interactive command shows it, so a minute of

@@ -1,7 +1,7 @@
 """The API server's clock, as the harness knows it: the `Date` header of its answers, carried forward on the
 monotonic clock.
 
-Inside one process every deadline and window runs on `time.monotonic()` (docs/invariants.md, "One clock"):
+Inside one process every deadline and window runs on `now_s()` (docs/invariants.md, "One clock"):
 the wall clock is recorded, never compared, because NTP can step it by hours. Another process that must judge
 an age (a reap deciding a create is old enough to trust null reads, a second machine deciding a run's cap
 deadline has passed) has no shared monotonic clock, so it uses the server's: every answer's `Date` header
@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 from email.utils import parsedate_to_datetime
+
+from vast_harness.clock import now_s
 
 # A Date header is truncated to the second: the server's clock at arrival lies in [date, date + 1).
 DATE_RESOLUTION_S = 1.0
@@ -37,7 +39,7 @@ def parse_http_date(value: str | None) -> float | None:
 class ServerClock:
     """Thread-safe. `observe` each answer's `Date`; `now()` is the server's epoch seconds, or None."""
 
-    def __init__(self, mono: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, mono: Callable[[], float] = now_s) -> None:
         self._mono = mono
         self._lock = threading.Lock()
         self._anchor: tuple[float, float] | None = None  # (server epoch at arrival, local monotonic then)
