@@ -315,3 +315,23 @@ def test_a_secret_is_masked_as_json_writes_it_and_in_folder_names(sim, tmp_path)
         if path.is_file():
             text = path.read_text(encoding="utf-8", errors="replace")
             assert not any(v in text for v in escaped), path
+
+
+def test_a_create_answer_naming_another_instance_is_neither_waited_on_nor_deleted(sim, tmp_path):
+    from vast_harness.run.runner import GuardedRun
+    from vast_harness.spec.profile import Step, load_driver_policy
+
+    theirs = rent(sim, "prod-database")  # the account's own, unrelated instance
+    sim.set_faults("wrong_contract")  # the run's create answer names it as the new contract
+    spec = spec_for(sim, tmp_path)
+    prof = spec.profile.model_copy(update={"steps": [Step(name="ok", run="true", timeout_s=10)]})
+    spec = spec.model_copy(update={"profile": prof}).with_timings(teardown_margin_s=2.0)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = run.execute()
+    assert theirs in live(sim), "the run deleted an instance that is not its own"
+    deletes = [c for c in sim.state()["calls"] if c["method"] == "DELETE" and str(theirs) in c["path"]]
+    assert not deletes
+    assert result.exit_code != 0, result.message
+    ours = [i for i in sim.state()["instances"] if i["label"] != "prod-database"]
+    assert ours and not any(i["live"] for i in ours), "the run's own instance was left billing"

@@ -84,6 +84,11 @@ class CapGuard:
         with self._lock:
             self._noted.add(instance_id)
 
+    def forget(self, instance_id: int) -> None:
+        """A noted instance turned out not to be the run's (its row carries another label): never DELETE it."""
+        with self._lock:
+            self._noted.discard(instance_id)
+
     def claim(self, instance_id: int) -> DeleteAck | None:
         """The teardown is about to DELETE `instance_id`: from now on the guard leaves it alone. When the guard
         has already sent its DELETE, wait for that answer and return it (the teardown's first DELETE)."""

@@ -39,6 +39,7 @@ class RentBook:
     teardowns: list[InstanceTeardown] = field(default_factory=list)
     vanished: dict[int, str] = field(default_factory=dict)  # instance id -> how we learnt someone else deleted it
     excluded_machines: set[int] = field(default_factory=set)  # machines that failed to boot in this run
+    disowned: dict[int, str] = field(default_factory=dict)  # instance id -> the label its row carried (not ours)
 
     # ------------------------------------------------------------------------------------ creates
     def attempt(self, label: str, t_sent: float, offer: tuple[int, float] | None = None) -> None:
@@ -60,6 +61,14 @@ class RentBook:
 
     def rented(self, inst: CreatedInstance) -> None:
         self.created.append(inst)
+
+    def disown(self, inst: CreatedInstance, row_label: str) -> None:
+        """A create's answer named an instance whose row carries another label: it is not this run's. It leaves
+        the book (never waited on, billed or deleted as ours) and the create's outcome is unknown again: the
+        run's own instance, if the create made one, carries the run's label, and the label sweep looks for it."""
+        self.created = [i for i in self.created if i.instance_id != inst.instance_id]
+        self.disowned[inst.instance_id] = row_label
+        self.unresolved.add(inst.label)
 
     def latest(self) -> CreatedInstance | None:
         return self.created[-1] if self.created else None

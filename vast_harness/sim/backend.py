@@ -238,7 +238,13 @@ class Backend:
             return 400, {"success": False, "error": "invalid_price", "ask_id": offer_id,
                          "msg": f"error 400/3471: bid too low for ask {offer_id}; instance created stopped",
                          "new_contract": inst.id}
-        return 200, {"success": True, "new_contract": inst.id, "instance_api_key": inst.api_key}
+        named = inst.id
+        if self.faults.take("wrong_contract") is not None:  # the answer names another of the account's instances
+            with self.lock:
+                others = [i.id for i in self.instances.values()
+                          if i.account == account.index and i.id != inst.id and i.live]
+            named = min(others) if others else inst.id
+        return 200, {"success": True, "new_contract": named, "instance_api_key": inst.api_key}
 
     def _new_instance(self, account: Account, offer: dict[str, Any], req: _CreateRequest,
                       now: float) -> Instance:

@@ -59,6 +59,8 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
     reprice:FACTOR:SECONDS[:COUNT]          SECONDS after running the instance's dph_total becomes
                                             FACTOR x its price (the read shows it, billing follows)
     boot_stall[:COUNT]                      the next COUNT instances never leave `loading`
+    wrong_contract[:COUNT]                  the create makes its instance but its answer's new_contract
+                                            names another live instance of the same account (the oldest)
     started_earlier:SECONDS[:COUNT]         the next COUNT instances' rows report a start_date SECONDS
                                             before their create (an instance left from an earlier day);
                                             only the reported start moves, billing is unchanged
@@ -87,7 +89,7 @@ Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_
                "read_lag", "boot_stall", "offline", "ssh_refuse", "ssh_drop", "slow_sftp", "create_5xx",
                "create_hold", "linger", "double_accept", "oci_fail", "manifest_missing", "exit",
                "credit_zero", "reprice_offer", "reprice", "container_key_refused", "v0_deprecated",
-               "scheduling", "negative_balance", "started_earlier"]
+               "scheduling", "negative_balance", "started_earlier", "wrong_contract"]
 ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "any")
 GATEWAY_STATUSES = (502, 503, 504)
 _NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
@@ -107,6 +109,7 @@ _POSITIONAL: dict[str, tuple[str, ...]] = {
     "reprice_offer": ("factor", "count"), "reprice": ("factor", "seconds", "count"),
     "container_key_refused": ("count",), "v0_deprecated": ("count",), "scheduling": ("seconds", "count"),
     "negative_balance": ("seconds", "count"), "started_earlier": ("seconds", "count"),
+    "wrong_contract": ("count",),
 }
 
 
