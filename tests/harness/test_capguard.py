@@ -120,3 +120,20 @@ def test_an_instance_a_create_named_is_deleted_before_the_run_booked_it():
         assert [i for i, _ in h.deleted] == [11]
     finally:
         h.guard.stop()
+
+
+def test_billing_stops_at_the_guards_acknowledged_delete_while_the_run_is_stuck():
+    """The run's main thread may be stuck on a disk that does not answer: the bill still ends at the DELETE the
+    guard had acknowledged, not minutes later when the run's own teardown gets there."""
+    h = Harness(_inst(3))
+    h.meter.start_instance(3, 3600.0, T0)  # $1 a second
+    h.guard.start()
+    try:
+        h.at(95.5)
+        assert [i for i, _ in h.deleted] == [3]
+        at_ack = h.meter.accrued_usd()
+        h.at(400.0)  # long after, the run's teardown still has not run
+        assert h.meter.accrued_usd() == at_ack
+        assert 94.0 <= at_ack <= 96.0
+    finally:
+        h.guard.stop()

@@ -145,6 +145,10 @@ class CapGuard:
                     if ack is not None:
                         self._acks[instance_id] = ack
                     self._done[instance_id].set()
+            if ack is not None and ack.acknowledged and ack.t_ack_mono is not None:
+                # Billing ends at the acknowledged DELETE, whenever the run's own teardown gets to it (its main
+                # thread may be stuck on a disk that does not answer).
+                self.meter.stop_instance(instance_id, ack.t_ack_mono)
 
 
 __all__ = ["CapGuard"]

@@ -158,7 +158,10 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
 
 def snapshot(t: RunTools) -> Snapshot:
     """What the live view shows."""
-    return Snapshot(phase=t.phases.current, phase_elapsed_s=t.clock() - t.phases.current_started_mono,
+    phase = t.phases.current
+    if t.cap_guard.fired_reason is not None:  # the instance is deleted; the run's own thread has not caught up
+        phase = f"{phase or 'run'}: cap guard sent the DELETE, the run's teardown has not yet taken over"
+    return Snapshot(phase=phase, phase_elapsed_s=t.clock() - t.phases.current_started_mono,
                     accrued_usd=t.meter.accrued_usd(), max_usd=t.spec.caps.max_usd,
                     elapsed_s=t.meter.elapsed_s(), max_s=t.spec.max_seconds)
 
