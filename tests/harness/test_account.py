@@ -61,6 +61,18 @@ def test_the_state_dir_follows_the_user_not_the_directory(tmp_path):
     assert legacy_ledgers(tmp_path / "s", evidence_dir=None, cwd=tmp_path / "cwd") == [old / "ledger.jsonl"]
 
 
+def test_the_state_dir_is_the_native_place_on_macos_below_the_same_variables(tmp_path, monkeypatch):
+    import platformdirs
+    from platformdirs.macos import MacOS
+
+    monkeypatch.setattr(platformdirs, "PlatformDirs", MacOS)  # what platformdirs picks on macOS
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    assert state_dir({}) == tmp_path / "Library" / "Application Support" / "vast-harness"
+    assert state_dir({"XDG_STATE_HOME": str(tmp_path / "x")}) == tmp_path / "x" / "vast-harness"
+    assert state_dir({"XDG_STATE_HOME": str(tmp_path / "x"), "VAST_HARNESS_HOME": str(tmp_path / "h")}) == tmp_path / "h"
+
+
 def test_labels_carry_the_cap_deadline_and_old_labels_stay_unambiguous():
     label = make_label("20261201T094438Z-abc123", 2, 1_796_119_121.4)
     assert len(label) <= 60 and label.startswith("vh-20261201T094438Z-abc123-r2-d")

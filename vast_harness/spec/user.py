@@ -36,7 +36,10 @@ OFFICIAL_CLI_KEY_FILE = Path("vastai") / "vast_api_key"  # where `vastai set api
 
 
 def config_home(environ: Mapping[str, str]) -> Path | None:
-    """$XDG_CONFIG_HOME, else $HOME/.config, from the given environment only (tests pass their own)."""
+    """$XDG_CONFIG_HOME, else $HOME/.config, from the given environment only (tests pass their own).
+
+    The same on every platform, macOS included (no platformdirs here): the official CLI keeps its key file
+    there everywhere (its `xdg_config_home()`), and the harness's config file sits beside it."""
     if environ.get("XDG_CONFIG_HOME"):
         return Path(environ["XDG_CONFIG_HOME"])
     return Path(environ["HOME"]) / ".config" if environ.get("HOME") else None

@@ -1,8 +1,9 @@
 """Where a user's harness state lives: one directory per user, whatever the current directory.
 
     $VAST_HARNESS_HOME                        when set
-    $XDG_STATE_HOME/vast-harness/             else (XDG Base Directory: "state data that should persist")
-    ~/.local/state/vast-harness/              else
+    $XDG_STATE_HOME/vast-harness/             else, when absolute (XDG Base Directory, on every platform)
+    the platform's user state directory       else (platformdirs): ~/.local/state/vast-harness/ on Linux,
+                                              ~/Library/Application Support/vast-harness/ on macOS
 
 It holds the write-ahead ledger (`ledger.jsonl`, every run's create intents and outcomes, so `reap` from any
 directory finds what a killed run may have rented), the live-run registrations (`live/`, registry.py) and, by
@@ -16,6 +17,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+import platformdirs
+
 STATE_ENV = "VAST_HARNESS_HOME"
 APP_DIR = "vast-harness"
 LEGACY_EVIDENCE_DIR = Path(".evidence") / "vast"  # the default before the state directory
@@ -23,6 +26,8 @@ SIM_SUBDIR = "sim"  # --sim runs' own state (ledger, registrations, evidence) in
 
 
 def state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The two variables on top are read from `environ` (default: the process environment; tests pass their
+    own); the platform's place comes from platformdirs, which reads the process environment itself."""
     env = os.environ if environ is None else environ
     home = env.get(STATE_ENV, "").strip()
     if home:
@@ -30,7 +35,7 @@ def state_dir(environ: Mapping[str, str] | None = None) -> Path:
     xdg = env.get("XDG_STATE_HOME", "").strip()
     if xdg and Path(xdg).is_absolute():  # the spec says a relative value is invalid and must be ignored
         return Path(xdg) / APP_DIR
-    return Path.home() / ".local" / "state" / APP_DIR
+    return platformdirs.user_state_path(APP_DIR, appauthor=False)
 
 
 def legacy_ledgers(state: Path, *, evidence_dir: Path | None, cwd: Path | None = None) -> list[Path]:
