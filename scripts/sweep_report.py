@@ -1,9 +1,11 @@
-"""Summarise an MFU sweep: a markdown table and a PNG of MFU and tokens/s against micro-batch.
+"""Summarise an MFU sweep: a markdown table.
 
-    python scripts/sweep_report.py DIR [--md FILE] [--png FILE]
+    python scripts/sweep_report.py DIR [--md FILE]
 
 Reads DIR/mfu-*.json (remote.evidence records); one line per configuration (world size, reduction,
-compile, act-ckpt, PCIe NCCL, deterministic). matplotlib is optional: without it only the table is made.
+compile, act-ckpt, PCIe NCCL, deterministic) and micro-batch. It runs on the rented host, standard library
+only; the sweep's chart is drawn locally from the same files, in the run's report.html
+(vast_harness/reports/svg.py says why the host draws none).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 
@@ -45,38 +46,10 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], png: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
-        return False
-    series: dict[str, list[dict]] = defaultdict(list)
-    for d in rows:
-        series[config_of(d)].append(d)
-    fig, (ax_mfu, ax_tps) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, items in sorted(series.items()):
-        items.sort(key=lambda r: r["micro_batch"])
-        mb = [r["micro_batch"] for r in items]
-        ax_mfu.plot(mb, [r["mfu"] for r in items], marker="o", label=name)
-        ax_tps.plot(mb, [r["tokens_per_s"] for r in items], marker="o", label=name)
-    ax_mfu.set(xlabel="micro-batch (sequences per rank)", ylabel="MFU", title="MFU vs micro-batch")
-    ax_tps.set(xlabel="micro-batch (sequences per rank)", ylabel="tokens/s (all ranks)", title="throughput")
-    ax_mfu.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("directory", type=Path)
     ap.add_argument("--md", type=Path, help="default DIR/sweep.md")
-    ap.add_argument("--png", type=Path, help="default DIR/sweep.png")
     args = ap.parse_args(argv)
     rows = load(args.directory)
     if not rows:
@@ -84,7 +57,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     text = table(rows)
     (args.md or args.directory / "sweep.md").write_text(text + "\n")
-    plot(rows, args.png or args.directory / "sweep.png")
     print(text)
     return 0
 

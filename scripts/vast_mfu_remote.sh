@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MFU sweep on a GPU host: HT_MFU_WORLDS x HT_MFU_MB x HT_MFU_COMPILE x HT_MFU_P2P, one mfu-<tag>.json each
-# into $HT_MFU_OUT, then every file checked and a table + plot (scripts/sweep_report.py).
+# into $HT_MFU_OUT, then every file checked and a table (scripts/sweep_report.py).
 #   HT_MFU_WORLDS="1 2"  HT_MFU_MB="8 16"  HT_MFU_COMPILE="1 0"  HT_MFU_P2P="on off" (off = --nccl-pcie)
 #   HT_MFU_REDUCTION=zero2o  HT_MFU_STEPS=13  HT_MFU_EXTRA="--act-ckpt"  HT_MFU_OUT=./evidence  PY=python3
 # World size w runs profile mfu-dense-1b-dp<w>. A failed run is logged and the sweep goes on; the exit

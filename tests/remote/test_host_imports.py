@@ -1,5 +1,5 @@
 """What runs on the rented host imports only the standard library and PyTorch: images differ, and a missing
-numpy or pydantic there must not end a paid run. (A fresh clone caught `Tensor.numpy()` in the leaf hash.)"""
+numpy or pydantic there must not end a paid run (nor may a hidden use such as `Tensor.numpy()`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = set(sys.stdlib_module_names) | {"torch", "remote", "triton", "pytest", "tests"}
 # Optional extras that are imported inside a try/except or only for an opt-in feature.
-OPTIONAL = {"matplotlib", "transformers", "cudnn"}  # cudnn: nvidia-cudnn-frontend, remote/cudnn_sdpa.py, late and guarded
+OPTIONAL = {"transformers", "cudnn"}  # cudnn: nvidia-cudnn-frontend, remote/cudnn_sdpa.py, late and guarded
 
 
 def _imports(path: Path) -> set[str]:

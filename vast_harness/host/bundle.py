@@ -26,7 +26,7 @@ HOST_PAYLOAD = (
     "profiles/harness",               # remote.plan pytest-ids: the proofs profile's node ids
     "scripts/run_mfu_dist.py",        # every profile's training round
     "scripts/vast_mfu_remote.sh",     # mfu: the sweep
-    "scripts/sweep_report.py",        # mfu: the sweep's table and plot
+    "scripts/sweep_report.py",        # mfu: the sweep's table
     "scripts/check_gpu_evidence.py",  # every profile's check step
     "tests/__init__.py",              # proofs: the GPU tests, with their package markers
     "tests/remote/__init__.py",

@@ -1,8 +1,14 @@
-"""Small dependency-free SVG charts for the HTML reports (scatter, lines, bars), embedded as data URIs.
+"""The project's one plotting stack: small dependency-free SVG charts (scatter, lines, bars, timeline) for the
+HTML reports, embedded as data URIs.
 
-The control plane has no plotting dependency (matplotlib is a dev tool here), and a report must open offline:
-each chart is a standalone SVG document embedded as `<img src="data:image/svg+xml;base64,...">`, so a
-malformed chart fails to load in a browser (naturalWidth 0) instead of half-rendering.
+Why this and not matplotlib: a report must open offline and self-contained, and the charts are a handful of
+lines and dots, so a few hundred lines of standard library beat a plotting dependency (and its native wheels)
+for every user of the control plane. Each chart is a standalone SVG document embedded as
+`<img src="data:image/svg+xml;base64,...">`, so a malformed chart fails to load in a browser (naturalWidth 0)
+instead of half-rendering. Every chart is drawn here, locally, from the evidence: the rented host draws none
+(the control plane never travels there, and a host image may lack any plotting library), so an MFU sweep's
+host script writes its table (scripts/sweep_report.py) and the run report draws the sweep from the pulled
+`mfu-*.json` (reports/run.py, `sweep_series`).
 """
 
 from __future__ import annotations
