@@ -150,3 +150,27 @@ def test_ci_lints_with_ruff_before_the_tests():
         lint = next((i for i, line in enumerate(lines) if line == "uv run ruff check ."), None)
         tests = next(i for i, line in enumerate(lines) if line.startswith("uv run --extra workload pytest"))
         assert lint is not None and lint < tests, f"{where}: `uv run ruff check .` must run before pytest"
+
+
+def test_ci_yml_runs_what_ci_run_runs():
+    """The installers, the checks and the tests of .ci/run are steps of ci.yml's tests job, in the same order,
+    with the whole chaos suite in both."""
+    script = (REPO / ".ci" / "run").read_text()
+
+    def commands(text: str) -> list[str]:
+        return [line.strip() for line in text.splitlines() if line.strip().startswith(("uv run ", "bash .ci/"))]
+
+    job = _load(CI)["jobs"]["tests"]
+    assert commands(script) == commands("\n".join(step.get("run", "") for step in job["steps"]))
+    assert {"uv run mypy", "uv run lint-imports"} <= set(commands(script))
+    assert "export VH_CHAOS_FULL=1" in script and job["env"]["VH_CHAOS_FULL"] == "1"
+
+
+def test_ci_uploads_the_smoke_evidence_from_where_a_sim_run_writes_it():
+    from vast_harness.state.dirs import SIM_SUBDIR
+
+    job = _load(CI)["jobs"]["smoke-sim"]
+    assert job["env"]["VAST_HARNESS_HOME"] == "${{ github.workspace }}/.evidence/vast"  # the state dir
+    upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert upload["with"]["path"] == f".evidence/vast/{SIM_SUBDIR}/"  # --sim runs keep their own state there
+    assert "always()" in upload["if"]
