@@ -180,6 +180,7 @@ def _wait_seen(run: GuardedRun, limit_s: float = 30) -> None:
     assert run.created and run.created[-1].seen, "the run never reached its host"
 
 
+@pytest.mark.slow
 def test_a_reap_from_another_state_dir_lists_a_live_run_and_status_shows_it(sim, tmp_path, monkeypatch):
     spec = make_spec(sim, tmp_path / "a", [Step(name="long", run="sleep 5", timeout_s=30)])
     spec = spec.model_copy(update={"state_dir": tmp_path / "state-a", "evidence_dir": tmp_path / "state-a"})
@@ -250,6 +251,7 @@ def test_reap_include_live_without_a_terminal_needs_yes(sim, tmp_path):
     assert p.returncode == 2 and "--yes" in p.stderr
 
 
+@pytest.mark.slow
 def test_sigint_during_a_step_sends_the_delete_within_a_second(sim, tmp_path):
     argv = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "--profile", "smoke", "--api-url", sim.url,
             "--pacing-scale", str(SCALE), "--poll-interval", "0.1", "--proof-interval", "0.2"]

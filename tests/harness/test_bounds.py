@@ -206,6 +206,7 @@ def test_flooding_step_is_cut_at_its_timeout_and_its_log_is_capped(sim, tmp_path
     assert run.teardowns[0].verdict == "gone"
 
 
+@pytest.mark.slow
 def test_flooding_step_is_cut_at_the_cap(sim, tmp_path):
     spec = make_spec(sim, tmp_path, [Step(name="flood", run="yes", timeout_s=120)], max_minutes=0.1)
     start_unix = time.time()
@@ -232,6 +233,7 @@ def test_slow_upload_is_stopped_at_the_cap(sim, tmp_path):
     assert_within_caps(sim, run, spec, start_unix)
 
 
+@pytest.mark.slow
 def test_large_evidence_on_a_slow_link_is_stopped_at_the_cap_and_never_exit_0(sim, tmp_path):
     # 3 MB of evidence at 200 kB/s is 15 s; the cap leaves ~7 s: the pull is stopped at the cap, never exit 0.
     sim.set_faults("slow_sftp:200000")
@@ -299,6 +301,7 @@ def test_billed_price_that_breaks_the_cap_stops_the_run_at_once(sim, tmp_path):
     assert_within_caps(sim, run, spec, start_unix)
 
 
+@pytest.mark.slow
 def test_a_run_over_its_time_cap_is_never_exit_0(sim, tmp_path):
     # Everything passes, but every DELETE hangs past the time cap (one hung DELETE alone is now cut and
     # retried in time): the instance outlived the cap. Exit 6.
@@ -442,6 +445,7 @@ def test_a_step_that_floods_its_output_is_read_whole_and_ends_when_the_host_comm
     assert buf.getvalue().count("\n") < 5000
 
 
+@pytest.mark.slow
 def test_a_step_cut_by_the_time_cap_says_the_time_cap_cut_it(sim, tmp_path):
     # The message and the record name the time cap, not "the cap (time/cost)" nor "timed out" against the
     # step's own longer timeout; under a re-price, no "its output is billed bandwidth" when no bytes were billed.
@@ -485,6 +489,7 @@ def run_capped(sim: SimServer, tmp_path: Path, step: str, *, within_s: float = 3
     return spec, run, result
 
 
+@pytest.mark.slow
 def test_a_deadman_check_the_cap_cuts_on_a_stalled_link_is_a_cap_stop(sim, tmp_path, proxies, monkeypatch):
     # The link goes silent as the check starts: the check waits to its timeout, the cap's work deadline. That
     # is the cap stopping the run (exit 6), not a switch that cannot act (exit 1, "onstart did not run?").
@@ -500,6 +505,7 @@ def test_a_deadman_check_the_cap_cuts_on_a_stalled_link_is_a_cap_stop(sim, tmp_p
     assert "dead-man switch was being checked" in result.message and "onstart did not run" not in result.message
 
 
+@pytest.mark.slow
 def test_the_switch_log_read_on_a_stalled_link_leaves_the_delete_its_half_of_the_margin(sim, tmp_path, proxies,
                                                                                          monkeypatch):
     # After a step the cap cut, the link goes silent as the teardown reads the switch's log: that read (3 s
@@ -531,6 +537,7 @@ def blocked_in_the_pull(block_s: float) -> type[HostWork]:
     return BlockedInThePull
 
 
+@pytest.mark.slow
 def test_a_main_thread_blocked_past_the_cap_does_not_keep_the_instance(sim, tmp_path):
     # Every wait is bounded, but a blocked thread waits on nothing the meter can cut: the cap guard deletes
     # the instance before the cap on its own, and the run ends exit 6 naming it, whenever the thread returns.
@@ -543,6 +550,7 @@ def test_a_main_thread_blocked_past_the_cap_does_not_keep_the_instance(sim, tmp_
     assert run.state.timings["cap_guard_fired_s"] <= spec.max_seconds
 
 
+@pytest.mark.slow
 def test_a_price_read_out_while_our_delete_goes_blames_no_one(sim, tmp_path):
     # A price read the API holds may come back empty after the run's own DELETE: a read that returns once a
     # DELETE of ours is on its way says nothing about anyone else, so no "deleted by someone else".
@@ -563,6 +571,7 @@ def test_a_price_read_out_while_our_delete_goes_blames_no_one(sim, tmp_path):
     assert "someone else" not in result.message, result.message
 
 
+@pytest.mark.slow
 def test_a_create_whose_ledger_line_takes_past_the_cap_to_write_does_not_keep_the_instance(sim, tmp_path,
                                                                                            monkeypatch):
     # The instance bills from the create's answer, and its "created" line is written after it: a disk that
@@ -581,6 +590,7 @@ def test_a_create_whose_ledger_line_takes_past_the_cap_to_write_does_not_keep_th
     assert "cap guard sent the DELETE for instance" in result.message, result.message
 
 
+@pytest.mark.slow
 def test_a_boot_read_that_hangs_at_the_cap_does_not_hold_the_delete_past_it(sim, tmp_path):
     # The boot polls the instance under the client's own bounds (here a 20 s answer, and retries): a read that
     # hangs near the cap's work deadline must end there, so the DELETE still lands before the cap.
@@ -590,6 +600,7 @@ def test_a_boot_read_that_hangs_at_the_cap_does_not_hold_the_delete_past_it(sim,
     run_capped(sim, tmp_path, "true", client_kw=dict(timeouts=Timeouts(read_s=30, total_s=20)))
 
 
+@pytest.mark.slow
 def test_one_hung_delete_near_the_cap_is_cut_and_retried_in_time(sim, tmp_path):
     # A step that runs to the cap's work deadline, then a first DELETE the API holds for 6 s: cut at half the
     # time left to the cap, the retry lands before it (an uncut one would carry the DELETE past the cap).
@@ -617,6 +628,7 @@ def test_a_reprice_during_a_slow_evidence_pull_is_seen_and_never_exit_0(sim, tmp
     assert res["exit_code"] == 6
 
 
+@pytest.mark.slow
 def test_a_list_that_hangs_holds_neither_the_absence_proof_nor_the_sweep_past_their_budgets(sim, tmp_path):
     # With every v1 list hanging 100 s, each proof round's two lists (and the final label sweep, with retries)
     # are held to the teardown's budget, not the client's own bounds, which would run far past the cap.
@@ -633,6 +645,7 @@ def test_a_list_that_hangs_holds_neither_the_absence_proof_nor_the_sweep_past_th
     assert not any(i["live"] for i in sim_record(sim, run))  # the DELETE itself went out and landed
 
 
+@pytest.mark.slow
 def test_delete_retries_near_the_cap_are_not_spaced_past_it(sim, tmp_path):
     # Five failed DELETEs with the backoff grown toward 20 s would carry the instance past the cap. Before the
     # cap each wait is at most a quarter of the time left.
@@ -641,6 +654,7 @@ def test_delete_retries_near_the_cap_are_not_spaced_past_it(sim, tmp_path):
     assert run.teardowns[0].verdict == "gone"
 
 
+@pytest.mark.slow
 def test_a_reprice_while_the_api_holds_our_delete_is_billed_and_never_exit_0(sim, tmp_path):
     # The host re-prices 5000x while the API holds our DELETE: the price is re-read while a DELETE is in
     # flight, so the bill is seen and the run never passes (exit 0) far over its cap.

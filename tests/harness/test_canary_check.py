@@ -32,6 +32,7 @@ def _spec(sim: SimServer, tmp_path: Path, **kw):
     return spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)}).with_timings(teardown_margin_s=2.0)
 
 
+@pytest.mark.slow
 def test_the_canary_measures_a_read_lag_of_3_s_and_leaves_nothing(tmp_path):
     with SimServer(seed=21, rate_scale=SCALE, boot_seconds=0.2, faults="read_lag:3", linger_seconds=0.0) as sim, \
             VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
@@ -100,6 +101,7 @@ def test_check_names_what_is_not_well(tmp_path, faults, keys, needle, code):
 
 
 @pytest.mark.parametrize("command", [["check"], ["canary", "--out", "{tmp}/c.json", "--evidence-dir", "{tmp}/ev"]])
+@pytest.mark.slow
 def test_check_and_canary_run_from_the_cli_on_the_embedded_simulator(tmp_path, command):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in command]
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *argv, "--sim", "--json"],

@@ -272,6 +272,7 @@ def test_a_clean_run_behind_the_proxy_passes_and_a_stalled_one_is_killed_as_a_ha
 # ------------------------------------------------- the four rules above, each in one small scenario
 
 
+@pytest.mark.slow
 def test_host_dropping_mid_upload_exits_1_not_an_exception(tmp_path: Path):
     # A ~60 kB bundle at 10 kB/s: the upload lasts ~6 s; every host goes offline 1 s after it came up (on a
     # loaded machine the SSH connect itself can outlast that second: then a retry host drops mid-upload).
@@ -279,6 +280,7 @@ def test_host_dropping_mid_upload_exits_1_not_an_exception(tmp_path: Path):
     assert not outcome.violations and outcome.exit_code == 1, (outcome.violations, outcome.log[-1500:])
 
 
+@pytest.mark.slow
 def test_no_offer_left_after_a_boot_failure_is_not_exit_5(tmp_path: Path):
     # The cap fits only the cheapest offer; it never boots; no other offer fits the cap.
     outcome = chaos.run_scenario(plan("boot_stall:1", cap_mode="cost", max_minutes=0.5, usd_factor=1.0001,
@@ -294,6 +296,7 @@ def test_time_cap_reached_while_booting_exits_6(tmp_path: Path):
     assert outcome.exit_code == 6 and not outcome.violations, (outcome.exit_code, outcome.message)
 
 
+@pytest.mark.slow
 def test_delete_ack_timing_does_not_include_the_absence_proof(tmp_path: Path):
     outcome = chaos.run_scenario(plan("seed=3", proof_interval_s=1.0), tmp_path)
     assert outcome.exit_code == 0, outcome.message

@@ -110,6 +110,7 @@ def test_auth_failure_is_exit_2(tmp_path):
     assert LEAKY_KEY not in p.stderr + p.stdout
 
 
+@pytest.mark.slow
 def test_key_never_leaves_the_authorization_header(sim, tmp_path):
     """A distinctive key through dry run, offers, a failing run and reap: searched in every output and file."""
     key_file = tmp_path / "vast.key"

@@ -1144,6 +1144,7 @@ def _ok_slow_answer(conn: socket.socket) -> None:
     _ok_answer(conn)
 
 
+@pytest.mark.slow
 def test_min_attempts__a_search_that_stalls_past_the_retry_bound_is_tried_again(local_api: Any) -> None:
     # Nothing is rented during a search: one that stalled its whole answer bound (longer than the preflight's
     # retry bound) gets a second try instead of failing the run (chaos seed 13000109: exit 1, not exit 5).

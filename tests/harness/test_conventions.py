@@ -38,6 +38,7 @@ def cli(*args: str, home: Path, env: dict[str, str] | None = None, timeout: floa
                           text=True, timeout=timeout, env=base, cwd=home)
 
 
+@pytest.mark.slow
 def test_version_help_and_bare_invocation(tmp_path):
     version = cli("--version", home=tmp_path)
     assert version.returncode == 0 and version.stdout.startswith("vast-e2e ")
@@ -50,6 +51,7 @@ def test_version_help_and_bare_invocation(tmp_path):
     assert "--rank-by" in cli("offers", "-h", home=tmp_path).stdout
 
 
+@pytest.mark.slow
 def test_an_option_before_a_subcommand_is_honoured_or_refused(sim, tmp_path):
     honoured = cli("--sim", "offers", "--profile", "smoke", "--json", home=tmp_path)
     assert honoured.returncode == 0, honoured.stderr  # --sim given before `offers` reaches it: no key asked for
@@ -60,6 +62,7 @@ def test_an_option_before_a_subcommand_is_honoured_or_refused(sim, tmp_path):
     assert twice.returncode == 2 and "--profile given twice" in twice.stderr
 
 
+@pytest.mark.slow
 def test_a_users_own_profile_file_runs_and_a_bad_one_names_the_field(tmp_path):
     text = (ROOT / "profiles" / "harness" / "smoke.toml").read_text().replace('name = "smoke"', 'name = "mine"')
     mine = tmp_path / "mine.toml"
@@ -76,6 +79,7 @@ def test_a_users_own_profile_file_runs_and_a_bad_one_names_the_field(tmp_path):
     assert missing.returncode == 2 and "no such profile file" in missing.stderr
 
 
+@pytest.mark.slow
 def test_the_official_clis_key_file_is_read_under_the_same_permission_rule(sim, tmp_path):
     key_file = tmp_path / ".config" / "vastai" / "vast_api_key"
     key_file.parent.mkdir(parents=True)
@@ -93,6 +97,7 @@ def test_the_official_clis_key_file_is_read_under_the_same_permission_rule(sim, 
     assert nothing.returncode == 2 and "vastai set api-key" in nothing.stderr
 
 
+@pytest.mark.slow
 def test_a_config_file_gives_defaults_below_flags(sim, tmp_path):
     config = tmp_path / "xdg" / "vast-harness" / "config.toml"
     config.parent.mkdir(parents=True)
@@ -112,6 +117,7 @@ def test_a_config_file_gives_defaults_below_flags(sim, tmp_path):
     assert bad.returncode == 2 and "max_dollars" in bad.stderr and "config.toml" in bad.stderr
 
 
+@pytest.mark.slow
 def test_unqualified_ok_turns_exit_4_into_0_and_the_record_still_says_unqualified(sim, tmp_path):
     nobody_qualified = DriverPolicy(drivers=[])
     codes = {}
@@ -132,6 +138,7 @@ def test_unqualified_ok_turns_exit_4_into_0_and_the_record_still_says_unqualifie
 
 
 @pytest.mark.skipif(__import__("shutil").which("uv") is None, reason="needs uv (the README's only prerequisite)")
+@pytest.mark.slow
 def test_the_cli_docs_seed_example_runs_as_written_with_sim(tmp_path):
     import re
     import shlex

@@ -62,6 +62,7 @@ def _help(*args: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_the_cli_reference_names_every_command_and_option():
     cli_doc = (ROOT / "docs" / "cli.md").read_text()
     top = _help()

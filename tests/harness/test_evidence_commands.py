@@ -40,6 +40,7 @@ def run_id(work: Path) -> str:
     return next((work / "state" / "sim").glob("2*/harness-result.json")).parent.name
 
 
+@pytest.mark.slow
 def test_report_rebuilds_and_prints_the_path(work):
     rid = run_id(work)
     report = work / "state" / "sim" / rid / "report.html"
@@ -54,6 +55,7 @@ def test_report_rebuilds_and_prints_the_path(work):
     assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
 
 
+@pytest.mark.slow
 def test_logs_lists_and_prints_a_step_escaped_unless_raw(work):
     rid = run_id(work)
     listed = cli("logs", rid, "--json", cwd=work)
@@ -67,6 +69,7 @@ def test_logs_lists_and_prints_a_step_escaped_unless_raw(work):
     assert bad.returncode == 2 and "steps: hello" in bad.stderr
 
 
+@pytest.mark.slow
 def test_costs_per_run_day_profile_and_totals(work):
     ev = work / "state" / "sim"
     record = json.loads(next(ev.glob("2*/harness-result.json")).read_text())
@@ -149,6 +152,7 @@ def test_a_report_the_manifest_cannot_list_is_removed_and_said(tmp_path, monkeyp
     assert len(warned) == 1 and "manifest" in warned[0] and "vast-e2e report" in warned[0], warned
 
 
+@pytest.mark.slow
 def test_a_rebuilt_report_of_a_run_without_its_record_never_says_nothing_was_rented(work, tmp_path):
     # Red team: the run filled the disk before harness-result.json, absence-proof.json and the manifest; the
     # rebuilt report said "nothing was rented" and absence "nothing-created" for a run that rented and deleted.
@@ -167,6 +171,7 @@ def test_a_rebuilt_report_of_a_run_without_its_record_never_says_nothing_was_ren
     assert "no manifest.sha256" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_report_that_cannot_be_written_is_an_error_not_a_traceback(work, tmp_path, monkeypatch, capsys):
     import errno
 
@@ -186,6 +191,7 @@ def test_a_report_that_cannot_be_written_is_an_error_not_a_traceback(work, tmp_p
     assert exited.value.code == 1 and "No space left on device" in err and "Traceback" not in err, err
 
 
+@pytest.mark.slow
 def test_costs_with_nothing_to_read_says_so_rather_than_a_plain_zero(tmp_path):
     # A mistyped VAST_HARNESS_HOME used to print "Total against Vast: $0.0000" and exit 0: a reader took it as
     # "nothing was spent" when nothing had been read.
@@ -209,6 +215,7 @@ def test_costs_with_nothing_to_read_says_so_rather_than_a_plain_zero(tmp_path):
     assert refused.returncode == 2 and "not a directory" in refused.stderr and str(a_file) in refused.stderr
 
 
+@pytest.mark.slow
 def test_status_with_a_state_dir_that_is_a_file_is_exit_2_before_any_call(tmp_path):
     # Red team: exit 0 and a table titled with the file; a live run of this machine showed as "elsewhere".
     a_file = tmp_path / "f"

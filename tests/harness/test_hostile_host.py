@@ -77,6 +77,7 @@ def test_a_host_file_named_to_forge_the_manifest_does_not(sim, tmp_path: Path):
     assert "harness-result.json: OK" in check.stdout and "FAILED" not in check.stdout
 
 
+@pytest.mark.slow
 def test_an_evidence_file_growing_for_ever_is_incomplete_evidence_not_a_cap(sim, tmp_path, monkeypatch):
     """A host file appended to for ever while pulled: the pull's own bound ends it with money and time to spare.
     That was exit 6 "cap reached ... 0 left on the host"; it is exit 1 naming what was left."""

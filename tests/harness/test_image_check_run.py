@@ -72,6 +72,7 @@ def test_an_image_that_is_not_the_declared_one_fails_before_the_workload(sim, tm
     assert json.loads((d / "harness-result.json").read_text())["absence"]["verdict"] == "gone"
 
 
+@pytest.mark.slow
 def test_secret_values_never_reach_the_evidence_and_settings_do(sim, tmp_path):
     secrets = {"NCCL_SOCKET_IFNAME": "vhcanary-ifname-5521", "VH_PRIVATE_TOKEN": "vhcanary-token-7734"}
     r, result = _run(sim, tmp_path, remote_secret=[f"{k}={v}" for k, v in secrets.items()],
@@ -126,6 +127,7 @@ def test_a_step_that_prints_a_secret_has_it_masked_and_a_setting_shown(sim, tmp_
 
 
 
+@pytest.mark.slow
 def test_an_image_expect_override_runs_on_the_host_it_names_and_is_recorded(sim, tmp_path):
     # A host that is not a Vast container (the test GPU machine: torch built for CUDA 13) fails the profile's
     # CUDA 12.8 check; --image-expect says what to expect instead, and says so in the evidence and the report.

@@ -78,6 +78,7 @@ def test_image_ref_parses_repo_tag_digest():
 
 
 @pytest.mark.parametrize("name", PROFILE_NAMES)
+@pytest.mark.slow
 def test_dry_run_prints_tag_and_digest(name, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")}
     argv = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "--profile", name, "--sim", "--dry-run",

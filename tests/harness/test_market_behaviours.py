@@ -83,6 +83,7 @@ def test_ctrl_c_right_after_create_with_lagging_reads_still_deletes(sim, tmp_pat
     assert [i["live"] for i in of_run(sim, r)] == [False]  # the first DELETE hit the lag; a later one did not
 
 
+@pytest.mark.slow
 def test_an_instance_no_read_ever_showed_is_never_proven_gone_by_null_reads(sim, tmp_path, monkeypatch):
     # Found from outside: `read_lag:200` on a 3-minute run → the DELETE answered 404 (the lag hides it from
     # DELETE too), the reads said null after the 30 s window, and the run said "gone" (exit 6) while the
@@ -112,6 +113,7 @@ def test_a_lost_create_answer_found_within_the_lag_window_runs(sim, tmp_path):
     assert len(of_run(sim, r)) == 1 and not of_run(sim, r)[0]["live"]
 
 
+@pytest.mark.slow
 def test_a_lost_create_answer_never_seen_is_exit_3_and_reap_finds_it(sim, tmp_path):
     sim.set_faults("create_timeout;read_lag:4")
     spec = make_spec(sim, tmp_path, OK)
@@ -140,6 +142,7 @@ def interrupt_once_the_create_is_held(sim) -> None:
     threading.Thread(target=interrupt, daemon=True).start()
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_create_is_held_is_exit_3_not_130(sim, tmp_path):
     sim.set_faults("create_hold:4")
     spec = make_spec(sim, tmp_path, OK)
@@ -172,6 +175,7 @@ def test_an_instance_the_sweep_finds_after_a_ctrl_c_is_billed_at_its_price_from_
     assert billed_usd > 0 and r.meter.accrued_usd() >= 0.9 * billed_usd, (r.meter.accrued_usd(), billed_usd)
 
 
+@pytest.mark.slow
 def test_create_429_waits_and_retries_the_same_offer(sim, tmp_path):
     sim.set_faults("429:create:2")
     r = guarded(sim, make_spec(sim, tmp_path, OK))
@@ -204,6 +208,7 @@ def test_a_5xx_create_that_created_nothing_is_exit_3_and_rents_nothing_more(sim,
     assert res["absence"]["unresolved_labels"] == proof["unresolved_labels"] == sorted(r.book.attempts)
 
 
+@pytest.mark.slow
 def test_a_5xx_create_whose_reads_lag_past_the_window_never_bills_beside_a_second(sim, tmp_path):
     # Found by the red team (create_5xx:1;read_lag:45:1 against the 30 s window): "nothing rented (not_created)",
     # the next offer rented, both live at once, exit 0 with the first still billing. Here: lag 3 s, window 1 s.
@@ -222,6 +227,7 @@ def test_a_5xx_create_whose_reads_lag_past_the_window_never_bills_beside_a_secon
     assert [i["live"] for i in of_run(sim, r)] == [False]
 
 
+@pytest.mark.slow
 def test_a_silent_double_sale_is_ended_by_the_boot_deadline_and_the_next_machine_runs(sim, tmp_path):
     # SkyPilot PR 9117: both buys accepted, "this error never propagates back": the instance reads running and
     # never answers. No message to match: the boot deadline ends it, a boot retry is spent, the machine excluded.
@@ -321,6 +327,7 @@ def test_wait_ready_returns_the_rented_price(sim, tmp_path):
         client.destroy_instance(made.new_contract)
 
 
+@pytest.mark.slow
 def test_label_scans_page_past_25(sim, tmp_path):
     # 30 teardowns: do not wait out 30 lingers; rows started 2 h ago, as orphans left earlier are
     sim.set_faults("linger:0:*;started_earlier:7200:*")
@@ -378,6 +385,7 @@ def test_the_meter_bills_from_the_create_request_not_its_answer(sim, tmp_path):
     assert r.meter.accrued_usd() >= billed_usd * 0.97, (r.meter.accrued_usd(), billed_usd)
 
 
+@pytest.mark.slow
 def test_reap_never_calls_an_unresolved_create_absent_while_it_may_still_land(sim, tmp_path):
     # Found from outside: `create_timeout;read_lag:60` → the run says exit 3 (create outcome unknown), then reap
     # said "all proven absent" (exit 0) while the instance, still hidden by the lag, was live.
@@ -394,6 +402,7 @@ def test_reap_never_calls_an_unresolved_create_absent_while_it_may_still_land(si
     assert not any(i["live"] for i in of_run(sim, r))
 
 
+@pytest.mark.slow
 def test_a_not_found_delete_while_reads_lag_is_not_someone_elses_delete(sim, tmp_path):
     # Found by the red team (create_stopped:1;read_lag:40:1): the first DELETE met the lag (404), our second
     # deleted it, and the run said "deleted by someone else" and gave up its boot retry. Here: lag 3 s.

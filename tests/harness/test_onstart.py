@@ -71,6 +71,7 @@ def _wait_gone(sim, instance_id, timeout_s):
 
 
 @pytest.mark.parametrize("status", [503, 429])
+@pytest.mark.slow
 def test_dead_man_switch_retries_a_failed_delete_until_gone(status):
     # curl -s exits 0 on any HTTP status: one 503/429 used to end the loop with the instance billing on.
     with SimServer(seed=3, rate_scale=0.0, boot_seconds=0.05, faults=f"delete_fail:2:{status}") as sim, \
@@ -126,6 +127,7 @@ def test_dead_man_switch_without_curl_retries_with_python(tmp_path):
         assert [c["status"] for c in sim.state()["calls"] if c["method"] == "DELETE"] == [503, 200]
 
 
+@pytest.mark.slow
 def test_a_rerun_of_onstart_keeps_the_original_deadline():
     # A container restart re-runs onstart; the clock must not restart with it.
     after_s = 5
@@ -149,6 +151,7 @@ def test_a_rerun_of_onstart_keeps_the_original_deadline():
 
 
 @pytest.mark.parametrize("change", ["pushed-later", "lost", "garbled"])
+@pytest.mark.slow
 def test_the_switch_keeps_its_deadline_when_the_file_is_lost_or_pushed_later(tmp_path, change):
     # The deadline file is the switch's only clock: a later value in it is ignored (never later than the
     # onstart's own), and a missing or garbled file keeps the last one instead of firing at once.

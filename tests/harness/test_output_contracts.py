@@ -105,6 +105,7 @@ def _sim_args(sim: SimServer) -> list[str]:
     return ["--api-url", sim.url, "--pacing-scale", "0.01", "--proof-interval", "0.05", "--poll-interval", "0.05"]
 
 
+@pytest.mark.slow
 def test_stdout_closed_by_the_reader_does_not_end_the_run(sim, tmp_path):
     """`| head -3`: the reader goes away after three lines; the run carries on, tears down, exits 0."""
     p = _cli("--profile", "smoke", "--evidence-dir", str(tmp_path), *_sim_args(sim), env={"VAST_API_KEY": KEY})
@@ -119,6 +120,7 @@ def test_stdout_closed_by_the_reader_does_not_end_the_run(sim, tmp_path):
     assert result["absence"]["verdict"] == "gone"
 
 
+@pytest.mark.slow
 def test_closed_stdout_with_json_does_not_traceback(sim, tmp_path):
     p = _cli("--profile", "smoke", "--json", "--evidence-dir", str(tmp_path), *_sim_args(sim),
              env={"VAST_API_KEY": KEY}, stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
@@ -144,6 +146,7 @@ def test_ctrl_c_right_after_launch_is_130_with_a_message(delay_s, tmp_path):
         assert json.loads(result.read_text())["absence"]["verdict"] in ("gone", "nothing-created"), result
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_reap_says_what_it_had_not_proven(sim, tmp_path):
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         offer = client.search_offers({"limit": 5})[0]

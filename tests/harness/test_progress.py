@@ -59,6 +59,7 @@ def run_in_pty(args: list[str], timeout_s: float = 120) -> tuple[int, str]:
     return os.waitstatus_to_exitcode(status), ANSI.sub("", out.decode("utf-8", "replace"))
 
 
+@pytest.mark.slow
 def test_the_live_view_shows_a_heartbeat_in_a_quiet_step_and_the_cap_bars(tmp_path):
     """A 12 s quiet step once showed nothing; a 40-minute sweep would look hung."""
     code, screen = run_in_pty(argv(tmp_path, "sleep 4; echo done"))
@@ -72,6 +73,7 @@ def test_the_live_view_shows_a_heartbeat_in_a_quiet_step_and_the_cap_bars(tmp_pa
     assert report and Path(report.group(1)).is_file()
 
 
+@pytest.mark.slow
 def test_without_a_terminal_a_quiet_step_prints_plain_heartbeat_lines(tmp_path):
     done = subprocess.run(argv(tmp_path, "sleep 4; echo done"), capture_output=True, text=True, timeout=120,
                           env=env() | {"VH_HEARTBEAT_S": "1"})
@@ -82,6 +84,7 @@ def test_without_a_terminal_a_quiet_step_prints_plain_heartbeat_lines(tmp_path):
     assert "report " in done.stdout
 
 
+@pytest.mark.slow
 def test_the_step_ctrl_c_cut_is_recorded(tmp_path):
     """It was missing from the steps table, steps.tsv and the record."""
     proc = subprocess.Popen(argv(tmp_path, "echo started; sleep 60"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -106,6 +109,7 @@ def test_the_step_ctrl_c_cut_is_recorded(tmp_path):
 
 
 @pytest.mark.parametrize("phase", ["plan", "create", "boot", "upload", "step quiet", "pull", "teardown"])
+@pytest.mark.slow
 def test_the_record_carries_the_timeline(tmp_path_factory, phase):
     cache = tmp_path_factory.getbasetemp() / "timeline"
     if not cache.exists():

@@ -87,6 +87,7 @@ def test_failed_step_exits_1_and_still_deletes(sim, tmp_path):
     assert not live_ids(sim) & {i.instance_id for i in r.created}
 
 
+@pytest.mark.slow
 def test_cap_stops_the_run_with_exit_6(sim, tmp_path):
     spec = make_spec(sim, tmp_path, [Step(name="long", run="sleep 30", timeout_s=60)])
     spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_minutes": 0.1})})  # 6 s, 2 s margin
@@ -97,6 +98,7 @@ def test_cap_stops_the_run_with_exit_6(sim, tmp_path):
     assert r.teardowns[0].verdict == "gone"
 
 
+@pytest.mark.slow
 def test_every_phase_runs_on_the_runs_own_clock(sim, tmp_path):
     # The run's clock is injected (GuardedRun(clock=...)). One far from time.monotonic catches any phase
     # that compares a deadline with another clock: it would cut a step at once or never, or wait a week.
@@ -129,6 +131,7 @@ def test_step_timeout_is_a_failed_step(sim, tmp_path):
     assert r.steps[0].timed_out
 
 
+@pytest.mark.slow
 def test_delete_failing_twice_is_retried_and_proven(sim, tmp_path):
     sim.set_faults("delete_fail:2")
     r, result = run(sim, make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)]))
@@ -154,6 +157,7 @@ def test_offer_taken_moves_to_the_next_offer(sim, tmp_path):
     assert len(r.created) == 1
 
 
+@pytest.mark.slow
 def test_boot_failure_retries_on_another_machine(sim, tmp_path):
     sim.set_faults("boot_stall:1")
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=10)],
@@ -242,6 +246,7 @@ def test_signal_mid_step_tears_down_and_exits_130(sim, tmp_path, signum):
     assert not live_ids(sim) & {i.instance_id for i in r.created}
 
 
+@pytest.mark.slow
 def test_second_ctrl_c_does_not_skip_teardown(sim, tmp_path, capsys):
     # A 1.5 s proof interval keeps teardown busy long enough for the second signal to land inside it.
     spec = make_spec(sim, tmp_path, [Step(name="wait", run="sleep 20", timeout_s=30)]).with_timings(
@@ -262,6 +267,7 @@ def test_second_ctrl_c_does_not_skip_teardown(sim, tmp_path, capsys):
     assert not live_ids(sim) & {i.instance_id for i in r.created}
 
 
+@pytest.mark.slow
 def test_one_ctrl_c_during_the_pull_keeps_what_was_copied_and_names_what_was_left(sim, tmp_path):
     # One SIGINT 3 s into a 10 s pull: exit 130 and gone, and the record keeps what was copied and names what
     # was left (not files 0, left [], detail ""), so the teardown can try again.

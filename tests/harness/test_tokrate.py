@@ -37,6 +37,7 @@ def test_gpu_names_match_by_their_distinguishing_words():
     assert gpu_key("H100 PCIE") != gpu_key("H100 SXM")
 
 
+@pytest.mark.slow
 def test_committed_h200_evidence_ranks_h200_first_and_others_fall_back_to_dph(sim, tmp_path):
     doc = offers(sim, tmp_path)
     ranked = doc["ranked"]
@@ -52,6 +53,7 @@ def test_committed_h200_evidence_ranks_h200_first_and_others_fall_back_to_dph(si
     assert any(m["source"].startswith(".evidence/h200") for m in doc["measurements"])
 
 
+@pytest.mark.slow
 def test_a_real_fleet_result_is_used_and_a_simulated_one_is_not(sim, tmp_path):
     def fleet(name: str, sim_flag: bool, tps: float) -> None:
         d = tmp_path / name

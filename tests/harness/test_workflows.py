@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +155,8 @@ def test_ci_lints_with_ruff_before_the_tests():
 
 
 def test_ci_yml_runs_what_ci_run_runs():
-    """The installers, the checks and the tests of .ci/run are steps of ci.yml's tests job, in the same order,
-    with the whole chaos suite in both."""
+    """The installers, the checks and both pytest sessions of .ci/run are steps of ci.yml's tests job, in the
+    same order, with the whole chaos suite in both."""
     script = (REPO / ".ci" / "run").read_text()
 
     def commands(text: str) -> list[str]:
@@ -162,8 +164,11 @@ def test_ci_yml_runs_what_ci_run_runs():
 
     job = _load(CI)["jobs"]["tests"]
     assert commands(script) == commands("\n".join(step.get("run", "") for step in job["steps"]))
-    assert {"uv run mypy", "uv run lint-imports"} <= set(commands(script))
+    assert {"uv run mypy", "uv run lint-imports", "uv run --extra workload pytest -m slow"} <= set(commands(script))
     assert "export VH_CHAOS_FULL=1" in script and job["env"]["VH_CHAOS_FULL"] == "1"
+    # Every test runs in CI: the README's command leaves out exactly the set the second session runs.
+    addopts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    assert shlex.split(addopts)[-2:] == ["-m", "not slow"]
 
 
 def test_ci_uploads_the_smoke_evidence_from_where_a_sim_run_writes_it():

@@ -128,6 +128,7 @@ def test_bench_v2_tampered_fails_naming_the_claim(tmp_path: Path, edit, claim: s
     assert failed and claim in failed[0], failed
 
 
+@pytest.mark.slow
 def test_bench_script_takes_earlier_runs_as_evidence_and_checker_wants_references(tmp_path: Path) -> None:
     """--ours-evidence/--deterministic-evidence (scripts/h200_kernels.sh): nothing is run again, the chunk
     is annotated, and a record without any reference is not evidence of a ratio."""

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = set(sys.stdlib_module_names) | {"torch", "remote", "triton", "pytest", "tests"}
 # Optional extras that are imported inside a try/except or only for an opt-in feature.
@@ -34,6 +36,7 @@ def test_remote_modules_import_only_stdlib_and_torch():
     assert not bad
 
 
+@pytest.mark.slow
 def test_tiny_round_runs_without_numpy(tmp_path):
     out = tmp_path / "mfu.json"
     argv = ["scripts/run_mfu_dist.py", "--profile", "tiny-cpu", "--device", "cpu", "--reduction", "zero2o",

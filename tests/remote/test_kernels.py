@@ -18,6 +18,7 @@ INTERPRET_ENV = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONHASHSEE
                  "VH_KERNELS_CPU": "1"}
 
 
+@pytest.mark.slow
 def test_kernel_cases_under_the_triton_interpreter() -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            str(ROOT / "tests" / "remote" / "kernel_cases.py")], check=False, cwd=ROOT, capture_output=True,

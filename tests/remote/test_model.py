@@ -102,6 +102,7 @@ def test_attention_probe_is_cached_per_key() -> None:
     assert len(calls) == 1 and calls[0][:2] == ("cudnn", "gqa")
 
 
+@pytest.mark.slow
 def test_deterministic_mode_probes_cudnn_det_first_then_flash() -> None:
     """Strict deterministic mode: PyTorch's SDPA drops cuDNN, so cuDNN's own deterministic backward
     (remote.cudnn_sdpa) goes first; when its wheel is missing the probe lands on flash as before."""

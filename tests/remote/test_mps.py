@@ -188,6 +188,7 @@ def test_quit_hangs__escalation_by_pid(tmp_path):
     assert_stopped(manifest(tmp_path))
 
 
+@pytest.mark.slow
 def test_stuck_client__terminate_client_then_sigkill(tmp_path):
     helper = "--role helper --rank 0 --ignore-sigterm --sleep-s 30"
     proc = run_wrapper(tmp_path, child=client("--detach-helpers", "--helper", helper))

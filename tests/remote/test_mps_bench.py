@@ -12,6 +12,7 @@ from tests.remote.fake_mps import fake_env
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.mark.slow
 def test_bench_runs_interleaved_arms_and_verifies_on_and_off(tmp_path, monkeypatch, capsys):
     for key, value in fake_env(tmp_path).items():
         monkeypatch.setenv(key, value)

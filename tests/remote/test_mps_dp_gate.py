@@ -12,6 +12,8 @@ import torch.multiprocessing as mp
 
 WORLD = 2
 
+pytestmark = pytest.mark.slow  # two ranks spawned per test, up to a minute each on 2 cores
+
 
 def _worker(rank: int, port: int, outcomes: list, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),

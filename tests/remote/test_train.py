@@ -16,6 +16,8 @@ from remote.checks import mfu as mfu_check
 
 ROOT = Path(__file__).resolve().parents[2]
 
+pytestmark = pytest.mark.slow  # torchrun processes, every test (the module's runs take a minute on 2 cores)
+
 
 def torchrun(out: Path, reduction: str, *extra: str, nproc: int = 2) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",

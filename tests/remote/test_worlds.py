@@ -30,6 +30,7 @@ def _main(tmp: Path, world: int, reduction: str, *extra: str, name: str = "", bu
 
 
 @pytest.mark.parametrize(("world", "reduction"), [(2, "zero2"), (4, "zero2o"), (8, "zero2o"), (8, "zero2")])
+@pytest.mark.slow
 def test_owner_reduction_is_the_rank_order_fold(tmp_path: Path, world: int, reduction: str) -> None:
     result = run_world(world, owner_reduction, str(tmp_path), reduction, 0.04, logs=tmp_path / "logs")
     assert result.ok, result.explain()
@@ -52,6 +53,7 @@ def test_owner_reduction_is_the_rank_order_fold(tmp_path: Path, world: int, redu
 
 
 @pytest.mark.parametrize("world", [2, 4, pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_zero2o_is_bitwise_zero2(tmp_path: Path, world: int) -> None:
     steps = ("--deterministic", "--steps", "4")
     z2, z2o = (_main(tmp_path, world, r, *steps) for r in ("zero2", "zero2o"))
@@ -82,6 +84,7 @@ def test_backend_order_zero2o_is_bitwise_zero2(tmp_path: Path) -> None:
     assert z2["nccl_env"]["VH_REDUCE_ORDER"] == "backend"
 
 
+@pytest.mark.slow
 def test_deterministic_replay_at_world_4(tmp_path: Path) -> None:
     record = _main(tmp_path, 4, "zero2o", "--deterministic", "--replay", "--steps", "5")
     assert record["world_size"] == 4 and len(record["rank_optimizer_numel"]) == 4
@@ -90,6 +93,7 @@ def test_deterministic_replay_at_world_4(tmp_path: Path) -> None:
     assert mfu_check.check(tmp_path / "zero2o-w4.json") == []
 
 
+@pytest.mark.slow
 def test_an_unknown_reduce_order_is_refused_before_any_round(tmp_path: Path) -> None:
     out = tmp_path / "x.json"
     argv = ["--profile", "tiny-cpu", "--device", "cpu", "--reduction", "zero2", "--peak-tflops", "1", "--out", str(out)]

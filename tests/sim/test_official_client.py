@@ -33,6 +33,7 @@ def vastai(sim: SimServer, *args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_official_cli_search_create_show_destroy(sim):
     offers = json.loads(vastai(sim, "search", "offers", "num_gpus=1 gpu_name=RTX_4090", "--raw"))
     assert offers and all(o["num_gpus"] == 1 and o["gpu_name"] == "RTX 4090" for o in offers)
