@@ -337,7 +337,8 @@ def test_status_with_a_refused_key_is_bad_input_not_an_empty_account(tmp_path):
 def test_a_reap_on_a_full_disk_still_deletes_the_orphans_and_says_what_it_could_not_write(sim, tmp_path,
                                                                                           monkeypatch, capsys):
     # Reaping is what saves money when a disk has filled up under a run: refusing it ("not writable; nothing
-    # was rented", exit 2) left the orphan billing. Its evidence is best effort; the deletes and proofs are not.
+    # was rented", exit 2) would leave the orphan billing. Its evidence is best effort; the deletes and proofs
+    # are not.
     import errno
 
     from vast_harness.cli import app as cli

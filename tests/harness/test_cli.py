@@ -62,7 +62,7 @@ def test_seed_invocation_with_no_fitting_offer_exits_5_with_reasons(sim, tmp_pat
 
 
 def test_a_dry_run_refuses_the_time_cap_the_run_would_refuse(sim):
-    # The preview used to show a plan for a cap (here 0.5 min) that the run then refused: exit 2 in both.
+    # The preview refuses a cap (here 0.5 min) the run would refuse: exit 2 in both, no plan shown.
     p = cli("--profile", "smoke", "--max-minutes", "0.5", "--dry-run", sim=sim)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert "--max-minutes 0.5 cannot cover boot and teardown" in p.stderr and "Chosen offer" not in p.stdout

@@ -78,7 +78,7 @@ def test_costs_per_run_day_profile_and_totals(work):
                                        api_url="https://console.vast.ai", account="acct")
     Ledger(ev / "ledger.jsonl").append("20260101T000000Z-dead00", "created", "vh-dead", offer_id=1, instance_id=99,
                                        api_url="https://console.vast.ai", account="acct")
-    # ... and a reap that deleted it: its lines name the instance but it is not a run (it was counted as one)
+    # ... and a reap that deleted it: its lines name the instance but it is not a run (not counted as one)
     Ledger(ev / "ledger.jsonl").append("reap-20260101T000100Z-abcdef", "delete_ack", "vh-dead", instance_id=99,
                                        api_url="https://console.vast.ai", account="acct")
     done = cli("costs", "--json", cwd=work)
@@ -99,7 +99,7 @@ def test_costs_per_run_day_profile_and_totals(work):
 
 
 def test_a_full_disk_leaves_old_evidence_files_whole_and_no_tmp_behind(tmp_path, monkeypatch):
-    # A 64 KiB disk left a 0-byte manifest.sha256 (it was written in place) and report.html.tmp (never removed).
+    # On a 64 KiB disk: no 0-byte manifest.sha256 (it is never written in place), no report.html.tmp left.
     import errno
 
     from vast_harness.evidence.run import RunEvidence
@@ -154,8 +154,8 @@ def test_a_report_the_manifest_cannot_list_is_removed_and_said(tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_a_rebuilt_report_of_a_run_without_its_record_never_says_nothing_was_rented(work, tmp_path):
-    # Red team: the run filled the disk before harness-result.json, absence-proof.json and the manifest; the
-    # rebuilt report said "nothing was rented" and absence "nothing-created" for a run that rented and deleted.
+    # The run filled the disk before harness-result.json, absence-proof.json and the manifest: the rebuilt
+    # report must not say "nothing was rented" (nor absence "nothing-created") for a run that rented and deleted.
     import shutil
 
     src = next((work / "state" / "sim").glob("2*/harness-result.json")).parent
@@ -193,8 +193,8 @@ def test_a_report_that_cannot_be_written_is_an_error_not_a_traceback(work, tmp_p
 
 @pytest.mark.slow
 def test_costs_with_nothing_to_read_says_so_rather_than_a_plain_zero(tmp_path):
-    # A mistyped VAST_HARNESS_HOME used to print "Total against Vast: $0.0000" and exit 0: a reader took it as
-    # "nothing was spent" when nothing had been read.
+    # A mistyped VAST_HARNESS_HOME reads nothing: "Total against Vast: $0.0000" with exit 0 would read as
+    # "nothing was spent".
     env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {"HOME": str(tmp_path)}
 
     def costs(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -217,7 +217,7 @@ def test_costs_with_nothing_to_read_says_so_rather_than_a_plain_zero(tmp_path):
 
 @pytest.mark.slow
 def test_status_with_a_state_dir_that_is_a_file_is_exit_2_before_any_call(tmp_path):
-    # Red team: exit 0 and a table titled with the file; a live run of this machine showed as "elsewhere".
+    # Not exit 0 with a table titled with the file (a live run of this machine would show as "elsewhere").
     a_file = tmp_path / "f"
     a_file.write_text("hi")
     env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {
@@ -234,8 +234,8 @@ def test_status_with_a_state_dir_that_is_a_file_is_exit_2_before_any_call(tmp_pa
 
 
 def test_logs_breaks_lines_only_at_newlines(tmp_path, capsys):
-    # Red team: `logs RUN STEP` split at U+2028, U+2029, U+0085, VT and FF (str.splitlines), so a host could forge
-    # lines such as a fake "✓ step" out of characters the console shows escaped.
+    # `logs RUN STEP` splits at newlines only, not at U+2028, U+2029, U+0085, VT and FF (str.splitlines): a host
+    # could forge lines such as a fake "✓ step" out of characters the console shows escaped.
     from vast_harness.console.output import Output
     from vast_harness.ops.logs import show_logs
 

@@ -60,8 +60,8 @@ def test_a_forging_file_name_stays_one_escaped_manifest_line(tmp_path: Path):
 
 @needs_sha256sum
 def test_a_host_file_named_to_forge_the_manifest_does_not(sim, tmp_path: Path):
-    """The host names a file "x\\n<64 zeros>  harness-result.json": `sha256sum -c` once failed harness-result.json
-    on the forged line; now every entry checks out."""
+    """The host names a file "x\\n<64 zeros>  harness-result.json": the forged line must not make `sha256sum -c`
+    fail harness-result.json; every entry checks out."""
     make = Step(name="forge", run="python3 -c \"import sys; open('evidence/' + sys.argv[1], 'w').write('x')\" "
                                   "\"$(printf 'x\\n%064d  harness-result.json' 0)\"", timeout_s=20)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:

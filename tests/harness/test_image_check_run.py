@@ -90,8 +90,8 @@ def test_secret_values_never_reach_the_evidence_and_settings_do(sim, tmp_path):
 
 
 def test_a_step_that_prints_a_secret_has_it_masked_and_a_setting_shown(sim, tmp_path, capsys):
-    """Settings are not secrets: --remote-env BAR=flash once turned "attention backend: flash" into "***" on
-    the console and in the log, while a 3-character or multi-line secret was echoed in clear."""
+    """Settings are not secrets: --remote-env BAR=flash leaves "attention backend: flash" as it is on the
+    console and in the log, while a 3-character or multi-line secret is masked."""
     from vast_harness.spec.profile import Step
 
     spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,

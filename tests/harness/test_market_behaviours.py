@@ -161,8 +161,8 @@ def test_ctrl_c_while_the_create_is_held_is_exit_3_not_130(sim, tmp_path):
 
 
 def test_an_instance_the_sweep_finds_after_a_ctrl_c_is_billed_at_its_price_from_its_put(sim, tmp_path):
-    # Red team: Ctrl-C during a held create; the sweep found the instance by label and deleted it, but the record
-    # said dph_usd 0.0, offer_id -1, accrued $0.00 where the simulator billed $0.00135 for 28 s.
+    # Ctrl-C during a held create; the sweep finds the instance by label and deletes it: the record carries its
+    # price and offer from its PUT and the accrued cost the simulator billed (not dph_usd 0.0, offer_id -1, $0).
     sim.set_faults("create_hold:1")
     spec = make_spec(sim, tmp_path, OK)
     r = guarded(sim, spec, read_lag_window_s=2.0)
@@ -201,7 +201,7 @@ def test_a_5xx_create_that_created_nothing_is_exit_3_and_rents_nothing_more(sim,
     assert result.exit_code == 3 and "create outcome unknown" in result.message, result.message
     assert of_run(sim, r) == [] and not r.created
     assert len(r.book.attempts) == 1 and r.book.unresolved == set(r.book.attempts)  # one PUT, left open
-    # the record never says "nothing created" while a create's outcome is unknown (red team, round 2)
+    # the record never says "nothing created" while a create's outcome is unknown
     res = json.loads((r.ev.dir / "harness-result.json").read_text())
     proof = json.loads((r.ev.dir / "absence-proof.json").read_text())
     assert res["absence"]["verdict"] == proof["verdict"] == "unproven"
@@ -210,8 +210,8 @@ def test_a_5xx_create_that_created_nothing_is_exit_3_and_rents_nothing_more(sim,
 
 @pytest.mark.slow
 def test_a_5xx_create_whose_reads_lag_past_the_window_never_bills_beside_a_second(sim, tmp_path):
-    # Found by the red team (create_5xx:1;read_lag:45:1 against the 30 s window): "nothing rented (not_created)",
-    # the next offer rented, both live at once, exit 0 with the first still billing. Here: lag 3 s, window 1 s.
+    # A 5xx create whose reads lag past the read-lag window is not "nothing rented": the next offer is not
+    # rented beside it, and the run is never exit 0 with the first still billing. Here: lag 3 s, window 1 s.
     sim.set_faults("create_5xx:1:503;read_lag:3:1")
     spec = make_spec(sim, tmp_path, OK)
     r = guarded(sim, spec)
@@ -345,8 +345,8 @@ def test_label_scans_page_past_25(sim, tmp_path):
 
 
 def test_a_running_instance_repriced_past_the_cap_is_stopped_and_never_exit_0(sim, tmp_path):
-    # Found from outside: `reprice:1000:3` billed twice the cap while the run, never re-reading the price once the
-    # host was running, said exit 0. The price is now watched while the steps run.
+    # The host re-prices while the steps run: the price is watched then too, so the run stops at the cap and
+    # never says exit 0 over it.
     sim.set_faults("reprice:1000:0.3")
     spec = make_spec(sim, tmp_path, [Step(name="long", run="sleep 20", timeout_s=60)])
     spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.05})})
@@ -359,8 +359,8 @@ def test_a_running_instance_repriced_past_the_cap_is_stopped_and_never_exit_0(si
 
 
 def test_a_reprice_after_running_is_read_when_the_steps_end_and_never_exit_0(sim, tmp_path):
-    # Found from outside: `reprice:2000:2` with a short step → exit 0, "accrued $0.0003", while the simulator
-    # billed $0.31 against a $0.05 cap: the price was re-read only while a step ran, and the step ended first.
+    # A re-price that lands just after a short step ended is read when the steps end (not only while a step
+    # runs): the record says what the simulator billed, and the run is never exit 0 over the cap.
     sim.set_faults("reprice:2000:0.3")
     spec = make_spec(sim, tmp_path, [Step(name="short", run="sleep 1", timeout_s=60)])
     spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.05})})
@@ -375,8 +375,8 @@ def test_a_reprice_after_running_is_read_when_the_steps_end_and_never_exit_0(sim
 
 
 def test_the_meter_bills_from_the_create_request_not_its_answer(sim, tmp_path):
-    # Found from outside: with a lost create answer the meter started when the instance was found by label,
-    # billing half of what the simulator billed. It starts when the PUT is sent.
+    # With a lost create answer the meter still starts when the PUT is sent, not when the instance is found
+    # by label (that would bill about half of what the simulator billed).
     sim.set_faults("create_timeout;read_lag:1.5")
     r = guarded(sim, make_spec(sim, tmp_path, OK), read_lag_window_s=2.5)
     result = execute(r)
@@ -387,8 +387,8 @@ def test_the_meter_bills_from_the_create_request_not_its_answer(sim, tmp_path):
 
 @pytest.mark.slow
 def test_reap_never_calls_an_unresolved_create_absent_while_it_may_still_land(sim, tmp_path):
-    # Found from outside: `create_timeout;read_lag:60` → the run says exit 3 (create outcome unknown), then reap
-    # said "all proven absent" (exit 0) while the instance, still hidden by the lag, was live.
+    # A create of unknown outcome (exit 3) whose instance the read lag still hides: reap must not say "all
+    # proven absent" (exit 0) while it may be live.
     sim.set_faults("create_timeout;read_lag:5")
     r = guarded(sim, make_spec(sim, tmp_path, OK), read_lag_window_s=0.5)
     result = execute(r)
@@ -404,8 +404,8 @@ def test_reap_never_calls_an_unresolved_create_absent_while_it_may_still_land(si
 
 @pytest.mark.slow
 def test_a_not_found_delete_while_reads_lag_is_not_someone_elses_delete(sim, tmp_path):
-    # Found by the red team (create_stopped:1;read_lag:40:1): the first DELETE met the lag (404), our second
-    # deleted it, and the run said "deleted by someone else" and gave up its boot retry. Here: lag 3 s.
+    # The first DELETE meets the read lag (404) and our second deletes the instance: that is our delete, not
+    # "deleted by someone else", and the boot retry goes on. Here: lag 3 s.
     sim.set_faults("create_stopped:1;read_lag:3:1")
     r = guarded(sim, make_spec(sim, tmp_path, OK, boot_retries=1))
     result = execute(r)

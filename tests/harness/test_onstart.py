@@ -73,7 +73,7 @@ def _wait_gone(sim, instance_id, timeout_s):
 @pytest.mark.parametrize("status", [503, 429])
 @pytest.mark.slow
 def test_dead_man_switch_retries_a_failed_delete_until_gone(status):
-    # curl -s exits 0 on any HTTP status: one 503/429 used to end the loop with the instance billing on.
+    # curl -s exits 0 on any HTTP status: the loop reads the code, so one 503/429 does not end it while billing.
     with SimServer(seed=3, rate_scale=0.0, boot_seconds=0.05, faults=f"delete_fail:2:{status}") as sim, \
             VastClient("account-key-abc", base_url=sim.url, pacing_scale=0) as client:
         iid = _create(client, sim, build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=1))

@@ -83,8 +83,8 @@ class MarkupStatus(httpx.HTTPTransport):
 
 
 def test_markup_in_step_output_server_message_and_path_does_not_change_the_run(sim, tmp_path, capsys):
-    """A passed run stays passed (it was exit 1 with a traceback); a boot failure with markup in the server's
-    message still moves on to the next host (its retry was skipped)."""
+    """A passed run stays passed (no exit 1, no traceback); a boot failure with markup in the server's
+    message still moves on to the next host (its retry is not skipped)."""
     spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "[/x]", proof_interval_s=0.05),
                    environ={})
     prof = spec.profile.model_copy(update={"steps": [Step(name="echo", run=f"echo '{MARKUP}'; echo '{MARKUP}' >&2",

@@ -61,7 +61,7 @@ def run_in_pty(args: list[str], timeout_s: float = 120) -> tuple[int, str]:
 
 @pytest.mark.slow
 def test_the_live_view_shows_a_heartbeat_in_a_quiet_step_and_the_cap_bars(tmp_path):
-    """A 12 s quiet step once showed nothing; a 40-minute sweep would look hung."""
+    """A quiet step still shows a heartbeat: without one, a 40-minute sweep would look hung."""
     code, screen = run_in_pty(argv(tmp_path, "sleep 4; echo done"))
     assert code == 0, screen[-3000:]
     quiet = [int(n) for n in re.findall(r"step quiet\s+[\d.]+ s\s+\$[\d.]+\s+quiet (\d+) s", screen)]
@@ -86,7 +86,7 @@ def test_without_a_terminal_a_quiet_step_prints_plain_heartbeat_lines(tmp_path):
 
 @pytest.mark.slow
 def test_the_step_ctrl_c_cut_is_recorded(tmp_path):
-    """It was missing from the steps table, steps.tsv and the record."""
+    """The cut is in the steps table, steps.tsv and the record."""
     proc = subprocess.Popen(argv(tmp_path, "echo started; sleep 60"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env())
     deadline = time.monotonic() + 90
