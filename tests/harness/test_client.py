@@ -1120,8 +1120,8 @@ def _ok_answer(conn: socket.socket) -> None:
 
 
 def test_land_within_s__a_stalled_delete_leaves_room_for_a_retry_that_lands_in_time(local_api: Any) -> None:
-    # The cap is 1.6 s away and one answer may take 2 s (the chaos suite's scale: seed 13000087, a stalled first
-    # DELETE retried after its whole 2 s bound landed past the cap). Half the time left per attempt lands it.
+    # The cap is 1.6 s away and one answer may take 2 s (the chaos suite's scale): a stalled first DELETE retried
+    # after its whole 2 s bound would land past the cap. Half the time left per attempt lands it.
     server = _LocalApi([_stall, _ok_answer])
     try:
         with VastClient(VAST_TEST_KEY, base_url=server.base_url, timeouts=Timeouts(total_s=2), pacing_scale=0,
@@ -1147,7 +1147,7 @@ def _ok_slow_answer(conn: socket.socket) -> None:
 @pytest.mark.slow
 def test_min_attempts__a_search_that_stalls_past_the_retry_bound_is_tried_again(local_api: Any) -> None:
     # Nothing is rented during a search: one that stalled its whole answer bound (longer than the preflight's
-    # retry bound) gets a second try instead of failing the run (chaos seed 13000109: exit 1, not exit 5).
+    # retry bound) gets a second try instead of failing the run (exit 1 where the answer would be exit 5).
     server, client = local_api([_stall, _ok_answer], total_s=1)
     client._max_retry_s = 0.5
     assert client.search_offers({}, max_retry_s=0.5, min_attempts=2) == [] and server.requests == 2
@@ -1165,8 +1165,8 @@ def _not_found(conn: socket.socket) -> None:
 
 
 def test_a_404_after_an_unanswered_delete_of_ours_is_not_someone_elses_delete(local_api: Any) -> None:
-    # Red team, round 6: a DELETE the API held was cut, the retry answered 404, and the run said "deleted by
-    # someone else: no DELETE of ours". Ours was sent and may be what deleted it.
+    # A DELETE the API held was cut and the retry answered 404: ours was sent and may be what deleted it, so
+    # it is never "deleted by someone else".
     server = _LocalApi([_stall, _not_found])
     try:
         with VastClient(VAST_TEST_KEY, base_url=server.base_url, timeouts=Timeouts(total_s=0.5), pacing_scale=0,

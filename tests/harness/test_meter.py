@@ -262,8 +262,7 @@ def test_over_cap_by_time_counts_only_a_rented_instance(fake_clock: FakeClock) -
 
 
 def test_binding_cap_names_the_cap_that_sets_the_deadline() -> None:
-    # Red team: a run cut by its time cap said "instance ... now bills $0.1729/h: the cap is reached", a price
-    # that never changed.
+    # A run cut by its time cap names the time cap, not a price that never changed.
     clock = FakeClock()
     m = meter(clock, max_usd=1.0, max_seconds=600.0)
     m.start_instance(1, 0.36)  # $0.0001/s: $1 lasts 10,000 s, the time cap binds
@@ -274,7 +273,7 @@ def test_binding_cap_names_the_cap_that_sets_the_deadline() -> None:
 
 def test_a_wait_that_gives_up_early_by_design_is_still_a_cut_by_the_cap() -> None:
     # An SSH connect starts no attempt it cannot finish, so it ends up to one attempt before the cap's work
-    # deadline (chaos seeds 1000017, 1000075: exit 1 "no host came up" where the cap had ended the boot).
+    # deadline: that is still the cap ending the boot (exit 6), not "no host came up" (exit 1).
     clock = FakeClock(T0)
     m = meter(clock, max_seconds=100.0, margin_s=10.0)  # work deadline T0 + 90
     clock.now_s = T0 + 89.8

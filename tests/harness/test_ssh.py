@@ -612,8 +612,8 @@ def test_get_tree__pulls_matching_files_recursively_skipping_vanished(
 def test_pull_tree__control_characters_in_a_host_file_name_never_reach_the_local_name(
     host: FakeHost, session: HostSession, tmp_path: Path
 ) -> None:
-    # Red team: a host file `e\x1b]0;PWN\x07\nnl.txt` was written locally under that name, and its ESC/BEL went
-    # into manifest.sha256: `ls` or `cat` of the evidence then wrote to the user's terminal.
+    # A host file named `e\x1b]0;PWN\x07\nnl.txt` is saved under an escaped name: as sent, its ESC/BEL would go
+    # into manifest.sha256, and `ls` or `cat` of the evidence would write to the user's terminal.
     (host.root / "evidence" / "d\x1bir").mkdir(parents=True)
     (host.root / "evidence" / "e\x1b]0;PWN\x07\nnl.txt").write_text("hostile")
     (host.root / "evidence" / "d\x1bir" / "x\x9b.json").write_text("{}")
@@ -649,7 +649,7 @@ def test_run__flood_returns_at_its_deadline(session: HostSession) -> None:
 def test_run__output_buffered_when_the_exit_status_arrives_is_read_whole(session: HostSession) -> None:
     # A reader slower than the host: the host is done (1.2 MB fits the channel's 2 MiB window) but reading it
     # takes ~2 s, past the 1 s deadline. The last read after the exit status was cut at the deadline, so the
-    # step said rc 0 with most of its output silently missing (red team: `seq`, 874 KB of its log lost).
+    # step would say rc 0 with most of its output silently missing: the output after the exit status is read whole.
     got: list[int] = []
 
     def slow(stream: str, line: str) -> None:
@@ -776,8 +776,8 @@ def test_pull_tree__size_budget_skips_what_does_not_fit(
 def test_pull_tree__a_full_local_disk_stops_the_pull_and_says_so_not_over_budget(
     host: FakeHost, session: HostSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Red team: a full disk here made each download fail; each was taken for a file that "grew past the budget"
-    # and the run said "the host's evidence is over the 1073741824-byte pull budget" for two small files.
+    # A full disk here fails each download: that is a local disk error, never a file that "grew past the budget"
+    # (two small files are not over a 1 GB pull budget).
     import errno
 
     out = host.root / "evidence"

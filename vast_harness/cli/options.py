@@ -67,7 +67,7 @@ BootRetries = Annotated[int | None, typer.Option(
 EvidenceDir = Annotated[str | None, typer.Option(
     "--evidence-dir", metavar="DIR",
     help="Where runs write evidence (default: the config file's evidence_dir, else the state dir: "
-         "$VAST_HARNESS_HOME, else ~/.local/state/vast-harness). The ledger stays in the state dir.")]
+         "$VAST_HARNESS_HOME, else ~/.local/state/vast-harness on Linux). The ledger stays in the state dir.")]
 ApiUrl = Annotated[str | None, typer.Option(
     "--api-url", metavar="URL", help="API base URL (default Vast; VAST_URL honoured).")]
 Sim = Annotated[bool, typer.Option(
