@@ -35,7 +35,7 @@ from vast_harness.records import InstanceTeardown
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.dirs import legacy_ledgers
 from vast_harness.state.ledger import EntryFields, Event, Ledger, LedgerEntry, LedgerView, new_run_id, target_of
-from vast_harness.state.process import ProcessId, this_process
+from vast_harness.state.process import ProcessId, pid_exists, this_process
 from vast_harness.state.registry import LABEL_PREFIX, MAX_RUN_S, LiveRun, RunRegistry, parse_label
 from vast_harness.timings import Timings
 from vast_harness.vast.client import VastClient
@@ -93,16 +93,6 @@ class ReapOutcome(BaseModel):
         return not self.not_proven and not self.unproven_ids and not self.interrupted
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, not ours to signal
-    return True
-
-
 def remove_stale_key_dirs(tmp_dir: Path | None = None, *, now: float | None = None) -> list[Path]:
     """Remove runs' one-time SSH key dirs (`vh-key-*`, private keys) whose run process is gone."""
     tmp_dir = Path(tmp_dir or tempfile.gettempdir())
@@ -117,7 +107,7 @@ def remove_stale_key_dirs(tmp_dir: Path | None = None, *, now: float | None = No
             continue
         pid = run_key_dir_pid(path.name)
         if pid is not None:
-            if _pid_alive(pid):
+            if pid_exists(pid):
                 continue
         elif now - st.st_mtime < LEGACY_KEY_DIR_AGE_S:
             continue
