@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+
+Clock = Callable[[], float]  # a clock a caller may inject: now_s, or a test's fake clock
+Sleep = Callable[[float], None]
 
 if hasattr(time, "CLOCK_BOOTTIME"):
     _CLOCK: int | None = time.CLOCK_BOOTTIME

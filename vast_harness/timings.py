@@ -19,7 +19,7 @@ class Timings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     proof_interval_s: float = Field(ge=0, description=(
-        "Seconds between the absence proof's two gone rounds (lifecycle.prove_absent), and the pace of the final "
+        "Seconds between the absence proof's two gone rounds (instance/absence.prove_absent), and the pace of the final "
         "label sweep. Vast: 10 s, the interval the reference's synthesis asks between the two rounds (vast-api.md "
         "section 13, item 8: 'both repeated once more after >= 10 s'); config.REAL_PROOF_INTERVAL_FLOOR_S keeps "
         "a real API at or above it. Simulator: 0.5 s, its reads answer at once. --proof-interval wins."))

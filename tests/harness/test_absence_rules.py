@@ -1,4 +1,4 @@
-"""The absence-proof rules one by one (lifecycle.prove_absent, the per-id and list verdicts, teardown_instance):
+"""The absence-proof rules one by one (absence.prove_absent, the per-id and list verdicts, lifecycle.teardown_instance):
 respx answers in a scripted order, the fake clock for pacing, retries, spacing and deadlines, so every rule
 runs in milliseconds and each test names the one rule it holds the code to."""
 
@@ -14,13 +14,8 @@ import pytest
 import respx
 
 from tests.harness.conftest import FakeClock
-from vast_harness.instance.lifecycle import (
-    UNSEEN_TRUST_AFTER_S,
-    _list_verdict,
-    _per_id_verdict,
-    prove_absent,
-    teardown_instance,
-)
+from vast_harness.instance.absence import UNSEEN_TRUST_AFTER_S, _list_verdict, _per_id_verdict, prove_absent
+from vast_harness.instance.lifecycle import teardown_instance
 from vast_harness.timings import Timings
 from vast_harness.vast.client import RawExchange, VastClient
 

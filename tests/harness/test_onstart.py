@@ -13,7 +13,7 @@ import pytest
 
 from vast_harness.errors import ConfigError
 from vast_harness.host.onstart import ONSTART_LIMIT_CHARS, build_onstart
-from vast_harness.instance.lifecycle import is_lingering
+from vast_harness.instance.absence import is_lingering
 from vast_harness.sim import SimServer
 from vast_harness.sim import sandbox as sandbox_mod
 from vast_harness.vast.client import VastClient

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.sim.openapi import SPEC_DIR, _document, _inline
-from vast_harness.instance.lifecycle import is_lingering
+from vast_harness.instance.absence import is_lingering
 from vast_harness.vast.models import CreateResult, Instance, InstancePage, Offer, User
 
 CLI = json.loads((Path(__file__).parent / "fixtures" / "vast_cli_shapes.json").read_text())

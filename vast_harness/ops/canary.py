@@ -32,7 +32,7 @@ from rich.text import Text
 from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.errors import BootFailed
-from vast_harness.instance.lifecycle import is_lingering
+from vast_harness.instance.absence import is_lingering
 from vast_harness.records import CreatedInstance
 from vast_harness.run.runner import GuardedRun, HarnessResult
 from vast_harness.spec.profile import DriverPolicy, Step

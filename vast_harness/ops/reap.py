@@ -30,7 +30,8 @@ from vast_harness.console.output import Output
 from vast_harness.errors import AuthError, ExitCode, VastError
 from vast_harness.evidence.run import RunEvidence
 from vast_harness.host.ssh import RUN_KEY_DIR_GLOB, run_key_dir_pid
-from vast_harness.instance.lifecycle import UNSEEN_TRUST_AFTER_S, is_lingering, teardown_instance
+from vast_harness.instance.absence import UNSEEN_TRUST_AFTER_S, is_lingering
+from vast_harness.instance.lifecycle import teardown_instance
 from vast_harness.records import InstanceTeardown
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.dirs import legacy_ledgers

@@ -16,7 +16,7 @@ from rich.table import Table
 from vast_harness.console.output import Output
 from vast_harness.console.terminal import safe_cells, safe_text, terminal_safe
 from vast_harness.errors import AuthError, ExitCode, VastError
-from vast_harness.instance.lifecycle import is_lingering
+from vast_harness.instance.absence import is_lingering
 from vast_harness.ops.reap import LiveInstance, judge
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.ledger import Ledger

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from vast_harness.caps.meter import CostMeter, finite_positive
 from vast_harness.console.output import Output
 from vast_harness.errors import CapReachedError, ExitCode, Interrupted, VastError
-from vast_harness.instance.lifecycle import is_lingering
+from vast_harness.instance.absence import is_lingering
 from vast_harness.records import CreatedInstance
 from vast_harness.run.rent_book import RentBook
 from vast_harness.state.ledger import Ledger
