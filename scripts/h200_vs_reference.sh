@@ -10,9 +10,9 @@
 #       H200_RUNS=bench runs, H200_EXTRA="name|ENV=..|flags;..." extra run_mfu_dist runs, each limited to
 #       H200_EXTRA_LIMIT_S=150, H200_SKIP=phases)
 # Wheels (liger-kernel, nvidia-cudnn-frontend) are installed from .whl/ when it exists (the device README's
-# carried-wheel recipe); FA4 and its support libraries come unpacked in one tarball (fa4-site.tar.xz, or
-# $FA4_TARBALL: the cu13 support wheel alone is 92 MB, over a call's 64 MiB), extracted into the same folder. Writes into $OUT: log.txt, kernels-check.json, bench-vs-reference.json, runs.json,
-# extra.tar.gz (every run's JSON and log), and prints a short table last.
+# carried-wheel recipe); FA4 and its support libraries come unpacked in xz tarballs (fa4-*.tar.xz, or
+# $FA4_TARBALL: the cu13 support wheel alone is 92 MB, over a call's 64 MiB), extracted into the same folder.
+# Writes into $OUT: log.txt, kernels-check.json, bench-vs-reference.json, runs.json, extra.tar.gz (every run's JSON and log), and prints a short table last.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CUDA_VISIBLE_DEVICES=0
@@ -28,13 +28,13 @@ if [ -n "$WHEELS" ]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $WHEELS \
         >>"$LOG" 2>&1 && export PYTHONPATH=/tmp/site
 fi
-FA4_TARBALL=${FA4_TARBALL:-$(ls ../fa4-site.tar.xz fa4-site.tar.xz 2>/dev/null | head -1)}
-if [ -n "$FA4_TARBALL" ]; then
-    mkdir -p /tmp/site && tar -xJf "$FA4_TARBALL" -C /tmp/site >>"$LOG" 2>&1 && export PYTHONPATH=/tmp/site
-fi
+FA4_TARBALL=${FA4_TARBALL:-$(ls ../fa4-*.tar.xz fa4-*.tar.xz 2>/dev/null)}
+for tb in $FA4_TARBALL; do  # one or several parts, each unpacked site-packages content
+    mkdir -p /tmp/site && tar -xJf "$tb" -C /tmp/site >>"$LOG" 2>&1 && export PYTHONPATH=/tmp/site
+done
 # FA4 JIT-compiles its kernels; the on-disk cache lets every later process of this call reuse them.
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$WORK/fa4-cache
-echo "wheels: $(echo $WHEELS | xargs -n1 basename 2>/dev/null | tr '\n' ' ') fa4: ${FA4_TARBALL:-none}" | tee -a "$LOG"
+echo "wheels: $(echo $WHEELS | xargs -n1 basename 2>/dev/null | tr '\n' ' ') fa4: ${FA4_TARBALL:-none}" | tr '\n' ' ' | tee -a "$LOG"; echo | tee -a "$LOG"
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_event_reasons.active \
     --format=csv -lms 100 >"$WORK/smi.csv" 2>&1 &
 SMI_PID=$!
