@@ -8,7 +8,7 @@
 # clock-event reasons every 100 ms all along (smi.csv in extra.tar.gz): the alternating slow step's cause.
 #   OUT=dir bash scripts/h200_vs_reference.sh   (PY=python3; H200_STEPS=13, H200_BUDGET_S=540,
 #       H200_RUNS=bench runs, H200_EXTRA="name|ENV=..|flags;..." extra run_mfu_dist runs, each limited to
-#       H200_EXTRA_LIMIT_S=150, H200_SKIP=phases)
+#       H200_EXTRA_LIMIT_S=150, H200_BENCH_LIMIT_S=440, H200_SKIP=phases)
 # Wheels (liger-kernel, nvidia-cudnn-frontend) are installed from .whl/ when it exists (the device README's
 # carried-wheel recipe); FA4 and its support libraries come unpacked in xz tarballs (fa4-*.tar.xz, or
 # $FA4_TARBALL: the cu13 support wheel alone is 92 MB, over a call's 64 MiB), extracted into the same folder.
@@ -58,7 +58,7 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 $PY -c "from remote import fa4; import torch; print('fa4', fa4.versions(), fa4.unqualified(torch.device('cuda')) or 'importable')" 2>&1 | tail -2 | tee -a "$LOG"
 phase check 110 $PY -m remote.kernels.check --out "$OUT/kernels-check.json"
 mkdir -p "$WORK/bench"
-phase bench 440 $PY scripts/bench_vs_reference.py --micro-batch 16 --steps "$STEPS" --runs "$RUNS" \
+phase bench "${H200_BENCH_LIMIT_S:-440}" $PY scripts/bench_vs_reference.py --micro-batch 16 --steps "$STEPS" --runs "$RUNS" \
     --timeout-s 130 --work "$WORK/bench" --out "$OUT/bench-vs-reference.json"
 # extra runs: "name|ENV=V ENV2=V2|flags", separated by ';'
 IFS=';' read -ra EXTRA <<<"${H200_EXTRA:-}"
