@@ -30,8 +30,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # Compute capability majors FA4 was measured on (and faster than cuDNN): Hopper (9.x) and Blackwell DC (10.x).
 QUALIFIED_MAJORS = (9, 10)
-PACKAGES = ("flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu13",
-            "nvidia-cutlass-dsl-libs-cu12", "quack-kernels", "apache-tvm-ffi", "torch-c-dlpack-ext")
+PACKAGES = ("flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-core", "nvidia-cutlass-dsl-libs-base",
+            "nvidia-cutlass-dsl-libs-cu13", "nvidia-cutlass-dsl-libs-cu12", "quack-kernels", "apache-tvm-ffi",
+            "torch-c-dlpack-ext")
 
 _IFACE = None
 _IMPORT_ERROR: str | None = None
