@@ -8,10 +8,13 @@ fast path accepts stops with a message unless the math path was asked for.
 `python -m remote.attention --qualify --out FILE` runs every path at a given shape several times and
 records which ones give the same bits each time (the source of profiles/attention-qualification.json).
 
-Besides PyTorch's SDPA backends there is "cudnn-det" (remote.cudnn_sdpa): cuDNN's attention through its
-own graph API with cuDNN's deterministic backward. PyTorch's SDPA refuses cuDNN in deterministic mode, so
-without it a deterministic run lands on FlashAttention-2's slower deterministic backward; with the
-nvidia-cudnn-frontend wheel present, deterministic runs probe cudnn-det first.
+Besides PyTorch's SDPA backends there are custom paths, each probed like the others and skipped (the reason
+recorded in the run JSON's `attention_rejected`) where its wheel, CUDA or architecture is missing:
+- "fa4" / "fa4-det" (remote.fa4): FlashAttention-4 (flash-attn-4, CuTe DSL), fast and deterministic
+  backward; first in fast and deterministic runs where it qualifies (sm90/sm100 with the wheels installed).
+- "cudnn-det" (remote.cudnn_sdpa): cuDNN's attention through its own graph API with cuDNN's deterministic
+  backward. PyTorch's SDPA refuses cuDNN in deterministic mode, so without fa4-det and cudnn-det a
+  deterministic run lands on FlashAttention-2's slower deterministic backward.
 """
 
 from __future__ import annotations
@@ -32,13 +35,15 @@ from remote.merkle import raw_bytes
 
 PATHS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-CUSTOM = ("cudnn-det",)  # not an SDPA backend: remote.cudnn_sdpa
+CUSTOM = ("fa4", "fa4-det", "cudnn-det")  # not SDPA backends: remote.fa4, remote.cudnn_sdpa
 CHOICES = (*PATHS, *CUSTOM)
-# Fastest first on Hopper (docs/mfu.md; cuDNN SDPA 1.7-2.3x FA2 for training shapes). Under strict
-# deterministic mode PyTorch removes cuDNN itself; cudnn-det (cuDNN's deterministic backward, called
-# directly) goes first there, then flash with its deterministic backward.
-FAST_ORDER = {"cuda": ["cudnn", "flash", "efficient"], "cpu": ["flash"]}
-DETERMINISTIC_ORDER = {"cuda": ["cudnn-det", "flash", "efficient"], "cpu": ["flash"]}
+# Fastest first on Hopper (docs/mfu.md; issue 32: FA4 2.53 ms per layer fwd+bwd at the model's shape, cuDNN
+# SDPA 2.91, flash SDPA 4.15). Under strict deterministic mode PyTorch removes cuDNN itself; FA4's
+# deterministic backward (2.69 ms, bitwise repeatable) goes first there, then cudnn-det (cuDNN's
+# deterministic backward, called directly), then flash with its deterministic backward.
+FAST_ORDER = {"cuda": ["fa4", "cudnn", "flash", "efficient"], "cpu": ["flash"]}
+DETERMINISTIC_ORDER = {"cuda": ["fa4-det", "cudnn-det", "flash", "efficient"], "cpu": ["flash"]}
+FA4_PATHS = {"fa4": False, "fa4-det": True}  # path -> FA4's deterministic backward
 
 
 class AttentionUnavailable(RuntimeError):
@@ -58,12 +63,18 @@ class Choice:
 
 _PROBED: dict[tuple, Choice] = {}
 _ACTIVE: Choice | None = None
-_CUDNN_DET = None  # remote.cudnn_sdpa.attention once cudnn-det is activated
+_CUSTOM_FN = None  # the activated custom path's attention(q, k, v), resolved outside any traced graph
 
 
 def _try(path: str, kv_mode: str, device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int,
          head_dim: int, seq: int = 128) -> str | None:
     """Run one causal fwd+bwd on this path; None if it ran, else the reason."""
+    if path in FA4_PATHS:
+        if kv_mode != "gqa":
+            return f"{path} reads the KV heads directly (gqa) only"
+        from remote import fa4
+
+        return fa4.available(device, dtype, n_heads, n_kv, head_dim, deterministic=FA4_PATHS[path])
     if path == "cudnn-det":
         if kv_mode != "gqa":
             return "cudnn-det reads the KV heads directly (gqa) only"
@@ -97,8 +108,8 @@ def _inputs(device: torch.device, dtype: torch.dtype, batch: int, seq: int, n_he
 
 
 def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mode: str, path: str = "") -> torch.Tensor:
-    if path == "cudnn-det":
-        return _cudnn_det()(q, k, v)
+    if path in CUSTOM:
+        return _custom(path)(q, k, v)
     if q.shape[1] == k.shape[1]:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if kv_mode == "gqa":
@@ -108,8 +119,14 @@ def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mode: str, path:
                                           is_causal=True)
 
 
-def _cudnn_det():
-    from remote import cudnn_sdpa  # imported on first use: only CUDA runs that chose it need it
+def _custom(path: str):
+    """The custom path's attention(q, k, v); its module is imported on first use (CUDA runs that chose it)."""
+    if path in FA4_PATHS:
+        from remote import fa4
+
+        det = FA4_PATHS[path]
+        return lambda q, k, v: fa4.attention(q, k, v, det)
+    from remote import cudnn_sdpa
 
     return cudnn_sdpa.attention
 
@@ -144,9 +161,9 @@ def choose(device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int, he
 
 def activate(choice: Choice) -> None:
     """Pin the chosen backend: every other SDPA backend is switched off for the process."""
-    global _ACTIVE, _CUDNN_DET
+    global _ACTIVE, _CUSTOM_FN
     _ACTIVE = choice
-    _CUDNN_DET = _cudnn_det() if choice.path == "cudnn-det" else None  # resolved here, not inside a traced graph
+    _CUSTOM_FN = _custom(choice.path) if choice.path in CUSTOM else None  # resolved here, not inside a graph
     torch.backends.cuda.enable_flash_sdp(choice.path == "flash")
     torch.backends.cuda.enable_cudnn_sdp(choice.path == "cudnn")
     torch.backends.cuda.enable_mem_efficient_sdp(choice.path == "efficient")
@@ -157,8 +174,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention on [B, H, T, D] through the activated path (math/gqa when none was chosen)."""
     if _ACTIVE is None:
         return _call(q, k, v, "gqa")
-    if _CUDNN_DET is not None:
-        return _CUDNN_DET(q, k, v)
+    if _CUSTOM_FN is not None:
+        return _CUSTOM_FN(q, k, v)
     return _call(q, k, v, _ACTIVE.kv_mode, _ACTIVE.path)
 
 
@@ -189,6 +206,18 @@ def qualify(device: torch.device, dtype: torch.dtype, batch: int, seq: int, n_he
                                            "fwd_bwd_ms": times_ms}
             break
     return results
+
+
+def versions(choice: Choice) -> dict:
+    """What the run record says about the attention path: which ran, and the FA4 / cuDNN-frontend versions."""
+    from remote import fa4
+
+    rec = {"path": choice.path, "kv_mode": choice.kv_mode, "fa4_packages": fa4.versions()}
+    if choice.path == "cudnn-det":
+        from remote import cudnn_sdpa
+
+        rec["cudnn_frontend"] = cudnn_sdpa.frontend_version()
+    return rec
 
 
 def _events(device: torch.device):

@@ -20,6 +20,13 @@ from remote import envprobe, mfu, parallel
 from remote.checks.mfu import MFU_SCHEMA
 from remote.model import FLOPS_FORMULA
 
+
+def attention_record(choice: Choice) -> dict:
+    from remote import attention
+
+    return attention.versions(choice)
+
+
 if TYPE_CHECKING:
     from remote.attention import Choice
     from remote.profiles import Profile
@@ -38,6 +45,29 @@ class RoundResult:
     optimizer_numel: int
     leaf_root: str | None
     extra: dict = field(default_factory=dict)
+
+
+def step_spread(times_s: list[float]) -> dict:
+    """How the timed steps spread, in ms: min/median/max, and the mean of even against odd steps, so an
+    alternating slow step (issue 32: every other step 11-17 ms slower) shows as a large |even - odd|."""
+    ms = [t * 1e3 for t in times_s]
+    if not ms:
+        return {}
+    srt = sorted(ms)
+    even, odd = ms[0::2], ms[1::2]
+    rec = {"min_ms": srt[0], "median_ms": srt[len(srt) // 2], "max_ms": srt[-1],
+           "spread_pct": (srt[-1] - srt[0]) / srt[len(srt) // 2] * 100}
+    if even and odd:
+        rec |= {"even_mean_ms": sum(even) / len(even), "odd_mean_ms": sum(odd) / len(odd)}
+        rec["alternation_ms"] = rec["odd_mean_ms"] - rec["even_mean_ms"]
+    return rec
+
+
+def _fa4_versions() -> dict:
+    from remote import fa4
+
+    v = fa4.versions()
+    return {"flash_attn_4": v["flash-attn-4"], "nvidia_cutlass_dsl": v["nvidia-cutlass-dsl"]}
 
 
 def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.Peak, choice: Choice,
@@ -69,6 +99,7 @@ def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.P
         "tokens_per_s_per_gpu": per_gpu,
         "achieved_tflops_per_gpu": per_gpu * fpt / 1e12,
         "step_times_s": first.step_times_s,
+        "step_time_spread": step_spread(first.step_times_s),
         "all_step_times_s": first.extra["all_step_times_s"],
         "warmup_steps": profile.train.warmup_steps,
         "steps": first.extra["steps"],
@@ -77,6 +108,7 @@ def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.P
         "rank_step_peak_mem_gib": [m[1] for m in mems],
         "rank_optimizer_numel": [m[2] for m in mems],
         "attention_backend": choice.path,
+        "attention": attention_record(choice),
         "attention_kv_mode": choice.kv_mode,
         "attention_rejected": choice.rejected,
         "world_size": world,
@@ -90,7 +122,7 @@ def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.P
         "determinism": det,
         "nccl_env": env | parallel.recorded_env(),
         "versions": envprobe.versions() | {"gpu_name": identities[0]["name"],
-                                           "gpu_uuids": [i["uuid"] for i in identities]},
+                                           "gpu_uuids": [i["uuid"] for i in identities]} | _fa4_versions(),
         "ranks": identities,
         "leaf_root": first.leaf_root,
         "mps": mps,

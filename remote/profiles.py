@@ -14,7 +14,7 @@ from remote.model import ModelConfig
 from remote.paths import MODEL_PROFILES_DIR
 
 PROFILE_DIR = MODEL_PROFILES_DIR
-ATTENTION_PATHS = ("cudnn", "cudnn-det", "flash", "efficient", "math")  # remote.attention.CHOICES
+ATTENTION_PATHS = ("fa4", "fa4-det", "cudnn", "cudnn-det", "flash", "efficient", "math")  # remote.attention.CHOICES
 
 
 class ProfileError(ValueError):

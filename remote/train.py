@@ -114,11 +114,21 @@ def attach_mps(rank: int, local_rank: int, world: int) -> dict | None:
 
 
 class _Profiler:
-    """VH_TORCH_PROFILE_OUT=FILE: torch.profiler over the last two steps, a per-op table written to FILE
-    (where a step's milliseconds go). Off by default: profiling perturbs the timed steps."""
+    """VH_TORCH_PROFILE_OUT=FILE: torch.profiler over the last VH_TORCH_PROFILE_STEPS steps (default 2), a
+    per-op table written to FILE (where a step's milliseconds go); each step is a `vh_step_N` range in the
+    trace (remote.steptrace splits a Chrome trace by them). Off by default: profiling perturbs the timed steps."""
 
     def __init__(self, path: str | None, steps: int) -> None:
-        self.path, self.first, self.prof = path, max(0, steps - 2), None
+        n = int(os.environ.get("VH_TORCH_PROFILE_STEPS", "2"))
+        self.path, self.first, self.prof = path, max(0, steps - n), None
+
+    def mark(self, step: int):
+        """A named range around one step while profiling; nothing otherwise."""
+        import contextlib
+
+        if self.prof is None:
+            return contextlib.nullcontext()
+        return torch.profiler.record_function(f"vh_step_{step}")
 
     def maybe_start(self, step: int) -> None:
         if self.path and step == self.first:
@@ -169,8 +179,9 @@ def run_round(args: argparse.Namespace, profile: Profile, device: torch.device, 
         else:
             dist.barrier(group)
             start = time.perf_counter()
-        losses.append(runner.forward_backward(tokens, targets))
-        runner.step()
+        with prof.mark(step):
+            losses.append(runner.forward_backward(tokens, targets))
+            runner.step()
         if cuda:
             end.record()
             step_peaks.append(torch.cuda.max_memory_allocated(device))
@@ -259,6 +270,9 @@ def _run(args: argparse.Namespace, profile: Profile, device: torch.device, rank:
                                 det=det, mps=mps_rec, device=device)
         record["kernels"] = kern
         evidence.write(args.out, record)
+        spread = record["step_time_spread"]
+        log(rank, "step ms " + " ".join(f"{t * 1e3:.1f}" for t in record["step_times_s"]) +
+            f" (even {spread.get('even_mean_ms', 0):.1f} odd {spread.get('odd_mean_ms', 0):.1f})")
         log(rank, f"mfu {record['mfu']:.4f} tokens/s {record['tokens_per_s']:.0f} "
                   f"leaf_root {record['leaf_root'][:16]} replay_match {record.get('replay_match')}")
     return 0

@@ -235,6 +235,12 @@ def _check_bench_v2(d: dict) -> list[str]:
         failed.append(f"ratio_vs_strongest {d.get('ratio_vs_strongest')} is not ours.mfu / {best['name']}.mfu")
     if not _close(d.get("deterministic_vs_fast", -1.0), det["mfu"] / ours["mfu"]):
         failed.append(f"deterministic_vs_fast {d.get('deterministic_vs_fast')} is not deterministic.mfu / ours.mfu")
+    base = d.get("baseline_fast")
+    if base is not None:
+        failed += [f"baseline_fast: {c}" for c in check_record(base)]
+        if not failed and not _close(d.get("deterministic_vs_baseline_fast", -1.0), det["mfu"] / base["mfu"]):
+            failed.append(f"deterministic_vs_baseline_fast {d.get('deterministic_vs_baseline_fast')} is not "
+                          "deterministic.mfu / baseline_fast.mfu")
     for key, target in d.get("targets", {}).items():
         if key in d and d.get("met", {}).get(key) is not (d[key] >= target):
             failed.append(f"met.{key} {d.get('met', {}).get(key)} does not follow from {d[key]} vs {target}")

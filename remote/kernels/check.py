@@ -249,20 +249,24 @@ def check_adamw(rep: Report, dev: torch.device, sh: dict) -> None:
 
 
 def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
-    """cudnn-det (remote.cudnn_sdpa: cuDNN attention, deterministic backward) against an fp32 math SDPA
-    reference, bitwise across two runs, and timed (fwd+bwd) against the SDPA paths at the model's layout."""
+    """The custom attention paths (fa4 and fa4-det: remote.fa4; cudnn-det: remote.cudnn_sdpa) against an fp64
+    math SDPA reference, the deterministic ones bitwise across two runs, and every path timed (fwd+bwd) at
+    the model's layout."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from remote import attention, cudnn_sdpa
+    from remote import attention, cudnn_sdpa, fa4
 
-    if dev.type != "cuda":  # cuDNN only; the SDPA paths' CPU behaviour is tests/remote's business
+    if dev.type != "cuda":  # CUDA only; the SDPA paths' CPU behaviour is tests/remote's business
         return
     heads, kv, hd, seq = sh["heads"], sh["kv_heads"], sh["head_dim"], sh["seq"]
     batch = max(1, tokens // seq)
-    reason = cudnn_sdpa.available(dev, torch.bfloat16, heads, kv, hd)
-    rep.check(f"attention: cudnn-det available (frontend {cudnn_sdpa.frontend_version()}; {reason or 'ok'})",
-              reason is None)
+    reasons = {"cudnn-det": cudnn_sdpa.available(dev, torch.bfloat16, heads, kv, hd)}
+    rep.check(f"attention: cudnn-det available (frontend {cudnn_sdpa.frontend_version()}; "
+              f"{reasons['cudnn-det'] or 'ok'})", reasons["cudnn-det"] is None)
+    for path, det in attention.FA4_PATHS.items():
+        reasons[path] = fa4.available(dev, torch.bfloat16, heads, kv, hd, deterministic=det)
+        rep.check(f"attention: {path} qualifies ({fa4.versions()}; {reasons[path] or 'ok'})", reasons[path] is None)
 
     def inputs(b: int, seed: int):
         gen = torch.Generator(device=dev).manual_seed(seed)
@@ -276,27 +280,35 @@ def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
         out.backward(dout)
         return out.detach(), base.grad.detach()
 
-    if reason is None:
-        b = 2
-        base, qkv = inputs(b, 1)
-        dout = torch.randn(b, heads, seq, hd, device=dev, dtype=torch.bfloat16)
-        runs = [fwd_bwd("cudnn-det", base, qkv, dout) for _ in range(2)]
-        rep.check("attention cudnn-det: bitwise across two runs (out and dqkv)",
-                  torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1]))
-        ref_base = base.detach().double().requires_grad_(True)
-        q, k, v = ref_base.transpose(1, 2).split([heads, kv, kv], dim=1)
-        with sdpa_kernel([SDPBackend.MATH]):
-            ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        ref.backward(dout.double())
-        rep.check("attention cudnn-det: out rel err vs fp64 math", rel(runs[0][0], ref), 1e-2)
-        rep.check("attention cudnn-det: dqkv rel err vs fp64 math", rel(runs[0][1], ref_base.grad), 2e-2)
-        del ref_base, ref
+    b = 2
+    base, qkv = inputs(b, 1)
+    # dO as the model makes it: [B, T, H, D] memory (the output projection's input gradient), [B, H, T, D] view
+    dout = torch.randn(b, seq, heads, hd, device=dev, dtype=torch.bfloat16).transpose(1, 2)
+    ref_base = base.detach().double().requires_grad_(True)
+    q, k, v = ref_base.transpose(1, 2).split([heads, kv, kv], dim=1)
+    with sdpa_kernel([SDPBackend.MATH]):
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    ref.backward(dout.double())
+    for path in ("fa4", "fa4-det", "cudnn-det"):
+        if reasons[path] is not None:
+            continue
+        runs = [fwd_bwd(path, base, qkv, dout) for _ in range(2)]
+        if path != "fa4":
+            rep.check(f"attention {path}: bitwise across two runs (out and dqkv)",
+                      torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1]))
+        rep.check(f"attention {path}: out rel err vs fp64 math", rel(runs[0][0], ref), 1e-2)
+        rep.check(f"attention {path}: dqkv rel err vs fp64 math", rel(runs[0][1], ref_base.grad), 2e-2)
+        for name, sl in (("dq", slice(0, heads)), ("dk", slice(heads, heads + kv)), ("dv", slice(heads + kv, None))):
+            rep.check(f"attention {path}: {name} rel err vs fp64 math", rel(runs[0][1][:, :, sl],
+                                                                             ref_base.grad[:, :, sl]), 2e-2)
+    del ref_base, ref
     base, qkv = inputs(batch, 2)
-    dout = torch.randn(batch, heads, seq, hd, device=dev, dtype=torch.bfloat16)
+    dout = torch.randn(batch, seq, heads, hd, device=dev, dtype=torch.bfloat16).transpose(1, 2)
     flops = 2 * 2 * batch * heads * seq * seq * hd / 2 * 3.5  # causal fwd (2 GEMMs) + bwd (5 GEMMs)
-    paths = [("cudnn", False), ("flash", False), ("flash", True), ("cudnn-det", True)]
+    paths = [("fa4", False), ("fa4-det", True), ("cudnn", False), ("flash", False), ("flash", True),
+             ("cudnn-det", True)]
     for path, det in paths:
-        if path == "cudnn-det" and reason is not None:
+        if reasons.get(path, None) is not None:
             continue
         was = torch.are_deterministic_algorithms_enabled()
         torch.use_deterministic_algorithms(det)

@@ -145,3 +145,21 @@ def test_bench_script_takes_earlier_runs_as_evidence_and_checker_wants_reference
     assert d["ours"]["ce_chunk_is_profile_default"] is False and d["references"] == [] and "strongest" not in d
     assert d["deterministic_vs_fast"] == d["deterministic"]["mfu"] / d["ours"]["mfu"]
     assert mfu_check.check(out) == ["references: none measured"]
+
+
+def test_bench_v2_baseline_fast_ratio_is_recomputed(tmp_path: Path) -> None:
+    """fast-cudnn (the fast default before FA4) is the deterministic run's yardstick in issue 32."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench", H200.parents[1] / "scripts" / "bench_vs_reference.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    d = _bench_v2()
+    d["baseline_fast"] = json.loads(json.dumps(d["ours"]))
+    d = bench.summarize(d)
+    assert d["deterministic_vs_baseline_fast"] == d["deterministic"]["mfu"] / d["baseline_fast"]["mfu"]
+    assert d["met"]["deterministic_vs_baseline_fast"] is (d["deterministic_vs_baseline_fast"] >= 1.0)
+    assert mfu_check.check(_write(tmp_path, d)) == []
+    d["deterministic_vs_baseline_fast"] = 1.5
+    failed = mfu_check.check(_write(tmp_path, d))
+    assert failed and "deterministic_vs_baseline_fast" in failed[0], failed

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = set(sys.stdlib_module_names) | {"torch", "remote", "triton", "pytest", "tests"}
 # Optional extras that are imported inside a try/except or only for an opt-in feature.
-OPTIONAL = {"transformers", "cudnn"}  # cudnn: nvidia-cudnn-frontend, remote/cudnn_sdpa.py, late and guarded
+OPTIONAL = {"transformers", "cudnn", "flash_attn"}  # cudnn_sdpa.py and fa4.py: late and guarded imports
 
 
 def _imports(path: Path) -> set[str]:

@@ -99,29 +99,33 @@ def test_attention_probe_is_cached_per_key() -> None:
 
     for _ in range(3):
         attention.choose(torch.device("cuda"), torch.bfloat16, 32, 8, 64, "auto", prober=accept)
-    assert len(calls) == 1 and calls[0][:2] == ("cudnn", "gqa")
+    assert len(calls) == 1 and calls[0][:2] == ("fa4", "gqa")
 
 
 @pytest.mark.slow
-def test_deterministic_mode_probes_cudnn_det_first_then_flash() -> None:
-    """Strict deterministic mode: PyTorch's SDPA drops cuDNN, so cuDNN's own deterministic backward
-    (remote.cudnn_sdpa) goes first; when its wheel is missing the probe lands on flash as before."""
+def test_deterministic_mode_probes_fa4_det_then_cudnn_det_then_flash() -> None:
+    """Strict deterministic mode: PyTorch's SDPA drops cuDNN, so FA4's deterministic backward (remote.fa4)
+    goes first, then cuDNN's own (remote.cudnn_sdpa); when both wheels are missing the probe lands on flash."""
     tried = []
 
-    def no_cudnn_frontend(path, kv_mode, *rest):
+    def no_wheels(path, kv_mode, *rest):
         tried.append(f"{path}/{kv_mode}")
-        return "no wheel" if path == "cudnn-det" else None
+        return "no wheel" if path in ("fa4-det", "cudnn-det") else None
 
     torch.use_deterministic_algorithms(True)
     try:
-        choice = attention.choose(torch.device("cuda"), torch.bfloat16, 16, 4, 32, "auto", prober=no_cudnn_frontend)
-        assert tried[0] == "cudnn-det/gqa" and choice.path == "flash" and "cudnn-det/gqa" in choice.rejected
-        got = attention.choose(torch.device("cuda"), torch.bfloat16, 16, 2, 32, "auto", prober=lambda *a: None)
+        choice = attention.choose(torch.device("cuda"), torch.bfloat16, 16, 4, 32, "auto", prober=no_wheels)
+        assert tried[:2] == ["fa4-det/gqa", "fa4-det/expand"] and tried[2] == "cudnn-det/gqa"
+        assert choice.path == "flash" and {"fa4-det/gqa", "cudnn-det/gqa"} <= set(choice.rejected)
+        got = attention.choose(torch.device("cuda"), torch.bfloat16, 16, 2, 32, "auto",
+                               prober=lambda p, *a: "no wheel" if p == "fa4-det" else None)
         assert got.path == "cudnn-det"
+        assert attention.choose(torch.device("cuda"), torch.bfloat16, 16, 1, 32, "auto",
+                                prober=lambda *a: None).path == "fa4-det"
     finally:
         torch.use_deterministic_algorithms(False)
     assert attention.choose(torch.device("cuda"), torch.bfloat16, 16, 2, 32, "auto",
-                            prober=lambda *a: None).path == "cudnn"  # fast mode keeps PyTorch's cuDNN path
+                            prober=lambda p, *a: "no wheel" if p == "fa4" else None).path == "cudnn"
 
 
 def test_cudnn_det_ops_trace_with_the_models_layouts() -> None:
