@@ -152,8 +152,10 @@ def test_ctrl_c_during_reap_says_what_it_had_not_proven(sim, tmp_path):
         offer = client.search_offers({"limit": 5})[0]
         iid = client.create_instance(offer.id, {"image": "img", "disk": 10, "label": "vh-reap-sigint"}).new_contract
     target = LedgerTarget(api_url=validate_api_url(sim.url), account=account_fingerprint(KEY))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()  # the line names the process of a run that has ended (this test's own process is alive)
     Ledger(tmp_path / "ledger.jsonl", target).append("r", "created", "vh-reap-sigint", offer_id=offer.id,
-                                                     instance_id=iid)
+                                                     instance_id=iid, pid=ended.pid)  # type: ignore[typeddict-unknown-key]
     p = _cli("reap", "--evidence-dir", str(tmp_path), "--api-url", sim.url, "--pacing-scale", "0.01",
              "--proof-interval", "30", env={"VAST_API_KEY": KEY})
     deadline = time.monotonic() + 60

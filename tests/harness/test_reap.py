@@ -79,7 +79,7 @@ def test_a_refused_key_with_nothing_in_the_ledger_is_exit_2_not_may_still_bill(s
 
 def test_unresolved_create_is_found_by_label(sim, tmp_path):
     spec = spec_for(sim, tmp_path)
-    label = "custom-unresolved-label"  # no vh- prefix: only the ledger can lead reap to it
+    label = "vh-unresolved-label"  # a label of the harness's own shape, named by the ledger only
     iid = rent(sim, label)
     ledger = Ledger.for_spec(spec)
     ledger.append("r", "intent", label, offer_id=1)

@@ -67,6 +67,48 @@ def cli(*args: str, env: dict[str, str], timeout_s: float = 60) -> subprocess.Co
 
 
 # ------------------------------------------------------------------------------------- what reap deletes
+def test_reap_never_deletes_what_a_ledger_names_under_a_label_no_run_makes(sim, tmp_path, capsys):
+    spec = spec_for(sim, tmp_path)
+    theirs = rent(sim, "prod-database")
+    ledger = Ledger.for_spec(spec)
+    ledger.append("20200101T000000Z-abcdef", "created", "prod-database", offer_id=1, instance_id=theirs)
+    ledger.append("20200101T000000Z-abcdef", "intent", "prod-database", offer_id=1)  # an unknown create too
+    assert reap(sim, spec, Output()) == 3
+    assert theirs in live(sim)
+    assert "which no run of this harness makes" in capsys.readouterr().out
+
+
+def test_a_ledger_reap_cannot_read_is_never_all_proven_absent(sim, tmp_path):
+    spec = spec_for(sim, tmp_path)
+    real = tmp_path / "real-ledger.jsonl"
+    real.write_text("")
+    spec.state_dir.mkdir(parents=True, exist_ok=True)
+    (spec.state_dir / "ledger.jsonl").symlink_to(real)
+    assert reap(sim, spec) == 3
+
+
+def test_a_run_of_another_machine_in_a_synced_ledger_is_judged_by_its_deadline(sim, tmp_path):
+    spec = spec_for(sim, tmp_path)
+    run_id = "20261203T100000Z-abc123"
+    label = make_label(run_id, 0, time.time() + 600, left_s=600)
+    iid = rent(sim, label)
+    Ledger.for_spec(spec).append(run_id, "created", label, offer_id=1, instance_id=iid,
+                                 host="othermachine", pid=1)  # type: ignore[typeddict-unknown-key]
+    assert reap(sim, spec) == 0
+    assert iid in live(sim), "a live run of another machine was reaped"
+
+
+def test_a_server_clock_hours_ahead_does_not_make_a_live_run_an_orphan(sim, tmp_path, monkeypatch):
+    spec = spec_for(sim, tmp_path)
+    label = make_label("20261203T100000Z-def456", 0, time.time() + 240, left_s=240)
+    iid = rent(sim, label)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        client.list_instances()
+        skewed = client.server_clock.now
+        monkeypatch.setattr(client.server_clock, "now", lambda: (skewed() or time.time()) + 7200)
+        assert reap_all(spec, client, Output(quiet=True)) == 0
+    assert iid in live(sim)
+
 def test_reap_never_deletes_an_instance_whose_row_carries_another_label(sim, tmp_path, capsys):
     spec = spec_for(sim, tmp_path)
     theirs = rent(sim, "prod-database")  # the user's own instance, nothing to do with any run
@@ -290,7 +332,7 @@ def test_a_secret_is_masked_as_json_writes_it_and_in_folder_names(sim, tmp_path)
     from vast_harness.run.runner import GuardedRun
     from vast_harness.spec.profile import Step, load_driver_policy
 
-    secret = 'p\u00e4ss"w0rd-\u00fcml'
+    secret = 'p\u00e4ss"w0\'rd\\-\u00fcml'  # a quote of each kind, a backslash, non-ASCII letters
     spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05,
                               remote_secret=[f"TOKEN={secret}"]), environ={})
     # The host writes the value into JSON both ways, and makes a folder (and a file in another) named after it.
@@ -299,6 +341,7 @@ def test_a_secret_is_masked_as_json_writes_it_and_in_folder_names(sim, tmp_path)
               "open('evidence/b.json','w').write(json.dumps({'t': v}, ensure_ascii=False)); "
               "os.makedirs('evidence/'+v, exist_ok=True); os.makedirs('evidence/x/'+v+'-d', exist_ok=True); "
               "open('evidence/x/'+v+'-d/f.txt','w').write('ok')\"; echo \"$TOKEN\" >> ~/.vh-deadman.log; "
+              "python3 -c \"import os; print(repr(os.environ['TOKEN']), dict(t=os.environ['TOKEN']))\"; "
               "echo \"$TOKEN\" | python3 -c "
               "\"import json,sys; print(json.dumps(sys.stdin.read().strip()))\"")
     prof = spec.profile.model_copy(update={"steps": [Step(name="leak", run=script, timeout_s=30)]})
@@ -308,7 +351,7 @@ def test_a_secret_is_masked_as_json_writes_it_and_in_folder_names(sim, tmp_path)
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
         result = run.execute()
     assert result.exit_code == 0, result.message
-    escaped = {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
+    escaped = {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], repr(secret)[1:-1]}
     for path in run.ev.dir.rglob("*"):
         rel = path.relative_to(run.ev.dir).as_posix()
         assert not any(v in rel for v in escaped), f"a secret in a name: {rel}"

@@ -202,7 +202,7 @@ def _small_disk(path: Path, plan: NetPlan) -> Iterator[str | None]:
     if plan.disk is None:
         yield None
         return
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(path)],
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES},mode=0700", "tmpfs", str(path)],
                            capture_output=True, text=True, check=False)
     if mount.returncode != 0:
         yield f"cannot mount a small tmpfs (needs root): {mount.stderr.strip()[:200]}"

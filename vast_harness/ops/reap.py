@@ -36,7 +36,7 @@ from vast_harness.records import InstanceTeardown
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.dirs import legacy_ledgers
 from vast_harness.state.ledger import EntryFields, Event, Ledger, LedgerEntry, LedgerView, new_run_id, target_of
-from vast_harness.state.process import ProcessId, pid_exists, this_process
+from vast_harness.state.process import ProcessId, pid_exists, this_host, this_process
 from vast_harness.state.registry import LABEL_PREFIX, MAX_RUN_S, LiveRun, RunRegistry, parse_label
 from vast_harness.timings import Timings
 from vast_harness.vast.client import VastClient
@@ -209,7 +209,9 @@ def judge(run_id: str | None, label: str, row: Instance | None, *, runs: dict[st
             return "live", f"{how} (pid {run.reg.pid if run.reg else '?'})"
         if run.liveness == "dead":
             return "orphan", f"its run (pid {run.reg.pid if run.reg else '?'}) is dead: nothing holds its registration"
-    elif run_id in known_runs:
+    elif run_id in known_runs and (process is None or process.host == this_host()):
+        # Only a run of this machine is judged by its registration here; another machine's (a synced state dir)
+        # is judged by its label's deadline below, like any run elsewhere.
         if process is not None and process != this_process() and process.running():  # the reaper is no run
             return "live", (f"its run's process (pid {process.pid}) is alive on this machine, though its "
                             "registration is gone")
@@ -265,6 +267,9 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
     for ledger, view in src.views:
         for bad in view.bad_lines:
             out.warn(f"ledger {ledger.path} line {bad.line_no} skipped: {bad.reason}")
+            if bad.line_no == 0:  # the whole ledger: whatever it names may still bill, unseen by this reap
+                result.not_proven.append(f"ledger {ledger.path} could not be read ({bad.reason}): the instances "
+                                         "and creates it names are not known to this reap")
     mine = src.primary.target
     rows: dict[int, Instance] = {}
     try:  # first: its Date header gives the server's clock that every age below is judged by
@@ -275,7 +280,10 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
             raise  # nothing was read and nothing is known to bill: a key to fix (exit 2), not "may still bill"
         listed = False
         result.not_proven.append(f"could not list live instances (the {LABEL_PREFIX}* scan did not run): {exc}")
+    # A deadline or an age counts as passed only when the server's clock and this machine's both say so: one
+    # `Date` header hours ahead must not make a live run's instance an orphan.
     server_now = client.server_clock.now()
+    server_now = None if server_now is None else min(server_now, time.time())
     known_runs = src.run_ids()
     processes = src.processes()
 
@@ -303,6 +311,11 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
                                          "cannot be proven absent with this key/URL; reap with that key and --api-url")
                 continue
             row = rows.get(instance_id)
+            if not entry.label.startswith(LABEL_PREFIX):  # the harness labels every instance it makes vh-...
+                result.not_proven.append(
+                    f"instance {instance_id} is named by the ledger under the label {entry.label!r}, which no run of "
+                    "this harness makes: not deleted; if it is yours to delete, delete it by hand")
+                continue
             if row is not None and (row.label or "") != entry.label:
                 # Only what carries the run's own label is deleted as the run's: a forged or mistaken ledger
                 # line (or a create answer that named another instance) must not delete the user's own.
@@ -322,6 +335,10 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
             if entry.target != mine:
                 result.not_proven.append(f"label {label} (create outcome unknown) belongs to {_describe(entry)}: "
                                          "cannot look for it with this key/URL")
+                continue
+            if not label.startswith(LABEL_PREFIX):
+                result.not_proven.append(f"label {label!r} (create outcome unknown) is not one this harness makes: "
+                                         "instances carrying it are not looked for or deleted")
                 continue
             run = runs.get(entry.run_id)
             if run is not None and run.liveness == "live" and not include_live:

@@ -57,14 +57,18 @@ def collect(spec: RunSpec, client: VastClient) -> tuple[list[StatusRow], list[st
         instances = []
         problems.append(f"could not list the account's instances: {exc}")
     server_now = client.server_clock.now()
-    known = {e.run_id for e in Ledger.for_spec(spec).entries()}
+    server_now = None if server_now is None else min(server_now, time.time())  # as reap judges: both clocks agree
+    entries = Ledger.for_spec(spec).entries()
+    known = {e.run_id for e in entries}
+    processes = {e.run_id: e.process for e in entries if e.process is not None}
     rows: list[StatusRow] = []
     for inst in instances:
         info = parse_label(inst.label)
         run_id = info.run_id if info else None
         run = runs.get(run_id or "")
         reg = run.reg if run else None
-        kind, why = judge(None, inst.label or "", inst, runs=runs, known_runs=known, server_now=server_now)
+        kind, why = judge(None, inst.label or "", inst, runs=runs, known_runs=known, server_now=server_now,
+                          processes=processes)
         age = server_now - inst.start_date if server_now is not None and inst.start_date is not None else None
         state = "tearing down" if is_lingering(inst) else ("orphan" if kind == "orphan" else "running")
         rows.append(StatusRow(

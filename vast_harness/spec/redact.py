@@ -3,7 +3,8 @@ reports, JSON. Settings (`--remote-env`) are not secrets and are shown and store
 
 A secret is masked whatever its length or content: every occurrence of the value, and of each line of a
 multi-line value (step output arrives line by line), becomes `***`, and so does each as JSON writes it (a
-quote, a backslash or a non-ASCII letter escaped: `p\u00e4ss\"`), since the host's evidence is JSON. Longest
+quote, a backslash or a non-ASCII letter escaped: `p\u00e4ss\"`), since the host's evidence is JSON, and as
+Python's `repr` and `unicode_escape` show it (`print(os.environ)`). Longest
 first, so a secret that contains another is masked whole. Standard library only.
 """
 
@@ -27,6 +28,8 @@ class Redactor:
                     needles.add(part)
                     needles.add(json.dumps(part)[1:-1])  # as json.dumps writes it into a file: \u00e4, \"
                     needles.add(json.dumps(part, ensure_ascii=False)[1:-1])
+                    needles.add(repr(part)[1:-1])  # as print(os.environ) or print(a_dict) shows it
+                    needles.add(part.encode("unicode_escape").decode("ascii"))
         self._text = sorted(needles, key=len, reverse=True)
         self._bytes = [n.encode("utf-8") for n in self._text]
         self._overlap = max((len(b) for b in self._bytes), default=1) - 1
