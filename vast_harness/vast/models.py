@@ -30,15 +30,22 @@ STATUS_MSG_ERROR_TOKENS = (
 )
 
 
-def finite_price(value: Any) -> float | None:
-    """A price field as a finite float >= 0 (numbers sent as strings accepted), else None."""
+def finite_number(value: Any) -> float | None:
+    """A finite float (a numeric string accepted), else None: `true` is not 1, and `1e400` (which JSON parses as
+    infinity) and NaN are no figure at all."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         return None
     try:
         number = float(value.strip() if isinstance(value, str) else value)
     except ValueError:
         return None
-    return number if math.isfinite(number) and number >= 0 else None
+    return number if math.isfinite(number) else None
+
+
+def finite_price(value: Any) -> float | None:
+    """A price field as a finite float >= 0 (numbers sent as strings accepted), else None."""
+    number = finite_number(value)
+    return number if number is not None and number >= 0 else None
 
 
 class _VastModel(BaseModel):
@@ -223,15 +230,8 @@ class User(_VastModel):
     @field_validator("credit", "balance", mode="before")
     @classmethod
     def _finite_money(cls, value: Any) -> float | None:
-        """A money figure is a finite number (a numeric string accepted). `true` is not $1.00 and `1e400` (which
-        JSON parses as infinity) is not spendable: either is no figure at all, and nothing is trusted from it."""
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
-            return None
-        try:
-            number = float(value.strip() if isinstance(value, str) else value)
-        except ValueError:
-            return None
-        return number if math.isfinite(number) else None
+        """A money figure is a finite number: anything else is no figure, and nothing is trusted from it."""
+        return finite_number(value)
 
     @property
     def available_usd(self) -> float:
