@@ -102,11 +102,12 @@ def run_workload(
     )
     spec = resolve(options)
     sink = io.StringIO()
-    if echo:
+    # Output binds its streams when made: without echo the run's output goes to the sink (result.console)
+    with contextlib.ExitStack() as quiet:
+        if not echo:
+            quiet.enter_context(contextlib.redirect_stdout(sink))
+            quiet.enter_context(contextlib.redirect_stderr(sink))
         out = Output(progress=False)
-    else:  # the sink is bound now: the run's output goes there, not to the caller's stdout or stderr
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            out = Output(quiet=True, progress=False)
     from vast_harness.spec.profile import load_driver_policy
     from vast_harness.vast.client import VastClient
 
@@ -121,7 +122,7 @@ def run_workload(
                 from vast_harness.market.plan import plan_run
 
                 check_minimum_cap(target.caps.max_minutes, target.timings)
-                plan = plan_run(target, client, drivers, bundle_for(target.profile))
+                plan = plan_run(target, client, drivers, bundle_for(target))
                 return WorkloadResult(exit_code=ExitCode.PASSED, plan=plan.summary(), console=sink.getvalue())
             from vast_harness.run.runner import GuardedRun
 

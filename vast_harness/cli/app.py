@@ -193,7 +193,7 @@ def _plan_or_run(out: Output, spec: RunSpec) -> int:
 
             check_minimum_cap(target.caps.max_minutes, target.timings)  # the run would refuse it: so does the preview
 
-            show_plan(out, plan_run(target, client, drivers, bundle_for(target.profile)))
+            show_plan(out, plan_run(target, client, drivers, bundle_for(target)))
             return 0
         from vast_harness.run.runner import run_guarded
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from vast_harness.errors import ConfigError
 from vast_harness.records import WorkdirRecord
 from vast_harness.resources import data_root
-from vast_harness.spec.profile import HarnessProfile
+from vast_harness.spec.resolve import RunSpec
 from vast_harness.spec.workdir import WorkdirSelection, select_workdir
 
 # What goes to the host, relative to data_root(), read off the profiles' step commands; local-only tools
@@ -86,12 +86,14 @@ def build_workdir_bundle(selection: WorkdirSelection) -> Bundle:
     return bundle.model_copy(update={"workdir": record})
 
 
-def bundle_for(profile: HarnessProfile) -> Bundle:
-    """What a run of this profile uploads: its `[workdir]` when it has one, else the harness's own payload."""
-    if profile.workdir is None:
+def bundle_for(spec: RunSpec) -> Bundle:
+    """What a run uploads: its profile's `[workdir]` when it has one (the harness's own state and evidence
+    dirs left out), else the harness's own payload."""
+    wd = spec.profile.workdir
+    if wd is None:
         return build_bundle()
-    wd = profile.workdir
-    return build_workdir_bundle(select_workdir(Path(wd.path), exclude=wd.exclude, max_mb=wd.max_mb))
+    return build_workdir_bundle(select_workdir(Path(wd.path), exclude=wd.exclude, max_mb=wd.max_mb,
+                                               skip_dirs=(spec.state_dir, spec.evidence_dir)))
 
 
 def _pack(root: Path, members: list[tuple[str, Path]]) -> Bundle:

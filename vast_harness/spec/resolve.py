@@ -214,8 +214,6 @@ def resolve(
             raise ConfigError(f"--{run_only[0].replace('_', '-')} applies to `vast-e2e run -- CMD` only; a profile "
                               "says it in its file ([workdir], artifacts, image)")
         prof = load_profile(o.profile or "", profiles_dir)
-    if prof.workdir is not None:  # missing, over the size limit, an --exclude that matches nothing: exit 2 now
-        select_workdir(Path(prof.workdir.path), exclude=prof.workdir.exclude, max_mb=prof.workdir.max_mb)
     if o.unqualified_ok and not o.any_driver:
         raise ConfigError("--unqualified-ok only applies with --any-driver (without it no run passes on an "
                           "unqualified driver)")
@@ -306,6 +304,9 @@ def resolve(
                 if on_unwritable is None:
                     raise
                 on_unwritable(str(exc))
+    if prof.workdir is not None:  # missing, over the size limit, an --exclude that matches nothing: exit 2 now
+        select_workdir(Path(prof.workdir.path), exclude=prof.workdir.exclude, max_mb=prof.workdir.max_mb,
+                       skip_dirs=(state, ev_dir))
     # The one place a run's timings are chosen: the simulator's table with --sim, else Vast's; flags win.
     timing_flags = {"proof_interval_s": o.proof_interval_s, "poll_s": o.poll_s, "pacing_scale": o.pacing_scale}
     table = Timings.sim() if o.sim else Timings.real()

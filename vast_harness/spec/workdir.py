@@ -103,12 +103,14 @@ def _largest(files: Iterable[WorkdirFile]) -> str:
 
 
 def select_workdir(root: Path, *, exclude: Sequence[str] = (), max_mb: float = DEFAULT_WORKDIR_MAX_MB,
-                   flag: str = "--workdir") -> WorkdirSelection:
-    """The files to upload, sorted; ConfigError naming the problem (missing, not a folder, over the limit)."""
+                   skip_dirs: Sequence[Path] = (), flag: str = "--workdir") -> WorkdirSelection:
+    """The files to upload, sorted; ConfigError naming the problem (missing, not a folder, over the limit).
+    `skip_dirs`: the harness's own state and evidence dirs, never uploaded when they sit inside the workdir."""
     root = root.expanduser()
     if not root.is_dir():
         raise ConfigError(f"{flag} {root}: no such folder" if not root.exists() else f"{flag} {root}: not a folder")
     root = root.resolve()
+    skipped = {d.expanduser().resolve() for d in skip_dirs}
     excludes = {g: pathspec.GitIgnoreSpec.from_lines([g]) for g in (check_glob("--exclude", g) for g in exclude)}
     excludes_used: set[str] = set()
     # .gitignore files apply to the folder they sit in; --exclude and .git/ to the whole workdir.
@@ -139,6 +141,8 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), max_mb: float = D
             rel = base + name
             if (here / name).is_symlink():
                 symlinks.append(rel)
+            elif (here / name) in skipped:
+                excluded += 1
             elif ignored(rel, is_dir=True):
                 excluded += 1
             else:
