@@ -284,3 +284,11 @@ def test_actionlint_finds_nothing_in_the_copyable_workflow():
         pytest.skip("actionlint is not installed (bash .ci/install-actionlint.sh)")
     done = subprocess.run([tool, str(WORKFLOW)], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+
+
+def test_the_readme_shows_run_on_its_first_screen_below_the_two_set_up_commands():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    setup = [i for i, line in enumerate(lines) if line.startswith("uv run --extra workload ")]
+    run = [i for i, line in enumerate(lines) if line.startswith("uv run vast-e2e run --sim --workdir examples/tiny-train")]
+    assert len(setup) == 2 and run and setup[-1] < run[0] < 30
+    assert " -- python train.py" in lines[run[0]] and "](docs/run.md)" in "\n".join(lines[:30])
