@@ -135,8 +135,11 @@ BAD = [
                  ["--artifact", "unclosed '['"], id="artifact-bad-syntax"),
     pytest.param(["--workdir", "{tmp}/nowhere", "--", "true"], ["--workdir", "no such folder"], id="workdir-missing"),
     pytest.param(["--workdir", "{example}", "--setup", " ", "--", "true"], ["--setup #1 is empty"], id="setup-empty"),
-    pytest.param(["--workdir", "{example}", "--min-gpu-ram-gb", "-1", "--", "true"], ["--min-gpu-ram-gb"],
-                 id="gpu-ram-negative"),
+    *[pytest.param(["--workdir", "{example}", flag, value, "--", "true"], [flag], id=f"{flag}={value}")
+      for flag in ("--min-gpu-ram-gb", "--workdir-max-mb") for value in ("-1", "nan", "inf", "1e300", "", "[/x]")],
+    pytest.param(["--workdir", "{example}", "--workdir-max-mb", "0", "--", "true"], ["--workdir-max-mb"],
+                 id="workdir-max-mb-zero"),
+    pytest.param(["--workdir", "{example}", "--gpu", " ", "--", "true"], ["--gpu"], id="gpu-empty"),
 ]
 
 

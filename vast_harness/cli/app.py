@@ -285,12 +285,12 @@ def _offers(flags: Flags, rank_by: str) -> None:
             raise ConfigError(f"--rank-by must be dph or usd-per-mtok, got {rank_by!r}")
         given = flags.options.profile
         spec = flags.spec(profile="mfu" if given is None else given, dry_run=True)
-        from vast_harness.host.bundle import build_bundle
+        from vast_harness.host.bundle import bundle_for
         from vast_harness.market.plan import account_credit_usd, choose_offers
 
         with _api_target(spec) as target, _client(target, out) as client:
             credit = account_credit_usd(client)
-            choice = choose_offers(target, client, load_driver_policy(), build_bundle(), credit_usd=credit)
+            choice = choose_offers(target, client, load_driver_policy(), bundle_for(target), credit_usd=credit)
         if rank_by == "usd-per-mtok":
             from vast_harness.market.token_rate import load_measurements, print_ranked, rank_by_usd_per_mtok
 

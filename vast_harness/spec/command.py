@@ -24,6 +24,7 @@ RUN_DEFAULT_MAX_MINUTES = 30.0
 RUN_DEFAULT_DISK_GB = 40.0
 MAX_GPU_RAM_GB = 2_000.0
 # A user's command may run as long as the time cap allows: the cap, not a step timeout, ends it (exit 6).
+# `with_cap_timeouts` brings this down to the run's own time cap once the caps are known.
 _NO_STEP_TIMEOUT_S = MAX_MINUTES_LIMIT * 60.0
 
 
@@ -58,7 +59,8 @@ def command_profile(run: CommandRun, *, profiles_dir: Path = PROFILES_DIR) -> Ha
     for flag, globs in (("--artifact", run.artifacts), ("--exclude", run.exclude)):
         for glob in globs:
             check_glob(flag, glob)
-    image = run.image if run.image is not None else load_profile("smoke", profiles_dir).image
+    smoke = load_profile("smoke", profiles_dir)  # its image, and whether its digest was checked, by default
+    image = run.image if run.image is not None else smoke.image
     try:
         ref = ImageRef.parse(image)
     except ValueError as exc:
@@ -74,6 +76,7 @@ def command_profile(run: CommandRun, *, profiles_dir: Path = PROFILES_DIR) -> Ha
             name=COMMAND_PROFILE_NAME,
             description=f"vast-e2e run -- {command_line(run.command)}",
             image=image,
+            image_digest_verified=smoke.image_digest_verified and image == smoke.image,
             image_cuda=float(ref.cuda),
             disk_gb=RUN_DEFAULT_DISK_GB,
             caps=Caps(max_usd=RUN_DEFAULT_MAX_USD, max_minutes=RUN_DEFAULT_MAX_MINUTES),
@@ -89,3 +92,9 @@ def command_profile(run: CommandRun, *, profiles_dir: Path = PROFILES_DIR) -> Ha
         where = ".".join(str(p) for p in first["loc"])
         flag = {"artifacts": "--artifact", "workdir": "--workdir/--exclude"}.get(where.split(".")[0], where)
         raise ConfigError(f"{flag}: {first['msg'].removeprefix('Value error, ')}") from None
+
+
+def with_cap_timeouts(profile: HarnessProfile, max_seconds: float) -> HarnessProfile:
+    """The command profile whose steps may run until the time cap (what the dry run shows and the run uses)."""
+    steps = [step.model_copy(update={"timeout_s": min(step.timeout_s, max_seconds)}) for step in profile.steps]
+    return profile.model_copy(update={"steps": steps})

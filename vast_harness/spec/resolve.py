@@ -16,7 +16,7 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from vast_harness.errors import ConfigError, UnwritableDirError
-from vast_harness.spec.command import MAX_GPU_RAM_GB, CommandRun, command_profile
+from vast_harness.spec.command import MAX_GPU_RAM_GB, CommandRun, command_profile, with_cap_timeouts
 from vast_harness.spec.profile import (
     NUM_GPUS_PLACEHOLDER,
     PROFILES_DIR,
@@ -252,6 +252,8 @@ def resolve(
         max_usd=max_usd if max_usd is not None else prof.caps.max_usd,
         max_minutes=max_minutes if max_minutes is not None else prof.caps.max_minutes,
     )
+    if o.command is not None:
+        prof = with_cap_timeouts(prof, caps.max_minutes * 60.0)
     given_env = parse_remote_env(o.remote_env or [])
     secret_file = path_flag("--remote-secret-file", o.remote_secret_file)
     secrets = read_secret_file(secret_file) if secret_file is not None else {}
