@@ -93,6 +93,25 @@ def test_run_workload_pulls_small_artifacts_first_and_names_what_did_not_come_ba
     assert "step run" in result.console  # what the command would have printed, kept rather than printed
 
 
+def test_a_failing_command_still_gets_its_artifacts_back_with_secrets_masked(tmp_path):
+    """Nothing is lost: the teardown pulls the artifacts of a command that failed, and a secret the command
+    wrote into one is masked there (named in the record) like everywhere else."""
+    from vast_harness import api
+
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "fail.sh").write_text('mkdir -p logs\necho "token=$TRACKER_TOKEN loss=nan" > logs/train.log\nexit 3\n')
+    result = api.run_workload(["sh", "fail.sh"], workdir=work, artifacts=["logs"], sim=True,
+                              remote_secrets={"TRACKER_TOKEN": SECRET}, evidence_dir=tmp_path / "ev")
+    assert result.exit_code == ExitCode.FAILED and "rc=3" in result.message
+    assert result.record is not None and result.record.artifacts is not None
+    assert result.record.artifacts.files == ["logs/train.log"] and result.record.artifacts.redacted == ["logs/train.log"]
+    assert result.artifacts_dir is not None
+    assert (result.artifacts_dir / "logs" / "train.log").read_text() == "token=*** loss=nan\n"
+    assert result.record.absence.verdict == "gone"
+    assert SECRET not in result.console
+
+
 def test_run_workload_prints_nothing_and_a_dry_run_rents_nothing(tmp_path, capsys):
     from vast_harness import api
 
