@@ -66,6 +66,8 @@ def test_the_example_runs_end_to_end_on_the_simulator_through_the_cli(tmp_path):
     leaks = [p.name for p in _evidence_files(run_dir) if SECRET.encode() in p.read_bytes()]
     assert leaks == []
     assert record["absence"]["verdict"] == "gone"
+    report = (run_dir / "report.html").read_text()
+    assert record["workdir"]["sha256"] in report and 'href="artifacts/checkpoints/model.json"' in report
 
 
 def test_run_workload_pulls_small_artifacts_first_and_names_what_did_not_come_back(tmp_path, monkeypatch):
