@@ -216,6 +216,10 @@ def test_the_upload_honours_gitignore_exclude_and_never_follows_a_symlink(tmp_pa
     state = work / ".state"
     state.mkdir()
     (state / "ledger.jsonl").write_text("{}\n")
+    assert [f.rel for f in select_workdir(work, exclude=["/data", "src/"], skip_dirs=[state]).files] == [
+        ".gitignore", "notes.tmp", "train.py"]  # .gitignore syntax: `/data` is anchored at the workdir
+    with pytest.raises(ConfigError, match="'/src/lib' matches nothing"):
+        select_workdir(work, exclude=["/src/lib"])
     sel = select_workdir(work, exclude=["*.tmp"], skip_dirs=[state])
     assert [f.rel for f in sel.files] == [".gitignore", "data/keep.csv", "src/.gitignore", "src/lib.py", "train.py"]
     assert sel.symlinks == ["key", "linked"]

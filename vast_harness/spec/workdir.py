@@ -50,22 +50,24 @@ class WorkdirSelection(BaseModel):
         return sum(f.bytes for f in self.files)
 
 
-def check_glob(flag: str, glob: str) -> str:
+def check_glob(flag: str, glob: str, *, anchored_ok: bool = False) -> str:
     """A glob relative to the workdir (`*.pt`, `out/**/*.json`, `checkpoints`): refused when absolute, when it
-    climbs out with `..`, is empty, negated, has unbalanced brackets or control characters."""
+    climbs out with `..`, is empty, negated, has unbalanced brackets or control characters. `anchored_ok`: a
+    leading `/` anchors the pattern at the workdir, as in .gitignore (--exclude); artifacts are anchored anyway."""
     text = glob.strip()
     if not text:
         raise ConfigError(f"{flag}: an empty glob; give a path pattern relative to the workdir, e.g. 'out/*.json'")
     if _CONTROL.search(text):
         raise ConfigError(f"{flag} {glob!r}: control characters are not allowed in a glob")
-    if text.startswith(("/", "~")) or re.match(r"^[A-Za-z]:[\\/]", text):
+    anchor = anchored_ok and text.startswith("/") and not text.startswith("//")  # .gitignore's `/data`
+    if (text.startswith(("/", "~")) and not anchor) or re.match(r"^[A-Za-z]:[\\/]", text):
         raise ConfigError(f"{flag} {glob!r}: must be relative to the workdir, not an absolute path")
     if "\\" in text:
         raise ConfigError(f"{flag} {glob!r}: use / between path parts (a backslash is not a separator on the host)")
     if ".." in PurePosixPath(text).parts:
-        raise ConfigError(f"{flag} {glob!r}: '..' would leave the workdir; artifacts come from inside it")
+        raise ConfigError(f"{flag} {glob!r}: '..' would leave the workdir; a glob names files inside it")
     if text.startswith("!"):
-        raise ConfigError(f"{flag} {glob!r}: a negated glob selects nothing; use --exclude to leave files out")
+        raise ConfigError(f"{flag} {glob!r}: a negated glob ('!') is not supported here; name what you want")
     depth = 0
     for char in text:
         depth += {"[": 1, "]": -1}.get(char, 0) if depth or char == "[" else 0
@@ -111,7 +113,8 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), max_mb: float = D
         raise ConfigError(f"{flag} {root}: no such folder" if not root.exists() else f"{flag} {root}: not a folder")
     root = root.resolve()
     skipped = {d.expanduser().resolve() for d in skip_dirs}
-    excludes = {g: pathspec.GitIgnoreSpec.from_lines([g]) for g in (check_glob("--exclude", g) for g in exclude)}
+    excludes = {g: pathspec.GitIgnoreSpec.from_lines([g])
+                for g in (check_glob("--exclude", g, anchored_ok=True) for g in exclude)}
     excludes_used: set[str] = set()
     # .gitignore files apply to the folder they sit in; --exclude and .git/ to the whole workdir.
     ignores: list[tuple[str, pathspec.GitIgnoreSpec]] = [("", pathspec.GitIgnoreSpec.from_lines(_ALWAYS_EXCLUDED))]
