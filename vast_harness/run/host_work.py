@@ -339,7 +339,6 @@ class HostWork:
         raise HarnessError(f"the host's evidence pull broke off ({len(pulled.files)} file(s) pulled): "
                            f"{pulled.detail}")
 
-
     def _pull_artifacts(self, *, deadline: float, max_bytes: float, abandon: Callable[[], bool]) -> None:
         """`run --artifact`: the globs from the host's workdir into <run>/artifacts/, with what is left of the
         evidence pull's deadline and budget; secrets masked as in the host's evidence."""
@@ -348,17 +347,17 @@ class HostWork:
             if globs:
                 self.artifacts = ArtifactPull(globs=list(globs), detail="no time left for the artifact pull")
             return
+        got: ArtifactPull | None = None
         try:
-            self.artifacts = pull_artifacts(self.session, f"{REMOTE_DIR}/{WORKDIR_DIR}", ArtifactGlobs(globs),
-                                            self.ev.dir / ARTIFACTS_DIR, deadline=deadline,
-                                            max_bytes=max(0.0, max_bytes),
-                                            on_bytes=lambda n: self.meter.add_bytes(down=n), abandon=abandon)
+            got = pull_artifacts(self.session, f"{REMOTE_DIR}/{WORKDIR_DIR}", ArtifactGlobs(globs),
+                                 self.ev.dir / ARTIFACTS_DIR, deadline=deadline, max_bytes=max(0.0, max_bytes),
+                                 on_bytes=lambda n: self.meter.add_bytes(down=n), abandon=abandon)
         except Exception as exc:  # noqa: BLE001 - evidence is best effort; the teardown must still run
-            self.artifacts = ArtifactPull(globs=list(globs), detail=f"{type(exc).__name__}: {exc}")
-        finally:
-            if self.artifacts is not None:
-                self.artifacts.redacted = self._redact_pulled(ARTIFACTS_DIR)
-        got = self.artifacts
+            got = ArtifactPull(globs=list(globs), detail=f"{type(exc).__name__}: {exc}")
+        finally:  # a signal too: what arrived is masked and recorded before the teardown goes on
+            got = got or ArtifactPull(globs=list(globs), detail="interrupted")
+            got.redacted = self._redact_pulled(ARTIFACTS_DIR)
+            self.artifacts = got
         self.out.info(f"pulled {len(got.files)} artifact(s), {got.bytes} bytes, into "
                       f"{self.ev.dir / ARTIFACTS_DIR}" + ("" if got.complete else f"; incomplete: {got.detail}"))
 
