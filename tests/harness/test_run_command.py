@@ -121,6 +121,7 @@ def test_run_workload_prints_nothing_and_a_dry_run_rents_nothing(tmp_path, capsy
                               evidence_dir=tmp_path / "ev")
     assert result.exit_code == ExitCode.PASSED and result.plan is not None and result.run_id is None
     assert [s["name"] for s in result.plan["steps"]] == ["run"]
+    assert result.plan["workdir"]["files"] == 3 and result.plan["workdir"]["path"] == str(EXAMPLE)
     assert capsys.readouterr() == ("", "")
     with pytest.raises(ConfigError, match="--artifact"):
         api.run_workload(["true"], workdir=EXAMPLE, artifacts=["/etc/passwd"], sim=True)
