@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "Rejection": "vast_harness.market.offers",
     "resolve": "vast_harness.spec.resolve",
     "run_guarded": "vast_harness.run.runner",
+    "run_workload": "vast_harness.api",
     "RunOptions": "vast_harness.spec.resolve",
     "RunSpec": "vast_harness.spec.resolve",
     "search_ranked": "vast_harness.market.offers",
@@ -53,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "User": "vast_harness.vast.models",
     "VastClient": "vast_harness.vast.client",
     "VastError": "vast_harness.errors",
+    "WorkloadResult": "vast_harness.api",
 }
 
 __all__ = [
@@ -88,12 +90,14 @@ __all__ = [
     "User",
     "VastClient",
     "VastError",
+    "WorkloadResult",
     "choose",
     "load_driver_policy",
     "load_profile",
     "quote_offer",
     "resolve",
     "run_guarded",
+    "run_workload",
     "search_ranked",
 ]
 
@@ -111,6 +115,7 @@ def __dir__() -> list[str]:
 
 
 if _TYPE_CHECKING:  # the same names, for type checkers and editors
+    from vast_harness.api import WorkloadResult, run_workload
     from vast_harness.errors import (
         ApiStatusError,
         AuthError,

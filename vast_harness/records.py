@@ -219,6 +219,32 @@ class PullRecord(BaseModel):
     max_bytes: float | None = None
 
 
+class WorkdirRecord(BaseModel):
+    """`vast-e2e run`: the workdir as uploaded. `sha256` is the reproducible bundle of exactly these files."""
+
+    path: str
+    sha256: str
+    files: int
+    bytes: int  # the files' total, before compression
+    excluded: int = 0  # files and folders left out by .gitignore, --exclude and .git/
+    symlinks_skipped: list[str] = Field(default_factory=list)  # never followed, never uploaded
+
+
+class ArtifactPull(BaseModel):
+    """`--artifact` globs pulled from the host's workdir into <run>/artifacts/, smallest first."""
+
+    globs: list[str]
+    files: list[str] = Field(default_factory=list)
+    bytes: int = 0
+    unmatched: list[str] = Field(default_factory=list)  # globs that selected no file on the host
+    skipped: list[str] = Field(default_factory=list)  # over the size budget
+    left: list[str] = Field(default_factory=list)  # a cut pull: the file being copied, then those not reached
+    redacted: list[str] = Field(default_factory=list)
+    renamed: dict[str, str] = Field(default_factory=dict)
+    complete: bool = False
+    detail: str = ""
+
+
 class RunRecord(BaseModel):
     """harness-result.json. Built by the run, serialised here; readers check `schema_version`."""
 
@@ -252,6 +278,8 @@ class RunRecord(BaseModel):
     deadman: dict[str, Any] | None = None  # deadman.DeadmanStatus at the first SSH: armed, fires at, clock skew
     image_sent: str | None = None  # the image reference the create carried (repo@sha256:digest)
     image_expect_override: dict[str, str] | None = None  # --image-expect: what the host check expected instead
+    workdir: WorkdirRecord | None = None  # `vast-e2e run`: the uploaded workdir and its sha256
+    artifacts: ArtifactPull | None = None  # `vast-e2e run --artifact`: what came back
     exit_code: int
     message: str
     finished_unix: float = Field(default_factory=time.time)

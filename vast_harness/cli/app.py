@@ -12,35 +12,39 @@ was reached · 130 interrupted.
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import SecretStr
 
+from vast_harness.api import api_target
 from vast_harness.cli.options import (
     AllowUnarmedDeadman,
     AnyDriver,
     ApiUrl,
+    Artifact,
     BootRetries,
     CanaryMaxUsd,
+    Command,
     DryRun,
     EightGpuQualified,
     EvidenceDir,
+    Exclude,
     Flags,
     FleetMaxUsd,
+    Gpu,
+    Image,
     ImageExpect,
     ImageExpectAck,
     JsonOutput,
     KeyFile,
     MaxMinutes,
     MaxUsd,
+    MinGpuRamGb,
     MinPcieBw,
     NumGpus,
     PacingScale,
@@ -50,8 +54,11 @@ from vast_harness.cli.options import (
     RemoteEnv,
     RemoteSecret,
     RemoteSecretFile,
+    Setup,
     Sim,
     UnqualifiedOk,
+    Workdir,
+    WorkdirMaxMb,
 )
 from vast_harness.cli.tables import show_offers, show_plan
 from vast_harness.console.output import Output
@@ -79,7 +86,6 @@ app = typer.Typer(
     help="Rent a Vast.ai GPU host under cost and time caps, run a pinned workload, always delete it with proof.",
 )
 
-SIM_OFFERS = 1000  # a market large enough that every profile finds offers
 MAX_PARALLEL = 64
 CANARY_MAX_USD = 0.10  # a canary rents minutes of the cheapest offer
 
@@ -97,20 +103,7 @@ def _show_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@contextmanager
-def _api_target(spec: RunSpec) -> Iterator[RunSpec]:
-    """The spec pointed at the API it should use: the embedded simulator with --sim, else as given. The
-    simulator boots and enforces Vast's rate limits as the spec's timings (Timings.sim()) say."""
-    if not spec.sim:
-        yield spec
-        return
-    from vast_harness.sim import SimServer  # imported only when asked for
-
-    timings = spec.timings
-    with SimServer(seed=0, boot_seconds=timings.min_boot_s, rate_scale=timings.pacing_scale,
-                   num_offers=SIM_OFFERS) as sim:
-        key = SecretStr("sim-" + secrets.token_hex(16))
-        yield spec.model_copy(update={"api_url": sim.url, "api_key": key})
+_api_target = api_target  # the embedded simulator with --sim (vast_harness/api.py, shared with run_workload)
 
 
 def _client(spec: RunSpec, out: Output | None = None) -> VastClient:
@@ -184,21 +177,77 @@ def _run_profile(flags: Flags) -> None:
         if flags.options.profile is None:
             raise ConfigError("--profile is required (mfu, proofs, smoke or a profile file); "
                               "vast-e2e -h lists every option")
-        spec = flags.spec()
-        drivers = load_driver_policy()
-        with _api_target(spec) as target, _client(target) as client:
-            if target.dry_run:
-                from vast_harness.caps.meter import check_minimum_cap
-                from vast_harness.host.bundle import build_bundle
-                from vast_harness.market.plan import plan_run
+        return _plan_or_run(out, flags.spec())
 
-                check_minimum_cap(target.caps.max_minutes, target.timings)  # the run would refuse it: so does the preview
+    _guard(out, body)
 
-                show_plan(out, plan_run(target, client, drivers, build_bundle()))
-                return 0
-            from vast_harness.run.runner import run_guarded
 
-            return run_guarded(target, client, drivers, out).exit_code
+def _plan_or_run(out: Output, spec: RunSpec) -> int:
+    """The dry run's plan, or the guarded run: a profile's and `run`'s alike."""
+    drivers = load_driver_policy()
+    with _api_target(spec) as target, _client(target) as client:
+        if target.dry_run:
+            from vast_harness.caps.meter import check_minimum_cap
+            from vast_harness.host.bundle import bundle_for
+            from vast_harness.market.plan import plan_run
+
+            check_minimum_cap(target.caps.max_minutes, target.timings)  # the run would refuse it: so does the preview
+
+            show_plan(out, plan_run(target, client, drivers, bundle_for(target)))
+            return 0
+        from vast_harness.run.runner import run_guarded
+
+        return run_guarded(target, client, drivers, out).exit_code
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    ctx: typer.Context,
+    *,
+    command: Command = None,
+    workdir: Workdir = None,
+    setup: Setup = None,
+    artifact: Artifact = None,
+    exclude: Exclude = None,
+    workdir_max_mb: WorkdirMaxMb = None,
+    image: Image = None,
+    gpu: Gpu = None,
+    num_gpus: NumGpus = None,
+    min_gpu_ram_gb: MinGpuRamGb = None,
+    min_pcie_bw: MinPcieBw = None,
+    key_file: KeyFile = None,
+    max_usd: MaxUsd = None,
+    max_minutes: MaxMinutes = None,
+    remote_env: RemoteEnv = None,
+    remote_secret: RemoteSecret = None,
+    remote_secret_file: RemoteSecretFile = None,
+    dry_run: DryRun = False,
+    any_driver: AnyDriver = False,
+    unqualified_ok: UnqualifiedOk = False,
+    boot_retries: BootRetries = None,
+    evidence_dir: EvidenceDir = None,
+    api_url: ApiUrl = None,
+    sim: Sim = False,
+    json_output: JsonOutput = False,
+    proof_interval_s: ProofInterval = None,
+    pacing_scale: PacingScale = None,
+    poll_s: PollInterval = None,
+    allow_unarmed_deadman: AllowUnarmedDeadman = False,
+) -> None:
+    """Run your own command on a rented host: upload the workdir, run --setup then CMD there, pull the
+    --artifact files, delete the instance and prove it gone, under the same caps and guarantees as a profile.
+
+    vast-e2e run [OPTIONS] -- CMD [ARGS...]   (default caps: $1 and 30 minutes; see docs/run.md)"""
+    _run_command(Flags.of(ctx))
+
+
+def _run_command(flags: Flags) -> None:
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        if not flags.options.command:
+            raise ConfigError("run: no command given; put it after --: vast-e2e run [OPTIONS] -- CMD [ARGS...]")
+        return _plan_or_run(out, flags.spec())
 
     _guard(out, body)
 
@@ -236,12 +285,12 @@ def _offers(flags: Flags, rank_by: str) -> None:
             raise ConfigError(f"--rank-by must be dph or usd-per-mtok, got {rank_by!r}")
         given = flags.options.profile
         spec = flags.spec(profile="mfu" if given is None else given, dry_run=True)
-        from vast_harness.host.bundle import build_bundle
+        from vast_harness.host.bundle import bundle_for
         from vast_harness.market.plan import account_credit_usd, choose_offers
 
         with _api_target(spec) as target, _client(target, out) as client:
             credit = account_credit_usd(client)
-            choice = choose_offers(target, client, load_driver_policy(), build_bundle(), credit_usd=credit)
+            choice = choose_offers(target, client, load_driver_policy(), bundle_for(target), credit_usd=credit)
         if rank_by == "usd-per-mtok":
             from vast_harness.market.token_rate import load_measurements, print_ranked, rank_by_usd_per_mtok
 

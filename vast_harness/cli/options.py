@@ -91,6 +91,35 @@ ImageExpect = Annotated[str | None, typer.Option(
 ImageExpectAck = Annotated[bool, typer.Option(
     "--image-expect-ack", metavar="", help="Allow --image-expect against a real (non-loopback) API.")]
 
+# `vast-e2e run -- CMD` only (docs/run.md)
+Workdir = Annotated[str | None, typer.Option(
+    "--workdir", metavar="DIR",
+    help="The folder to upload and run in (default .): .gitignore honoured, .git/ and symlinks left out.")]
+Setup = Annotated[list[str] | None, typer.Option(
+    "--setup", metavar="CMD",
+    help="A shell command run in the workdir before CMD (repeatable, in order), e.g. 'pip install -r "
+         "requirements.txt'.")]
+Artifact = Annotated[list[str] | None, typer.Option(
+    "--artifact", metavar="GLOB",
+    help="Files to pull back into the run's evidence (repeatable; relative to the workdir, ** crosses folders, "
+         "a folder takes all in it; smallest first). A glob that matches nothing after the run fails it (exit 1).")]
+Exclude = Annotated[list[str] | None, typer.Option(
+    "--exclude", metavar="GLOB",
+    help="Leave these workdir files out of the upload (repeatable, .gitignore syntax); one that matches nothing "
+         "is an error.")]
+WorkdirMaxMb = Annotated[float | None, typer.Option(
+    "--workdir-max-mb", metavar="MB", help="The upload's size limit (default 100 MB).")]
+Image = Annotated[str | None, typer.Option(
+    "--image", metavar="REPO:TAG@sha256:DIGEST",
+    help="The image, pinned by digest, its tag naming CUDA (default the smoke profile's pytorch/pytorch).")]
+Gpu = Annotated[list[str] | None, typer.Option(
+    "--gpu", metavar="NAME", help="A GPU model the offer may have, e.g. 'RTX 4090' (repeatable; default any).")]
+MinGpuRamGb = Annotated[float | None, typer.Option(
+    "--min-gpu-ram-gb", metavar="GB", help="Minimum memory per GPU, GB.")]
+Command = Annotated[list[str] | None, typer.Argument(
+    metavar="-- CMD [ARGS...]", show_default=False,
+    help="The command, after --, run in the workdir as given (each word quoted; use sh -c '...' for shell syntax).")]
+
 # --max-usd as two commands word it: the fleet's is its total (and required), the canary's has its own default.
 FleetMaxUsd = Annotated[float, typer.Option(
     "--max-usd", metavar="USD",

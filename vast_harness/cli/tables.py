@@ -58,6 +58,12 @@ def show_plan(out: Output, plan: RunPlan) -> None:
     out.out.print(_line(("Worst case", "bold"), f": {q.arithmetic}"))
     env = " ".join(f"{k}={v}" for k, v in plan.remote_env_shown.items()) or "(none)"
     out.out.print(_line(("remote_env", "bold"), f": {env}"))
+    if plan.workdir is not None:  # `vast-e2e run`: what is uploaded and what comes back
+        wd = plan.workdir
+        skipped = f", {len(wd.symlinks_skipped)} symlink(s) skipped" if wd.symlinks_skipped else ""
+        out.out.print(_line(("workdir", "bold"), f": {wd.path} ({wd.files} files, {wd.bytes} bytes; "
+                             f"{wd.excluded} left out{skipped})"))
+        out.out.print(_line(("artifacts", "bold"), f": {', '.join(plan.artifacts) or '(none)'}"))
     out.out.print(_t(f"bundle sha256 {plan.bundle_sha256[:16]}… ({plan.bundle_bytes} bytes); {plan.offers_seen} "
                       f"offers seen in {plan.pages} page(s); nothing was created.", "dim"))
     for w in plan.warnings:

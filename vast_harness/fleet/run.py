@@ -32,7 +32,7 @@ from vast_harness.console.output import Output, RunOutput
 from vast_harness.console.terminal import line
 from vast_harness.errors import PRECEDENCE, ExitCode, LedgerWriteError, NoOfferError, describe, exit_code_for, worst
 from vast_harness.fleet.plan import SIM_PEAK_SCALE, FleetEntry, Preflight, preflight, print_preflight
-from vast_harness.host.bundle import build_bundle
+from vast_harness.host.bundle import bundle_for
 from vast_harness.run.runner import GuardedRun
 from vast_harness.run.signals import SignalHandler
 from vast_harness.spec.profile import DriverPolicy
@@ -250,7 +250,7 @@ def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
         write_fleet_result,
     )
 
-    pre = preflight(base, gpus, client, drivers, build_bundle(), total_usd=total_usd, per_run_usd=per_run_usd,
+    pre = preflight(base, gpus, client, drivers, bundle_for(base), total_usd=total_usd, per_run_usd=per_run_usd,
                     allow_overcommit=allow_overcommit)
     print_preflight(out, pre, title="Fleet: the offer each GPU type's run would rent")
     if base.sim and base.profile.require_gpu:

@@ -15,7 +15,10 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from vast_harness.errors import ConfigError
+from vast_harness.records import WorkdirRecord
 from vast_harness.resources import data_root
+from vast_harness.spec.resolve import RunSpec
+from vast_harness.spec.workdir import WorkdirSelection, select_workdir
 
 # What goes to the host, relative to data_root(), read off the profiles' step commands; local-only tools
 # (chaos, benchmarks, the CLI script) stay here. A directory ships whole. The wheel packages the same paths
@@ -36,10 +39,14 @@ _SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 _SKIP_SUFFIXES = {".pyc", ".pyo"}
 
 
+WORKDIR_DIR = "work"  # a workdir bundle unpacks under ~/vh/work: the host's evidence/ beside it stays the harness's
+
+
 class Bundle(BaseModel):
     data: bytes
     sha256: str
     files: int
+    workdir: WorkdirRecord | None = None  # a `run` bundle: the user's workdir, as recorded
 
     @property
     def size_bytes(self) -> int:
@@ -68,12 +75,36 @@ def _members(root: Path) -> list[Path]:
 
 def build_bundle(root: Path | None = None) -> Bundle:
     root = root or data_root()
+    return _pack(root, [(str(rel), rel) for rel in _members(root)])
+
+
+def build_workdir_bundle(selection: WorkdirSelection) -> Bundle:
+    """The user's selected workdir files under `work/`; its sha256 is the workdir's in the record."""
+    bundle = _pack(selection.root, [(f"{WORKDIR_DIR}/{f.rel}", Path(f.rel)) for f in selection.files])
+    record = WorkdirRecord(path=str(selection.root), sha256=bundle.sha256, files=bundle.files,
+                           bytes=selection.total_bytes, excluded=selection.excluded, symlinks_skipped=selection.symlinks)
+    return bundle.model_copy(update={"workdir": record})
+
+
+def bundle_for(spec: RunSpec) -> Bundle:
+    """What a run uploads: its profile's `[workdir]` when it has one (the harness's own state and evidence
+    dirs left out), else the harness's own payload."""
+    wd = spec.profile.workdir
+    if wd is None:
+        return build_bundle()
+    return build_workdir_bundle(select_workdir(Path(wd.path), exclude=wd.exclude, max_mb=wd.max_mb,
+                                               skip_dirs=(spec.state_dir, spec.evidence_dir)))
+
+
+def _pack(root: Path, members: list[tuple[str, Path]]) -> Bundle:
     raw = io.BytesIO()
-    members = _members(root)
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for rel in members:
-            data = (root / rel).read_bytes()
-            info = tarfile.TarInfo(str(rel))
+        for name, rel in members:
+            try:
+                data = (root / rel).read_bytes()
+            except OSError as exc:  # a workdir file removed or unreadable since it was listed
+                raise ConfigError(f"cannot read {root / rel} for the upload: {exc.strerror or exc}") from None
+            info = tarfile.TarInfo(name)
             info.size = len(data)
             info.mode = 0o755 if (root / rel).stat().st_mode & 0o111 else 0o644
             info.mtime = 0

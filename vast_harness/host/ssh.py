@@ -622,6 +622,30 @@ class HostSession:
         """Pull regular files whose name matches `pattern`, recursively. Returns their relative paths."""
         return self._walk_pull(remote_dir, local_dir, pattern, TreePull(), None, None).files
 
+    def list_files(self, remote_dir: str, *, max_files: int) -> list[tuple[str, int]]:
+        """Regular files under `remote_dir` as (relative posix path, size), at most `max_files` of them and
+        `_MAX_TREE_DEPTH` deep; symlinks and special files are left out, as `pull_tree` leaves them."""
+        sftp = self._sftp_client()
+        found: list[tuple[str, int]] = []
+        pending: list[tuple[PurePosixPath, int]] = [(PurePosixPath("."), 0)]
+        while pending and len(found) < max_files:
+            rel_dir, depth = pending.pop()
+            try:
+                entries = sftp.listdir_attr(str(PurePosixPath(remote_dir) / rel_dir))
+            except FileNotFoundError:
+                continue
+            except TimeoutError:
+                raise self._stalled(f"listing {remote_dir}/{rel_dir}") from None
+            for entry in sorted(entries, key=lambda e: e.filename):
+                if entry.filename in (".", "..") or "/" in entry.filename or entry.st_mode is None:
+                    continue
+                rel = rel_dir / entry.filename
+                if stat.S_ISDIR(entry.st_mode) and depth + 1 < _MAX_TREE_DEPTH:
+                    pending.append((rel, depth + 1))
+                elif stat.S_ISREG(entry.st_mode):
+                    found.append((rel.as_posix(), int(entry.st_size or 0)))
+        return found[:max_files]
+
     def pull_tree(
         self, remote_dir: str, local_dir: Path, *, deadline: float, max_bytes: float,
         on_bytes: Callable[[int], None] | None = None, abandon: Callable[[], bool] | None = None,

@@ -15,7 +15,7 @@ from vast_harness.clock import now_s
 from vast_harness.errors import NoOfferError, TransportError
 from vast_harness.host.bundle import Bundle
 from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
-from vast_harness.records import OfferSummary
+from vast_harness.records import OfferSummary, WorkdirRecord
 from vast_harness.spec.profile import DriverPolicy
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.vast.client import VastClient
@@ -64,6 +64,8 @@ class RunPlan(BaseModel):
     bundle_bytes: int
     any_driver: bool
     warnings: list[str]
+    workdir: WorkdirRecord | None = None  # `vast-e2e run`: what the upload holds, before anything is paid
+    artifacts: list[str] = []  # `vast-e2e run --artifact`: the globs pulled back
 
     def offer_summary(self) -> OfferSummary:
         o, q = self.chosen.offer, self.chosen.quote
@@ -88,6 +90,7 @@ class RunPlan(BaseModel):
             "pytest_node_ids": self.pytest_node_ids,
             "remote_env": self.remote_env_shown, "remote_secrets": self.remote_secret_names,
             "bundle": {"sha256": self.bundle_sha256, "bytes": self.bundle_bytes},
+            **({"workdir": self.workdir.model_dump(), "artifacts": self.artifacts} if self.workdir else {}),
             "offers_seen": self.offers_seen,
             "pages": self.pages,
             "alternatives": [c.offer.id for c in self.alternatives],
@@ -174,4 +177,6 @@ def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: B
         bundle_bytes=bundle.size_bytes,
         any_driver=spec.any_driver,
         warnings=warnings,
+        workdir=bundle.workdir,
+        artifacts=list(spec.profile.artifacts),
     )

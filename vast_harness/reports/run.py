@@ -13,6 +13,7 @@ from collections.abc import Callable
 from html import escape
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from vast_harness.evidence.host_data import WorkloadFigures, load_workloads, number, read_json, usd_per_mtok
 from vast_harness.reports import svg as svgplot
@@ -108,6 +109,30 @@ def profile_section(f: RunFacts) -> str:
             + table(["step", "timeout s", "command"], plan, cls="plan"))
 
 
+def workdir_section(f: RunFacts) -> str:
+    """`vast-e2e run`: the workdir that was uploaded (its sha256) and the artifacts that came back, each linked;
+    the globs that matched nothing and the files left on the host are named. Nothing for a profile's bundle."""
+    wd, arts = _dict(f.result.get("workdir")), _dict(f.result.get("artifacts"))
+    if not wd and not arts:
+        return ""
+    rows: list[list[Any]] = [["workdir", wd.get("path")], ["sha256", wd.get("sha256")], ["files", wd.get("files")],
+                             ["bytes", wd.get("bytes")], ["left out", wd.get("excluded")],
+                             ["symlinks skipped", ", ".join(str(s) for s in wd.get("symlinks_skipped") or []) or "–"]]
+    html = "<h3>Workdir</h3>" + table(["", ""], rows, cls="workdir")
+    if arts:
+        files = [str(n) for n in arts.get("files") or []]
+        links: list[list[Any]] = [[Link(n, "artifacts/" + quote(n)) if (f.dir / "artifacts" / n).is_file() else n]
+                                  for n in files]
+        problems: list[list[Any]] = [["globs", ", ".join(str(g) for g in arts.get("globs") or [])],
+                    ["matched nothing", ", ".join(str(g) for g in arts.get("unmatched") or []) or "–"],
+                    ["skipped (budget)", ", ".join(str(g) for g in arts.get("skipped") or []) or "–"],
+                    ["left on the host", ", ".join(str(g) for g in arts.get("left") or []) or "–"],
+                    ["complete", arts.get("complete")]]
+        html += ("<h3>Artifacts</h3>" + table(["", ""], problems, cls="artifacts")
+                 + table(["file"], links, cls="artifact-files"))
+    return html
+
+
 def steps_section(f: RunFacts) -> str:
     rows = []
     for s in f.steps:
@@ -201,8 +226,11 @@ def workload_section(f: RunFacts) -> str:
 def run_sections(f: RunFacts, *, link_prefix: str = "") -> str:
     """A run's sections; `link_prefix` makes its links relative to another page (the fleet report)."""
     html = (summary_section(f) + timeline.timeline_section(f) + timeline.cost_section(f) + steps_section(f)
-            + profile_section(f) + absence_section(f) + workload_section(f))
-    return html.replace('href="steps/', f'href="{escape(link_prefix)}steps/') if link_prefix else html
+            + profile_section(f) + workdir_section(f) + absence_section(f) + workload_section(f))
+    if not link_prefix:
+        return html
+    return (html.replace('href="steps/', f'href="{escape(link_prefix)}steps/')
+            .replace('href="artifacts/', f'href="{escape(link_prefix)}artifacts/'))
 
 
 def write_run_report(directory: Path) -> Path:

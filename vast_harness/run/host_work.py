@@ -18,10 +18,12 @@ from vast_harness.caps.meter import CostMeter
 from vast_harness.console.output import LineBudget, Output
 from vast_harness.errors import CapReachedError, HarnessError, Interrupted, StepFailedError, TransferAbandoned
 from vast_harness.evidence.run import RunEvidence, StepLog
-from vast_harness.host.bundle import Bundle
+from vast_harness.host.artifacts import pull_artifacts
+from vast_harness.host.bundle import WORKDIR_DIR, Bundle
 from vast_harness.host.ssh import HostSession, TreePull
-from vast_harness.records import PullRecord, StepOutcome, StepRecord
+from vast_harness.records import ArtifactPull, PullRecord, StepOutcome, StepRecord
 from vast_harness.spec.resolve import RunSpec
+from vast_harness.spec.workdir import ArtifactGlobs
 
 REMOTE_DIR = "vh"  # under the host's $HOME
 # The evidence pull: never longer than this, never more bytes than this (and never more than the cap affords).
@@ -32,6 +34,7 @@ _METER_EVERY_BYTES = 1 << 20
 
 
 _CONSOLE_LINE_CHARS = 1000  # the most of one line the console shows; the step log keeps it whole
+ARTIFACTS_DIR = "artifacts"  # `run --artifact`: <evidence>/<run_id>/artifacts/, the workdir's relative paths kept
 
 
 class HostWork:
@@ -51,6 +54,7 @@ class HostWork:
         self._phase = on_phase  # the run's timeline and live view (progress.PhaseLog)
         self.steps: list[StepRecord] = []
         self.pull: PullRecord | None = None
+        self.artifacts: ArtifactPull | None = None  # `run --artifact`: pulled with the evidence
         self.evidence_pulled = False
         self.t_last_step_end_unix: float | None = None  # recorded
         self.t_last_step_end_mono: float | None = None  # compared
@@ -151,7 +155,7 @@ class HostWork:
             cut: CapReachedError | None = None
             interrupted: Interrupted | None = None
             try:
-                outcome = self.session.run(f"cd ~/{REMOTE_DIR} && {step.run}", on_line=on_line, timeout_s=timeout,
+                outcome = self.session.run(f"cd {self._step_dir} && {step.run}", on_line=on_line, timeout_s=timeout,
                                            env=env, stop=self.cancelled)
             except CapReachedError as exc:  # raised from inside the drain: the channel is closed already
                 cut = exc
@@ -198,11 +202,16 @@ class HostWork:
             if outcome.rc != 0:
                 raise StepFailedError(f"step {step.name} failed with rc={outcome.rc}", step=step.name, rc=outcome.rc)
 
-    def _redact_pulled(self) -> list[str]:
+    @property
+    def _step_dir(self) -> str:
+        """Where the steps run on the host: the uploaded workdir for a `run`, else the harness's bundle."""
+        return f"~/{REMOTE_DIR}/{WORKDIR_DIR}" if self.spec.profile.workdir is not None else f"~/{REMOTE_DIR}"
+
+    def _redact_pulled(self, under: str = "remote") -> list[str]:
         """Secrets in what the host wrote are masked before anything reads or hashes it (the manifest and the
         report come after), whatever way the pull ended; the names of the files that held one are recorded.
         A file that cannot be masked is an evidence write failure (the run cannot pass with it)."""
-        redact, root = self.spec.redactor, self.ev.dir / "remote"
+        redact, root = self.spec.redactor, self.ev.dir / under
         if not redact:
             return []
         changed = []
@@ -222,7 +231,7 @@ class HostWork:
                 elif redact.file(path):
                     changed.append(name)
             except OSError as exc:
-                self.ev.write_failures.append(f"remote/{redact.text(name)}: could not mask a secret "
+                self.ev.write_failures.append(f"{under}/{redact.text(name)}: could not mask a secret "
                                               f"({exc.strerror or exc})")
         # A folder named after a secret: its files moved to the masked name above; the name itself must go too.
         for folder in sorted((p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()), reverse=True):
@@ -238,7 +247,7 @@ class HostWork:
                     else:
                         folder.rmdir()
                 except OSError as exc:
-                    self.ev.write_failures.append(f"remote/{redact.text(name)}: could not mask a secret in a "
+                    self.ev.write_failures.append(f"{under}/{redact.text(name)}: could not mask a secret in a "
                                                   f"folder's name ({exc.strerror or exc})")
         return changed
 
@@ -303,12 +312,16 @@ class HostWork:
                                                  "skipped": pulled.skipped, "left": pulled.left,
                                                  "renamed": pulled.renamed,
                                                  "complete": pulled.complete, "detail": pulled.detail})
+        self._pull_artifacts(deadline=deadline, max_bytes=budget - pulled.bytes, abandon=abandon)
         if pulled.renamed:
             self.out.warn(f"{len(pulled.renamed)} host file name(s) held control characters: saved under escaped "
                           "names (harness-result.json pull.renamed maps them)")
         self.out.info(f"pulled {len(pulled.files)} evidence file(s), {pulled.bytes} bytes"
                       + ("" if pulled.complete else f"; incomplete: {pulled.detail}"))
-        if pulled.complete or in_teardown:
+        if in_teardown:
+            return
+        if pulled.complete:
+            self._check_artifacts(deadline, affordable)
             return
         self._check_cancelled()  # cut by a cancel: its reason is the run's
         got = f"{len(pulled.files)} file(s), {pulled.bytes} bytes pulled"
@@ -325,6 +338,39 @@ class HostWork:
         # A link that broke or stalled: the workload passed, but its evidence did not all come back.
         raise HarnessError(f"the host's evidence pull broke off ({len(pulled.files)} file(s) pulled): "
                            f"{pulled.detail}")
+
+    def _pull_artifacts(self, *, deadline: float, max_bytes: float, abandon: Callable[[], bool]) -> None:
+        """`run --artifact`: the globs from the host's workdir into <run>/artifacts/, with what is left of the
+        evidence pull's deadline and budget; secrets masked as in the host's evidence."""
+        globs = self.spec.profile.artifacts
+        if not globs or self.meter.now() >= deadline:
+            if globs:
+                self.artifacts = ArtifactPull(globs=list(globs), detail="no time left for the artifact pull")
+            return
+        got: ArtifactPull | None = None
+        try:
+            got = pull_artifacts(self.session, f"{REMOTE_DIR}/{WORKDIR_DIR}", ArtifactGlobs(globs),
+                                 self.ev.dir / ARTIFACTS_DIR, deadline=deadline, max_bytes=max(0.0, max_bytes),
+                                 on_bytes=lambda n: self.meter.add_bytes(down=n), abandon=abandon)
+        except Exception as exc:  # noqa: BLE001 - evidence is best effort; the teardown must still run
+            got = ArtifactPull(globs=list(globs), detail=f"{type(exc).__name__}: {exc}")
+        finally:  # a signal too: what arrived is masked and recorded before the teardown goes on
+            got = got or ArtifactPull(globs=list(globs), detail="interrupted")
+            got.redacted = self._redact_pulled(ARTIFACTS_DIR)
+            self.artifacts = got
+        self.out.info(f"pulled {len(got.files)} artifact(s), {got.bytes} bytes, into "
+                      f"{self.ev.dir / ARTIFACTS_DIR}" + ("" if got.complete else f"; incomplete: {got.detail}"))
+
+    def _check_artifacts(self, deadline: float, affordable: float) -> None:
+        """An artifact pull that did not bring everything back fails the run, as incomplete evidence does: exit
+        6 when the cap cut it, else 1 naming the glob or the files (docs/run.md)."""
+        got = self.artifacts
+        if got is None or got.complete:
+            return
+        self._check_cancelled()
+        if self.meter.cut_by_cap(deadline) or (got.skipped and affordable < PULL_MAX_BYTES):
+            raise CapReachedError(f"cap reached during the artifact pull: {got.detail}")
+        raise HarnessError(f"the artifacts are incomplete: {got.detail}")
 
 
 def _left_on_host(pulled: TreePull, shown: int = 5) -> str:

@@ -54,6 +54,7 @@ def build_record(t: RunTools, s: RunState, code: int, message: str) -> RunRecord
         deadman=s.deadman.model_dump() if s.deadman else None,
         image_sent=spec.profile.image_ref.create_form,
         image_expect_override=spec.image_expect_override.model_dump() if spec.image_expect_override else None,
+        workdir=s.workdir, artifacts=s.work.artifacts if s.work else None,
         exit_code=code, message=message,
         harness={"python": sys.version.split()[0], "platform": platform.platform()},
     )

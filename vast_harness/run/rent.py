@@ -24,7 +24,7 @@ from vast_harness.errors import (
     SshConnectError,
     TeardownUnproven,
 )
-from vast_harness.host.bundle import Bundle, build_bundle
+from vast_harness.host.bundle import Bundle, bundle_for
 from vast_harness.host.deadman import DeadmanUnarmed, check_armed
 from vast_harness.host.onstart import build_onstart
 from vast_harness.host.ssh import HostSession, endpoints_for, generate_run_key
@@ -66,7 +66,8 @@ def preflight(t: RunTools, s: RunState, key_dir: Path) -> Bundle:
     check_minimum_cap(t.spec.caps.max_minutes, t.spec.timings)
     check_evidence_dir(t.spec.evidence_dir, "the evidence dir")  # full or read-only: rent nothing
     register(t, s)  # before anything is rented: from now on a reap sees this run as live
-    bundle = build_bundle()
+    bundle = bundle_for(t.spec)  # a `run`'s workdir, else the harness's own payload
+    s.workdir = bundle.workdir
     s.plan = plan = timed(t, s, "plan", lambda: plan_run(t.spec, t.client, t.drivers, bundle))
     t.ev.write_json("offer-quote.json", plan.summary())
     if t.ev.write_failures:  # a full or read-only evidence dir: rent nothing
@@ -108,7 +109,7 @@ def candidates(t: RunTools, s: RunState) -> Iterator[Candidate]:
         yield cand
     try:
         credit = account_credit_usd(t.client)
-        choice = choose_offers(t.spec, t.client, t.drivers, build_bundle(), credit_usd=credit,
+        choice = choose_offers(t.spec, t.client, t.drivers, bundle_for(t.spec), credit_usd=credit,
                                exclude_machine_ids=t.book.excluded_machines)
     except NoOfferError:
         return

@@ -18,6 +18,7 @@ from vast_harness.errors import ConfigError
 from vast_harness.files import UnusableFile, read_regular_file
 from vast_harness.resources import profiles_dir as _profiles_dir
 from vast_harness.spec.values import ENV_KEY_RE, env_value, path_flag
+from vast_harness.spec.workdir import DEFAULT_WORKDIR_MAX_MB, MAX_WORKDIR_MAX_MB, check_glob
 from vast_harness.vast.models import pack_driver_version
 from vast_harness.vast.url import shown
 
@@ -80,6 +81,27 @@ class Transfer(StrictModel):
 
     expected_evidence_mb: float = Field(ge=0, default=20)
     upload_extra_mb: float = Field(ge=0, default=0)  # e.g. wheels that travel with the bundle
+
+
+class Workdir(StrictModel):
+    """`[workdir]`: the user's folder the run uploads (instead of the harness's own bundle); the steps run in
+    it on the host. The selection rules are spec/workdir.py's (docs/run.md)."""
+
+    path: str  # in a profile file: relative to the file's folder
+    exclude: list[str] = Field(default_factory=list)  # globs left out beside .gitignore
+    max_mb: float = Field(gt=0, le=MAX_WORKDIR_MAX_MB, default=DEFAULT_WORKDIR_MAX_MB)
+
+    @field_validator("exclude")
+    @classmethod
+    def _globs(cls, globs: list[str]) -> list[str]:
+        return [_glob("exclude", g) for g in globs]
+
+
+def _glob(field: str, glob: str) -> str:
+    try:
+        return check_glob(field, glob)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class ImageRef(StrictModel):
@@ -173,6 +195,19 @@ class HarnessProfile(StrictModel):
     # False: the steps run on any host (the smoke profile's CPU round). `fleet --sim` swaps a GPU profile's
     # steps for the smoke profile's, since simulated hosts have no GPU.
     require_gpu: bool = True
+    workdir: Workdir | None = None  # None: the harness's own bundle (host/bundle.py HOST_PAYLOAD)
+    artifacts: list[str] = Field(default_factory=list)  # globs in the workdir, pulled into <run>/artifacts/
+
+    @field_validator("artifacts")
+    @classmethod
+    def _artifact_globs(cls, globs: list[str]) -> list[str]:
+        return [_glob("artifacts", g) for g in globs]
+
+    @model_validator(mode="after")
+    def _artifacts_need_workdir(self) -> HarnessProfile:
+        if self.artifacts and self.workdir is None:
+            raise ValueError("artifacts are globs in the workdir: declare [workdir] too")
+        return self
 
     @field_validator("remote_env")
     @classmethod
@@ -320,9 +355,13 @@ def load_profile(name: str, profiles_dir: Path = PROFILES_DIR) -> HarnessProfile
     else:
         path = profiles_dir / "harness" / f"{name}.toml"
     try:
-        return HarnessProfile.model_validate(load_toml(path))
+        prof = HarnessProfile.model_validate(load_toml(path))
     except ValidationError as exc:
         raise ConfigError(validation_message(str(path), exc)) from None
+    if prof.workdir is not None:  # a workdir is found beside its profile file, wherever the command runs
+        where = (path.parent / Path(prof.workdir.path).expanduser()).as_posix()
+        prof = prof.model_copy(update={"workdir": prof.workdir.model_copy(update={"path": where})})
+    return prof
 
 
 def load_driver_policy(profiles_dir: Path = PROFILES_DIR) -> DriverPolicy:

@@ -16,6 +16,7 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from vast_harness.errors import ConfigError, UnwritableDirError
+from vast_harness.spec.command import MAX_GPU_RAM_GB, CommandRun, command_profile, with_cap_timeouts
 from vast_harness.spec.profile import (
     NUM_GPUS_PLACEHOLDER,
     PROFILES_DIR,
@@ -44,6 +45,7 @@ from vast_harness.spec.values import (
     path_flag,
     read_secret_file,
 )
+from vast_harness.spec.workdir import select_workdir
 from vast_harness.state.dirs import SIM_SUBDIR, STATE_ENV
 from vast_harness.state.dirs import state_dir as user_state_dir
 from vast_harness.timings import MAX_MINUTES_LIMIT, Timings
@@ -170,6 +172,16 @@ class RunOptions(BaseModel):
     image_expect: str | None = None
     image_expect_ack: bool = False
     state_dir: Path | None = None  # the ledger's home (default: the user's state dir, by the environment)
+    # `vast-e2e run -- CMD` (spec/command.py): the command replaces the profile
+    command: list[str] | None = None
+    workdir: str | None = None
+    setup: list[str] | None = None
+    artifact: list[str] | None = None
+    exclude: list[str] | None = None
+    workdir_max_mb: float | None = None
+    image: str | None = None
+    gpu: list[str] | None = None
+    min_gpu_ram_gb: float | None = None
 
 
 def resolve(
@@ -184,11 +196,24 @@ def resolve(
     this process's environment, the shipped profiles). An evidence or state dir that takes no writes is refused,
     unless `on_unwritable` is given: then it is told (a reap warns and goes on deleting)."""
     o = options
-    if o.profile is None:
+    if o.command is not None and o.profile is not None:
+        raise ConfigError("run takes a command or a profile, not both: put the steps in the profile file, or drop "
+                          "--profile")
+    if o.profile is None and o.command is None:
         raise ConfigError("a profile is required (mfu, proofs, smoke or a profile file)")
     environ = os.environ if environ is None else environ
     user, _ = UserConfig.load(environ)
-    prof = load_profile(o.profile, profiles_dir)
+    if o.command is not None:
+        prof = command_profile(CommandRun(command=o.command, workdir=o.workdir or ".", setup=o.setup or [],
+                                          artifacts=o.artifact or [], exclude=o.exclude or [],
+                                          workdir_max_mb=o.workdir_max_mb, image=o.image), profiles_dir=profiles_dir)
+    else:
+        run_only = [f for f in ("workdir", "setup", "artifact", "exclude", "workdir_max_mb", "image")
+                    if getattr(o, f) is not None]
+        if run_only:
+            raise ConfigError(f"--{run_only[0].replace('_', '-')} applies to `vast-e2e run -- CMD` only; a profile "
+                              "says it in its file ([workdir], artifacts, image)")
+        prof = load_profile(o.profile or "", profiles_dir)
     if o.unqualified_ok and not o.any_driver:
         raise ConfigError("--unqualified-ok only applies with --any-driver (without it no run passes on an "
                           "unqualified driver)")
@@ -201,6 +226,10 @@ def resolve(
     check_number("--min-pcie-bw", o.min_pcie_bw, low=0, high=MAX_PCIE_GBPS)
     check_number("--num-gpus", o.num_gpus, low=1, high=16)
     check_number("--boot-retries", o.boot_retries, low=0, high=MAX_BOOT_RETRIES)
+    check_number("--min-gpu-ram-gb", o.min_gpu_ram_gb, low=0, high=MAX_GPU_RAM_GB)
+    for name in o.gpu or []:
+        if not name.strip():
+            raise ConfigError("--gpu: an empty GPU name; give one such as 'RTX 4090' (repeat --gpu for several)")
     check_number("--proof-interval", o.proof_interval_s, low=0, high=MAX_INTERVAL_S)
     check_number("--poll-interval", o.poll_s, low=0, high=MAX_INTERVAL_S, low_inclusive=False)
     check_number("--pacing-scale", o.pacing_scale, low=0, high=MAX_PACING_SCALE)
@@ -213,6 +242,8 @@ def resolve(
             for k, v in {
                 "num_gpus": 8 if o.eight_gpu_qualified else o.num_gpus,
                 "min_pcie_bw_gbps": o.min_pcie_bw,
+                "gpu_names": [n.strip() for n in o.gpu] if o.gpu else None,
+                "min_gpu_ram_gb": o.min_gpu_ram_gb,
             }.items()
             if v is not None
         }
@@ -221,6 +252,8 @@ def resolve(
         max_usd=max_usd if max_usd is not None else prof.caps.max_usd,
         max_minutes=max_minutes if max_minutes is not None else prof.caps.max_minutes,
     )
+    if o.command is not None:
+        prof = with_cap_timeouts(prof, caps.max_minutes * 60.0)
     given_env = parse_remote_env(o.remote_env or [])
     secret_file = path_flag("--remote-secret-file", o.remote_secret_file)
     secrets = read_secret_file(secret_file) if secret_file is not None else {}
@@ -273,6 +306,9 @@ def resolve(
                 if on_unwritable is None:
                     raise
                 on_unwritable(str(exc))
+    if prof.workdir is not None:  # missing, over the size limit, an --exclude that matches nothing: exit 2 now
+        select_workdir(Path(prof.workdir.path), exclude=prof.workdir.exclude, max_mb=prof.workdir.max_mb,
+                       skip_dirs=(state, ev_dir))
     # The one place a run's timings are chosen: the simulator's table with --sim, else Vast's; flags win.
     timing_flags = {"proof_interval_s": o.proof_interval_s, "poll_s": o.poll_s, "pacing_scale": o.pacing_scale}
     table = Timings.sim() if o.sim else Timings.real()

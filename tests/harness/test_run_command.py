@@ -1,0 +1,323 @@
+"""`vast-e2e run -- CMD` and `run_workload`: the user's own workdir and command under every guarantee.
+
+The example (examples/tiny-train) runs end to end through the CLI on the embedded simulator (real HTTP, real
+SSH); the Python entry point runs a workdir whose artifacts overflow the pull budget; every bad input exits 2
+naming it, with nothing sent to the marketplace and nothing in the ledger. The workdir rules (.gitignore,
+--exclude, symlinks, the size limit) and the artifact globs are checked on real folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vast_harness.cli import app as cli
+from vast_harness.errors import ConfigError, ExitCode
+from vast_harness.host.bundle import build_workdir_bundle
+from vast_harness.sim import SimServer
+from vast_harness.spec.workdir import ArtifactGlobs, check_glob, select_workdir
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "tiny-train"
+WORKFLOW = ROOT / "examples" / "github-workflow.yml"
+SECRET = "tok-SECRET-4be1c9d07a"  # distinctive: any leak into a file or the output is unambiguous
+SIM_OPTIONS = dict(seed=11, rate_scale=0.01, num_offers=50)  # conftest.sim
+
+
+def _evidence_files(run_dir: Path) -> list[Path]:
+    return [p for p in run_dir.rglob("*") if p.is_file()]
+
+
+def test_the_example_runs_end_to_end_on_the_simulator_through_the_cli(tmp_path):
+    """The issue's "done when": exit 0, the artifacts in the evidence, the workdir's sha256 recorded, the
+    setting used, the secret masked in every file the run kept and in what it printed."""
+    evidence = tmp_path / "ev"
+    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")}
+    argv = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "run", "--sim", "--workdir", str(EXAMPLE),
+            "--setup", "mkdir -p checkpoints", "--artifact", "checkpoints", "--artifact", "metrics.json",
+            "--remote-env", "EPOCHS=2", "--remote-secret", f"TRACKER_TOKEN={SECRET}", "--evidence-dir", str(evidence),
+            "--json", "--", "python", "train.py"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert SECRET not in p.stdout + p.stderr
+    (run_dir,) = [d for d in evidence.iterdir() if d.is_dir()]
+    record = json.loads((run_dir / "harness-result.json").read_text())
+    assert record["exit_code"] == 0 and record["profile"] == "run"
+    assert [s["name"] for s in record["steps"]] == ["setup-1", "run"] and all(s["rc"] == 0 for s in record["steps"])
+    # the workdir's sha256 is the reproducible bundle of exactly the files uploaded
+    expected = build_workdir_bundle(select_workdir(EXAMPLE))
+    assert record["workdir"]["sha256"] == expected.sha256 == record["bundle_sha256"]
+    assert record["workdir"]["files"] == 3 and record["workdir"]["path"] == str(EXAMPLE)
+    arts = record["artifacts"]
+    assert arts["complete"] and arts["files"] == ["checkpoints/model.json", "metrics.json"] and not arts["unmatched"]
+    metrics = json.loads((run_dir / "artifacts" / "metrics.json").read_text())
+    assert metrics["epochs"] == 2 and metrics["final_loss"] < 0.1  # the setting reached the command
+    assert set(json.loads((run_dir / "artifacts" / "checkpoints" / "model.json").read_text())) == {"w", "b"}
+    assert "artifacts/metrics.json" in (run_dir / "manifest.sha256").read_text()
+    run_log = (run_dir / "steps" / "run.log").read_text()
+    assert "tracker token: ***" in run_log and "Epoch 2/2" in run_log
+    assert record["remote_env"] == {"EPOCHS": "2", "TRACKER_TOKEN": "***"}
+    leaks = [p.name for p in _evidence_files(run_dir) if SECRET.encode() in p.read_bytes()]
+    assert leaks == []
+    assert record["absence"]["verdict"] == "gone"
+    report = (run_dir / "report.html").read_text()
+    assert record["workdir"]["sha256"] in report and 'href="artifacts/checkpoints/model.json"' in report
+
+
+def test_run_workload_pulls_small_artifacts_first_and_names_what_did_not_come_back(tmp_path, monkeypatch):
+    """The Python entry point returns the typed result and prints nothing. A huge file cannot crowd out the
+    small results (smallest first; it alone is skipped), and a glob that matched nothing fails the run (exit 1)
+    naming it; the instance is still deleted and proven gone."""
+    from vast_harness import api
+
+    monkeypatch.setattr("vast_harness.run.host_work.PULL_MAX_BYTES", 50_000)
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "job.sh").write_text("mkdir -p out\nhead -c 200000 /dev/zero > out/a-huge.bin\n"
+                                 "echo '{\"loss\": 0.1}' > out/metrics.json\necho log > out/z.log\necho ran\n")
+    result = api.run_workload(["sh", "job.sh"], workdir=work, artifacts=["out", "never/*.pt"], sim=True,
+                              evidence_dir=tmp_path / "ev")
+    assert isinstance(result, api.WorkloadResult)
+    assert result.exit_code == ExitCode.FAILED and "never/*.pt" in result.message
+    assert result.record is not None and result.record.artifacts is not None
+    arts = result.record.artifacts
+    assert arts.files == ["out/metrics.json", "out/z.log"] and arts.skipped == ["out/a-huge.bin"]
+    assert arts.unmatched == ["never/*.pt"] and not arts.complete
+    assert result.artifacts_dir is not None and (result.artifacts_dir / "out" / "metrics.json").is_file()
+    assert not (result.artifacts_dir / "out" / "a-huge.bin").exists()
+    assert result.record.absence.verdict == "gone" and result.record.steps[-1].rc == 0
+    assert "step run" in result.console  # what the command would have printed, kept rather than printed
+
+
+def test_a_failing_command_still_gets_its_artifacts_back_with_secrets_masked(tmp_path):
+    """Nothing is lost: the teardown pulls the artifacts of a command that failed, and a secret the command
+    wrote into one is masked there (named in the record) like everywhere else."""
+    from vast_harness import api
+
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "fail.sh").write_text('mkdir -p logs\necho "token=$TRACKER_TOKEN loss=nan" > logs/train.log\nexit 3\n')
+    result = api.run_workload(["sh", "fail.sh"], workdir=work, artifacts=["logs"], sim=True,
+                              remote_secrets={"TRACKER_TOKEN": SECRET}, evidence_dir=tmp_path / "ev")
+    assert result.exit_code == ExitCode.FAILED and "rc=3" in result.message
+    assert result.record is not None and result.record.artifacts is not None
+    assert result.record.artifacts.files == ["logs/train.log"] and result.record.artifacts.redacted == ["logs/train.log"]
+    assert result.artifacts_dir is not None
+    assert (result.artifacts_dir / "logs" / "train.log").read_text() == "token=*** loss=nan\n"
+    assert result.record.absence.verdict == "gone"
+    assert SECRET not in result.console
+
+
+def test_run_workload_prints_nothing_and_a_dry_run_rents_nothing(tmp_path, capsys):
+    from vast_harness import api
+
+    result = api.run_workload(["python", "train.py"], workdir=EXAMPLE, sim=True, dry_run=True,
+                              evidence_dir=tmp_path / "ev")
+    assert result.exit_code == ExitCode.PASSED and result.plan is not None and result.run_id is None
+    assert [s["name"] for s in result.plan["steps"]] == ["run"]
+    assert result.plan["workdir"]["files"] == 3 and result.plan["workdir"]["path"] == str(EXAMPLE)
+    assert capsys.readouterr() == ("", "")
+    with pytest.raises(ConfigError, match="--artifact"):
+        api.run_workload(["true"], workdir=EXAMPLE, artifacts=["/etc/passwd"], sim=True)
+
+
+# ----------------------------------------------------------------------------------------- bad input
+
+
+def _big_workdir(tmp_path: Path) -> Path:
+    work = tmp_path / "big"
+    work.mkdir()
+    (work / "weights.bin").write_bytes(b"\0" * 2_500_000)
+    (work / "train.py").write_text("print(1)\n")
+    return work
+
+
+BAD = [
+    pytest.param(["--workdir", "{big}", "--workdir-max-mb", "1", "--", "python", "train.py"],
+                 ["--workdir", "2.5 MB", "1 MB limit", "weights.bin (2.5 MB)"], id="workdir-over-the-limit"),
+    pytest.param(["--workdir", "{example}", "--exclude", "no-such-dir/", "--", "python", "train.py"],
+                 ["--exclude", "no-such-dir/", "matches nothing"], id="exclude-matches-nothing"),
+    pytest.param(["--workdir", "{example}"], ["no command given", "-- CMD"], id="missing-command"),
+    pytest.param(["--workdir", "{example}", "--"], ["no command given"], id="nothing-after-dashes"),
+    pytest.param(["--workdir", "{example}", "--image", "pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime", "--",
+                  "python", "train.py"], ["--image", "pinned by digest"], id="image-without-digest"),
+    pytest.param(["--workdir", "{example}", "--image", "python:3.12@sha256:" + "a" * 64, "--", "true"],
+                 ["--image", "names no CUDA version"], id="image-tag-without-cuda"),
+    pytest.param(["--workdir", "{example}", "--artifact", "/etc/passwd", "--", "true"],
+                 ["--artifact", "relative to the workdir"], id="artifact-absolute"),
+    pytest.param(["--workdir", "{example}", "--artifact", "out/../../x", "--", "true"],
+                 ["--artifact", "'..'"], id="artifact-climbs-out"),
+    pytest.param(["--workdir", "{example}", "--artifact", "out/[ab.json", "--", "true"],
+                 ["--artifact", "unclosed '['"], id="artifact-bad-syntax"),
+    pytest.param(["--workdir", "{tmp}/nowhere", "--", "true"], ["--workdir", "no such folder"], id="workdir-missing"),
+    pytest.param(["--workdir", "{example}", "--setup", " ", "--", "true"], ["--setup #1 is empty"], id="setup-empty"),
+    *[pytest.param(["--workdir", "{example}", flag, value, "--", "true"], [flag], id=f"{flag}={value}")
+      for flag in ("--min-gpu-ram-gb", "--workdir-max-mb") for value in ("-1", "nan", "inf", "1e300", "", "[/x]")],
+    pytest.param(["--workdir", "{example}", "--workdir-max-mb", "0", "--", "true"], ["--workdir-max-mb"],
+                 id="workdir-max-mb-zero"),
+    pytest.param(["--workdir", "{example}", "--gpu", " ", "--", "true"], ["--gpu"], id="gpu-empty"),
+]
+
+
+@pytest.mark.parametrize(("args", "needles"), BAD)
+def test_bad_input_exits_2_naming_it_with_nothing_rented(args, needles, sim: SimServer, tmp_path, monkeypatch,
+                                                         capsys, _harness_state_dir):
+    values = {"big": str(_big_workdir(tmp_path)), "example": str(EXAMPLE), "tmp": str(tmp_path)}
+    argv = [a.format(**values) for a in args]
+    monkeypatch.setenv("VAST_API_KEY", "0123456789abcdef")
+    monkeypatch.setattr(sys, "argv", ["vast-e2e", "run", "--api-url", sim.url, "--pacing-scale", "0.01",
+                                      "--evidence-dir", str(tmp_path / "ev"), *argv])
+    calls_before = len(sim.state()["calls"])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+    assert sim.state()["calls"][calls_before:] == []  # not even a read: refused before any network call
+    ledger = _harness_state_dir / "ledger.jsonl"
+    assert not ledger.exists() or ledger.read_text() == ""
+    assert not (tmp_path / "ev").exists() or not any((tmp_path / "ev").iterdir())
+
+
+def test_a_profile_and_a_command_together_are_refused():
+    from vast_harness.spec.resolve import RunOptions, resolve
+
+    with pytest.raises(ConfigError, match="a command or a profile, not both"):
+        resolve(RunOptions(profile="smoke", command=["true"], sim=True))
+    with pytest.raises(ConfigError, match="--workdir applies to `vast-e2e run"):
+        resolve(RunOptions(profile="smoke", workdir=".", sim=True))
+
+
+# ----------------------------------------------------------------------------------------- the workdir rules
+
+
+def test_the_upload_honours_gitignore_exclude_and_never_follows_a_symlink(tmp_path):
+    work = tmp_path / "w"
+    (work / "src").mkdir(parents=True)
+    (work / "data" / "raw").mkdir(parents=True)
+    (work / ".git").mkdir()
+    (work / ".git" / "HEAD").write_text("ref\n")
+    (work / ".gitignore").write_text("*.ckpt\ndata/raw/\n")
+    (work / "src" / ".gitignore").write_text("generated.py\n")
+    for rel in ("train.py", "model.ckpt", "src/lib.py", "src/generated.py", "data/raw/x.csv", "data/keep.csv",
+                "notes.tmp"):
+        (work / rel).write_text(rel)
+    secret = tmp_path / "id_ed25519"
+    secret.write_text("PRIVATE")
+    (work / "key").symlink_to(secret)
+    (work / "linked").symlink_to(tmp_path, target_is_directory=True)
+    state = work / ".state"
+    state.mkdir()
+    (state / "ledger.jsonl").write_text("{}\n")
+    assert [f.rel for f in select_workdir(work, exclude=["/data", "src/"], skip_dirs=[state]).files] == [
+        ".gitignore", "notes.tmp", "train.py"]  # .gitignore syntax: `/data` is anchored at the workdir
+    with pytest.raises(ConfigError, match="'/src/lib' matches nothing"):
+        select_workdir(work, exclude=["/src/lib"])
+    sel = select_workdir(work, exclude=["*.tmp"], skip_dirs=[state])
+    assert [f.rel for f in sel.files] == [".gitignore", "data/keep.csv", "src/.gitignore", "src/lib.py", "train.py"]
+    assert sel.symlinks == ["key", "linked"]
+    assert sel.excluded == 6  # .git/, model.ckpt, data/raw/, src/generated.py, notes.tmp, .state/
+    bundle = build_workdir_bundle(sel)
+    assert bundle.workdir is not None and bundle.workdir.sha256 == bundle.sha256
+    assert build_workdir_bundle(select_workdir(work, exclude=["*.tmp"], skip_dirs=[state])).sha256 == bundle.sha256
+    (work / "train.py").write_text("changed")
+    assert build_workdir_bundle(select_workdir(work, exclude=["*.tmp"], skip_dirs=[state])).sha256 != bundle.sha256
+
+
+def test_the_size_limit_names_the_limit_the_size_and_the_largest_files(tmp_path):
+    work = _big_workdir(tmp_path)
+    with pytest.raises(ConfigError) as exc:
+        select_workdir(work, max_mb=2)
+    assert "2.5 MB to upload is over the 2 MB limit" in str(exc.value) and "weights.bin (2.5 MB)" in str(exc.value)
+    assert select_workdir(work, max_mb=3).total_bytes == 2_500_009
+
+
+@pytest.mark.parametrize(("glob", "selected", "not_selected"), [
+    ("metrics.json", ["metrics.json"], ["sub/metrics.json"]),
+    ("out/*.pt", ["out/a.pt"], ["out/deep/a.pt", "a.pt"]),
+    ("out/**/*.pt", ["out/a.pt", "out/deep/a.pt"], ["other/a.pt"]),
+    ("checkpoints", ["checkpoints/a.bin", "checkpoints/x/y.bin"], ["checkpoints.txt"]),
+    ("**/*.log", ["a.log", "x/y/z.log"], ["a.log.gz"]),
+])
+def test_artifact_globs_are_anchored_at_the_workdir(glob, selected, not_selected):
+    globs = ArtifactGlobs([glob])
+    assert [p for p in selected if globs.matching(p)] == selected
+    assert [p for p in not_selected if globs.matching(p)] == []
+
+
+@pytest.mark.parametrize("glob", ["", "/abs", "~/x", "a/../../b", "..", "!neg", "a[b", "a[[b]]", "C:\\x", "a\x1bb"])
+def test_bad_artifact_globs_are_refused(glob):
+    with pytest.raises(ConfigError, match="--artifact"):
+        check_glob("--artifact", glob)
+
+
+def test_a_profile_file_declares_a_workdir_and_artifacts_beside_it(tmp_path):
+    from vast_harness.spec.profile import load_profile
+
+    smoke = (ROOT / "profiles" / "harness" / "smoke.toml").read_text()
+    image = next(line for line in smoke.splitlines() if line.startswith("image ="))
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text("print(1)\n")
+    body = (f'name = "mine"\n{image}\nimage_cuda = 12.8\nartifacts = ["metrics.json"]\n'
+            '[caps]\nmax_usd = 1\nmax_minutes = 20\n[workdir]\npath = "proj"\nexclude = ["*.tmp"]\n'
+            '[[steps]]\nname = "train"\nrun = "python train.py"\n')
+    (tmp_path / "mine.toml").write_text(body)
+    prof = load_profile(str(tmp_path / "mine.toml"))
+    assert prof.workdir is not None and prof.workdir.path == str(tmp_path / "proj")
+    (tmp_path / "bad.toml").write_text(body.replace('artifacts = ["metrics.json"]', 'artifacts = ["../up"]'))
+    with pytest.raises(ConfigError, match=r"bad.toml: field artifacts.*'\.\.' would leave the workdir"):
+        load_profile(str(tmp_path / "bad.toml"))
+    (tmp_path / "noworkdir.toml").write_text(body.split("[workdir]")[0] + '[[steps]]\nname = "t"\nrun = "true"\n')
+    with pytest.raises(ConfigError, match="declare \\[workdir\\] too"):
+        load_profile(str(tmp_path / "noworkdir.toml"))
+
+
+# ----------------------------------------------------------------------------------------- the CI workflow
+
+
+def test_the_copyable_workflow_runs_the_users_tests_with_a_secret_key_reaps_orphans_and_uploads_evidence():
+    doc = yaml.safe_load(WORKFLOW.read_text())
+    doc["on"] = doc.pop(True, doc.get("on"))
+    steps = [s for job in doc["jobs"].values() for s in job["steps"]]
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert set(doc["on"]) == {"workflow_dispatch"} and doc["concurrency"]["cancel-in-progress"] is False
+    assert WORKFLOW.read_text().count("secrets.VAST_API_KEY") == 1 and "umask 077" in runs and "chmod 600" in runs
+    run_at = next(i for i, s in enumerate(steps) if "vast-e2e run" in s.get("run", ""))
+    assert '--key-file "$VH_KEY_FILE"' in steps[run_at]["run"] and "-- python -m pytest" in steps[run_at]["run"]
+    assert "--artifact test-results" in steps[run_at]["run"] and "${{" not in runs
+    reap_at = next(i for i, s in enumerate(steps) if "vast-e2e reap" in s.get("run", ""))
+    assert reap_at > run_at and "always()" in steps[reap_at]["if"]
+    assert "--include-live" not in steps[reap_at]["run"] and "--yes" not in steps[reap_at]["run"]
+    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert "always()" in upload["if"] and ".evidence/" in upload["with"]["path"]
+    assert doc["jobs"]["gpu-tests"]["env"]["VAST_HARNESS_HOME"] == "${{ github.workspace }}/.evidence/vast"
+
+
+def test_actionlint_finds_nothing_in_the_copyable_workflow():
+    import shutil
+
+    tool = shutil.which("actionlint") or shutil.which(
+        "actionlint", path=str(Path(os.environ.get("VH_TOOLS_DIR", Path.home() / ".cache" / "vast-harness-tools"))
+                              / "bin"))
+    if tool is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("actionlint is missing: run `bash .ci/install-actionlint.sh` first")
+        pytest.skip("actionlint is not installed (bash .ci/install-actionlint.sh)")
+    done = subprocess.run([tool, str(WORKFLOW)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+
+
+def test_the_readme_shows_run_on_its_first_screen_below_the_two_set_up_commands():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    setup = [i for i, line in enumerate(lines) if line.startswith("uv run --extra workload ")]
+    run = [i for i, line in enumerate(lines) if line.startswith("uv run vast-e2e run --sim --workdir examples/tiny-train")]
+    assert len(setup) == 2 and run and setup[-1] < run[0] < 30
+    assert " -- python train.py" in lines[run[0]] and "](docs/run.md)" in "\n".join(lines[:30])

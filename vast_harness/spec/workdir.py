@@ -1,0 +1,178 @@
+"""The user's workdir as `vast-e2e run` uploads it, and the artifact globs it pulls back (docs/run.md).
+
+What is uploaded: every regular file under the workdir except `.git/`, what the workdir's `.gitignore` files
+ignore (read with `pathspec`, git's own rules, nested files included) and what `--exclude` names. Symlinks are
+never followed or uploaded: one could point the upload at a key outside the workdir. The total is held to a size
+limit, and a workdir over it is bad input (exit 2, nothing rented) that names the limit, the size and the largest
+files. Artifact globs are checked here too, before renting: relative to the workdir, no `..`, balanced brackets.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path, PurePosixPath
+
+import pathspec
+from pydantic import BaseModel, ConfigDict
+
+from vast_harness.errors import ConfigError
+
+DEFAULT_WORKDIR_MAX_MB = 100.0  # an upload of source and small data; bigger data belongs in the setup's download
+MAX_WORKDIR_MAX_MB = 10_000.0
+MB = 1_000_000
+MAX_WORKDIR_FILES = 50_000  # a workdir with more is almost surely a virtualenv or a dataset left in by mistake
+_ALWAYS_EXCLUDED = (".git/",)
+_LARGEST_SHOWN = 5
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class WorkdirFile(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    rel: str  # posix path relative to the workdir
+    bytes: int
+
+
+class WorkdirSelection(BaseModel):
+    """The files `run` uploads from a workdir, and how many were left out (ignored, excluded, symlinks)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    root: Path
+    files: list[WorkdirFile]
+    excluded: int = 0
+    symlinks: list[str] = []
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+
+def check_glob(flag: str, glob: str, *, anchored_ok: bool = False) -> str:
+    """A glob relative to the workdir (`*.pt`, `out/**/*.json`, `checkpoints`): refused when absolute, when it
+    climbs out with `..`, is empty, negated, has unbalanced brackets or control characters. `anchored_ok`: a
+    leading `/` anchors the pattern at the workdir, as in .gitignore (--exclude); artifacts are anchored anyway."""
+    text = glob.strip()
+    if not text:
+        raise ConfigError(f"{flag}: an empty glob; give a path pattern relative to the workdir, e.g. 'out/*.json'")
+    if _CONTROL.search(text):
+        raise ConfigError(f"{flag} {glob!r}: control characters are not allowed in a glob")
+    anchor = anchored_ok and text.startswith("/") and not text.startswith("//")  # .gitignore's `/data`
+    if (text.startswith(("/", "~")) and not anchor) or re.match(r"^[A-Za-z]:[\\/]", text):
+        raise ConfigError(f"{flag} {glob!r}: must be relative to the workdir, not an absolute path")
+    if "\\" in text:
+        raise ConfigError(f"{flag} {glob!r}: use / between path parts (a backslash is not a separator on the host)")
+    if ".." in PurePosixPath(text).parts:
+        raise ConfigError(f"{flag} {glob!r}: '..' would leave the workdir; a glob names files inside it")
+    if text.startswith("!"):
+        raise ConfigError(f"{flag} {glob!r}: a negated glob ('!') is not supported here; name what you want")
+    depth = 0
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0) if depth or char == "[" else 0
+        if depth > 1:
+            raise ConfigError(f"{flag} {glob!r}: nested '[' in a glob")
+    if depth != 0:
+        raise ConfigError(f"{flag} {glob!r}: an unclosed '[' (a character class needs its ']')")
+    return text
+
+
+class ArtifactGlobs:
+    """Globs anchored at the workdir: `*`, `?` and `[...]` stay within one path part, `**` crosses parts, and a
+    glob naming a folder takes everything in it (git's wildmatch rules, through `pathspec`)."""
+
+    def __init__(self, globs: Sequence[str]) -> None:
+        self.globs = [check_glob("--artifact", g) for g in globs]
+        self._specs = [pathspec.GitIgnoreSpec.from_lines([f"/{g}"]) for g in self.globs]
+
+    def matching(self, rel: str) -> list[str]:
+        """The globs that select this file (posix path relative to the workdir)."""
+        return [g for g, spec in zip(self.globs, self._specs, strict=True) if spec.match_file(rel)]
+
+
+def size_text(n_bytes: float) -> str:
+    """Bytes for people, in decimal units as the limit is given: 950 B, 12.3 kB, 104.9 MB, 2.1 GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
+def _largest(files: Iterable[WorkdirFile]) -> str:
+    top = sorted(files, key=lambda f: (-f.bytes, f.rel))[:_LARGEST_SHOWN]
+    return ", ".join(f"{f.rel} ({size_text(f.bytes)})" for f in top)
+
+
+def select_workdir(root: Path, *, exclude: Sequence[str] = (), max_mb: float = DEFAULT_WORKDIR_MAX_MB,
+                   skip_dirs: Sequence[Path] = (), flag: str = "--workdir") -> WorkdirSelection:
+    """The files to upload, sorted; ConfigError naming the problem (missing, not a folder, over the limit).
+    `skip_dirs`: the harness's own state and evidence dirs, never uploaded when they sit inside the workdir."""
+    root = root.expanduser()
+    if not root.is_dir():
+        raise ConfigError(f"{flag} {root}: no such folder" if not root.exists() else f"{flag} {root}: not a folder")
+    root = root.resolve()
+    skipped = {d.expanduser().resolve() for d in skip_dirs}
+    excludes = {g: pathspec.GitIgnoreSpec.from_lines([g])
+                for g in (check_glob("--exclude", g, anchored_ok=True) for g in exclude)}
+    excludes_used: set[str] = set()
+    # .gitignore files apply to the folder they sit in; --exclude and .git/ to the whole workdir.
+    ignores: list[tuple[str, pathspec.GitIgnoreSpec]] = [("", pathspec.GitIgnoreSpec.from_lines(_ALWAYS_EXCLUDED))]
+    files: list[WorkdirFile] = []
+    symlinks: list[str] = []
+    excluded = 0
+
+    def ignored(rel: str, is_dir: bool) -> bool:
+        path = rel + "/" if is_dir else rel
+        hits = {g for g, spec in excludes.items() if spec.match_file(path)}
+        excludes_used.update(hits)
+        return bool(hits) or any(spec.match_file(path[len(base):]) for base, spec in ignores if path.startswith(base))
+
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        base = here.relative_to(root).as_posix()
+        base = "" if base == "." else base + "/"
+        gitignore = here / ".gitignore"
+        if gitignore.is_file() and not gitignore.is_symlink():
+            try:
+                lines = gitignore.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError as exc:
+                raise ConfigError(f"{flag}: cannot read {gitignore}: {exc.strerror or exc}") from None
+            ignores.append((base, pathspec.GitIgnoreSpec.from_lines(lines)))
+        kept = []
+        for name in sorted(dirnames):
+            rel = base + name
+            if (here / name).is_symlink():
+                symlinks.append(rel)
+            elif (here / name) in skipped:
+                excluded += 1
+            elif ignored(rel, is_dir=True):
+                excluded += 1
+            else:
+                kept.append(name)
+        dirnames[:] = kept
+        for name in sorted(filenames):
+            rel = base + name
+            path = here / name
+            if path.is_symlink():
+                symlinks.append(rel)
+            elif ignored(rel, is_dir=False):
+                excluded += 1
+            elif path.is_file():
+                files.append(WorkdirFile(rel=rel, bytes=path.stat().st_size))
+                if len(files) > MAX_WORKDIR_FILES:
+                    raise ConfigError(f"{flag} {root}: more than {MAX_WORKDIR_FILES} files to upload (a virtualenv or "
+                                      "a dataset?); leave them out with .gitignore or --exclude")
+    unused = [g for g in excludes if g not in excludes_used]
+    if unused:  # checkable before renting, unlike an artifact: most likely a typo
+        raise ConfigError(f"--exclude {unused[0]!r} matches nothing in {root}; check the glob (relative to the "
+                          "workdir, e.g. 'data/' or '*.ckpt')")
+    selection = WorkdirSelection(root=root, files=sorted(files, key=lambda f: f.rel), excluded=excluded,
+                                 symlinks=sorted(symlinks))
+    if selection.total_bytes > max_mb * MB:
+        raise ConfigError(f"{flag} {root}: {size_text(selection.total_bytes)} to upload is over the "
+                          f"{max_mb:g} MB limit (--workdir-max-mb); largest: {_largest(selection.files)}. Leave "
+                          "files out with .gitignore or --exclude, or raise the limit")
+    if not selection.files:
+        raise ConfigError(f"{flag} {root}: nothing to upload (every file is ignored or excluded)")
+    return selection
