@@ -64,9 +64,10 @@ def test_the_live_view_shows_a_heartbeat_in_a_quiet_step_and_the_cap_bars(tmp_pa
     """A quiet step still shows a heartbeat: without one, a 40-minute sweep would look hung."""
     code, screen = run_in_pty(argv(tmp_path, "sleep 4; echo done"))
     assert code == 0, screen[-3000:]
-    quiet = [int(n) for n in re.findall(r"step quiet\s+[\d.]+ s\s+\$[\d.]+\s+quiet (\d+) s", screen)]
+    quiet = [int(n) for n in re.findall(r"step 1 of 1: quiet\s+[\d.]+ s\s+\$[\d.]+\s+quiet (\d+) s", screen)]
     assert quiet and max(quiet) >= 3, screen[-3000:]
     assert "dollar cap" in screen and "of $0.50" in screen and "time cap" in screen and "of 15 min" in screen
+    assert re.search(r"1[45] m \d\d s left", screen)  # the time left to the cap, in minutes and seconds
     assert "✓ step quiet: rc 0" in screen
     assert "tearing down" in screen
     report = re.search(r"report (\S+report\.html)", screen)
@@ -78,7 +79,7 @@ def test_without_a_terminal_a_quiet_step_prints_plain_heartbeat_lines(tmp_path):
     done = subprocess.run(argv(tmp_path, "sleep 4; echo done"), capture_output=True, text=True, timeout=120,
                           env=env() | {"VH_HEARTBEAT_S": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
-    beats = re.findall(r"\[step quiet +[\d.]+s \$[\d.]+\] still running, no output for (\d+) s", done.stderr)
+    beats = re.findall(r"\[step 1 of 1: quiet +[\d.]+s \$[\d.]+\] still running, no output for (\d+) s", done.stderr)
     assert len(beats) >= 2, done.stderr[-2000:]
     assert "\x1b" not in done.stderr  # no live region, no cursor movement in a log
     assert "report " in done.stdout
