@@ -346,3 +346,65 @@ def test_axis_ticks_cover_the_data(lo, hi):
 
     ticks = nice_ticks(lo, hi)
     assert ticks[0] <= lo and ticks[-1] >= hi and ticks == sorted(ticks) and len(ticks) <= 12
+
+
+def _simulated_fleet(fresh_run: Path, fleet_dir: Path) -> Path:
+    """A fleet directory as `fleet --sim` leaves it: one run (a simulated one), fleet.jsonl, the result, the report."""
+    run_dir = fleet_dir / fresh_run.name
+    shutil.copytree(fresh_run, run_dir)
+    write_run_report(run_dir)
+    (fleet_dir / "fleet.jsonl").write_text('{"event": "fleet-start"}\n{"event": "fleet-end"}\n')
+    rows = build_rows([RunOutcome("RTX 4090", run_dir.name, 0, "passed", run_dir, 0.001)])
+    return write_fleet_report(fleet_dir, fleet_dir.name, rows, {"fleet_id": fleet_dir.name, "exit_code": 0,
+                                                                "total_cap_usd": 2.0, "sim": True,
+                                                                "dir": str(fleet_dir)})
+
+
+def test_a_simulated_fleet_says_so_greys_its_cpu_round_figures_and_links_its_files(browser, fresh_run, tmp_path):
+    path = _simulated_fleet(fresh_run, tmp_path / "fleet-20260101T000000Z-sim")
+    info = render(browser, path)
+    assert_links_resolve(info, path)
+    assert {"fleet.jsonl", "fleet-result.json"} <= set(info["links"])
+    top = browser.execute_script("return document.querySelector('h1').textContent + ' | ' + "
+                                 "document.querySelector('p.simulated').textContent")
+    assert "SIMULATED" in top and "CPU round" in top, top
+    cells = browser.execute_script(
+        "const t = document.querySelector('table.fleet'); const heads = [...t.querySelectorAll('th')].map(h => "
+        "h.textContent); const row = t.querySelector('tbody tr').children;"
+        "return Object.fromEntries(heads.map((h, i) => [h, [row[i].textContent, getComputedStyle(row[i]).color]]))")
+    grey = "rgb(153, 153, 153)"
+    for column in ("MFU %", "tokens/s per GPU", "tokens/s total", "$ per M tokens"):
+        assert cells[column][1] == grey, (column, cells[column])
+    assert cells["GPU"][1] != grey and cells["$/h"][1] != grey
+
+
+def test_report_rebuilds_a_fleet_report_by_its_id(fresh_run, tmp_path):
+    """`vast-e2e report FLEET`: the fleet's page again, from fleet-result.json and its runs' evidence, even
+    after the directory moved."""
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    first = tmp_path / "elsewhere" / "fleet-20260101T000000Z-abcdef"
+    _simulated_fleet(fresh_run, first)
+    moved = home / "state" / "sim" / first.name
+    moved.parent.mkdir(parents=True)
+    shutil.move(first, moved)
+    (moved / "fleet-report.html").unlink()
+    result_before = (moved / "fleet-result.json").read_bytes()
+    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {
+        "HOME": str(home), "VAST_HARNESS_HOME": str(home / "state")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args], capture_output=True,
+                              text=True, timeout=120, env=env, cwd=home)
+
+    done = cli("report", "fleet-20260101T000000Z")  # a unique part of the id is enough
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(moved / "fleet-report.html")
+    html = (moved / "fleet-report.html").read_text()
+    assert f'href="{fresh_run.name}/report.html"' in html and "SIMULATED" in html  # the run found beside it
+    assert (moved / "fleet-result.json").read_bytes() == result_before  # what the fleet decided stays as it was
+    assert json.loads(cli("report", str(moved), "--json").stdout)["report"] == str(moved / "fleet-report.html")
+    missing = cli("report", "fleet-nope")
+    assert missing.returncode == 2 and "no fleet 'fleet-nope'" in missing.stderr

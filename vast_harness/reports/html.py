@@ -15,6 +15,8 @@ h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd
 table{border-collapse:collapse;margin:8px 0 16px}th,td{border:1px solid #ccc;padding:4px 8px;font-size:13px;
 text-align:left}th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .ok{color:#1a7f37;font-weight:bold}.bad{color:#c62828;font-weight:bold}.muted{color:#777}
+td.sim{color:#999;font-style:italic}img.sim{opacity:.55}
+p.simulated{background:#fff4e5;border:2px solid #e0a030;padding:8px 12px;font-weight:bold}
 img.plot,img.sweep{border:1px solid #ddd;margin:8px 0;max-width:100%;height:auto}
 a{color:#0b57d0}
 """
