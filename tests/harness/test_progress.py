@@ -75,6 +75,20 @@ def test_the_live_view_shows_a_heartbeat_in_a_quiet_step_and_the_cap_bars(tmp_pa
 
 
 @pytest.mark.slow
+def test_a_progress_bar_moves_in_the_live_view_and_ends_as_one_line(tmp_path):
+    """tqdm-style output (each drawing after a \\r, green, no newline until the end) under a real terminal."""
+    bar = "for i in 1 2 3 4 5 6; do printf '\\\\r\\\\033[32mtrain %s/6\\\\033[0m' $i; sleep 0.7; done; echo"
+    code, screen = run_in_pty(argv(tmp_path, bar))
+    assert code == 0, screen[-3000:]
+    drawn = set(re.findall(r"train ([1-5])/6", screen))
+    assert len(drawn) >= 2, screen[-3000:]  # seen while the line was still being drawn
+    assert re.search(r"\[quiet +[\d.]+s \$[\d.]+\] train 6/6", screen), screen[-3000:]  # its last drawing
+    assert "\\x0d" not in screen and "\\x1b[32m" not in screen  # not one line of escapes
+    log = next((tmp_path / "ev").glob("2*/steps/quiet.log")).read_bytes()
+    assert b"\r\x1b[32mtrain 1/6\x1b[0m\r" in log  # the log keeps the bytes
+
+
+@pytest.mark.slow
 def test_without_a_terminal_a_quiet_step_prints_plain_heartbeat_lines(tmp_path):
     done = subprocess.run(argv(tmp_path, "sleep 4; echo done"), capture_output=True, text=True, timeout=120,
                           env=env() | {"VH_HEARTBEAT_S": "1"})
