@@ -147,7 +147,7 @@ class LiveView:
 
     def heartbeat_text(self) -> str:
         s = self._snapshot()
-        what = (f"tearing down{teardown_note(s)}" if s.tearing_down
+        what = (f"tearing down{teardown_note(s).replace(' (', '; ').removesuffix(')')}" if s.tearing_down
                 else f"still running, no output for {self.quiet_s():.0f} s")
         return (f"[{phase_label(s)} {s.phase_elapsed_s:6.1f}s ${s.accrued_usd:.4f}] {what} (${s.accrued_usd:.4f} of "
                 f"${s.max_usd:.2f}, {minutes_seconds(s.max_s - s.elapsed_s)} left of {s.max_s / 60:.0f} min)")
