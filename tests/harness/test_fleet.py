@@ -133,7 +133,8 @@ def test_three_gpu_types_end_to_end_with_reports(sim, tmp_path):
         assert r["usd_per_mtok"] == pytest.approx(r["dph_usd"] / (r["tokens_per_s"] * 3600 / 1e6))
         run_dir = Path(r["evidence_dir"])
         assert run_dir.parent == fleet_dir and (run_dir / "report.html").is_file()
-        assert "MFU per measurement" in (run_dir / "report.html").read_text()
+        run_html = (run_dir / "report.html").read_text()  # one measurement: its table, and no one-bar chart
+        assert 'class="mfu"' in run_html and "MFU per measurement" not in run_html
     # the runs' MFU is against a nominal peak per GPU type, so it differs by type
     assert len({round(r["mfu"], 6) for r in rows}) == 3
     # reap reads the user's ledger (the state dir's): every fleet run's create and absence lines are there,
@@ -147,6 +148,8 @@ def test_three_gpu_types_end_to_end_with_reports(sim, tmp_path):
     assert events[0] == "fleet-start" and events[-1] == "fleet-end" and events.count("run-end") == 3
     html = (fleet_dir / "fleet-report.html").read_text()
     assert "data:image/svg+xml;base64," in html and all(g in html for g in GPUS)
+    # a simulated fleet says so at the top, and its CPU round's MFU figures are greyed out
+    assert "(SIMULATED)</h1>" in html and html.count('<td class="sim num">') >= 4 * 3
     # the simulator billed each instance no more than its run's cap, and the fleet no more than its total
     ids = {r["run_id"] for r in rows}
     billed = [i["billed_usd"] for i in sim.state()["instances"] if (parse_label(i["label"]) or NONE).run_id in ids]

@@ -64,9 +64,10 @@ def test_the_live_view_shows_a_heartbeat_in_a_quiet_step_and_the_cap_bars(tmp_pa
     """A quiet step still shows a heartbeat: without one, a 40-minute sweep would look hung."""
     code, screen = run_in_pty(argv(tmp_path, "sleep 4; echo done"))
     assert code == 0, screen[-3000:]
-    quiet = [int(n) for n in re.findall(r"step quiet\s+[\d.]+ s\s+\$[\d.]+\s+quiet (\d+) s", screen)]
+    quiet = [int(n) for n in re.findall(r"step 1 of 1: quiet\s+[\d.]+ s\s+\$[\d.]+\s+quiet (\d+) s", screen)]
     assert quiet and max(quiet) >= 3, screen[-3000:]
     assert "dollar cap" in screen and "of $0.50" in screen and "time cap" in screen and "of 15 min" in screen
+    assert re.search(r"1[45] m \d\d s left", screen)  # the time left to the cap, in minutes and seconds
     assert "✓ step quiet: rc 0" in screen
     assert "tearing down" in screen
     report = re.search(r"report (\S+report\.html)", screen)
@@ -74,11 +75,25 @@ def test_the_live_view_shows_a_heartbeat_in_a_quiet_step_and_the_cap_bars(tmp_pa
 
 
 @pytest.mark.slow
+def test_a_progress_bar_moves_in_the_live_view_and_ends_as_one_line(tmp_path):
+    """tqdm-style output (each drawing after a \\r, green, no newline until the end) under a real terminal."""
+    bar = "for i in 1 2 3 4 5 6; do printf '\\\\r\\\\033[32mtrain %s/6\\\\033[0m' $i; sleep 0.7; done; echo"
+    code, screen = run_in_pty(argv(tmp_path, bar))
+    assert code == 0, screen[-3000:]
+    drawn = set(re.findall(r"train ([1-5])/6", screen))
+    assert len(drawn) >= 2, screen[-3000:]  # seen while the line was still being drawn
+    assert re.search(r"\[quiet +[\d.]+s \$[\d.]+\] train 6/6", screen), screen[-3000:]  # its last drawing
+    assert "\\x0d" not in screen and "\\x1b[32m" not in screen  # not one line of escapes
+    log = next((tmp_path / "ev").glob("2*/steps/quiet.log")).read_bytes()
+    assert b"\r\x1b[32mtrain 1/6\x1b[0m\r" in log  # the log keeps the bytes
+
+
+@pytest.mark.slow
 def test_without_a_terminal_a_quiet_step_prints_plain_heartbeat_lines(tmp_path):
     done = subprocess.run(argv(tmp_path, "sleep 4; echo done"), capture_output=True, text=True, timeout=120,
                           env=env() | {"VH_HEARTBEAT_S": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
-    beats = re.findall(r"\[step quiet +[\d.]+s \$[\d.]+\] still running, no output for (\d+) s", done.stderr)
+    beats = re.findall(r"\[step 1 of 1: quiet +[\d.]+s \$[\d.]+\] still running, no output for (\d+) s", done.stderr)
     assert len(beats) >= 2, done.stderr[-2000:]
     assert "\x1b" not in done.stderr  # no live region, no cursor movement in a log
     assert "report " in done.stdout

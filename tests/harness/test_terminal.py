@@ -62,8 +62,9 @@ def test_terminal_safe_escapes_every_format_and_separator_character():
 
 def test_hostile_step_output_reaches_the_console_escaped_and_the_log_as_sent(sim, tmp_path, capsys):
     # OSC 52, OSC 0, cursor-up + erase-line, clear screen, 8-bit CSI, RLO, CR, in printf's notation (U+009B and U+202E as UTF-8; a lone 0x9b as well)
-    printf = ("\\x1b]52;c;aGVsbG8=\\x07\\x1b]0;pwned\\x07\\x1b[1A\\x1b[2K\\x1b[2J\\xc2\\x9b2J\\xe2\\x80\\xae\\r"
-              "\\x9b5n")
+    # (a CR: what came before it is overwritten, as on a terminal, and what follows is still escaped)
+    printf = ("overwritten\\r\\x1b]52;c;aGVsbG8=\\x07\\x1b]0;pwned\\x07\\x1b[1A\\x1b[2K\\x1b[2J\\xc2\\x9b2J"
+              "\\xe2\\x80\\xae\\x9b5n")
     run_cmd = f"printf '{printf}exit 0: passed\\n'; printf '\\x1b]52;c;c2VjcmV0\\x07\\n' >&2"
     spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05),
                    environ={})
@@ -81,6 +82,7 @@ def test_hostile_step_output_reaches_the_console_escaped_and_the_log_as_sent(sim
     assert "\\x1b]52;c;c2VjcmV0\\x07" in captured.out  # stderr lines are shown on the console too, escaped
     log = (run.ev.dir / "steps" / "hostile.log").read_bytes()
     assert b"\x1b]52;c;aGVsbG8=\x07" in log and "\u009b".encode() in log  # the log keeps what was sent
+    assert b"overwritten\r" in log and "overwritten" not in captured.out
 
 
 class HostileOffers(httpx.HTTPTransport):

@@ -53,6 +53,13 @@ def teardown_budget_s(proof_interval_s: float) -> float:
     return max(TEARDOWN_MIN_S, 8 * proof_interval_s + TEARDOWN_MIN_S)
 
 
+def expected_teardown_s(proof_interval_s: float, pacing_scale: float = 1.0) -> float:
+    """How long one instance's teardown usually takes, for the live view: its DELETE and two proof rounds of
+    three reads (seven calls, ~0.5 s each on Vast, scaled like their pacing) one proof interval apart. Read
+    lag and lingering rows make it longer, up to `teardown_budget_s`."""
+    return proof_interval_s + 7 * 0.5 * pacing_scale
+
+
 def finite_positive(value: float | None) -> bool:
     """True for a usable price. Written so NaN fails (every comparison with NaN is false)."""
     return value is not None and isinstance(value, (int, float)) and math.isfinite(value) and value > 0

@@ -493,11 +493,12 @@ def _evidence_dir(flags: Flags) -> Path:
 def report(
     ctx: typer.Context,
     *,
-    run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")],
+    run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory; or a fleet "
+                                                           "id (fleet-...), part of one, or its directory.")],
     evidence_dir: EvidenceDir = None,
     json_output: JsonOutput = False,
 ) -> None:
-    """Rebuild a run's report.html from its evidence and print where it is."""
+    """Rebuild a run's report.html, or a fleet's fleet-report.html, from the evidence; print where it is."""
     _report(Flags.of(ctx), run)
 
 
@@ -506,8 +507,13 @@ def _report(flags: Flags, run: str) -> None:
 
     def body() -> int:
         from vast_harness.ops.logs import rebuild_report
-        from vast_harness.state.runs import find_run
+        from vast_harness.state.runs import find_fleet, find_run
 
+        fleet = find_fleet(_evidence_dir(flags), run)
+        if fleet is not None:
+            from vast_harness.ops.fleet_report import rebuild_fleet
+
+            return rebuild_fleet(out, fleet)
         return rebuild_report(out, find_run(_evidence_dir(flags), run))
 
     _guard(out, body, interrupted="interrupted")

@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vast_harness.clock import now_s
+from vast_harness.console.terminal import safe_text, terminal_safe
 from vast_harness.records import PhaseRecord
 
 HEARTBEAT_S = 30.0  # plain mode: a line after this much silence (and again after each further interval)
@@ -73,10 +74,32 @@ class Snapshot:
     max_usd: float
     elapsed_s: float
     max_s: float
+    step_number: int | None = None  # "step k of n" while a step runs
+    step_count: int = 0
+    tearing_down: bool = False  # DELETE sent or teardown begun: silence is expected, the dollars stop at its ack
+    teardown_expected_s: float | None = None  # how long a teardown usually takes (its DELETEs and proofs)
 
 
 def _bar(done: float, total: float) -> ProgressBar:
     return ProgressBar(total=max(total, 1e-9), completed=min(max(done, 0.0), total), width=30)
+
+
+def minutes_seconds(seconds: float) -> str:
+    """`14 m 05 s`: time left to a cap as people count it (never negative)."""
+    whole = max(0, int(seconds))
+    return f"{whole // 60} m {whole % 60:02d} s"
+
+
+def phase_label(s: Snapshot) -> str:
+    """The phase as shown: `step 2 of 5: sweep` while a step runs."""
+    if s.step_number is not None and s.phase.startswith("step "):
+        return f"step {s.step_number} of {s.step_count}: {s.phase.removeprefix('step ')}"
+    return s.phase or "finishing"
+
+
+def teardown_note(s: Snapshot) -> str:
+    return (f" (a teardown usually takes ~{s.teardown_expected_s:.0f} s)"
+            if s.tearing_down and s.teardown_expected_s is not None else "")
 
 
 class LiveView:
@@ -93,6 +116,7 @@ class LiveView:
         self._live: Live | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.progress = ""  # a progress bar's latest drawing (carriage.py), shown under the status line
 
     def line_printed(self) -> None:
         self._last_line = self._last_beat = now_s()
@@ -104,24 +128,29 @@ class LiveView:
         s = self._snapshot()
         head = Table.grid(padding=(0, 1))
         quiet = self.quiet_s()
-        in_step = s.phase.startswith("step ")  # a step that prints nothing is the one that looks hung
-        status = Text.assemble((s.phase or "finishing", "bold cyan"), f"  {s.phase_elapsed_s:6.1f} s  ",
-                               (f"${s.accrued_usd:.4f}", "bold"),
+        # a step that prints nothing is the one that looks hung; in a teardown silence is expected
+        in_step = s.phase.startswith("step ") and not s.tearing_down
+        status = Text.assemble((terminal_safe(phase_label(s)), "bold cyan"), f"  {s.phase_elapsed_s:6.1f} s  ",
+                               (f"${s.accrued_usd:.4f}", "bold"), (teardown_note(s), "dim"),
                                (f"   quiet {quiet:.0f} s" if in_step and quiet >= QUIET_SHOWN_AFTER_S else "",
                                 "yellow"))
         head.add_row(self._spinner, status)
+        if in_step and self.progress:
+            head.add_row(Text(""), safe_text(self.progress, "dim"))
         caps = Table.grid(padding=(0, 1))
         caps.add_row(Text("dollar cap", style="dim"), _bar(s.accrued_usd, s.max_usd),
                      Text(f"${s.accrued_usd:.4f} of ${s.max_usd:.2f}"))
         caps.add_row(Text("time cap  ", style="dim"), _bar(s.elapsed_s, s.max_s),
-                     Text(f"{s.elapsed_s / 60:.1f} of {s.max_s / 60:.0f} min"))
+                     Text(f"{s.elapsed_s / 60:.1f} of {s.max_s / 60:.0f} min · "
+                          f"{minutes_seconds(s.max_s - s.elapsed_s)} left"))
         return Group(head, caps)
 
     def heartbeat_text(self) -> str:
         s = self._snapshot()
-        return (f"[{s.phase or 'finishing'} {s.phase_elapsed_s:6.1f}s ${s.accrued_usd:.4f}] still running, no output "
-                f"for {self.quiet_s():.0f} s (${s.accrued_usd:.4f} of ${s.max_usd:.2f}, {s.elapsed_s / 60:.1f} of "
-                f"{s.max_s / 60:.0f} min)")
+        what = (f"tearing down{teardown_note(s).replace(' (', '; ').removesuffix(')')}" if s.tearing_down
+                else f"still running, no output for {self.quiet_s():.0f} s")
+        return (f"[{phase_label(s)} {s.phase_elapsed_s:6.1f}s ${s.accrued_usd:.4f}] {what} (${s.accrued_usd:.4f} of "
+                f"${s.max_usd:.2f}, {minutes_seconds(s.max_s - s.elapsed_s)} left of {s.max_s / 60:.0f} min)")
 
     def _beat(self) -> None:
         while not self._stop.wait(min(1.0, self.heartbeat_s / 4)):

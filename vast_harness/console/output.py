@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vast_harness.clock import now_s
+from vast_harness.console.carriage import LIVE_PROGRESS_EVERY_S, PROGRESS_LINE_EVERY_S
 from vast_harness.console.live import HEARTBEAT_S, LiveView, Snapshot
 from vast_harness.console.terminal import line as _line
 from vast_harness.console.terminal import safe_text as _t
@@ -193,11 +194,30 @@ class Output:
         """One line of a step's output, live: the step, its elapsed time and the dollars accrued so far."""
         if self.view is not None:
             self.view.line_printed()
+            self.view.progress = ""  # the bar's line ended: it is printed as a line now
         if self.quiet:
             return
         console = self.err if self.json_mode else self.out
         prefix = f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]"
         console.print(_line((prefix, "red" if stream == "stderr" else "dim"), " ", line))
+
+    @property
+    def progress_interval_s(self) -> float:
+        """How often a progress bar's latest drawing is shown (carriage.py): in the live region 4 times a
+        second (its refresh rate), as a printed line (a log, a pipe) once per PROGRESS_LINE_EVERY_S."""
+        return LIVE_PROGRESS_EVERY_S if self.view is not None and self.view.is_live else PROGRESS_LINE_EVERY_S
+
+    def step_progress(self, step: str, elapsed_s: float, accrued_usd: float, stream: str, segment: str) -> None:
+        """A progress bar's latest drawing (a line the step redraws with `\\r`, not ended yet): in the live
+        region under the step's status when there is one, else printed as a step line marked "…"."""
+        if self.view is not None:
+            self.view.line_printed()  # a bar moving is output: the step is not quiet
+            if self.view.is_live:
+                self.view.progress = segment
+                return
+        if not self.quiet:
+            console = self.err if self.json_mode else self.out
+            console.print(_line((f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]", "dim"), " … ", segment))
 
     def step_done(self, step: StepRecord, accrued_usd: float) -> None:
         """One line per finished step (stderr): its outcome, seconds and the run's dollars so far."""
@@ -292,6 +312,11 @@ class RunOutput(Output):
         self.err.print(_line((self.tag, "cyan"), " ", (f"exit {code}", color),
                              f": {message}; {verdicts}; accrued ${accrued_usd:.4f}"
                              + (f"; report {report}" if report else "")))
+
+    def step_progress(self, step: str, elapsed_s: float, accrued_usd: float, stream: str, segment: str) -> None:
+        if not self.quiet:
+            self.err.print(_line((self.tag, "cyan"), (f"[{step} {elapsed_s:6.1f}s ${accrued_usd:.4f}]", "dim"), " … ",
+                                 segment))
 
     def step_done(self, step: StepRecord, accrued_usd: float) -> None:
         how = "interrupted" if step.interrupted else "timed out" if step.timed_out else f"rc {step.rc}"

@@ -289,6 +289,11 @@ class _LineSplitter:
             self._pending = self._pending[_MAX_LINE_CHARS:]
         return [line.removesuffix("\r") for line in lines]
 
+    @property
+    def pending(self) -> str:
+        """The line not yet ended: a progress bar redrawn with `\\r` lives here until it finishes."""
+        return self._pending
+
     def flush(self) -> list[str]:
         rest = self._pending + self._decoder.decode(b"", final=True)
         self._pending = ""
@@ -394,10 +399,11 @@ class HostSession:
 
     def run(
         self, command: str, *, on_line: LineCallback, timeout_s: float, env: dict[str, str] | None = None,
-        stop: threading.Event | None = None,
+        stop: threading.Event | None = None, on_partial: LineCallback | None = None,
     ) -> StepOutcome:
         """Run `command`, streaming each stdout/stderr line to `on_line(stream, line)` as it arrives.
-        `stop`, when set by another thread, ends the wait like the timeout does (the channel is closed)."""
+        `stop`, when set by another thread, ends the wait like the timeout does (the channel is closed).
+        `on_partial(stream, text)`: after each read, the line not yet ended (a `\\r`-redrawn progress bar)."""
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         full_command = shell_with_env(command, env)
@@ -421,7 +427,7 @@ class HostSession:
                 detail=f"could not start the command: {_describe(exc)}",
             )
         try:
-            return self._pump(channel, on_line, started, started + timeout_s, stop)
+            return self._pump(channel, on_line, started, started + timeout_s, stop, on_partial)
         finally:
             # Closing writes to the link: one that died just now must not replace the outcome with an
             # exception (the next command, or is_active(), sees the dead link).
@@ -430,7 +436,7 @@ class HostSession:
 
     def _pump(
         self, channel: paramiko.Channel, on_line: LineCallback, started: float, deadline: float,
-        stop: threading.Event | None = None,
+        stop: threading.Event | None = None, on_partial: LineCallback | None = None,
     ) -> StepOutcome:
         splitters = {"stdout": _LineSplitter(), "stderr": _LineSplitter()}
         wake = _Wake()
@@ -451,11 +457,15 @@ class HostSession:
                         got += len(data)
                         for line in splitters["stdout"].feed(data):
                             on_line("stdout", line)
+                        if on_partial is not None and splitters["stdout"].pending:
+                            on_partial("stdout", splitters["stdout"].pending)
                     if channel.recv_stderr_ready():
                         data = channel.recv_stderr(_RECV_CHUNK_BYTES)
                         got += len(data)
                         for line in splitters["stderr"].feed(data):
                             on_line("stderr", line)
+                        if on_partial is not None and splitters["stderr"].pending:
+                            on_partial("stderr", splitters["stderr"].pending)
                 except _CONNECT_ERRORS:
                     link_lost[0] = True
                     return True  # nothing more will come

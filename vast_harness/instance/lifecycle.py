@@ -208,7 +208,7 @@ def teardown_instance(
     deadline: float, sleep: Sleep = time.sleep, created_mono: float | None = None,
     lag_window_s: float, seen: bool = True, clock: Clock = now_s, land_by_mono: float | None = None,
     while_deleting: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
-    first_ack: DeleteAck | None = None,
+    first_ack: DeleteAck | None = None, on_ack: Callable[[DeleteAck], None] | None = None,
 ) -> InstanceTeardown:
     """Delete, then prove absent; delete again whenever a proof sees it live, until proven or `deadline`.
 
@@ -220,7 +220,8 @@ def teardown_instance(
     acknowledged DELETE, the first sight, and the verdict. `land_by_mono` (a run's cap deadline, on `clock`):
     the DELETE's attempts are cut so that a retry after a stalled one still lands by then (`destroy`).
     `first_ack`: a DELETE of this instance already sent for this run (the cap guard's, capguard.py): it is the
-    teardown's first when it was answered; otherwise the teardown sends its own.
+    teardown's first when it was answered; otherwise the teardown sends its own. `on_ack`: each acknowledged
+    DELETE as it is answered, before the proof (a run's meter stops billing there, not after the proof).
     """
     report = InstanceTeardown(instance_id=instance_id)
 
@@ -248,6 +249,8 @@ def teardown_instance(
         report.deletes.append(ack)
         if ack.acknowledged:
             ledger.append(run_id, "delete_ack", label, instance_id=instance_id, detail=ack.outcome)
+            if on_ack is not None:
+                on_ack(ack)
             seen = seen or ack.outcome == "deleted"  # it existed, as far as the API could tell
         report.proof = prove_absent(client, instance_id, label, interval_s=interval_s, deadline=deadline,
                                     sleep=sleep, not_before_mono=window_end(seen),

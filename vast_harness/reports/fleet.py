@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -16,15 +17,19 @@ from rich.text import Text
 
 from vast_harness.console.output import Output
 from vast_harness.console.terminal import safe_cells
-from vast_harness.evidence.host_data import json_safe, usd_per_mtok
+from vast_harness.errors import ConfigError
+from vast_harness.evidence.host_data import json_safe, read_json, usd_per_mtok
 from vast_harness.evidence.run import write_whole
 from vast_harness.reports import svg as svgplot
 from vast_harness.reports import timeline
-from vast_harness.reports.html import Link, usd
+from vast_harness.reports.html import Link, show, usd
 from vast_harness.reports.run import REPORT_NAME, Cell, exit_cell, load_run, page, run_sections, table
+from vast_harness.state.runs import FLEET_LEDGER_NAME, FLEET_RESULT_NAME
+
+__all__ = ["FLEET_REPORT_NAME", "FLEET_RESULT_NAME", "FleetRow", "build_rows", "fleet_html", "print_table",
+           "rebuild_fleet_report", "write_fleet_report", "write_fleet_result"]
 
 FLEET_REPORT_NAME = "fleet-report.html"
-FLEET_RESULT_NAME = "fleet-result.json"
 
 
 @dataclass
@@ -93,29 +98,50 @@ def print_table(out: Output, rows: list[FleetRow], *, title: str) -> None:
     (out.err if out.json_mode else out.out).print(t)
 
 
-def fleet_html(fleet_id: str, rows: list[FleetRow], summary: dict[str, Any]) -> str:
+SIMULATED_NOTE = ("SIMULATED: no GPU was rented. Each run executed the smoke profile's tiny CPU round on a simulated "
+                  "host and its MFU is taken against a nominal peak per GPU type: the figures in grey (MFU, token "
+                  "rates, $ per M tokens) test the harness and rank nothing.")
+
+
+def _from_cpu_round(value: Any, simulated: bool) -> Any:
+    """A figure of the tiny CPU round (a simulated fleet): shown greyed, never as a GPU's figure."""
+    if not simulated:
+        return value
+    return Cell(show(value) if not isinstance(value, str) else value, "sim num")
+
+
+def fleet_html(fleet_id: str, rows: list[FleetRow], summary: dict[str, Any], *, fleet_dir: Path | None = None) -> str:
+    runs = [(r.gpu, Path(r.evidence_dir)) for r in rows if r.evidence_dir and Path(r.evidence_dir).is_dir()]
+    facts = {gpu: load_run(d) for gpu, d in runs}
+    simulated = summary.get("sim") is True or any(f.result.get("sim") is True for f in facts.values())
     headers = ["rank", "GPU", "offer", "GPUs", "$/h", "driver", "MFU %", "tokens/s per GPU", "tokens/s total",
                "$ per M tokens", "replay match", "exit", "accrued $", "absence", "run"]
     body_rows = []
     for i, r in enumerate(rows, 1):
         body_rows.append([i, r.gpu, r.offer_id, r.num_gpus, usd(r.dph_usd),
                           f"{r.driver or '–'} ({'qualified' if r.driver_qualified else 'not qualified'})",
-                          None if r.mfu is None else round(100 * r.mfu, 3), r.tokens_per_s_per_gpu, r.tokens_per_s,
-                          usd(r.usd_per_mtok), r.replay_match, exit_cell(r.exit_code), usd(r.accrued_usd),
+                          *(_from_cpu_round(v, simulated) for v in (
+                              None if r.mfu is None else round(100 * r.mfu, 3), r.tokens_per_s_per_gpu,
+                              r.tokens_per_s, usd(r.usd_per_mtok))),
+                          r.replay_match, exit_cell(r.exit_code), usd(r.accrued_usd),
                           Cell(r.absence or "nothing rented", "ok" if r.absence in ("gone", None) else "bad"),
                           r.run_id])
     points = [(r.usd_per_mtok, 100 * r.mfu, r.gpu) for r in rows if r.usd_per_mtok is not None and r.mfu is not None]
-    scatter = (svgplot.img_tag(svgplot.scatter(points, title="MFU vs cost per training token",
+    title = "MFU vs cost per training token" + (" (SIMULATED: CPU round, nominal peak)" if simulated else "")
+    scatter = (svgplot.img_tag(svgplot.scatter(points, title=title,
                                                xlabel="$ per million training tokens", ylabel="MFU %"),
-                               "MFU vs $ per million tokens")
+                               "MFU vs $ per million tokens", cls="plot sim" if simulated else "plot")
                if points else "<p class=muted>no run produced both an MFU and a token rate</p>")
-    runs = [(r.gpu, Path(r.evidence_dir)) for r in rows if r.evidence_dir and Path(r.evidence_dir).is_dir()]
-    facts = {gpu: load_run(d) for gpu, d in runs}
+    here = fleet_dir or Path(str(summary.get("dir") or "."))
+    files = [Link(name, name) for name in (FLEET_RESULT_NAME, FLEET_LEDGER_NAME) if (here / name).is_file()]
     links = [[r.gpu, r.run_id, exit_cell(r.exit_code), usd(r.accrued_usd),
               Link(f"{Path(r.evidence_dir or '').name}/{REPORT_NAME}", f"{Path(r.evidence_dir or '').name}/{REPORT_NAME}")
               if r.gpu in facts and (Path(r.evidence_dir or "") / REPORT_NAME).is_file() else "–"] for r in rows]
     total_cap = summary.get("total_cap_usd") if isinstance(summary.get("total_cap_usd"), (int, float)) else None
-    parts = [f"<h1>Fleet {escape(fleet_id)}</h1>",
+    parts = [f"<h1>Fleet {escape(fleet_id)}{' (SIMULATED)' if simulated else ''}</h1>",
+             f"<p class=simulated>{escape(SIMULATED_NOTE)}</p>" if simulated else "",
+             (("<p>Files: " + " · ".join(f'<a href="{escape(x.href)}">{escape(x.text)}</a>' for x in files)
+               + "</p>") if files else ""),
              (f"<p>Exit code <b>{escape(str(summary.get('exit_code')))}</b> · total cap "
               f"{escape(usd(summary.get('total_cap_usd'), 2))} · accrued {escape(usd(summary.get('accrued_usd')))}"
               f" · {escape(str(summary.get('stop_reason') or 'not cancelled'))}</p>"),
@@ -139,7 +165,31 @@ def write_fleet_report(fleet_dir: Path, fleet_id: str, rows: list[FleetRow], sum
     OSError (a full or read-only disk) is the caller's to report."""
     write_fleet_result(fleet_dir, rows, summary)
     path = fleet_dir / FLEET_REPORT_NAME
-    write_whole(path, fleet_html(fleet_id, rows, summary))
+    write_whole(path, fleet_html(fleet_id, rows, summary, fleet_dir=fleet_dir))
+    return path
+
+
+def rebuild_fleet_report(fleet_dir: Path) -> Path:
+    """`vast-e2e report FLEET`: fleet-report.html again, from fleet-result.json (the fleet's summary and which
+    run each GPU type had) and each run's evidence files, read afresh. fleet-result.json is not rewritten: it
+    is what the fleet run decided. A fleet directory moved since keeps its runs beside it."""
+    doc, problem = read_json(fleet_dir / FLEET_RESULT_NAME)
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{fleet_dir.name}: {FLEET_RESULT_NAME} cannot be read ({problem or 'not an object'}); "
+                          f"the fleet's report is built from it (each run's own report.html stays)")
+    fields = {f.name for f in dataclass_fields(FleetRow)}
+    rows = []
+    for raw in doc.get("rows") or []:
+        if not isinstance(raw, dict) or not isinstance(raw.get("gpu"), str):
+            continue
+        row = FleetRow(**{k: v for k, v in raw.items() if k in fields})
+        if row.evidence_dir and not Path(row.evidence_dir).is_dir() and (fleet_dir / Path(row.evidence_dir).name).is_dir():
+            row.evidence_dir = str(fleet_dir / Path(row.evidence_dir).name)
+        rows.append(row)
+    summary = {k: v for k, v in doc.items() if k != "rows"}
+    path = fleet_dir / FLEET_REPORT_NAME
+    fleet_id = str(summary.get("fleet_id") or fleet_dir.name)
+    write_whole(path, fleet_html(fleet_id, build_rows(rows), summary, fleet_dir=fleet_dir))
     return path
 
 

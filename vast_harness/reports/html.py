@@ -9,18 +9,22 @@ from html import escape
 from typing import Any
 
 CSS = """
-body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
+body{font-family:system-ui,sans-serif;margin:24px;color:#222}
+.row{display:flex;flex-wrap:wrap;gap:0 24px;align-items:flex-start}
 h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}h3{font-size:15px}
 table{border-collapse:collapse;margin:8px 0 16px}th,td{border:1px solid #ccc;padding:4px 8px;font-size:13px;
 text-align:left}th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .ok{color:#1a7f37;font-weight:bold}.bad{color:#c62828;font-weight:bold}.muted{color:#777}
+td.sim{color:#999;font-style:italic}img.sim{opacity:.55}
+p.simulated{background:#fff4e5;border:2px solid #e0a030;padding:8px 12px;font-weight:bold}
 img.plot,img.sweep{border:1px solid #ddd;margin:8px 0;max-width:100%;height:auto}
 a{color:#0b57d0}
 """
 
 
 def table(headers: list[str], rows: list[list[Any]], *, cls: str = "") -> str:
-    """An HTML table; every cell escaped. Numbers right-aligned."""
+    """An HTML table; every cell escaped. Numbers right-aligned. No headers (a list of label, value rows):
+    no header row, rather than an empty one."""
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = []
     for row in rows:
@@ -33,8 +37,9 @@ def table(headers: list[str], rows: list[list[Any]], *, cls: str = "") -> str:
                 cells.append(f'<td{" class=num" if num else ""}>{escape(show(v))}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     if not body:
-        body.append(f'<tr><td colspan="{len(headers)}" class="muted">(none)</td></tr>')
-    return (f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>' + "".join(body) + "</tbody></table>")
+        body.append(f'<tr><td colspan="{max(1, len(headers))}" class="muted">(none)</td></tr>')
+    thead = f"<thead><tr>{head}</tr></thead>" if any(headers) else ""
+    return f'<table class="{cls}">{thead}<tbody>' + "".join(body) + "</tbody></table>"
 
 
 @dataclass
@@ -51,8 +56,9 @@ def show(v: Any) -> str:
         return "–"
     if isinstance(v, bool):
         return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.6g}"
+    if isinstance(v, float):  # six significant digits with thousands separators; whole above 100,000 (ints
+        # are ids, counts and codes: shown as they are, so that an instance id can be copied)
+        return f"{v:,.0f}" if abs(v) >= 1e5 else f"{v:,.6g}"
     return str(v)
 
 

@@ -8,6 +8,7 @@ The same sections make up each run's part of the fleet report (`fleet_report.py`
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from html import escape
@@ -79,7 +80,7 @@ def summary_section(f: RunFacts) -> str:
     if override:
         rows.append(["image check", Cell("OVERRIDDEN by --image-expect: " + ", ".join(
             f"{k}={v}" for k, v in override.items()), "bad")])
-    return table(["", ""], [[k, v] for k, v in rows], cls="summary")
+    return table([], [[k, v] for k, v in rows], cls="summary")
 
 
 def deadman_line(d: dict[str, Any] | None) -> str | None:
@@ -105,7 +106,7 @@ def profile_section(f: RunFacts) -> str:
     steps = f.quote.get("steps")
     plan: list[list[Any]] = [[s.get("name"), s.get("timeout_s"), s.get("run")]
                              for s in (steps if isinstance(steps, list) else []) if isinstance(s, dict)]
-    return ("<h3>Profile that ran</h3>" + table(["", ""], rows, cls="profile")
+    return ("<h3>Profile that ran</h3>" + table([], rows, cls="profile")
             + table(["step", "timeout s", "command"], plan, cls="plan"))
 
 
@@ -216,21 +217,57 @@ def workload_section(f: RunFacts) -> str:
         svg = svgplot.lines(series, title="MFU sweep: MFU vs micro-batch per world size", xlabel="micro-batch",
                             ylabel="MFU %", point_marks=True)
         parts.append(svgplot.img_tag(svg, "MFU vs micro-batch per world size", cls="plot sweep"))
-    elif any(w.mfu is not None for w in f.workloads):
+    elif sum(w.mfu is not None for w in f.workloads) > 1:  # one bar is the table's one figure again
         svg = svgplot.bars([(w.name.removesuffix(".json"), 100 * (w.mfu or 0.0)) for w in f.workloads],
                            title="MFU per measurement", ylabel="MFU %")
         parts.append(svgplot.img_tag(svg, "MFU per measurement"))
     return "".join(parts)
 
 
+# The run's files a reader opens next, in the order they are asked for.
+EVIDENCE_FILES = (
+    ("harness-result.json", "the run's record: outcome, caps, phases, steps, timings, absence"),
+    ("absence-proof.json", "every DELETE and every absence-proof read, as answered"),
+    ("offer-quote.json", "the offer as chosen and the plan as resolved"),
+    ("deadman.log", "the host's dead-man switch, as it logged"),
+    ("steps.tsv", "each step's name, exit status and seconds"),
+    ("manifest.sha256", "a digest of every file here"),
+)
+REMOTE_FILES_LISTED = 100
+# Vast's console has an instances page; a page per instance is not a documented address (UNCONFIRMED), so the
+# link is to the list, named by the instance id (a destroyed instance is gone from it: the record is here).
+VAST_CONSOLE_INSTANCES = "https://cloud.vast.ai/instances/"
+
+
+def files_section(f: RunFacts) -> str:
+    """Links to the evidence files beside the report, what the host left in remote/, and (a real run) the
+    instances in Vast's console."""
+    rows: list[list[Any]] = [[Link(name, name), what] for name, what in EVIDENCE_FILES if (f.dir / name).is_file()]
+    remote_dir = f.dir / "remote"
+    remote = sorted(p for p in remote_dir.rglob("*") if p.is_file()) if remote_dir.is_dir() else []
+    for p in remote[:REMOTE_FILES_LISTED]:
+        rel = p.relative_to(f.dir).as_posix()
+        rows.append([Link(rel, rel), "pulled from the host"])
+    if len(remote) > REMOTE_FILES_LISTED:
+        rows.append([f"remote/ ({len(remote) - REMOTE_FILES_LISTED} more)", "pulled from the host"])
+    instances = f.result.get("instances")
+    if f.result.get("sim") is False:  # a simulated instance is in no console
+        for inst in instances if isinstance(instances, list) else []:
+            iid = inst.get("instance_id") if isinstance(inst, dict) else None
+            if isinstance(iid, int) and not isinstance(iid, bool):
+                rows.append([Link(f"instance {iid}", VAST_CONSOLE_INSTANCES),
+                             "Vast's console (its instances page; a destroyed instance is no longer listed)"])
+    return "<h3>Files</h3>" + table(["file", "what it holds"], rows, cls="files")
+
+
+_RELATIVE_HREF = re.compile(r'href="(?![a-z][a-z0-9+.-]*:|#|/)')
+
+
 def run_sections(f: RunFacts, *, link_prefix: str = "") -> str:
     """A run's sections; `link_prefix` makes its links relative to another page (the fleet report)."""
     html = (summary_section(f) + timeline.timeline_section(f) + timeline.cost_section(f) + steps_section(f)
-            + profile_section(f) + workdir_section(f) + absence_section(f) + workload_section(f))
-    if not link_prefix:
-        return html
-    return (html.replace('href="steps/', f'href="{escape(link_prefix)}steps/')
-            .replace('href="artifacts/', f'href="{escape(link_prefix)}artifacts/'))
+            + profile_section(f) + workdir_section(f) + absence_section(f) + workload_section(f) + files_section(f))
+    return _RELATIVE_HREF.sub(f'href="{escape(link_prefix)}', html) if link_prefix else html
 
 
 def write_run_report(directory: Path) -> Path:

@@ -53,8 +53,8 @@ class _Frame:
 
     def __init__(self, xs: Sequence[float], ys: Sequence[float], *, title: str, xlabel: str, ylabel: str,
                  y_from_zero: bool = True, x_ticks: bool = True, left: float = ML, height: float = H,
-                 y_ticks: bool = True) -> None:
-        self.left, self.height = left, height
+                 y_ticks: bool = True, top: float = MT) -> None:
+        self.left, self.height, self.top = left, height, top
         ylo = min([0.0, *ys]) if y_from_zero else min(ys, default=0.0)
         self.xt = nice_ticks(min(xs, default=0.0), max(xs, default=1.0))
         self.yt = nice_ticks(ylo, max(ys, default=1.0) * 1.08)  # headroom for labels above the top point
@@ -73,21 +73,21 @@ class _Frame:
                               f'transform="rotate(-90 16 {Hh / 2})">{escape(ylabel)}</text>')
         for t in self.xt if x_ticks else ():
             x = self.px(t)
-            self.parts.append(f'<line x1="{x:.1f}" y1="{MT}" x2="{x:.1f}" y2="{Hh - MB}" stroke="#eee"/>')
+            self.parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{Hh - MB}" stroke="#eee"/>')
             self.parts.append(f'<text x="{x:.1f}" y="{Hh - MB + 16}" text-anchor="middle" font-size="11">'
                               f'{_fmt(t)}</text>')
         for t in self.yt if y_ticks else ():
             y = self.py(t)
             self.parts.append(f'<line x1="{L}" y1="{y:.1f}" x2="{W - MR}" y2="{y:.1f}" stroke="#eee"/>')
             self.parts.append(f'<text x="{L - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
-        self.parts.append(f'<rect x="{L}" y="{MT}" width="{W - L - MR}" height="{Hh - MT - MB}" fill="none" '
+        self.parts.append(f'<rect x="{L}" y="{top}" width="{W - L - MR}" height="{Hh - top - MB}" fill="none" '
                           f'stroke="#333"/>')
 
     def px(self, x: float) -> float:
         return self.left + (x - self.x0) / ((self.x1 - self.x0) or 1.0) * (W - self.left - MR)
 
     def py(self, y: float) -> float:
-        return self.height - MB - (y - self.y0) / ((self.y1 - self.y0) or 1.0) * (self.height - MT - MB)
+        return self.height - MB - (y - self.y0) / ((self.y1 - self.y0) or 1.0) * (self.height - self.top - MB)
 
     def svg(self) -> str:
         return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{self.height:.0f}" '
@@ -113,7 +113,7 @@ def scatter(points: Sequence[tuple[float, float, str]], *, title: str, xlabel: s
         for dx, dy in spots:
             bx, by = cx + dx, cy + dy - h + 3  # text baseline at cy + dy
             cand = (bx, by, bx + w, by + h)
-            inside = f.left + 2 <= cand[0] and cand[2] <= W - MR - 2 and MT + 2 <= cand[1] and cand[3] <= f.height - MB
+            inside = f.left + 2 <= cand[0] and cand[2] <= W - MR - 2 and f.top + 2 <= cand[1] and cand[3] <= f.height - MB
             if inside and not any(_boxes_overlap(cand, other) for other in placed):
                 box = cand
                 break
@@ -130,22 +130,32 @@ def _boxes_overlap(a: tuple[float, float, float, float], b: tuple[float, float, 
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
-def _merged_markers(f: _Frame, markers: Sequence[tuple[float, str]], min_gap_px: float = 12.0
-                    ) -> list[tuple[float, str]]:
-    """Vertical labels closer than `min_gap_px` would print over each other: they share one label."""
-    merged: list[tuple[float, list[str]]] = []
-    for x, label in sorted(markers, key=lambda m: m[0]):
-        px = f.px(x)
-        if merged and px - merged[-1][0] < min_gap_px:
-            merged[-1][1].append(label)
-        else:
-            merged.append((px, [label]))
-    room = int((H - MT - MB - 16) / _text_width("x", 10))
-    out = []
-    for px, labels in merged:
-        text = " · ".join(labels)
-        out.append((px, text if len(text) <= room else text[: room - 1] + "…"))
-    return out
+LANE_PX = 13  # one lane of event labels: 10 px text and its leading
+MAX_LANES = 8
+
+
+def _label_lanes(f: _Frame, events: Sequence[tuple[float, str]], font_px: float = 10.0
+                 ) -> tuple[list[tuple[float, float, str, int]], int]:
+    """Event labels written across, each in the first lane where it touches no other: (line x, text x, text,
+    lane) per labelled event, and the lanes used. Vertical labels side by side ran into each other and into the
+    bars; an event with an empty label gets its line only. A label with no free lane among MAX_LANES is left
+    to the table under the chart (its line is still drawn)."""
+    lanes: list[list[tuple[float, float]]] = []
+    placed: list[tuple[float, float, str, int]] = []
+    for x, label in sorted(events, key=lambda e: e[0]):
+        if not label:
+            continue
+        px, w = f.px(x), _text_width(label, font_px)
+        x0 = px + 3 if px + 3 + w <= W - MR - 2 else max(f.left + 2, px - 3 - w)  # right of its line, else left
+        span = (x0 - 3, x0 + w + 3)
+        for i, taken in enumerate([*lanes, []][:MAX_LANES]):
+            if not any(span[0] < b and a < span[1] for a, b in taken):
+                if i == len(lanes):
+                    lanes.append([])
+                lanes[i].append(span)
+                placed.append((px, x0, label, i))
+                break
+    return placed, len(lanes)
 
 
 def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, title: str, xlabel: str, ylabel: str,
@@ -156,11 +166,16 @@ def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, title:
     xs = [x for _, pts in series for x, _ in pts] + [m[0] for m in markers]
     ys = [y for _, pts in series for _, y in pts] + [h[0] for h in hlines]
     f = _Frame(xs, ys, title=title, xlabel=xlabel, ylabel=ylabel)
-    for px, label in _merged_markers(f, markers):
-        f.parts.append(f'<line x1="{px:.1f}" y1="{MT}" x2="{px:.1f}" y2="{H - MB}" stroke="#999" '
-                       f'stroke-dasharray="4 3"/>')
-        f.parts.append(f'<text class="marker" x="{px + 3:.1f}" y="{MT + 6}" font-size="10" fill="#666" '
-                       f'transform="rotate(90 {px + 3:.1f} {MT + 6})">{escape(label)}</text>')
+    placed, n_lanes = _label_lanes(f, markers)
+    if n_lanes:  # the labels go in a band between the title and the frame: redraw the frame lower
+        f = _Frame(xs, ys, title=title, xlabel=xlabel, ylabel=ylabel, top=MT + LANE_PX * n_lanes,
+                   height=H + LANE_PX * n_lanes)
+    for x, _ in markers:  # from the labels' band down; each label starts at its line
+        f.parts.append(f'<line x1="{f.px(x):.1f}" y1="{f.top}" x2="{f.px(x):.1f}" y2="{f.height - MB}" '
+                       f'stroke="#999" stroke-dasharray="4 3"/>')
+    for _, x0, label, lane in placed:
+        f.parts.append(f'<text class="marker" x="{x0:.1f}" y="{MT + LANE_PX * lane + 9:.1f}" font-size="10" '
+                       f'fill="#666">{escape(label)}</text>')
     for y, label in hlines:
         py = f.py(y)
         f.parts.append(f'<line class="cap" x1="{ML}" y1="{py:.1f}" x2="{W - MR}" y2="{py:.1f}" stroke="#c62828" '
@@ -173,7 +188,7 @@ def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, title:
         if point_marks:
             f.parts.extend(f'<circle class="point" cx="{f.px(x):.1f}" cy="{f.py(y):.1f}" r="4" fill="{color}"/>'
                            for x, y in pts)
-        f.parts.append(f'<text x="{W - MR - 4}" y="{MT + 14 + 14 * i}" text-anchor="end" font-size="11" '
+        f.parts.append(f'<text x="{W - MR - 4}" y="{f.top + 14 + 14 * i}" text-anchor="end" font-size="11" '
                        f'fill="{color}">{escape(name)}</text>')
     return f.svg()
 
@@ -197,13 +212,23 @@ def timeline(rows: Sequence[tuple[str, float, float, str]], *, title: str, xlabe
              events: Sequence[tuple[float, str]] = ()) -> str:
     """A Gantt chart: one bar per (label, start, end, note) on a shared time axis, top to bottom, its label
     left of the frame and its note (dollars) on the bar or right of it; `events` are dashed verticals
-    (DELETE, proof rounds), their labels merged where they would collide."""
+    (DELETE, proof rounds, the time cap) down to their labels, written across in lanes under the bars."""
     row_h, top = 20, MT + 8
-    height = max(H, top + row_h * len(rows) + MB + 10)
     xs = [x for _, a, b, _ in rows for x in (a, b)] + [e[0] for e in events]
     left = min(ML + 90, 10 + max((int(_text_width(r[0], 11)) for r in rows), default=0))
-    f = _Frame(xs, [0.0, 1.0], title=title, xlabel=xlabel, ylabel="", y_from_zero=True, left=left, height=height,
-               y_ticks=False)
+
+    def frame(lanes: int) -> _Frame:
+        height = max(H, top + row_h * len(rows) + LANE_PX * lanes + MB + 10)
+        return _Frame(xs, [0.0, 1.0], title=title, xlabel=xlabel, ylabel="", y_from_zero=True, left=left,
+                      height=height, y_ticks=False)
+
+    placed, n_lanes = _label_lanes(frame(0), events)
+    f = frame(n_lanes)
+    lanes_top = top + row_h * len(rows) + 4
+    for x, _ in events:  # behind the bars (a bar's dollars stay readable), down to the labels, which start at it
+        px = f.px(x)
+        f.parts.append(f'<line x1="{px:.1f}" y1="{MT}" x2="{px:.1f}" y2="{lanes_top}" stroke="#c62828" '
+                       f'stroke-dasharray="3 3"/>')
     for i, (label, start, end, note) in enumerate(rows):
         y = top + row_h * i
         x0, x1 = f.px(start), max(f.px(end), f.px(start) + 2)
@@ -217,12 +242,9 @@ def timeline(rows: Sequence[tuple[str, float, float, str]], *, title: str, xlabe
             nx = x0 + 3 if inside else min(x1 + 3, W - MR - _text_width(note, 10))
             f.parts.append(f'<text x="{nx:.1f}" y="{y + row_h - 10:.1f}" font-size="10" '
                            f'fill="{"white" if inside else "#333"}">{escape(note)}</text>')
-    for px, label in _merged_markers(f, events):
-        f.parts.append(f'<line x1="{px:.1f}" y1="{MT}" x2="{px:.1f}" y2="{height - MB}" stroke="#c62828" '
-                       f'stroke-dasharray="3 3"/>')
-        f.parts.append(f'<text class="marker" x="{px - 3:.1f}" y="{height - MB - 4}" font-size="10" fill="#c62828" '
-                       f'text-anchor="start" transform="rotate(-90 {px - 3:.1f} {height - MB - 4})">'
-                       f'{escape(label)}</text>')
+    for _, x0, label, lane in placed:
+        f.parts.append(f'<text class="marker" x="{x0:.1f}" y="{lanes_top + LANE_PX * lane + 9:.1f}" font-size="10" '
+                       f'fill="#c62828">{escape(label)}</text>')
     return f.svg()
 
 

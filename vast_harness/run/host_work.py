@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vast_harness.caps.meter import CostMeter
+from vast_harness.console.carriage import CarriageLine, shown_segment
 from vast_harness.console.output import LineBudget, Output
 from vast_harness.errors import CapReachedError, HarnessError, Interrupted, StepFailedError, TransferAbandoned
 from vast_harness.evidence.run import RunEvidence, StepLog
@@ -97,12 +98,20 @@ class HostWork:
         if not outcome.ok:
             raise StepFailedError(f"unpacking the bundle failed: rc={outcome.rc} {outcome.detail}", step="setup")
 
-    def _step_printer(self, name: str, log: StepLog,
-                      started: float) -> tuple[Callable[[str, str], None], Callable[[], None]]:
-        """The step's on_line: capped log, live console for the log's head, bytes into the meter."""
+    def _step_printer(self, name: str, log: StepLog, started: float
+                      ) -> tuple[Callable[[str, str], None], Callable[[], None], Callable[[str, str], None]]:
+        """The step's on_line: capped log, live console for the log's head, bytes into the meter; its
+        on_partial: a progress bar's latest drawing on the console (carriage.py), rate-limited."""
         state = {"unmetered": 0, "said_cut": False}
         redact = self.spec.redactor
         console = LineBudget(clock=self.meter.now)
+        drawing = {stream: CarriageLine(min_interval_s=self.out.progress_interval_s, clock=self.meter.now)
+                   for stream in ("stdout", "stderr")}
+
+        def on_partial(stream: str, pending: str) -> None:
+            if (segment := drawing[stream].update(pending)) is not None:
+                self.out.step_progress(name, self.meter.now() - started, self.meter.accrued_usd(), stream,
+                                       redact.text(segment)[:_CONSOLE_LINE_CHARS])
 
         def say_skipped() -> None:
             if skipped := console.take_skipped():
@@ -114,6 +123,9 @@ class HostWork:
             line = redact.text(raw)  # a secret a step prints is neither logged nor shown, whatever its length
             shown = log.write(line)
             state["unmetered"] += len(raw) + 1
+            drawing[stream].line_ended()
+            if "\r" in line or "\x1b[" in line:  # a bar's last drawing, as a terminal leaves it; the log has all
+                line = shown_segment(line)
             if shown and console.allow():
                 say_skipped()
                 if len(line) > _CONSOLE_LINE_CHARS:  # a 30 MB line is one line to the budget: show its start
@@ -137,7 +149,7 @@ class HostWork:
             self.meter.add_bytes(down=state["unmetered"])
             state["unmetered"] = 0
 
-        return on_line, settle
+        return on_line, settle, on_partial
 
     def run_steps(self) -> None:
         """The profile's steps in order; the first that fails, times out or meets the cap ends the work."""
@@ -149,14 +161,14 @@ class HostWork:
             started = self.meter.now()
             timeout = max(0.05, self.meter.deadline(step.timeout_s) - started)
             log = self.ev.step_log(step.name)
-            on_line, settle = self._step_printer(step.name, log, started)
+            on_line, settle, on_partial = self._step_printer(step.name, log, started)
             self._phase(f"step {step.name}")
             self.out.info(f"step {step.name} (timeout {timeout:.0f} s)")
             cut: CapReachedError | None = None
             interrupted: Interrupted | None = None
             try:
                 outcome = self.session.run(f"cd {self._step_dir} && {step.run}", on_line=on_line, timeout_s=timeout,
-                                           env=env, stop=self.cancelled)
+                                           env=env, stop=self.cancelled, on_partial=on_partial)
             except CapReachedError as exc:  # raised from inside the drain: the channel is closed already
                 cut = exc
                 outcome = StepOutcome(rc=None, seconds=self.meter.now() - started, timed_out=True, detail=str(exc))

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vast_harness.caps.guard import CapGuard
-from vast_harness.caps.meter import CostMeter, teardown_budget_s
+from vast_harness.caps.meter import CostMeter, expected_teardown_s, teardown_budget_s
 from vast_harness.console.live import PhaseLog, Snapshot
 from vast_harness.console.output import Output
 from vast_harness.errors import ExitCode, RunCancelled
@@ -160,11 +160,19 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
 def snapshot(t: RunTools) -> Snapshot:
     """What the live view shows."""
     phase = t.phases.current
-    if t.cap_guard.fired_reason is not None:  # the instance is deleted; the run's own thread has not caught up
+    steps = [step.name for step in t.spec.profile.steps]
+    step = phase.removeprefix("step ")
+    number = steps.index(step) + 1 if phase.startswith("step ") and step in steps else None
+    guard_fired = t.cap_guard.fired_reason is not None
+    if guard_fired:  # the instance is deleted; the run's own thread has not caught up
         phase = f"{phase or 'run'}: cap guard sent the DELETE, the run's teardown has not yet taken over"
+    instances = max(1, len(t.book.created))
     return Snapshot(phase=phase, phase_elapsed_s=t.clock() - t.phases.current_started_mono,
                     accrued_usd=t.meter.accrued_usd(), max_usd=t.spec.caps.max_usd,
-                    elapsed_s=t.meter.elapsed_s(), max_s=t.spec.max_seconds)
+                    elapsed_s=t.meter.elapsed_s(), max_s=t.spec.max_seconds, step_number=number,
+                    step_count=len(steps), tearing_down=guard_fired or phase == "teardown",
+                    teardown_expected_s=instances * expected_teardown_s(t.spec.proof_interval_s,
+                                                                        t.spec.timings.pacing_scale))
 
 
 def signalled(t: RunTools) -> bool:

@@ -13,7 +13,7 @@ import time
 from vast_harness.errors import ExitCode, VastError
 from vast_harness.host.deadman import read_log
 from vast_harness.instance.lifecycle import find_by_label, teardown_instance
-from vast_harness.records import CreatedInstance, InstanceTeardown
+from vast_harness.records import CreatedInstance, DeleteAck, InstanceTeardown
 from vast_harness.run.state import RunState, RunTools, Stage, signalled
 
 DEADMAN_LOG_READ_S = 3.0  # reading the switch's log back at teardown: brief, DELETE comes next
@@ -95,7 +95,7 @@ def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTea
                                lag_window_s=s.read_lag_window_s, seen=inst.seen, clock=t.clock,
                                land_by_mono=t.meter.hard_deadline(),
                                while_deleting=lambda: t.reads.watch_while_deleting(inst),
-                               first_ack=guard_ack)
+                               first_ack=guard_ack, on_ack=lambda ack: stop_billing_at(t, inst, ack))
     seen_before, inst.seen = inst.seen, report.seen
     acks = [d for d in report.deletes if d.acknowledged]
     ours = [d for d in acks if d.outcome == "deleted"]  # a DELETE of ours that deleted it
@@ -109,6 +109,14 @@ def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTea
     inst.absence = report.verdict
     t.book.torn_down(report)
     return report
+
+
+def stop_billing_at(t: RunTools, inst: CreatedInstance, ack: DeleteAck) -> None:
+    """The meter stops at the DELETE that deleted the instance as soon as it is answered, not after the
+    proof: the live view's dollars stop rising there. The same moment `teardown_one` settles on afterwards
+    (an answer of "already gone" waits: a later DELETE of ours may be the one that deleted it)."""
+    if ack.outcome == "deleted" and ack.t_ack_mono is not None:
+        t.meter.stop_instance(inst.instance_id, ack.t_ack_mono)
 
 
 def sweep_labels(t: RunTools, s: RunState) -> None:

@@ -1,4 +1,5 @@
-"""The runs an evidence directory holds (its own and its fleets'), found by id, unique part of an id, or path.
+"""The runs an evidence directory holds (its own and its fleets'), found by id, unique part of an id, or path;
+and its fleets, found the same way.
 
 Used by `vast-e2e report`, `logs` and `costs`, which read evidence and call no API. Standard library only.
 """
@@ -34,6 +35,39 @@ def run_dirs(evidence_dir: Path) -> list[Path]:
         elif _is_run(top):
             found.append(top)
     return sorted(found, key=lambda p: p.name)
+
+
+FLEET_PREFIX = "fleet-"
+FLEET_LEDGER_NAME, FLEET_RESULT_NAME = "fleet.jsonl", "fleet-result.json"
+FLEET_MARKS = (FLEET_LEDGER_NAME, FLEET_RESULT_NAME)  # a fleet's ledger and its result: what makes a fleet directory
+
+
+def find_fleet(evidence_dir: Path, ref: str) -> Path | None:
+    """A fleet directory by path, by id (`fleet-...`) or a unique part of one starting `fleet-`; None when
+    `ref` names no fleet by its form (a run's id), ConfigError (exit 2) when it has a fleet's form but names
+    none or several."""
+    given = Path(ref).expanduser()
+    if given.is_dir() and any((given / mark).is_file() for mark in FLEET_MARKS):
+        return given
+    if not ref.startswith(FLEET_PREFIX):
+        return None
+    fleets: list[Path] = []
+    for top in (evidence_dir, evidence_dir / SIM_SUBDIR):
+        try:
+            fleets += sorted(p for p in top.iterdir() if p.is_dir() and p.name.startswith(FLEET_PREFIX)
+                             and any((p / mark).is_file() for mark in FLEET_MARKS))
+        except OSError:
+            continue
+    exact = [p for p in fleets if p.name == ref]
+    named = exact or [p for p in fleets if ref in p.name]
+    if len(named) == 1:
+        return named[0]
+    if not named:
+        latest = ", ".join(p.name for p in fleets[-3:]) or "none"
+        raise ConfigError(f"no fleet {ref!r} in {evidence_dir} (latest: {latest}); give a fleet id or its "
+                          "directory (--evidence-dir to look elsewhere)")
+    raise ConfigError(f"{ref!r} names {len(named)} fleets ({', '.join(p.name for p in named[:5])}): give more of "
+                      "the id")
 
 
 def _is_run(path: Path) -> bool:
