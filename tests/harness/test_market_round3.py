@@ -16,6 +16,7 @@ from tests.harness.test_runner import KEY, SCALE, make_spec
 from vast_harness.errors import ApiStatusError
 from vast_harness.instance.absence import _per_id_verdict
 from vast_harness.instance.lifecycle import with_list_ports
+from vast_harness.spec.profile import Step
 from vast_harness.vast.client import RawExchange, VastClient
 from vast_harness.vast.models import Instance
 
@@ -117,3 +118,48 @@ def test_an_error_status_fails_fast_and_the_next_offer_runs(sim, tmp_path) -> No
     insts = of_run(sim, r)
     assert len(insts) == 2 and not [i for i in insts if i["live"]]
     assert [t.verdict for t in r.teardowns] == ["gone", "gone"]
+
+
+# ------------------------------------------------------------------------------------------ bandwidth
+
+
+@pytest.mark.parametrize(("up", "down"), [(0.01, 0.05), (0.05, 0.01)], ids=["down-dearer", "up-dearer"])
+def test_both_directions_are_quoted_at_the_higher_rate_whichever_it_is(up: float, down: float) -> None:
+    from vast_harness.market.quote import quote_offer, worst_case_usd
+    from vast_harness.vast.models import Offer
+
+    offer = Offer.model_validate({"id": 1, "dph_base": 1.0, "storage_cost": 0.0, "inet_up_cost": up,
+                                  "inet_down_cost": down})
+    q = quote_offer(offer, max_minutes=60, disk_gb=10, upload_bytes=10**9, download_bytes=2 * 10**9)
+    assert (q.upload_usd, q.download_usd) == (pytest.approx(0.05), pytest.approx(0.10))
+    assert worst_case_usd(offer, max_minutes=60, disk_gb=10, upload_bytes=10**9,
+                          download_bytes=2 * 10**9) == pytest.approx(q.worst_case_usd)
+
+
+# ------------------------------------------------------------------------------------- the run's key
+
+
+def test_the_run_key_is_attached_through_the_api_beside_the_onstart_line(sim, tmp_path) -> None:
+    # Vast refreshes the instance's authorized keys (skypilot PR 10730): the attached key is in the set Vast keeps
+    # (tests/sim/test_market_round3.py shows it letting a new connection in after the reset, the onstart's not).
+    sim.set_faults("key_reset:0.2")
+    step = [Step(name="wait", run="sleep 1", timeout_s=20)]
+    r = guarded(sim, make_spec(sim, tmp_path, step))
+    result = execute(r)
+    assert result.exit_code == 0, result.message
+    inst = r.created[0]
+    assert inst.key_attached is True and inst.key_attach_detail == ""
+    backend_inst = sim.backend.instances[inst.instance_id]
+    assert backend_inst.keys_reset  # the reset fired while the run was up; the run still passed
+    assert [k["key"] for k in backend_inst.ssh_keys] == [r.state.key.public_openssh.strip()]
+    assert not [i for i in of_run(sim, r) if i["live"]]
+
+
+def test_an_attach_that_fails_is_said_and_recorded_never_fatal(sim, tmp_path) -> None:
+    sim.set_faults("5xx:ssh:*:503")
+    r = guarded(sim, make_spec(sim, tmp_path, OK))
+    r.tools.client._max_retry_s = 0.5  # a short retry bound: the attach gives up fast
+    result = execute(r)
+    assert result.exit_code == 0, result.message
+    assert r.created[0].key_attached is False and "503" in r.created[0].key_attach_detail
+    assert not [i for i in of_run(sim, r) if i["live"]]

@@ -66,9 +66,10 @@ def test_quote_arithmetic_is_exact():
     dph = 4.0 + 60 * 0.144 / 720  # storage_cost is $/GB/month
     assert q.dph_at_disk_usd == pytest.approx(dph)
     assert q.compute_usd == pytest.approx(50 / 60 * dph)
-    assert q.upload_usd == pytest.approx(0.1 * 0.02)  # bytes into the host at inet_down_cost
-    assert q.download_usd == pytest.approx(0.02 * 0.01)  # bytes out of the host at inet_up_cost
-    assert q.worst_case_usd == pytest.approx(50 / 60 * dph + 0.002 + 0.0002)
+    # both directions at the higher of inet_up_cost (0.01) and inet_down_cost (0.02): whose "up" is unsourced
+    assert q.upload_usd == pytest.approx(0.1 * 0.02)
+    assert q.download_usd == pytest.approx(0.02 * 0.02)
+    assert q.worst_case_usd == pytest.approx(50 / 60 * dph + 0.002 + 0.0004)
     assert "worst case $" in q.arithmetic
 
 

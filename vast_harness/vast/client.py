@@ -397,6 +397,13 @@ class VastClient:
             return "already_gone"
         return "deleted"
 
+    def attach_ssh_key(self, instance_id: int, public_key: str, *, within_s: float | None = None) -> None:
+        """`POST /api/v0/instances/{id}/ssh/` (attach_ssh.yaml): register a public key with the instance, so Vast
+        keeps it when it refreshes the instance's authorized keys (a key only appended by onstart stops working
+        "between 9 and 18 hours in": skypilot PR 10730). Retried like a read: attaching a key twice is harmless."""
+        path = ENDPOINT_PATHS["attach_ssh_key"].format(id=int(instance_id))
+        self._call("POST", path, json={"ssh_key": public_key.strip()}, retry=True, within_s=within_s)
+
     def current_user(self, *, max_retry_s: float | None = None, min_attempts: int = 1) -> User:
         path = ENDPOINT_PATHS["current_user"]
         data = self._call("GET", path, retry=True, max_retry_s=max_retry_s, min_attempts=min_attempts)

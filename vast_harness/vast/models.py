@@ -149,6 +149,12 @@ class Offer(_VastModel):
                 return float(value)
         return 0.0
 
+    @property
+    def transfer_usd_per_gb(self) -> float:
+        """$/GB for bytes in either direction: the higher of `inet_up_cost` and `inet_down_cost`. The units are
+        sourced (search_offers.yaml "$/GB"); whose "up" they name is not, so a wrong guess must not under-count."""
+        return max(self.inet_up_cost_usd_per_gb or 0.0, self.inet_down_cost_usd_per_gb or 0.0)
+
     def dph_at_disk(self, disk_gb: float) -> float:
         """$/h for this offer with `disk_gb` of storage: GPU part plus disk at storage_cost/720.
 
