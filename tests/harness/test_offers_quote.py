@@ -138,6 +138,13 @@ def test_cap_and_credit_reject_with_reasons():
     assert any("credit" in r for r in choice.rejected[0].reasons)
 
 
+def test_an_unverified_profile_omits_verified_as_the_cli_does_for_verified_any():
+    # vast-cli parse_query: `verified=any` deletes the field; `verified=False` would send {"eq": false}, i.e.
+    # unverified machines only, which is not what a profile with verified = false means
+    assert "verified" not in build_query(criteria(filters=Filters(verified=False)))
+    assert build_query(criteria())["verified"] == {"eq": True}
+
+
 def test_query_carries_every_filter_and_excludes_seen_ids():
     q = build_query(
         criteria(filters=Filters(num_gpus=2, gpu_names=["H200"], min_pcie_bw_gbps=20)), exclude_ids=[5, 3]
