@@ -90,3 +90,14 @@ def _try_connect(port: int, key: paramiko.PKey) -> paramiko.SSHClient | None:
         return ssh_connect(port, key, timeout_s=3)
     except paramiko.AuthenticationException:
         return None
+
+
+def test_the_key_reset_option_refreshes_every_instances_keys() -> None:
+    key = paramiko.ECDSAKey.generate()
+    line = public_line(key)
+    with SimServer(seed=6, rate_scale=0.0, num_offers=20, key_reset_s=0.3) as sim, \
+            httpx.Client(base_url=sim.url, headers={"Authorization": "Bearer k"}, timeout=10) as api:
+        instance_id = create(api, onstart=f"mkdir -p ~/.ssh; echo '{line}' >> ~/.ssh/authorized_keys")["new_contract"]
+        wait_for(lambda: sim.backend.instances[instance_id].keys_reset, timeout_s=5)
+        port = direct_port(show(api, instance_id))
+        assert _try_connect(port, key) is None  # the onstart's key went with the refresh

@@ -79,15 +79,18 @@ class Backend:
     def __init__(self, seed: int = 0, boot_seconds: float = 0.0, faults: Any = None, num_offers: int = 300,
                  rate_scale: float = 1.0, api_keys: list[str] | None = None, credit_usd: float = 100.0,
                  host_root: str | Path | None = None, linger_seconds: float = DEFAULT_LINGER_S,
-                 show_shape: str = "object", card_saved: bool = False) -> None:
+                 show_shape: str = "object", card_saved: bool = False, key_reset_s: float | None = None) -> None:
         """`show_shape`: "object" (`{"instances": {...}}` with ports: the docs, dstack) or "list"
         (`{"instances": [{...}]}` without ports: base-image test_template.py). `card_saved`: the account has a card
-        on file, so a negative balance stops its instances but Vast never destroys them."""
+        on file, so a negative balance stops its instances but Vast never destroys them. `key_reset_s`: every
+        instance's authorized keys are refreshed this long after it runs (Vast: "between 9 and 18 hours in";
+        scale it down), as the `key_reset` fault does for chosen instances."""
         if show_shape not in SHOW_SHAPES:
             raise ValueError(f"show_shape must be one of {SHOW_SHAPES}, got {show_shape!r}")
         self.seed, self.boot_s, self.credit_usd = seed, max(0.0, boot_seconds), credit_usd
         self.linger_s = max(0.0, linger_seconds)
         self.show_shape, self.card_saved = show_shape, card_saved
+        self.key_reset_s = key_reset_s
         self.rng = random.Random(seed)
         self.lock = threading.RLock()
         self.limiter = RateLimiter(rate_scale)
@@ -319,7 +322,7 @@ class Backend:
                 (self.faults.take("offline"), self._go_offline), (self.faults.take("exit"), self._exit),
                 (self.faults.take("credit_zero"), self._credit_zero), (self.faults.take("reprice"), None),
                 (self.faults.take("negative_balance"), self._negative_balance),
-                (self.faults.take("key_reset"), self._reset_keys)]
+                (self.faults.take("key_reset") or self._every_instance_key_reset(), self._reset_keys)]
         if inst.onstart:
             # destroyed in the meantime (SandboxClosed) or the host dir is gone: nothing left to start
             with contextlib.suppress(SandboxClosed, OSError):
@@ -364,6 +367,10 @@ class Backend:
             self._halt(victim, transitions.STOPPED)
             if not self.card_saved:
                 self._schedule(victim, NEGATIVE_GRACE_S, self._vast_destroy)
+
+    def _every_instance_key_reset(self) -> FaultRule | None:
+        """`key_reset_s` as a rule of its own (so the boot schedules it like the fault)."""
+        return None if self.key_reset_s is None else FaultRule(kind="key_reset", seconds=self.key_reset_s)
 
     def _reset_keys(self, inst: Instance) -> None:
         """Vast refreshes the instance's authorized keys, which it owns: what onstart appended is gone; the
