@@ -150,6 +150,9 @@ class RecordedInstance(BaseModel):
     detail: str = ""
     absence: str | None = None  # the teardown's verdict: gone, present or unknown
     seen: bool = False  # a read has shown it (or listed it): only then do null reads soon mean gone
+    # The run key registered through POST /api/v0/instances/{id}/ssh/ (issue 33): True/False, None = not tried.
+    key_attached: bool | None = None
+    key_attach_detail: str = ""
 
 
 class CreatedInstance(RecordedInstance):

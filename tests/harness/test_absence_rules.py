@@ -98,7 +98,9 @@ def _prove(client: VastClient, clock: FakeClock, *, budget_s: float = 30.0, inte
     (_raw(200, {"instances": LINGERING}), "going"),
     (_raw(200, {"instances": {**LIVE, "intended_status": "running", "actual_status": "terminated"}}), "going"),
     (_raw(200, {"instances": {**LIVE, "id": 43}}), "unknown"),  # another instance's row is no answer about ours
-    (_raw(200, {"instances": [LIVE]}), "unknown"),  # a list where one object was promised
+    (_raw(200, {"instances": [LIVE]}), "present"),  # Vast's QA tool's shape: a one-element list (issue 33)
+    (_raw(200, {"instances": [LIVE, LIVE]}), "unknown"),  # a list that is not this one instance
+    (_raw(200, {"instances": [{**LIVE, "id": 43}]}), "unknown"),
     (_raw(200, {}), "unknown"),  # no "instances" key: never read as absence
     (_raw(200, None, text="<html>ok</html>"), "unknown"),  # unparsable body
     (_raw(404, {"instances": None}), "unknown"),  # a null body on an error status proves nothing

@@ -112,3 +112,26 @@ def test_check_and_canary_run_from_the_cli_on_the_embedded_simulator(tmp_path, c
         assert payload["ok"] and len(payload["checks"]) == 5
     else:
         assert payload["absence"] == "gone" and json.loads((tmp_path / "c.json").read_text())["run_id"]
+
+
+@pytest.mark.parametrize("shape", ["object", "list"])
+def test_the_canary_records_the_read_shape_the_key_attachment_and_the_bandwidth_figures(tmp_path, shape):
+    # issue 33: figures a user can send back: which per-id shape the API gave (and whether it had ports), whether
+    # the run key was attached, and the bandwidth under each reading of whose "up" inet_up_cost is
+    with SimServer(seed=23, rate_scale=SCALE, boot_seconds=0.1, show_shape=shape) as sim, \
+            VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        rep, _ = run_canary(_spec(sim, tmp_path), client, load_driver_policy(), Output(quiet=True),
+                            tmp_path / "canary.json")
+        assert rep.exit_code == 0, rep.message
+        assert rep.per_id_shapes.get(shape) and rep.per_id_ports is (shape == "object")
+        assert rep.key_attached is True
+        bw = rep.bandwidth
+        assert bw is not None and bw.bytes_to_host > 0 and bw.bytes_from_host > 0
+        up, down = bw.inet_up_cost_usd_per_gb or 0.0, bw.inet_down_cost_usd_per_gb or 0.0
+        assert bw.harness_usd >= max(bw.host_names_usd, bw.renter_names_usd)
+        assert bw.host_names_usd == pytest.approx((bw.bytes_to_host * down + bw.bytes_from_host * up) / 1e9, abs=1e-6)
+        billed = next(i for i in sim.state()["instances"] if i["id"] == rep.instance_id)["bandwidth_usd"]
+        assert billed == pytest.approx(bw.host_names_usd, abs=2e-6)  # the simulator bills by the host's names
+        assert bw.credit_before_usd is not None and bw.credit_after_usd is not None
+        assert "per_id_shapes" in json.loads((tmp_path / "canary.json").read_text())
+        assert not [i for i in sim.state()["instances"] if i["live"]]

@@ -224,7 +224,7 @@ def test_get_instance__instances_null_is_none(vast_api: respx.MockRouter, client
     assert client.get_instance(5) is None
 
 
-@pytest.mark.parametrize("body", [{}, {"instances": []}, {"instances": "x"}], ids=["missing", "list", "str"])
+@pytest.mark.parametrize("body", [{}, {"instances": [{"id": 6}]}, {"instances": "x"}], ids=["missing", "list", "str"])
 def test_get_instance__unexpected_shape_is_not_absence(
     vast_api: respx.MockRouter, client: VastClient, body: dict
 ) -> None:

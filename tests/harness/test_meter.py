@@ -141,13 +141,13 @@ def test_an_unusable_billed_price_stops_the_run(fake_clock: FakeClock, price: fl
 # ----------------------------------------------------------------------------------------- transfers
 
 
-def test_bytes_are_billed_by_direction(fake_clock: FakeClock) -> None:
+def test_bytes_either_way_are_billed_at_the_higher_rate(fake_clock: FakeClock) -> None:
     m = meter(fake_clock)
-    # Vast's names are the host's: inet_down is into the host (our upload), inet_up out of it (evidence)
+    # no source says whose "up" inet_up_cost names: both directions at max(inet_up_cost, inet_down_cost)
     m.set_transfer(inet_down_cost_usd_per_gb=2.0, inet_up_cost_usd_per_gb=5.0)
     m.add_bytes(up=10**9 // 2)
     m.add_bytes(down=10**8)
-    assert m.accrued_usd() == pytest.approx(1.0 + 0.5)
+    assert m.accrued_usd() == pytest.approx(2.5 + 0.5)
 
 
 def test_a_second_transfer_price_never_lowers_the_first(fake_clock: FakeClock) -> None:
@@ -155,7 +155,7 @@ def test_a_second_transfer_price_never_lowers_the_first(fake_clock: FakeClock) -
     m.set_transfer(inet_down_cost_usd_per_gb=2.0, inet_up_cost_usd_per_gb=5.0)
     m.set_transfer(inet_down_cost_usd_per_gb=None, inet_up_cost_usd_per_gb=1.0)  # the next offer's, cheaper
     m.add_bytes(up=10**9, down=10**9)
-    assert m.accrued_usd() == pytest.approx(7.0)
+    assert m.accrued_usd() == pytest.approx(10.0)
 
 
 def test_expected_transfers_are_reserved_until_they_happen(fake_clock: FakeClock) -> None:
@@ -220,8 +220,8 @@ def test_affordable_bytes(fake_clock: FakeClock) -> None:
     m.set_transfer(inet_down_cost_usd_per_gb=1.0, inet_up_cost_usd_per_gb=10.0, expected_down_bytes=10**7)
     # until T0 + 100: $0.15 of compute (100 s + the 50 s margin) leaves $0.85 for evidence at $10/GB
     assert m.affordable_down_bytes(T0 + 100) == pytest.approx(0.85 / 10.0 * 1e9)
-    # uploads also keep back the expected evidence ($0.10)
-    assert m.affordable_up_bytes(T0 + 100) == pytest.approx(0.75 / 1.0 * 1e9)
+    # uploads also keep back the expected evidence ($0.10), and are priced at the higher rate too
+    assert m.affordable_up_bytes(T0 + 100) == pytest.approx(0.75 / 10.0 * 1e9)
     assert m.affordable_down_bytes(T0 + 10**5) == 0.0  # never negative
 
 

@@ -66,9 +66,10 @@ def test_quote_arithmetic_is_exact():
     dph = 4.0 + 60 * 0.144 / 720  # storage_cost is $/GB/month
     assert q.dph_at_disk_usd == pytest.approx(dph)
     assert q.compute_usd == pytest.approx(50 / 60 * dph)
-    assert q.upload_usd == pytest.approx(0.1 * 0.02)  # bytes into the host at inet_down_cost
-    assert q.download_usd == pytest.approx(0.02 * 0.01)  # bytes out of the host at inet_up_cost
-    assert q.worst_case_usd == pytest.approx(50 / 60 * dph + 0.002 + 0.0002)
+    # both directions at the higher of inet_up_cost (0.01) and inet_down_cost (0.02): whose "up" is unsourced
+    assert q.upload_usd == pytest.approx(0.1 * 0.02)
+    assert q.download_usd == pytest.approx(0.02 * 0.02)
+    assert q.worst_case_usd == pytest.approx(50 / 60 * dph + 0.002 + 0.0004)
     assert "worst case $" in q.arithmetic
 
 
@@ -135,6 +136,13 @@ def test_cap_and_credit_reject_with_reasons():
     assert any("--max-usd" in r for r in choice.rejected[0].reasons)
     choice = choose([offer()], criteria(credit_usd=0.5), DRIVERS)
     assert any("credit" in r for r in choice.rejected[0].reasons)
+
+
+def test_an_unverified_profile_omits_verified_as_the_cli_does_for_verified_any():
+    # vast-cli parse_query: `verified=any` deletes the field; `verified=False` would send {"eq": false}, i.e.
+    # unverified machines only, which is not what a profile with verified = false means
+    assert "verified" not in build_query(criteria(filters=Filters(verified=False)))
+    assert build_query(criteria())["verified"] == {"eq": True}
 
 
 def test_query_carries_every_filter_and_excludes_seen_ids():

@@ -84,20 +84,23 @@ def test_dead_man_switch_retries_a_failed_delete_until_gone(status):
         assert statuses == [status, status, 200]
 
 
-def _run_switch(sim, iid, tmp_path, *, no_curl=False):
+def _run_switch(sim, iid, tmp_path, *, no_curl=False, env_drop=(), environ_path="/proc/1/environ"):
     """Run the switch's own script (the heredoc in the onstart) in a process of this test, with the
     host's environment; `no_curl` leaves only python3 and coreutils on PATH (the fallback path)."""
-    env = dict(sim.backend.instances[iid].sandbox.env)
+    env = dict(sim.backend.instances[iid].sandbox.env)  # the host's, before anything of it is dropped
     env["HOME"] = str(tmp_path)
     del env[sandbox_mod.MARKER_VAR]  # else the host's destroy ends this test's process with the host
     if no_curl:
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
-        for tool in ("date", "sleep", "head", "grep"):
+        for tool in ("date", "sleep", "head", "grep", "tr", "sed"):
             (bin_dir / tool).symlink_to(shutil.which(tool))
         (bin_dir / "python3").symlink_to(sys.executable)
         env["PATH"] = str(bin_dir)
-    script = build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=0)
+    for name in env_drop:  # the onstart's environment lacks them (the switch reads `environ_path`)
+        env.pop(name, None)
+    script = build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=0, verify_after_s=0,
+                           environ_path=environ_path)
     body = script.split("<<'VHEOF'\n", 1)[1].split("\nVHEOF\n", 1)[0]
     return subprocess.run(["/bin/bash", "-c", body], env=env, capture_output=True, text=True, timeout=30,
                           check=False)
@@ -105,7 +108,8 @@ def _run_switch(sim, iid, tmp_path, *, no_curl=False):
 
 @pytest.mark.parametrize("no_curl", [False, True], ids=["curl", "python3"])
 def test_dead_man_switch_stops_on_404_for_an_instance_already_gone(tmp_path, no_curl):
-    with SimServer(seed=4, rate_scale=0.0, boot_seconds=0.05) as sim, \
+    # a lingering row (1 s) lets the arm probe see the instance; the switch stops once its read says null
+    with SimServer(seed=4, rate_scale=0.0, boot_seconds=0.05, linger_seconds=1.0) as sim, \
             VastClient("account-key-abc", base_url=sim.url, pacing_scale=0) as client:
         iid = _create(client, sim, build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=600))
         time.sleep(0.3)
@@ -113,7 +117,8 @@ def test_dead_man_switch_stops_on_404_for_an_instance_already_gone(tmp_path, no_
         done = _run_switch(sim, iid, tmp_path, no_curl=no_curl)
         assert done.returncode == 0, done
         assert "DELETE 404" in done.stdout
-        assert [c["status"] for c in sim.state()["calls"] if c["method"] == "DELETE"] == [200, 404]
+        statuses = [c["status"] for c in sim.state()["calls"] if c["method"] == "DELETE"]
+        assert statuses[0] == 200 and set(statuses[1:]) == {404}  # 404 again while the read still shows the row
 
 
 def test_dead_man_switch_without_curl_retries_with_python(tmp_path):
@@ -159,7 +164,7 @@ def test_the_switch_keeps_its_deadline_when_the_file_is_lost_or_pushed_later(tmp
             VastClient("account-key-abc", base_url=sim.url, pacing_scale=0) as client:
         iid = _create(client, sim, build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=600))
         time.sleep(0.3)
-        env = dict(sim.backend.instances[iid].sandbox.env)
+        env = dict(sim.backend.instances[iid].sandbox.env)  # the host's, before anything of it is dropped
         env["HOME"] = str(tmp_path)
         del env[sandbox_mod.MARKER_VAR]
         t0 = time.time()
@@ -180,3 +185,50 @@ def test_the_switch_keeps_its_deadline_when_the_file_is_lost_or_pushed_later(tmp
         assert not inst["live"], out
         assert t0 + 2.5 <= inst["destroyed_at"] <= t0 + 8, (inst["destroyed_at"] - t0, out)
         assert " ARM 200 " in out and "DELETE 200" in out
+
+
+def test_the_switch_rereads_after_a_delete_200_and_deletes_again_until_gone():
+    # A DELETE that answers 200 and deletes nothing (delete_noop): only the read afterwards shows the row, so
+    # the switch deletes again; it stops only when a read says null.
+    with SimServer(seed=7, rate_scale=0.0, boot_seconds=0.05, faults="delete_noop:1") as sim, \
+            VastClient("account-key-abc", base_url=sim.url, pacing_scale=0) as client:
+        iid = _create(client, sim, build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=1,
+                                                 verify_after_s=1))
+        inst = _wait_gone(sim, iid, 30)
+        assert not inst["live"], "the switch believed the first DELETE 200"
+        time.sleep(1.5)  # the simulator logs the call after ending the host's processes
+        calls = [(c["method"], c["status"]) for c in sim.state()["calls"] if c["path"].endswith(f"/{iid}/")]
+        deletes = [c for c in calls if c[0] == "DELETE"]
+        assert deletes == [("DELETE", 200), ("DELETE", 200)]
+        first = calls.index(("DELETE", 200))
+        assert ("GET", 200) in calls[first + 1:]  # the re-read that found the row still there
+
+
+def test_the_switch_stops_only_when_its_read_says_gone(tmp_path):
+    with SimServer(seed=8, rate_scale=0.0, boot_seconds=0.05) as sim, \
+            VastClient("account-key-abc", base_url=sim.url, pacing_scale=0) as client:
+        iid = _create(client, sim, build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=600))
+        time.sleep(0.3)
+        done = _run_switch(sim, iid, tmp_path)
+        assert done.returncode == 0, done
+        lines = [line.split()[1:3] for line in done.stdout.splitlines() if line.split()[1:2] in (["DELETE"], ["VERIFY"])]
+        assert lines == [["DELETE", "200"], ["VERIFY", "200"]]  # the read said null: every round logged
+        assert not next(i for i in sim.state()["instances"] if i["id"] == iid)["live"]
+
+
+def test_empty_container_variables_are_read_from_pid_1s_environment(tmp_path):
+    with SimServer(seed=9, rate_scale=0.0, boot_seconds=0.05) as sim, \
+            VastClient("account-key-abc", base_url=sim.url, pacing_scale=0) as client:
+        iid = _create(client, sim, build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=600))
+        time.sleep(0.3)
+        host_env = sim.backend.instances[iid].sandbox.env
+        environ = tmp_path / "environ"
+        environ.write_bytes(b"PATH=/usr/bin\0CONTAINER_ID=%s\0CONTAINER_API_KEY=%s\0" % (
+            host_env["CONTAINER_ID"].encode(), host_env["CONTAINER_API_KEY"].encode()))
+        done = _run_switch(sim, iid, tmp_path, env_drop=("CONTAINER_ID", "CONTAINER_API_KEY"),
+                           environ_path=str(environ))
+        assert done.returncode == 0 and "DEADMAN-BROKEN" not in done.stdout, done
+        assert not next(i for i in sim.state()["instances"] if i["id"] == iid)["live"]
+        missing = _run_switch(sim, iid, tmp_path, env_drop=("CONTAINER_ID", "CONTAINER_API_KEY"),
+                              environ_path=str(tmp_path / "nowhere"))
+        assert missing.returncode == 1 and "DEADMAN-BROKEN: CONTAINER_ID or CONTAINER_API_KEY is empty" in missing.stdout

@@ -142,3 +142,34 @@ def test_reap_removes_key_dirs(sim, tmp_path, monkeypatch):
     dead = Path(tempfile.mkdtemp(prefix=run_key_dir_prefix("run", pid=_dead_pid()), dir=keys))
     assert reap(sim, spec_for(sim, tmp_path)) == 0
     assert not dead.exists()
+
+
+@pytest.mark.parametrize("stop", ["target_state", "negative_balance"])
+def test_a_stopped_instance_of_a_dead_run_is_an_orphan_and_deleted(sim, tmp_path, stop):
+    # The dead-man switch cannot act while its container is stopped (Vast stops instances at a $0 balance;
+    # storage bills until deletion): reap is what ends it.
+    import time
+
+    from vast_harness.state.registry import make_label
+
+    spec = spec_for(sim, tmp_path)
+    label = make_label("deadrun", 0, time.time() + 3600, left_s=3600)  # a cap not yet over: the run died early
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        offer = client.search_offers({"limit": 5})[0]
+        body = {"image": "img", "disk": 10, "label": label}
+        if stop == "target_state":
+            body["target_state"] = "stopped"
+        else:
+            sim.backend.card_saved = True  # stopped at $0 and kept: storage bills until someone deletes it
+            sim.set_faults("negative_balance:0.0")
+        iid = client.create_instance(offer.id, body).new_contract
+        deadline = time.monotonic() + 5
+        while (row := client.get_instance(iid)) is None or row.actual_status != "stopped":
+            assert time.monotonic() < deadline, row
+            time.sleep(0.05)
+    Ledger.for_spec(spec).append("deadrun", "created", label, offer_id=offer.id, instance_id=iid)  # it ended
+    for account in sim.backend.accounts.values():
+        account.charged_usd = 0.0  # the balance is back: reap's own calls are not refused
+    sim.backend.card_saved = False
+    assert reap(sim, spec) == 0
+    assert iid not in live(sim)

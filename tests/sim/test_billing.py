@@ -20,7 +20,7 @@ def _instance(**overrides: object) -> Instance:
     fields: dict[str, object] = {
         "id": 7, "account": 0, "offer": offer, "label": None, "image": "i", "disk_gb": 10.0, "onstart": "",
         "extra_env": [], "runtype": "ssh", "api_key": "k", "jupyter_token": "t", "created_at": 1000.0,
-        "is_bid": False, "settled_at": 1000.0}
+        "is_bid": False, "settled_at": 1000.0, "booted_at": 1000.0}
     fields.update(overrides)
     return Instance(**fields)  # type: ignore[arg-type]
 
@@ -30,6 +30,15 @@ def test_accrual_arithmetic() -> None:
     assert inst.billed_usd(1010.0) == pytest.approx(3.6 * 10 / 3600)  # 10 s at $3.60/h = 1 cent
     inst.add_bandwidth(to_host=2_000_000_000, from_host=1_000_000_000)
     assert inst.billed_usd(1010.0) == pytest.approx(0.01 + 2 * 0.01 + 1 * 0.02)
+
+
+def test_gpu_bills_from_running_storage_only_before() -> None:
+    # billing.mdx: GPU "in the active/connected state"; manage-instances.mdx: "Not charged during loading"
+    inst = _instance(booted_at=None)
+    assert inst.billed_usd(1100.0) == pytest.approx(0.36 * 100 / 3600)
+    inst.settle(1100.0)
+    inst.booted_at = 1100.0
+    assert inst.billed_usd(1200.0) == pytest.approx(0.36 * 100 / 3600 + 3.6 * 100 / 3600)
 
 
 def test_rate_follows_status() -> None:
@@ -55,7 +64,9 @@ def test_billed_at_the_created_disk_size(api: httpx.Client, fresh: SimServer) ->
     record = fresh.state()["instances"][0]
     assert record["billed_seconds"] == pytest.approx(record["destroyed_at"] - record["created_at"])
     assert record["billed_seconds"] >= 0.3
-    assert record["billed_usd"] == pytest.approx(record["billed_seconds"] * offer["dph_total"] / 3600)
+    pending_s = record["booted_at"] - record["created_at"]  # storage only until running
+    assert record["billed_usd"] == pytest.approx(((record["billed_seconds"] - pending_s) * offer["dph_total"]
+                                                  + pending_s * 50 * offer["storage_cost"] / 720) / 3600)
     time.sleep(0.1)
     assert fresh.state()["instances"][0]["billed_usd"] == record["billed_usd"]  # stopped at destroy
 

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from tests.sim.conftest import create
+from vast_harness.sim import SimServer
 
 LIST = "/api/v1/instances/"
 
@@ -75,12 +76,13 @@ def test_label_counts_and_select_cols(api: httpx.Client, seven: list[int]) -> No
     assert set(body["instances"][0]) == {"id", "label", "nope"} and body["instances"][0]["nope"] is None
 
 
-def test_destroyed_instances_linger_then_leave_the_list(api: httpx.Client, seven: list[int]) -> None:
+def test_destroyed_instances_linger_then_leave_the_list(api: httpx.Client, fresh: SimServer, seven: list[int]) -> None:
+    fresh.set_faults("linger:1.0")  # the default is the sourced shape: null at once
     api.delete(f"/api/v0/instances/{seven[0]}/")
     params = {"select_filters": f'{{"id": {{"eq": {seven[0]}}}}}'}
     lingering = api.get(LIST, params=params).json()["instances"]
     assert [(r["intended_status"], r["cur_state"]) for r in lingering] == [("destroyed", "unloaded")]
-    time.sleep(1.05)  # the simulator's default linger
+    time.sleep(1.05)
     body = api.get(LIST, params=params).json()
     assert body["total_instances"] == 0 and body["instances"] == []
 

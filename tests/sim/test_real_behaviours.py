@@ -179,21 +179,37 @@ def test_scheduling_holds_the_boot(api: httpx.Client, fresh: SimServer) -> None:
     fresh.set_faults("scheduling:0.6")
     instance_id = create(api)["new_contract"]
     time.sleep(0.2)
-    assert show(api, instance_id)["actual_status"] == "scheduling"
+    row = show(api, instance_id)  # as the docs spell the phase: stopped, on its way to running (no "scheduling")
+    assert (row["actual_status"], row["intended_status"]) == ("stopped", "running")
+    assert row["ports"] is None and "Scheduling" in row["status_msg"]
     assert wait_for(lambda: show(api, instance_id)["actual_status"] == "running", timeout_s=3)
 
 
-def test_a_negative_balance_runs_a_grace_then_stops_then_vast_destroys(api: httpx.Client, fresh: SimServer) -> None:
+def test_a_negative_balance_stops_at_once_then_vast_destroys_without_a_card(api: httpx.Client,
+                                                                            fresh: SimServer) -> None:
+    # billing.mdx: "stopped automatically" at <= $0; a grace delays deletion; deletion only without a saved card
     from vast_harness.sim.backend import NEGATIVE_GRACE_S
 
     fresh.set_faults("negative_balance:0.1")
     instance_id = create(api)["new_contract"]
-    time.sleep(0.3)
-    assert api.get("/api/v0/users/current/").json()["credit"] < 0  # the balance runs negative...
-    assert show(api, instance_id)["actual_status"] == "running"  # ...and the instance keeps running a while
-    wait_for(lambda: show(api, instance_id)["actual_status"] == "stopped", timeout_s=NEGATIVE_GRACE_S + 2)
+    wait_for(lambda: show(api, instance_id)["actual_status"] == "stopped", timeout_s=2)
+    assert api.get("/api/v0/users/current/").json()["credit"] < 0
+    assert fresh.state()["instances"][0]["live"]  # stopped, billing storage, through the grace
     wait_for(lambda: not fresh.state()["instances"][0]["live"], timeout_s=NEGATIVE_GRACE_S + 2)
     assert api.delete(f"/api/v0/instances/{instance_id}/").json()["error"] == "no_such_instance"
+
+
+def test_a_negative_balance_with_a_saved_card_stays_stopped_and_bills_storage() -> None:
+    from vast_harness.sim.backend import NEGATIVE_GRACE_S
+
+    with SimServer(seed=3, rate_scale=0.0, card_saved=True, faults="negative_balance:0.05") as sim, \
+            httpx.Client(base_url=sim.url, headers={"Authorization": "Bearer k"}, timeout=10) as api:
+        instance_id = create(api)["new_contract"]
+        wait_for(lambda: show(api, instance_id)["actual_status"] == "stopped", timeout_s=2)
+        billed = sim.state()["instances"][0]["billed_usd"]
+        time.sleep(NEGATIVE_GRACE_S + 0.5)
+        inst = sim.state()["instances"][0]
+        assert inst["live"] and inst["billed_usd"] > billed  # never destroyed by Vast; storage still bills
 
 
 def test_offline_bills_neither_gpu_nor_storage(api: httpx.Client, fresh: SimServer) -> None:

@@ -8,7 +8,9 @@ both caps into one monotonic *work deadline*:
     work deadline  = hard deadline - teardown margin      (room for DELETE and the absence proof)
 
 Accrued dollars are per second at each instance's price from create to its DELETE acknowledgement, plus
-bytes into the host at `inet_down_cost` and out of it at `inet_up_cost` ($/GB, GB = 1e9 bytes). A price
+bytes either way at the higher of `inet_down_cost` and `inet_up_cost` ($/GB, GB = 1e9 bytes; whose "up" is not
+sourced). The figure is an upper bound: Vast bills the GPU only from `running` (storage while loading), the
+meter from the PUT. A price
 re-read from the rented instance replaces the search price when it is higher (retroactively: the host
 billed it from the start); a price that cannot be read as a positive finite number, or that leaves no time
 to work, stops the run (exit 6). Thread-safe: transfers report bytes from worker threads.
@@ -86,8 +88,8 @@ class CostMeter:
         self.t0 = clock() if t0 is None else t0
         self._lock = threading.Lock()
         self._instances: dict[int, _Accrual] = {}
-        self.usd_per_byte_up = 0.0  # into the host: the offer's inet_down_cost
-        self.usd_per_byte_down = 0.0  # out of the host: inet_up_cost
+        self.usd_per_byte_up = 0.0  # into the host: max(inet_down_cost, inet_up_cost)
+        self.usd_per_byte_down = 0.0  # out of the host: the same
         self.bytes_up = 0
         self.bytes_down = 0
         self.expected_up = 0  # transfers the run will still make, reserved out of the money cap
@@ -98,8 +100,10 @@ class CostMeter:
     def set_transfer(self, *, inet_down_cost_usd_per_gb: float | None, inet_up_cost_usd_per_gb: float | None,
                      expected_up_bytes: int = 0, expected_down_bytes: int = 0) -> None:
         with self._lock:
-            self.usd_per_byte_up = max(self.usd_per_byte_up, (inet_down_cost_usd_per_gb or 0.0) / BYTES_PER_GB)
-            self.usd_per_byte_down = max(self.usd_per_byte_down, (inet_up_cost_usd_per_gb or 0.0) / BYTES_PER_GB)
+            # both directions at the higher rate: whose "up" inet_up_cost names is not sourced (quote.py)
+            rate = max(inet_down_cost_usd_per_gb or 0.0, inet_up_cost_usd_per_gb or 0.0) / BYTES_PER_GB
+            self.usd_per_byte_up = max(self.usd_per_byte_up, rate)
+            self.usd_per_byte_down = max(self.usd_per_byte_down, rate)
             self.expected_up, self.expected_down = expected_up_bytes, expected_down_bytes
 
     def start_instance(self, key: int, dph_usd: float, t_start: float | None = None) -> None:

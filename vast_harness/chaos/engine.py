@@ -87,6 +87,13 @@ SIM_RULES: dict[str, Draw] = {
     "v0_deprecated": lambda r, n: f"v0_deprecated:{r.choice((str(n), str(n + 3), '*'))}",
     "scheduling": lambda r, n: f"scheduling:{r.uniform(0.1, 1.5):.2f}",
     "negative_balance": lambda r, n: f"negative_balance:{r.uniform(0.0, 1.0):.2f}:1",
+    # issue 33: the per-id read as Vast's own QA tool sees it (a one-element list, no ports), `error`, Vast
+    # refreshing the host's authorized keys, a DELETE that answers 200 and deletes nothing
+    "show_list": lambda r, n: f"show_list:{r.choice((str(n), '*'))}",
+    "show_no_ports": lambda r, n: f"show_no_ports:{r.choice((str(n), '*'))}",
+    "error_status": lambda r, n: "error_status:1",
+    "key_reset": lambda r, n: f"key_reset:{r.uniform(0.0, 1.0):.2f}:1",
+    "delete_noop": lambda r, n: f"delete_noop:{n}",
 }
 FAULT_KINDS = tuple(SIM_RULES)
 

@@ -13,9 +13,15 @@ destroy that specific instance", and read it: docs `hello-world.mdx`, `docker-en
 * **It proves it can act.** Before sleeping it reads its instance with the container key through the same
   URL and path family it deletes with, and writes the answer (status, first bytes) to `~/.vh-deadman.armed`;
   the harness fails the run closed unless that is a 200 showing this instance.
-* **It stops only when the instance is gone**: a 200 `success: true`, or a 404 naming the instance missing
-  (`not_found` / `no_such_instance`). Anything else is retried with a capped backoff, forever (the host exists
-  as long as the loop does; `curl -s` alone exits 0 on every status). A 401/403 (the key refused) or a 410
+* **It stops only when a read says the instance is gone**: after a 200 `success: true` or a 404 naming the
+  instance missing (`not_found` / `no_such_instance`) it waits `DEADMAN_VERIFY_S` and reads the instance with the
+  container key; only `{"instances": null}` (or `[]`) or a 404 `not_found` ends it. A row still there, or any
+  other answer, means DELETE again. Anything else is retried with a capped backoff, forever (the host exists
+  as long as the loop does; `curl -s` alone exits 0 on every status).
+* **It finds its variables**: an empty `CONTAINER_ID` / `CONTAINER_API_KEY` is read from `/proc/1/environ` (the
+  container's first process) before the switch fails closed.
+* **It cannot act while the container is stopped** (Vast stops instances at a $0 balance; storage bills until
+  deletion): `vast-e2e reap` covers that case. A 401/403 (the key refused) or a 410
   `deprecated_endpoint` (Vast retired the v0 path family) is logged as `DEADMAN-BROKEN`: loud, never "gone".
   Every attempt is logged (time, verb, status, first bytes) to `~/.vh-deadman.log`, pulled into the evidence.
 
@@ -41,6 +47,12 @@ LOG_FILE = ".vh-deadman.log"
 # The arm probe retries a 429/5xx/no answer, and a 200 that does not show the instance yet (reads lag creates:
 # Timings.real().read_lag_window_s is 30 s), this often, 2 s apart.
 ARM_PROBE_ATTEMPTS = 20
+# After a DELETE that says gone, the switch reads its instance this long later (the container is usually killed
+# first): a row still there, or any other answer, means DELETE again (vast-cli re-checks with `instance_exist`).
+DEADMAN_VERIFY_S = 30
+# Where the container's own variables are when the onstart's environment lacks them (public startup scripts
+# hydrate CONTAINER_* from here).
+PID1_ENVIRON = "/proc/1/environ"
 
 # Placeholders are @NAME@ (the script is full of shell and Python braces).
 _TEMPLATE = """\
@@ -49,6 +61,10 @@ mkdir -p ~/.ssh && chmod 700 ~/.ssh
 echo @PUBKEY@ >> ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys
 [ -s ~/@DFILE@ ] || echo $(($(date +%s)+@ALLOW_S@)) > ~/@DFILE@
 cat > ~/.vh-deadman.sh <<'VHEOF'
+e() { tr '\\000' '\\n' < @ENVIRON@ 2>/dev/null | sed -n "s/^$1=//p" | head -n 1; }
+[ -n "$CONTAINER_ID" ] || CONTAINER_ID=$(e CONTAINER_ID)
+[ -n "$CONTAINER_API_KEY" ] || CONTAINER_API_KEY=$(e CONTAINER_API_KEY)
+export CONTAINER_ID CONTAINER_API_KEY
 f=~/@DFILE@
 u=@API_URL@@INSTANCE_PATH@
 o=~/.vh-deadman.out
@@ -96,11 +112,18 @@ while :; do
 done
 b=@BACKOFF_FIRST@
 while :; do
-  c=$(q DELETE '{}'); say DELETE $c
+  c=$(q DELETE '{}'); say DELETE $c; g=
   case "$c" in
-    200) grep -Eq '"success": *true|no_such_instance' $o && exit 0;;
-    404) grep -Eq '"(not_found|no_such_instance)"' $o && exit 0;;
+    200) grep -Eq '"success": *true|no_such_instance' $o && g=1;;
+    404) grep -Eq '"(not_found|no_such_instance)"' $o && g=1;;
   esac
+  if [ -n "$g" ]; then
+    sleep @VERIFY_S@; c=$(q GET); say VERIFY $c
+    case "$c" in
+      200) grep -Eq '"instances": *(null|\\[ *\\])' $o && exit 0;;
+      404) grep -Eq '"(not_found|no_such_instance)"' $o && exit 0;;
+    esac
+  fi
   sleep $b; b=$((b*2)); [ $b -gt @BACKOFF_MAX@ ] && b=@BACKOFF_MAX@
 done
 VHEOF
@@ -109,15 +132,18 @@ echo "vh onstart done: dead-man switch armed for host epoch $(cat ~/@DFILE@)"
 """
 
 
-def build_onstart(*, public_key: str, api_url: str, deadman_after_s: int) -> str:
+def build_onstart(*, public_key: str, api_url: str, deadman_after_s: int, verify_after_s: int = DEADMAN_VERIFY_S,
+                  environ_path: str = PID1_ENVIRON) -> str:
     """The onstart for a create: the switch fires `deadman_after_s` after the host first runs it (on the
-    host's clock), however often onstart runs, unless the harness tightens it."""
+    host's clock), however often onstart runs, unless the harness tightens it. `verify_after_s` and
+    `environ_path` are seams for tests (a short re-read, a fake `/proc/1/environ`)."""
     if deadman_after_s < 0:
         raise ConfigError(f"the dead-man allowance must be >= 0 s, got {deadman_after_s}")
     values = {"PUBKEY": shlex.quote(public_key.strip()), "API_URL": shlex.quote(api_url.rstrip("/")),
               "ALLOW_S": str(int(deadman_after_s)), "BACKOFF_FIRST": str(DEADMAN_BACKOFF_FIRST_S),
               "BACKOFF_MAX": str(DEADMAN_BACKOFF_MAX_S), "SLEEP_MAX": str(DEADMAN_SLEEP_MAX_S),
-              "INSTANCE_PATH": ENDPOINT_PATHS["destroy_instance"].replace("{id}", "$CONTAINER_ID"), "DFILE": DEADLINE_FILE, "AFILE": ARMED_FILE, "LFILE": LOG_FILE, "ARM_TRIES": str(ARM_PROBE_ATTEMPTS)}
+              "INSTANCE_PATH": ENDPOINT_PATHS["destroy_instance"].replace("{id}", "$CONTAINER_ID"), "DFILE": DEADLINE_FILE, "AFILE": ARMED_FILE, "LFILE": LOG_FILE, "ARM_TRIES": str(ARM_PROBE_ATTEMPTS),
+              "VERIFY_S": str(int(verify_after_s)), "ENVIRON": shlex.quote(environ_path)}
     script = re.sub(r"@([A-Z_]+)@", lambda m: values[m.group(1)], _TEMPLATE)  # one pass: a key cannot inject
     if len(script) > ONSTART_LIMIT_CHARS:
         raise ConfigError(f"onstart is {len(script)} characters; Vast allows {ONSTART_LIMIT_CHARS}")

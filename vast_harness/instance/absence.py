@@ -16,7 +16,7 @@ from vast_harness.clock import Clock, Sleep, now_s
 from vast_harness.records import AbsenceProof, ProofRound, Verdict
 from vast_harness.timings import TeardownBudget
 from vast_harness.vast.client import RawExchange, VastClient
-from vast_harness.vast.models import Instance
+from vast_harness.vast.models import Instance, UnreadableShape, per_id_row
 
 LINGERING_STATUSES = frozenset({"destroyed", "terminated"})  # vast-cli's instance_exist counts these as gone
 
@@ -37,14 +37,17 @@ UNSEEN_TRUST_AFTER_S = 3600.0
 
 
 def _per_id_verdict(x: RawExchange, instance_id: int) -> Verdict:
-    if x.status != 200 or not isinstance(x.json, dict) or "instances" not in x.json:
+    if x.status != 200:
         return "unknown"
-    inst = x.json["instances"]
+    try:  # an object or a one-element list (models.per_id_row); null or [] is not found
+        _shape, inst = per_id_row(x.json, instance_id)
+    except UnreadableShape:
+        return "unknown"  # some other shape: never read as absence
     if inst is None:
         return "gone"
-    if isinstance(inst, dict) and inst.get("id") == instance_id:
+    if inst.get("id") == instance_id:
         return "going" if is_lingering(inst) else "present"
-    return "unknown"  # some other shape: never read as absence
+    return "unknown"
 
 
 def _list_verdict(x: RawExchange, instance_id: int, label: str) -> Verdict:

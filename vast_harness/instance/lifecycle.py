@@ -37,7 +37,7 @@ from vast_harness.instance.absence import UNSEEN_TRUST_AFTER_S, is_lingering, pr
 from vast_harness.records import CreateOutcome, DeleteAck, InstanceTeardown
 from vast_harness.state.ledger import NOTHING_CREATED, EntryFields, Event, Ledger, LedgerEntry
 from vast_harness.vast.client import VastClient
-from vast_harness.vast.models import Instance
+from vast_harness.vast.models import READY_STATUS, Instance
 
 
 # A 5xx answer to a create says nothing about what the API did (the contract may have been written before the
@@ -164,6 +164,8 @@ def wait_ready(
         else:
             if on_poll:
                 on_poll(inst)
+            if inst is not None:
+                inst = with_list_ports(client, inst, within_s=max(0.0, deadline - clock()))
             if inst is None:
                 last = "instances: null"
                 if clock() - started > null_grace_s:
@@ -179,6 +181,22 @@ def wait_ready(
         if remaining <= 0:
             raise BootFailed(f"instance {instance_id} not ready before the deadline ({last})")
         sleep(min(poll_s, remaining))
+
+
+def with_list_ports(client: VastClient, inst: Instance, *, within_s: float) -> Instance:
+    """A running instance whose per-id read carries no `ports` (Vast's own QA tool: "The single-instance endpoint
+    does not include Docker-style port mappings") with the ports of its v1 list row, read by id; unchanged when
+    the list has none either or cannot be read (the proxy endpoint, if any, still serves)."""
+    if inst.actual_status != READY_STATUS or inst.ports:
+        return inst
+    try:
+        rows = client.list_instances(instance_id=inst.id, within_s=within_s)
+    except VastError:
+        return inst
+    row = next((r for r in rows if r.id == inst.id and r.ports), None)
+    if row is None:
+        return inst
+    return inst.model_copy(update={"ports": row.ports, "public_ipaddr": inst.public_ipaddr or row.public_ipaddr})
 
 
 def destroy(client: VastClient, instance_id: int, *, max_retry_s: float | None = None,

@@ -94,6 +94,8 @@ def build_query(
     """The POST /api/v0/bundles/ body for these criteria (docs/vast-behaviours.md)."""
     f = criteria.filters
     query: dict[str, Any] = {
+        # verified = false omits the field: the official CLI's `verified=any` deletes it from its query (vast.py
+        # parse_query), its only way to widen; if the server's default is verified-only it narrows, never widens
         "verified": {"eq": True} if f.verified else None,
         "external": {"eq": False},
         "rentable": {"eq": True},

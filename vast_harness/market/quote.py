@@ -1,8 +1,12 @@
 """Worst-case cost of renting one offer for a run: pure arithmetic, shown to the user with its working.
 
 worst case = time cap (h) x $/h at the real disk size
-           + bundle upload (GB) x inet_down_cost      (bytes into the host)
-           + evidence download (GB) x inet_up_cost     (bytes out of the host)
+           + bundle upload (GB) x max(inet_up_cost, inet_down_cost)      (bytes into the host)
+           + evidence download (GB) x max(inet_up_cost, inet_down_cost)  (bytes out of the host)
+
+Both directions are priced at the higher rate: the $/GB units are sourced, but no source says whose "up"
+`inet_up_cost` names (the renter's or the host's), so a host that prices the two differently can never make the
+quote under-count (docs/vast-behaviours.md).
 
 `dph_total` excludes bandwidth (docs/vast-behaviours.md), so both transfer terms are added; the disk part is
 recomputed from `storage_cost` ($/GB/month, /720 for $/h) at the disk size we will ask for, since the
@@ -45,8 +49,7 @@ def worst_case_usd(
     """The same sum as `quote_offer`, as one float: used to screen thousands of offers cheaply."""
     return (
         max_minutes / 60.0 * offer.dph_at_disk(disk_gb)
-        + upload_bytes / BYTES_PER_GB * (offer.inet_down_cost_usd_per_gb or 0.0)
-        + download_bytes / BYTES_PER_GB * (offer.inet_up_cost_usd_per_gb or 0.0)
+        + (upload_bytes + download_bytes) / BYTES_PER_GB * offer.transfer_usd_per_gb
     )
 
 
@@ -58,8 +61,8 @@ def quote_offer(
     upload_gb = upload_bytes / BYTES_PER_GB
     download_gb = download_bytes / BYTES_PER_GB
     compute = hours * dph
-    upload = upload_gb * (offer.inet_down_cost_usd_per_gb or 0.0)
-    download = download_gb * (offer.inet_up_cost_usd_per_gb or 0.0)
+    upload = upload_gb * offer.transfer_usd_per_gb
+    download = download_gb * offer.transfer_usd_per_gb
     # model_construct: every field is computed here from validated inputs; validation would double the cost
     # of ranking thousands of offers (scripts/bench_offers.py).
     return Quote.model_construct(

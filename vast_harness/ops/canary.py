@@ -11,7 +11,11 @@ environment, and a few read-only observations added where the run already is:
 * which of Vast's variables an SSH session sees (docs: none, unless in /etc/environment);
 * DELETE -> null per-id read and list absence, and the shape in between (a lingering destroyed row, or null
   at once), from the absence proof's own rounds (resolution: the proof interval);
-* the answer to a repeat DELETE, sent only after the absence is proven.
+* the answer to a repeat DELETE, sent only after the absence is proven;
+* the shape the per-id read came in (an object or a one-element list) and whether it carried `ports`;
+* whether the run's key was attached through `POST /instances/{id}/ssh/`;
+* the bandwidth figures to compare with the account's invoice: the bytes each way, the offer's two rates, what
+  each reading of "up" would bill, and the credit before and after (whose "up" `inet_up_cost` names is unsourced).
 
 It writes `canary.json` (the run's evidence directory and `--out`) and prints a table;
 `python -m vast_harness.sim --calibrate canary.json` sets the simulator's read lag, linger and boot time from it.
@@ -19,6 +23,7 @@ It writes `canary.json` (the run's evidence directory and `--out`) and prints a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -29,9 +34,10 @@ from pydantic import BaseModel, Field
 from rich.table import Table
 from rich.text import Text
 
+from vast_harness.caps.meter import BYTES_PER_GB
 from vast_harness.clock import now_s
 from vast_harness.console.output import Output
-from vast_harness.errors import BootFailed
+from vast_harness.errors import BootFailed, VastError
 from vast_harness.instance.absence import is_lingering
 from vast_harness.records import CreatedInstance
 from vast_harness.run.runner import GuardedRun, HarnessResult
@@ -39,8 +45,9 @@ from vast_harness.spec.profile import DriverPolicy, Step
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.endpoints import ENDPOINT_PATHS
+from vast_harness.vast.models import UnreadableShape, per_id_row
 
-CANARY_SCHEMA_VERSION = 1
+CANARY_SCHEMA_VERSION = 1  # issue 33 added fields only: calibrate reads version 1 files of either age
 _VARS = ("CONTAINER_ID", "CONTAINER_API_KEY", "VAST_CONTAINERLABEL", "PUBLIC_IPADDR")
 # The one step: which of Vast's variables an SSH session sees, and whether /etc/environment carries them
 # (names only: a value never leaves the host).
@@ -55,6 +62,21 @@ class Visibility(BaseModel):
     per_id_s: float | None = None
     list_s: float | None = None
     polls: int = 0
+
+
+class Bandwidth(BaseModel):
+    """Bytes each way and what each reading of Vast's names would bill: a user compares these with the invoice's
+    bandwidth line, which tells whose "up" `inet_up_cost` is (the harness prices both at the higher rate)."""
+
+    bytes_to_host: int
+    bytes_from_host: int
+    inet_up_cost_usd_per_gb: float | None
+    inet_down_cost_usd_per_gb: float | None
+    host_names_usd: float  # to the host at inet_down_cost, from it at inet_up_cost (the host's "up")
+    renter_names_usd: float  # to the host at inet_up_cost, from it at inet_down_cost (the renter's "up")
+    harness_usd: float  # both at the higher rate: what the meter counted
+    credit_before_usd: float | None = None
+    credit_after_usd: float | None = None
 
 
 class CanaryReport(BaseModel):
@@ -86,6 +108,11 @@ class CanaryReport(BaseModel):
     proof_interval_s: float
     absence: str | None = None
     repeat_delete: dict[str, Any] | None = None  # status and body of a DELETE after the absence was proven
+    per_id_shapes: dict[str, int] = Field(default_factory=dict)  # per-id reads by shape: object, list, null, ...
+    per_id_ports: bool | None = None  # whether the per-id read of the running instance carried `ports`
+    key_attached: bool | None = None  # the run key attached through POST /api/v0/instances/{id}/ssh/
+    key_attach_detail: str = ""
+    bandwidth: Bandwidth | None = None
     measured_unix: float = Field(default_factory=time.time)
 
 
@@ -97,6 +124,7 @@ class CanaryRun(GuardedRun):
         self.visibility = Visibility()
         self.boot_s: float | None = None
         self.image_accepted: bool | None = None
+        self.per_id_ports: bool | None = None
 
     def _observe_boot(self, inst: CreatedInstance, boot: Callable[[], None]) -> None:
         """Around each boot: reads until they show the instance, then the boot; its time and the image's fate."""
@@ -109,6 +137,8 @@ class CanaryRun(GuardedRun):
             raise
         self.boot_s = round(time.time() - inst.t_created_unix, 3)
         self.image_accepted = True
+        running = _shown(self.tools.client.read_instance_raw(inst.instance_id), inst.instance_id)
+        self.per_id_ports = None if running is None else bool(running.get("ports"))
 
     def _watch_visibility(self, inst: CreatedInstance) -> None:
         """Per-id read and v1 list by id, each until it first shows the instance (bounded by the boot's time)."""
@@ -120,8 +150,7 @@ class CanaryRun(GuardedRun):
             vis.polls += 1
             if vis.per_id_s is None:
                 x = client.read_instance_raw(inst.instance_id)
-                shown = x.json.get("instances") if x.status == 200 and isinstance(x.json, dict) else None
-                if isinstance(shown, dict) and shown.get("id") == inst.instance_id:
+                if _shown(x, inst.instance_id) is not None:
                     vis.per_id_s = round(x.t_end_unix - inst.t_created_unix, 3)
             if vis.list_s is None:
                 x = client.list_instances_raw(instance_id=inst.instance_id)
@@ -146,6 +175,15 @@ class CanaryRun(GuardedRun):
             deadman_probe_status=deadman.probe_status if deadman else None,
             host_clock_skew_s=deadman.host_clock_skew_s if deadman else None,
         )
+        rep.per_id_shapes = {str(k): v for k, v in self.tools.client.read_shapes.items()}
+        rep.per_id_ports = self.per_id_ports
+        if inst is not None:
+            rep.key_attached, rep.key_attach_detail = inst.key_attached, inst.key_attach_detail
+        cand = self.state.candidate
+        if cand is not None:
+            rep.bandwidth = bandwidth_figures(self.meter.bytes_up, self.meter.bytes_down,
+                                              up_usd_per_gb=cand.offer.inet_up_cost_usd_per_gb,
+                                              down_usd_per_gb=cand.offer.inet_down_cost_usd_per_gb)
         self._read_env(rep)
         teardown = next((t for t in self.teardowns if inst and t.instance_id == inst.instance_id), None)
         if teardown is not None:
@@ -175,8 +213,10 @@ class CanaryRun(GuardedRun):
         t_ack = acks[0]
         first_row_t = last_row_t = None
         for rnd in teardown.proof.rounds:
-            per_id = rnd.per_id.get("json") if rnd.per_id.get("status") == 200 else None
-            shown = per_id.get("instances", "odd") if isinstance(per_id, dict) else "odd"
+            shown: Any = "odd"
+            if rnd.per_id.get("status") == 200 and rep.instance_id is not None:
+                with contextlib.suppress(UnreadableShape):  # either shape: an object or a one-element list
+                    shown = per_id_row(rnd.per_id.get("json"), rep.instance_id)[1]
             rows = rnd.list_by_id.get("json", {}).get("instances") if rnd.list_by_id.get("status") == 200 \
                 and isinstance(rnd.list_by_id.get("json"), dict) else None
             if isinstance(shown, dict) and is_lingering(shown):
@@ -200,6 +240,34 @@ class CanaryRun(GuardedRun):
         rep.repeat_delete = {"status": x.status, "body": x.text[:300], "error": x.error}
 
 
+def _shown(x: Any, instance_id: int) -> dict[str, Any] | None:
+    """The row a raw per-id read shows for `instance_id`, in either shape; None otherwise."""
+    if x.status != 200:
+        return None
+    try:
+        _shape, row = per_id_row(x.json, instance_id)
+    except UnreadableShape:
+        return None
+    return row if row is not None and row.get("id") == instance_id else None
+
+
+def bandwidth_figures(to_host: int, from_host: int, *, up_usd_per_gb: float | None,
+                      down_usd_per_gb: float | None) -> Bandwidth:
+    up, down = up_usd_per_gb or 0.0, down_usd_per_gb or 0.0
+    return Bandwidth(bytes_to_host=to_host, bytes_from_host=from_host, inet_up_cost_usd_per_gb=up_usd_per_gb,
+                     inet_down_cost_usd_per_gb=down_usd_per_gb,
+                     host_names_usd=round((to_host * down + from_host * up) / BYTES_PER_GB, 6),
+                     renter_names_usd=round((to_host * up + from_host * down) / BYTES_PER_GB, 6),
+                     harness_usd=round((to_host + from_host) * max(up, down) / BYTES_PER_GB, 6))
+
+
+def _credit(client: VastClient) -> float | None:
+    try:
+        return client.current_user(max_retry_s=5.0).available_usd
+    except VastError:
+        return None
+
+
 def canary_spec(spec: RunSpec) -> RunSpec:
     """The profile's image, caps and filters, one step (the SSH environment), no boot retries."""
     profile = spec.profile.model_copy(update={"steps": [ENV_STEP], "image_expect": None})
@@ -213,8 +281,11 @@ def run_canary(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Ou
         run_out = Output()
         run_out.out = out.err
     run = CanaryRun(canary_spec(spec), client, drivers, run_out)
+    credit_before = _credit(client)
     result = run.execute()
     rep = run.report(result)
+    if rep.bandwidth is not None:  # Vast may settle bandwidth later: the invoice is the witness, this a hint
+        rep.bandwidth.credit_before_usd, rep.bandwidth.credit_after_usd = credit_before, _credit(client)
     run.repeat_delete(rep)
     payload = rep.model_dump()
     run.ev.write_json("canary.json", payload)
@@ -243,6 +314,10 @@ def print_canary(out: Output, rep: CanaryReport, out_path: Path | None) -> None:
         ("linger", f"{rep.linger_shape} ({_s(rep.linger_s)})"), ("absence", str(rep.absence)),
         ("repeat DELETE", f"HTTP {rep.repeat_delete['status']} {rep.repeat_delete['body'][:80]}"
          if rep.repeat_delete else "not sent"),
+        ("per-id read shape", ", ".join(f"{k} x{v}" for k, v in rep.per_id_shapes.items()) or "-"),
+        ("per-id read carries ports", _show(rep.per_id_ports)),
+        ("run key attached (POST .../ssh/)", f"{_show(rep.key_attached)} {rep.key_attach_detail[:80]}".strip()),
+        ("bandwidth (host's 'up' / renter's 'up' / harness)", _bandwidth(rep.bandwidth)),
     ]
     table = Table(title=Text(f"vast-e2e canary: {rep.api_url}"))
     table.add_column("measured")
@@ -253,6 +328,13 @@ def print_canary(out: Output, rep: CanaryReport, out_path: Path | None) -> None:
     if out_path is not None:
         out.info(f"wrote {out_path}; `python -m vast_harness.sim --calibrate {out_path}` runs the simulator on these "
                  "figures")
+
+
+def _bandwidth(bw: Bandwidth | None) -> str:
+    if bw is None:
+        return "-"
+    return (f"${bw.host_names_usd:.6f} / ${bw.renter_names_usd:.6f} / ${bw.harness_usd:.6f} "
+            f"({bw.bytes_to_host} B in, {bw.bytes_from_host} B out; compare with the invoice)")
 
 
 def _s(value: float | None) -> str:

@@ -21,6 +21,7 @@ from vast_harness.market.offers import price_faults
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.endpoints import ENDPOINT_PATHS
+from vast_harness.vast.models import UnreadableShape, per_id_row
 
 CHECK_RETRY_S = 30.0  # like the preflight: an API that does not answer is a failed row, not a hang
 _PROBE_SEARCH = {"verified": {"eq": True}, "rentable": {"eq": True}, "rented": {"eq": False},
@@ -109,11 +110,14 @@ def run_checks(spec: RunSpec, client: VastClient) -> CheckReport:
         body = x.text[:200]
         if x.status == 410 or _deprecated(body):
             return False, f"DEPRECATED: HTTP {x.status} {body!r}: the dead-man switch and the absence proof use this path"
-        if x.status != 200 or not isinstance(x.json, dict) or "instances" not in x.json:
+        try:
+            shape, shown = per_id_row(x.json, instance_id) if x.status == 200 else (None, None)
+        except UnreadableShape:
+            shape = None
+        if shape is None:
             return False, f"HTTP {x.status} {x.error or body!r}: not the {{'instances': ...}} the proof reads"
-        shown = x.json["instances"]
-        what = "null" if shown is None else f"instance {shown.get('id')}" if isinstance(shown, dict) else "odd"
-        return what != "odd", f"200, instances: {what} (DELETE shares this path; not exercised: read-only)"
+        what = f"instance {shown.get('id')}" if shown is not None else shape
+        return True, f"200, instances: {what} ({shape}; DELETE shares this path; not exercised: read-only)"
 
     rows.append(_row(f"read    GET {ENDPOINT_PATHS['get_instance']}", per_id))
 

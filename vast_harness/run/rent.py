@@ -32,6 +32,7 @@ from vast_harness.instance.lifecycle import CreateRequest, create, wait_ready
 from vast_harness.market.offers import Candidate
 from vast_harness.market.plan import account_credit_usd, choose_offers, plan_run
 from vast_harness.records import CreatedInstance
+from vast_harness.run.key_attach import attach_run_key
 from vast_harness.run.rent_book import CreateOutcome, NotRented, Rented
 from vast_harness.run.state import RunState, RunTools, Stage
 from vast_harness.run.teardown import teardown_one
@@ -250,6 +251,7 @@ def boot(t: RunTools, s: RunState, inst: CreatedInstance) -> None:
         s.check_cancelled()
         # The price may have moved the deadline: SSH gets what is left of the boot's, never more.
         boot_deadline = min(boot_deadline, meter.deadline())
+        attach_run_key(t.client, inst, s.key.public_openssh, within_s=boot_deadline - t.clock(), out=t.out)
         t.out.info(f"instance {inst.instance_id} running; connecting over SSH")
         s.session = HostSession.connect(endpoints_for(ready), s.key, deadline_monotonic=boot_deadline,
                                         retry_wait_s=min(2.0, max(spec.poll_s, 0.2)), clock=t.clock)

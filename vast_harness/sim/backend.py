@@ -34,12 +34,16 @@ MIN_DISK_GB = 8.0
 MAX_ONSTART_ARGS_CHARS = 4096
 MAX_LABEL_CHARS = 256
 OTHER_RENTER = -1  # the account index recorded when "someone else" rented an offer (offer_taken)
-# Seconds a destroyed instance's row stays readable (per-id read and v1 list) as destroyed/unloaded. Vast
-# does this always (vast-cli's self-test counts such rows as gone); how long is not documented.
-DEFAULT_LINGER_S = 1.0
-# A balance below $0 is tolerated this long before Vast stops the account's instances, and as long again
-# before it destroys them (billing.mdx: a grace period, then deletion; how long is not documented).
+# Seconds a destroyed instance's row stays readable (per-id read and v1 list) as destroyed/unloaded. The sourced
+# shape is none: `{"instances": null}` right after destroy (vast-cli PR 405); a lingering row (a CLI test mock's
+# shape) is the option `--linger-seconds S` and the fault `linger`.
+DEFAULT_LINGER_S = 0.0
+# At a balance <= $0 Vast stops the account's instances at once; deletion comes after a grace, and only without a
+# saved card (billing.mdx: "stopped automatically ... a short grace period ... before deletion occurs ... If you do
+# not have a credit card saved ... destroyed"). How long the grace is is not documented.
 NEGATIVE_GRACE_S = 1.0
+ERROR_STATUS_MSG = "Error response from daemon: failed to create task for container: unexpected EOF"
+SHOW_SHAPES = ("object", "list")  # the per-id read: docs/dstack's object, or Vast's QA tool's list without ports
 NEGATIVE_BALANCE_USD = 0.5  # how far below $0 the negative_balance fault takes the account
 OCI_FAIL_MSG = ("Error: container failed to start: OCI runtime create failed: runc create failed: unable to "
                 "start container process: error during container init")
@@ -74,9 +78,19 @@ class Identity:
 class Backend:
     def __init__(self, seed: int = 0, boot_seconds: float = 0.0, faults: Any = None, num_offers: int = 300,
                  rate_scale: float = 1.0, api_keys: list[str] | None = None, credit_usd: float = 100.0,
-                 host_root: str | Path | None = None, linger_seconds: float = DEFAULT_LINGER_S) -> None:
+                 host_root: str | Path | None = None, linger_seconds: float = DEFAULT_LINGER_S,
+                 show_shape: str = "object", card_saved: bool = False, key_reset_s: float | None = None) -> None:
+        """`show_shape`: "object" (`{"instances": {...}}` with ports: the docs, dstack) or "list"
+        (`{"instances": [{...}]}` without ports: base-image test_template.py). `card_saved`: the account has a card
+        on file, so a negative balance stops its instances but Vast never destroys them. `key_reset_s`: every
+        instance's authorized keys are refreshed this long after it runs (Vast: "between 9 and 18 hours in";
+        scale it down), as the `key_reset` fault does for chosen instances."""
+        if show_shape not in SHOW_SHAPES:
+            raise ValueError(f"show_shape must be one of {SHOW_SHAPES}, got {show_shape!r}")
         self.seed, self.boot_s, self.credit_usd = seed, max(0.0, boot_seconds), credit_usd
         self.linger_s = max(0.0, linger_seconds)
+        self.show_shape, self.card_saved = show_shape, card_saved
+        self.key_reset_s = key_reset_s
         self.rng = random.Random(seed)
         self.lock = threading.RLock()
         self.limiter = RateLimiter(rate_scale)
@@ -216,6 +230,8 @@ class Backend:
                 inst.never_boots = True
             elif self.faults.take("double_accept"):
                 inst.unreachable = True
+            elif self.faults.take("error_status"):
+                inst.boot_error, inst.error_status = ERROR_STATUS_MSG, True
             elif self.faults.take("oci_fail"):
                 inst.boot_error = OCI_FAIL_MSG
             elif self.faults.take("manifest_missing"):
@@ -296,14 +312,17 @@ class Backend:
         with self.lock:
             if not inst.live or inst.status_override is not None:
                 return
-            inst.booted_at = time.time()
+            now = time.time()
+            inst.settle(now)  # GPU billing starts now
+            inst.booted_at = now
             if inst.unreachable:  # sold twice: the reads say running, nothing answers
                 return
             inst.host.accepting = True
             later: list[tuple[FaultRule | None, Callable[[Instance], None] | None]] = [
                 (self.faults.take("offline"), self._go_offline), (self.faults.take("exit"), self._exit),
                 (self.faults.take("credit_zero"), self._credit_zero), (self.faults.take("reprice"), None),
-                (self.faults.take("negative_balance"), self._negative_balance)]
+                (self.faults.take("negative_balance"), self._negative_balance),
+                (self.faults.take("key_reset") or self._every_instance_key_reset(), self._reset_keys)]
         if inst.onstart:
             # destroyed in the meantime (SandboxClosed) or the host dir is gone: nothing left to start
             with contextlib.suppress(SandboxClosed, OSError):
@@ -337,16 +356,35 @@ class Backend:
         self.enforce_credit()
 
     def _negative_balance(self, inst: Instance) -> None:
-        """The balance goes below $0: a grace, then Vast stops the account's instances, then destroys them."""
+        """The balance goes below $0: Vast stops the account's instances at once (storage bills on); without a
+        saved card it destroys them after a grace."""
         now = time.time()
         with self.lock:
             account = next(a for a in self.accounts.values() if a.index == inst.account)
             account.charged_usd += max(0.0, self.credit(account, now)) + NEGATIVE_BALANCE_USD
-            account.grace_until = now + NEGATIVE_GRACE_S
             victims = [i for i in self.instances.values() if i.live and i.account == account.index]
         for victim in victims:
-            self._schedule(victim, NEGATIVE_GRACE_S, lambda i: self._halt(i, transitions.STOPPED))
-            self._schedule(victim, 2 * NEGATIVE_GRACE_S, self._vast_destroy)
+            self._halt(victim, transitions.STOPPED)
+            if not self.card_saved:
+                self._schedule(victim, NEGATIVE_GRACE_S, self._vast_destroy)
+
+    def _every_instance_key_reset(self) -> FaultRule | None:
+        """`key_reset_s` as a rule of its own (so the boot schedules it like the fault)."""
+        return None if self.key_reset_s is None else FaultRule(kind="key_reset", seconds=self.key_reset_s)
+
+    def _reset_keys(self, inst: Instance) -> None:
+        """Vast refreshes the instance's authorized keys, which it owns: what onstart appended is gone; the
+        account's keys and the ones attached to the instance through the API stay (skypilot PR 10730)."""
+        with self.lock:
+            if not inst.live or inst.sandbox is None:
+                return
+            account = next(a for a in self.accounts.values() if a.index == inst.account)
+            keys = [k["key"] for k in account.ssh_keys + inst.ssh_keys]
+            inst.keys_reset = True
+            path = inst.sandbox.home / ".ssh" / "authorized_keys"
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(k + "\n" for k in keys))
 
     def _vast_destroy(self, inst: Instance) -> None:
         """Vast ends the instance itself (a balance past its grace): reads show it gone, DELETE answers 404."""
@@ -423,6 +461,8 @@ class Backend:
                 raise errors.destroy_not_found()
             if not inst.live:  # a repeat DELETE, lingering or long gone
                 raise errors.no_such_instance()
+            if self.faults.take("delete_noop") is not None:
+                return  # answered 200 success, nothing deleted: only a later read shows it still there
             inst.settle(now)
             inst.destroyed_at = now
             linger = self.faults.take("linger")

@@ -10,7 +10,7 @@ from typing import Any
 
 from vast_harness.sim import calibrate
 from vast_harness.sim import faults as faults_module
-from vast_harness.sim.backend import DEFAULT_LINGER_S
+from vast_harness.sim.backend import DEFAULT_LINGER_S, SHOW_SHAPES
 from vast_harness.sim.faults import FaultPlan, FaultSpecError
 from vast_harness.sim.server import SimServer
 
@@ -36,6 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--linger-seconds", type=float, default=None,
                         help=f"seconds a destroyed instance stays readable as a destroyed/unloaded row "
                              f"(default {DEFAULT_LINGER_S:g})")
+    parser.add_argument("--show-shape", choices=SHOW_SHAPES, default="object",
+                        help="the per-id read: object (with ports: the docs, dstack) or list (without ports: "
+                             "Vast's own QA tool)")
+    parser.add_argument("--card-saved", action="store_true",
+                        help="the account has a card on file: a negative balance stops instances, never destroys")
+    parser.add_argument("--key-reset-seconds", type=float, default=None, metavar="S",
+                        help="S after running, every host's authorized keys are refreshed: keys onstart appended "
+                             "stop working, attached ones keep working (Vast: 9-18 h in)")
     parser.add_argument("--calibrate", default=None, metavar="CANARY_JSON",
                         help="boot time, read lag and linger from `vast-e2e canary`'s canary.json (flags win)")
     parser.add_argument("--host-root", default=None, help="where host sandboxes live (default a temp dir)")
@@ -56,6 +64,7 @@ def server_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "num_offers": args.offers, "rate_scale": args.rate_scale, "api_keys": args.api_keys,
             "credit_usd": args.credit_usd, "host_root": args.host_root, "port": args.port,
             "linger_seconds": DEFAULT_LINGER_S if linger is None else linger,
+            "show_shape": args.show_shape, "card_saved": args.card_saved, "key_reset_s": args.key_reset_seconds,
             "calibration": cal.describe() if cal else None}
 
 

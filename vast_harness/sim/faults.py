@@ -40,12 +40,16 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
     v0_deprecated[:COUNT]                   every call on a v0 instance path (/api/v0/instances/{id}/ and
                                             below, any key) answers 410 deprecated_endpoint (COUNT calls,
                                             default *)
-    scheduling:SECONDS[:COUNT]              the next COUNT instances stay in `scheduling` SECONDS longer
-                                            before loading (vast-ai/docs PR 951); the boot waits
-    negative_balance:SECONDS[:COUNT]        SECONDS after running the account's balance goes below $0;
-                                            its instances keep running for a grace (NEGATIVE_GRACE_S), are
-                                            then stopped (storage bills), and destroyed by Vast after
-                                            another grace (billing.mdx)
+    scheduling:SECONDS[:COUNT]              the next COUNT instances wait SECONDS for their GPU before
+                                            loading, shown as the docs spell the phase: actual_status
+                                            `stopped`, intended_status `running` (manage-instances.mdx:
+                                            "Instance enters SCHEDULING status"; no `scheduling` value is
+                                            documented); the boot waits
+    negative_balance:SECONDS[:COUNT]        SECONDS after running the account's balance goes below $0: its
+                                            instances are stopped at once (storage bills); without a saved
+                                            card (`card_saved=False`, the default) Vast destroys them after
+                                            a grace (NEGATIVE_GRACE_S); with one they stay stopped
+                                            (billing.mdx)
     oci_fail[:COUNT]                        actual_status stays `created`, status_msg "OCI runtime create
                                             failed ..."
     manifest_missing[:COUNT]                actual_status stays `created`, status_msg "... manifest for
@@ -66,6 +70,19 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
                                             only the reported start moves, billing is unchanged
     offline:SECONDS[:COUNT]                 SECONDS after reaching running the host goes offline:
                                             actual_status offline, processes killed, SSH closed
+    show_list[:COUNT]                       the per-id read answers `{"instances": [{...}]}` (Vast's own QA
+                                            tool's shape, base-image test_template.py) for COUNT reads
+                                            (default *); a not-found read stays `{"instances": null}`
+    show_no_ports[:COUNT]                   the per-id read carries no `ports` (COUNT reads, default *);
+                                            the v1 list still has them
+    error_status[:COUNT]                    the next COUNT instances read `actual_status: "error"` (with a
+                                            status_msg) and never run (terminal for Vast's QA tool)
+    key_reset:SECONDS[:COUNT]               SECONDS after running Vast refreshes the host's authorized keys:
+                                            keys appended by onstart stop working, keys attached through
+                                            `POST /instances/{id}/ssh/` (and the account's) keep working
+                                            (skypilot PR 10730: "between 9 and 18 hours in")
+    delete_noop[:COUNT]                     DELETE answers 200 `success: true` and deletes nothing (COUNT
+                                            DELETEs): only a read afterwards shows the instance still there
     ssh_refuse:K                            the next K SSH connections are reset at once
     ssh_drop:SECONDS[:COUNT]                SECONDS into an exec the SSH connection is cut
     slow_sftp:BYTES_PER_S[:COUNT]           SFTP reads and writes are throttled (COUNT sessions, default *)
@@ -89,14 +106,16 @@ Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_
                "read_lag", "boot_stall", "offline", "ssh_refuse", "ssh_drop", "slow_sftp", "create_5xx",
                "create_hold", "linger", "double_accept", "oci_fail", "manifest_missing", "exit",
                "credit_zero", "reprice_offer", "reprice", "container_key_refused", "v0_deprecated",
-               "scheduling", "negative_balance", "started_earlier", "wrong_contract"]
+               "scheduling", "negative_balance", "started_earlier", "wrong_contract", "show_list",
+               "show_no_ports", "error_status", "key_reset", "delete_noop"]
 ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "any")
 GATEWAY_STATUSES = (502, 503, 504)
 _NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
 _NEEDS_SECONDS = frozenset({"hang", "read_lag", "offline", "ssh_drop", "create_hold", "linger", "exit",
-                            "credit_zero", "reprice", "scheduling", "negative_balance", "started_earlier"})
+                            "credit_zero", "reprice", "scheduling", "negative_balance", "started_earlier",
+                            "key_reset"})
 _NEEDS_FACTOR = frozenset({"reprice_offer", "reprice"})
-_UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp", "v0_deprecated"})
+_UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp", "v0_deprecated", "show_list", "show_no_ports"})
 # Positional ARGs per kind, in SPEC order (after the kind, and after the endpoint where there is one).
 _POSITIONAL: dict[str, tuple[str, ...]] = {
     "429": ("count",), "5xx": ("count", "status"), "hang": ("seconds", "count"),
@@ -109,7 +128,8 @@ _POSITIONAL: dict[str, tuple[str, ...]] = {
     "reprice_offer": ("factor", "count"), "reprice": ("factor", "seconds", "count"),
     "container_key_refused": ("count",), "v0_deprecated": ("count",), "scheduling": ("seconds", "count"),
     "negative_balance": ("seconds", "count"), "started_earlier": ("seconds", "count"),
-    "wrong_contract": ("count",),
+    "wrong_contract": ("count",), "show_list": ("count",), "show_no_ports": ("count",), "error_status": ("count",),
+    "key_reset": ("seconds", "count"), "delete_noop": ("count",),
 }
 
 

@@ -1,8 +1,9 @@
 """Instance records: billing arithmetic, the Vast JSON shape, and the v1 list query (filters, keyset).
 
-Billing accrues per second from create to destroy at a rate that follows the status: `dph_total` (at
-the created disk size) while pending or running, storage only while stopped, nothing while offline
-(`guides/reference/billing.mdx`). SFTP bytes add bandwidth: written to the host at `inet_down_cost`,
+Billing accrues per second from create to destroy at a rate that follows the status: storage only while
+pending (null, loading, scheduling), `dph_total` (at the created disk size) from `running`, storage only while
+stopped, exited or in error, nothing while offline (`guides/reference/billing.mdx`: GPU "in the active/connected
+state"; `manage-instances.mdx`: "Not charged during loading"). SFTP bytes add bandwidth: written to the host at `inet_down_cost`,
 read from it at `inet_up_cost`, $/GB with GB = 1e9 bytes.
 """
 
@@ -12,6 +13,7 @@ import base64
 import binascii
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +53,8 @@ class Instance:
     destroyed_at: float | None = None
     linger_until: float = 0.0  # reads keep showing a destroyed row until then
     boot_error: str | None = None  # status_msg of a container that could not start (status `created`)
+    error_status: bool = False  # the error_status fault: reads `actual_status: "error"`, never runs
+    keys_reset: bool = False  # the key_reset fault fired: onstart-appended keys no longer authorize
     unreachable: bool = False  # sold twice: reads say running, SSH never accepts, onstart never runs
     container_key_refused: bool = False  # its CONTAINER_API_KEY answers 401 everywhere
     scheduling_s: float = 0.0  # extra seconds in `scheduling` before the boot path starts
@@ -78,20 +82,24 @@ class Instance:
         if not self.live:
             return transitions.DESTROYED
         if self.boot_error is not None:
-            return transitions.CREATED
+            return transitions.ERROR if self.error_status else transitions.CREATED
         if self.status_override is not None:
             return self.status_override
         if self.booted_at is not None:
             return transitions.RUNNING
         if now - self.created_at < self.scheduling_s:
-            return transitions.SCHEDULING
+            return transitions.STOPPED  # waiting for its GPU: stopped, intended running (see `scheduling_now`)
         return transitions.pending_status(now - self.created_at - self.scheduling_s, boot_s)
+
+    def scheduling_now(self, now: float) -> bool:
+        return (self.live and self.status_override is None and self.booted_at is None and self.boot_error is None
+                and now - self.created_at < self.scheduling_s)
 
     def rate_usd_per_h(self) -> float:
         if not self.live or self.status_override in transitions.UNBILLED_STATUSES:
             return 0.0
-        if self.status_override in transitions.STORAGE_ONLY_STATUSES:
-            return float(self.offer["storage_total_cost"])
+        if self.status_override in transitions.STORAGE_ONLY_STATUSES or self.booted_at is None:
+            return float(self.offer["storage_total_cost"])  # GPU bills from running, not while pending
         return float(self.offer["dph_total"])
 
     def settle(self, now: float) -> None:
@@ -134,7 +142,7 @@ def render(inst: Instance, now: float, boot_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {key: offer.get(key) for key in _OFFER_COPIED}
     if out["cpu_cores"] is None:  # unreported by the host; the instance schema has no null for it
         del out["cpu_cores"]
-    out.update(transitions.contract_states(status))
+    out.update(transitions.contract_states(status, scheduling=inst.scheduling_now(now)))
     out.update(
         id=inst.id, actual_status=status, label=inst.label, template_id=None, template_hash_id=None,
         template_name=None, image_uuid=inst.image, image_args=[], image_runtype=inst.runtype,
@@ -177,8 +185,10 @@ def _status_msg(inst: Instance, status: str | None) -> str | None:
         return f"success, running {inst.image.replace(':', '_')}/ssh"
     if status == transitions.LOADING:
         return f"Pulling image {inst.image}"
-    if status == transitions.SCHEDULING:
-        return "Scheduling: waiting for the machine to hand over"
+    if status == transitions.ERROR:
+        return inst.boot_error
+    if status == transitions.STOPPED and inst.scheduling_now(time.time()):
+        return "Scheduling: waiting for the GPU to be available"
     if status == transitions.STOPPED:
         return "Instance stopped: bid below the minimum or host unavailable"
     if status == transitions.OFFLINE:

@@ -83,7 +83,16 @@ def _create(backend: Backend, req: Request, ident: Identity) -> Response:
 
 
 def _show(backend: Backend, req: Request, ident: Identity) -> Response:
-    return Response(200, {"instances": backend.show(ident, req.int_arg("id"))})
+    """The per-id read, in the simulator's shape (`show_shape`) or a fault's: Vast's own QA tool reads
+    `{"instances": [{...}]}` without ports (base-image test_template.py); the docs and dstack an object with ports.
+    A not-found read is `{"instances": null}` in both (vast-cli PR 405; the QA tool's docstring)."""
+    row = backend.show(ident, req.int_arg("id"))
+    if row is None:
+        return Response(200, {"instances": None})
+    as_list = backend.faults.take("show_list") is not None or backend.show_shape == "list"
+    if backend.show_shape == "list" or backend.faults.take("show_no_ports") is not None:
+        row.pop("ports", None)
+    return Response(200, {"instances": [row] if as_list else row})
 
 
 def _list(backend: Backend, req: Request, ident: Identity) -> Response:

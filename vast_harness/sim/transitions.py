@@ -20,9 +20,10 @@ STOPPED = "stopped"
 OFFLINE = "offline"
 EXITED = "exited"
 CREATED = "created"  # the contract exists but the container failed to start (status_msg says why)
-# On-demand creates pass through "Scheduling" (vast-ai/docs PR 951: "on-demand instances pass through too... a
-# machine taking a while to hand over"). How the API spells it is not documented: this name is our guess.
-SCHEDULING = "scheduling"
+ERROR = "error"  # terminal for Vast's own QA tool (base-image test_template.py TERMINAL_STATES)
+# On-demand creates pass through "Scheduling" (vast-ai/docs PR 951). The documented `actual_status` enum has no
+# `scheduling`; manage-instances.mdx: a restart "enters SCHEDULING status" from stopped. The simulator shows the
+# phase as `stopped` with intended_status `running` (the scheduling fault).
 DESTROYED = "destroyed"  # a destroyed instance's row while it lingers (vast-cli tests model this shape)
 
 
@@ -34,12 +35,13 @@ class Step:
     at_share: float
 
 
-# null for the first tenth of the boot (the read lags the create), scheduling to a fifth, loading for the rest
-# (image pull), then running.
-BOOT_PATH: tuple[Step, ...] = (Step(None, 0.0), Step(SCHEDULING, 0.1), Step(LOADING, 0.2), Step(RUNNING, 1.0))
+# null for the first tenth of the boot (the read lags the create), loading for the rest (image pull), then running.
+BOOT_PATH: tuple[Step, ...] = (Step(None, 0.0), Step(LOADING, 0.1), Step(RUNNING, 1.0))
 
-# States that bill storage only (GPU compute stopped) and the ones that bill nothing.
-STORAGE_ONLY_STATUSES = frozenset({STOPPED, EXITED})
+# States that bill storage only (GPU compute stopped) and the ones that bill nothing. A pending instance (null,
+# loading, scheduling) bills storage only too: GPU from `running` (billing.mdx "active/connected";
+# manage-instances.mdx "Not charged during loading").
+STORAGE_ONLY_STATUSES = frozenset({STOPPED, EXITED, ERROR})
 UNBILLED_STATUSES = frozenset({OFFLINE})
 
 
@@ -59,8 +61,11 @@ def boot_delay_s(boot_s: float) -> float:
     return BOOT_PATH[-1].at_share * max(0.0, boot_s)
 
 
-def contract_states(actual_status: str | None) -> dict[str, str | None]:
-    """intended/cur/next states that go with an actual status (dstack reads all three on stop)."""
+def contract_states(actual_status: str | None, *, scheduling: bool = False) -> dict[str, str | None]:
+    """intended/cur/next states that go with an actual status (dstack reads all three on stop); `scheduling`:
+    stopped on its way to running."""
+    if actual_status == STOPPED and scheduling:
+        return {"intended_status": RUNNING, "cur_state": STOPPED, "next_state": RUNNING}
     if actual_status == STOPPED:
         return {"intended_status": STOPPED, "cur_state": STOPPED, "next_state": STOPPED}
     if actual_status == DESTROYED:  # released on destroy (show-instance docs: `unloaded`)

@@ -55,7 +55,16 @@ from vast_harness.errors import (
 from vast_harness.timings import TeardownBudget
 from vast_harness.vast.answer_bound import AnswerBound
 from vast_harness.vast.endpoints import ENDPOINT_PATHS
-from vast_harness.vast.models import CreateResult, Instance, InstancePage, Offer, User
+from vast_harness.vast.models import (
+    CreateResult,
+    Instance,
+    InstancePage,
+    Offer,
+    ReadShape,
+    UnreadableShape,
+    User,
+    per_id_row,
+)
 from vast_harness.vast.pacing import Pacer, endpoint_key
 from vast_harness.vast.server_clock import ServerClock
 from vast_harness.vast.url import DEFAULT_API_URL, validate_api_url
@@ -247,6 +256,7 @@ class VastClient:
         self._stats = CallStats()
         self._stats_lock = threading.Lock()
         self.server_clock = ServerClock()  # the server's Date headers: ages that another process must judge
+        self.read_shapes: dict[ReadShape, int] = {}  # per-id reads by the shape they came in (the canary reports it)
         timeouts = timeouts or Timeouts()
         self._total_s = timeouts.total_s
         self._http = httpx.Client(
@@ -312,12 +322,12 @@ class VastClient:
         a read that starts just before it must not hold the phase past it)."""
         path = ENDPOINT_PATHS["get_instance"].format(id=int(instance_id))
         data = self._call("GET", path, retry=True, max_retry_s=max_retry_s, within_s=within_s)
-        row = data.get("instances", ...) if isinstance(data, dict) else ...  # ... = key missing
-        if row is None:
-            return None
-        if not isinstance(row, dict):
-            raise self._invalid("GET", path, "'instances' is neither an object nor null", data)
-        return self._model(Instance, row, "GET", path)
+        try:
+            shape, row = per_id_row(data, int(instance_id))
+        except UnreadableShape as exc:
+            raise self._invalid("GET", path, str(exc), data) from None
+        self.read_shapes[shape] = self.read_shapes.get(shape, 0) + 1
+        return None if row is None else self._model(Instance, row, "GET", path)
 
     def read_instance_raw(self, instance_id: int, *, within_s: float | None = None) -> RawExchange:
         """The per-id read as one unretried exchange, recorded whole: a round of the absence proof."""
@@ -386,6 +396,13 @@ class VastClient:
                 return "already_gone_after_unanswered"
             return "already_gone"
         return "deleted"
+
+    def attach_ssh_key(self, instance_id: int, public_key: str, *, within_s: float | None = None) -> None:
+        """`POST /api/v0/instances/{id}/ssh/` (attach_ssh.yaml): register a public key with the instance, so Vast
+        keeps it when it refreshes the instance's authorized keys (a key only appended by onstart stops working
+        "between 9 and 18 hours in": skypilot PR 10730). Retried like a read: attaching a key twice is harmless."""
+        path = ENDPOINT_PATHS["attach_ssh_key"].format(id=int(instance_id))
+        self._call("POST", path, json={"ssh_key": public_key.strip()}, retry=True, within_s=within_s)
 
     def current_user(self, *, max_retry_s: float | None = None, min_attempts: int = 1) -> User:
         path = ENDPOINT_PATHS["current_user"]

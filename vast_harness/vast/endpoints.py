@@ -20,6 +20,7 @@ ENDPOINT_PATHS = {
     "list_instances_page": V1_INSTANCES,
     "list_instances_raw": V1_INSTANCES,
     "current_user": "/api/v0/users/current/",
+    "attach_ssh_key": "/api/v0/instances/{id}/ssh/",  # attach_ssh.yaml: a key Vast keeps in the instance's set
 }
 # The collection Vast already retired (410 deprecated_endpoint: skypilot issue 10517); `check` asks it only to
 # see that it still says so, never for data.

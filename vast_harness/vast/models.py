@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# Vast's `actual_status` values, as data (docs/vast-behaviours.md).
-FAILED_STATUSES = frozenset({"exited", "offline", "unknown", "stopped", "frozen"})
+# Vast's `actual_status` values, as data (docs/vast-behaviours.md). `error` is terminal for Vast's own QA tool
+# (base-image `test_template.py` TERMINAL_STATES); `stopped` is judged with `intended_status` (`failed_reason`).
+FAILED_STATUSES = frozenset({"exited", "offline", "unknown", "stopped", "frozen", "error"})
 READY_STATUS = "running"
 # vast-cli `machines.py` treats these as "stopped before reaching running" while it waits for a boot.
 INTENDED_STOP_STATUSES = frozenset({"stopped", "exited"})
@@ -27,6 +28,13 @@ STATUS_MSG_ERROR_TOKENS = (
     "traceback",
     "oci runtime",
     "permission denied",
+    # Vast's own image QA (base-image BAD_STATUS_PATTERNS): a truncated pull "never leaves 'loading'"
+    "error response from daemon",
+    "failed to pull image",
+    "no space left on device",
+    "manifest unknown",
+    "unauthorized",
+    "unexpected eof",
 )
 
 
@@ -46,6 +54,34 @@ def finite_price(value: Any) -> float | None:
     """A price field as a finite float >= 0 (numbers sent as strings accepted), else None."""
     number = finite_number(value)
     return number if number is not None and number >= 0 else None
+
+
+ReadShape = Literal["object", "list", "null", "empty_list"]
+
+
+class UnreadableShape(ValueError):
+    """A per-id read body in none of the shapes below: never absence, never an instance."""
+
+
+def per_id_row(data: Any, instance_id: int) -> tuple[ReadShape, dict[str, Any] | None]:
+    """The row of a per-id read (`GET /api/v0/instances/{id}/`) and the shape it came in. The docs and dstack show
+    `{"instances": {...}}`; Vast's own QA tool (base-image `test_template.py`) says `{"instances": [{...}]}` for a
+    live instance: both are read. `null` (vast-cli PR 405) and an empty list are "not found" (None; the usual
+    absence rules judge it). A list of more than one row, or a listed row of another id, is unreadable."""
+    if not isinstance(data, dict) or "instances" not in data:
+        raise UnreadableShape("no 'instances' key")
+    row = data["instances"]
+    if row is None:
+        return "null", None
+    if isinstance(row, dict):
+        return "object", row
+    if isinstance(row, list):
+        if not row:
+            return "empty_list", None
+        if len(row) == 1 and isinstance(row[0], dict) and row[0].get("id") == instance_id:
+            return "list", row[0]
+        raise UnreadableShape(f"'instances' is a list of {len(row)} that is not this one instance")
+    raise UnreadableShape("'instances' is neither an object, a list nor null")
 
 
 class _VastModel(BaseModel):
@@ -112,6 +148,12 @@ class Offer(_VastModel):
             if value is not None:
                 return float(value)
         return 0.0
+
+    @property
+    def transfer_usd_per_gb(self) -> float:
+        """$/GB for bytes in either direction: the higher of `inet_up_cost` and `inet_down_cost`. The units are
+        sourced (search_offers.yaml "$/GB"); whose "up" they name is not, so a wrong guess must not under-count."""
+        return max(self.inet_up_cost_usd_per_gb or 0.0, self.inet_down_cost_usd_per_gb or 0.0)
 
     def dph_at_disk(self, disk_gb: float) -> float:
         """$/h for this offer with `disk_gb` of storage: GPU part plus disk at storage_cost/720.
@@ -200,9 +242,16 @@ class Instance(_VastModel):
         return self.ssh_host, port
 
     @property
+    def scheduling(self) -> bool:
+        """`stopped` on its way to `running`: how a restart (and, per the docs, an on-demand create waiting for its
+        GPU) shows the Scheduling phase (manage-instances.mdx: "Instance enters `SCHEDULING` status"). Pending,
+        bounded by the boot deadline; `stopped` with any other intent fails fast."""
+        return self.actual_status == "stopped" and self.intended_status == READY_STATUS
+
+    @property
     def failed_reason(self) -> str | None:
         """Why this instance will never become ready, or None while it still may."""
-        if self.actual_status in FAILED_STATUSES:
+        if self.actual_status in FAILED_STATUSES and not self.scheduling:
             return f"actual_status={self.actual_status}"
         if self.cur_state == self.intended_status == self.next_state == "stopped":
             return "all states stopped (outbid or unschedulable)"
