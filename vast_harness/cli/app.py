@@ -444,7 +444,8 @@ def _evidence_dir(flags: Flags) -> Path:
 def report(
     ctx: typer.Context,
     *,
-    run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")],
+    run: Annotated[str | None, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory "
+                                              "(default: the latest run).", show_default=False)] = None,
     evidence_dir: EvidenceDir = None,
     json_output: JsonOutput = False,
 ) -> None:
@@ -452,14 +453,15 @@ def report(
     _report(Flags.of(ctx), run)
 
 
-def _report(flags: Flags, run: str) -> None:
+def _report(flags: Flags, run: str | None) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
         from vast_harness.ops.logs import rebuild_report
-        from vast_harness.state.runs import find_run
+        from vast_harness.state.runs import find_run, latest_run
 
-        return rebuild_report(out, find_run(_evidence_dir(flags), run))
+        where = _evidence_dir(flags)
+        return rebuild_report(out, latest_run(where) if run is None else find_run(where, run))
 
     _guard(out, body, interrupted="interrupted")
 
@@ -468,26 +470,43 @@ def _report(flags: Flags, run: str) -> None:
 def logs(
     ctx: typer.Context,
     *,
-    run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")],
-    step: Annotated[str | None, typer.Argument(metavar="[STEP]", help="The step whose log to print; without it, "
-                                               "the run's step logs are listed.")] = None,
+    run: Annotated[str | None, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory "
+                                              "(default: the latest run).", show_default=False)] = None,
+    step: Annotated[str | None, typer.Argument(metavar="STEP", help="The one step whose log to print; without "
+                                               "it, every step's log in order, each under a header.",
+                                               show_default=False)] = None,
+    list_only: Annotated[bool, typer.Option("--list", metavar="", help="A table of the run's step logs (step, "
+                                            "bytes, path) instead of their text.")] = False,
+    follow: Annotated[bool, typer.Option("--follow", "-f", metavar="", help="Follow a run that is still going "
+                                         "(from another terminal): print its steps' lines as they land, until "
+                                         "the run ends (its record), or its process is gone (killed).")] = False,
     raw: Annotated[bool, typer.Option("--raw", metavar="", help="The bytes as the host sent them (escape codes "
-                                      "included); else control characters are shown escaped.")] = False,
+                                      "and carriage returns included); else control characters are shown "
+                                      "escaped and each line as a terminal leaves it.")] = False,
     evidence_dir: EvidenceDir = None,
     json_output: JsonOutput = False,
 ) -> None:
-    """List a run's step logs, or print one."""
-    _logs(Flags.of(ctx), run, step, raw=raw)
+    """Print a run's step logs (every step in order, or one), list them (--list), or follow a live run (-f)."""
+    _logs(Flags.of(ctx), run, step, raw=raw, list_only=list_only, follow=follow)
 
 
-def _logs(flags: Flags, run: str, step: str | None, *, raw: bool) -> None:
+def _logs(flags: Flags, run: str | None, step: str | None, *, raw: bool, list_only: bool, follow: bool) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
         from vast_harness.ops.logs import show_logs
-        from vast_harness.state.runs import find_run
+        from vast_harness.state.runs import find_run, latest_run
 
-        return show_logs(out, find_run(_evidence_dir(flags), run), step, raw=raw)
+        if follow and (step is not None or list_only):
+            raise ConfigError("logs --follow prints every step of a run as it goes: it takes no STEP and no --list")
+        where = _evidence_dir(flags)
+        run_dir = latest_run(where) if run is None else find_run(where, run)
+        if follow:
+            from vast_harness.ops.follow import follow_logs
+            from vast_harness.state.dirs import SIM_SUBDIR, state_dir
+
+            return follow_logs(out, run_dir, [state_dir(), state_dir() / SIM_SUBDIR], raw=raw)
+        return show_logs(out, run_dir, step, raw=raw, list_only=list_only)
 
     _guard(out, body, interrupted="interrupted")
 

@@ -50,3 +50,12 @@ def line(*parts: str | tuple[str, str] | Text) -> Text:
     string part goes through `terminal_safe` (a Text part was made by `safe_text` or from literals)."""
     return Text.assemble(*(terminal_safe(p) if isinstance(p, str) else
                            (terminal_safe(p[0]), p[1]) if isinstance(p, tuple) else p for p in parts))
+
+
+def as_shown(line: str) -> str:
+    """One log line as a terminal leaves it after its carriage returns: the last frame of a `\\r`-run (a
+    progress bar's final state, not its every frame); a trailing `\\r` (CRLF) is no frame of its own. The
+    last frame stands alone: progress bars pad it to the full width, and what a shorter one would leave of the
+    longer depends on escape codes' widths, which are shown escaped here anyway (`terminal_safe` follows)."""
+    frames = line.rstrip("\r").split("\r")
+    return frames[-1]

@@ -50,6 +50,16 @@ def refuse_file_on_path(path: Path, what: str) -> None:
             return
 
 
+def latest_run(evidence_dir: Path) -> Path:
+    """The newest run (run ids start with their UTC time); exit 2 naming the directory when there is none."""
+    refuse_file_on_path(evidence_dir, "the evidence directory")
+    runs = run_dirs(evidence_dir)
+    if not runs:
+        raise ConfigError(f"no run in {evidence_dir} yet; give a run id or the run's directory (--evidence-dir "
+                          "to look elsewhere)")
+    return max(runs, key=lambda p: p.name)
+
+
 def find_run(evidence_dir: Path, ref: str) -> Path:
     """A run by path, by id, or by a part of its id that names exactly one run; else exit 2 naming why."""
     given = Path(ref).expanduser()
