@@ -139,6 +139,11 @@ class TransportError(VastError):
         self.path = path
 
 
+class ConnectionRefused(TransportError):
+    """Nothing listens at the API's address (ECONNREFUSED): a wrong --api-url or VAST_URL, or a simulator that is
+    not running. The read-only commands give up on it after one short retry (`VastClient(refused_attempts=)`)."""
+
+
 class ApiStatusError(VastError):
     """The API answered with a non-success status or a `success: false` body."""
 

@@ -113,13 +113,21 @@ def _api_target(spec: RunSpec) -> Iterator[RunSpec]:
         yield spec.model_copy(update={"api_url": sim.url, "api_key": key})
 
 
+REFUSED_ATTEMPTS = 2  # the interactive commands: a refused connection is tried once more, then said
+REAP_NO_SIM = ("reap takes no --sim: a --sim run's instances live and die in its own simulator; against the "
+               "simulator on its own (`python -m vast_harness.sim`), pass --api-url URL and any key")
+
+
 def _client(spec: RunSpec, out: Output | None = None) -> VastClient:
-    """With `out` (the interactive read-only commands), each retry is said as a warning line."""
+    """With `out` (the interactive commands: status, offers, reap), each retry is said as a warning line, a 429
+    once, and a refused connection ends the command after one more try (nothing listens: waiting two minutes
+    changes nothing)."""
     from vast_harness.vast.client import VastClient
 
     assert spec.api_key is not None
     return VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale,
-                      on_retry=out.warn if out is not None else None)
+                      on_retry=out.warn if out is not None else None,
+                      refused_attempts=REFUSED_ATTEMPTS if out is not None else None)
 
 
 _reported: list[int] = []  # exit codes whose message was already shown (by `_guard`)
@@ -415,7 +423,7 @@ def _reap(flags: Flags, *, include_live: bool, yes: bool) -> None:
     def body() -> int:
         # A full disk must not keep the orphans billing: reap warns and deletes; what it cannot write (ledger
         # lines, evidence) is said as it happens, and the verdicts stand on the API's answers alone.
-        spec = flags.spec(profile="smoke", on_unwritable=out.warn)
+        spec = flags.spec(profile="smoke", on_unwritable=out.warn, no_key_hint=REAP_NO_SIM)
         from vast_harness.ops.reap import reap_all
         from vast_harness.ops.status import confirm_live
 
@@ -534,6 +542,9 @@ def status(
     *,
     key_file: KeyFile = None,
     api_url: ApiUrl = None,
+    sim: Annotated[bool, typer.Option("--sim", metavar="", help=(
+        "The live --sim runs of this user (their registrations: each --sim run's instances live in its own "
+        "simulator, which no other process can reach); no key, no API call."))] = False,
     json_output: JsonOutput = False,
     pacing_scale: PacingScale = None,
 ) -> None:
@@ -548,6 +559,8 @@ def _status(flags: Flags) -> None:
         spec = flags.spec(profile="smoke", dry_run=True)
         from vast_harness.ops.status import show_status
 
+        if spec.sim:
+            return show_status(spec, None, out)
         with _client(spec, out) as client:
             return show_status(spec, client, out)
 

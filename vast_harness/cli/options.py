@@ -159,11 +159,13 @@ class Flags(BaseModel):
         json_output = bool(values.pop(JSON_OUTPUT, False))
         return cls(options=RunOptions(**values), json_output=json_output)
 
-    def spec(self, *, on_unwritable: Callable[[str], None] | None = None, **changes: Any) -> RunSpec:
-        """The validated run spec (spec.resolve: precedence, bounds, the key). `changes` replace options."""
+    def spec(self, *, on_unwritable: Callable[[str], None] | None = None, no_key_hint: str | None = None,
+             **changes: Any) -> RunSpec:
+        """The validated run spec (spec.resolve: precedence, bounds, the key). `changes` replace options;
+        `no_key_hint` ends a missing key's message for a command that takes no --sim."""
         paths = {"key_file": path_flag("--key-file", self.options.key_file), "evidence_dir": self.evidence_path}
         options = RunOptions.model_validate(self.options.model_dump() | paths | changes)
-        return resolve(options, on_unwritable=on_unwritable)
+        return resolve(options, on_unwritable=on_unwritable, no_key_hint=no_key_hint)
 
     @property
     def evidence_path(self) -> Path | None:

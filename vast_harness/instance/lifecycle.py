@@ -34,7 +34,7 @@ from vast_harness.errors import (
     VastError,
 )
 from vast_harness.instance.absence import UNSEEN_TRUST_AFTER_S, is_lingering, prove_absent
-from vast_harness.records import CreateOutcome, DeleteAck, InstanceTeardown
+from vast_harness.records import CreateOutcome, DeleteAck, InstanceTeardown, ProofRound
 from vast_harness.state.ledger import NOTHING_CREATED, EntryFields, Event, Ledger, LedgerEntry
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Instance
@@ -208,7 +208,7 @@ def teardown_instance(
     deadline: float, sleep: Sleep = time.sleep, created_mono: float | None = None,
     lag_window_s: float, seen: bool = True, clock: Clock = now_s, land_by_mono: float | None = None,
     while_deleting: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
-    first_ack: DeleteAck | None = None,
+    first_ack: DeleteAck | None = None, on_round: Callable[[ProofRound], None] | None = None,
 ) -> InstanceTeardown:
     """Delete, then prove absent; delete again whenever a proof sees it live, until proven or `deadline`.
 
@@ -220,7 +220,8 @@ def teardown_instance(
     acknowledged DELETE, the first sight, and the verdict. `land_by_mono` (a run's cap deadline, on `clock`):
     the DELETE's attempts are cut so that a retry after a stalled one still lands by then (`destroy`).
     `first_ack`: a DELETE of this instance already sent for this run (the cap guard's, capguard.py): it is the
-    teardown's first when it was answered; otherwise the teardown sends its own.
+    teardown's first when it was answered; otherwise the teardown sends its own. `on_round`: each absence-proof
+    round as it ends (`absence.prove_absent`).
     """
     report = InstanceTeardown(instance_id=instance_id)
 
@@ -251,7 +252,7 @@ def teardown_instance(
             seen = seen or ack.outcome == "deleted"  # it existed, as far as the API could tell
         report.proof = prove_absent(client, instance_id, label, interval_s=interval_s, deadline=deadline,
                                     sleep=sleep, not_before_mono=window_end(seen),
-                                    not_before_once_seen_mono=window_end(True), clock=clock)
+                                    not_before_once_seen_mono=window_end(True), clock=clock, on_round=on_round)
         if report.proof.seen_by_reads and not seen:
             seen = True
             ledger.append(run_id, "seen", label, instance_id=instance_id, detail="in an absence-proof round")

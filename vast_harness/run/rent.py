@@ -140,6 +140,8 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
                 raise error(f"{what} taken or refused before it could be rented ({outcome.why})")
             continue
         inst = outcome.instance
+        if s.registration is not None:  # `status` names the instance while reads may not list it yet
+            s.registration.update(instance_ids=sorted({*s.registration.reg.instance_ids, inst.instance_id}))
         try:
             if inst.status == "created_with_error":
                 raise BootFailed(f"create answered an error but created instance {inst.instance_id} "
@@ -178,6 +180,8 @@ def _after_failed_boot(t: RunTools, s: RunState, inst: CreatedInstance, exc: Exc
         raise TeardownUnproven(
             f"instance {inst.instance_id} did not come up ({exc}) and its teardown is not proven "
             f"({report.verdict}); no further offer is rented while it may still bill") from None
+    if s.registration is not None:  # proven gone: `status` no longer names it
+        s.registration.update(instance_ids=[i for i in s.registration.reg.instance_ids if i != inst.instance_id])
     if inst.machine_id is not None:
         t.book.excluded_machines.add(inst.machine_id)
     boots_left -= 1

@@ -178,6 +178,7 @@ def resolve(
     environ: Mapping[str, str] | None = None,
     profiles_dir: Path = PROFILES_DIR,
     on_unwritable: Callable[[str], None] | None = None,
+    no_key_hint: str | None = None,
 ) -> RunSpec:
     """Flags > environment (VAST_API_KEY, VAST_URL) > the user's config file > profile, validated. Raises
     ConfigError naming the offending flag or field. `environ` and `profiles_dir` say where to read (default:
@@ -253,7 +254,8 @@ def resolve(
         prof = with_image_expect(prof, override)
     elif o.image_expect_ack:
         raise ConfigError("--image-expect-ack acknowledges an --image-expect override; none was given")
-    key = None if o.sim else read_api_key(key_file, environ, path_flag("key_file (config file)", user.key_file))
+    key = None if o.sim else read_api_key(key_file, environ, path_flag("key_file (config file)", user.key_file),
+                                          **({"hint": no_key_hint} if no_key_hint else {}))
     # --sim runs keep their own state: the embedded simulator's account dies with the process, so its ledger
     # lines must never make a reap of the real account exit 3.
     state = (o.state_dir or (user_state_dir(environ) / SIM_SUBDIR if o.sim else user_state_dir(environ))).expanduser()
