@@ -137,3 +137,20 @@ def test_reap_without_a_key_suggests_no_flag_it_refuses(tmp_path):
                           timeout=60)
     assert done.returncode == 2 and "no API key" in done.stderr
     assert "(or use --sim)" not in done.stderr and "python -m vast_harness.sim" in done.stderr
+
+
+def test_nothing_to_reap_is_one_line_and_leaves_no_evidence_dir(clean_sim, tmp_path, capsys):
+    from pydantic import SecretStr
+
+    from vast_harness.console.output import Output
+    from vast_harness.ops.reap import reap_all
+    from vast_harness.spec.resolve import RunOptions, resolve
+    from vast_harness.vast.client import VastClient
+
+    spec = resolve(RunOptions(profile="smoke", sim=True, state_dir=tmp_path, proof_interval_s=0.05), environ={})
+    spec = spec.model_copy(update={"api_url": clean_sim.url, "api_key": SecretStr("sim-nobody-key")})
+    with VastClient("sim-nobody-key", base_url=clean_sim.url, pacing_scale=SCALE) as client:
+        assert reap_all(spec, client, Output()) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("nothing to reap: no orphan") and len(shown.splitlines()) == 1, shown
+    assert not list(tmp_path.glob("reap-*"))
