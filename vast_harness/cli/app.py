@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from pydantic import SecretStr
 
+from vast_harness.cli.completion import RANK_BY_VALUES, complete_rank_by, complete_run
 from vast_harness.cli.options import (
     AllowUnarmedDeadman,
     AnyDriver,
@@ -215,7 +216,8 @@ def _run_profile(flags: Flags) -> None:
 def offers(
     ctx: typer.Context,
     *,
-    rank_by: Annotated[str, typer.Option("--rank-by", metavar="dph|usd-per-mtok", help=(
+    rank_by: Annotated[str, typer.Option("--rank-by", metavar="dph|usd-per-mtok", autocompletion=complete_rank_by,
+                                         help=(
         "dph (worst case, then reliability) or usd-per-mtok (measured tokens/s from committed evidence and "
         "your fleet results; $/h for GPUs with none)."))] = "dph",
     profile: Profile = None,
@@ -240,7 +242,7 @@ def _offers(flags: Flags, rank_by: str) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        if rank_by not in ("dph", "usd-per-mtok"):
+        if rank_by not in RANK_BY_VALUES:
             raise ConfigError(f"--rank-by must be dph or usd-per-mtok, got {rank_by!r}")
         given = flags.options.profile
         spec = flags.spec(profile="mfu" if given is None else given, dry_run=True)
@@ -452,8 +454,8 @@ def _evidence_dir(flags: Flags) -> Path:
 def report(
     ctx: typer.Context,
     *,
-    run: Annotated[str | None, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory "
-                                              "(default: the latest run).", show_default=False)] = None,
+    run: Annotated[str | None, typer.Argument(metavar="RUN", autocompletion=complete_run, show_default=False, help=(
+        "A run id, part of one, or its directory (default: the latest run)."))] = None,
     evidence_dir: EvidenceDir = None,
     json_output: JsonOutput = False,
 ) -> None:
@@ -478,8 +480,8 @@ def _report(flags: Flags, run: str | None) -> None:
 def logs(
     ctx: typer.Context,
     *,
-    run: Annotated[str | None, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory "
-                                              "(default: the latest run).", show_default=False)] = None,
+    run: Annotated[str | None, typer.Argument(metavar="RUN", autocompletion=complete_run, show_default=False, help=(
+        "A run id, part of one, or its directory (default: the latest run)."))] = None,
     step: Annotated[str | None, typer.Argument(metavar="STEP", help="The one step whose log to print; without "
                                                "it, every step's log in order, each under a header.",
                                                show_default=False)] = None,
