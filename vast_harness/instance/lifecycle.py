@@ -89,16 +89,17 @@ class CreateRequest(BaseModel):
 def create(
     client: VastClient, ledger: Ledger, *, run_id: str, offer_id: int, request: CreateRequest,
     lag_window_s: float, lag_attempts: int = 6, lag_wait_s: float = 5.0, sleep: Sleep = time.sleep,
-    clock: Clock = now_s, on_named: Callable[[int], None] | None = None,
+    clock: Clock = now_s, on_named: Callable[[int], None] | None = None, dph_usd: float | None = None,
 ) -> CreateOutcome:
     """PUT the create once (the client retries only a 429, which creates nothing). An unknown outcome is
     looked up by label until the read-lag window has passed; not found then, it is `unresolved` (ledger
     `create_unresolved`, which `reap` keeps looking for). An interrupt during the PUT is recorded the same
     way before it propagates. `on_named(instance_id)` is told as soon as an answer names an instance, before
-    its ledger line is written (a disk slow to write it must not hide a billing instance from the cap guard)."""
+    its ledger line is written (a disk slow to write it must not hide a billing instance from the cap guard).
+    `dph_usd`: the offer's quoted price, on the intent line (`costs` estimates a run killed before its record)."""
     label = request.label
     named = on_named or (lambda _id: None)
-    ledger.append(run_id, "intent", label, offer_id=offer_id)
+    ledger.append(run_id, "intent", label, offer_id=offer_id, dph_usd=dph_usd)
     t_sent = clock()
 
     def unresolved(detail: str) -> CreateOutcome:
