@@ -105,3 +105,16 @@ def test_check_prints_money_as_money(tmp_path):
     done = cli(tmp_path, "check", "--sim")
     assert done.returncode == 0, done.stderr
     assert re.search(r"credit \$\d+\.\d{2}, balance \$\d+\.\d{2}: \$\d+\.\d{2} spendable", done.stdout), done.stdout
+
+
+@pytest.mark.parametrize(("args", "code"), [(("--max-usd", "0.0001"), 5), (("--max-minutes", "0.01"), 2)])
+def test_a_run_refused_before_renting_leaves_no_evidence_report_or_steps_table(tmp_path, args, code):
+    done = cli(tmp_path, "--profile", "smoke", "--sim", *args)
+    assert done.returncode == code, done.stderr
+    assert not list((tmp_path / "state").glob("**/harness-result.json"))
+    assert not [p for p in (tmp_path / "state" / "sim").iterdir() if p.name.startswith("2")]
+    assert "Run " not in done.stdout and "report" not in done.stdout  # no empty steps table, no report line
+    flat = " ".join(done.stdout.split())
+    assert f"exit {code}:" in flat and "no evidence kept" in flat
+    costs = json.loads(cli(tmp_path, "costs", "--json").stdout)
+    assert costs["runs"] == []
