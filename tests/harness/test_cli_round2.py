@@ -118,3 +118,10 @@ def test_a_run_refused_before_renting_leaves_no_evidence_report_or_steps_table(t
     assert f"exit {code}:" in flat and "no evidence kept" in flat
     costs = json.loads(cli(tmp_path, "costs", "--json").stdout)
     assert costs["runs"] == []
+
+
+def test_the_profile_rule_is_said_where_a_run_refuses_its_absence(tmp_path):
+    # One rule, said where it bites: a run needs --profile; the read-only commands and fleet default to mfu.
+    done = cli(tmp_path, "--sim", "--dry-run")
+    assert done.returncode == 2 and "offers, check and fleet default to mfu" in " ".join(done.stderr.split())
+    assert "`offers`, `check` and `fleet` default to `mfu`" in (ROOT / "docs" / "cli.md").read_text()

@@ -191,8 +191,9 @@ def _run_profile(flags: Flags) -> None:
 
     def body() -> int:
         if flags.options.profile is None:
-            raise ConfigError("--profile is required (mfu, proofs, smoke or a profile file); "
-                              "vast-e2e -h lists every option")
+            raise ConfigError("--profile is required for a run, being what you rent for (mfu, proofs, smoke or a "
+                              "profile file); offers, check and fleet default to mfu, canary to smoke; vast-e2e -h "
+                              "lists every option")
         spec = flags.spec()
         drivers = load_driver_policy()
         with _api_target(spec) as target, _client(target) as client:
