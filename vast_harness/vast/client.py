@@ -477,12 +477,12 @@ class VastClient:
                     raise cut from exc
                 if not isinstance(exc, httpx.RequestError):
                     raise
+                detail = _redact(f"{type(exc).__name__}: {exc}", self._key)
                 if _refused(exc):
                     raise ConnectionRefused(
-                        f"{method} {path}: connection refused by {self.base_url}: nothing listens there (check "
-                        "--api-url / VAST_URL; the simulator on its own is `python -m vast_harness.sim`, then "
-                        "--api-url with the URL it prints)", method=method, path=path) from exc
-                detail = _redact(f"{type(exc).__name__}: {exc}", self._key)
+                        f"{method} {path}: connection refused by {self.base_url} ({detail}): nothing listens there "
+                        "(check --api-url / VAST_URL; the simulator on its own is `python -m vast_harness.sim`, "
+                        "then --api-url with the URL it prints)", method=method, path=path) from exc
                 raise TransportError(f"{method} {path}: {detail}", method=method, path=path) from exc
         if reply.status_code == 429:
             with self._stats_lock:
