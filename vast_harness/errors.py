@@ -12,6 +12,7 @@ the only place that ranks codes (a fleet's runs, a run's outcome against its tea
         │   └── LedgerWriteError    the write-ahead intent could not be made durable: no PUT  exit 2
         ├── VastError               anything the Vast API path raised
         │   ├── TransportError      nothing usable came back (timeout, connect, read): retryable
+        │   │   └── ConnectionRefused  nothing listens at the URL: the read-only commands stop after one retry
         │   └── ApiStatusError      the server answered with an error status or body
         │       ├── AuthError       401/403, or 404 with auth_error: fatal configuration   exit 2
         │       ├── RateLimitError  429 (Vast sends no Retry-After): retryable
@@ -137,6 +138,11 @@ class TransportError(VastError):
         super().__init__(message)
         self.method = method
         self.path = path
+
+
+class ConnectionRefused(TransportError):
+    """Nothing listens at the API's address (ECONNREFUSED): a wrong --api-url or VAST_URL, or a simulator that is
+    not running. The read-only commands give up on it after one short retry (`VastClient(refused_attempts=)`)."""
 
 
 class ApiStatusError(VastError):

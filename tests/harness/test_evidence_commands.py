@@ -92,7 +92,7 @@ def test_costs_per_run_day_profile_and_totals(work):
     dead = runs["20260101T000000Z-dead00"]
     assert dead["accrued_usd"] is None and dead["instances"] == [99] and dead["sim"] is False
     assert data["total"]["sim"]["accrued_usd"] == pytest.approx(record["accrued_usd"], abs=1e-6)
-    assert data["total"]["real"] == {"runs": 1, "accrued_usd": 0.0, "unrecorded_runs": 1}
+    assert data["total"]["real"] == {"runs": 1, "accrued_usd": 0.0, "unrecorded_runs": 1, "estimated_runs": 0}
     assert data["per_profile"]["sim"]["hello-profile"]["runs"] == 1
     human = cli("costs", cwd=work)
     assert human.returncode == 0 and "unrecorded" in human.stdout and "Per day" in human.stdout

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from vast_harness.api import api_target
+from vast_harness.cli.completion import RANK_BY_VALUES, complete_rank_by, complete_run
 from vast_harness.cli.options import (
     AllowUnarmedDeadman,
     AnyDriver,
@@ -106,13 +107,21 @@ def _show_version(value: bool) -> None:
 _api_target = api_target  # the embedded simulator with --sim (vast_harness/api.py, shared with run_workload)
 
 
+REFUSED_ATTEMPTS = 2  # the interactive commands: a refused connection is tried once more, then said
+REAP_NO_SIM = ("reap takes no --sim: a --sim run's instances live and die in its own simulator; against the "
+               "simulator on its own (`python -m vast_harness.sim`), pass --api-url URL and any key")
+
+
 def _client(spec: RunSpec, out: Output | None = None) -> VastClient:
-    """With `out` (the interactive read-only commands), each retry is said as a warning line."""
+    """With `out` (the interactive commands: status, offers, reap), each retry is said as a warning line, a 429
+    once, and a refused connection ends the command after one more try (nothing listens: waiting two minutes
+    changes nothing)."""
     from vast_harness.vast.client import VastClient
 
     assert spec.api_key is not None
     return VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale,
-                      on_retry=out.warn if out is not None else None)
+                      on_retry=out.warn if out is not None else None,
+                      refused_attempts=REFUSED_ATTEMPTS if out is not None else None)
 
 
 _reported: list[int] = []  # exit codes whose message was already shown (by `_guard`)
@@ -175,8 +184,9 @@ def _run_profile(flags: Flags) -> None:
 
     def body() -> int:
         if flags.options.profile is None:
-            raise ConfigError("--profile is required (mfu, proofs, smoke or a profile file); "
-                              "vast-e2e -h lists every option")
+            raise ConfigError("--profile is required for a run, being what you rent for (mfu, proofs, smoke or a "
+                              "profile file); offers, check and fleet default to mfu, canary to smoke; vast-e2e -h "
+                              "lists every option")
         return _plan_or_run(out, flags.spec())
 
     _guard(out, body)
@@ -256,7 +266,8 @@ def _run_command(flags: Flags) -> None:
 def offers(
     ctx: typer.Context,
     *,
-    rank_by: Annotated[str, typer.Option("--rank-by", metavar="dph|usd-per-mtok", help=(
+    rank_by: Annotated[str, typer.Option("--rank-by", metavar="dph|usd-per-mtok", autocompletion=complete_rank_by,
+                                         help=(
         "dph (worst case, then reliability) or usd-per-mtok (measured tokens/s from committed evidence and "
         "your fleet results; $/h for GPUs with none)."))] = "dph",
     profile: Profile = None,
@@ -281,7 +292,7 @@ def _offers(flags: Flags, rank_by: str) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        if rank_by not in ("dph", "usd-per-mtok"):
+        if rank_by not in RANK_BY_VALUES:
             raise ConfigError(f"--rank-by must be dph or usd-per-mtok, got {rank_by!r}")
         given = flags.options.profile
         spec = flags.spec(profile="mfu" if given is None else given, dry_run=True)
@@ -464,7 +475,7 @@ def _reap(flags: Flags, *, include_live: bool, yes: bool) -> None:
     def body() -> int:
         # A full disk must not keep the orphans billing: reap warns and deletes; what it cannot write (ledger
         # lines, evidence) is said as it happens, and the verdicts stand on the API's answers alone.
-        spec = flags.spec(profile="smoke", on_unwritable=out.warn)
+        spec = flags.spec(profile="smoke", on_unwritable=out.warn, no_key_hint=REAP_NO_SIM)
         from vast_harness.ops.reap import reap_all
         from vast_harness.ops.status import confirm_live
 
@@ -493,8 +504,9 @@ def _evidence_dir(flags: Flags) -> Path:
 def report(
     ctx: typer.Context,
     *,
-    run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory; or a fleet "
-                                                           "id (fleet-...), part of one, or its directory.")],
+    run: Annotated[str | None, typer.Argument(metavar="RUN", autocompletion=complete_run, show_default=False, help=(
+        "A run id, part of one, or its directory (default: the latest run); or a fleet id (fleet-...), "
+        "part of one, or its directory."))] = None,
     evidence_dir: EvidenceDir = None,
     json_output: JsonOutput = False,
 ) -> None:
@@ -502,19 +514,20 @@ def report(
     _report(Flags.of(ctx), run)
 
 
-def _report(flags: Flags, run: str) -> None:
+def _report(flags: Flags, run: str | None) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
         from vast_harness.ops.logs import rebuild_report
-        from vast_harness.state.runs import find_fleet, find_run
+        from vast_harness.state.runs import find_fleet, find_run, latest_run
 
-        fleet = find_fleet(_evidence_dir(flags), run)
+        where = _evidence_dir(flags)
+        fleet = None if run is None else find_fleet(where, run)
         if fleet is not None:
             from vast_harness.ops.fleet_report import rebuild_fleet
 
             return rebuild_fleet(out, fleet)
-        return rebuild_report(out, find_run(_evidence_dir(flags), run))
+        return rebuild_report(out, latest_run(where) if run is None else find_run(where, run))
 
     _guard(out, body, interrupted="interrupted")
 
@@ -523,26 +536,43 @@ def _report(flags: Flags, run: str) -> None:
 def logs(
     ctx: typer.Context,
     *,
-    run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, part of one, or its directory.")],
-    step: Annotated[str | None, typer.Argument(metavar="[STEP]", help="The step whose log to print; without it, "
-                                               "the run's step logs are listed.")] = None,
+    run: Annotated[str | None, typer.Argument(metavar="RUN", autocompletion=complete_run, show_default=False, help=(
+        "A run id, part of one, or its directory (default: the latest run)."))] = None,
+    step: Annotated[str | None, typer.Argument(metavar="STEP", help="The one step whose log to print; without "
+                                               "it, every step's log in order, each under a header.",
+                                               show_default=False)] = None,
+    list_only: Annotated[bool, typer.Option("--list", metavar="", help="A table of the run's step logs (step, "
+                                            "bytes, path) instead of their text.")] = False,
+    follow: Annotated[bool, typer.Option("--follow", "-f", metavar="", help="Follow a run that is still going "
+                                         "(from another terminal): print its steps' lines as they land, until "
+                                         "the run ends (its record), or its process is gone (killed).")] = False,
     raw: Annotated[bool, typer.Option("--raw", metavar="", help="The bytes as the host sent them (escape codes "
-                                      "included); else control characters are shown escaped.")] = False,
+                                      "and carriage returns included); else control characters are shown "
+                                      "escaped and each line as a terminal leaves it.")] = False,
     evidence_dir: EvidenceDir = None,
     json_output: JsonOutput = False,
 ) -> None:
-    """List a run's step logs, or print one."""
-    _logs(Flags.of(ctx), run, step, raw=raw)
+    """Print a run's step logs (every step in order, or one), list them (--list), or follow a live run (-f)."""
+    _logs(Flags.of(ctx), run, step, raw=raw, list_only=list_only, follow=follow)
 
 
-def _logs(flags: Flags, run: str, step: str | None, *, raw: bool) -> None:
+def _logs(flags: Flags, run: str | None, step: str | None, *, raw: bool, list_only: bool, follow: bool) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
         from vast_harness.ops.logs import show_logs
-        from vast_harness.state.runs import find_run
+        from vast_harness.state.runs import find_run, latest_run
 
-        return show_logs(out, find_run(_evidence_dir(flags), run), step, raw=raw)
+        if follow and (step is not None or list_only):
+            raise ConfigError("logs --follow prints every step of a run as it goes: it takes no STEP and no --list")
+        where = _evidence_dir(flags)
+        run_dir = latest_run(where) if run is None else find_run(where, run)
+        if follow:
+            from vast_harness.ops.follow import follow_logs
+            from vast_harness.state.dirs import SIM_SUBDIR, state_dir
+
+            return follow_logs(out, run_dir, [state_dir(), state_dir() / SIM_SUBDIR], raw=raw)
+        return show_logs(out, run_dir, step, raw=raw, list_only=list_only)
 
     _guard(out, body, interrupted="interrupted")
 
@@ -570,6 +600,9 @@ def status(
     *,
     key_file: KeyFile = None,
     api_url: ApiUrl = None,
+    sim: Annotated[bool, typer.Option("--sim", metavar="", help=(
+        "The live --sim runs of this user (their registrations: each --sim run's instances live in its own "
+        "simulator, which no other process can reach); no key, no API call."))] = False,
     json_output: JsonOutput = False,
     pacing_scale: PacingScale = None,
 ) -> None:
@@ -584,6 +617,8 @@ def _status(flags: Flags) -> None:
         spec = flags.spec(profile="smoke", dry_run=True)
         from vast_harness.ops.status import show_status
 
+        if spec.sim:
+            return show_status(spec, None, out)
         with _client(spec, out) as client:
             return show_status(spec, client, out)
 

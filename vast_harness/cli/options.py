@@ -20,12 +20,13 @@ from typing import Annotated, Any, cast
 import typer
 from pydantic import BaseModel, ConfigDict
 
+from vast_harness.cli.completion import complete_profile
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.spec.values import path_flag
 
 # A flag's metavar is "": the help shows `--sim`, not `--sim <bool>`.
 Profile = Annotated[str | None, typer.Option(
-    "--profile", metavar="NAME|PATH.toml",
+    "--profile", metavar="NAME|PATH.toml", autocompletion=complete_profile,
     help="Harness profile: mfu, proofs, smoke, or your own profile file (validated like the shipped ones).")]
 NumGpus = Annotated[int | None, typer.Option(
     "--num-gpus", metavar="N", help="GPUs per offer (overrides the profile).")]
@@ -46,7 +47,7 @@ RemoteEnv = Annotated[list[str] | None, typer.Option(
 RemoteSecret = Annotated[list[str] | None, typer.Option(
     "--remote-secret", metavar="KEY[=VALUE]",
     help="A secret for the host's steps (repeatable; KEY alone takes this environment's value): masked "
-         "everywhere the harness writes, never stored.")]
+         "everywhere the harness writes; stored by name only, never by value.")]
 RemoteSecretFile = Annotated[str | None, typer.Option(
     "--remote-secret-file", metavar="PATH",
     help="File of KEY=VALUE secret lines (chmod 600), as --remote-secret.")]
@@ -188,11 +189,13 @@ class Flags(BaseModel):
         json_output = bool(values.pop(JSON_OUTPUT, False))
         return cls(options=RunOptions(**values), json_output=json_output)
 
-    def spec(self, *, on_unwritable: Callable[[str], None] | None = None, **changes: Any) -> RunSpec:
-        """The validated run spec (spec.resolve: precedence, bounds, the key). `changes` replace options."""
+    def spec(self, *, on_unwritable: Callable[[str], None] | None = None, no_key_hint: str | None = None,
+             **changes: Any) -> RunSpec:
+        """The validated run spec (spec.resolve: precedence, bounds, the key). `changes` replace options;
+        `no_key_hint` ends a missing key's message for a command that takes no --sim."""
         paths = {"key_file": path_flag("--key-file", self.options.key_file), "evidence_dir": self.evidence_path}
         options = RunOptions.model_validate(self.options.model_dump() | paths | changes)
-        return resolve(options, on_unwritable=on_unwritable)
+        return resolve(options, on_unwritable=on_unwritable, no_key_hint=no_key_hint)
 
     @property
     def evidence_path(self) -> Path | None:

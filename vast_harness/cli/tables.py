@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+from vast_harness.console.money import usd
 from vast_harness.console.output import Output
 from vast_harness.console.terminal import line as _line
 from vast_harness.console.terminal import safe_text as _t
@@ -53,8 +54,8 @@ def show_plan(out: Output, plan: RunPlan) -> None:
         out.out.print(_line(("pytest node ids", "bold"), " (a skip fails the run):"))
         for node in plan.pytest_node_ids:
             out.out.print(_t(f"  {node}"))
-    out.out.print(_line(("Caps", "bold"), f": ${plan.caps.max_usd:.2f}, {plan.caps.max_minutes:g} min   ",
-                         ("Credit", "bold"), f": ${plan.credit_usd:.2f}"))
+    out.out.print(_line(("Caps", "bold"), f": {usd(plan.caps.max_usd)}, {plan.caps.max_minutes:g} min   ",
+                         ("Credit", "bold"), f": {usd(plan.credit_usd)}"))
     out.out.print(_line(("Worst case", "bold"), f": {q.arithmetic}"))
     env = " ".join(f"{k}={v}" for k, v in plan.remote_env_shown.items()) or "(none)"
     out.out.print(_line(("remote_env", "bold"), f": {env}"))

@@ -257,6 +257,15 @@ class Output:
         if report is not None:
             self.out.print(_line(("report", "bold"), f" {report}"))
 
+    def refused(self, run_id: str, code: int, message: str) -> None:
+        """A run refused before it rented anything: its verdict line only (no steps, no evidence, no report)."""
+        if self.json_mode:
+            self.emit_json({"run_id": run_id, "exit_code": code, "message": message, "evidence_dir": None,
+                            "accrued_usd": 0.0, "report": None, "steps": [], "absence": {}})
+            return
+        said = "" if "nothing rented" in message else "; nothing rented"
+        self.out.print(_line((f"exit {code}", "red"), f": {message}{said} (no evidence kept)"))
+
     def reap_report(self, rows: Sequence[tuple[int, str, int, str]], lines: Sequence[str], *, ok: bool) -> None:
         """`reap`'s table (instance, label, deletes, verdict) and what it could not prove, one line each."""
         t = Table(title=_t(f"reap: {len(rows)} instance(s)"), header_style="bold")

@@ -98,6 +98,7 @@ class StepLog:
             return
         try:
             self._fh.write(data)
+            self._fh.flush()  # on disk as it comes: `vast-e2e logs -f` follows the file from another process
         except OSError as exc:
             self._on_error(f"steps/{self.path.name}", exc)
             self._drop_handle()

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.text import Text
 
+from vast_harness.console.money import usd
 from vast_harness.console.output import Output
 from vast_harness.console.terminal import line, safe_cells, safe_text
 from vast_harness.errors import ConfigError, NoOfferError
@@ -118,7 +119,7 @@ class Preflight:
         if total > self.credit_usd:
             return f"the summed worst cases ${total:.4f} exceed the credit ${self.credit_usd:.2f}"
         if total > self.total_usd and not self.allow_overcommit:
-            return (f"the summed worst cases ${total:.4f} exceed the total cap --max-usd ${self.total_usd:.2f} "
+            return (f"the summed worst cases ${total:.4f} exceed the total cap --max-usd {usd(self.total_usd)} "
                     "(raise it, drop a GPU type, shorten --max-minutes, or --allow-overcommit to let the live "
                     "monitor hold the total)")
         return None

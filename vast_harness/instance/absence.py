@@ -10,6 +10,7 @@ A row Vast keeps as `destroyed`/`terminated` is lingering, not live. Everything 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from vast_harness.clock import Clock, Sleep, now_s
@@ -85,7 +86,7 @@ def _one_round(client: VastClient, instance_id: int, label: str, not_before_mono
 def prove_absent(
     client: VastClient, instance_id: int, label: str, *, interval_s: float, deadline: float,
     sleep: Sleep = time.sleep, not_before_mono: float = 0.0, not_before_once_seen_mono: float | None = None,
-    clock: Clock = now_s,
+    clock: Clock = now_s, on_round: Callable[[ProofRound], None] | None = None,
 ) -> AbsenceProof:
     """Two consecutive all-'gone' rounds at least `interval_s` apart, both at or after `not_before_mono`
     (the end of the read-lag window), before `deadline`; all three on the monotonic clock. Once a round shows
@@ -96,6 +97,7 @@ def prove_absent(
     destroyed row ('going') restarts it too and the proof keeps going until the deadline. If a round sees
     the instance live, the verdict is 'present' (the caller deletes again). `deadline`, the read-lag window and
     the rounds' spacing are all on `clock` (monotonic seconds; a test's fake clock); wall time is only recorded.
+    `on_round`: told each round as it ends (the run's registration shows it to `status`).
     """
     proof = AbsenceProof(instance_id=instance_id, label=label, interval_s=interval_s)
     _set_window(proof, not_before_mono, clock)
@@ -103,6 +105,8 @@ def prove_absent(
     while True:
         r = _one_round(client, instance_id, label, proof.not_before_mono, clock, deadline)
         proof.rounds.append(r)
+        if on_round is not None:
+            on_round(r)
         if r.verdict in ("present", "going") and not proof.seen_by_reads:
             proof.seen_by_reads = True
             if not_before_once_seen_mono is not None:

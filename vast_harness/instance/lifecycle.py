@@ -34,7 +34,7 @@ from vast_harness.errors import (
     VastError,
 )
 from vast_harness.instance.absence import UNSEEN_TRUST_AFTER_S, is_lingering, prove_absent
-from vast_harness.records import CreateOutcome, DeleteAck, InstanceTeardown
+from vast_harness.records import CreateOutcome, DeleteAck, InstanceTeardown, ProofRound
 from vast_harness.state.ledger import NOTHING_CREATED, EntryFields, Event, Ledger, LedgerEntry
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import READY_STATUS, Instance
@@ -89,16 +89,17 @@ class CreateRequest(BaseModel):
 def create(
     client: VastClient, ledger: Ledger, *, run_id: str, offer_id: int, request: CreateRequest,
     lag_window_s: float, lag_attempts: int = 6, lag_wait_s: float = 5.0, sleep: Sleep = time.sleep,
-    clock: Clock = now_s, on_named: Callable[[int], None] | None = None,
+    clock: Clock = now_s, on_named: Callable[[int], None] | None = None, dph_usd: float | None = None,
 ) -> CreateOutcome:
     """PUT the create once (the client retries only a 429, which creates nothing). An unknown outcome is
     looked up by label until the read-lag window has passed; not found then, it is `unresolved` (ledger
     `create_unresolved`, which `reap` keeps looking for). An interrupt during the PUT is recorded the same
     way before it propagates. `on_named(instance_id)` is told as soon as an answer names an instance, before
-    its ledger line is written (a disk slow to write it must not hide a billing instance from the cap guard)."""
+    its ledger line is written (a disk slow to write it must not hide a billing instance from the cap guard).
+    `dph_usd`: the offer's quoted price, on the intent line (`costs` estimates a run killed before its record)."""
     label = request.label
     named = on_named or (lambda _id: None)
-    ledger.append(run_id, "intent", label, offer_id=offer_id)
+    ledger.append(run_id, "intent", label, offer_id=offer_id, dph_usd=dph_usd)
     t_sent = clock()
 
     def unresolved(detail: str) -> CreateOutcome:
@@ -227,6 +228,7 @@ def teardown_instance(
     lag_window_s: float, seen: bool = True, clock: Clock = now_s, land_by_mono: float | None = None,
     while_deleting: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
     first_ack: DeleteAck | None = None, on_ack: Callable[[DeleteAck], None] | None = None,
+    on_round: Callable[[ProofRound], None] | None = None,
 ) -> InstanceTeardown:
     """Delete, then prove absent; delete again whenever a proof sees it live, until proven or `deadline`.
 
@@ -240,6 +242,7 @@ def teardown_instance(
     `first_ack`: a DELETE of this instance already sent for this run (the cap guard's, capguard.py): it is the
     teardown's first when it was answered; otherwise the teardown sends its own. `on_ack`: each acknowledged
     DELETE as it is answered, before the proof (a run's meter stops billing there, not after the proof).
+    `on_round`: each absence-proof round as it ends (`absence.prove_absent`).
     """
     report = InstanceTeardown(instance_id=instance_id)
 
@@ -272,7 +275,7 @@ def teardown_instance(
             seen = seen or ack.outcome == "deleted"  # it existed, as far as the API could tell
         report.proof = prove_absent(client, instance_id, label, interval_s=interval_s, deadline=deadline,
                                     sleep=sleep, not_before_mono=window_end(seen),
-                                    not_before_once_seen_mono=window_end(True), clock=clock)
+                                    not_before_once_seen_mono=window_end(True), clock=clock, on_round=on_round)
         if report.proof.seen_by_reads and not seen:
             seen = True
             ledger.append(run_id, "seen", label, instance_id=instance_id, detail="in an absence-proof round")

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from vast_harness.console.money import usd
 from vast_harness.market.quote import Quote, quote_offer, worst_case_usd
 from vast_harness.spec.profile import DriverPolicy, Filters
 from vast_harness.vast.models import Offer
@@ -33,6 +34,7 @@ class OfferCriteria(BaseModel):
     min_duration_s: float
     max_minutes: float
     max_usd: float
+    max_usd_source: str = "--max-usd"  # where the cap came from, named in a rejection (spec.resolve)
     credit_usd: float | None = None
     any_driver: bool = False
     upload_bytes: int = 0
@@ -199,9 +201,10 @@ def choose(offers: Iterable[Offer], criteria: OfferCriteria, drivers: DriverPoli
             worst = worst_case_usd(offer, max_minutes=criteria.max_minutes, disk_gb=criteria.disk_gb,
                                    upload_bytes=criteria.upload_bytes, download_bytes=criteria.download_bytes)
             if worst > criteria.max_usd:
-                reasons.append(f"worst case ${worst:.2f} > --max-usd ${criteria.max_usd:.2f}")
+                reasons.append(f"worst case {usd(worst)} > the cost cap {usd(criteria.max_usd)} "
+                               f"({criteria.max_usd_source})")
             if criteria.credit_usd is not None and worst > criteria.credit_usd:
-                reasons.append(f"worst case ${worst:.2f} > credit ${criteria.credit_usd:.2f}")
+                reasons.append(f"worst case {usd(worst)} > credit {usd(criteria.credit_usd)}")
         if reasons or worst is None:
             choice.rejected.append(Rejection(offer=offer, worst_case_usd=worst, reasons=reasons))
         else:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from vast_harness.clock import now_s
+from vast_harness.console.money import usd
 from vast_harness.errors import NoOfferError, TransportError
 from vast_harness.host.bundle import Bundle
 from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
@@ -109,6 +110,7 @@ def criteria_for(
         min_duration_s=spec.max_seconds,
         max_minutes=spec.caps.max_minutes,
         max_usd=spec.caps.max_usd,
+        max_usd_source=spec.max_usd_source,
         credit_usd=credit_usd,
         any_driver=spec.any_driver,
         upload_bytes=bundle.size_bytes + int(prof.transfer.upload_extra_mb * MB),
@@ -150,7 +152,8 @@ def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: B
     if not choice.ranked:
         raise NoOfferError(
             f"no offer satisfies the filters and caps ({choice.offers_seen} offers seen in {choice.pages} "
-            f"page(s), max ${spec.caps.max_usd:.2f}, {spec.caps.max_minutes:g} min, credit ${credit:.2f})",
+            f"page(s), max {usd(spec.caps.max_usd)} ({spec.max_usd_source}), {spec.caps.max_minutes:g} min, credit "
+            f"{usd(credit)})",
             rejected=choice.closest_rejections(),
         )
     warnings = []

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from rich.table import Table
 from rich.text import Text
 
+from vast_harness.console.money import usd
 from vast_harness.console.output import Output
 from vast_harness.errors import AuthError, EndpointDeprecated, ExitCode, VastError
 from vast_harness.market.offers import price_faults
@@ -78,7 +79,10 @@ def run_checks(spec: RunSpec, client: VastClient) -> CheckReport:
             raise VastError(f"the key was refused: {exc}") from None
         answered = True
         funds = u.available_usd
-        return funds > 0, (f"credit {u.credit}, balance {u.balance}: ${funds:.2f} spendable"
+        def money(v: float | None) -> str:
+            return "not sent" if v is None else usd(v)
+
+        return funds > 0, (f"credit {money(u.credit)}, balance {money(u.balance)}: {usd(funds)} spendable"
                            + ("" if funds > 0 else " (nothing can be rented)"))
 
     rows.append(_row("key and credit", user))

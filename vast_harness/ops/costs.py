@@ -2,8 +2,11 @@
 total, real and simulated apart. Reads files only; calls no API.
 
 A run's dollars are its record's `accrued_usd` (the cost meter: time at the rented price plus billed bytes).
-A run the ledger names but no record describes (killed with -9, a full disk) is listed as `unrecorded` with
-its instances: its cost is not known here (the Vast console's billing is the authority for those).
+The ledger is the index: every run it names is listed, its record found wherever it was written (the evidence
+directory each line names, else the state directory's runs; `state.runs.runs_elsewhere`). A run the ledger
+names but no record describes (killed with -9, a full disk) gets an estimate, marked `estimated`: from each
+instance's create to its first acknowledged DELETE (or its proven absence) at the price quoted on its create's
+intent; without those lines it is `unrecorded`, not $0 (the Vast console's billing is the authority).
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from pydantic import BaseModel
 from vast_harness.console.output import Output
 from vast_harness.console.terminal import line, safe_cells
 from vast_harness.evidence.host_data import number, read_json
-from vast_harness.state.dirs import SIM_SUBDIR, state_dir
-from vast_harness.state.ledger import LEDGER_FILE, Ledger
-from vast_harness.state.runs import RESULT_NAME, refuse_file_on_path, run_dirs
+from vast_harness.state.dirs import state_dir
+from vast_harness.state.ledger import Ledger, LedgerEntry
+from vast_harness.state.runs import RESULT_NAME, ledger_files, refuse_file_on_path, run_dirs, runs_elsewhere
 from vast_harness.vast.url import is_loopback_url
 
 
@@ -29,7 +32,8 @@ class RunCost(BaseModel):
     day: str  # UTC date the run started
     profile: str | None
     sim: bool
-    accrued_usd: float | None  # None: no record (the ledger alone names it)
+    accrued_usd: float | None  # None: no record (the ledger alone names it) and no estimate
+    estimated: bool = False  # accrued_usd is the ledger's estimate (create -> DELETE x quoted $/h), not a record's
     exit_code: int | None
     instances: list[int]
     dir: str | None
@@ -40,6 +44,7 @@ class Totals(BaseModel):
     runs: int = 0
     accrued_usd: float = 0.0
     unrecorded_runs: int = 0
+    estimated_runs: int = 0  # in accrued_usd, as estimates
 
 
 def _day(t_unix: float | None) -> str:
@@ -67,30 +72,63 @@ def _from_record(path: Path) -> RunCost | None:
 def ledger_paths(evidence_dir: Path) -> list[Path]:
     """The ledgers `costs` reads: the state dir's (its --sim part beside it); an --evidence-dir may hold an
     older one."""
-    homes = [evidence_dir, evidence_dir / SIM_SUBDIR, state_dir(), state_dir() / SIM_SUBDIR]
-    return list(dict.fromkeys(h / LEDGER_FILE for h in homes if (h / LEDGER_FILE).is_file()))
+    return ledger_files(evidence_dir)
+
+
+def estimate_usd(entries: list[LedgerEntry]) -> float | None:
+    """A run's cost from its ledger lines alone, or None when a line it needs is missing: per instance, its
+    `created` line to its first `delete_ack` (else its `absence: gone`), at the $/h its label's intent quoted.
+    Every line's reader (the run, a reap) writes it after the event, so the span errs long, never short."""
+    price: dict[str, float] = {}
+    start: dict[int, tuple[float, str]] = {}
+    end: dict[int, float] = {}
+    for e in entries:
+        if e.event == "intent" and e.dph_usd is not None:
+            price.setdefault(e.label, e.dph_usd)
+        if e.instance_id is None:
+            continue
+        if e.event in ("created", "create_failed"):
+            start.setdefault(e.instance_id, (e.t_unix, e.label))
+        elif e.event == "delete_ack" or (e.event == "absence" and e.verdict == "gone"):
+            end.setdefault(e.instance_id, e.t_unix)
+    if not start:
+        return None
+    total = 0.0
+    for instance_id, (t0, label) in start.items():
+        if instance_id not in end or label not in price:
+            return None
+        total += max(0.0, end[instance_id] - t0) / 3600.0 * price[label]
+    return total
 
 
 def collect(evidence_dir: Path, ledgers: list[Path] | None = None) -> list[RunCost]:
-    """Every run: those with a record, and those only the ledger names."""
+    """Every run: those with a record here, then every run the ledgers name, its record found wherever it is
+    (or its cost estimated from its lines)."""
     runs = {r.run_id: r for r in (_from_record(p) for p in run_dirs(evidence_dir)) if r is not None}
     if ledgers is None:
         ledgers = ledger_paths(evidence_dir)
-    first: dict[str, float] = {}
-    instances: dict[str, set[int]] = defaultdict(set)
-    sim: dict[str, bool] = {}
-    for e in (e for path in ledgers for e in Ledger(path).entries()):
-        first.setdefault(e.run_id, e.t_unix)
-        if e.instance_id is not None:
-            instances[e.run_id].add(e.instance_id)
-        if e.api_url:
-            sim[e.run_id] = is_loopback_url(e.api_url)
-    for run_id, t in first.items():
-        if run_id.startswith("reap-"):  # a reap's lines name other runs' instances; it rents nothing
+    entries = sorted((e for path in ledgers for e in Ledger(path).entries()), key=lambda e: e.t_unix)
+    by_run: dict[str, list[LedgerEntry]] = defaultdict(list)
+    for e in entries:
+        by_run[e.run_id].append(e)
+    elsewhere = runs_elsewhere(evidence_dir, ledgers) if by_run.keys() - runs.keys() else {}
+    for run_id, lines in by_run.items():
+        if run_id in runs or run_id.startswith("reap-"):  # a reap's lines name other runs' instances; it rents nothing
             continue
-        if run_id not in runs and instances.get(run_id):  # an intent that never rented cost nothing
-            runs[run_id] = RunCost(run_id=run_id, day=_day(t), profile=None, sim=sim.get(run_id, False),
-                                   accrued_usd=None, exit_code=None, instances=sorted(instances[run_id]), dir=None)
+        found = _from_record(elsewhere[run_id]) if run_id in elsewhere else None
+        if found is not None:
+            runs[run_id] = found
+            continue
+        instances = sorted({e.instance_id for e in lines if e.instance_id is not None})
+        if not instances:  # an intent that never rented cost nothing
+            continue
+        # Every line of a run, the reaps' included, is needed for the span: a reap deletes a killed run's host.
+        estimate = estimate_usd([e for e in entries if e.run_id == run_id
+                                 or (e.instance_id in instances and e.run_id.startswith("reap-"))])
+        runs[run_id] = RunCost(run_id=run_id, day=_day(lines[0].t_unix), profile=None,
+                               sim=any(is_loopback_url(e.api_url) for e in lines if e.api_url),
+                               accrued_usd=estimate, estimated=estimate is not None, exit_code=None,
+                               instances=instances, dir=None)
     return sorted(runs.values(), key=lambda r: r.run_id)
 
 
@@ -100,6 +138,7 @@ def _add(t: Totals, r: RunCost) -> None:
         t.unrecorded_runs += 1
     else:
         t.accrued_usd += r.accrued_usd
+        t.estimated_runs += r.estimated
 
 
 def summarise(runs: list[RunCost]) -> dict[str, Any]:
@@ -148,7 +187,8 @@ def show_costs(out: Output, evidence_dir: Path) -> int:
     for r in runs:
         t.add_row(*safe_cells(r.run_id, r.day, r.profile or "–", "yes" if r.sim else "no",
                               "–" if r.exit_code is None else r.exit_code,
-                              "unrecorded" if r.accrued_usd is None else f"{r.accrued_usd:.4f}",
+                              "unrecorded" if r.accrued_usd is None else
+                              f"{r.accrued_usd:.4f}" + (" (estimated)" if r.estimated else ""),
                               ", ".join(map(str, r.instances)) or "–", r.fleet or ""))
     out.out.print(t)
     for title, key in (("Per day", "per_day"), ("Per profile", "per_profile")):
@@ -161,6 +201,10 @@ def show_costs(out: Output, evidence_dir: Path) -> int:
                                       f"{tot.accrued_usd:.4f}", tot.unrecorded_runs))
         out.out.print(g)
     real, sim = summary["total"]["real"], summary["total"]["sim"]
+    estimated = real.estimated_runs + sim.estimated_runs
+    if estimated:
+        out.out.print(f"{estimated} run(s) killed before their record: estimated from the ledger (create to DELETE "
+                      "at the quoted $/h), marked so")
     out.out.print(f"Total against Vast: ${real.accrued_usd:.4f} over {real.runs} run(s)"
                   + (f" ({real.unrecorded_runs} unrecorded, not in that sum: see the Vast console's billing)"
                      if real.unrecorded_runs

@@ -1,7 +1,9 @@
-"""`vast-e2e logs RUN [STEP]` and `vast-e2e report RUN`: a run's step logs and its report, from the evidence.
+"""`vast-e2e logs [RUN] [STEP]` and `vast-e2e report RUN`: a run's step logs and its report, from the evidence.
 
-A step log keeps the bytes the host sent; shown on a terminal they go through `output.terminal_safe` like any
-host output (escape codes escaped), and `--raw` writes them as they are (for a pipe or a file).
+A step log keeps the bytes the host sent; shown on a terminal they go through `terminal.terminal_safe` like any
+host output (escape codes escaped), each line as a terminal leaves it after its carriage returns (a progress
+bar's last frame, `carriage.shown_segment`), and `--raw` writes them as they are (for a pipe or a file). Without a
+STEP every log is printed in the order the steps ran, each under a header line; `--list` gives the table.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from vast_harness.console.carriage import shown_segment
 from vast_harness.console.output import Output
 from vast_harness.console.terminal import safe_cells, terminal_safe
 from vast_harness.errors import ConfigError, HarnessError
@@ -30,12 +33,32 @@ def step_logs(run_dir: Path) -> list[Path]:
     return [logs[n] for n in order] + [p for n, p in logs.items() if n not in order]
 
 
-def show_logs(out: Output, run_dir: Path, step: str | None, *, raw: bool = False) -> int:
+def shown_text(data: bytes, *, raw: bool) -> str:
+    """A step log's bytes as `logs` prints them: as sent with `raw`, else line by line as a terminal would
+    show them, control characters escaped. Lines break at "\\n" only: splitlines() also breaks at \\v, \\f,
+    \\x1c-\\x1e, \\x85, U+2028/9, so a host could forge lines ("✓ step ...") out of characters shown escaped."""
+    if raw:
+        return data.decode("utf-8", "surrogateescape")
+    lines = data.decode("utf-8", "replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return "".join(terminal_safe(shown_segment(line)) + "\n" for line in lines)
+
+
+def step_header(path: Path) -> str:
+    """The line above each step's log when every log is printed (the step's name escaped like host text)."""
+    return f"==> step {terminal_safe(path.stem)} ({path.stat().st_size} bytes) <=="
+
+
+def show_logs(out: Output, run_dir: Path, step: str | None, *, raw: bool = False, list_only: bool = False) -> int:
     logs = step_logs(run_dir)
-    if step is None:
+    if step is None and list_only:
         rows = [{"step": p.stem, "bytes": p.stat().st_size, "path": str(p)} for p in logs]
         if out.json_mode:
             out.emit_json({"run": run_dir.name, "dir": str(run_dir), "logs": rows})
+            return 0
+        if not rows:
+            out.out.print(terminal_safe(f"run {run_dir.name} has no step logs (no step ran)"))
             return 0
         from rich.table import Table
 
@@ -47,6 +70,19 @@ def show_logs(out: Output, run_dir: Path, step: str | None, *, raw: bool = False
         out.out.print(t)
         out.info(f"vast-e2e logs {run_dir.name} STEP prints one")
         return 0
+    if step is None:
+        if out.json_mode:
+            out.emit_json({"run": run_dir.name, "dir": str(run_dir), "logs": [
+                {"step": p.stem, "bytes": p.stat().st_size, "path": str(p),
+                 "text": p.read_bytes().decode("utf-8", "replace")} for p in logs]})
+            return 0
+        if not logs:
+            out.info(f"run {run_dir.name} has no step logs (no step ran)")
+            return 0
+        for p in logs:
+            out.stdout.write(step_header(p) + "\n" + shown_text(p.read_bytes(), raw=raw))
+        out.stdout.flush()
+        return 0
     chosen = [p for p in logs if p.stem == step]
     if not chosen:
         raise ConfigError(f"run {run_dir.name} has no log for step {step!r} (steps: "
@@ -55,17 +91,8 @@ def show_logs(out: Output, run_dir: Path, step: str | None, *, raw: bool = False
     if out.json_mode:
         out.emit_json({"run": run_dir.name, "step": step, "path": str(chosen[0]),
                        "text": data.decode("utf-8", "replace")})
-    elif raw:
-        out.stdout.write(data.decode("utf-8", "surrogateescape"))
-        out.stdout.flush()
     else:
-        text = data.decode("utf-8", "replace")
-        # split on "\n" only: splitlines() also breaks at \v, \f, \x1c-\x1e, \x85, U+2028/9, so a host could
-        # forge lines ("✓ step ...") out of characters the console shows escaped
-        lines = text.split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
-        out.stdout.write("".join(terminal_safe(line) + "\n" for line in lines))
+        out.stdout.write(shown_text(data, raw=raw))
         out.stdout.flush()
     return 0
 

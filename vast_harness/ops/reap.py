@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 from vast_harness.caps.meter import teardown_budget_s
 from vast_harness.clock import now_s
 from vast_harness.console.output import Output
+from vast_harness.console.terminal import terminal_safe
 from vast_harness.errors import AuthError, ExitCode, VastError
 from vast_harness.evidence.run import RunEvidence
 from vast_harness.host.ssh import RUN_KEY_DIR_GLOB, run_key_dir_pid
@@ -426,18 +427,24 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
         result.reports = [r for r in result.reports if r.proof]
     if result.ok:
         _forget_dead(registry, runs, result)
-    evidence_dir = _write_evidence(spec, run_id, result, out)
+    # Nothing to delete, nothing unproven, no live run seen: no evidence directory (an empty one per reap would
+    # pile up beside the runs).
+    nothing = not result.reports and not result.not_proven and not result.unproven_ids and not result.interrupted
+    evidence_dir = None if nothing and not result.live else _write_evidence(spec, run_id, result, out)
     if out.json_mode:
         out.emit_json({"reaped": {r.instance_id: r.verdict for r in result.reports}, "unproven": result.unproven_ids,
                        "not_proven": result.not_proven, "live": [li.model_dump() for li in result.live],
                        "ledgers_read": result.ledgers_read, "key_dirs_removed": result.key_dirs_removed,
                        "evidence_dir": evidence_dir, "exit_code": _code(result)})
+    elif nothing:  # a sentence, not an empty table
+        out.out.print(terminal_safe(f"nothing to reap: no orphan in the {len(result.ledgers_read)} ledger(s) read or "
+                                    "among the account's vh- instances"))
     else:
         rows = [(r.instance_id, result.labels.get(r.instance_id, ""), len(r.deletes), r.verdict)
                 for r in result.reports]
         out.reap_report(rows, result.not_proven, ok=result.ok)
-        if result.live:
-            out.info(f"{len(result.live)} live run instance(s) left alone (see above)")
+    if result.live and not out.json_mode:
+        out.info(f"{len(result.live)} live run instance(s) left alone (see above)")
     return _code(result)
 
 

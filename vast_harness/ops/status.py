@@ -3,7 +3,10 @@ account (the v1 list), one row each: run id, profile, GPU, age, $/h, accrued $, 
 machine / elsewhere) and state (starting / running / orphan / tearing down).
 
 Ages and accrued dollars are on the API server's clock (its `Date` header against the instance's
-`start_date`), never this machine's wall clock; an orphan is what `reap` would delete (`reap.judge`).
+`start_date`), never this machine's wall clock; an orphan is what `reap` would delete (`reap.judge`). A run
+that is tearing down says so in its registration (its instances may no longer be listed), with its absence
+proof's rounds. `status --sim` reads the --sim runs' registrations only: each --sim run's instances live in its
+own embedded simulator, which no other process can reach.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from vast_harness.instance.absence import is_lingering
 from vast_harness.ops.reap import LiveInstance, judge
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.ledger import Ledger
-from vast_harness.state.registry import LABEL_PREFIX, LiveRun, RunRegistry, parse_label
+from vast_harness.state.registry import LABEL_PREFIX, LiveRun, Registration, RunRegistry, parse_label
 from vast_harness.state.runs import refuse_file_on_path
 from vast_harness.vast.client import VastClient
 
@@ -42,13 +45,17 @@ class StatusRow(BaseModel):
     why: str = ""
 
 
-def collect(spec: RunSpec, client: VastClient) -> tuple[list[StatusRow], list[str]]:
-    """The rows, and what could not be read (a failed list is said, never shown as "nothing running")."""
+def collect(spec: RunSpec, client: VastClient | None) -> tuple[list[StatusRow], list[str]]:
+    """The rows, and what could not be read (a failed list is said, never shown as "nothing running").
+    Without a client (`status --sim`) the registrations alone."""
     problems: list[str] = []
     refuse_file_on_path(spec.state_dir, "the state directory")  # else every live run here looked "elsewhere"
     registry = RunRegistry(spec.state_dir)
     runs = registry.scan()
     problems.extend(registry.skipped)
+    if client is None:
+        return [_registered_only(run, instance_id) for run_id, run in sorted(runs.items()) if run.liveness == "live"
+                for instance_id in (run.reg.instance_ids if run.reg and run.reg.instance_ids else [None])], problems
     try:
         instances = [i for i in client.list_instances() if (i.label or "").startswith(LABEL_PREFIX)]
     except AuthError:
@@ -71,6 +78,8 @@ def collect(spec: RunSpec, client: VastClient) -> tuple[list[StatusRow], list[st
                           processes=processes)
         age = server_now - inst.start_date if server_now is not None and inst.start_date is not None else None
         state = "tearing down" if is_lingering(inst) else ("orphan" if kind == "orphan" else "running")
+        if reg is not None and run is not None and run.liveness == "live" and reg.phase == "tearing down":
+            state, why = "tearing down", _proof_progress(reg)  # the run says so: deleted, being proven absent
         rows.append(StatusRow(
             run_id=run_id, instance_id=inst.id, label=inst.label, profile=reg.profile if reg else None,
             gpu=inst.gpu_name or (reg.gpu if reg else None), age_s=age, dph_usd=inst.dph_total,
@@ -79,20 +88,38 @@ def collect(spec: RunSpec, client: VastClient) -> tuple[list[StatusRow], list[st
             deadline_unix=(info.deadline_unix if info and info.deadline_unix else (reg.deadline_unix if reg else None)),
             owner="this machine" if run is not None and run.liveness in ("live", "dead") else "elsewhere",
             state=state, why=why))
-    with_instance = {r.run_id for r in rows}
+    listed = {(r.run_id, r.instance_id) for r in rows}
     for run_id, run in sorted(runs.items()):
-        if run_id in with_instance or run.liveness != "live":
+        if run.liveness != "live":
             continue
-        rows.append(_registered_only(run))
+        # A live run's instances the list does not show: not listed yet, or deleted and being proven absent.
+        ids = run.reg.instance_ids if run.reg and run.reg.instance_ids else []
+        rows.extend(_registered_only(run, i) for i in ids if (run_id, i) not in listed)
+        if not ids and not any(r[0] == run_id for r in listed):
+            rows.append(_registered_only(run, None))
     return rows, problems
 
 
-def _registered_only(run: LiveRun) -> StatusRow:
+def _proof_progress(reg: Registration) -> str:
+    if not reg.proof_rounds:
+        return "deleting; absence proof not started"
+    return f"absence proof round {reg.proof_rounds} (last round: {reg.last_round or '?'})"
+
+
+def _registered_only(run: LiveRun, instance_id: int | None) -> StatusRow:
     reg = run.reg
-    return StatusRow(run_id=run.run_id, profile=reg.profile if reg else None, gpu=reg.gpu if reg else None,
+    tearing_down = reg is not None and reg.phase == "tearing down"
+    if tearing_down and reg is not None:
+        why = _proof_progress(reg)
+    elif instance_id is not None:
+        why = "rented; not listed yet (reads lag creates)"
+    else:
+        why = "registered; no instance rented yet"
+    return StatusRow(run_id=run.run_id, instance_id=instance_id, profile=reg.profile if reg else None,
+                     gpu=reg.gpu if reg else None,
                      max_usd=reg.max_usd if reg else None, max_minutes=reg.max_minutes if reg else None,
-                     deadline_unix=reg.deadline_unix if reg else None, owner="this machine", state="starting",
-                     why="registered; no instance listed yet")
+                     deadline_unix=reg.deadline_unix if reg else None, owner="this machine",
+                     state="tearing down" if tearing_down else "starting", why=why)
 
 
 def _when(t: float | None) -> str:
@@ -103,15 +130,19 @@ def _money(v: float | None, digits: int = 4) -> str:
     return f"{v:.{digits}f}" if v is not None else "?"
 
 
-def show_status(spec: RunSpec, client: VastClient, out: Output) -> int:
+def show_status(spec: RunSpec, client: VastClient | None, out: Output) -> int:
     rows, problems = collect(spec, client)
     if out.json_mode:
         out.emit_json({"rows": [r.model_dump() for r in rows], "problems": problems,
-                       "server_clock": client.server_clock.now(), "state_dir": str(spec.state_dir)})
+                       "server_clock": client.server_clock.now() if client else None, "state_dir": str(spec.state_dir)})
+    elif not rows:  # a sentence, not an empty table; what could not be read is said below
+        if not problems:
+            where = "no --sim run" if client is None else "no run of this user and no vh- instance on the account"
+            out.out.print(terminal_safe(f"nothing live: {where} (state dir {spec.state_dir})"))
     else:
         t = Table(title=f"vast-harness status ({len(rows)} row(s); state dir {spec.state_dir})", header_style="bold")
         for col in ("run", "instance", "profile", "GPU", "age", "$/h", "accrued $", "caps", "deadline", "owner",
-                    "state"):
+                    "state", "why"):
             t.add_column(col, overflow="fold")
         for r in rows:
             caps = f"${r.max_usd:g} / {r.max_minutes:g} min" if r.max_usd is not None and r.max_minutes else "?"
@@ -120,8 +151,9 @@ def show_status(spec: RunSpec, client: VastClient, out: Output) -> int:
             t.add_row(*safe_cells(r.run_id or "?", str(r.instance_id or "-"), r.profile or "?", r.gpu or "?",
                                   f"{r.age_s:.0f} s" if r.age_s is not None else "?", _money(r.dph_usd),
                                   _money(r.accrued_usd), caps, _when(r.deadline_unix), r.owner),
-                      safe_text(r.state, style=style))
+                      safe_text(r.state, style=style), safe_text(r.why))
         out.out.print(t)
+    if not out.json_mode:
         for p in problems:
             out.warn(p)
     return ExitCode.FAILED if problems else ExitCode.PASSED

@@ -142,6 +142,8 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
                 raise error(f"{what} taken or refused before it could be rented ({outcome.why})")
             continue
         inst = outcome.instance
+        if s.registration is not None:  # `status` names the instance while reads may not list it yet
+            s.registration.update(instance_ids=sorted({*s.registration.reg.instance_ids, inst.instance_id}))
         try:
             if inst.status == "created_with_error":
                 raise BootFailed(f"create answered an error but created instance {inst.instance_id} "
@@ -180,6 +182,8 @@ def _after_failed_boot(t: RunTools, s: RunState, inst: CreatedInstance, exc: Exc
         raise TeardownUnproven(
             f"instance {inst.instance_id} did not come up ({exc}) and its teardown is not proven "
             f"({report.verdict}); no further offer is rented while it may still bill") from None
+    if s.registration is not None:  # proven gone: `status` no longer names it
+        s.registration.update(instance_ids=[i for i in s.registration.reg.instance_ids if i != inst.instance_id])
     if inst.machine_id is not None:
         t.book.excluded_machines.add(inst.machine_id)
     boots_left -= 1
@@ -207,7 +211,8 @@ def create_one(t: RunTools, s: RunState, cand: Candidate, label: str) -> CreateO
     try:
         outcome = create(t.client, t.ledger, run_id=s.run_id, offer_id=cand.offer.id,
                          request=request, lag_wait_s=max(spec.poll_s, 0.2),
-                         lag_window_s=s.read_lag_window_s, clock=t.clock, on_named=t.cap_guard.note)
+                         lag_window_s=s.read_lag_window_s, clock=t.clock, on_named=t.cap_guard.note,
+                         dph_usd=cand.quote.dph_at_disk_usd)
     except LedgerWriteError as exc:  # the intent never reached the disk, so no PUT was sent: nothing to look for
         book.withdraw(label)
         raise LedgerWriteError(f"{exc}: the create was not sent, nothing was rented") from None

@@ -7,6 +7,7 @@ decides the exit code: 3 beats everything when any instance is not proven gone.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,15 @@ from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.ledger import new_run_id
 from vast_harness.vast.client import VastClient
 
+REFUSED_CODES = (ExitCode.BAD_INPUT, ExitCode.NO_OFFER)  # refused before renting: nothing was
+
+
+def discard_run_dir(run_dir: Path) -> bool:
+    """Remove the directory this run made for itself (named by its fresh run id, so nobody else's); True when
+    it is gone."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return not run_dir.exists()
+
 
 class HarnessResult(BaseModel):
     run_id: str
@@ -52,8 +62,12 @@ class GuardedRun:
                  run_id: str | None = None, clock: Clock = now_s,
                  host_work: type[HostWork] = HostWork,
                  on_created: Callable[[CreatedInstance], None] | None = None,
-                 around_boot: AroundBoot | None = None) -> None:
+                 around_boot: AroundBoot | None = None, discard_if_refused: bool = False) -> None:
+        """`discard_if_refused` (the command line's single run): a run refused before any create was sent
+        (exit 2 or 5) leaves no evidence directory, report or steps table, only its message: `logs` and
+        `costs` list runs that rented (or tried to)."""
         self.spec = spec
+        self.discard_if_refused = discard_if_refused
         self.state: RunState = new_state(spec, run_id or new_run_id())
         self.tools: RunTools = build_tools(spec, client, drivers, out, self.state, clock=clock,
                                            host_work=host_work, on_created=on_created, around_boot=around_boot)
@@ -106,6 +120,13 @@ class GuardedRun:
         s.stage = Stage.VERDICT
         outcome = with_guard(code, message, t.cap_guard.fired_reason, after_outcome=True)  # fired in the prelude?
         code, message = decide_exit(*outcome, exit_facts(t))  # the run's own outcome, then what teardown says
+        if self.discard_if_refused and code in REFUSED_CODES and not t.book.attempts and not t.book.created:
+            t.phases.end()
+            t.out.stop_view()
+            if not discard_run_dir(t.ev.dir):
+                t.out.warn(f"could not remove {t.ev.dir}, the evidence directory of a run that rented nothing")
+            t.out.refused(s.run_id, code, message)
+            return code, message
         t.phases.end()
         s.timings["total_s"] = round(t.clock() - t.meter.t0, 3)
         t.ev.write_result(build_record(t, s, code, message), t.book.teardowns, t.spec.proof_interval_s)
@@ -160,4 +181,4 @@ class GuardedRun:
 
 
 def run_guarded(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output) -> HarnessResult:
-    return GuardedRun(spec, client, drivers, out).execute()
+    return GuardedRun(spec, client, drivers, out, discard_if_refused=True).execute()

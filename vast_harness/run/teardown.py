@@ -13,7 +13,7 @@ import time
 from vast_harness.errors import ExitCode, VastError
 from vast_harness.host.deadman import read_log
 from vast_harness.instance.lifecycle import find_by_label, teardown_instance
-from vast_harness.records import CreatedInstance, DeleteAck, InstanceTeardown
+from vast_harness.records import CreatedInstance, DeleteAck, InstanceTeardown, ProofRound
 from vast_harness.run.state import RunState, RunTools, Stage, signalled
 
 DEADMAN_LOG_READ_S = 3.0  # reading the switch's log back at teardown: brief, DELETE comes next
@@ -70,6 +70,8 @@ def delete_all(t: RunTools, s: RunState, t_last_step_end: float) -> None:
     t.phases.start("teardown")
     if t.book.created:
         t.out.info("tearing down: deleting every instance of this run and proving it absent…")
+    if s.registration is not None:  # a second terminal's `status` says so, with the instances and proof rounds
+        s.registration.update(phase="tearing down", instance_ids=sorted(i.instance_id for i in t.book.created))
     for inst in t.book.pending():
         report = teardown_one(t, s, inst)
         acks = [d.t_ack_mono for d in report.deletes if d.acknowledged and d.t_ack_mono]
@@ -95,7 +97,8 @@ def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTea
                                lag_window_s=s.read_lag_window_s, seen=inst.seen, clock=t.clock,
                                land_by_mono=t.meter.hard_deadline(),
                                while_deleting=lambda: t.reads.watch_while_deleting(inst),
-                               first_ack=guard_ack, on_ack=lambda ack: stop_billing_at(t, inst, ack))
+                               first_ack=guard_ack, on_ack=lambda ack: stop_billing_at(t, inst, ack),
+                               on_round=lambda r: _round_seen(s, r))
     seen_before, inst.seen = inst.seen, report.seen
     acks = [d for d in report.deletes if d.acknowledged]
     ours = [d for d in acks if d.outcome == "deleted"]  # a DELETE of ours that deleted it
@@ -117,6 +120,12 @@ def stop_billing_at(t: RunTools, inst: CreatedInstance, ack: DeleteAck) -> None:
     (an answer of "already gone" waits: a later DELETE of ours may be the one that deleted it)."""
     if ack.outcome == "deleted" and ack.t_ack_mono is not None:
         t.meter.stop_instance(inst.instance_id, ack.t_ack_mono)
+
+
+def _round_seen(s: RunState, r: ProofRound) -> None:
+    """An absence-proof round, into the registration: `status` shows the proof's progress from elsewhere."""
+    if s.registration is not None:
+        s.registration.update(proof_rounds=s.registration.reg.proof_rounds + 1, last_round=r.verdict)
 
 
 def sweep_labels(t: RunTools, s: RunState) -> None:

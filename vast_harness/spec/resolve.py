@@ -65,8 +65,10 @@ class RunSpec(BaseModel):
     profile: HarnessProfile
     filters: Filters
     caps: Caps
+    # Where caps.max_usd came from, as a message names it: "--max-usd", "max_usd (config file)", "profile smoke"
+    max_usd_source: str = "--max-usd"
     remote_env: dict[str, str]  # settings: shown and stored as given
-    remote_secrets: dict[str, SecretStr] = Field(default_factory=dict)  # masked everywhere, never stored
+    remote_secrets: dict[str, SecretStr] = Field(default_factory=dict)  # masked everywhere; stored by name only
     api_url: str
     api_key: SecretStr | None  # None with --sim until the embedded simulator is up
     dry_run: bool = False
@@ -190,6 +192,7 @@ def resolve(
     environ: Mapping[str, str] | None = None,
     profiles_dir: Path = PROFILES_DIR,
     on_unwritable: Callable[[str], None] | None = None,
+    no_key_hint: str | None = None,
 ) -> RunSpec:
     """Flags > environment (VAST_API_KEY, VAST_URL) > the user's config file > profile, validated. Raises
     ConfigError naming the offending flag or field. `environ` and `profiles_dir` say where to read (default:
@@ -218,6 +221,11 @@ def resolve(
         raise ConfigError("--unqualified-ok only applies with --any-driver (without it no run passes on an "
                           "unqualified driver)")
     max_usd = o.max_usd if o.max_usd is not None else user.max_usd
+    max_usd_source = ("--max-usd" if o.max_usd is not None else "max_usd (config file)" if user.max_usd is not None
+                      else f"profile {prof.name}")
+    if o.eight_gpu_qualified and o.num_gpus is not None and o.num_gpus != 8:
+        raise ConfigError(f"--eight-gpu-qualified rents 8 GPUs; --num-gpus {o.num_gpus} contradicts it: give one of "
+                          "them")
     max_minutes = o.max_minutes if o.max_minutes is not None else user.max_minutes
     ev_source = "--evidence-dir" if o.evidence_dir is not None else "evidence_dir (config file)"
     evidence_given = o.evidence_dir if o.evidence_dir is not None else user.evidence_dir
@@ -257,7 +265,7 @@ def resolve(
     given_env = parse_remote_env(o.remote_env or [])
     secret_file = path_flag("--remote-secret-file", o.remote_secret_file)
     secrets = read_secret_file(secret_file) if secret_file is not None else {}
-    secrets.update(parse_remote_env(o.remote_secret or [], flag="--remote-secret", environ=environ))
+    secrets.update(parse_remote_env(o.remote_secret or [], flag="--remote-secret", environ=environ, secret=True))
     # `{num_gpus}` follows --num-gpus / --eight-gpu-qualified (the mfu sweep's world sizes); --remote-env wins;
     # a secret named like one of the profile's settings replaces it (a flag given twice is refused below)
     profile_env = {k: v.replace(NUM_GPUS_PLACEHOLDER, str(filters.num_gpus)) for k, v in prof.remote_env.items()}
@@ -286,7 +294,8 @@ def resolve(
         prof = with_image_expect(prof, override)
     elif o.image_expect_ack:
         raise ConfigError("--image-expect-ack acknowledges an --image-expect override; none was given")
-    key = None if o.sim else read_api_key(key_file, environ, path_flag("key_file (config file)", user.key_file))
+    key = None if o.sim else read_api_key(key_file, environ, path_flag("key_file (config file)", user.key_file),
+                                          **({"hint": no_key_hint} if no_key_hint else {}))
     # --sim runs keep their own state: the embedded simulator's account dies with the process, so its ledger
     # lines must never make a reap of the real account exit 3.
     state = (o.state_dir or (user_state_dir(environ) / SIM_SUBDIR if o.sim else user_state_dir(environ))).expanduser()
@@ -318,6 +327,7 @@ def resolve(
             profile=prof,
             filters=filters,
             caps=caps,
+            max_usd_source=max_usd_source,
             remote_env=env,
             remote_secrets={k: SecretStr(v) for k, v in secrets.items()},
             api_url=url,

@@ -68,10 +68,16 @@ class UserConfig(StrictModel):
             raise ConfigError(validation_message(str(path), exc)) from None
 
 
+# What a missing key's message suggests besides a key: --sim for the commands that take it (spec.resolve is told
+# otherwise by those that do not, so no hint names a flag its command refuses).
+NO_KEY_HINT = "or use --sim"
+
+
 def read_api_key(key_file: Path | None, environ: Mapping[str, str] | None = None,
-                 config_key_file: Path | None = None) -> SecretStr:
+                 config_key_file: Path | None = None, *, hint: str = NO_KEY_HINT) -> SecretStr:
     """The key from --key-file, VAST_API_KEY, the config file's key_file, or the official CLI's key file
-    (in that order); every file is refused when group/world readable."""
+    (in that order); every file is refused when group/world readable. `hint`: the message's last words when
+    there is none."""
     environ = os.environ if environ is None else environ
     if key_file is None and not environ.get("VAST_API_KEY", "").strip():
         home = config_home(environ)
@@ -85,7 +91,7 @@ def read_api_key(key_file: Path | None, environ: Mapping[str, str] | None = None
     key = environ.get("VAST_API_KEY", "").strip()
     if not key:
         raise ConfigError("no API key: pass --key-file PATH (chmod 600), set VAST_API_KEY, or run `vastai set "
-                          "api-key` (read from ~/.config/vastai/vast_api_key) (or use --sim)")
+                          f"api-key` (read from ~/.config/vastai/vast_api_key) ({hint})")
     return _checked_key(key, "VAST_API_KEY")
 
 

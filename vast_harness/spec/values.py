@@ -54,15 +54,16 @@ def env_value(flag: str, key: str, value: str) -> str:
 
 
 def parse_remote_env(items: list[str], flag: str = "--remote-env",
-                     environ: Mapping[str, str] | None = None) -> dict[str, str]:
+                     environ: Mapping[str, str] | None = None, *, secret: bool = False) -> dict[str, str]:
     """`KEY=VALUE` pairs from a repeated flag. With `environ` (--remote-secret) a bare `KEY` takes the local
     environment's value, as SkyPilot's `--secret KEY` does. A malformed item is a ConfigError naming it; a
-    secret's value never appears in a message."""
+    `secret`'s value never appears in a message, nor a malformed key of one (it may be a pasted value), while
+    a setting's malformed key is shown (quoted, escaped), so the user sees what was wrong with it."""
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not ENV_KEY_RE.match(key) or (not sep and environ is None):
-            shown = key if ENV_KEY_RE.match(key) else "<malformed>"
+            shown = key if ENV_KEY_RE.match(key) else "<malformed>" if secret else repr(key)
             raise ConfigError(f"{flag}: expected KEY=VALUE with KEY like [A-Za-z_][A-Za-z0-9_]*, got {shown}=...")
         if not sep:
             assert environ is not None
@@ -86,7 +87,7 @@ def read_secret_file(path: Path) -> dict[str, str]:
     for n, item in enumerate(items, 1):
         if "=" not in item:
             raise ConfigError(f"{where}: entry {n} is not KEY=VALUE")
-    return parse_remote_env(items, flag=where)
+    return parse_remote_env(items, flag=where, secret=True)
 
 
 def mask_env(env: Mapping[str, object]) -> dict[str, str]:

@@ -101,6 +101,11 @@ class LedgerEntry(BaseModel):
     host: str | None = None
     pid: int | None = None
     pid_start: str | None = None
+    # Where the run's evidence is (its directory), so `costs`, `logs` and `report` find its record wherever it
+    # was written; and the quoted $/h on a create's intent, so a run killed before its record still gets an
+    # estimated cost. Absent on lines written before they were recorded.
+    evidence: str | None = None
+    dph_usd: float | None = None
 
     @property
     def process(self) -> ProcessId | None:
@@ -124,6 +129,7 @@ class EntryFields(TypedDict, total=False):
     detail: str | None
     api_url: str | None
     account: str | None
+    dph_usd: float | None
 
 
 class BadLine(BaseModel):
@@ -143,19 +149,21 @@ class LedgerView(BaseModel):
 
 class Ledger:
     def __init__(self, path: Path, target: LedgerTarget | None = None,
-                 server_clock: Callable[[], float | None] | None = None) -> None:
+                 server_clock: Callable[[], float | None] | None = None, *, evidence_dir: Path | None = None) -> None:
         self.path = path
         self.target = target
         self.server_clock = server_clock
+        self.evidence_dir = evidence_dir  # stamped on every line: where the writing run's record will be
         self.bad_lines: list[BadLine] = []  # from the last read
         self.write_failures: list[str] = []  # best-effort lines that did not reach the disk
         # No directory is made here: a reader (status, costs, a reap's look) must leave the disk as it found it.
 
     @classmethod
-    def for_spec(cls, spec: LedgerSpec, server_clock: Callable[[], float | None] | None = None) -> Ledger:
+    def for_spec(cls, spec: LedgerSpec, server_clock: Callable[[], float | None] | None = None, *,
+                 evidence_dir: Path | None = None) -> Ledger:
         """The ledger of `spec`'s state dir, stamping every line with the spec's API and account (and the
-        server's time, from `server_clock`)."""
-        return cls(spec.state_dir / LEDGER_FILE, target_of(spec), server_clock)
+        server's time, from `server_clock`; the run's evidence directory, `evidence_dir`)."""
+        return cls(spec.state_dir / LEDGER_FILE, target_of(spec), server_clock, evidence_dir=evidence_dir)
 
     # ------------------------------------------------------------------------------------ writing
     def append(self, run_id: str, event: Event, label: str, **fields: Unpack[EntryFields]) -> LedgerEntry:
@@ -165,6 +173,8 @@ class Ledger:
         server_now = self.server_clock() if self.server_clock is not None else None
         if server_now is not None:
             data.setdefault("server_unix", round(server_now, 3))
+        if self.evidence_dir is not None:
+            data.setdefault("evidence", str(self.evidence_dir))
         me = this_process()
         data = {"host": me.host, "pid": me.pid, "pid_start": me.start, **data}
         entry = LedgerEntry(t_unix=time.time(), run_id=run_id, event=event, label=label, **data)

@@ -105,6 +105,11 @@ class Registration(BaseModel):
     labels: list[str] = []
     instance_ids: list[int] = []
     pid_start: str | None = None  # the pid's start time (state/process.py); filled in by the run itself
+    # What a second terminal's `status` shows while the run tears down (its instances may no longer be listed):
+    # the phase, and the absence proof's rounds so far with the last round's verdict.
+    phase: Literal["running", "tearing down"] = "running"
+    proof_rounds: int = 0
+    last_round: str | None = None
 
     @model_validator(mode="after")
     def _own_start(self) -> Registration:

@@ -1,7 +1,8 @@
 """The runs an evidence directory holds (its own and its fleets'), found by id, unique part of an id, or path;
-and its fleets, found the same way.
+and, past that directory, wherever the ledger says a run's evidence is (each line names it) or the state
+directory keeps it (the default before a config file's `evidence_dir` moved new runs elsewhere).
 
-Used by `vast-e2e report`, `logs` and `costs`, which read evidence and call no API. Standard library only.
+Used by `vast-e2e report`, `logs` and `costs`, which read evidence and call no API.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from vast_harness.errors import ConfigError
 from vast_harness.state.dirs import SIM_SUBDIR, state_dir
+from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 RESULT_NAME = "harness-result.json"
 
@@ -70,6 +72,29 @@ def find_fleet(evidence_dir: Path, ref: str) -> Path | None:
                       "the id")
 
 
+def ledger_files(evidence_dir: Path) -> list[Path]:
+    """The ledgers that name runs: the state dir's and its --sim part's; an evidence dir may hold an older one."""
+    homes = [evidence_dir, evidence_dir / SIM_SUBDIR, state_dir(), state_dir() / SIM_SUBDIR]
+    return list(dict.fromkeys(h / LEDGER_FILE for h in homes if (h / LEDGER_FILE).is_file()))
+
+
+def runs_elsewhere(evidence_dir: Path, ledgers: list[Path] | None = None) -> dict[str, Path]:
+    """Run directories outside `evidence_dir`, by run id: where the ledgers' lines say each run's evidence is,
+    then the state directory's own runs (older lines name no directory)."""
+    found: dict[str, Path] = {}
+    for path in ledger_files(evidence_dir) if ledgers is None else ledgers:
+        for e in Ledger(path).entries():
+            if e.evidence and e.run_id not in found:
+                where = Path(e.evidence)
+                if where.name == e.run_id and _is_run(where):
+                    found[e.run_id] = where
+    if state_dir().expanduser() != evidence_dir:
+        for p in run_dirs(state_dir().expanduser()):
+            found.setdefault(p.name, p)
+    mine = evidence_dir.resolve() if evidence_dir.exists() else evidence_dir
+    return {rid: p for rid, p in found.items() if mine not in p.resolve().parents}
+
+
 def _is_run(path: Path) -> bool:
     return (path / RESULT_NAME).is_file() or (path / "steps").is_dir()
 
@@ -84,6 +109,16 @@ def refuse_file_on_path(path: Path, what: str) -> None:
             return
 
 
+def latest_run(evidence_dir: Path) -> Path:
+    """The newest run (run ids start with their UTC time); exit 2 naming the directory when there is none."""
+    refuse_file_on_path(evidence_dir, "the evidence directory")
+    runs = run_dirs(evidence_dir)
+    if not runs:
+        raise ConfigError(f"no run in {evidence_dir} yet; give a run id or the run's directory (--evidence-dir "
+                          "to look elsewhere)")
+    return max(runs, key=lambda p: p.name)
+
+
 def find_run(evidence_dir: Path, ref: str) -> Path:
     """A run by path, by id, or by a part of its id that names exactly one run; else exit 2 naming why."""
     given = Path(ref).expanduser()
@@ -91,6 +126,8 @@ def find_run(evidence_dir: Path, ref: str) -> Path:
         return given
     refuse_file_on_path(evidence_dir, "the evidence directory")
     runs = run_dirs(evidence_dir)
+    if not any(ref and ref in p.name for p in runs):  # not here: where the ledger or the state dir has it
+        runs = sorted(runs_elsewhere(evidence_dir).values(), key=lambda p: p.name)
     exact = [p for p in runs if p.name == ref]
     if exact:
         return exact[0]

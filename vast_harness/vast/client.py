@@ -43,6 +43,7 @@ from vast_harness.errors import (
     ApiStatusError,
     AuthError,
     ConfigError,
+    ConnectionRefused,
     EndpointDeprecated,
     NotFoundError,
     OfferUnavailable,
@@ -212,6 +213,18 @@ def _status_class(path: str, status: int, error: str | None, msg: str | None) ->
     return ApiStatusError
 
 
+def _refused(exc: BaseException) -> bool:
+    """Whether httpx's error comes from a refused connection (ECONNREFUSED somewhere down its chain)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ConnectionRefusedError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return isinstance(exc, httpx.ConnectError) and "refused" in str(exc).lower()
+
+
 # ------------------------------------------------------------------------------------------ the client
 
 
@@ -232,9 +245,13 @@ class VastClient:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = now_s,
         on_retry: Callable[[str], None] | None = None,
+        refused_attempts: int | None = None,
     ) -> None:
         """`on_retry(line)`: told before each retry's wait (an interactive command shows it, so a minute of
-        retrying an unreachable API is not a silent minute)."""
+        retrying an unreachable API is not a silent minute); a 429 is told once (the account's limits are shared
+        with its other clients, a live run's included: each 429 after the first is retried without a word).
+        `refused_attempts`: a refused connection (nothing listens) is tried this often, then raised at once
+        (the read-only commands: 2); None: retried like any transport error (a run's DELETE must persevere)."""
         self._key = _validated_key(api_key)
         self.base_url = validate_api_url(base_url, "base_url")
         if pacing_scale < 0:
@@ -251,6 +268,8 @@ class VastClient:
         self._sleep = sleep
         self._clock = clock
         self._on_retry = on_retry
+        self._refused_attempts = refused_attempts
+        self._said_rate_limited = False
         self._pacer_scale = pacing_scale
         self._pacer = Pacer(scale=pacing_scale, clock=clock, sleep=sleep)
         self._stats = CallStats()
@@ -476,6 +495,11 @@ class VastClient:
                 if not isinstance(exc, httpx.RequestError):
                     raise
                 detail = _redact(f"{type(exc).__name__}: {exc}", self._key)
+                if _refused(exc):
+                    raise ConnectionRefused(
+                        f"{method} {path}: connection refused by {self.base_url} ({detail}): nothing listens there "
+                        "(check --api-url / VAST_URL; the simulator on its own is `python -m vast_harness.sim`, "
+                        "then --api-url with the URL it prints)", method=method, path=path) from exc
                 raise TransportError(f"{method} {path}: {detail}", method=method, path=path) from exc
         if reply.status_code == 429:
             with self._stats_lock:
@@ -572,6 +596,10 @@ class VastClient:
             return w
 
         def stop(state: RetryCallState) -> bool:
+            failed = state.outcome.exception() if state.outcome else None
+            if (isinstance(failed, ConnectionRefused) and self._refused_attempts is not None
+                    and state.attempt_number >= self._refused_attempts):
+                return True
             if state.attempt_number < min_attempts:
                 return False
             return self._clock() - start + state.upcoming_sleep > bound_s
@@ -585,6 +613,16 @@ class VastClient:
                 left_s = max(0.0, bound_s - (self._clock() - start))
                 why = describe(outcome)
                 why = why if what in why else f"{what}: {why}"  # most typed errors already name the call
+                if isinstance(outcome, RateLimitError):
+                    if self._said_rate_limited:
+                        return
+                    self._said_rate_limited = True
+                    why += (" (the account's rate limits are shared with its other clients, a live run's "
+                            "included; further 429s are retried without a word)")
+                if isinstance(outcome, ConnectionRefused) and self._refused_attempts is not None:
+                    left_n = self._refused_attempts - state.attempt_number
+                    self._on_retry(f"{why}; trying {left_n} more time(s) in {state.upcoming_sleep:.0f} s")
+                    return
                 self._on_retry(f"{why}; retrying in {state.upcoming_sleep:.0f} s (giving up in {left_s:.0f} s)")
 
         return iter(

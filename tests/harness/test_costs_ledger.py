@@ -1,0 +1,125 @@
+"""`costs`, `logs` and `report` follow the ledger, not one directory (issue 34, item 2): a run recorded before
+the config file moved `evidence_dir` is still found with its dollars, a run whose ledger lines name its
+evidence directory is found from any other, and a run killed with -9 and reaped gets an estimated cost
+(create to DELETE at its quoted price), marked estimated, never $0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vast_harness.ops.costs import estimate_usd
+from vast_harness.state.ledger import Ledger, LedgerEntry
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = str(ROOT / "scripts" / "vast_e2e.py")
+SCALE = 0.01
+KEY = "sim-costs-key"
+SIM_OPTIONS = dict(seed=35, rate_scale=SCALE, boot_seconds=0.1, num_offers=200)
+
+
+def env_for(home: Path, **extra: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {
+        "HOME": str(home), "VAST_HARNESS_HOME": str(home / "state"), "XDG_CONFIG_HOME": str(home / "config")} | extra
+
+
+def cli(home: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120,
+                          env=env_for(home, **extra), cwd=home)
+
+
+def record(run_dir: Path, accrued_usd: float) -> None:
+    (run_dir / "steps").mkdir(parents=True)
+    (run_dir / "steps" / "s.log").write_text("hello from s\n")
+    (run_dir / "steps.tsv").write_text("s\t0\n")
+    (run_dir / "harness-result.json").write_text(json.dumps({
+        "run_id": run_dir.name, "exit_code": 0, "accrued_usd": accrued_usd, "profile": "smoke",
+        "api_url": "https://console.vast.ai", "instances": [{"instance_id": 5}]}))
+
+
+def ledger_lines(ledger: Ledger, run_id: str, instance_id: int) -> None:
+    ledger.append(run_id, "intent", f"vh-{run_id}", offer_id=1, api_url="https://console.vast.ai", account="a")
+    ledger.append(run_id, "created", f"vh-{run_id}", offer_id=1, instance_id=instance_id,
+                  api_url="https://console.vast.ai", account="a")
+
+
+def test_costs_logs_and_report_find_records_the_config_moved_away_from(tmp_path):
+    state = tmp_path / "state"
+    old = "20260101T000000Z-0a0a0a"  # recorded in the state dir, before the config file set evidence_dir
+    record(state / old, 0.25)
+    ledger_lines(Ledger(state / "ledger.jsonl"), old, 5)
+    moved = tmp_path / "ev"
+    (tmp_path / "config" / "vast-harness").mkdir(parents=True)
+    (tmp_path / "config" / "vast-harness" / "config.toml").write_text(f'evidence_dir = "{moved}"\n')
+    new = "20260102T000000Z-0b0b0b"  # recorded in the config's evidence_dir; its lines name where
+    record(moved / new, 0.5)
+    ledger_lines(Ledger(state / "ledger.jsonl", evidence_dir=moved / new), new, 6)
+    done = cli(tmp_path, "costs", "--json")
+    assert done.returncode == 0, done.stderr
+    runs = {r["run_id"]: r for r in json.loads(done.stdout)["runs"]}
+    assert runs[old]["accrued_usd"] == 0.25 and runs[new]["accrued_usd"] == 0.5  # neither "unrecorded"
+    assert json.loads(done.stdout)["total"]["real"]["unrecorded_runs"] == 0
+    assert cli(tmp_path, "logs", old).stdout.endswith("hello from s\n")
+    # from a third directory, the ledger's line names where the newer run is
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    shown = cli(tmp_path, "logs", new, "s", "--evidence-dir", str(other))
+    assert shown.returncode == 0 and shown.stdout == "hello from s\n", shown.stderr
+    rebuilt = cli(tmp_path, "report", old[-6:])
+    assert rebuilt.returncode == 0 and rebuilt.stdout.strip() == str(state / old / "report.html"), rebuilt.stderr
+
+
+def line(t: float, run_id: str, event: str, **kw: object) -> LedgerEntry:
+    return LedgerEntry.model_validate({"t_unix": t, "run_id": run_id, "event": event, "label": "vh-x"} | kw)
+
+
+def test_estimate_is_create_to_delete_at_the_quoted_price_or_none():
+    lines = [line(0, "r", "intent", offer_id=1, dph_usd=0.36), line(10, "r", "created", instance_id=9),
+             line(3610, "reap-x", "delete_ack", instance_id=9), line(3620, "reap-x", "absence", instance_id=9,
+                                                                     verdict="gone")]
+    assert estimate_usd(lines) == pytest.approx(0.36)
+    assert estimate_usd(lines[:2]) is None  # never deleted: not an estimate, unrecorded
+    assert estimate_usd([line(0, "r", "intent", offer_id=1), *lines[1:]]) is None  # no price quoted
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_9_and_reaped_gets_an_estimated_cost(clean_sim, tmp_path):
+    env = env_for(tmp_path, VAST_API_KEY=KEY)
+    steps = ('[[steps]]\nname = "wait"\nrun = "sleep 60"\ntimeout_s = 120\nworkload = false\n')
+    text = (ROOT / "profiles" / "harness" / "smoke.toml").read_text()
+    (tmp_path / "p.toml").write_text(text[: text.index("[[steps]]")] + steps)
+    run = subprocess.Popen([sys.executable, SCRIPT, "--profile", "p.toml", "--api-url", clean_sim.url,
+                            "--pacing-scale", str(SCALE), "--poll-interval", "0.1"], cwd=tmp_path, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 90
+        while not list((tmp_path / "state").glob("2*/steps/wait.log")) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert list((tmp_path / "state").glob("2*/steps/wait.log")), "the step never started"
+        time.sleep(1.0)
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    reaped = subprocess.run([sys.executable, SCRIPT, "reap", "--api-url", clean_sim.url, "--pacing-scale",
+                             str(SCALE), "--proof-interval", "0.2"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert reaped.returncode == 0, reaped.stdout + reaped.stderr
+    billed = next(i for i in clean_sim.state()["instances"] if str(i["label"]).startswith("vh-"))
+    done = cli(tmp_path, "costs", "--json")
+    data = json.loads(done.stdout)
+    killed = [r for r in data["runs"] if billed["id"] in r["instances"]]
+    assert len(killed) == 1 and killed[0]["estimated"] is True, data["runs"]
+    # the estimate spans create to DELETE at the quoted price: at least what the simulator billed for the time
+    assert killed[0]["accrued_usd"] == pytest.approx(billed["billed_usd"], rel=0.5) and killed[0]["accrued_usd"] > 0
+    human = cli(tmp_path, "costs").stdout
+    assert "(estimated)" in human and "unrecorded" not in human.split("Per day")[0]

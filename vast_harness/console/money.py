@@ -1,0 +1,15 @@
+"""Dollars as the harness prints them in a sentence: whole cents with two decimals, anything finer with four
+(as the accrued figures are printed everywhere), so that a comparison never reads "$0.01 > $0.01"
+(0.0128 against a 0.01 cap) nor a sub-cent cap "$0.00"."""
+
+from __future__ import annotations
+
+import math
+
+
+def usd(value: float) -> str:
+    """`$3.00`, `$0.05`, `$0.0128`, `$0.0010`; a value that is not a finite number is shown as it is."""
+    if not math.isfinite(value):
+        return f"${value}"
+    cents = value * 100
+    return f"${value:.2f}" if abs(cents - round(cents)) < 1e-6 else f"${value:.4f}"
