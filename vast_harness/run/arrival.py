@@ -1,0 +1,42 @@
+"""The arrival check: after SSH and before any workload minute, the host's GPUs, driver and CUDA are read
+(host/gpu_probe.py) and compared with the offer and the profile's `[requires]` (host/gpu_match.py).
+
+A host that differs, or whose answer cannot be read, raises GpuMismatch, a BootFailed: the rent loop deletes
+it, proves it gone, excludes its machine and tries the next offer within --boot-retries (run/rent.py).
+"""
+
+from __future__ import annotations
+
+from vast_harness.errors import GpuMismatch
+from vast_harness.host.gpu_match import Offered, mismatches
+from vast_harness.host.gpu_probe import READ_TIMEOUT_S, read_gpus
+from vast_harness.host.ssh import HostSession
+from vast_harness.records import CreatedInstance, HostGpus
+from vast_harness.run.state import RunState, RunTools
+from vast_harness.vast.models import Offer
+
+
+def offered(offer: Offer) -> Offered:
+    return Offered(gpu_name=offer.gpu_name, num_gpus=offer.num_gpus, gpu_ram_mib=offer.gpu_ram_mb,
+                   driver_version=offer.driver_version, cuda_max_good=offer.cuda_max_good,
+                   compute_cap=offer.compute_cap)
+
+
+def check_arrival(t: RunTools, s: RunState, inst: CreatedInstance, offer: Offer, session: HostSession, *,
+                  deadline: float) -> HostGpus:
+    """The host's GPUs if they are the offer's; else GpuMismatch naming both sides (and recorded in the run)."""
+    t.phases.start("gpu-check")
+    read = read_gpus(session, timeout_s=min(READ_TIMEOUT_S, max(1.0, deadline - t.clock())))
+    said = offered(offer)
+    found = [*read.problems, *mismatches(said, read.gpus, read.cuda_version, requires=t.spec.profile.requires,
+                                         image_cuda=t.spec.profile.image_cuda)]
+    gpus = HostGpus(instance_id=inst.instance_id, offer_id=offer.id, gpus=read.gpus, cuda_version=read.cuda_version,
+                    mismatches=found, simulated=t.spec.sim)
+    if found:
+        refusal = (f"instance {inst.instance_id} is not what offer {offer.id} said: offered {said.describe()}; "
+                   f"the host has {gpus.describe()}: {'; '.join(found)}")
+        s.gpu_refused.append(refusal)
+        raise GpuMismatch(refusal)
+    simulated = " (the simulator answers nvidia-smi from the offer)" if gpus.simulated else ""
+    t.out.info(f"host GPUs: {gpus.describe()}: as offered{simulated}")
+    return gpus
