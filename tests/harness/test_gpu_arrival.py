@@ -257,3 +257,45 @@ def test_when_every_host_lies_the_run_exits_1_naming_both_sides_and_nothing_is_l
     record = json.loads((guarded.ev.dir / "harness-result.json").read_text())
     assert record["host_gpus"] is None and len(record["gpu_refused"]) == 2
     assert record["absence"]["verdict"] == "gone"
+
+
+class _VanishingSession:
+    """A host whose link drops while nvidia-smi runs: no answer at all, which is not a lie."""
+
+    def run(self, command: str, *, on_line, timeout_s: float, stop=None, env=None):
+        return StepOutcome(rc=None, seconds=0.2, connection_lost=True, detail="connection lost while the command ran")
+
+
+def test_a_host_that_stops_answering_is_a_boot_failure_not_a_gpu_mismatch():
+    read = read_gpus(_VanishingSession())  # type: ignore[arg-type]
+    assert not read.answered and "did not answer" in read.problems[0] and read.gpus == []
+
+
+# ------------------------------------------------------------------------------ the chaos suite's judge
+def _chaos_plan(faults: str, boot_retries: int):
+    from vast_harness.chaos.engine import ScenarioPlan
+
+    return ScenarioPlan(seed=11, faults=faults, cap_mode="generous", max_minutes=1.0, boot_retries=boot_retries,
+                        proof_interval_s=0.05, step_sleep_s=0.1, step_rc=0, steps=1)
+
+
+@pytest.mark.parametrize(("faults", "retries", "code"), [("gpu_mismatch:1;seed=11", 1, 0),
+                                                        ("gpu_mismatch:2;seed=11", 1, 1)])
+def test_a_chaos_scenario_with_a_lying_host_holds_every_invariant(tmp_path, faults, retries, code):
+    from vast_harness import chaos
+
+    outcome = chaos.run_scenario(_chaos_plan(faults, retries), tmp_path)
+    assert outcome.exit_code == code, outcome.message
+    assert outcome.faults_fired.get("gpu_mismatch") and not outcome.violations, outcome.violations
+
+
+def test_the_judge_catches_a_lying_host_that_was_used():
+    from vast_harness.chaos.judge import gpu_liar_violations
+
+    refused = {"id": 1, "gpu_lie": True, "execs": 1, "bytes_to_host": 0}
+    honest = {"id": 2, "gpu_lie": False, "execs": 9, "bytes_to_host": 90_000}
+    assert gpu_liar_violations([refused, honest], 0) == []
+    assert gpu_liar_violations([refused], 1) == []
+    assert [v.kind for v in gpu_liar_violations([refused], 0)] == ["gpu_liar_used"]
+    used = refused | {"execs": 4, "bytes_to_host": 90_000}
+    assert "ran 4 command(s)" in gpu_liar_violations([used, honest], 0)[0].detail

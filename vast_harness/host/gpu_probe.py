@@ -38,6 +38,7 @@ class GpuRead(BaseModel):
     gpus: list[HostGpu] = Field(default_factory=list)
     cuda_version: str | None = None
     problems: list[str] = Field(default_factory=list)  # the answer could not be read as GPUs: refused
+    answered: bool = True  # False: no exit status came back (the link was lost, the read timed out)
 
 
 def parse_answer(lines: list[str]) -> GpuRead:
@@ -101,7 +102,7 @@ def read_gpus(session: HostSession, *, timeout_s: float = READ_TIMEOUT_S) -> Gpu
     if flood.is_set():
         return GpuRead(problems=[f"nvidia-smi answered more than {MAX_OUTPUT_BYTES} bytes (flooding): refused"])
     if outcome.rc is None:
-        return GpuRead(problems=[f"nvidia-smi did not answer: {outcome.detail or 'no exit status'}"])
+        return GpuRead(problems=[f"nvidia-smi did not answer: {outcome.detail or 'no exit status'}"], answered=False)
     read = parse_answer(lines)
     if outcome.rc != 0 and not read.gpus:
         read.problems.insert(0, f"nvidia-smi exited {outcome.rc}")

@@ -7,7 +7,7 @@ it, proves it gone, excludes its machine and tries the next offer within --boot-
 
 from __future__ import annotations
 
-from vast_harness.errors import GpuMismatch
+from vast_harness.errors import BootFailed, GpuMismatch
 from vast_harness.host.gpu_match import Offered, mismatches
 from vast_harness.host.gpu_probe import READ_TIMEOUT_S, read_gpus
 from vast_harness.host.ssh import HostSession
@@ -27,6 +27,9 @@ def check_arrival(t: RunTools, s: RunState, inst: CreatedInstance, offer: Offer,
     """The host's GPUs if they are the offer's; else GpuMismatch naming both sides (and recorded in the run)."""
     t.phases.start("gpu-check")
     read = read_gpus(session, timeout_s=min(READ_TIMEOUT_S, max(1.0, deadline - t.clock())))
+    if not read.answered:  # a host that went away (or hung) while booting: a boot failure, not a lie
+        raise BootFailed(f"instance {inst.instance_id} stopped answering while its GPUs were read: "
+                         f"{'; '.join(read.problems)}")
     said = offered(offer)
     found = [*read.problems, *mismatches(said, read.gpus, read.cuda_version, requires=t.spec.profile.requires,
                                          image_cuda=t.spec.profile.image_cuda)]
