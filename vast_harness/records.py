@@ -212,6 +212,10 @@ class HostGpus(BaseModel):
         return (f"{len(self.gpus)}x {' + '.join(names)} ({ram}), driver {drivers}, "
                 f"CUDA {self.cuda_version or 'unknown'}")
 
+    def shown(self) -> str:
+        """`describe()`, saying when the simulator, not a GPU, answered."""
+        return self.describe() + (" (simulated: from the offer)" if self.simulated else "")
+
 
 class RecordCaps(BaseModel):
     max_usd: float

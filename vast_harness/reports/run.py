@@ -96,8 +96,7 @@ def host_gpus_cell(r: dict[str, Any]) -> str | Cell | None:
     except ValidationError:
         return Cell("unreadable in harness-result.json", "bad")
     refused = [str(x) for x in r.get("gpu_refused") or [] if isinstance(x, str)]
-    text = gpus.describe() + (" (simulated: nvidia-smi answered from the offer)" if gpus.simulated else "") \
-        if gpus else "none ran"
+    text = gpus.shown() if gpus else "none ran"
     if refused:
         return Cell(f"{text} · {len(refused)} host(s) refused as not what was offered: " + " | ".join(refused), "bad")
     return text

@@ -40,6 +40,5 @@ def check_arrival(t: RunTools, s: RunState, inst: CreatedInstance, offer: Offer,
                    f"the host has {gpus.describe()}: {'; '.join(found)}")
         s.gpu_refused.append(refusal)
         raise GpuMismatch(refusal)
-    simulated = " (the simulator answers nvidia-smi from the offer)" if gpus.simulated else ""
-    t.out.info(f"host GPUs: {gpus.describe()}: as offered{simulated}")
+    t.out.info(f"host GPUs as offered: {gpus.shown()}")
     return gpus
