@@ -319,7 +319,7 @@ class RunRecord(BaseModel):
     workdir: WorkdirRecord | None = None  # `vast-e2e run`: the uploaded workdir and its sha256
     artifacts: ArtifactPull | None = None  # `vast-e2e run --artifact`: what came back
     host_gpus: HostGpus | None = None  # the GPUs of the host the work ran on, read after SSH (None: none arrived)
-    gpu_refused: list[str] = Field(default_factory=list)  # hosts deleted because their GPUs were not the offer's
+    gpu_refused: list[HostGpus] = Field(default_factory=list)  # hosts deleted as not the offer's, each with why
     exit_code: int
     message: str
     finished_unix: float = Field(default_factory=time.time)

@@ -242,9 +242,11 @@ def test_a_lying_host_is_deleted_before_any_work_and_the_next_offer_runs(sim, tm
     assert liar["machine_id"] != honest["machine_id"]
     record = json.loads((guarded.ev.dir / "harness-result.json").read_text())
     assert record["host_gpus"]["instance_id"] == honest["id"] and record["host_gpus"]["mismatches"] == []
-    assert len(record["gpu_refused"]) == 1 and "GeForce RTX" in record["gpu_refused"][0]
-    assert f"instance {liar['id']}" in record["gpu_refused"][0]
-    assert "host GPU" in (guarded.ev.dir / "report.html").read_text()
+    refused = record["gpu_refused"]
+    assert len(refused) == 1 and refused[0]["instance_id"] == liar["id"] and refused[0]["offer_id"] == liar["offer_id"]
+    assert "GeForce RTX" in refused[0]["gpus"][0]["name"] and "is not the offered" in refused[0]["mismatches"][0]
+    report = (guarded.ev.dir / "report.html").read_text()
+    assert "host GPUs" in report and f"instance {liar['id']} (offer {liar['offer_id']})" in report
 
 
 def test_when_every_host_lies_the_run_exits_1_naming_both_sides_and_nothing_is_left(sim, tmp_path):

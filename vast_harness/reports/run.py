@@ -93,12 +93,14 @@ def host_gpus_cell(r: dict[str, Any]) -> str | Cell | None:
         return None
     try:
         gpus = HostGpus.model_validate(r["host_gpus"]) if r.get("host_gpus") else None
+        refused = [HostGpus.model_validate(g) for g in r.get("gpu_refused") or []]
     except ValidationError:
         return Cell("unreadable in harness-result.json", "bad")
-    refused = [str(x) for x in r.get("gpu_refused") or [] if isinstance(x, str)]
     text = gpus.shown() if gpus else "none ran"
     if refused:
-        return Cell(f"{text} · {len(refused)} host(s) refused as not what was offered: " + " | ".join(refused), "bad")
+        return Cell(f"{text} · refused as not what was offered: " + " | ".join(
+            f"instance {g.instance_id} (offer {g.offer_id}): {g.describe()}: {'; '.join(g.mismatches[:3])}"
+            for g in refused), "bad")
     return text
 
 

@@ -74,7 +74,7 @@ class RunState:
     deadman: DeadmanStatus | None = None  # the switch as the first SSH found it
     workdir: WorkdirRecord | None = None  # a `run`'s uploaded workdir (its sha256), from the bundle
     host_gpus: HostGpus | None = None  # the GPUs of the host that came up, read and matched after SSH
-    gpu_refused: list[str] = field(default_factory=list)  # hosts deleted because they were not what was offered
+    gpu_refused: list[HostGpus] = field(default_factory=list)  # hosts deleted as not what was offered
     # Set by `cancel` from another thread; checked wherever the cap deadline is, and by a running step.
     cancelled: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = ""
