@@ -281,6 +281,7 @@ def _chaos_plan(faults: str, boot_retries: int):
                         proof_interval_s=0.05, step_sleep_s=0.1, step_rc=0, steps=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("faults", "retries", "code"), [("gpu_mismatch:1;seed=11", 1, 0),
                                                         ("gpu_mismatch:2;seed=11", 1, 1)])
 def test_a_chaos_scenario_with_a_lying_host_holds_every_invariant(tmp_path, faults, retries, code):
