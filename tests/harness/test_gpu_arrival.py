@@ -302,3 +302,16 @@ def test_the_judge_catches_a_lying_host_that_was_used():
     assert [v.kind for v in gpu_liar_violations([refused], 0)] == ["gpu_liar_used"]
     used = refused | {"execs": 4, "bytes_to_host": 90_000}
     assert "ran 4 command(s)" in gpu_liar_violations([used, honest], 0)[0].detail
+
+
+def test_a_real_h200_answer_is_read_and_matches_its_offer():
+    lines = (Path(__file__).parent / "fixtures" / "nvidia-smi-h200.txt").read_text().splitlines()[1:]
+    read = parse_answer(lines)
+    assert read.problems == [] and read.cuda_version == "13.0"
+    assert read.gpus == [HostGpu(name="NVIDIA H200", memory_mib=143771, driver_version="580.159.04", compute_cap="9.0")]
+    offer = Offered(gpu_name="H200", num_gpus=1, gpu_ram_mib=143771, driver_version="580.159.04", cuda_max_good=13.0,
+                    compute_cap=900)
+    assert mismatches(offer, read.gpus, read.cuda_version, requires=Requires(min_gpu_ram_gib=76, min_compute_cap=9.0),
+                      image_cuda=12.8) == []
+    assert mismatches(offer.model_copy(update={"gpu_name": "H100 SXM"}), read.gpus, read.cuda_version,
+                      requires=Requires(), image_cuda=12.8) == ["GPU 'NVIDIA H200' is not the offered 'H100 SXM'"]
