@@ -25,6 +25,7 @@ the only place that ranks codes (a fleet's runs, a run's outcome against its tea
         ├── RunCancelled            a fleet's total cap (6) or a signal the fleet got (130)   exit 6 | 130
         ├── StepFailedError         a step of the plan failed                              exit 1
         ├── BootFailed              the instance never became ready                        exit 1
+        │   └── GpuMismatch         the host's GPUs are not the offer's: deleted, next offer  exit 1
         ├── SshConnectError         no SSH endpoint accepted the run's key in time          exit 1
         ├── SshTransferError        an SFTP transfer broke off                              exit 1
         │   ├── TransferAbandoned   ... or ran past its deadline and was cut                exit 1
@@ -245,6 +246,11 @@ class RunCancelled(HarnessError):
 
 class BootFailed(HarnessError):
     """The instance will not become ready (failed state, status_msg error, deadline, SSH never answered)."""
+
+
+class GpuMismatch(BootFailed):
+    """The host that arrived is not the one offered (GPU name, count, memory, driver, CUDA) or cannot run the
+    profile's [requires]: deleted and proven gone like a host that did not boot, its machine excluded."""
 
 
 class CreateUnresolved(HarnessError):

@@ -182,6 +182,41 @@ class OfferSummary(BaseModel):
     geolocation: str | None
 
 
+class HostGpu(BaseModel):
+    """One GPU as the host's nvidia-smi reported it after SSH (host/gpu_probe.py): text from a host we do not
+    control, bounded and checked for shape before it gets here."""
+
+    name: str
+    memory_mib: int
+    driver_version: str
+    compute_cap: str | None = None
+
+
+class HostGpus(BaseModel):
+    """What the host that arrived has, and how it compares with its offer (host/gpu_match.py)."""
+
+    instance_id: int
+    offer_id: int
+    gpus: list[HostGpu] = Field(default_factory=list)
+    cuda_version: str | None = None  # the driver's CUDA, from nvidia-smi's header
+    mismatches: list[str] = Field(default_factory=list)  # empty: the host is what the offer said
+    simulated: bool = False  # answered by the simulator from its offer, not by a GPU
+
+    def describe(self) -> str:
+        """`2x NVIDIA H100 80GB HBM3 (79.6 GiB), driver 570.86.15, CUDA 12.8`, or what could not be read."""
+        if not self.gpus:
+            return "no GPU read"
+        names = sorted({g.name for g in self.gpus})
+        ram = ", ".join(sorted({f"{g.memory_mib / 1024:.1f} GiB" for g in self.gpus}))
+        drivers = ", ".join(sorted({g.driver_version for g in self.gpus}))
+        return (f"{len(self.gpus)}x {' + '.join(names)} ({ram}), driver {drivers}, "
+                f"CUDA {self.cuda_version or 'unknown'}")
+
+    def shown(self) -> str:
+        """`describe()`, saying when the simulator, not a GPU, answered."""
+        return self.describe() + (" (simulated: from the offer)" if self.simulated else "")
+
+
 class RecordCaps(BaseModel):
     max_usd: float
     max_minutes: float
@@ -283,6 +318,8 @@ class RunRecord(BaseModel):
     image_expect_override: dict[str, str] | None = None  # --image-expect: what the host check expected instead
     workdir: WorkdirRecord | None = None  # `vast-e2e run`: the uploaded workdir and its sha256
     artifacts: ArtifactPull | None = None  # `vast-e2e run --artifact`: what came back
+    host_gpus: HostGpus | None = None  # the GPUs of the host the work ran on, read after SSH (None: none arrived)
+    gpu_refused: list[HostGpus] = Field(default_factory=list)  # hosts deleted as not the offer's, each with why
     exit_code: int
     message: str
     finished_unix: float = Field(default_factory=time.time)

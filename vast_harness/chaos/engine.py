@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, SecretStr
 from rich.console import Console
 
-from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences, sim_bugs
+from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences, gpu_liar_violations, sim_bugs
 from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.host.bundle import build_bundle
@@ -94,6 +94,8 @@ SIM_RULES: dict[str, Draw] = {
     "error_status": lambda r, n: "error_status:1",
     "key_reset": lambda r, n: f"key_reset:{r.uniform(0.0, 1.0):.2f}:1",
     "delete_noop": lambda r, n: f"delete_noop:{n}",
+    # issue 31: a host whose nvidia-smi names another GPU than its offer (refused after SSH, deleted)
+    "gpu_mismatch": lambda r, n: f"gpu_mismatch:{r.randint(1, 2)}",
 }
 FAULT_KINDS = tuple(SIM_RULES)
 
@@ -288,6 +290,7 @@ def check_scenario(plan: ScenarioPlan, spec: RunSpec, outcome: ScenarioOutcome, 
                                    f"{outcome.exit_code}, named by the ledger: {named})"))
     found += false_absences(instances, spec.evidence_dir)
     found += sim_bugs(state)
+    found += gpu_liar_violations(instances, outcome.exit_code)
     # An instance left live (exit 3 says "may still bill", or a crash) bills on: the caps cannot be judged then.
     if not (outcome.exit_code in (3, None) and live):
         found += cap_violations(instances, state["now"], start_unix, spec.caps.max_usd, spec.max_seconds,

@@ -13,6 +13,8 @@ Every scenario kind (in-process, network, kill -9) ends in the same checks, on t
 * traceback      "Traceback" in a subprocess run's output
 * sim_bug        an exception the simulator's HTTP server caught (`/_sim/state` `server_errors`): the scenario
                  did not test what it meant to
+* gpu_liar_used  a host whose nvidia-smi named another GPU (fault gpu_mismatch) got more than the GPU read
+                 (a second command or an upload), or a run whose every host lied exited 0
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pydantic import BaseModel
 from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 VIOLATION_KINDS = ("leak", "false_absence", "over_cap_usd", "over_cap_time", "exit_mismatch", "reap_failed",
-                   "hang", "crash", "traceback", "sim_bug")
+                   "hang", "crash", "traceback", "sim_bug", "gpu_liar_used")
 
 
 class Violation(BaseModel):
@@ -113,6 +115,17 @@ def _teardown_timeline(evidence_dir: Path, instance_id: int, start_unix: float) 
             parts.append("phases: " + ", ".join(f"{p['name']} +{p['t_start_unix'] - start_unix:.2f}.."
                                                 f"+{p['t_end_unix'] - start_unix:.2f}" for p in phases))
     return ("; " + "; ".join(parts)) if parts else ""
+
+
+def gpu_liar_violations(instances: list[dict[str, Any]], exit_code: int | None) -> list[Violation]:
+    """A lying host (`gpu_lie` in `/_sim/state`) must be refused after its one GPU read, before any upload or
+    step; a run whose every host lied cannot pass (its deletion is judged by `leak` like any other)."""
+    found = [Violation(kind="gpu_liar_used", detail=f"instance {i['id']} reported another GPU yet ran "
+                       f"{i.get('execs')} command(s) and received {i.get('bytes_to_host')} bytes")
+             for i in instances if i.get("gpu_lie") and (i.get("execs", 0) > 1 or i.get("bytes_to_host", 0) > 0)]
+    if instances and all(i.get("gpu_lie") for i in instances) and exit_code in (0, 4):
+        found.append(Violation(kind="gpu_liar_used", detail=f"exit {exit_code} though every host lied"))
+    return found
 
 
 def sim_bugs(state: dict[str, Any]) -> list[Violation]:

@@ -203,7 +203,7 @@ def _plan_or_run(out: Output, spec: RunSpec) -> int:
 
             check_minimum_cap(target.caps.max_minutes, target.timings)  # the run would refuse it: so does the preview
 
-            show_plan(out, plan_run(target, client, drivers, bundle_for(target)))
+            show_plan(out, plan_run(target, client, drivers, bundle_for(target), explain_requires=True))
             return 0
         from vast_harness.run.runner import run_guarded
 
@@ -301,14 +301,15 @@ def _offers(flags: Flags, rank_by: str) -> None:
 
         with _api_target(spec) as target, _client(target, out) as client:
             credit = account_credit_usd(client)
-            choice = choose_offers(target, client, load_driver_policy(), bundle_for(target), credit_usd=credit)
+            choice = choose_offers(target, client, load_driver_policy(), bundle_for(target), credit_usd=credit,
+                                   explain_requires=True)
         if rank_by == "usd-per-mtok":
             from vast_harness.market.token_rate import load_measurements, print_ranked, rank_by_usd_per_mtok
 
             measurements = load_measurements(spec.evidence_dir)
             print_ranked(out, rank_by_usd_per_mtok(choice, measurements), measurements)
             return ExitCode.PASSED if choice.ranked else NoOfferError.exit_code
-        show_offers(out, choice)
+        show_offers(out, choice, requires=spec.profile.requires.model_dump(exclude_defaults=True))
         return ExitCode.PASSED if choice.ranked else NoOfferError.exit_code
 
     _guard(out, body)

@@ -18,6 +18,17 @@ from vast_harness.console.terminal import safe_text as _t
 if TYPE_CHECKING:  # annotations only: `vast-e2e --version` and `-h` start without the API client (httpx)
     from vast_harness.market.offers import OfferChoice
     from vast_harness.market.plan import RunPlan
+    from vast_harness.market.requires import DroppedFamily
+
+
+def show_dropped(out: Output, requires: dict[str, object], dropped: list[DroppedFamily]) -> None:
+    """What the profile's [requires] asks and the GPU families it dropped, one line each with the reasons."""
+    if not requires:
+        return
+    out.out.print(_line(("requires", "bold"), ": " + ", ".join(f"{k}={v}" for k, v in requires.items())),
+                  soft_wrap=True)
+    for family in dropped:
+        out.out.print(_t(f"  dropped {family.line()}", "yellow"), soft_wrap=True)
 
 
 def show_plan(out: Output, plan: RunPlan) -> None:
@@ -57,6 +68,7 @@ def show_plan(out: Output, plan: RunPlan) -> None:
     out.out.print(_line(("Caps", "bold"), f": {usd(plan.caps.max_usd)}, {plan.caps.max_minutes:g} min   ",
                          ("Credit", "bold"), f": {usd(plan.credit_usd)}"))
     out.out.print(_line(("Worst case", "bold"), f": {q.arithmetic}"))
+    show_dropped(out, plan.requires, plan.dropped)
     env = " ".join(f"{k}={v}" for k, v in plan.remote_env_shown.items()) or "(none)"
     out.out.print(_line(("remote_env", "bold"), f": {env}"))
     if plan.workdir is not None:  # `vast-e2e run`: what is uploaded and what comes back
@@ -70,7 +82,8 @@ def show_plan(out: Output, plan: RunPlan) -> None:
     for w in plan.warnings:
         out.warn(w)
 
-def show_offers(out: Output, choice: OfferChoice, *, show_rejected: int = 20) -> None:
+def show_offers(out: Output, choice: OfferChoice, *, show_rejected: int = 20,
+                requires: dict[str, object] | None = None) -> None:
     """`vast-e2e offers`: the ranked offers and the closest rejected ones, as tables or one JSON object."""
     if out.json_mode:
         out.emit_json(
@@ -79,6 +92,8 @@ def show_offers(out: Output, choice: OfferChoice, *, show_rejected: int = 20) ->
                 "rejected": [r.row() for r in choice.closest_rejections(show_rejected)],
                 "offers_seen": choice.offers_seen,
                 "pages": choice.pages,
+                "requires": requires or {},
+                "dropped_by_requires": [f.model_dump() for f in choice.dropped],
             }
         )
         return
@@ -90,4 +105,5 @@ def show_offers(out: Output, choice: OfferChoice, *, show_rejected: int = 20) ->
         t.add_row(_t(i), *(_t(r[k]) for k in ("id", "gpu", "n", "driver", "qualified", "cuda", "pcie_bw",
                                               "dph", "worst_case_usd", "reliability", "location")))
     out.out.print(t)
+    show_dropped(out, requires or {}, choice.dropped)
     out.rejections([r.row() for r in choice.closest_rejections(show_rejected)], title="Closest rejected offers")

@@ -231,12 +231,13 @@ class Output:
                                  f"step {step.name}: {how} in {step.seconds:.1f} s; accrued ${accrued_usd:.4f}"))
 
     def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
-               teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None) -> None:
+               teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None,
+               gpu: str | None = None) -> None:
         if self.json_mode:
             self.emit_json({"run_id": run_id, "exit_code": code, "message": message,
                             "evidence_dir": str(evidence_dir), "accrued_usd": round(accrued_usd, 6),
                             "report": str(report) if report else None,
-                            "steps": [s.model_dump() for s in steps],
+                            "steps": [s.model_dump() for s in steps], "gpu": gpu,
                             "absence": {t.instance_id: t.verdict for t in teardowns}})
             return
         t = Table(title=_t(f"Run {run_id}"), header_style="bold")
@@ -251,6 +252,8 @@ class Output:
             color = "green" if td.verdict == "gone" else "bold red"
             self.out.print(_line(f"instance {td.instance_id}: ", (str(td.verdict), color),
                                  f" ({len(td.proof.rounds) if td.proof else 0} proof rounds)"))
+        if gpu is not None:  # the GPUs the host reported after SSH, matched with its offer (run/arrival.py)
+            self.out.print(_line(("ran on", "bold"), f" {gpu}"))
         color = "green" if code in (0, 4) else "red"
         self.out.print(_line((f"exit {code}", color), f": {message}  accrued ${accrued_usd:.4f}  "
                                                        f"evidence {evidence_dir}"))
@@ -313,14 +316,15 @@ class RunOutput(Output):
             self.err.print(_line((self.tag, "cyan"), (prefix, "dim"), " ", text))
 
     def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
-               teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None) -> None:
+               teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None,
+               gpu: str | None = None) -> None:
         # exit 3 with no teardown: a create of unknown outcome, so "nothing rented" would be a claim it cannot make
         verdicts = ", ".join(f"{t.instance_id} {t.verdict}" for t in teardowns) or (
             "no instance seen yet" if code == ExitCode.NOT_PROVEN_GONE else "nothing rented")
         color = "green" if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) else "red"
         self.err.print(_line((self.tag, "cyan"), " ", (f"exit {code}", color),
                              f": {message}; {verdicts}; accrued ${accrued_usd:.4f}"
-                             + (f"; report {report}" if report else "")))
+                             + (f"; ran on {gpu}" if gpu else "") + (f"; report {report}" if report else "")))
 
     def step_progress(self, step: str, elapsed_s: float, accrued_usd: float, stream: str, segment: str) -> None:
         if not self.quiet:

@@ -9,7 +9,6 @@ module planned.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +19,8 @@ from vast_harness.console.output import Output
 from vast_harness.console.terminal import line, safe_cells, safe_text
 from vast_harness.errors import ConfigError, NoOfferError
 from vast_harness.host.bundle import Bundle
+from vast_harness.market.peaks import load_peaks
 from vast_harness.market.plan import RunPlan, account_credit_usd, plan_run
-from vast_harness.resources import data_root
 from vast_harness.spec.profile import Caps, DriverPolicy, load_profile
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.vast.client import VastClient
@@ -43,23 +42,11 @@ def parse_gpus(text: str) -> list[str]:
     return names
 
 
-def sim_peak_table() -> list[tuple[list[str], float]]:
-    """The workload's sourced peak table, read as data (`remote/peaks.json`): the control plane never imports
-    `remote/`, which ships to the host as files and is not installed as a package."""
-    doc = json.loads((data_root() / "remote" / "peaks.json").read_text())
-    return [([str(n) for n in row["match_all"]], float(row["tflops"])) for row in doc["peaks"]]
-
-
 def nominal_sim_peak_tflops(gpu: str) -> float:
-    """The sourced bf16 peak (matched as remote/mfu.py matches it) scaled down to what one CPU core reaches;
-    a GPU with no sourced peak gets SIM_FALLBACK_PEAK_TFLOPS."""
-    name = gpu.lower()
-    peak = SIM_FALLBACK_PEAK_TFLOPS
-    for needles, tflops in sim_peak_table():
-        if all(n in name for n in needles):
-            peak = tflops if tflops > 0 else SIM_FALLBACK_PEAK_TFLOPS
-            break
-    return round(peak * SIM_PEAK_SCALE, 6)
+    """The sourced bf16 peak (`market/peaks.py`, matched as remote/mfu.py matches it) scaled down to what one CPU
+    core reaches; a GPU with no sourced peak gets SIM_FALLBACK_PEAK_TFLOPS."""
+    peak = load_peaks().sourced_tflops(gpu)
+    return round((peak or SIM_FALLBACK_PEAK_TFLOPS) * SIM_PEAK_SCALE, 6)
 
 
 def spec_for_gpu(base: RunSpec, gpu: str, per_run_usd: float) -> RunSpec:
@@ -72,8 +59,9 @@ def spec_for_gpu(base: RunSpec, gpu: str, per_run_usd: float) -> RunSpec:
     profile = spec.profile
     if profile.require_gpu:
         smoke = load_profile("smoke")
+        # ...and what those steps require (nothing): the GPU steps' [requires] would drop GPU types they never run on
         profile = profile.model_copy(update={"name": f"{profile.name} (--sim: the smoke steps)", "steps": smoke.steps,
-                                             "require_gpu": False,
+                                             "require_gpu": False, "requires": smoke.requires,
                                              "pytest_node_ids": [], "transfer": smoke.transfer})
     env = dict(spec.remote_env) | {"VH_PEAK_TFLOPS": str(nominal_sim_peak_tflops(gpu))}
     return spec.model_copy(update={"profile": profile, "remote_env": env})

@@ -16,7 +16,9 @@ from pydantic import BaseModel, Field
 
 from vast_harness.console.money import usd
 from vast_harness.market.quote import Quote, quote_offer, worst_case_usd
+from vast_harness.market.requires import DroppedFamily, dropped_families, requires_query, requires_reasons
 from vast_harness.spec.profile import DriverPolicy, Filters
+from vast_harness.spec.requires import Requires
 from vast_harness.vast.models import Offer
 
 MAX_PAGES = 8
@@ -40,6 +42,7 @@ class OfferCriteria(BaseModel):
     upload_bytes: int = 0
     download_bytes: int = 0
     exclude_machine_ids: frozenset[int] = frozenset()
+    requires: Requires = Requires()  # the profile's [requires]: what the workload can run on
 
 
 class Candidate(BaseModel):
@@ -81,6 +84,7 @@ class OfferChoice(BaseModel):
     rejected: list[Rejection] = Field(default_factory=list)
     pages: int = 0
     offers_seen: int = 0
+    dropped: list[DroppedFamily] = Field(default_factory=list)  # per GPU family, what [requires] dropped and why
 
     def closest_rejections(self, n: int = 5) -> list[Rejection]:
         """The rejects a user most wants to see: fewest reasons, then cheapest worst case."""
@@ -91,7 +95,7 @@ class OfferChoice(BaseModel):
 
 
 def build_query(
-    criteria: OfferCriteria, *, exclude_ids: Iterable[int] = (), limit: int = PAGE_LIMIT
+    criteria: OfferCriteria, *, exclude_ids: Iterable[int] = (), limit: int = PAGE_LIMIT, with_requires: bool = True
 ) -> dict[str, Any]:
     """The POST /api/v0/bundles/ body for these criteria (docs/vast-behaviours.md)."""
     f = criteria.filters
@@ -118,7 +122,21 @@ def build_query(
         "allocated_storage": criteria.disk_gb,
         "limit": limit,
     }
-    return {k: v for k, v in query.items() if v is not None}
+    query = {k: v for k, v in query.items() if v is not None}
+    if with_requires:
+        query.update(_narrowed(query, requires_query(criteria.requires)))
+    return query
+
+
+def _narrowed(query: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`[requires]`'s narrowing laid over the filters' query: the stricter bound, the common GPU names."""
+    out = dict(extra)
+    if "gpu_ram" in extra and "gpu_ram" in query:
+        out["gpu_ram"] = {"gte": max(extra["gpu_ram"]["gte"], query["gpu_ram"]["gte"])}
+    if "gpu_name" in extra and "gpu_name" in query:
+        common = [n for n in query["gpu_name"]["in"] if n in extra["gpu_name"]["in"]]
+        out["gpu_name"] = {"in": common or query["gpu_name"]["in"]}  # none in common: the re-check drops all
+    return out
 
 
 def check_offer(offer: Offer, criteria: OfferCriteria) -> list[str]:
@@ -155,6 +173,7 @@ def check_offer(offer: Offer, criteria: OfferCriteria) -> list[str]:
     reasons.extend(non_finite_fields(offer))
     if offer.machine_id is not None and offer.machine_id in criteria.exclude_machine_ids:
         reasons.append(f"machine {offer.machine_id} failed to boot earlier in this run")
+    reasons.extend(requires_reasons(offer, criteria.requires))
     return reasons
 
 
@@ -224,11 +243,13 @@ def search_ranked(
     max_pages: int = MAX_PAGES,
     page_limit: int = PAGE_LIMIT,
     wanted: int = WANTED_CANDIDATES,
+    explain_requires: bool = False,
 ) -> OfferChoice:
     """Page through the search (Vast has no pagination: exclude the ids already seen) and rank.
 
     Stops after `max_pages`, when a page comes back short (the market is exhausted), or once `wanted`
-    candidates qualify.
+    candidates qualify. `explain_requires` (offers, --dry-run): one more read-only page without the
+    `[requires]` narrowing, so the GPU families it drops are named with their reasons.
     """
     seen: dict[int, Offer] = {}
     pages = 0
@@ -253,5 +274,11 @@ def search_ranked(
         widened = choose([*seen.values(), *extra], criteria, drivers)
         choice.rejected = widened.rejected
         choice.offers_seen = widened.offers_seen
+    if explain_requires and not criteria.requires.is_empty():
+        # The search was narrowed by [requires]: what it kept out is seen only by asking without it.
+        pages += 1
+        unnarrowed = search(build_query(criteria, limit=page_limit, with_requires=False))
+        choice.dropped = dropped_families({o.id: o for o in [*seen.values(), *unnarrowed]}.values(),
+                                          criteria.requires)
     choice.pages = pages
     return choice

@@ -9,13 +9,14 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from vast_harness.clock import now_s
 from vast_harness.console.money import usd
 from vast_harness.errors import NoOfferError, TransportError
 from vast_harness.host.bundle import Bundle
 from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
+from vast_harness.market.requires import DroppedFamily
 from vast_harness.records import OfferSummary, WorkdirRecord
 from vast_harness.spec.profile import DriverPolicy
 from vast_harness.spec.resolve import RunSpec
@@ -67,14 +68,11 @@ class RunPlan(BaseModel):
     warnings: list[str]
     workdir: WorkdirRecord | None = None  # `vast-e2e run`: what the upload holds, before anything is paid
     artifacts: list[str] = []  # `vast-e2e run --artifact`: the globs pulled back
+    requires: dict[str, Any] = Field(default_factory=dict)  # the profile's [requires], as checked on each offer
+    dropped: list[DroppedFamily] = Field(default_factory=list)  # what [requires] dropped, per GPU family
 
     def offer_summary(self) -> OfferSummary:
-        o, q = self.chosen.offer, self.chosen.quote
-        return OfferSummary(id=o.id, machine_id=o.machine_id, gpu_name=o.gpu_name, num_gpus=o.num_gpus,
-                            driver_version=o.driver_version, driver_qualified=self.chosen.driver_qualified,
-                            cuda_max_good=o.cuda_max_good, pcie_bw_gbps=o.pcie_bw_gbps, dph_total_usd=o.dph_total,
-                            dph_at_disk_usd=q.dph_at_disk_usd, reliability=o.reliability_score,
-                            geolocation=o.geolocation)
+        return offer_summary(self.chosen)
 
     def summary(self) -> dict[str, Any]:
         """The JSON form (`--json`): the same facts as the human table."""
@@ -96,7 +94,19 @@ class RunPlan(BaseModel):
             "pages": self.pages,
             "alternatives": [c.offer.id for c in self.alternatives],
             "warnings": self.warnings,
+            "requires": self.requires,
+            "dropped_by_requires": [f.model_dump() for f in self.dropped],
         }
+
+
+def offer_summary(cand: Candidate) -> OfferSummary:
+    """An offer as the plan, the quote file and the record show it."""
+    o, q = cand.offer, cand.quote
+    return OfferSummary(id=o.id, machine_id=o.machine_id, gpu_name=o.gpu_name, num_gpus=o.num_gpus,
+                        driver_version=o.driver_version, driver_qualified=cand.driver_qualified,
+                        cuda_max_good=o.cuda_max_good, pcie_bw_gbps=o.pcie_bw_gbps, dph_total_usd=o.dph_total,
+                        dph_at_disk_usd=q.dph_at_disk_usd, reliability=o.reliability_score,
+                        geolocation=o.geolocation)
 
 
 def criteria_for(
@@ -116,16 +126,17 @@ def criteria_for(
         upload_bytes=bundle.size_bytes + int(prof.transfer.upload_extra_mb * MB),
         download_bytes=int(prof.transfer.expected_evidence_mb * MB),
         exclude_machine_ids=frozenset(exclude_machine_ids),
+        requires=prof.requires,
     )
 
 
 def choose_offers(
     spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle, *, credit_usd: float | None,
-    exclude_machine_ids: Iterable[int] = (),
+    exclude_machine_ids: Iterable[int] = (), explain_requires: bool = False,
 ) -> OfferChoice:
     criteria = criteria_for(spec, credit_usd=credit_usd, bundle=bundle, exclude_machine_ids=exclude_machine_ids)
     search = partial(client.search_offers, max_retry_s=PREFLIGHT_RETRY_S, min_attempts=PREFLIGHT_MIN_ATTEMPTS)
-    return _preflight(client, lambda: search_ranked(search, criteria, drivers))
+    return _preflight(client, lambda: search_ranked(search, criteria, drivers, explain_requires=explain_requires))
 
 
 def account_credit_usd(client: VastClient) -> float:
@@ -145,10 +156,12 @@ def _preflight(client: VastClient, call: Callable[[], _T]) -> _T:
                              method=exc.method, path=exc.path) from exc
 
 
-def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle) -> RunPlan:
-    """Preflight (credit) and offer choice. Raises NoOfferError (exit 5) with the closest rejects."""
+def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle, *,
+             explain_requires: bool = False) -> RunPlan:
+    """Preflight (credit) and offer choice. Raises NoOfferError (exit 5) with the closest rejects.
+    `explain_requires` (the dry run): also name the GPU families `[requires]` drops, one more search."""
     credit = account_credit_usd(client)
-    choice = choose_offers(spec, client, drivers, bundle, credit_usd=credit)
+    choice = choose_offers(spec, client, drivers, bundle, credit_usd=credit, explain_requires=explain_requires)
     if not choice.ranked:
         raise NoOfferError(
             f"no offer satisfies the filters and caps ({choice.offers_seen} offers seen in {choice.pages} "
@@ -182,4 +195,6 @@ def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: B
         warnings=warnings,
         workdir=bundle.workdir,
         artifacts=list(spec.profile.artifacts),
+        requires=spec.profile.requires.model_dump(exclude_defaults=True),
+        dropped=choice.dropped,
     )

@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from pydantic import ValidationError
+
 from vast_harness.evidence.host_data import WorkloadFigures, load_workloads, number, read_json, usd_per_mtok
+from vast_harness.records import HostGpus
 from vast_harness.reports import svg as svgplot
 from vast_harness.reports import timeline
 from vast_harness.reports.html import Cell, Link, exit_cell, page, show, table, usd
@@ -66,6 +69,7 @@ def summary_section(f: RunFacts) -> str:
         ["run id", r.get("run_id", f.dir.name)], ["exit code", exit_cell(r.get("exit_code"))],
         ["message", r.get("message")],
         ["offer", f"{o.get('id')} · {o.get('num_gpus')}× {o.get('gpu_name')} · {o.get('geolocation')}" if o else None],
+        ["host GPUs", host_gpus_cell(r)],
         ["$/h (at disk)", usd(f.dph_usd)], ["driver", f"{o.get('driver_version')} (qualified: "
                                                       f"{show(r.get('driver_qualified'))})" if o else None],
         ["caps", f"{usd(caps.get('max_usd'), 2)} · {caps.get('max_minutes')} min" if caps else None],
@@ -81,6 +85,23 @@ def summary_section(f: RunFacts) -> str:
         rows.append(["image check", Cell("OVERRIDDEN by --image-expect: " + ", ".join(
             f"{k}={v}" for k, v in override.items()), "bad")])
     return table([], [[k, v] for k, v in rows], cls="summary")
+
+
+def host_gpus_cell(r: dict[str, Any]) -> str | Cell | None:
+    """The GPUs the host reported after SSH (the record's `host_gpus`), and any host refused as not the offer's."""
+    if "host_gpus" not in r:  # a record from before the arrival check
+        return None
+    try:
+        gpus = HostGpus.model_validate(r["host_gpus"]) if r.get("host_gpus") else None
+        refused = [HostGpus.model_validate(g) for g in r.get("gpu_refused") or []]
+    except ValidationError:
+        return Cell("unreadable in harness-result.json", "bad")
+    text = gpus.shown() if gpus else "none ran"
+    if refused:
+        return Cell(f"{text} · refused as not what was offered: " + " | ".join(
+            f"instance {g.instance_id} (offer {g.offer_id}): {g.describe()}: {'; '.join(g.mismatches[:3])}"
+            for g in refused), "bad")
+    return text
 
 
 def deadman_line(d: dict[str, Any] | None) -> str | None:

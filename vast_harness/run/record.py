@@ -8,6 +8,7 @@ import sys
 
 from vast_harness.caps.meter import minimum_cap_s
 from vast_harness.evidence.run import overall_absence
+from vast_harness.market.plan import offer_summary
 from vast_harness.records import ByteCounts, HostKeyRecord, RecordCaps, RunRecord
 from vast_harness.run.state import RunState, RunTools
 from vast_harness.run.verdict import ExitFacts
@@ -32,7 +33,7 @@ def build_record(t: RunTools, s: RunState, code: int, message: str) -> RunRecord
     workload_s = sum(step.seconds for step in steps if step.workload)
     return RunRecord(
         run_id=s.run_id, profile=spec.profile.name, image=spec.profile.image, api_url=spec.api_url,
-        sim=spec.sim, offer=plan.offer_summary() if plan else None,
+        sim=spec.sim, offer=offer_summary(cand) if cand else None,  # the offer whose host came up, once one did
         driver_qualified=cand.driver_qualified if cand else None, any_driver=spec.any_driver,
         caps=RecordCaps(max_usd=spec.caps.max_usd, max_minutes=spec.caps.max_minutes,
                         teardown_margin_s=spec.teardown_margin_s,
@@ -55,6 +56,7 @@ def build_record(t: RunTools, s: RunState, code: int, message: str) -> RunRecord
         image_sent=spec.profile.image_ref.create_form,
         image_expect_override=spec.image_expect_override.model_dump() if spec.image_expect_override else None,
         workdir=s.workdir, artifacts=s.work.artifacts if s.work else None,
+        host_gpus=s.host_gpus, gpu_refused=[g.model_copy() for g in s.gpu_refused],
         exit_code=code, message=message,
         harness={"python": sys.version.split()[0], "platform": platform.platform()},
     )

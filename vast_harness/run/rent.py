@@ -19,6 +19,7 @@ from vast_harness.errors import (
     CapReachedError,
     ConfigError,
     CreateUnresolved,
+    GpuMismatch,
     LedgerWriteError,
     NoOfferError,
     SshConnectError,
@@ -32,6 +33,7 @@ from vast_harness.instance.lifecycle import CreateRequest, create, wait_ready
 from vast_harness.market.offers import Candidate
 from vast_harness.market.plan import account_credit_usd, choose_offers, plan_run
 from vast_harness.records import CreatedInstance
+from vast_harness.run.arrival import check_arrival
 from vast_harness.run.key_attach import attach_run_key
 from vast_harness.run.rent_book import CreateOutcome, NotRented, Rented
 from vast_harness.run.state import RunState, RunTools, Stage
@@ -39,7 +41,7 @@ from vast_harness.run.teardown import teardown_one
 from vast_harness.spec.values import check_evidence_dir
 from vast_harness.state.registry import Registration, RunRegistry, make_label, this_host
 from vast_harness.timings import TeardownBudget
-from vast_harness.vast.models import Instance
+from vast_harness.vast.models import Instance, Offer
 
 # An offer sold twice is accepted for both buyers and "this error never propagates back" (SkyPilot PR 9117):
 # the second buyer's instance just never becomes reachable. No message says so, so none is matched: the boot
@@ -149,9 +151,9 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
                 raise BootFailed(f"create answered an error but created instance {inst.instance_id} "
                                  f"(stopped, billing storage): {inst.detail}")
             if t.around_boot is not None:
-                t.around_boot(inst, lambda: boot(t, s, inst))
+                t.around_boot(inst, lambda: boot(t, s, inst, offer=cand.offer))
             else:
-                boot(t, s, inst)
+                boot(t, s, inst, offer=cand.offer)
             s.candidate = cand
             s.timings["rent_and_connect_s"] = round(t.clock() - start, 3)
             return
@@ -176,7 +178,8 @@ def next_label(t: RunTools, s: RunState) -> str:
 
 def _after_failed_boot(t: RunTools, s: RunState, inst: CreatedInstance, exc: Exception, boots_left: int) -> int:
     """Delete the host that did not come up and prove it gone; exclude its machine; one boot retry spent."""
-    t.out.warn(f"instance {inst.instance_id} did not come up: {exc}")
+    t.out.warn(f"instance {inst.instance_id} did not come up: {exc}" if not isinstance(exc, GpuMismatch)
+               else f"{exc}; deleting it")
     report = teardown_one(t, s, inst)
     if report.verdict != "gone":  # never two instances at once: the next create waits for a proof
         raise TeardownUnproven(
@@ -242,8 +245,9 @@ def start_meter(t: RunTools, inst: CreatedInstance, cand: Candidate) -> None:
     t.meter.start_instance(inst.instance_id, inst.dph_usd, inst.t_created_mono)
 
 
-def boot(t: RunTools, s: RunState, inst: CreatedInstance) -> None:
-    """Wait for the instance to run, then connect over SSH, both by the boot's deadline; make the host work."""
+def boot(t: RunTools, s: RunState, inst: CreatedInstance, *, offer: Offer | None = None) -> None:
+    """Wait for the instance to run, then connect over SSH, both by the boot's deadline; check that the host
+    is the one `offer` said (run/arrival.py); make the host work."""
     t.phases.start("boot")
     spec, meter = t.spec, t.meter
     boot_deadline = meter.deadline(spec.profile.boot_timeout_s)
@@ -258,8 +262,15 @@ def boot(t: RunTools, s: RunState, inst: CreatedInstance) -> None:
         boot_deadline = min(boot_deadline, meter.deadline())
         attach_run_key(t.client, inst, s.key.public_openssh, within_s=boot_deadline - t.clock(), out=t.out)
         t.out.info(f"instance {inst.instance_id} running; connecting over SSH")
-        s.session = HostSession.connect(endpoints_for(ready), s.key, deadline_monotonic=boot_deadline,
-                                        retry_wait_s=min(2.0, max(spec.poll_s, 0.2)), clock=t.clock)
+        session = HostSession.connect(endpoints_for(ready), s.key, deadline_monotonic=boot_deadline,
+                                      retry_wait_s=min(2.0, max(spec.poll_s, 0.2)), clock=t.clock)
+        if offer is not None:  # before any workload minute: a host that is not the offer's is refused
+            try:
+                s.host_gpus = check_arrival(t, s, inst, offer, session, deadline=boot_deadline)
+            except BaseException:
+                session.close()
+                raise
+        s.session = session
         s.session.stall_timeout_s = t.budget.sftp_stall_s
         s.work = t.host_work(s.session, spec=spec, meter=meter, ev=t.ev, out=t.out, run_id=s.run_id,
                              cancelled=s.cancelled, check_cancelled=s.check_cancelled,

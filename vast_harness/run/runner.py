@@ -139,7 +139,7 @@ class GuardedRun:
         report_path = write_run_report_safely(t.ev.dir, t.out.warn)
         t.out.stop_view()
         t.out.result(s.run_id, code, message, t.ev.dir, self.steps, t.book.teardowns, t.meter.accrued_usd(),
-                     report=report_path)
+                     report=report_path, gpu=s.host_gpus.shown() if s.host_gpus else None)
         return code, message
 
     def cancel(self, reason: str, *, exit_code: ExitCode = ExitCode.CAP_REACHED) -> None:

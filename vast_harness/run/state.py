@@ -21,7 +21,7 @@ from vast_harness.host.ssh import HostSession, RunKey
 from vast_harness.instance.lifecycle import destroy
 from vast_harness.market.offers import Candidate
 from vast_harness.market.plan import RunPlan
-from vast_harness.records import CreatedInstance, DeleteAck, WorkdirRecord
+from vast_harness.records import CreatedInstance, DeleteAck, HostGpus, WorkdirRecord
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.instance_reads import InstanceReads
 from vast_harness.run.rent_book import RentBook
@@ -73,6 +73,8 @@ class RunState:
     work: HostWork | None = None  # the host's phases, once SSH is up
     deadman: DeadmanStatus | None = None  # the switch as the first SSH found it
     workdir: WorkdirRecord | None = None  # a `run`'s uploaded workdir (its sha256), from the bundle
+    host_gpus: HostGpus | None = None  # the GPUs of the host that came up, read and matched after SSH
+    gpu_refused: list[HostGpus] = field(default_factory=list)  # hosts deleted as not what was offered
     # Set by `cancel` from another thread; checked wherever the cap deadline is, and by a running step.
     cancelled: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = ""

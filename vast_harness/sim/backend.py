@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import random
 import shlex
 import shutil
@@ -24,6 +25,7 @@ import paramiko
 
 from vast_harness.sim import errors, transitions
 from vast_harness.sim.faults import FaultPlan, FaultRule
+from vast_harness.sim.gpus import install_nvidia_smi
 from vast_harness.sim.instances import Instance, list_page, render
 from vast_harness.sim.market import generate_offers, priced, search
 from vast_harness.sim.ratelimit import RateLimiter
@@ -237,6 +239,7 @@ class Backend:
             elif self.faults.take("manifest_missing"):
                 inst.boot_error = MANIFEST_MSG.format(image=req.image)
             inst.container_key_refused = self.faults.take("container_key_refused") is not None
+            inst.gpu_lie = self.faults.take("gpu_mismatch") is not None
             scheduling = self.faults.take("scheduling")
             inst.scheduling_s = scheduling.seconds or 0.0 if scheduling is not None else 0.0
             earlier = self.faults.take("started_earlier")
@@ -285,8 +288,12 @@ class Backend:
         marker = f"{inst.id}-{id(inst)}"
         sandbox = Sandbox(home, container_env(home, marker, vast_vars, inst.extra_env),
                           ssh_session_env(home, marker))
+        gpu_bin = install_nvidia_smi(home, inst.offer, lie=inst.gpu_lie)  # answers from the offer (sim/gpus.py)
+        for env in (sandbox.env, sandbox.ssh_env):
+            env["PATH"] = f"{gpu_bin}{os.pathsep}{env['PATH']}"
         host = SshHost(inst.id, sandbox, self.host_key, lambda blob: self._authorized(inst.id, blob),
-                       lambda: self.faults, lambda w, r: self._on_bytes(inst.id, w, r))
+                       lambda: self.faults, lambda w, r: self._on_bytes(inst.id, w, r),
+                       on_exec=lambda: self._on_exec(inst))
         with self.lock:
             inst.sandbox, inst.host = sandbox, host
             inst.direct_port, inst.proxy_port = host.direct_port, host.proxy_port
@@ -421,6 +428,10 @@ class Backend:
     def _on_bytes(self, instance_id: int, to_host: int, from_host: int) -> None:
         with self.lock:
             self.instances[instance_id].add_bandwidth(to_host, from_host)
+
+    def _on_exec(self, inst: Instance) -> None:
+        with self.lock:
+            inst.execs += 1
 
     def _readable(self, inst: Instance | None, now: float) -> TypeGuard[Instance]:
         """Whether reads show `inst` now: live and past its read lag, or destroyed and still lingering."""

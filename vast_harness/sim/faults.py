@@ -85,6 +85,8 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
                                             DELETEs): only a read afterwards shows the instance still there
     ssh_refuse:K                            the next K SSH connections are reset at once
     ssh_drop:SECONDS[:COUNT]                SECONDS into an exec the SSH connection is cut
+    gpu_mismatch[:COUNT]                    the next COUNT instances' nvidia-smi reports another GPU than the
+                                            offer's (a lying host: the harness must refuse and delete it)
     slow_sftp:BYTES_PER_S[:COUNT]           SFTP reads and writes are throttled (COUNT sessions, default *)
 
     ENDPOINT := search | create | show | list | destroy | user | ssh | any
@@ -107,7 +109,7 @@ Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_
                "create_hold", "linger", "double_accept", "oci_fail", "manifest_missing", "exit",
                "credit_zero", "reprice_offer", "reprice", "container_key_refused", "v0_deprecated",
                "scheduling", "negative_balance", "started_earlier", "wrong_contract", "show_list",
-               "show_no_ports", "error_status", "key_reset", "delete_noop"]
+               "show_no_ports", "error_status", "key_reset", "delete_noop", "gpu_mismatch"]
 ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "any")
 GATEWAY_STATUSES = (502, 503, 504)
 _NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
@@ -130,6 +132,7 @@ _POSITIONAL: dict[str, tuple[str, ...]] = {
     "negative_balance": ("seconds", "count"), "started_earlier": ("seconds", "count"),
     "wrong_contract": ("count",), "show_list": ("count",), "show_no_ports": ("count",), "error_status": ("count",),
     "key_reset": ("seconds", "count"), "delete_noop": ("count",),
+    "gpu_mismatch": ("count",),
 }
 
 

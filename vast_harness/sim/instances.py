@@ -57,6 +57,8 @@ class Instance:
     keys_reset: bool = False  # the key_reset fault fired: onstart-appended keys no longer authorize
     unreachable: bool = False  # sold twice: reads say running, SSH never accepts, onstart never runs
     container_key_refused: bool = False  # its CONTAINER_API_KEY answers 401 everywhere
+    gpu_lie: bool = False  # its nvidia-smi reports another GPU than the offer's (fault gpu_mismatch)
+    execs: int = 0  # commands run over SSH (a judge's count: no command text, which may carry settings)
     scheduling_s: float = 0.0  # extra seconds in `scheduling` before the boot path starts
     started_earlier_s: float = 0.0  # the row's start_date is this much older than the create (fault)
     ssh_keys: list[dict[str, Any]] = field(default_factory=list)
@@ -129,7 +131,7 @@ class Instance:
             "dph_total": self.offer["dph_total"], "disk_gb": self.disk_gb,
             "bytes_to_host": self.bytes_to_host, "bytes_from_host": self.bytes_from_host,
             "bandwidth_usd": self.bandwidth_usd, "direct_port": self.direct_port,
-            "proxy_port": self.proxy_port,
+            "proxy_port": self.proxy_port, "gpu_lie": self.gpu_lie, "execs": self.execs,
             "live_pids": self.sandbox.live_pids() if self.sandbox is not None else [],
         }
 

@@ -39,13 +39,14 @@ class SshHost:
 
     def __init__(self, instance_id: int, sandbox: Sandbox, host_key: paramiko.PKey,
                  is_authorized: Callable[[str], bool], faults: Callable[[], FaultPlan],
-                 on_bytes: Callable[[int, int], None]) -> None:
+                 on_bytes: Callable[[int, int], None], on_exec: Callable[[], None] | None = None) -> None:
         self.instance_id = instance_id
         self.sandbox = sandbox
         self.host_key = host_key
         self.is_authorized = is_authorized  # (key blob) -> allowed by the account or the instance
         self.faults = faults
         self.on_bytes = on_bytes
+        self.on_exec = on_exec  # told of each command run (the simulator counts them for judges)
         self.accepting = False
         self._closed = threading.Event()
         self._transports: list[paramiko.Transport] = []
@@ -114,6 +115,8 @@ class SshHost:
 
     def run_exec(self, channel: paramiko.Channel, command: str, transport: paramiko.Transport) -> None:
         """Run one exec request to completion and report its exit status on the channel."""
+        if self.on_exec is not None:
+            self.on_exec()
         try:
             proc = self.sandbox.spawn(command, env=self.sandbox.ssh_env)
         except (SandboxClosed, OSError) as exc:

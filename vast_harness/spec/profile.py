@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from vast_harness.errors import ConfigError
 from vast_harness.files import UnusableFile, read_regular_file
 from vast_harness.resources import profiles_dir as _profiles_dir
+from vast_harness.spec.requires import Requires
 from vast_harness.spec.values import ENV_KEY_RE, env_value, path_flag
 from vast_harness.spec.workdir import DEFAULT_WORKDIR_MAX_MB, MAX_WORKDIR_MAX_MB, check_glob
 from vast_harness.vast.models import pack_driver_version
@@ -188,6 +189,7 @@ class HarnessProfile(StrictModel):
     boot_timeout_s: float = Field(gt=0, default=900)
     caps: Caps
     filters: Filters = Filters()
+    requires: Requires = Requires()  # what it can run on: checked per offer and on the host (spec/requires.py)
     transfer: Transfer = Transfer()
     remote_env: dict[str, str] = Field(default_factory=dict)
     steps: list[Step]
