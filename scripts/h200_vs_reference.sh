@@ -23,7 +23,7 @@ STEPS=${H200_STEPS:-13}; SKIP=${H200_SKIP:-}; BUDGET=${H200_BUDGET_S:-540}
 RUNS=${H200_RUNS:-ours,deterministic,fast-cudnn,hf-layer,hf+liger-layer,hf-model,hf+liger-model}
 WORK=$(mktemp -d); LOG="$OUT/log.txt"; : >"$LOG"
 T0=$SECONDS
-WHEELS=$(ls ../.whl/*.whl .whl/*.whl 2>/dev/null | head -8)
+WHEELS=$(ls ../.whl/*.whl .whl/*.whl 2>/dev/null | head -16)
 if [ -n "$WHEELS" ]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $WHEELS \
         >>"$LOG" 2>&1 && export PYTHONPATH=/tmp/site
