@@ -277,8 +277,13 @@ def check_norm(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
     n = tokens * d * 2
     rep.time(f"norm add+rmsnorm fwd triton [{tokens}x{d}]", bench_ms(lambda: norm.forward_triton(x, r, w, 1e-5)),
              4 * n)
-    rep.time("norm add+rmsnorm bwd triton (dx + dw, one pass)",
-             bench_ms(lambda: norm.backward_triton(dy, dh, h, w, rstd)), 4 * n)
+    default = norm.launch_config(dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 2
+    for cfg in (default, default | {"programs": 2 * sms}, default | {"programs": 8 * sms},
+                default | {"BWD_ROWS": 4}, default | {"BWD_ROWS": 2, "num_warps": 4}):
+        tag = " (default)" if cfg == default else ""
+        rep.time(f"norm add+rmsnorm bwd triton (dx + dw, one pass) {cfg}{tag}",
+                 bench_ms(lambda c=cfg: norm.backward_triton(dy, dh, h, w, rstd, c)), 4 * n)
 
     def fused_ops(xx, rr, ww):
         return norm.add_rmsnorm(xx, rr, ww, 1e-5)
