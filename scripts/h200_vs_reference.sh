@@ -9,8 +9,9 @@
 #   OUT=dir bash scripts/h200_vs_reference.sh   (PY=python3; H200_STEPS=13, H200_BUDGET_S=540,
 #       H200_RUNS=bench runs, H200_EXTRA="name|ENV=..|flags;..." extra run_mfu_dist runs, each limited to
 #       H200_EXTRA_LIMIT_S=150, H200_BENCH_LIMIT_S=440, H200_CHECK_LIMIT_S=110, H200_SKIP=phases)
-# Wheels (liger-kernel, nvidia-cudnn-frontend) are installed from .whl/ when it exists (the device README's
-# carried-wheel recipe); FA4 and its support libraries come unpacked in xz tarballs (fa4-*.tar.xz, or
+# Wheels (liger-kernel, nvidia-cudnn-frontend; torchtitan with torchdata and tyro) are installed from .whl/ when it
+# exists (the device README's carried-wheel recipe), or come unpacked in site-*.tar.xz; FA4 and its support
+# libraries come unpacked in xz tarballs (fa4-*.tar.xz, or
 # $FA4_TARBALL: the cu13 support wheel alone is 92 MB, over a call's 64 MiB), extracted into the same folder.
 # Writes into $OUT: log.txt, kernels-check.json, bench-vs-reference.json, runs.json, extra.tar.gz (every run's JSON and log), and prints a short table last.
 set -uo pipefail
@@ -28,7 +29,8 @@ if [ -n "$WHEELS" ]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $WHEELS \
         >>"$LOG" 2>&1 && export PYTHONPATH=/tmp/site
 fi
-FA4_TARBALL=${FA4_TARBALL:-$(ls ../fa4-*.tar.xz fa4-*.tar.xz 2>/dev/null)}
+# site-*.tar.xz: other carried packages unpacked the same way (wheels compress ~40% better as one xz tarball)
+FA4_TARBALL=${FA4_TARBALL:-$(ls ../fa4-*.tar.xz fa4-*.tar.xz ../site-*.tar.xz site-*.tar.xz 2>/dev/null)}
 for tb in $FA4_TARBALL; do  # one or several parts, each unpacked site-packages content
     mkdir -p /tmp/site && tar -xJf "$tb" -C /tmp/site >>"$LOG" 2>&1 && export PYTHONPATH=/tmp/site
 done

@@ -298,3 +298,30 @@ def test_probed_kernels_qualify_here_and_a_failing_probe_keeps_them_off(monkeypa
     assert "dqkv relative error" in (rope.qualify(cpu) or "")
     assert not kernels.active("rope", cpu) and kernels.active("norm", cpu)
     assert "dqkv" in kernels.describe(cpu)["rejected"]["rope"]
+
+
+def test_block_with_norm_and_rope_kernels_matches_the_torch_block_and_compiles() -> None:
+    """The model wiring (Block.norms, Attention.rope): the same block's output and every gradient within bf16
+    rounding of the torch path, and the per-layer compile (aot_eager here) giving the eager kernels' bits."""
+    from remote.model import build_model
+
+    cfg = ModelConfig(d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=96, vocab_size=64, seq_len=24)
+    block = build_model(cfg, torch.device("cpu"), 0).layers[0]
+    cos, sin = rope_tables(cfg, 24, torch.bfloat16, torch.device("cpu"))
+    x = torch.randn(2, 24, 64).to(torch.bfloat16)
+
+    def run() -> list[torch.Tensor]:
+        block.zero_grad(set_to_none=True)
+        xx = x.clone().requires_grad_()
+        y = block(xx, cos, sin)
+        (y.float() * torch.linspace(-1, 1, 64)).sum().backward()
+        return [y.detach(), xx.grad, *(p.grad for p in block.parameters())]
+
+    torch_path = run()
+    block.norms, block.attn.rope = norm, rope.rope_qkv
+    kernel_path = run()
+    for a, b in zip(kernel_path, torch_path, strict=True):
+        assert rel_err(a, b) < 2e-2
+    torch._dynamo.reset()
+    block.compile(fullgraph=True, backend="aot_eager")
+    assert all(torch.equal(a, b) for a, b in zip(run(), kernel_path, strict=True))
