@@ -8,7 +8,8 @@
 # clock-event reasons every 100 ms all along (smi.csv in extra.tar.gz): the alternating slow step's cause.
 #   OUT=dir bash scripts/h200_vs_reference.sh   (PY=python3; H200_STEPS=13, H200_BUDGET_S=540,
 #       H200_RUNS=bench runs, H200_EXTRA="name|ENV=..|flags;..." extra run_mfu_dist runs, each limited to
-#       H200_EXTRA_LIMIT_S=150, H200_BENCH_LIMIT_S=440, H200_CHECK_LIMIT_S=110, H200_SKIP=phases)
+#       H200_EXTRA_LIMIT_S=150, H200_BENCH_LIMIT_S=440, H200_CHECK_LIMIT_S=110, H200_CHECK_ONLY=sections of the
+#       kernel check, H200_SKIP=phases)
 # Wheels (liger-kernel, nvidia-cudnn-frontend; torchtitan with torchdata and tyro) are installed from .whl/ when it
 # exists (the device README's carried-wheel recipe), or come unpacked in site-*.tar.xz; FA4 and its support
 # libraries come unpacked in xz tarballs (fa4-*.tar.xz, or
@@ -58,7 +59,8 @@ phase() {  # phase NAME LIMIT_S CMD...: time-limited (by LIMIT_S and the budget 
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,power.draw,driver_version --format=csv >>"$LOG" 2>&1
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" 2>&1 | tee -a "$LOG"
 $PY -c "from remote import fa4; import torch; print('fa4', fa4.versions(), fa4.unqualified(torch.device('cuda')) or 'importable')" 2>&1 | tail -2 | tee -a "$LOG"
-phase check "${H200_CHECK_LIMIT_S:-110}" $PY -m remote.kernels.check --out "$OUT/kernels-check.json"
+phase check "${H200_CHECK_LIMIT_S:-110}" $PY -m remote.kernels.check --out "$OUT/kernels-check.json" \
+    ${H200_CHECK_ONLY:+--only "$H200_CHECK_ONLY"}
 mkdir -p "$WORK/bench"
 phase bench "${H200_BENCH_LIMIT_S:-440}" $PY scripts/bench_vs_reference.py --micro-batch 16 --steps "$STEPS" --runs "$RUNS" \
     --timeout-s 130 --work "$WORK/bench" --out "$OUT/bench-vs-reference.json"

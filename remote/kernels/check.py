@@ -300,6 +300,9 @@ def check_norm(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
             torch.autograd.backward([hh, yy], [dh, dy])
         rep.time(f"norm add+rmsnorm fwd+bwd {name} [{tokens}x{d}]", bench_ms(step), 8 * n)
     try:
+        from remote import fa4
+
+        fa4.interface()  # puts nvidia_cutlass_dsl's `cutlass` on sys.path (its .pth is not read from a --target)
         from quack.rmsnorm import rmsnorm as quack_rmsnorm  # noqa: PLC0415 - shipped with the FA4 wheels only
 
         def quack_step():
