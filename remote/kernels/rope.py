@@ -15,49 +15,56 @@ import triton.language as tl
 from remote import kernels
 
 
-def _rope_fwd(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, seq, n_q, n_kv, HALF: tl.constexpr,
-              HEADS: tl.constexpr, VHEADS: tl.constexpr, INVERSE: tl.constexpr):
-    """INVERSE=False: qkv row -> rotated q, k and v. INVERSE=True: the backward, the same memory roles swapped
-    (q_ptr/k_ptr/v_ptr are the incoming dq/dk/dv, qkv_ptr the d(qkv) written)."""
-    tok = tl.program_id(0).to(tl.int64)
+def _rope_fwd(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, n_tok, seq, n_q, n_kv, HALF: tl.constexpr,
+              HEADS: tl.constexpr, VHEADS: tl.constexpr, TOK: tl.constexpr, INVERSE: tl.constexpr):
+    """TOK tokens per program, one tile row per (token, head). INVERSE=False: qkv rows -> rotated q, k and v.
+    INVERSE=True: the backward, the same memory roles swapped (q_ptr/k_ptr/v_ptr are the incoming dq/dk/dv,
+    qkv_ptr the d(qkv) written)."""
+    width = (n_q + 2 * n_kv) * 2 * HALF
+    r = tl.arange(0, TOK * HEADS)
+    tok = tl.program_id(0).to(tl.int64) * TOK + r // HEADS
+    heads = r % HEADS
     t = tok % seq
     d = tl.arange(0, HALF)
-    c = tl.load(cos_ptr + t * 2 * HALF + d).to(tl.float32)  # cos/sin tables repeat each half: [c | c]
-    s = tl.load(sin_ptr + t * 2 * HALF + d).to(tl.float32)
-    width = (n_q + 2 * n_kv) * 2 * HALF
-    heads = tl.arange(0, HEADS)
-    in_q = heads < n_q
-    in_k = (heads >= n_q) & (heads < n_q + n_kv)
-    # offsets of each head's first half in the fused row, and in the separate q / k tensors
-    row = qkv_ptr + tok * width + heads[:, None] * 2 * HALF + d[None, :]
-    q_row = q_ptr + tok * n_q * 2 * HALF + heads[:, None] * 2 * HALF + d[None, :]
-    k_row = k_ptr + tok * n_kv * 2 * HALF + (heads - n_q)[:, None] * 2 * HALF + d[None, :]
-    mq = in_q[:, None]
-    mk = in_k[:, None]
+    tok_ok = (tok < n_tok)[:, None]
+    if TOK == 1:  # the GPU launch: one table row, broadcast over the heads
+        t1 = tl.program_id(0).to(tl.int64) % seq
+        c = tl.load(cos_ptr + t1 * 2 * HALF + d).to(tl.float32)[None, :]
+        s = tl.load(sin_ptr + t1 * 2 * HALF + d).to(tl.float32)[None, :]
+    else:
+        c = tl.load(cos_ptr + t[:, None] * 2 * HALF + d[None, :], mask=tok_ok, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + t[:, None] * 2 * HALF + d[None, :], mask=tok_ok, other=0.0).to(tl.float32)
+    # each row's first half in the fused row, and in the separate q / k tensors ([c | c] tables: one half read)
+    row = qkv_ptr + tok[:, None] * width + heads[:, None] * 2 * HALF + d[None, :]
+    q_row = q_ptr + tok[:, None] * n_q * 2 * HALF + heads[:, None] * 2 * HALF + d[None, :]
+    k_row = k_ptr + tok[:, None] * n_kv * 2 * HALF + (heads - n_q)[:, None] * 2 * HALF + d[None, :]
+    mq = tok_ok & (heads < n_q)[:, None]
+    mk = tok_ok & ((heads >= n_q) & (heads < n_q + n_kv))[:, None]
+    m = mq | mk
     if INVERSE:
         a1 = tl.where(mq, tl.load(q_row, mask=mq, other=0.0), tl.load(k_row, mask=mk, other=0.0)).to(tl.float32)
         a2 = tl.where(mq, tl.load(q_row + HALF, mask=mq, other=0.0),
                       tl.load(k_row + HALF, mask=mk, other=0.0)).to(tl.float32)
-        o1 = a1 * c[None, :] + a2 * s[None, :]
-        o2 = a2 * c[None, :] - a1 * s[None, :]
-        m = mq | mk
+        o1 = a1 * c + a2 * s
+        o2 = a2 * c - a1 * s
         tl.store(row, o1.to(qkv_ptr.dtype.element_ty), mask=m)
         tl.store(row + HALF, o2.to(qkv_ptr.dtype.element_ty), mask=m)
     else:
-        m = mq | mk
         a1 = tl.load(row, mask=m, other=0.0).to(tl.float32)
         a2 = tl.load(row + HALF, mask=m, other=0.0).to(tl.float32)
-        o1 = (a1 * c[None, :] - a2 * s[None, :]).to(q_ptr.dtype.element_ty)
-        o2 = (a2 * c[None, :] + a1 * s[None, :]).to(q_ptr.dtype.element_ty)
+        o1 = (a1 * c - a2 * s).to(q_ptr.dtype.element_ty)
+        o2 = (a2 * c + a1 * s).to(q_ptr.dtype.element_ty)
         tl.store(q_row, o1, mask=mq)
         tl.store(q_row + HALF, o2, mask=mq)
         tl.store(k_row, o1, mask=mk)
         tl.store(k_row + HALF, o2, mask=mk)
-    vh = tl.arange(0, VHEADS)
-    vm = (vh < n_kv)[:, None]
+    rv = tl.arange(0, TOK * VHEADS)
+    vtok = tl.program_id(0).to(tl.int64) * TOK + rv // VHEADS
+    vh = rv % VHEADS
+    vm = ((vtok < n_tok) & (vh < n_kv))[:, None]
     dd = tl.arange(0, 2 * HALF)
-    fused_v = qkv_ptr + tok * width + (n_q + n_kv + vh)[:, None] * 2 * HALF + dd[None, :]
-    own_v = v_ptr + tok * n_kv * 2 * HALF + vh[:, None] * 2 * HALF + dd[None, :]
+    fused_v = qkv_ptr + vtok[:, None] * width + (n_q + n_kv + vh)[:, None] * 2 * HALF + dd[None, :]
+    own_v = v_ptr + vtok[:, None] * n_kv * 2 * HALF + vh[:, None] * 2 * HALF + dd[None, :]
     if INVERSE:
         tl.store(fused_v, tl.load(own_v, mask=vm, other=0.0), mask=vm)
     else:
@@ -71,32 +78,36 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _launch(qkv, cos, sin, q, k, v, n_q, n_kv, inverse: bool) -> None:
+def _launch(qkv, cos, sin, q, k, v, n_q, n_kv, inverse: bool, tokens: int | None = None) -> None:
     b, t, _h, d = qkv.shape
     if b * t == 0:
         return
+    # one token per program on the GPU (measured at the copy rate); many on CPU, where the interpreter pays per
+    # program
+    tok = tokens or (kernels.env_int("VH_ROPE_TOKENS", 1) if qkv.is_cuda else 64)  # a power of two
     warps = kernels.env_int("VH_ROPE_WARPS", 4) if qkv.is_cuda else 1
-    _ROPE[(b * t,)](qkv, cos, sin, q, k, v, t, n_q, n_kv, HALF=d // 2, HEADS=_pow2_at_least(n_q + n_kv),
-                    VHEADS=_pow2_at_least(n_kv), INVERSE=inverse, num_warps=warps)
+    _ROPE[(-(-(b * t) // tok),)](qkv, cos, sin, q, k, v, b * t, t, n_q, n_kv, HALF=d // 2,
+                                 HEADS=_pow2_at_least(n_q + n_kv), VHEADS=_pow2_at_least(n_kv), TOK=tok,
+                                 INVERSE=inverse, num_warps=warps)
 
 
-def forward_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_q: int, n_kv: int
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def forward_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_q: int, n_kv: int,
+                   tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     b, t, _h, d = qkv.shape
     qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
     q = qkv.new_empty(b, t, n_q, d)
     k, v = qkv.new_empty(b, t, n_kv, d), qkv.new_empty(b, t, n_kv, d)
-    _launch(qkv, cos, sin, q, k, v, n_q, n_kv, inverse=False)
+    _launch(qkv, cos, sin, q, k, v, n_q, n_kv, inverse=False, tokens=tokens)
     return q, k, v
 
 
-def backward_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                    ) -> torch.Tensor:
+def backward_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    tokens: int | None = None) -> torch.Tensor:
     b, t, n_q, d = dq.shape
     n_kv = dk.shape[2]
     dqkv = dq.new_empty(b, t, n_q + 2 * n_kv, d)
     _launch(dqkv, cos.contiguous(), sin.contiguous(), dq.contiguous(), dk.contiguous(), dv.contiguous(), n_q,
-            n_kv, inverse=True)
+            n_kv, inverse=True, tokens=tokens)
     return dqkv
 
 

@@ -283,6 +283,10 @@ def test_rope_kernel_matches_the_model_rotation_and_its_backward_is_the_inverse(
     assert rel_err(dqkv, ref.grad) < 1e-2 and torch.equal(dqkv[:, :, 8:], grads[2])
     assert torch.equal(dqkv, rope.backward_triton(*grads, cos, sin))
     assert torch.equal(q, rope.forward_triton(qkv, cos, sin, 6, 2)[0])
+    # one token per program (the GPU launch, its own table-load branch) gives the same bits as the CPU tiles
+    assert all(torch.equal(a, b) for a, b in zip(rope.forward_triton(qkv, cos, sin, 6, 2, tokens=1), (q, k, v),
+                                                 strict=True))
+    assert torch.equal(rope.backward_triton(*grads, cos, sin, tokens=1), dqkv)
     x = qkv.clone().requires_grad_()
     outs = rope.rope_qkv(x, cos, sin, 6, 2)
     sum((o.float() * g.float()).sum() for o, g in zip(outs, grads, strict=True)).backward()
