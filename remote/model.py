@@ -130,9 +130,15 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.wqkv = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.rope = None  # remote.kernels.rope.rope_qkv when that kernel is active (one pass each way)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
+        if self.rope is not None:  # q, k, v come back [B, T, H, D] contiguous: [B, H, T, D] views below
+            q, k, v = self.rope(self.wqkv(x).view(b, t, self.n_heads + 2 * self.n_kv, self.hd), cos, sin,
+                                self.n_heads, self.n_kv)
+            out = attention.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            return self.wo(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
         qkv = self.wqkv(x).view(b, t, self.n_heads + 2 * self.n_kv, self.hd).transpose(1, 2)
         q, k, v = qkv.split([self.n_heads, self.n_kv, self.n_kv], dim=1)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -161,8 +167,14 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn = FeedForward(cfg)
+        self.norms = None  # remote.kernels.norm when that kernel is active (residual add fused into the norm)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.norms is not None:
+            eps = self.attn_norm.eps
+            h, y = self.norms.add_rmsnorm(x, self.attn(self.norms.rmsnorm(x, self.attn_norm.weight, eps), cos, sin),
+                                          self.ffn_norm.weight, eps)
+            return h + self.ffn(y)
         x = x + self.attn(self.attn_norm(x), cos, sin)
         return x + self.ffn(self.ffn_norm(x))
 

@@ -119,6 +119,18 @@ def apply_kernels(model: Transformer, device: torch.device) -> list[str]:
         for block in model.layers:
             block.ffn.swiglu = swiglu
         done.append("swiglu")
+    if kernels.active("norm", device):
+        from remote.kernels import norm
+
+        for block in model.layers:
+            block.norms = norm
+        done.append("norm")
+    if kernels.active("rope", device):
+        from remote.kernels.rope import rope_qkv
+
+        for block in model.layers:
+            block.attn.rope = rope_qkv
+        done.append("rope")
     return done
 
 

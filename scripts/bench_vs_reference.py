@@ -5,12 +5,17 @@ Runs, each in its own process (a crash, a compile cache or a memory pool never l
 - `ours`: scripts/run_mfu_dist.py with the profile's own settings (zero2o, compiled, no kernel knobs in the
   environment: what a user runs), and `deterministic`: the same with --deterministic --replay;
 - `fast-cudnn`: `ours` with `--attention cudnn`, the fast default before FA4 (issue 32's yardstick for the
-  deterministic run: `deterministic_vs_baseline_fast`);
+  deterministic run: `deterministic_vs_baseline_fast`); `previous-fast`: `ours` with the kernel set before the
+  norm / rope kernels (`VH_KERNELS=loss,swiglu,optim`; `ours_vs_previous_fast`, `deterministic_vs_previous_fast`);
 - the references, HF transformers' LlamaForCausalLM built from a LlamaConfig of the same shape (no
   download), bf16 weights, SDPA attention, fused AdamW on the bf16 weights:
   `hf-layer` (torch.compile per decoder layer, the scope ours uses), `hf-model` (the whole model compiled),
   `hf+liger-layer` / `hf+liger-model` (the same with the Liger kernels applied the documented way,
-  `apply_liger_kernel_to_llama(rope, rms_norm, swiglu, fused_linear_cross_entropy)`).
+  `apply_liger_kernel_to_llama(rope, rms_norm, swiglu, fused_linear_cross_entropy)`);
+- `torchtitan`: torchtitan's own Trainer (its llama3 model at this shape, its parallelize with torch.compile
+  of model and loss, its AdamW, gradient clipping and single-device bf16 autocast), activation checkpointing
+  off as in ours; only the data comes from here (the same synthetic tokens, no tokenizer or dataset), since a
+  throughput run needs neither. Needs the `torchtitan` wheel (0.2.2 runs on torch 2.11) with torchdata and tyro.
 
 Everything is timed with CUDA events after the same warm-up and scored with the same FLOPs/token and peak.
 The record (schema 2) holds `ours`, `deterministic`, `references`, `strongest`, `ratio_vs_strongest` and
@@ -34,11 +39,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SCHEMA = "vast-harness/bench-vs-reference/2"
-REFERENCES = ("hf-layer", "hf+liger-layer", "hf-model", "hf+liger-model")  # whole-model compiles last (slow)
-OURS = ("ours", "deterministic", "fast-cudnn")
-RECORD_KEY = {"ours": "ours", "deterministic": "deterministic", "fast-cudnn": "baseline_fast"}
-TARGETS = {"ratio_vs_strongest": 1.13, "deterministic_vs_fast": 0.97, "deterministic_vs_baseline_fast": 1.00}
-KNOB_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_")  # remote.kernels.ENV_PREFIXES
+REFERENCES = ("hf-layer", "hf+liger-layer", "hf-model", "hf+liger-model", "torchtitan")  # whole-model compiles late (slow)
+OURS = ("ours", "deterministic", "fast-cudnn", "previous-fast")
+RECORD_KEY = {"ours": "ours", "deterministic": "deterministic", "fast-cudnn": "baseline_fast",
+              "previous-fast": "previous_fast"}
+# previous-fast: the fast default before the norm / rope kernels (issue 32 call 3's: fa4 + loss, swiglu, optim)
+PREVIOUS_KERNELS = {"VH_KERNELS": "loss,swiglu,optim"}
+TARGETS = {"ratio_vs_strongest": 1.13, "deterministic_vs_fast": 0.97, "deterministic_vs_baseline_fast": 1.00,
+           "deterministic_vs_previous_fast": 1.00}
+KNOB_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_", "VH_NORM_", "VH_ROPE_")  # kernels.ENV_PREFIXES
 
 
 def reference_run(profile_name: str, name: str, micro_batch: int, steps: int, warmup: int) -> dict:
@@ -112,6 +121,110 @@ def reference_run(profile_name: str, name: str, micro_batch: int, steps: int, wa
                          "liger_kernel": liger_version, "triton": _dist_version("triton")}}
 
 
+def torchtitan_run(profile_name: str, micro_batch: int, steps: int, warmup: int, dump_dir: str) -> dict:
+    """torchtitan's Trainer at our shape (world 1), each train_step timed with CUDA events."""
+    import dataclasses
+    import socket
+    import sys as _sys
+    import types
+
+    import torch
+
+    from remote import data, mfu
+    from remote.profiles import load_profile
+
+    try:
+        import datasets  # noqa: F401 - torchtitan's llama3 package imports it; the synthetic loader never uses it
+    except ImportError:  # a stand-in so the import succeeds; calling it is an error, and nothing here calls it
+        stub = types.ModuleType("datasets")
+        stub.Dataset = stub.load_dataset = None  # type: ignore[attr-defined]
+        dist_stub = types.ModuleType("datasets.distributed")
+        dist_stub.split_dataset_by_node = None  # type: ignore[attr-defined]
+        _sys.modules.update({"datasets": stub, "datasets.distributed": dist_stub})
+    try:
+        from torchtitan import train as tt_train
+        from torchtitan.config import ConfigManager
+        from torchtitan.models import llama3
+        from torchtitan.protocols.train_spec import register_train_spec
+    except ImportError as exc:
+        raise SystemExit(f"error: the torchtitan reference needs torchtitan, torchdata and tyro ({exc})") from None
+    cfg = load_profile(profile_name).model
+    hidden = int(1.5 * int(2 * 4 * cfg.d_model / 3))  # torchtitan's FeedForward sizing (Llama-3.2-1B: 1.5, 256)
+    if -(-hidden // 256) * 256 != cfg.ffn_hidden:
+        raise SystemExit(f"error: torchtitan's llama3 sizing gives another FFN width than {cfg.ffn_hidden}")
+    args = llama3.TransformerModelArgs(dim=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                                       n_kv_heads=cfg.n_kv_heads, vocab_size=cfg.padded_vocab,
+                                       ffn_dim_multiplier=1.5, multiple_of=256, norm_eps=cfg.norm_eps,
+                                       rope_theta=cfg.rope_theta, max_seq_len=cfg.seq_len)
+
+    class Synthetic:
+        """(input_dict, labels) on the CPU, the same tokens our runs draw; torchtitan moves them itself."""
+
+        def __init__(self) -> None:
+            self.step = 0
+
+        def __iter__(self):
+            while True:
+                tokens, targets = data.batch(0, 0, self.step, micro_batch, cfg.seq_len, cfg.vocab_size,
+                                             torch.device("cpu"))
+                self.step += 1
+                yield {"input": tokens}, targets
+
+        def state_dict(self) -> dict:
+            return {"step": self.step}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.step = state["step"]
+
+    spec = dataclasses.replace(llama3.get_train_spec(), model_args={"vh": args}, build_tokenizer_fn=None,
+                               build_dataloader_fn=lambda **_kw: Synthetic(), build_validator_fn=None)
+    register_train_spec("vh_llama3", spec)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    job = ConfigManager().parse_args([
+        "--job.dump_folder", dump_dir, "--model.name", "vh_llama3", "--model.flavor", "vh",
+        "--training.local_batch_size", str(micro_batch), "--training.seq_len", str(cfg.seq_len),
+        "--training.steps", str(steps), "--compile.enable", "--activation_checkpoint.mode", "none",
+        "--metrics.log_freq", str(steps + 1), "--lr_scheduler.warmup_steps", "1"])
+    marks: list = []
+    inner = tt_train.Trainer.train_step
+
+    def timed(self, data_iterator):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        inner(self, data_iterator)
+        end.record()
+        marks.append((start, end))
+
+    tt_train.Trainer.train_step = timed  # type: ignore[method-assign]
+    torch.cuda.reset_peak_memory_stats()
+    trainer = tt_train.Trainer(job)
+    try:
+        trainer.train()
+    finally:
+        torch.cuda.synchronize()
+        trainer.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    step_s = [s.elapsed_time(e) / 1e3 for s, e in marks][warmup:]
+    tokens_per_s = micro_batch * cfg.seq_len * len(step_s) / sum(step_s)
+    peak = mfu.peak_for(torch.cuda.get_device_name())
+    version = _dist_version("torchtitan")
+    return {"name": "torchtitan", "impl": f"torchtitan {version} Trainer (llama3, compile model+loss, AC none, "
+                                          f"bf16 autocast)",
+            "compile_scope": "layer", "liger": False, "micro_batch": micro_batch, "seq_len": cfg.seq_len,
+            "warmup_steps": warmup, "step_times_s": step_s, "tokens_per_s": tokens_per_s,
+            "flops_per_token": cfg.flops_per_token(), "peak_tflops": peak.tflops,
+            "mfu": mfu.mfu(tokens_per_s, cfg.flops_per_token(), peak.tflops),
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "model_params": sum(p.numel() for m in trainer.model_parts for p in m.parameters()),
+            "versions": {"torch": torch.__version__, "torchtitan": version, "torchdata": _dist_version("torchdata"),
+                         "tyro": _dist_version("tyro"), "triton": _dist_version("triton")}}
+
+
 def _dist_version(name: str) -> str | None:
     from importlib import metadata
 
@@ -126,12 +239,13 @@ def user_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(KNOB_PREFIXES)}
 
 
-def _child(cmd: list[str], out: Path, log: Path, timeout_s: float) -> tuple[dict | None, str | None]:
+def _child(cmd: list[str], out: Path, log: Path, timeout_s: float, env: dict[str, str] | None = None
+           ) -> tuple[dict | None, str | None]:
     t0 = time.monotonic()
     with open(log, "w") as fh:
         try:
-            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=user_env(), timeout=timeout_s,
-                                  check=False)
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=user_env() | (env or {}),
+                                  timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
             return None, f"timed out after {timeout_s:.0f} s"
     if proc.returncode != 0 or not out.is_file():
@@ -149,7 +263,8 @@ def ours_run(args: argparse.Namespace, name: str, work: Path) -> tuple[dict | No
         cmd += ["--deterministic", "--replay"]
     if name == "fast-cudnn":
         cmd += ["--attention", "cudnn"]
-    record, err = _child(cmd, out, work / f"{name}.log", args.timeout_s * (2 if name == "deterministic" else 1))
+    record, err = _child(cmd, out, work / f"{name}.log", args.timeout_s * (2 if name == "deterministic" else 1),
+                         PREVIOUS_KERNELS if name == "previous-fast" else None)
     return (_annotate(record, args.profile) if record is not None else None), err
 
 
@@ -185,6 +300,11 @@ def summarize(record: dict) -> dict:
         record["deterministic_vs_fast"] = det["mfu"] / ours["mfu"]
     if det and record.get("baseline_fast"):
         record["deterministic_vs_baseline_fast"] = det["mfu"] / record["baseline_fast"]["mfu"]
+    if record.get("previous_fast"):
+        if ours:
+            record["ours_vs_previous_fast"] = ours["mfu"] / record["previous_fast"]["mfu"]
+        if det:
+            record["deterministic_vs_previous_fast"] = det["mfu"] / record["previous_fast"]["mfu"]
     record["targets"] = TARGETS
     record["met"] = {k: record[k] >= v for k, v in TARGETS.items() if k in record}
     return record
@@ -221,6 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     from remote import evidence, parallel
 
     parallel.set_process_env(nccl_pcie=False)  # multicast off here too, before CUDA starts
+    if args.reference == "torchtitan":
+        with tempfile.TemporaryDirectory() as dump:
+            evidence.write(args.out, torchtitan_run(args.profile, args.micro_batch, args.steps, args.warmup_steps,
+                                                    dump))
+        return 0
     if args.reference:
         evidence.write(args.out, reference_run(args.profile, args.reference, args.micro_batch, args.steps,
                                                args.warmup_steps))

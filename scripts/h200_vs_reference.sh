@@ -8,9 +8,11 @@
 # clock-event reasons every 100 ms all along (smi.csv in extra.tar.gz): the alternating slow step's cause.
 #   OUT=dir bash scripts/h200_vs_reference.sh   (PY=python3; H200_STEPS=13, H200_BUDGET_S=540,
 #       H200_RUNS=bench runs, H200_EXTRA="name|ENV=..|flags;..." extra run_mfu_dist runs, each limited to
-#       H200_EXTRA_LIMIT_S=150, H200_BENCH_LIMIT_S=440, H200_CHECK_LIMIT_S=110, H200_SKIP=phases)
-# Wheels (liger-kernel, nvidia-cudnn-frontend) are installed from .whl/ when it exists (the device README's
-# carried-wheel recipe); FA4 and its support libraries come unpacked in xz tarballs (fa4-*.tar.xz, or
+#       H200_EXTRA_LIMIT_S=150, H200_BENCH_LIMIT_S=440, H200_CHECK_LIMIT_S=110, H200_CHECK_ONLY=sections of the
+#       kernel check, H200_SKIP=phases)
+# Wheels (liger-kernel, nvidia-cudnn-frontend; torchtitan with torchdata and tyro) are installed from .whl/ when it
+# exists (the device README's carried-wheel recipe), or come unpacked in site-*.tar.xz; FA4 and its support
+# libraries come unpacked in xz tarballs (fa4-*.tar.xz, or
 # $FA4_TARBALL: the cu13 support wheel alone is 92 MB, over a call's 64 MiB), extracted into the same folder.
 # Writes into $OUT: log.txt, kernels-check.json, bench-vs-reference.json, runs.json, extra.tar.gz (every run's JSON and log), and prints a short table last.
 set -uo pipefail
@@ -23,12 +25,13 @@ STEPS=${H200_STEPS:-13}; SKIP=${H200_SKIP:-}; BUDGET=${H200_BUDGET_S:-540}
 RUNS=${H200_RUNS:-ours,deterministic,fast-cudnn,hf-layer,hf+liger-layer,hf-model,hf+liger-model}
 WORK=$(mktemp -d); LOG="$OUT/log.txt"; : >"$LOG"
 T0=$SECONDS
-WHEELS=$(ls ../.whl/*.whl .whl/*.whl 2>/dev/null | head -8)
+WHEELS=$(ls ../.whl/*.whl .whl/*.whl 2>/dev/null | head -16)
 if [ -n "$WHEELS" ]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $WHEELS \
         >>"$LOG" 2>&1 && export PYTHONPATH=/tmp/site
 fi
-FA4_TARBALL=${FA4_TARBALL:-$(ls ../fa4-*.tar.xz fa4-*.tar.xz 2>/dev/null)}
+# site-*.tar.xz: other carried packages unpacked the same way (wheels compress ~40% better as one xz tarball)
+FA4_TARBALL=${FA4_TARBALL:-$(ls ../fa4-*.tar.xz fa4-*.tar.xz ../site-*.tar.xz site-*.tar.xz 2>/dev/null)}
 for tb in $FA4_TARBALL; do  # one or several parts, each unpacked site-packages content
     mkdir -p /tmp/site && tar -xJf "$tb" -C /tmp/site >>"$LOG" 2>&1 && export PYTHONPATH=/tmp/site
 done
@@ -56,7 +59,8 @@ phase() {  # phase NAME LIMIT_S CMD...: time-limited (by LIMIT_S and the budget 
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,power.draw,driver_version --format=csv >>"$LOG" 2>&1
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" 2>&1 | tee -a "$LOG"
 $PY -c "from remote import fa4; import torch; print('fa4', fa4.versions(), fa4.unqualified(torch.device('cuda')) or 'importable')" 2>&1 | tail -2 | tee -a "$LOG"
-phase check "${H200_CHECK_LIMIT_S:-110}" $PY -m remote.kernels.check --out "$OUT/kernels-check.json"
+phase check "${H200_CHECK_LIMIT_S:-110}" $PY -m remote.kernels.check --out "$OUT/kernels-check.json" \
+    ${H200_CHECK_ONLY:+--only "$H200_CHECK_ONLY"}
 mkdir -p "$WORK/bench"
 phase bench "${H200_BENCH_LIMIT_S:-440}" $PY scripts/bench_vs_reference.py --micro-batch 16 --steps "$STEPS" --runs "$RUNS" \
     --timeout-s 130 --work "$WORK/bench" --out "$OUT/bench-vs-reference.json"

@@ -19,7 +19,7 @@ BENCH_SCHEMA = "vast-harness/bench-vs-reference/1"
 BENCH_SCHEMA_2 = "vast-harness/bench-vs-reference/2"  # scripts/bench_vs_reference.py: ours, deterministic, references
 REFERENCE_FIELDS = ("name", "mfu", "tokens_per_s", "step_times_s", "micro_batch", "seq_len", "flops_per_token",
                     "peak_tflops", "peak_mem_gib", "versions", "warmup_steps")
-KNOB_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_")  # remote.kernels.ENV_PREFIXES
+KNOB_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_", "VH_NORM_", "VH_ROPE_")  # kernels.ENV_PREFIXES
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PROFILE_DIR = MODEL_PROFILES_DIR
@@ -208,8 +208,9 @@ def _check_reference_v2(ref: dict, ours: dict) -> list[str]:
         failed.append(f"reference {name}: mfu {ref['mfu']} does not follow from its numbers ({mfu})")
     if (ref["micro_batch"], ref["seq_len"]) != (ours["micro_batch"], ours["seq_len"]):
         failed.append(f"reference {name}: micro_batch/seq_len differ from ours")
-    if not ref["versions"].get("torch") or not ref["versions"].get("transformers"):
-        failed.append(f"reference {name}: versions must name torch and transformers")
+    if not ref["versions"].get("torch") or not (ref["versions"].get("transformers") or
+                                                ref["versions"].get("torchtitan")):
+        failed.append(f"reference {name}: versions must name torch and transformers (or torchtitan)")
     return failed
 
 
@@ -235,6 +236,12 @@ def _check_bench_v2(d: dict) -> list[str]:
         failed.append(f"ratio_vs_strongest {d.get('ratio_vs_strongest')} is not ours.mfu / {best['name']}.mfu")
     if not _close(d.get("deterministic_vs_fast", -1.0), det["mfu"] / ours["mfu"]):
         failed.append(f"deterministic_vs_fast {d.get('deterministic_vs_fast')} is not deterministic.mfu / ours.mfu")
+    prev = d.get("previous_fast")
+    if prev is not None:
+        failed += [f"previous_fast: {c}" for c in check_record(prev)]
+        if not failed and "deterministic_vs_previous_fast" in d and \
+                not _close(d["deterministic_vs_previous_fast"], det["mfu"] / prev["mfu"]):
+            failed.append("deterministic_vs_previous_fast is not deterministic.mfu / previous_fast.mfu")
     base = d.get("baseline_fast")
     if base is not None:
         failed += [f"baseline_fast: {c}" for c in check_record(base)]

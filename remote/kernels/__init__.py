@@ -2,18 +2,24 @@
 
 Knobs (environment, read when the model/runner is built; recorded in the evidence):
 
-- `VH_KERNELS`: comma list of `loss`, `swiglu`, `optim`, or `all` (the default) / `none`.
+- `VH_KERNELS`: comma list of `loss`, `swiglu`, `optim`, `norm`, `rope`, or `all` (the default) / `none`.
   - `loss`: the chunked LM-head + cross-entropy with one reused logits buffer, a single Triton pass per row
     (online max/sum, then the gradient written over the logits in place), input gradients written in
     place, and the head gradient accumulated in fp32 inside the GEMM (`addmm(out_dtype=float32)`).
   - `swiglu`: SwiGLU backward in one pass (reads the upstream gradient and gate/up once, writes both).
+  - `norm`: RMSNorm and residual add + RMSNorm, forward and backward in one pass each (the weight gradient's
+    partial sums in the same pass as dx).
+  - `rope`: RoPE on the fused qkv in one pass each way (q, k rotated and v copied into [B, T, H, D]; backward
+    writes the whole d(qkv)).
   - `optim`: one fused AdamW pass (bf16 grad + fp32 master/m/v in, fp32 state + bf16 params out); at world
     size 1 no collectives, no gradient buckets and no bucket zeroing.
 - `VH_CE_CHUNK`: tokens per loss chunk (overrides the profile's `ce_chunk_tokens`).
 - `VH_CE_BLOCK`, `VH_CE_WARPS`, `VH_CE_PROGRAMS`: the loss kernel's launch (programs 0 = one per row).
 - `VH_SWIGLU_BLOCK`, `VH_SWIGLU_WARPS`, `VH_ADAMW_BLOCK`, `VH_ADAMW_WARPS`: the other two launches.
 
-A kernel is active only on CUDA with Triton importable; elsewhere the torch path runs, unchanged. For tests,
+A kernel is active only on CUDA with Triton importable; elsewhere the torch path runs, unchanged. The kernels
+in `QUALIFIED` are probed first as well (their module's `qualify(device)`: a small fwd+bwd against the torch
+reference and bitwise twice, once per device); one that fails stays off and `describe()` records why. For tests,
 `VH_KERNELS_CPU=1` together with `TRITON_INTERPRET=1` runs the Triton kernels on CPU tensors.
 """
 
@@ -23,8 +29,9 @@ import os
 
 import torch
 
-KNOWN = ("loss", "swiglu", "optim")
-ENV_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_")
+KNOWN = ("loss", "swiglu", "optim", "norm", "rope")
+QUALIFIED = ("norm", "rope")  # used only where their probe passes on the device (issue 32)
+ENV_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_", "VH_NORM_", "VH_ROPE_")
 
 try:
     import triton
@@ -67,7 +74,25 @@ def runs_triton(device: torch.device) -> bool:
 def active(name: str, device: torch.device) -> bool:
     if name not in KNOWN:
         raise KnobError(f"unknown kernel {name!r}")
-    return name in requested() and runs_triton(device)
+    return name in requested() and runs_triton(device) and rejection(name, device) is None
+
+
+_PROBES: dict[tuple[str, str, bool], str | None] = {}
+
+
+def rejection(name: str, device: torch.device) -> str | None:
+    """Why a probed kernel (QUALIFIED) is off on this device (None: it qualified, or it needs no probe)."""
+    if name not in QUALIFIED:
+        return None
+    key = (name, str(device), interpret())
+    if key not in _PROBES:
+        import importlib
+
+        try:
+            _PROBES[key] = importlib.import_module(f"remote.kernels.{name}").qualify(device)
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot even run is simply not used
+            _PROBES[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    return _PROBES[key]
 
 
 def env_int(name: str, default: int) -> int:
@@ -89,7 +114,9 @@ def ce_chunk_tokens(profile_default: int) -> int:
 
 def describe(device: torch.device) -> dict:
     """What ran, for the evidence record."""
+    want = [n for n in QUALIFIED if n in requested() and runs_triton(device)]
     return {"requested": sorted(requested()), "active": sorted(n for n in KNOWN if active(n, device)),
+            "rejected": {n: rejection(n, device) for n in want if rejection(n, device) is not None},
             "triton": TRITON_VERSION,
             "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}}
 

@@ -96,7 +96,9 @@ def check_ce(rep: Report, dev: torch.device, sh: dict) -> None:
     work = logits.clone()
     row_loss = torch.empty(rows, device=dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
-    configs = [{"ROWS": 1, "BLOCK": 4096, "num_warps": 8, "programs": 0},
+    configs = [{"ROWS": 1, "BLOCK": 2048, "num_warps": 4, "programs": 0},
+               {"ROWS": 1, "BLOCK": 4096, "num_warps": 4, "programs": 0},
+               {"ROWS": 1, "BLOCK": 4096, "num_warps": 8, "programs": 0},
                {"ROWS": 1, "BLOCK": 8192, "num_warps": 8, "programs": 0},
                {"ROWS": 1, "BLOCK": 8192, "num_warps": 16, "programs": 0},
                {"ROWS": 1, "BLOCK": 8192, "num_warps": 16, "programs": sms},
@@ -248,6 +250,115 @@ def check_adamw(rep: Report, dev: torch.device, sh: dict) -> None:
              note="(bytes counted as the fused floor)")
 
 
+def check_norm(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
+    """residual add + RMSNorm (and plain RMSNorm), fwd+bwd: the Triton ops against fp32 torch and against
+    Inductor's fusion of the same formula (what the per-layer graph runs without them), and quack's CuTe DSL
+    rmsnorm where it imports (timing only)."""
+    import torch.nn.functional as F
+
+    from remote.kernels import norm
+
+    d = sh["d_model"]
+    rep.check(f"norm: probe qualifies ({norm.qualify(dev) or 'ok'})", norm.qualify(dev) is None)
+    x, r, dy, dh = (torch.randn(tokens, d, device=dev).to(torch.bfloat16) for _ in range(4))
+    w = (1 + 0.1 * torch.randn(d, device=dev)).to(torch.bfloat16)
+    h, y, rstd = norm.forward_triton(x, r, w, 1e-5)
+    rep.check("norm: h == x + r (bf16 add) bitwise", torch.equal(h, x + r))
+    rep.check("norm fwd rel err vs fp32 torch", rel(y, F.rms_norm(h.float(), (d,), w.float(), 1e-5)), 1e-2)
+    dx, dw = norm.backward_triton(dy, dh, h, w, rstd)
+    hf, wf = h.float().requires_grad_(), w.float().requires_grad_()
+    F.rms_norm(hf, (d,), wf, 1e-5).backward(dy.float())
+    rep.check("norm bwd dx rel err vs fp32 autograd", rel(dx, hf.grad + dh.float()), 1e-2)
+    rep.check("norm bwd dw rel err vs fp32 autograd", rel(dw, wf.grad), 1e-2)
+    rep.check("norm fwd+bwd bitwise across two runs",
+              torch.equal(y, norm.forward_triton(x, r, w, 1e-5)[1]) and
+              all(torch.equal(a, b) for a, b in zip((dx, dw), norm.backward_triton(dy, dh, h, w, rstd))))
+    del hf, wf
+    n = tokens * d * 2
+    rep.time(f"norm add+rmsnorm fwd triton [{tokens}x{d}]", bench_ms(lambda: norm.forward_triton(x, r, w, 1e-5)),
+             4 * n)
+    default = norm.launch_config(dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 2
+    for cfg in (default, default | {"programs": 2 * sms}, default | {"programs": 8 * sms},
+                default | {"BWD_ROWS": 4}, default | {"BWD_ROWS": 2, "num_warps": 4}):
+        tag = " (default)" if cfg == default else ""
+        rep.time(f"norm add+rmsnorm bwd triton (dx + dw, one pass) {cfg}{tag}",
+                 bench_ms(lambda c=cfg: norm.backward_triton(dy, dh, h, w, rstd, c)), 4 * n)
+
+    def fused_ops(xx, rr, ww):
+        return norm.add_rmsnorm(xx, rr, ww, 1e-5)
+
+    def inductor_formula(xx, rr, ww):
+        hh = xx + rr
+        return hh, F.rms_norm(hh, (d,), ww, 1e-5)
+
+    compiled = torch.compile(inductor_formula, fullgraph=True) if dev.type == "cuda" else inductor_formula
+    for name, fn in (("triton ops", fused_ops), ("Inductor", compiled)):
+        def step(fn=fn):
+            xx, rr, ww = (t.detach().requires_grad_() for t in (x, r, w))
+            hh, yy = fn(xx, rr, ww)
+            torch.autograd.backward([hh, yy], [dh, dy])
+        rep.time(f"norm add+rmsnorm fwd+bwd {name} [{tokens}x{d}]", bench_ms(step), 8 * n)
+    try:
+        from remote import fa4
+
+        fa4.interface()  # puts nvidia_cutlass_dsl's `cutlass` on sys.path (its .pth is not read from a --target)
+        from quack.rmsnorm import rmsnorm as quack_rmsnorm  # noqa: PLC0415 - shipped with the FA4 wheels only
+
+        def quack_step():
+            xx, rr, ww = (t.detach().requires_grad_() for t in (x, r, w))
+            yy, hh = quack_rmsnorm(xx, ww, residual=rr, eps=1e-5, prenorm=True)
+            torch.autograd.backward([hh, yy], [dh, dy])
+            return yy, xx.grad, ww.grad
+
+        qy, qdx, qdw = quack_step()
+        rep.time(f"norm quack rmsnorm(residual, prenorm) fwd+bwd [{tokens}x{d}] (dx rel {rel(qdx, dx):.2g}, "
+                 f"dw rel {rel(qdw, dw):.2g} vs ours)", bench_ms(quack_step), 8 * n)
+    except Exception as exc:  # noqa: BLE001 - quack is optional: its absence or API drift is recorded, not fatal
+        rep.time(f"norm quack not timed: {type(exc).__name__}: {str(exc)[:120]}", float("nan"))
+
+
+def check_rope(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
+    """RoPE on the fused qkv, fwd+bwd: the Triton ops against fp32 torch and against Inductor's kernels for
+    the model's formula (transpose, split, rotate-half; backward the rotation plus the cat into d(qkv))."""
+    from remote.kernels import rope
+    from remote.model import ModelConfig, apply_rope, rope_tables
+
+    heads, kv, hd, seq = sh["heads"], sh["kv_heads"], sh["head_dim"], sh["seq"]
+    b = max(1, tokens // seq)
+    rep.check(f"rope: probe qualifies ({rope.qualify(dev) or 'ok'})", rope.qualify(dev) is None)
+    cfg = ModelConfig(d_model=heads * hd, n_layers=1, n_heads=heads, n_kv_heads=kv, ffn_hidden=8, vocab_size=8,
+                      seq_len=seq)
+    cos, sin = rope_tables(cfg, seq, torch.bfloat16, dev)
+    qkv = torch.randn(b, seq, heads + 2 * kv, hd, device=dev).to(torch.bfloat16)
+    grads = [torch.randn(b, seq, h, hd, device=dev).to(torch.bfloat16) for h in (heads, kv, kv)]
+    out = rope.forward_triton(qkv, cos, sin, heads, kv)
+    want = rope.forward_reference(qkv, cos, sin, heads, kv)
+    rep.check("rope fwd q/k rel err vs fp32 torch", max(rel(out[0], want[0]), rel(out[1], want[1])), 1e-2)
+    rep.check("rope fwd v copied bitwise", torch.equal(out[2], want[2]))
+    dqkv = rope.backward_triton(*grads, cos, sin)
+    rep.check("rope bwd rel err vs fp32 torch", rel(dqkv, rope.backward_reference(*grads, cos, sin)), 1e-2)
+    rep.check("rope fwd+bwd bitwise across two runs", torch.equal(dqkv, rope.backward_triton(*grads, cos, sin))
+              and torch.equal(out[0], rope.forward_triton(qkv, cos, sin, heads, kv)[0]))
+    n = qkv.numel() * 2
+    rep.time(f"rope fwd triton [{b}x{seq}x{heads}+2x{kv}x{hd}]",
+             bench_ms(lambda: rope.forward_triton(qkv, cos, sin, heads, kv)), 2 * n)
+    rep.time("rope bwd triton (writes d(qkv))", bench_ms(lambda: rope.backward_triton(*grads, cos, sin)), 2 * n)
+
+    def inductor_formula(x):
+        q, k, v = x.transpose(1, 2).split([heads, kv, kv], dim=1)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    compiled = torch.compile(inductor_formula, fullgraph=True) if dev.type == "cuda" else inductor_formula
+    bhtd = [g.transpose(1, 2) for g in grads]
+    for name, fn, gs in (("triton ops", lambda x: rope.rope_qkv(x, cos, sin, heads, kv), grads),
+                         ("Inductor", compiled, bhtd)):
+        def step(fn=fn, gs=gs):
+            x = qkv.detach().requires_grad_()
+            torch.autograd.backward(list(fn(x)), gs)
+        rep.time(f"rope fwd+bwd {name}", bench_ms(step), 4 * n)
+
+
 def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
     """The custom attention paths (fa4 and fa4-det: remote.fa4; cudnn-det: remote.cudnn_sdpa) against an fp64
     math SDPA reference, the deterministic ones bitwise across two runs, and every path timed (fwd+bwd) at
@@ -327,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", type=int, default=32768, help="tokens per step (mb 16 x seq 2048)")
-    ap.add_argument("--only", default="copy,ce,loss,swiglu,adamw,attention")
+    ap.add_argument("--only", default="copy,ce,loss,swiglu,norm,rope,adamw,attention")
     ap.add_argument("--small", action="store_true", help="toy sizes on CPU (TRITON_INTERPRET=1 VH_KERNELS_CPU=1)")
     args = ap.parse_args(argv)
     dev = torch.device("cpu" if args.small else "cuda")
@@ -339,7 +450,9 @@ def main(argv: list[str] | None = None) -> int:
               "triton": kernels.TRITON_VERSION, "tokens": tokens, "shapes": sh}
     sections = {"copy": lambda: record.update(copy_tb_s=copy_ceiling(rep, dev, sh)),
                 "ce": lambda: check_ce(rep, dev, sh), "loss": lambda: check_loss_path(rep, dev, tokens, sh),
-                "swiglu": lambda: check_swiglu(rep, dev, tokens, sh), "adamw": lambda: check_adamw(rep, dev, sh),
+                "swiglu": lambda: check_swiglu(rep, dev, tokens, sh),
+                "norm": lambda: check_norm(rep, dev, tokens, sh), "rope": lambda: check_rope(rep, dev, tokens, sh),
+                "adamw": lambda: check_adamw(rep, dev, sh),
                 "attention": lambda: check_attention(rep, dev, tokens, sh)}
     for name in args.only.split(","):
         try:

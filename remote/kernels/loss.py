@@ -55,7 +55,7 @@ def launch_config(device: torch.device, n_rows: int) -> dict:
     """programs 0: one per row tile. On CPU (the interpreter pays per operation) wide row tiles."""
     if device.type != "cuda":
         return {"ROWS": 64, "BLOCK": 1024, "num_warps": 4, "programs": 0}
-    return {"ROWS": kernels.env_int("VH_CE_ROWS", 1), "BLOCK": kernels.env_int("VH_CE_BLOCK", 8192),
+    return {"ROWS": kernels.env_int("VH_CE_ROWS", 1), "BLOCK": kernels.env_int("VH_CE_BLOCK", 4096),
             "num_warps": kernels.env_int("VH_CE_WARPS", 8), "programs": kernels.env_int("VH_CE_PROGRAMS", 0)}
 
 

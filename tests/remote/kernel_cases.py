@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from remote import kernels
-from remote.kernels import adamw, loss, swiglu
-from remote.model import linear_cross_entropy
+from remote.kernels import adamw, loss, norm, rope, swiglu
+from remote.model import ModelConfig, apply_rope, linear_cross_entropy, rope_tables
 
 
 @pytest.fixture(autouse=True)
@@ -215,3 +215,117 @@ def test_fused_adamw_kernel_is_the_reference_update_and_repeats_bitwise() -> Non
     for a, b in zip(results[0][:3], results[2][:3], strict=True):  # fp32 state: a few ulps apart
         assert rel_err(a, b) < 1e-6
     assert rel_err(results[0][3], results[2][3]) < 1e-2  # the bf16 weights: at most one rounding apart
+
+
+@pytest.mark.parametrize(("rows", "d", "config"), [(37, 96, None), (5, 80, {"ROWS": 1, "num_warps": 4,
+                                                                              "BWD_ROWS": 2, "programs": 3})])
+def test_add_rmsnorm_kernels_match_the_torch_reference_and_repeat_bitwise(rows: int, d: int, config) -> None:
+    x, r, dy, dh = (torch.randn(rows, d).to(torch.bfloat16) for _ in range(4))
+    w = (1 + 0.1 * torch.randn(d)).to(torch.bfloat16)
+    h, y, rstd = norm.forward_triton(x, r, w, 1e-5, config)
+    assert h is not None and within_one_bf16_ulp(h, x.float() + r.float())
+    _h, y_ref, rstd_ref = norm.forward_reference(h, None, w, 1e-5)  # the norm of the kernel's own h
+    assert rel_err(rstd, rstd_ref) < 1e-6 and rel_err(y, y_ref) < 1e-2
+    assert within_one_bf16_ulp(y, h.float() * rstd_ref[:, None] * w.float())
+    dx, dw = norm.backward_triton(dy, dh, h, w, rstd, config)
+    dx_ref, dw_ref = norm.backward_reference(dy, dh, h, w, rstd)
+    assert rel_err(dx, dx_ref) < 1e-2 and rel_err(dw, dw_ref) < 1e-2
+    again = (*norm.forward_triton(x, r, w, 1e-5, config), *norm.backward_triton(dy, dh, h, w, rstd, config))
+    assert all(torch.equal(a, b) for a, b in zip((h, y, rstd, dx, dw), again, strict=True))
+    y_plain = norm.forward_triton(x, None, w, 1e-5, config)[1]
+    assert rel_err(y_plain, norm.forward_reference(x, None, w, 1e-5)[1]) < 1e-2
+
+
+def test_norm_ops_give_autograd_gradients_of_the_unfused_block_and_trace_under_compile() -> None:
+    """h, y = x + r, rms_norm(h): the fused op's gradients (dx = dr, the residual's own gradient added in
+    the same pass, dw) against fp32 autograd of the torch formula."""
+    x, r, w = torch.randn(3, 9, 64), torch.randn(3, 9, 64), 1 + 0.1 * torch.randn(64)
+    up_h, up_y = torch.randn(3, 9, 64), torch.randn(3, 9, 64)
+
+    def loss_of(fused: bool, xx, rr, ww):
+        if fused:
+            hh, yy = norm.add_rmsnorm(xx, rr, ww, 1e-5)
+            z = norm.rmsnorm(hh, ww, 1e-5)
+        else:
+            hh = xx + rr
+            yy = F.rms_norm(hh, (64,), ww, 1e-5)
+            z = F.rms_norm(hh, (64,), ww, 1e-5)
+        return (hh.float() * up_h).sum() + (yy.float() * up_y).sum() + (z.float() * up_y).sum()
+
+    ref = [t.clone().requires_grad_() for t in (x, r, w)]
+    loss_of(False, *ref).backward()
+    got = [t.to(torch.bfloat16).requires_grad_() for t in (x, r, w)]
+    loss_of(True, *got).backward()
+    for a, b in zip(got, ref, strict=True):
+        assert rel_err(a.grad, b.grad) < 2e-2
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: loss_of(True, *a), backend="aot_eager", fullgraph=True)
+    again = [t.detach().to(torch.bfloat16).requires_grad_() for t in (x, r, w)]
+    compiled(*again).backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(again, got, strict=True))
+
+
+def test_rope_kernel_matches_the_model_rotation_and_its_backward_is_the_inverse() -> None:
+    cfg = ModelConfig(d_model=96, n_layers=1, n_heads=6, n_kv_heads=2, ffn_hidden=64, vocab_size=100, seq_len=13)
+    cos, sin = rope_tables(cfg, 13, torch.bfloat16, torch.device("cpu"))
+    qkv = torch.randn(2, 13, 10, 16).to(torch.bfloat16)
+    q, k, v = rope.forward_triton(qkv, cos, sin, 6, 2)
+    assert q.shape == (2, 13, 6, 16) and k.shape == v.shape == (2, 13, 2, 16) and q.is_contiguous()
+    assert torch.equal(v, qkv[:, :, 8:])
+    ref = qkv.float().requires_grad_()
+    rq, rk, rv = ref.transpose(1, 2).split([6, 2, 2], dim=1)
+    rq, rk = apply_rope(rq, cos.float(), sin.float()), apply_rope(rk, cos.float(), sin.float())
+    assert within_one_bf16_ulp(q, rq.transpose(1, 2)) and within_one_bf16_ulp(k, rk.transpose(1, 2))
+    grads = [torch.randn(2, 13, h, 16).to(torch.bfloat16) for h in (6, 2, 2)]
+    ((rq * grads[0].float().transpose(1, 2)).sum() + (rk * grads[1].float().transpose(1, 2)).sum()
+     + (rv * grads[2].float().transpose(1, 2)).sum()).backward()
+    dqkv = rope.backward_triton(*grads, cos, sin)
+    assert rel_err(dqkv, ref.grad) < 1e-2 and torch.equal(dqkv[:, :, 8:], grads[2])
+    assert torch.equal(dqkv, rope.backward_triton(*grads, cos, sin))
+    assert torch.equal(q, rope.forward_triton(qkv, cos, sin, 6, 2)[0])
+    # one token per program (the GPU launch, its own table-load branch) gives the same bits as the CPU tiles
+    assert all(torch.equal(a, b) for a, b in zip(rope.forward_triton(qkv, cos, sin, 6, 2, tokens=1), (q, k, v),
+                                                 strict=True))
+    assert torch.equal(rope.backward_triton(*grads, cos, sin, tokens=1), dqkv)
+    x = qkv.clone().requires_grad_()
+    outs = rope.rope_qkv(x, cos, sin, 6, 2)
+    sum((o.float() * g.float()).sum() for o, g in zip(outs, grads, strict=True)).backward()
+    assert torch.equal(x.grad, dqkv)
+
+
+def test_probed_kernels_qualify_here_and_a_failing_probe_keeps_them_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    assert norm.qualify(cpu) is None and rope.qualify(cpu) is None
+    assert kernels.active("norm", cpu) and kernels.active("rope", cpu)
+    monkeypatch.setattr(kernels, "_PROBES", {})
+    monkeypatch.setattr(rope, "backward_triton", lambda *a: rope.backward_reference(*a) * 1.5)
+    assert "dqkv relative error" in (rope.qualify(cpu) or "")
+    assert not kernels.active("rope", cpu) and kernels.active("norm", cpu)
+    assert "dqkv" in kernels.describe(cpu)["rejected"]["rope"]
+
+
+def test_block_with_norm_and_rope_kernels_matches_the_torch_block_and_compiles() -> None:
+    """The model wiring (Block.norms, Attention.rope): the same block's output and every gradient within bf16
+    rounding of the torch path, and the per-layer compile (aot_eager here) giving the eager kernels' bits."""
+    from remote.model import build_model
+
+    cfg = ModelConfig(d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=96, vocab_size=64, seq_len=24)
+    block = build_model(cfg, torch.device("cpu"), 0).layers[0]
+    cos, sin = rope_tables(cfg, 24, torch.bfloat16, torch.device("cpu"))
+    x = torch.randn(2, 24, 64).to(torch.bfloat16)
+
+    def run() -> list[torch.Tensor]:
+        block.zero_grad(set_to_none=True)
+        xx = x.clone().requires_grad_()
+        y = block(xx, cos, sin)
+        (y.float() * torch.linspace(-1, 1, 64)).sum().backward()
+        return [y.detach(), xx.grad, *(p.grad for p in block.parameters())]
+
+    torch_path = run()
+    block.norms, block.attn.rope = norm, rope.rope_qkv
+    kernel_path = run()
+    for a, b in zip(kernel_path, torch_path, strict=True):
+        assert rel_err(a, b) < 2e-2
+    torch._dynamo.reset()
+    block.compile(fullgraph=True, backend="aot_eager")
+    assert all(torch.equal(a, b) for a, b in zip(run(), kernel_path, strict=True))

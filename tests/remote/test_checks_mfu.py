@@ -70,13 +70,18 @@ def test_unreadable_file(tmp_path: Path) -> None:
 # --- schema 2 (scripts/bench_vs_reference.py): ours, deterministic, every reference, strongest, ratios ------
 
 
-def _bench_v2() -> dict:
-    """A schema-2 record assembled by the bench script's own summarize() from committed H200 evidence."""
+def _bench_module():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench", H200.parents[1] / "scripts" / "bench_vs_reference.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def _bench_v2() -> dict:
+    """A schema-2 record assembled by the bench script's own summarize() from committed H200 evidence."""
+    bench = _bench_module()
     ours, det = (json.loads((H200 / n).read_text()) for n in ("dp1-fast.json", "dp1-deterministic.json"))
     for rec in (ours, det):
         rec["kernels"] = {"env": {}, "ce_chunk_tokens": 8192}
@@ -104,6 +109,21 @@ def test_bench_v2_assembled_record_is_valid_and_names_the_strongest(tmp_path: Pa
     d = _bench_v2()
     assert d["strongest"] == "hf+liger-layer" and d["met"].keys() == {"ratio_vs_strongest", "deterministic_vs_fast"}
     assert mfu_check.check(_write(tmp_path, d)) == []
+
+
+def test_bench_v2_with_torchtitan_and_the_previous_fast_default(tmp_path: Path) -> None:
+    """A torchtitan reference names torchtitan (not transformers) in its versions; previous_fast (the fast
+    default before the norm / rope kernels) gives ours_vs_previous_fast and deterministic_vs_previous_fast."""
+    d = _bench_v2()
+    tt = d["references"][0] | {"name": "torchtitan", "versions": {"torch": "2.11.0", "torchtitan": "0.2.2"}}
+    prev = json.loads(json.dumps(d["deterministic"]))  # any full, self-consistent run record
+    d = _bench_module().summarize(d | {"references": [*d["references"], tt], "previous_fast": prev})
+    assert abs(d["deterministic_vs_previous_fast"] - d["deterministic"]["mfu"] / prev["mfu"]) < 1e-12
+    assert abs(d["ours_vs_previous_fast"] - d["ours"]["mfu"] / prev["mfu"]) < 1e-12
+    assert d["met"]["deterministic_vs_previous_fast"] is True
+    assert mfu_check.check(_write(tmp_path, d)) == []
+    d["deterministic_vs_previous_fast"] *= 1.01
+    assert "deterministic_vs_previous_fast" in mfu_check.check(_write(tmp_path, d))[0]
 
 
 @pytest.mark.parametrize(("edit", "claim"), [

@@ -35,7 +35,7 @@ def run(out: Path, reduction: str, kernels: str, nproc: int, *extra: str) -> dic
                           env=INTERPRET_ENV | {"VH_KERNELS": kernels})
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(out.read_text())
-    assert record["kernels"]["active"] == sorted(k for k in ("loss", "swiglu", "optim")
+    assert record["kernels"]["active"] == sorted(k for k in ("loss", "swiglu", "optim", "norm", "rope")
                                                  if kernels == "all" or k in kernels.split(","))
     return record
 
