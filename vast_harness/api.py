@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from vast_harness.console.output import Output
-from vast_harness.errors import ExitCode
+from vast_harness.errors import ExitCode, NoOfferError
 from vast_harness.records import RunRecord
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 
@@ -122,7 +122,12 @@ def run_workload(
                 from vast_harness.market.plan import plan_run
 
                 check_minimum_cap(target.caps.max_minutes, target.timings)
-                plan = plan_run(target, client, drivers, bundle_for(target))
+                try:
+                    plan = plan_run(target, client, drivers, bundle_for(target))
+                except NoOfferError as exc:  # the run would exit 5 here: so does its preview, with the reasons
+                    why = [f"offer {r.offer.id} ({r.offer.gpu_name}): {'; '.join(r.reasons)}" for r in exc.rejected]
+                    return WorkloadResult(exit_code=ExitCode.NO_OFFER, message=str(exc),
+                                          console=sink.getvalue() + "\n".join([str(exc), *why]) + "\n")
                 return WorkloadResult(exit_code=ExitCode.PASSED, plan=plan.summary(), console=sink.getvalue())
             from vast_harness.run.runner import GuardedRun
 

@@ -127,6 +127,34 @@ def test_run_workload_prints_nothing_and_a_dry_run_rents_nothing(tmp_path, capsy
         api.run_workload(["true"], workdir=EXAMPLE, artifacts=["/etc/passwd"], sim=True)
 
 
+def test_gpu_and_memory_flags_are_requirements_named_per_dropped_offer(tmp_path):
+    """--gpu / --min-gpu-ram-gb narrow as [requires] does: one reason per need, the host held to them."""
+    from vast_harness import api
+
+    result = api.run_workload(["true"], workdir=EXAMPLE, sim=True, dry_run=True, evidence_dir=tmp_path / "ev",
+                              gpus=["RTX 4090"], min_gpu_ram_gb=20)
+    assert result.exit_code == ExitCode.PASSED and result.plan is not None
+    assert result.plan["requires"]["gpu_names"] == ["RTX 4090"]
+    assert result.plan["requires"]["min_gpu_ram_gib"] == pytest.approx(19.53)
+    assert result.plan["offer"]["gpu_name"] == "RTX 4090"
+    none = api.run_workload(["true"], workdir=EXAMPLE, sim=True, dry_run=True, evidence_dir=tmp_path / "ev",
+                            gpus=["H100 SXM"], min_gpu_ram_gb=90)
+    assert none.exit_code == ExitCode.NO_OFFER
+    assert "GPU memory 24.0 GiB < 87.89 GiB" in none.console and "not one of the GPUs it runs on" in none.console
+    assert "not in ['H100 SXM']" not in none.console  # said once, as a requirement, not again as a filter
+
+
+def test_a_gpu_flag_outside_the_profiles_own_list_is_bad_input():
+    from vast_harness.spec.profile import load_profile
+    from vast_harness.spec.resolve import with_flag_requires
+
+    proofs = load_profile("proofs")
+    with pytest.raises(ConfigError, match=r"--gpu RTX 4090: profile proofs runs only on"):
+        with_flag_requires(proofs, ["RTX 4090"], None)
+    narrowed = with_flag_requires(proofs, ["H200", "RTX 4090"], 200)
+    assert narrowed.requires.gpu_names == ["H200"] and narrowed.requires.min_gpu_ram_gib == pytest.approx(195.31)
+
+
 # ----------------------------------------------------------------------------------------- bad input
 
 

@@ -30,6 +30,7 @@ from vast_harness.spec.profile import (
     with_image_expect,
 )
 from vast_harness.spec.redact import Redactor
+from vast_harness.spec.requires import MIB_PER_GIB
 from vast_harness.spec.user import UserConfig, read_api_key
 from vast_harness.spec.values import (
     MAX_BOOT_RETRIES,
@@ -186,6 +187,25 @@ class RunOptions(BaseModel):
     min_gpu_ram_gb: float | None = None
 
 
+
+def with_flag_requires(prof: HarnessProfile, gpus: list[str], min_gpu_ram_gb: float | None) -> HarnessProfile:
+    """`--gpu` and `--min-gpu-ram-gb` are requirements (they narrow the search, a dropped offer family is named
+    with its reason, and the host that arrives is held to them). They only narrow what a profile requires: its
+    own GPU list stays the outer bound, its memory floor wins when larger. The flag's GB is the search's
+    1000 MB, in the MiB Vast's `gpu_ram` is written in."""
+    req = prof.requires
+    update: dict[str, object] = {}
+    if gpus:
+        allowed = [g for g in gpus if not req.gpu_names or g in req.gpu_names]
+        if not allowed:
+            raise ConfigError(f"--gpu {', '.join(gpus)}: profile {prof.name} runs only on "
+                              f"{', '.join(req.gpu_names)} ([requires] gpu_names)")
+        update["gpu_names"] = allowed
+    if min_gpu_ram_gb:
+        update["min_gpu_ram_gib"] = max(req.min_gpu_ram_gib, round(min_gpu_ram_gb * 1000 / MIB_PER_GIB, 2))
+    return prof.model_copy(update={"requires": req.model_copy(update=update)}) if update else prof
+
+
 def resolve(
     options: RunOptions,
     *,
@@ -222,7 +242,7 @@ def resolve(
                           "unqualified driver)")
     max_usd = o.max_usd if o.max_usd is not None else user.max_usd
     max_usd_source = ("--max-usd" if o.max_usd is not None else "max_usd (config file)" if user.max_usd is not None
-                      else f"profile {prof.name}")
+                      else "vast-e2e run's default" if o.command is not None else f"profile {prof.name}")
     if o.eight_gpu_qualified and o.num_gpus is not None and o.num_gpus != 8:
         raise ConfigError(f"--eight-gpu-qualified rents 8 GPUs; --num-gpus {o.num_gpus} contradicts it: give one of "
                           "them")
@@ -244,14 +264,13 @@ def resolve(
     evidence_dir = path_flag("--evidence-dir", evidence_given)
     key_file = path_flag("--key-file", o.key_file)
 
+    prof = with_flag_requires(prof, [n.strip() for n in o.gpu or []], o.min_gpu_ram_gb)
     filters = prof.filters.model_copy(
         update={
             k: v
             for k, v in {
                 "num_gpus": 8 if o.eight_gpu_qualified else o.num_gpus,
                 "min_pcie_bw_gbps": o.min_pcie_bw,
-                "gpu_names": [n.strip() for n in o.gpu] if o.gpu else None,
-                "min_gpu_ram_gb": o.min_gpu_ram_gb,
             }.items()
             if v is not None
         }
