@@ -101,3 +101,14 @@ def test_workload_figures_of_a_record_with_wrong_types_everywhere():
                                     "replay_match": "yes", "world_size": 2.5, "micro_batch": -1})
     assert (w.world_size, w.micro_batch, w.replay_match, w.gpu_name, w.compiled) == (None, None, None, None, None)
     assert any("whole number" in i for i in w.invalid) and any("micro_batch" in i for i in w.invalid)
+
+
+def test_the_run_report_calls_the_accrued_figure_an_upper_bound(tmp_path: Path):
+    """The meter bills from the create's answer, Vast the GPU from running: the report says which way it errs."""
+    run = tmp_path / "run-2"
+    run.mkdir()
+    (run / "harness-result.json").write_text(json.dumps({"run_id": "run-2", "exit_code": 0, "accrued_usd": 0.0128}))
+    html = write_run_report(run).read_text()
+    assert "$0.0128 (an upper bound: billed from the create, Vast from running)" in html
+    (run / "harness-result.json").write_text(json.dumps({"run_id": "run-2", "exit_code": 0}))
+    assert "upper bound" not in write_run_report(run).read_text()  # no figure, no claim about it

@@ -73,7 +73,7 @@ def summary_section(f: RunFacts) -> str:
         ["$/h (at disk)", usd(f.dph_usd)], ["driver", f"{o.get('driver_version')} (qualified: "
                                                       f"{show(r.get('driver_qualified'))})" if o else None],
         ["caps", f"{usd(caps.get('max_usd'), 2)} · {caps.get('max_minutes')} min" if caps else None],
-        ["worst case", usd(r.get("worst_case_usd"))], ["accrued", usd(r.get("accrued_usd"))],
+        ["worst case", usd(r.get("worst_case_usd"))], ["accrued", _accrued_cell(r.get("accrued_usd"))],
         ["absence", (r.get("absence") or {}).get("verdict")], ["simulated", r.get("sim")],
         ["dead-man", deadman_line(r.get("deadman"))], ["image sent", r.get("image_sent")],
     ]
@@ -85,6 +85,13 @@ def summary_section(f: RunFacts) -> str:
         rows.append(["image check", Cell("OVERRIDDEN by --image-expect: " + ", ".join(
             f"{k}={v}" for k, v in override.items()), "bad")])
     return table([], [[k, v] for k, v in rows], cls="summary")
+
+
+def _accrued_cell(accrued: Any) -> str:
+    """The meter's figure is an upper bound: it bills from the create's answer, Vast bills the GPU from
+    `running` (storage only while loading), so a real invoice is at most this."""
+    shown = usd(accrued)
+    return shown if shown == "–" else f"{shown} (an upper bound: billed from the create, Vast from running)"
 
 
 def host_gpus_cell(r: dict[str, Any]) -> str | Cell | None:
