@@ -379,3 +379,28 @@ def test_a_create_answer_naming_another_instance_is_neither_waited_on_nor_delete
     labels = run.tools.book.labels()
     ours = [i for i in sim.state()["instances"] if i["label"] in labels]
     assert ours and not any(i["live"] for i in ours), "the run's own instance was left billing"
+
+
+def test_a_create_answer_naming_an_unlabelled_instance_is_not_taken_for_ours(sim, tmp_path):
+    """The create's answer is the one witness that `wrong_contract` corrupts, so it cannot vouch for a row that
+    carries no label: only a row with the run's own label is waited on, billed or deleted as the run's."""
+    from vast_harness.run.runner import GuardedRun
+    from vast_harness.spec.profile import Step, load_driver_policy
+
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:  # made in the console, never labelled
+        offer = client.search_offers({"limit": 5})[-1]
+        theirs = client.create_instance(offer.id, {"image": "img", "disk": 10}).new_contract
+    assert next(i for i in sim.state()["instances"] if i["id"] == theirs)["label"] in (None, "")
+    sim.set_faults("wrong_contract")
+    spec = spec_for(sim, tmp_path)
+    prof = spec.profile.model_copy(update={"steps": [Step(name="ok", run="true", timeout_s=10)]})
+    spec = spec.model_copy(update={"profile": prof}).with_timings(teardown_margin_s=2.0)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = run.execute()
+    assert theirs in live(sim), "the run deleted an unlabelled instance that its create answer named"
+    assert not [c for c in sim.state()["calls"] if c["method"] == "DELETE" and str(theirs) in c["path"]]
+    assert result.exit_code != 0, result.message
+    labels = run.tools.book.labels()
+    ours = [i for i in sim.state()["instances"] if i["label"] in labels]
+    assert ours and not any(i["live"] for i in ours), "the run's own instance was left billing"

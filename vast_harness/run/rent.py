@@ -266,13 +266,15 @@ def boot(t: RunTools, s: RunState, inst: CreatedInstance) -> None:
 
 
 def _on_poll(t: RunTools, s: RunState, inst: CreatedInstance, read: Instance | None) -> None:
-    if read is not None and read.label is not None and read.label != inst.label:
+    if read is not None and read.label != inst.label:
         # The create's answer named an instance that is not this run's (another of the account's, by its label):
-        # nothing is waited on, billed or deleted as ours unless its row carries the run's label.
-        t.book.disown(inst, read.label)
+        # nothing is waited on, billed or deleted as ours unless its row carries the run's label. A row with no
+        # label is not ours either: the create's answer, the one witness, is what a wrong new_contract corrupts.
+        t.book.disown(inst, read.label or "")
         t.cap_guard.forget(inst.instance_id)
         raise CreateUnresolved(
-            f"the create answer named instance {inst.instance_id}, but its row carries the label {read.label!r}, not "
+            f"the create answer named instance {inst.instance_id}, but its row carries "
+            f"{f'the label {read.label!r}' if read.label else 'no label'}, not "
             f"this run's {inst.label!r}: it is not this run's and is left alone; whether the create made an "
             f"instance of ours is unknown", label=inst.label)
     t.reads.check_gone(inst, read)

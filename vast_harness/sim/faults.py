@@ -64,6 +64,11 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
     started_earlier:SECONDS[:COUNT]         the next COUNT instances' rows report a start_date SECONDS
                                             before their create (an instance left from an earlier day);
                                             only the reported start moves, billing is unchanged
+    date_ahead:SECONDS[:COUNT]              the next COUNT answers (default *) carry a `Date` header
+                                            SECONDS ahead of the simulator's clock (a server clock that is
+                                            wrong); nothing else moves: start_date, billing, /_sim/state
+    date_behind:SECONDS[:COUNT]             the same, SECONDS behind; `date_ahead:S:N;date_behind:S` flips
+                                            the sign after N answers (date_ahead is asked first)
     offline:SECONDS[:COUNT]                 SECONDS after reaching running the host goes offline:
                                             actual_status offline, processes killed, SSH closed
     ssh_refuse:K                            the next K SSH connections are reset at once
@@ -89,14 +94,15 @@ Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_
                "read_lag", "boot_stall", "offline", "ssh_refuse", "ssh_drop", "slow_sftp", "create_5xx",
                "create_hold", "linger", "double_accept", "oci_fail", "manifest_missing", "exit",
                "credit_zero", "reprice_offer", "reprice", "container_key_refused", "v0_deprecated",
-               "scheduling", "negative_balance", "started_earlier", "wrong_contract"]
+               "scheduling", "negative_balance", "started_earlier", "wrong_contract", "date_ahead", "date_behind"]
 ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "any")
 GATEWAY_STATUSES = (502, 503, 504)
 _NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
 _NEEDS_SECONDS = frozenset({"hang", "read_lag", "offline", "ssh_drop", "create_hold", "linger", "exit",
-                            "credit_zero", "reprice", "scheduling", "negative_balance", "started_earlier"})
+                            "credit_zero", "reprice", "scheduling", "negative_balance", "started_earlier",
+                            "date_ahead", "date_behind"})
 _NEEDS_FACTOR = frozenset({"reprice_offer", "reprice"})
-_UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp", "v0_deprecated"})
+_UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp", "v0_deprecated", "date_ahead", "date_behind"})
 # Positional ARGs per kind, in SPEC order (after the kind, and after the endpoint where there is one).
 _POSITIONAL: dict[str, tuple[str, ...]] = {
     "429": ("count",), "5xx": ("count", "status"), "hang": ("seconds", "count"),
@@ -109,7 +115,7 @@ _POSITIONAL: dict[str, tuple[str, ...]] = {
     "reprice_offer": ("factor", "count"), "reprice": ("factor", "seconds", "count"),
     "container_key_refused": ("count",), "v0_deprecated": ("count",), "scheduling": ("seconds", "count"),
     "negative_balance": ("seconds", "count"), "started_earlier": ("seconds", "count"),
-    "wrong_contract": ("count",),
+    "wrong_contract": ("count",), "date_ahead": ("seconds", "count"), "date_behind": ("seconds", "count"),
 }
 
 
