@@ -45,9 +45,12 @@ from vast_harness.sim.server import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
 from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
-AccountKind = Literal["two_runs_reap", "clock_ahead", "clock_behind", "boot_fail_delete_fail", "fleet_reprice"]
+AccountKind = Literal["two_runs_reap", "clock_ahead", "clock_behind", "boot_fail_delete_fail", "fleet_reprice",
+                      "suspend", "date_skew", "decoy", "registration_tamper"]
 ACCOUNT_KINDS: tuple[AccountKind, ...] = ("two_runs_reap", "clock_ahead", "two_runs_reap", "boot_fail_delete_fail",
-                                          "clock_behind", "fleet_reprice")
+                                          "clock_behind", "fleet_reprice",
+                                          # issue 35's families (chaos/trust.py)
+                                          "suspend", "date_skew", "decoy", "registration_tamper")
 CHILD_LIMIT_S = 120.0
 STEP_S = 2.5
 READ_LAG_S = 9.0  # past the child's boot timeout and teardown budget: the run cannot see its instance
@@ -58,6 +61,7 @@ class AccountPlan(BaseModel):
     seed: int
     kind: AccountKind
     reap_state: Literal["first", "second", "fresh"] = "fresh"  # two_runs_reap: whose state dir the reap uses
+    variant: str = ""  # the trust kinds' (chaos/trust.py TRUST_VARIANTS): where, how or what
 
 
 class AccountOutcome(BaseModel):
@@ -78,14 +82,17 @@ class AccountOutcome(BaseModel):
 
     def summary(self) -> str:
         flags = ",".join(v.kind for v in self.violations) or "ok"
-        return f"{self.plan.kind}: runs {self.exit_codes}, reaps {self.reap_codes}, {self.instances} instance(s); {flags}"
+        return f"{self.plan.kind}{f' {self.plan.variant}' if self.plan.variant else ''}: runs {self.exit_codes}, reaps {self.reap_codes}, {self.instances} instance(s); {flags}"
 
 
 def draw_account(seed: int) -> AccountPlan:
     """The kind cycles with the seed (a suite's consecutive seeds cover every kind); the rest is drawn."""
+    from vast_harness.chaos.trust import draw_variant
+
     rng = random.Random(seed)
-    return AccountPlan(seed=seed, kind=ACCOUNT_KINDS[seed % len(ACCOUNT_KINDS)],
-                       reap_state=rng.choice(("first", "second", "fresh")))
+    kind = ACCOUNT_KINDS[seed % len(ACCOUNT_KINDS)]
+    return AccountPlan(seed=seed, kind=kind, reap_state=rng.choice(("first", "second", "fresh")),
+                       variant=draw_variant(kind, seed, len(ACCOUNT_KINDS)))
 
 
 # ------------------------------------------------------------------------------------------ processes
@@ -150,6 +157,8 @@ def _seen(state: Path) -> bool:
 
 # ------------------------------------------------------------------------------------------ scenarios
 def run_account(plan: AccountPlan) -> AccountOutcome:
+    from vast_harness.chaos.trust import TRUST_SCENARIOS  # it builds on this module's processes
+
     quiet_paramiko()
     outcome = AccountOutcome(seed=plan.seed, plan=plan)
     started = now_s()
@@ -158,8 +167,8 @@ def run_account(plan: AccountPlan) -> AccountOutcome:
         work = Path(tmp)
         try:
             {"two_runs_reap": _two_runs_reap, "clock_ahead": _clock_ahead, "clock_behind": _clock_behind,
-             "boot_fail_delete_fail": _boot_fail_delete_fail, "fleet_reprice": _fleet_reprice}[plan.kind](
-                plan, sim, work, outcome)
+             "boot_fail_delete_fail": _boot_fail_delete_fail, "fleet_reprice": _fleet_reprice,
+             **TRUST_SCENARIOS}[plan.kind](plan, sim, work, outcome)
         except Exception as exc:  # noqa: BLE001 - the engine's own failure, reported, not raised
             outcome.violations.append(Violation(kind="crash", detail=f"account engine: {type(exc).__name__}: {exc}"))
         state = sim.state()

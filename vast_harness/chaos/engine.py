@@ -335,6 +335,10 @@ class ChildJob(BaseModel):
     t0_file: Path  # the run's start (unix seconds) is written here: the time cap counts from it
     state_dir: Path | None = None  # the user's state dir (default: the evidence dir)
     wall_step_s: float = 0.0  # the wall clock (time.time) steps by this much right after the first create
+    # A simulated suspend (chaos/trust.py): the process is SIGSTOPped, and on SIGCONT it reads from this file the
+    # seconds it was stopped and sets time.monotonic back by them (CLOCK_MONOTONIC does not count a suspend).
+    suspend_file: Path | None = None
+    suspend_blind: bool = False  # the negative control: the run's own clock (now_s) stops in the suspend too
 
 
 def run_bounded(plan: ScenarioPlan, limit_s: float = SCENARIO_WALL_LIMIT_S) -> ScenarioOutcome:

@@ -1,0 +1,72 @@
+"""The chaos suite's trust families (issue 35, vast_harness/chaos/trust.py): a suspended laptop, a `Date` hours off,
+an instance of the account that is not the run's, and a run's registration file tampered with while it runs.
+
+Every scenario runs the real guarded run in its own process against the simulator and is judged by the
+simulator's record. The default suite only checks the draws and the judge; each (kind, variant) is one slow test,
+picked by name (`-m slow -k 'suspend and step'`), and the whole family runs in the full chaos suite.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from vast_harness import chaos
+from vast_harness.chaos import trust
+from vast_harness.chaos.account import AccountOutcome, AccountPlan
+from vast_harness.chaos.engine import SCALE
+from vast_harness.chaos.suite import ACCOUNT_OFFSET
+from vast_harness.sim import SimServer
+
+CASES = [(kind, variant) for kind, variants in trust.TRUST_VARIANTS.items() for variant in variants]
+
+
+def test_every_trust_kind_is_an_account_kind_and_its_variants_cycle_with_the_seed():
+    assert set(trust.TRUST_VARIANTS) <= set(chaos.ACCOUNT_KINDS)
+    assert set(trust.TRUST_SCENARIOS) == set(trust.TRUST_VARIANTS)
+    drawn = {(p.kind, p.variant) for p in (chaos.draw_account(s) for s in range(400))}
+    assert set(CASES) <= drawn, set(CASES) - drawn
+    assert chaos.draw_account(123) == chaos.draw_account(123)
+    # the full suite's consecutive account seeds draw every kind once
+    suite = [chaos.draw_account(chaos.scenario_seed(1, ACCOUNT_OFFSET + k)) for k in range(len(chaos.ACCOUNT_KINDS))]
+    assert {p.kind for p in suite} == set(chaos.ACCOUNT_KINDS)
+
+
+def test_the_new_violation_kinds_are_counted():
+    report = chaos.SuiteReport(suite_seed=0, account=[AccountOutcome(
+        seed=1, plan=AccountPlan(seed=1, kind="decoy", variant="unlabelled"),
+        violations=[chaos.Violation(kind="not_ours", detail="the decoy 7 was deleted"),
+                    chaos.Violation(kind="under_reported", detail="$0.1 reported, $0.4 billed")])])
+    assert report.violations()["not_ours"] == 1 and report.violations()["under_reported"] == 1
+
+
+def _run(kind: str, variant: str, **kwargs: bool) -> AccountOutcome:
+    plan = AccountPlan(seed=35, kind=kind, variant=variant)  # type: ignore[arg-type]
+    if not kwargs:
+        return chaos.run_account(plan)
+    outcome = AccountOutcome(seed=plan.seed, plan=plan)
+    with tempfile.TemporaryDirectory() as tmp, \
+            SimServer(seed=plan.seed, rate_scale=SCALE, boot_seconds=0.1, num_offers=300) as sim:
+        trust.TRUST_SCENARIOS[kind](plan, sim, Path(tmp), outcome, **kwargs)  # type: ignore[operator]
+    return outcome
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("kind", "variant"), CASES)
+def test_trust_scenario_holds_every_invariant(kind: str, variant: str):
+    outcome = _run(kind, variant)
+    assert not outcome.violations, (outcome.summary(), [v.detail[:500] for v in outcome.violations],
+                                    outcome.log[-3000:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_suspend_family_catches_a_run_whose_clock_stops_in_a_suspend():
+    """The judge can fail: the same suspend, with the run's own clock losing the stopped seconds (as a control
+    plane on CLOCK_MONOTONIC did), is a pass over the cap reporting a fraction of the bill."""
+    outcome = _run("suspend", "step", blind=True)
+    kinds = {v.kind for v in outcome.violations}
+    assert outcome.exit_codes == [0] and {"exit_mismatch", "under_reported"} <= kinds, outcome.violations
