@@ -404,3 +404,23 @@ def test_a_create_answer_naming_an_unlabelled_instance_is_not_taken_for_ours(sim
     labels = run.tools.book.labels()
     ours = [i for i in sim.state()["instances"] if i["label"] in labels]
     assert ours and not any(i["live"] for i in ours), "the run's own instance was left billing"
+
+
+def test_a_registration_overwritten_with_garbage_does_not_make_a_live_run_dead(tmp_path):
+    """A backup tool's half-copy or an editor's bad save: the file is unlocked and no longer a registration, so it
+    names no pid. The run's ledger lines still name its process, and while that runs the run is live."""
+    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the live run's process
+    try:
+        registry = RunRegistry(tmp_path)
+        (tmp_path / "live").mkdir(mode=0o700)
+        (tmp_path / "live" / "r3.json").write_text('{"run_id": "r3", "pid": ')
+        assert registry.scan()["r3"].liveness == "dead" and registry.scan()["r3"].reg is None
+        process = ProcessId(host=this_host(), pid=run.pid, start=process_start(run.pid))
+        verdict, why = judge("r3", "vh-r3", None, runs=registry.scan(), known_runs={"r3"}, server_now=1e9,
+                             processes={"r3": process})
+        assert verdict == "live" and f"pid {run.pid}" in why, why
+    finally:
+        run.kill()
+        run.wait()
+    assert judge("r3", "vh-r3", None, runs=registry.scan(), known_runs={"r3"}, server_now=1e9,
+                 processes={"r3": process})[0] == "orphan"

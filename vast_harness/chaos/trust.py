@@ -65,7 +65,7 @@ SUSPEND_CAP_S = 14.0  # the suspended run's time cap: its step fits with room, a
 SUSPEND_LONG_S = 16.0  # past the cap from anywhere in the boot or the step
 SUSPEND_SHORT_S = 2.0
 RESUME_DELETE_S = 4.0  # a resumed run past its cap DELETEs at once: its instance is gone this soon after
-TAMPER_STEP_S = 5.0
+TAMPER_STEP_S = 12.0  # the reap and the status (each its own process) both land in the step
 
 
 def draw_variant(kind: str, seed: int, cycle: int) -> str:
