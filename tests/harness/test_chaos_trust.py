@@ -70,3 +70,35 @@ def test_the_suspend_family_catches_a_run_whose_clock_stops_in_a_suspend():
     outcome = _run("suspend", "step", blind=True)
     kinds = {v.kind for v in outcome.violations}
     assert outcome.exit_codes == [0] and {"exit_mismatch", "under_reported"} <= kinds, outcome.violations
+
+
+def test_the_decoy_judge_catches_a_deleted_decoy():
+    from vast_harness.chaos.engine import decoy_violations
+
+    row = {"id": 7, "label": "prod-database", "live": True}
+    assert decoy_violations({"calls": [], "instances": [row]}, 7) == []
+    deleted = {"calls": [{"method": "DELETE", "path": "/api/v0/instances/7/"}], "instances": [row]}
+    assert [v.kind for v in decoy_violations(deleted, 7)] == ["not_ours"]
+    assert [v.kind for v in decoy_violations({"calls": [], "instances": [row | {"live": False}]}, 7)] == ["not_ours"]
+    # another id's DELETE is not the decoy's
+    assert decoy_violations({"calls": [{"method": "DELETE", "path": "/api/v0/instances/77/"}], "instances": [row]},
+                            7) == []
+
+
+def test_the_in_process_family_draws_the_trust_faults():
+    plans = [chaos.draw_scenario(chaos.scenario_seed(1, i)) for i in range(200)]
+    drawn = {kind for p in plans for kind in p.fault_kinds}
+    assert {"date_ahead", "date_behind", "started_earlier", "wrong_contract"} <= drawn
+    assert any("date_ahead" in p.faults and "date_behind" in p.faults for p in plans)  # a sign that flips
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("seed", [3, 4, 5])  # the decoy is labelled prod-database, unlabelled, another run's vh-
+def test_an_in_process_run_whose_create_names_the_decoy_leaves_it_alone(tmp_path: Path, seed: int):
+    plan = chaos.ScenarioPlan(seed=seed, faults=f"wrong_contract:1;date_ahead:7200:4;date_behind:7200;seed={seed}",
+                              cap_mode="generous", max_minutes=1.0, boot_retries=1, proof_interval_s=0.05,
+                              step_sleep_s=0.1, step_rc=0, steps=1)
+    outcome = chaos.run_scenario(plan, tmp_path)
+    assert outcome.faults_fired.get("wrong_contract") == 1, outcome.faults_fired
+    assert not outcome.violations, ([v.detail[:500] for v in outcome.violations], outcome.log[-2000:])

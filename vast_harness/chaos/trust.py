@@ -46,7 +46,7 @@ from vast_harness.chaos.account import (
     _wait,
     _wait_for,
 )
-from vast_harness.chaos.engine import KEY, ChildJob, _client
+from vast_harness.chaos.engine import KEY, SCALE, ChildJob, _client, decoy_violations, rent_decoy
 from vast_harness.chaos.judge import Violation
 from vast_harness.resources import data_root
 from vast_harness.sim.server import SimServer
@@ -65,7 +65,18 @@ SUSPEND_CAP_S = 14.0  # the suspended run's time cap: its step fits with room, a
 SUSPEND_LONG_S = 16.0  # past the cap from anywhere in the boot or the step
 SUSPEND_SHORT_S = 2.0
 RESUME_DELETE_S = 4.0  # a resumed run past its cap DELETEs at once: its instance is gone this soon after
-TAMPER_STEP_S = 12.0  # the reap and the status (each its own process) both land in the step
+GATED_STEP_MINUTES = 1.5  # a gated step's run: its cap bounds the step if the gate is never opened
+
+
+def _gated_step(work: Path) -> Step:
+    """A step that runs until the engine opens its gate (the simulator's hosts run on this machine): a reap or
+    `status` of another process lands in it however slowly a loaded machine starts them."""
+    gate = work / "gate-open"
+    return Step(name="gated", run=f"echo working; while [ ! -e {gate} ]; do sleep 0.1; done", timeout_s=120)
+
+
+def _open_gate(work: Path) -> None:
+    (work / "gate-open").touch()
 
 
 def draw_variant(kind: str, seed: int, cycle: int) -> str:
@@ -162,11 +173,12 @@ def run_date_skew(plan: AccountPlan, sim: SimServer, work: Path, outcome: Accoun
     reap_faults = {"flip": f"date_behind:{SKEW_S:g}", "reap_ahead": f"date_ahead:{SKEW_S:g}"}.get(variant, "")
     sim.set_faults(run_faults or None)
     state = work / "state-a"
-    steps = [Step(name="long", run="echo working; sleep 4", timeout_s=60)]
-    proc = _spawn_run(_job(work, "a", sim.url, steps=steps, state=state), work / "a.log")
+    proc = _spawn_run(_job(work, "a", sim.url, steps=[_gated_step(work)], state=state,
+                           max_minutes=GATED_STEP_MINUTES), work / "a.log")
     up = _wait_for(lambda: _seen(state) or proc.poll() is not None, 40.0)
     sim.set_faults(reap_faults or None)
     code, text = _recorded_reap(outcome, sim.url, work / "state-other", work, "reap-other.log")
+    _open_gate(work)
     outcome.exit_codes = [_wait(proc)]
     sim.set_faults(None)
     if not up or not _events(state, "seen"):
@@ -183,20 +195,11 @@ def run_date_skew(plan: AccountPlan, sim: SimServer, work: Path, outcome: Accoun
 
 
 # ------------------------------------------------------------------------------------------ decoy
-def _rent_decoy(sim: SimServer, label: str | None) -> int:
-    with _client(sim.url) as client:
-        offer = client.search_offers({"limit": 1000})[-1]  # the dearest: never the one the run picks
-        body: dict[str, Any] = {"image": "img", "disk": 10}
-        if label is not None:
-            body["label"] = label
-        return client.create_instance(offer.id, body).new_contract
-
-
 def run_decoy(plan: AccountPlan, sim: SimServer, work: Path, outcome: AccountOutcome) -> None:
     variant = plan.variant or "prod-database"
     label = {"prod-database": "prod-database", "unlabelled": None,
-             "other_run": make_label("20261203T000000Z-0d0c0y", 0, time.time() + 3600, left_s=3600)}[variant]
-    decoy = _rent_decoy(sim, label)
+             "other_run": make_label("20261203T000000Z-0d0c0e", 0, time.time() + 3600, left_s=3600)}[variant]
+    decoy = rent_decoy(sim.url, plan.seed, label)
     sim.set_faults("wrong_contract")
     state = work / "state-a"
     proc = _spawn_run(_job(work, "a", sim.url, steps=[Step(name="quick", run="echo hi", timeout_s=30)],
@@ -208,12 +211,7 @@ def run_decoy(plan: AccountPlan, sim: SimServer, work: Path, outcome: AccountOut
         Ledger(state / LEDGER_FILE).append("20261203T000000Z-f0f0f0", "created", sorted(mine)[0], offer_id=1,
                                            instance_id=decoy)
     _recorded_reap(outcome, sim.url, state, work, "reap.log")
-    after = sim.state()
-    deletes = [c for c in after["calls"] if c["method"] == "DELETE" and f"/{decoy}/" in f"{c['path']}/"]
-    row = next(i for i in after["instances"] if i["id"] == decoy)
-    if deletes or not row["live"]:
-        outcome.violations.append(Violation(kind="not_ours", detail=f"the decoy {decoy} ({variant}) was deleted: "
-                                            f"{len(deletes)} DELETE(s), live {row['live']}"))
+    outcome.violations += decoy_violations(sim.state(), decoy)
     if any(e.instance_id == decoy for e in _events(state, "delete_ack")):
         outcome.violations.append(Violation(kind="not_ours", detail=f"the ledger records a DELETE of the decoy {decoy}"))
     with _client(sim.url) as client:  # the decoy is the user's: the test's own cleanup, not the harness's
@@ -242,33 +240,49 @@ def _tamper(path: Path, variant: str, work: Path) -> None:
         tmp.replace(path)
 
 
-def _status(url: str, state: Path, cwd: Path) -> tuple[int, dict[str, Any], str]:
-    cmd = [sys.executable, "-m", "vast_harness.chaos.child", "--cli", "--", "status", "--api-url", url, "--json"]
+def _start_status(url: str, state: Path, cwd: Path) -> subprocess.Popen[str]:
+    """`vast-e2e status --json` with `state` as the user's state dir, started now."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "vast_harness.chaos.child", "--cli", "--", "status", "--api-url", url, "--json",
+           "--pacing-scale", str(SCALE)]
     env = dict(os.environ, VAST_API_KEY=KEY, VAST_HARNESS_HOME=str(state), PYTHONPATH=str(data_root()))
-    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=CHILD_LIMIT_S, check=False)
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _status_doc(proc: subprocess.Popen[str]) -> tuple[int | None, dict[str, Any], str]:
     try:
-        doc = json.loads(p.stdout)
+        out, err = proc.communicate(timeout=CHILD_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    try:
+        doc = json.loads(out)
     except ValueError:
         doc = {}
-    return p.returncode, doc if isinstance(doc, dict) else {}, p.stdout + p.stderr
+    return proc.returncode, doc if isinstance(doc, dict) else {}, out + err
 
 
 def run_registration_tamper(plan: AccountPlan, sim: SimServer, work: Path, outcome: AccountOutcome) -> None:
     variant = plan.variant or "replace"
     state = work / "state-a"
-    steps = [Step(name="long", run=f"echo working; sleep {TAMPER_STEP_S}", timeout_s=60)]
-    proc = _spawn_run(_job(work, "a", sim.url, steps=steps, state=state), work / "a.log")
+    proc = _spawn_run(_job(work, "a", sim.url, steps=[_gated_step(work)], state=state,
+                           max_minutes=GATED_STEP_MINUTES), work / "a.log")
     up = _wait_for(lambda: _seen(state) or proc.poll() is not None, 40.0)
     regs = list((state / LIVE_DIR).glob("*.json"))
     if not up or proc.poll() is not None or len(regs) != 1:
+        _open_gate(work)
         outcome.exit_codes = [_wait(proc)]
         _mismatch(outcome, f"registration {variant}: the run never reached its step with one registration: "
                   "nothing tested")
         return
     _tamper(regs[0], variant, work)
     run_id = regs[0].name[: -len(".json")]
+    status = _start_status(sim.url, state, work / "elsewhere")  # read-only: alongside the reap, in the step
+    t_tamper = time.time()
     code, text = _recorded_reap(outcome, sim.url, state, work, "reap.log")
-    status_rc, doc, status_text = _status(sim.url, state, work / "elsewhere")
+    status_rc, doc, status_text = _status_doc(status)
+    _open_gate(work)
+    outcome.log += f"registration {variant}: reap and status done {time.time() - t_tamper:.1f} s after the tamper\n"
     (work / "status.log").write_text(status_text)
     outcome.exit_codes = [_wait(proc)]
     if outcome.exit_codes != [0]:
