@@ -15,17 +15,17 @@ import pytest
 
 from vast_harness import chaos
 from vast_harness.chaos import trust
-from vast_harness.chaos.account import AccountOutcome, AccountPlan
+from vast_harness.chaos.account import VARIANTS, AccountOutcome, AccountPlan
 from vast_harness.chaos.engine import SCALE
 from vast_harness.chaos.suite import ACCOUNT_OFFSET
 from vast_harness.sim import SimServer
 
-CASES = [(kind, variant) for kind, variants in trust.TRUST_VARIANTS.items() for variant in variants]
+CASES = [(kind, variant) for kind, variants in VARIANTS.items() for variant in variants]
 
 
 def test_every_trust_kind_is_an_account_kind_and_its_variants_cycle_with_the_seed():
-    assert set(trust.TRUST_VARIANTS) <= set(chaos.ACCOUNT_KINDS)
-    assert set(trust.TRUST_SCENARIOS) == set(trust.TRUST_VARIANTS)
+    assert set(VARIANTS) <= set(chaos.ACCOUNT_KINDS)
+    assert set(trust.TRUST_SCENARIOS) == set(VARIANTS)
     drawn = {(p.kind, p.variant) for p in (chaos.draw_account(s) for s in range(400))}
     assert set(CASES) <= drawn, set(CASES) - drawn
     assert chaos.draw_account(123) == chaos.draw_account(123)

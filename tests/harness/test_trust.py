@@ -424,3 +424,29 @@ def test_a_registration_overwritten_with_garbage_does_not_make_a_live_run_dead(t
         run.wait()
     assert judge("r3", "vh-r3", None, runs=registry.scan(), known_runs={"r3"}, server_now=1e9,
                  processes={"r3": process})[0] == "orphan"
+
+
+@pytest.mark.parametrize("decoy_label", ["prod-database", None])
+def test_a_create_answer_naming_another_instance_is_not_deleted_when_no_boot_read_judged_it(sim, tmp_path,
+                                                                                             decoy_label):
+    """The boot's first read fails (a 410 on the v0 path), so no read ever compared the named row's label with the
+    run's before the teardown: the teardown must not DELETE what the create answer named on that answer alone."""
+    from vast_harness.run.runner import GuardedRun
+    from vast_harness.spec.profile import Step, load_driver_policy
+
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        offer = client.search_offers({"limit": 5})[-1]
+        body = {"image": "img", "disk": 10} | ({"label": decoy_label} if decoy_label else {})
+        theirs = client.create_instance(offer.id, body).new_contract
+    sim.set_faults("wrong_contract;v0_deprecated:1")
+    spec = spec_for(sim, tmp_path)
+    prof = spec.profile.model_copy(update={"steps": [Step(name="ok", run="true", timeout_s=10)]})
+    spec = spec.model_copy(update={"profile": prof}).with_timings(teardown_margin_s=2.0)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        run.execute()
+    assert not [c for c in sim.state()["calls"] if c["method"] == "DELETE" and str(theirs) in c["path"]]
+    assert theirs in live(sim), "the teardown deleted an instance its create answer named but that is not its own"
+    labels = run.tools.book.labels()
+    ours = [i for i in sim.state()["instances"] if i["label"] in labels]
+    assert ours and not any(i["live"] for i in ours), "the run's own instance was left billing"

@@ -150,5 +150,15 @@ class CapGuard:
                 # thread may be stuck on a disk that does not answer).
                 self.meter.stop_instance(instance_id, ack.t_ack_mono)
 
+    def acknowledged(self) -> dict[int, DeleteAck]:
+        """The guard's own DELETEs that the API acknowledged, by instance id."""
+        with self._lock:
+            return {i: a for i, a in self._acks.items() if a.acknowledged}
+
+    def deleted_ids(self) -> set[int]:
+        """Every instance the guard sent (or is sending) a DELETE for."""
+        with self._lock:
+            return set(self._done)
+
 
 __all__ = ["CapGuard"]

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,14 +86,29 @@ class AccountOutcome(BaseModel):
         return f"{self.plan.kind}{f' {self.plan.variant}' if self.plan.variant else ''}: runs {self.exit_codes}, reaps {self.reap_codes}, {self.instances} instance(s); {flags}"
 
 
+# Kinds another module runs with this one's processes (chaos/trust.py adds issue 35's: it imports this module,
+# so it registers them here rather than being imported), and the variants a kind cycles through with the seed.
+MORE_KINDS: dict[str, Callable[[AccountPlan, SimServer, Path, AccountOutcome], None]] = {}
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "suspend": ("step", "boot", "teardown", "short"),
+    "date_skew": ("behind", "ahead", "flip", "reap_ahead"),
+    "decoy": ("prod-database", "unlabelled", "other_run"),
+    "registration_tamper": ("replace", "move_back", "delete", "symlink", "garbage"),
+}
+
+
+def draw_variant(kind: str, seed: int) -> str:
+    """A kind's variant: it cycles with the seed's round through ACCOUNT_KINDS, so a suite covers them all."""
+    variants = VARIANTS.get(kind, ("",))
+    return variants[(seed // len(ACCOUNT_KINDS)) % len(variants)]
+
+
 def draw_account(seed: int) -> AccountPlan:
     """The kind cycles with the seed (a suite's consecutive seeds cover every kind); the rest is drawn."""
-    from vast_harness.chaos.trust import draw_variant
-
     rng = random.Random(seed)
     kind = ACCOUNT_KINDS[seed % len(ACCOUNT_KINDS)]
     return AccountPlan(seed=seed, kind=kind, reap_state=rng.choice(("first", "second", "fresh")),
-                       variant=draw_variant(kind, seed, len(ACCOUNT_KINDS)))
+                       variant=draw_variant(kind, seed))
 
 
 # ------------------------------------------------------------------------------------------ processes
@@ -157,8 +173,6 @@ def _seen(state: Path) -> bool:
 
 # ------------------------------------------------------------------------------------------ scenarios
 def run_account(plan: AccountPlan) -> AccountOutcome:
-    from vast_harness.chaos.trust import TRUST_SCENARIOS  # it builds on this module's processes
-
     quiet_paramiko()
     outcome = AccountOutcome(seed=plan.seed, plan=plan)
     started = now_s()
@@ -168,7 +182,7 @@ def run_account(plan: AccountPlan) -> AccountOutcome:
         try:
             {"two_runs_reap": _two_runs_reap, "clock_ahead": _clock_ahead, "clock_behind": _clock_behind,
              "boot_fail_delete_fail": _boot_fail_delete_fail, "fleet_reprice": _fleet_reprice,
-             **TRUST_SCENARIOS}[plan.kind](plan, sim, work, outcome)
+             **MORE_KINDS}[plan.kind](plan, sim, work, outcome)
         except Exception as exc:  # noqa: BLE001 - the engine's own failure, reported, not raised
             outcome.violations.append(Violation(kind="crash", detail=f"account engine: {type(exc).__name__}: {exc}"))
         state = sim.state()

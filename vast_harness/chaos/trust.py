@@ -37,6 +37,7 @@ from typing import Any
 
 from vast_harness.chaos.account import (
     CHILD_LIMIT_S,
+    MORE_KINDS,
     AccountOutcome,
     AccountPlan,
     _mismatch,
@@ -54,12 +55,6 @@ from vast_harness.spec.profile import Step
 from vast_harness.state.ledger import LEDGER_FILE, Ledger
 from vast_harness.state.registry import LIVE_DIR, make_label
 
-TRUST_VARIANTS: dict[str, tuple[str, ...]] = {
-    "suspend": ("step", "boot", "teardown", "short"),
-    "date_skew": ("behind", "ahead", "flip", "reap_ahead"),
-    "decoy": ("prod-database", "unlabelled", "other_run"),
-    "registration_tamper": ("replace", "move_back", "delete", "symlink", "garbage"),
-}
 SKEW_S = 7200.0
 SUSPEND_CAP_S = 14.0  # the suspended run's time cap: its step fits with room, a long suspend does not
 SUSPEND_LONG_S = 16.0  # past the cap from anywhere in the boot or the step
@@ -77,12 +72,6 @@ def _gated_step(work: Path) -> Step:
 
 def _open_gate(work: Path) -> None:
     (work / "gate-open").touch()
-
-
-def draw_variant(kind: str, seed: int, cycle: int) -> str:
-    """The variant of a trust kind: cycles with the seed's round (`cycle`), so a suite covers them all."""
-    variants = TRUST_VARIANTS.get(kind, ("",))
-    return variants[(seed // cycle) % len(variants)]
 
 
 def _job(work: Path, name: str, url: str, *, steps: list[Step], state: Path, max_minutes: float = 1.0,
@@ -298,11 +287,4 @@ def run_registration_tamper(plan: AccountPlan, sim: SimServer, work: Path, outco
 
 TRUST_SCENARIOS = {"suspend": run_suspend, "date_skew": run_date_skew, "decoy": run_decoy,
                    "registration_tamper": run_registration_tamper}
-
-
-def replay_seed_for(kind: str, variant: str, kinds: tuple[str, ...]) -> int:
-    """The smallest seed whose draw is this kind and variant (tests pick single scenarios by name)."""
-    for seed in range(10_000):
-        if kinds[seed % len(kinds)] == kind and draw_variant(kind, seed, len(kinds)) == variant:
-            return seed
-    raise ValueError(f"no seed draws {kind} {variant}")
+MORE_KINDS.update(TRUST_SCENARIOS)  # account.run_account runs them (the package imports this module)

@@ -26,6 +26,7 @@ from vast_harness.run.host_work import HostWork
 from vast_harness.run.instance_reads import InstanceReads
 from vast_harness.run.rent_book import RentBook
 from vast_harness.run.signals import SignalGuard
+from vast_harness.run.stuck import STUCK_GRACE_S, StuckRunWatch
 from vast_harness.spec.profile import DriverPolicy
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.ledger import Ledger
@@ -111,6 +112,7 @@ class RunTools:
     host_work: type[HostWork]
     on_created: Callable[[CreatedInstance], None] | None
     around_boot: AroundBoot | None
+    stuck: StuckRunWatch  # ends a run whose main thread does not come back after the guard's DELETE
 
     def clock(self) -> float:
         """The run's monotonic clock (the meter's): every deadline of every stage is on it."""
@@ -142,9 +144,14 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
         state.timings["cap_guard_fired_s"] = round(meter.now() - meter.t0, 3)
         state.cancel(reason, ExitCode.CAP_REACHED)
         out.warn(reason)
+        stuck.arm()  # from now on the run has a whole teardown's time to finish
 
     cap_guard = CapGuard(meter=meter, live=lambda: [i.instance_id for i in book.live()], delete=guard_delete,
                          on_fire=guard_fired, describe_now=lambda: phases.current)
+    stuck = StuckRunWatch(guard=cap_guard, client=client, book=book, clock=meter.now,
+                          bound_s=lambda: (len(book.created) + 1) * state.teardown_budget_s + STUCK_GRACE_S,
+                          proof_interval_s=spec.proof_interval_s, proof_budget_s=lambda: state.teardown_budget_s,
+                          accrued_usd=meter.accrued_usd)
     reads = InstanceReads(client=client, ledger=ledger, run_id=state.run_id, meter=meter, book=book, out=out,
                           poll_s=spec.poll_s, cancel=state.cancel, deleting=cap_guard.is_claimed)
     within_s = TeardownBudget.SIGNAL_DELETE_WITHIN_S
@@ -153,7 +160,7 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
     return RunTools(spec=spec, client=client, drivers=drivers, out=out, ledger=ledger,
                     ev=ev, meter=meter, budget=meter.budget, book=book,
                     phases=phases, cap_guard=cap_guard, reads=reads, signals=signals, server_clock=server_clock,
-                    host_work=host_work, on_created=on_created, around_boot=around_boot)
+                    host_work=host_work, on_created=on_created, around_boot=around_boot, stuck=stuck)
 
 
 def snapshot(t: RunTools) -> Snapshot:

@@ -71,6 +71,8 @@ def delete_all(t: RunTools, s: RunState, t_last_step_end: float) -> None:
     if t.book.created:
         t.out.info("tearing down: deleting every instance of this run and proving it absent…")
     for inst in t.book.pending():
+        if _not_ours(t, inst):
+            continue
         report = teardown_one(t, s, inst)
         acks = [d.t_ack_mono for d in report.deletes if d.acknowledged and d.t_ack_mono]
         if acks:  # to the DELETE's acknowledgement, not to the end of the absence proof
@@ -82,6 +84,33 @@ def delete_all(t: RunTools, s: RunState, t_last_step_end: float) -> None:
     s.timings["teardown_s"] = round(t.clock() - start, 3)
     if s.key is not None:
         s.key.delete()
+
+
+OWNERSHIP_READ_S = 3.0  # the one read that checks a never-read instance's label before its DELETE
+
+
+def _not_ours(t: RunTools, inst: CreatedInstance) -> bool:
+    """True when the row of an instance no read has shown yet carries another label (or none): a create answer
+    can name another instance of the account, and only what carries the run's own label is deleted as the
+    run's. It is disowned (the label sweep then looks for the run's own). No row to read (reads lag creates, or
+    fail): deleted as before, as `reap` does; its proof then says what is there."""
+    if inst.seen or t.cap_guard.is_claimed(inst.instance_id):
+        return False
+    try:
+        row = t.client.get_instance(inst.instance_id, within_s=OWNERSHIP_READ_S)
+    except VastError:  # a per-id path refused (410 on v0, a 5xx): the v1 list by id carries the label too
+        try:
+            row = next(iter(t.client.list_instances(instance_id=inst.instance_id)), None)
+        except VastError:
+            return False
+    if row is None or row.id != inst.instance_id or row.label == inst.label:
+        return False
+    t.book.disown(inst, row.label or "")
+    t.cap_guard.forget(inst.instance_id)
+    t.out.warn(f"instance {inst.instance_id}, which the create answer named, carries "
+               f"{f'the label {row.label!r}' if row.label else 'no label'}, not this run's {inst.label!r}: it is "
+               "not this run's and is not deleted; the run's label is looked for instead")
+    return True
 
 
 def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTeardown:
