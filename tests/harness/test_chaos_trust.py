@@ -102,3 +102,18 @@ def test_an_in_process_run_whose_create_names_the_decoy_leaves_it_alone(tmp_path
     outcome = chaos.run_scenario(plan, tmp_path)
     assert outcome.faults_fired.get("wrong_contract") == 1, outcome.faults_fired
     assert not outcome.violations, ([v.detail[:500] for v in outcome.violations], outcome.log[-2000:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_a_decoy_named_by_the_create_is_left_alone_when_its_reads_hang_until_the_cap(tmp_path: Path, seed: int):
+    """The boot's per-id reads of the named instance hang until the cap: no read compared its label before the
+    teardown and the cap guard. Neither deletes it; the run's own instance (found by its label) goes by the cap."""
+    plan = chaos.ScenarioPlan(seed=seed, faults=f"wrong_contract:1;hang:show:1.8:*;seed={seed}", cap_mode="time",
+                              max_minutes=3.5 / 60, boot_retries=0, proof_interval_s=0.05, step_sleep_s=6.0,
+                              step_rc=0, steps=1)
+    outcome = chaos.run_scenario(plan, tmp_path)
+    assert outcome.faults_fired.get("wrong_contract") == 1, outcome.faults_fired
+    assert outcome.exit_code == 6 and not outcome.violations, ([v.detail[:500] for v in outcome.violations],
+                                                               outcome.log[-2000:])

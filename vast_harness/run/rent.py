@@ -32,6 +32,7 @@ from vast_harness.instance.lifecycle import CreateRequest, create, wait_ready
 from vast_harness.market.offers import Candidate
 from vast_harness.market.plan import account_credit_usd, choose_offers, plan_run
 from vast_harness.records import CreatedInstance
+from vast_harness.run.ownership import record_disowned
 from vast_harness.run.rent_book import CreateOutcome, NotRented, Rented
 from vast_harness.run.state import RunState, RunTools, Stage
 from vast_harness.run.teardown import teardown_one
@@ -271,6 +272,7 @@ def _on_poll(t: RunTools, s: RunState, inst: CreatedInstance, read: Instance | N
         # nothing is waited on, billed or deleted as ours unless its row carries the run's label. A row with no
         # label is not ours either: the create's answer, the one witness, is what a wrong new_contract corrupts.
         t.book.disown(inst, read.label or "")
+        record_disowned(t.ledger, s.run_id, inst, read.label or "")
         t.cap_guard.forget(inst.instance_id)
         raise CreateUnresolved(
             f"the create answer named instance {inst.instance_id}, but its row carries "
