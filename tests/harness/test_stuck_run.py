@@ -64,7 +64,7 @@ def test_a_run_stuck_on_a_hung_evidence_disk_ends_a_bound_after_the_guards_delet
         worker.start()
         try:
             assert hung.wait(60), "the run never reached the hung write"
-            assert exited.wait(12.0 + 3 * TEARDOWN_BUDGET_S + stuck.STUCK_GRACE_S + 10.0), "the stuck run never ended"
+            assert exited.wait(12.0 + 4 * TEARDOWN_BUDGET_S + stuck.STUCK_GRACE_S + 10.0), "the stuck run never ended"
             assert exits == [6]
             ours = [i for i in sim.state()["instances"] if i["label"] in run.tools.book.labels()]
             assert ours and not any(i["live"] for i in ours)

@@ -234,7 +234,12 @@ def run_scenario(plan: ScenarioPlan, workdir: Path) -> ScenarioOutcome:
             with _client(sim.url) as client:
                 run = GuardedRun(spec, client, load_driver_policy(), _output(buf))
                 run.state.teardown_budget_s = TEARDOWN_BUDGET_S
+                stuck_exits: list[int] = []  # in-process, the stuck-run watch must not end the suite's process
+                run.tools.stuck.exit_process = stuck_exits.append
                 result = run.execute()
+                if stuck_exits:
+                    outcome.violations.append(Violation(kind="hang", detail=f"the stuck-run watch ended the run "
+                                                        f"(exit {stuck_exits[0]}): its main thread did not come back"))
             outcome.exit_code, outcome.message = result.exit_code, result.message
         except Exception as exc:  # noqa: BLE001 - a crash is a finding, reported with the rest
             where = traceback.format_exc(limit=-4)[-1500:]

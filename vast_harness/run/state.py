@@ -174,7 +174,7 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
     cap_guard = CapGuard(meter=meter, live=lambda: [i.instance_id for i in book.live()], delete=guard_delete,
                          on_fire=guard_fired, describe_now=lambda: phases.current, owned=guard_owns)
     stuck = StuckRunWatch(guard=cap_guard, client=client, book=book, clock=meter.now,
-                          bound_s=lambda: (len(book.created) + 1) * state.teardown_budget_s + STUCK_GRACE_S,
+                          bound_s=lambda: (len(book.created) + 2) * state.teardown_budget_s + STUCK_GRACE_S,
                           proof_interval_s=spec.proof_interval_s, proof_budget_s=lambda: state.teardown_budget_s,
                           accrued_usd=meter.accrued_usd)
     reads = InstanceReads(client=client, ledger=ledger, run_id=state.run_id, meter=meter, book=book, out=out,

@@ -50,6 +50,7 @@ class StuckRunWatch:
         self._accrued_usd = accrued_usd
         self._finished = threading.Event()
         self._thread: threading.Thread | None = None
+        self.exit_process: Callable[[int], None] = lambda code: exit_process(code)  # an in-process caller's own
 
     def arm(self) -> None:
         """The guard fired: from now on the run has `bound_s()` to finish."""
@@ -88,4 +89,4 @@ class StuckRunWatch:
             _say(f"  {line}")
         verdict = "every instance proven gone" if proven else "NOT every instance proven gone: run `vast-e2e reap`"
         _say(f"exit {int(code)}: {verdict}; accrued ${self._accrued_usd():.4f} (billing ended at the DELETE)")
-        exit_process(int(code))
+        self.exit_process(int(code))

@@ -55,8 +55,9 @@ OUTCOME_EVENTS = ("created", "create_failed", "delete_ack")  # events that name 
 # `reap` need not look for it (a 5xx create_failed carries no verdict: it may still have created)
 NOTHING_CREATED = "nothing_created"
 # A create's story, per label: the last of these decides whether its outcome is still unknown.
-_CREATE_EVENTS = frozenset({"intent", "create_unknown", "create_unresolved", "created", "create_failed"})
-_OPEN_CREATE_EVENTS = frozenset({"intent", "create_unknown", "create_unresolved"})
+# `disowned`: the instance a create answer named is not the run's, so what that create made is unknown again
+_CREATE_EVENTS = frozenset({"intent", "create_unknown", "create_unresolved", "created", "create_failed", "disowned"})
+_OPEN_CREATE_EVENTS = frozenset({"intent", "create_unknown", "create_unresolved", "disowned"})
 MAX_LINE_BYTES = 64 * 1024
 MAX_LEDGER_BYTES = 512 * 1024 * 1024  # years of lines; past this the file is not a ledger
 LEDGER_FILE = "ledger.jsonl"  # in the state dir, shared by every run, fleet and reap of the user
