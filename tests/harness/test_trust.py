@@ -419,6 +419,15 @@ def test_a_registration_overwritten_with_garbage_does_not_make_a_live_run_dead(t
         verdict, why = judge("r3", "vh-r3", None, runs=registry.scan(), known_runs={"r3"}, server_now=1e9,
                              processes={"r3": process})
         assert verdict == "live" and f"pid {run.pid}" in why, why
+        # a stale copy naming a process that is gone (a backup of another day): the ledger's process still decides
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        (tmp_path / "live" / "r3.json").write_text(Registration(
+            run_id="r3", pid=gone.pid, host=this_host(), started_unix=0, api_url="u", profile="smoke", max_usd=1,
+            max_minutes=1, deadline_unix=0, pid_start="1").model_dump_json())
+        assert registry.scan()["r3"].liveness == "dead"
+        assert judge("r3", "vh-r3", None, runs=registry.scan(), known_runs={"r3"}, server_now=1e9,
+                     processes={"r3": process})[0] == "live"
     finally:
         run.kill()
         run.wait()

@@ -208,11 +208,11 @@ def judge(run_id: str | None, label: str, row: Instance | None, *, runs: dict[st
                 "its run holds its registration on this machine"
             return "live", f"{how} (pid {run.reg.pid if run.reg else '?'})"
         if run.liveness == "dead":
-            if run.reg is None and process is not None and _alive_here(process):
-                # The file lost its lock and its content (an editor's or a backup's bad copy): the ledger's lines
-                # still name the run's process, and it runs.
+            if process is not None and _alive_here(process):
+                # The file lost its lock, and its content (an editor's or a backup's bad copy) is unreadable or
+                # names a process that is gone: the ledger's lines still name the run's process, and it runs.
                 return "live", (f"its run's process (pid {process.pid}) is alive on this machine, though its "
-                                "registration file is unreadable")
+                                "registration file says otherwise")
             return "orphan", f"its run (pid {run.reg.pid if run.reg else '?'}) is dead: nothing holds its registration"
     elif run_id in known_runs and (process is None or process.host == this_host()):
         # Only a run of this machine is judged by its registration here; another machine's (a synced state dir)
