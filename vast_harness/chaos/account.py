@@ -90,7 +90,7 @@ class AccountOutcome(BaseModel):
 # so it registers them here rather than being imported), and the variants a kind cycles through with the seed.
 MORE_KINDS: dict[str, Callable[[AccountPlan, SimServer, Path, AccountOutcome], None]] = {}
 VARIANTS: dict[str, tuple[str, ...]] = {
-    "suspend": ("step", "boot", "teardown", "short"),
+    "suspend": ("step", "boot", "teardown", "short", "deadman"),
     "date_skew": ("behind", "ahead", "flip", "reap_ahead"),
     "decoy": ("prod-database", "unlabelled", "other_run"),
     "registration_tamper": ("replace", "move_back", "delete", "symlink", "garbage"),

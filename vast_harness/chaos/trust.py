@@ -7,8 +7,9 @@ record (`/_sim/state`) like every chaos family:
                     `time.monotonic` loses the stopped seconds, its CLOCK_BOOTTIME and wall clock do not, and the
                     host, the API and the bill ran on. In the step or the boot wait, past the cap: exit 6 (never
                     0), the instance destroyed within `RESUME_DELETE_S` of the resume, and the accrued dollars the
-                    run reports at least what was billed. A short suspend under the cap, or one in the teardown's
-                    proof, changes nothing: no leak, no false absence.
+                    run reports at least what was billed; the same when the sleep outlasts the host's dead-man
+                    grace and the host deletes itself (`deadman`). A short suspend under the cap, or one in the
+                    teardown's proof, changes nothing: no leak, no false absence.
 * ``date_skew``     the answers' `Date` is 2 h off for the run (behind, ahead, or flipping sign mid-run), and for a
                     reap from another state dir (another machine) during the run's step: the run passes (exit 0:
                     its host was not reaped), the reap exits 0, a reap afterwards proves everything gone.
@@ -59,6 +60,7 @@ SKEW_S = 7200.0
 SUSPEND_CAP_S = 14.0  # the suspended run's time cap: its step fits with room, a long suspend does not
 SUSPEND_LONG_S = 16.0  # past the cap from anywhere in the boot or the step
 SUSPEND_SHORT_S = 2.0
+SUSPEND_DEADMAN_S = 50.0  # past the cap and the host's dead-man grace (30 s on the simulator): the host deletes
 RESUME_DELETE_S = 4.0  # a resumed run past its cap DELETEs at once: its instance is gone this soon after
 GATED_STEP_MINUTES = 1.5  # a gated step's run: its cap bounds the step if the gate is never opened
 
@@ -112,8 +114,9 @@ def run_suspend(plan: AccountPlan, sim: SimServer, work: Path, outcome: AccountO
     proc = _spawn_run(_job(work, "a", sim.url, steps=steps, state=state, max_minutes=SUSPEND_CAP_S / 60.0,
                            suspend=True, blind=blind), work / "a.log")
     trigger = {"boot": "created", "teardown": "delete_ack"}.get(moment, "seen")
-    delay_s = {"step": 0.8, "short": 0.8, "boot": 0.2}.get(moment, 0.0)
-    suspend_s = SUSPEND_SHORT_S if moment in ("short", "teardown") else SUSPEND_LONG_S
+    delay_s = {"step": 0.8, "short": 0.8, "deadman": 0.8, "boot": 0.2}.get(moment, 0.0)
+    suspend_s = {"short": SUSPEND_SHORT_S, "teardown": SUSPEND_SHORT_S, "deadman": SUSPEND_DEADMAN_S}.get(
+        moment, SUSPEND_LONG_S)
     reached = _wait_for(lambda: bool(_events(state, trigger)) or proc.poll() is not None, 60.0)
     time.sleep(delay_s)
     t0_unix = float((work / "a.t0").read_text()) if (work / "a.t0").exists() else time.time()
@@ -131,7 +134,7 @@ def run_suspend(plan: AccountPlan, sim: SimServer, work: Path, outcome: AccountO
     outcome.log += f"suspend at {moment}: stopped {t_resume - t_stop:.1f} s, {t_stop - t0_unix:.1f} s into the run\n"
     code = outcome.exit_codes[0]
     ours = _run_instances(sim, state)
-    crossed = moment in ("step", "boot") and t_resume - t0_unix > SUSPEND_CAP_S
+    crossed = moment in ("step", "boot", "deadman") and t_resume - t0_unix > SUSPEND_CAP_S
     if crossed:
         if code != 6:
             _mismatch(outcome, f"a suspend of {suspend_s:.0f} s in the {moment} crossed the {SUSPEND_CAP_S:.0f} s "
