@@ -164,3 +164,18 @@ def test_reading_a_ledger_creates_no_directory_and_the_first_write_does(tmp_path
     assert not (tmp_path / "no").exists()
     ledger.append("r1", "intent", "vh-x", offer_id=1)
     assert [e.event for e in Ledger(path).entries()] == ["intent"]
+
+
+def test_a_disowned_instance_is_not_the_runs_and_reopens_its_create(tmp_path):
+    """A create answer named an instance whose row carries another label: the ledger neither keeps it pending as
+    the run's (reap would refuse it forever) nor counts it as what the run's label made (reap looks for that)."""
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    ledger.append("r", "intent", "vh-r", offer_id=1)
+    ledger.append("r", "created", "vh-r", offer_id=1, instance_id=7)
+    assert ledger.unproven() == ({7: ledger.entries()[1]}, set())
+    ledger.append("r", "disowned", "vh-r", instance_id=7, detail="its row carries the label 'prod-database'")
+    pending, unresolved = ledger.unproven()
+    assert pending == {} and unresolved == {"vh-r"}
+    ledger.append("r", "created", "vh-r", instance_id=8)  # the run's own, found by its label
+    pending, unresolved = ledger.unproven()
+    assert set(pending) == {8} and unresolved == set()

@@ -45,6 +45,8 @@ def test_no_control_plane_module_measures_time_on_a_clock_that_stops_in_a_suspen
     for path in sorted((ROOT / "vast_harness").rglob("*.py")):
         if "sim" in path.relative_to(ROOT / "vast_harness").parts or path.name == "clock.py":
             continue
+        if path.relative_to(ROOT).as_posix() == "vast_harness/chaos/child.py":
+            continue  # it measures nothing: it makes time.monotonic lose a simulated suspend, as the kernel does
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in ("monotonic", "perf_counter") and \
                     isinstance(node.value, ast.Name) and node.value.id == "time":

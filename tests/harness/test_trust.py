@@ -379,3 +379,83 @@ def test_a_create_answer_naming_another_instance_is_neither_waited_on_nor_delete
     labels = run.tools.book.labels()
     ours = [i for i in sim.state()["instances"] if i["label"] in labels]
     assert ours and not any(i["live"] for i in ours), "the run's own instance was left billing"
+
+
+def test_a_create_answer_naming_an_unlabelled_instance_is_not_taken_for_ours(sim, tmp_path):
+    """The create's answer is the one witness that `wrong_contract` corrupts, so it cannot vouch for a row that
+    carries no label: only a row with the run's own label is waited on, billed or deleted as the run's."""
+    from vast_harness.run.runner import GuardedRun
+    from vast_harness.spec.profile import Step, load_driver_policy
+
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:  # made in the console, never labelled
+        offer = client.search_offers({"limit": 5})[-1]
+        theirs = client.create_instance(offer.id, {"image": "img", "disk": 10}).new_contract
+    assert next(i for i in sim.state()["instances"] if i["id"] == theirs)["label"] in (None, "")
+    sim.set_faults("wrong_contract")
+    spec = spec_for(sim, tmp_path)
+    prof = spec.profile.model_copy(update={"steps": [Step(name="ok", run="true", timeout_s=10)]})
+    spec = spec.model_copy(update={"profile": prof}).with_timings(teardown_margin_s=2.0)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = run.execute()
+    assert theirs in live(sim), "the run deleted an unlabelled instance that its create answer named"
+    assert not [c for c in sim.state()["calls"] if c["method"] == "DELETE" and str(theirs) in c["path"]]
+    assert result.exit_code != 0, result.message
+    labels = run.tools.book.labels()
+    ours = [i for i in sim.state()["instances"] if i["label"] in labels]
+    assert ours and not any(i["live"] for i in ours), "the run's own instance was left billing"
+
+
+def test_a_registration_overwritten_with_garbage_does_not_make_a_live_run_dead(tmp_path):
+    """A backup tool's half-copy or an editor's bad save: the file is unlocked and no longer a registration, so it
+    names no pid. The run's ledger lines still name its process, and while that runs the run is live."""
+    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the live run's process
+    try:
+        registry = RunRegistry(tmp_path)
+        (tmp_path / "live").mkdir(mode=0o700)
+        (tmp_path / "live" / "r3.json").write_text('{"run_id": "r3", "pid": ')
+        assert registry.scan()["r3"].liveness == "dead" and registry.scan()["r3"].reg is None
+        process = ProcessId(host=this_host(), pid=run.pid, start=process_start(run.pid))
+        verdict, why = judge("r3", "vh-r3", None, runs=registry.scan(), known_runs={"r3"}, server_now=1e9,
+                             processes={"r3": process})
+        assert verdict == "live" and f"pid {run.pid}" in why, why
+        # a stale copy naming a process that is gone (a backup of another day): the ledger's process still decides
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        (tmp_path / "live" / "r3.json").write_text(Registration(
+            run_id="r3", pid=gone.pid, host=this_host(), started_unix=0, api_url="u", profile="smoke", max_usd=1,
+            max_minutes=1, deadline_unix=0, pid_start="1").model_dump_json())
+        assert registry.scan()["r3"].liveness == "dead"
+        assert judge("r3", "vh-r3", None, runs=registry.scan(), known_runs={"r3"}, server_now=1e9,
+                     processes={"r3": process})[0] == "live"
+    finally:
+        run.kill()
+        run.wait()
+    assert judge("r3", "vh-r3", None, runs=registry.scan(), known_runs={"r3"}, server_now=1e9,
+                 processes={"r3": process})[0] == "orphan"
+
+
+@pytest.mark.parametrize("decoy_label", ["prod-database", None])
+def test_a_create_answer_naming_another_instance_is_not_deleted_when_no_boot_read_judged_it(sim, tmp_path,
+                                                                                             decoy_label):
+    """The boot's first read fails (a 410 on the v0 path), so no read ever compared the named row's label with the
+    run's before the teardown: the teardown must not DELETE what the create answer named on that answer alone."""
+    from vast_harness.run.runner import GuardedRun
+    from vast_harness.spec.profile import Step, load_driver_policy
+
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        offer = client.search_offers({"limit": 5})[-1]
+        body = {"image": "img", "disk": 10} | ({"label": decoy_label} if decoy_label else {})
+        theirs = client.create_instance(offer.id, body).new_contract
+    sim.set_faults("wrong_contract;v0_deprecated:1")
+    spec = spec_for(sim, tmp_path)
+    prof = spec.profile.model_copy(update={"steps": [Step(name="ok", run="true", timeout_s=10)]})
+    spec = spec.model_copy(update={"profile": prof}).with_timings(teardown_margin_s=2.0)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        run.execute()
+    assert not [c for c in sim.state()["calls"] if c["method"] == "DELETE" and str(theirs) in c["path"]]
+    assert theirs in live(sim), "the teardown deleted an instance its create answer named but that is not its own"
+    labels = run.tools.book.labels()
+    ours = [i for i in sim.state()["instances"] if i["label"] in labels]
+    assert ours and not any(i["live"] for i in ours), "the run's own instance was left billing"

@@ -30,13 +30,15 @@ CLAIM_WAIT_S = 5.0  # beyond the DELETE's own bounds: how long a teardown waits 
 class CapGuard:
     def __init__(self, *, meter: CostMeter, live: Callable[[], list[int]],
                  delete: Callable[[int, float], DeleteAck], on_fire: Callable[[str], None],
-                 describe_now: Callable[[], str] = lambda: "") -> None:
+                 describe_now: Callable[[], str] = lambda: "", owned: Callable[[int], bool] = lambda _i: True) -> None:
         """`live()`: ids of the run's instances that still bill; `delete(instance_id, land_by_mono)`: one DELETE
         of it (never raises); `on_fire(reason)`: told before the first DELETE (the run cancels itself, exit 6);
-        `describe_now()`: what the run is doing, for the reason. `note(instance_id)` adds an instance a create
+        `describe_now()`: what the run is doing, for the reason; `owned(instance_id)`: False for an instance whose
+        row turned out to carry another label (never deleted). `note(instance_id)` adds an instance a create
         answer named before the run has booked it."""
         self.meter, self._live, self._delete, self._on_fire = meter, live, delete, on_fire
         self._describe_now = describe_now
+        self._owned = owned
         self._lock = threading.Lock()
         self._claimed: set[int] = set()
         self._noted: set[int] = set()
@@ -139,6 +141,10 @@ class CapGuard:
         for instance_id in targets:
             ack: DeleteAck | None = None
             try:
+                if not self._owned(instance_id):  # a create answer named another instance of the account
+                    with self._lock:
+                        self._noted.discard(instance_id)
+                    continue
                 ack = self._delete(instance_id, self.meter.hard_deadline())
             finally:
                 with self._lock:
@@ -149,6 +155,16 @@ class CapGuard:
                 # Billing ends at the acknowledged DELETE, whenever the run's own teardown gets to it (its main
                 # thread may be stuck on a disk that does not answer).
                 self.meter.stop_instance(instance_id, ack.t_ack_mono)
+
+    def acknowledged(self) -> dict[int, DeleteAck]:
+        """The guard's own DELETEs that the API acknowledged, by instance id."""
+        with self._lock:
+            return {i: a for i, a in self._acks.items() if a.acknowledged}
+
+    def deleted_ids(self) -> set[int]:
+        """Every instance the guard sent (or is sending) a DELETE for."""
+        with self._lock:
+            return set(self._done)
 
 
 __all__ = ["CapGuard"]

@@ -4,6 +4,7 @@
     network   network scenarios: the harness in its own process behind `netproxy`'s fault proxy
     kill9     the real CLI SIGKILLed at a drawn moment, then `reap` from another directory
     account   several runs, reaps, state dirs and clocks on one account
+    trust     issue 35's account kinds: a suspend, a Date skew, a decoy instance, a tampered registration
     judge     the invariants, decided from the simulator's own record
     suite     all three from one seed, concurrently; the report and its JSON summary
 
@@ -27,6 +28,7 @@ from vast_harness.chaos.judge import KNOWN_ISSUES, VIOLATION_KINDS, Violation, c
 from vast_harness.chaos.kill9 import TRIGGERS, Kill9Outcome, Kill9Plan, draw_kill9, run_kill9
 from vast_harness.chaos.network import NET_KINDS, NetOutcome, NetPlan, draw_net, run_net
 from vast_harness.chaos.suite import Selection, SuiteReport, run_suite, select_kinds
+from vast_harness.chaos.trust import TRUST_SCENARIOS  # registers issue 35's account kinds
 
 __all__ = [
     "ACCOUNT_KINDS", "AccountOutcome", "AccountPlan", "draw_account", "run_account",
@@ -34,5 +36,5 @@ __all__ = [
     "Kill9Plan", "NetOutcome", "NetPlan", "ScenarioOutcome", "ScenarioPlan", "Selection", "SuiteReport",
     "Violation", "check_scenario", "classify", "draw_kill9", "draw_net", "draw_scenario", "exit_mismatches",
     "false_absences", "run_bounded", "run_kill9", "run_net", "run_scenario", "run_suite", "scenario_seed",
-    "select_kinds",
+    "select_kinds", "TRUST_SCENARIOS",
 ]

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,9 +46,12 @@ from vast_harness.sim.server import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
 from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
-AccountKind = Literal["two_runs_reap", "clock_ahead", "clock_behind", "boot_fail_delete_fail", "fleet_reprice"]
+AccountKind = Literal["two_runs_reap", "clock_ahead", "clock_behind", "boot_fail_delete_fail", "fleet_reprice",
+                      "suspend", "date_skew", "decoy", "registration_tamper"]
 ACCOUNT_KINDS: tuple[AccountKind, ...] = ("two_runs_reap", "clock_ahead", "two_runs_reap", "boot_fail_delete_fail",
-                                          "clock_behind", "fleet_reprice")
+                                          "clock_behind", "fleet_reprice",
+                                          # issue 35's families (chaos/trust.py)
+                                          "suspend", "date_skew", "decoy", "registration_tamper")
 CHILD_LIMIT_S = 120.0
 STEP_S = 2.5
 READ_LAG_S = 9.0  # past the child's boot timeout and teardown budget: the run cannot see its instance
@@ -58,6 +62,7 @@ class AccountPlan(BaseModel):
     seed: int
     kind: AccountKind
     reap_state: Literal["first", "second", "fresh"] = "fresh"  # two_runs_reap: whose state dir the reap uses
+    variant: str = ""  # the trust kinds' (chaos/trust.py TRUST_VARIANTS): where, how or what
 
 
 class AccountOutcome(BaseModel):
@@ -78,14 +83,32 @@ class AccountOutcome(BaseModel):
 
     def summary(self) -> str:
         flags = ",".join(v.kind for v in self.violations) or "ok"
-        return f"{self.plan.kind}: runs {self.exit_codes}, reaps {self.reap_codes}, {self.instances} instance(s); {flags}"
+        return f"{self.plan.kind}{f' {self.plan.variant}' if self.plan.variant else ''}: runs {self.exit_codes}, reaps {self.reap_codes}, {self.instances} instance(s); {flags}"
+
+
+# Kinds another module runs with this one's processes (chaos/trust.py adds issue 35's: it imports this module,
+# so it registers them here rather than being imported), and the variants a kind cycles through with the seed.
+MORE_KINDS: dict[str, Callable[[AccountPlan, SimServer, Path, AccountOutcome], None]] = {}
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "suspend": ("step", "boot", "teardown", "short", "deadman"),
+    "date_skew": ("behind", "ahead", "flip", "reap_ahead"),
+    "decoy": ("prod-database", "unlabelled", "other_run"),
+    "registration_tamper": ("replace", "move_back", "delete", "symlink", "garbage"),
+}
+
+
+def draw_variant(kind: str, seed: int) -> str:
+    """A kind's variant: it cycles with the seed's round through ACCOUNT_KINDS, so a suite covers them all."""
+    variants = VARIANTS.get(kind, ("",))
+    return variants[(seed // len(ACCOUNT_KINDS)) % len(variants)]
 
 
 def draw_account(seed: int) -> AccountPlan:
     """The kind cycles with the seed (a suite's consecutive seeds cover every kind); the rest is drawn."""
     rng = random.Random(seed)
-    return AccountPlan(seed=seed, kind=ACCOUNT_KINDS[seed % len(ACCOUNT_KINDS)],
-                       reap_state=rng.choice(("first", "second", "fresh")))
+    kind = ACCOUNT_KINDS[seed % len(ACCOUNT_KINDS)]
+    return AccountPlan(seed=seed, kind=kind, reap_state=rng.choice(("first", "second", "fresh")),
+                       variant=draw_variant(kind, seed))
 
 
 # ------------------------------------------------------------------------------------------ processes
@@ -158,8 +181,8 @@ def run_account(plan: AccountPlan) -> AccountOutcome:
         work = Path(tmp)
         try:
             {"two_runs_reap": _two_runs_reap, "clock_ahead": _clock_ahead, "clock_behind": _clock_behind,
-             "boot_fail_delete_fail": _boot_fail_delete_fail, "fleet_reprice": _fleet_reprice}[plan.kind](
-                plan, sim, work, outcome)
+             "boot_fail_delete_fail": _boot_fail_delete_fail, "fleet_reprice": _fleet_reprice,
+             **MORE_KINDS}[plan.kind](plan, sim, work, outcome)
         except Exception as exc:  # noqa: BLE001 - the engine's own failure, reported, not raised
             outcome.violations.append(Violation(kind="crash", detail=f"account engine: {type(exc).__name__}: {exc}"))
         state = sim.state()

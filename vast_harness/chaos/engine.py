@@ -96,6 +96,14 @@ SIM_RULES: dict[str, Draw] = {
     "delete_noop": lambda r, n: f"delete_noop:{n}",
     # issue 31: a host whose nvidia-smi names another GPU than its offer (refused after SSH, deleted)
     "gpu_mismatch": lambda r, n: f"gpu_mismatch:{r.randint(1, 2)}",
+    # issue 35: a server clock hours off in `Date` (ahead, or ahead then behind: its sign flips mid-run), a row
+    # whose start_date is older than its create, a create answer naming the account's decoy (run_scenario rents
+    # one whenever wrong_contract is drawn; the judge's `not_ours`)
+    "date_ahead": lambda r, n: f"date_ahead:{r.choice((90, 7200))}" + ("" if r.random() < 0.5 else f":{3 * n}"),
+    "date_behind": lambda r, n: (f"date_ahead:7200:{3 * n};" if r.random() < 0.3 else "")
+    + f"date_behind:{r.choice((90, 7200))}",
+    "started_earlier": lambda r, n: f"started_earlier:{r.choice((60, 7200, 86400))}",
+    "wrong_contract": lambda r, n: "wrong_contract:1",
 }
 FAULT_KINDS = tuple(SIM_RULES)
 
@@ -227,6 +235,7 @@ def run_scenario(plan: ScenarioPlan, workdir: Path) -> ScenarioOutcome:
     with SimServer(seed=plan.seed, rate_scale=SCALE, boot_seconds=0.1, num_offers=300) as sim:
         spec = build_spec(plan, sim, workdir / "ev")
         outcome.max_usd = spec.caps.max_usd
+        decoy = rent_decoy(sim.url, plan.seed) if "wrong_contract" in plan.fault_kinds else None
         sim.set_faults(plan.faults)
         run: GuardedRun | None = None
         start_unix = time.time()
@@ -234,19 +243,27 @@ def run_scenario(plan: ScenarioPlan, workdir: Path) -> ScenarioOutcome:
             with _client(sim.url) as client:
                 run = GuardedRun(spec, client, load_driver_policy(), _output(buf))
                 run.state.teardown_budget_s = TEARDOWN_BUDGET_S
+                stuck_exits: list[int] = []  # in-process, the stuck-run watch must not end the suite's process
+                run.tools.stuck.exit_process = stuck_exits.append
                 result = run.execute()
+                if stuck_exits:
+                    outcome.violations.append(Violation(kind="hang", detail=f"the stuck-run watch ended the run "
+                                                        f"(exit {stuck_exits[0]}): its main thread did not come back"))
             outcome.exit_code, outcome.message = result.exit_code, result.message
         except Exception as exc:  # noqa: BLE001 - a crash is a finding, reported with the rest
             where = traceback.format_exc(limit=-4)[-1500:]
             outcome.violations.append(classify(Violation(kind="crash",
                                                          detail=f"{type(exc).__name__}: {exc}\n{where}")))
         state = sim.state()
+        if decoy is not None:  # the decoy is the user's: judged apart, never counted as the run's
+            outcome.violations += decoy_violations(state, decoy)
+            state = {**state, "instances": [i for i in state["instances"] if i["id"] != decoy]}
         outcome.faults_fired = _fired(state)
         if run is not None:  # the cap counts from the run's own clock (RunState.t0_unix), not from before it
             start_unix = run.state.t0_unix
         outcome.violations += check_scenario(plan, spec, outcome, state, run, start_unix)
         if outcome.exit_code == 3:
-            outcome.violations += _reap_and_check(spec, sim, buf)
+            outcome.violations += _reap_and_check(spec, sim, buf, decoy)
     outcome.wall_s = round(now_s() - started, 3)
     outcome.log = buf.getvalue()[-6000:]
     return outcome
@@ -259,11 +276,14 @@ def _fired(state: dict[str, Any]) -> dict[str, int]:
     return {k: v for k, v in fired.items() if v}
 
 
-def _reap_and_check(spec: RunSpec, sim: SimServer, buf: io.StringIO) -> list[Violation]:
+def _reap_and_check(spec: RunSpec, sim: SimServer, buf: io.StringIO, decoy: int | None = None) -> list[Violation]:
     sim.set_faults(None)
     with _client(sim.url) as client:
         code = reap_all(spec, client, _output(buf))
-    live = [i["id"] for i in sim.state()["instances"] if i["live"]]
+    after = sim.state()
+    live = [i["id"] for i in after["instances"] if i["live"] and i["id"] != decoy]
+    if decoy is not None and decoy_violations(after, decoy):
+        return [v.model_copy(update={"detail": f"reap: {v.detail}"}) for v in decoy_violations(after, decoy)]
     pending, unknown_labels = Ledger(spec.state_dir / LEDGER_FILE).unproven()
     # Exit 3 with nothing live and nothing unproven but a create whose outcome no read has shown (a 5xx that
     # created nothing) is the truth: reap keeps looking for that label until long after its create.
@@ -331,6 +351,29 @@ def exit_mismatches(plan: ScenarioPlan, outcome: ScenarioOutcome, run: GuardedRu
 
 
 
+DECOY_LABELS = ("prod-database", None, "vh-20261203T000000Z-0d0c0e-dzzzzzz-c2rs")  # the user's; unlabelled; another run's
+
+
+def rent_decoy(url: str, seed: int, label: str | None | Literal[False] = False) -> int:
+    """An instance of the account that is not the run's, on the dearest offer (never the one a run picks):
+    labelled by the seed from DECOY_LABELS unless `label` is given (None: no label, as made in the console)."""
+    chosen = DECOY_LABELS[seed % len(DECOY_LABELS)] if label is False else label
+    with _client(url) as client:
+        offer = max(client.search_offers({"limit": 1000}), key=lambda o: o.dph_total or 0.0)
+        body: dict[str, Any] = {"image": "img", "disk": 10} | ({"label": chosen} if chosen is not None else {})
+        return client.create_instance(offer.id, body).new_contract
+
+
+def decoy_violations(state: dict[str, Any], decoy: int) -> list[Violation]:
+    """The decoy deleted (a DELETE on its id, or not live): something not the run's was taken for the run's."""
+    deletes = [c for c in state["calls"] if c["method"] == "DELETE" and f"/{decoy}/" in f"{c['path']}/"]
+    row = next((i for i in state["instances"] if i["id"] == decoy), None)
+    if deletes or row is None or not row["live"]:
+        return [Violation(kind="not_ours", detail=f"the decoy instance {decoy} ({row and row['label']!r}), not the "
+                          f"run's, was deleted: {len(deletes)} DELETE(s), live {row and row['live']}")]
+    return []
+
+
 class ChildJob(BaseModel):
     """What `child` runs: a guarded run in its own process (the network scenarios)."""
 
@@ -345,6 +388,10 @@ class ChildJob(BaseModel):
     t0_file: Path  # the run's start (unix seconds) is written here: the time cap counts from it
     state_dir: Path | None = None  # the user's state dir (default: the evidence dir)
     wall_step_s: float = 0.0  # the wall clock (time.time) steps by this much right after the first create
+    # A simulated suspend (chaos/trust.py): the process is SIGSTOPped, and on SIGCONT it reads from this file the
+    # seconds it was stopped and sets time.monotonic back by them (CLOCK_MONOTONIC does not count a suspend).
+    suspend_file: Path | None = None
+    suspend_blind: bool = False  # the negative control: the run's own clock (now_s) stops in the suspend too
 
 
 def run_bounded(plan: ScenarioPlan, limit_s: float = SCENARIO_WALL_LIMIT_S) -> ScenarioOutcome:

@@ -11,6 +11,8 @@ Every scenario kind (in-process, network, kill -9) ends in the same checks, on t
 * hang           a scenario over its wall budget (caps + a teardown allowance); the run is killed
 * crash          an exception out of the in-process run
 * traceback      "Traceback" in a subprocess run's output
+* not_ours       an instance that is not the run's (a decoy of the account) deleted, or waited on as the run's
+* under_reported a run reporting less accrued than the simulator billed for its instances (a suspend)
 * sim_bug        an exception the simulator's HTTP server caught (`/_sim/state` `server_errors`): the scenario
                  did not test what it meant to
 * gpu_liar_used  a host whose nvidia-smi named another GPU (fault gpu_mismatch) got more than the GPU read
@@ -30,7 +32,7 @@ from pydantic import BaseModel
 from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 VIOLATION_KINDS = ("leak", "false_absence", "over_cap_usd", "over_cap_time", "exit_mismatch", "reap_failed",
-                   "hang", "crash", "traceback", "sim_bug", "gpu_liar_used")
+                   "hang", "crash", "traceback", "sim_bug", "gpu_liar_used", "not_ours", "under_reported")
 
 
 class Violation(BaseModel):

@@ -209,11 +209,16 @@ def judge(run_id: str | None, label: str, row: Instance | None, *, runs: dict[st
                 "its run holds its registration on this machine"
             return "live", f"{how} (pid {run.reg.pid if run.reg else '?'})"
         if run.liveness == "dead":
+            if process is not None and _alive_here(process):
+                # The file lost its lock, and its content (an editor's or a backup's bad copy) is unreadable or
+                # names a process that is gone: the ledger's lines still name the run's process, and it runs.
+                return "live", (f"its run's process (pid {process.pid}) is alive on this machine, though its "
+                                "registration file says otherwise")
             return "orphan", f"its run (pid {run.reg.pid if run.reg else '?'}) is dead: nothing holds its registration"
     elif run_id in known_runs and (process is None or process.host == this_host()):
         # Only a run of this machine is judged by its registration here; another machine's (a synced state dir)
         # is judged by its label's deadline below, like any run elsewhere.
-        if process is not None and process != this_process() and process.running():  # the reaper is no run
+        if process is not None and _alive_here(process):
             return "live", (f"its run's process (pid {process.pid}) is alive on this machine, though its "
                             "registration is gone")
         return "orphan", "its run has ended (this user's ledger knows it; it holds no registration)"
@@ -228,6 +233,11 @@ def judge(run_id: str | None, label: str, row: Instance | None, *, runs: dict[st
     if started is not None and server_now is not None and server_now - started > MAX_RUN_S:
         return "orphan", f"an old label without a deadline, created {(server_now - started) / 3600:.0f} h ago{note}"
     return "live", f"not this user's run and its label carries no deadline it can trust{note}: it may be working elsewhere"
+
+
+def _alive_here(process: ProcessId) -> bool:
+    """The process a run's ledger lines name runs on this machine (the reaper itself is no run)."""
+    return process.host == this_host() and process != this_process() and bool(process.running())
 
 
 def create_age_s(entry: LedgerEntry, server_now: float | None) -> float:

@@ -35,6 +35,7 @@ from vast_harness.market.plan import account_credit_usd, choose_offers, plan_run
 from vast_harness.records import CreatedInstance
 from vast_harness.run.arrival import check_arrival
 from vast_harness.run.key_attach import attach_run_key
+from vast_harness.run.ownership import record_disowned
 from vast_harness.run.rent_book import CreateOutcome, NotRented, Rented
 from vast_harness.run.state import RunState, RunTools, Stage
 from vast_harness.run.teardown import teardown_one
@@ -285,13 +286,16 @@ def boot(t: RunTools, s: RunState, inst: CreatedInstance, *, offer: Offer | None
 
 
 def _on_poll(t: RunTools, s: RunState, inst: CreatedInstance, read: Instance | None) -> None:
-    if read is not None and read.label is not None and read.label != inst.label:
+    if read is not None and read.label != inst.label:
         # The create's answer named an instance that is not this run's (another of the account's, by its label):
-        # nothing is waited on, billed or deleted as ours unless its row carries the run's label.
-        t.book.disown(inst, read.label)
+        # nothing is waited on, billed or deleted as ours unless its row carries the run's label. A row with no
+        # label is not ours either: the create's answer, the one witness, is what a wrong new_contract corrupts.
+        t.book.disown(inst, read.label or "")
+        record_disowned(t.ledger, s.run_id, inst, read.label or "")
         t.cap_guard.forget(inst.instance_id)
         raise CreateUnresolved(
-            f"the create answer named instance {inst.instance_id}, but its row carries the label {read.label!r}, not "
+            f"the create answer named instance {inst.instance_id}, but its row carries "
+            f"{f'the label {read.label!r}' if read.label else 'no label'}, not "
             f"this run's {inst.label!r}: it is not this run's and is left alone; whether the create made an "
             f"instance of ours is unknown", label=inst.label)
     t.reads.check_gone(inst, read)

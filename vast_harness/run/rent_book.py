@@ -66,6 +66,8 @@ class RentBook:
         """A create's answer named an instance whose row carries another label: it is not this run's. It leaves
         the book (never waited on, billed or deleted as ours) and the create's outcome is unknown again: the
         run's own instance, if the create made one, carries the run's label, and the label sweep looks for it."""
+        if inst.instance_id in self.disowned:
+            return  # the boot's read, the teardown's check and the cap guard may each find it: once is enough
         self.created = [i for i in self.created if i.instance_id != inst.instance_id]
         self.disowned[inst.instance_id] = row_label
         self.unresolved.add(inst.label)

@@ -98,6 +98,7 @@ class GuardedRun:
                 try:
                     code, message = self._teardown_and_verdict(code, message)  # Stage.TEARDOWN, Stage.VERDICT
                 finally:
+                    t.stuck.finished()
                     if s.registration is not None:
                         s.registration.release()  # the run is over: a reap may now judge what is left
         return HarnessResult(run_id=s.run_id, exit_code=code, message=message)

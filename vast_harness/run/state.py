@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import threading
 import time
@@ -14,7 +15,7 @@ from vast_harness.caps.guard import CapGuard
 from vast_harness.caps.meter import CostMeter, expected_teardown_s, teardown_budget_s
 from vast_harness.console.live import PhaseLog, Snapshot
 from vast_harness.console.output import Output
-from vast_harness.errors import ExitCode, RunCancelled
+from vast_harness.errors import ExitCode, RunCancelled, VastError
 from vast_harness.evidence.run import RunEvidence
 from vast_harness.host.deadman import DeadmanStatus
 from vast_harness.host.ssh import HostSession, RunKey
@@ -24,8 +25,10 @@ from vast_harness.market.plan import RunPlan
 from vast_harness.records import CreatedInstance, DeleteAck, HostGpus, WorkdirRecord
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.instance_reads import InstanceReads
+from vast_harness.run.ownership import foreign_label, record_disowned
 from vast_harness.run.rent_book import RentBook
 from vast_harness.run.signals import SignalGuard
+from vast_harness.run.stuck import STUCK_GRACE_S, StuckRunWatch
 from vast_harness.spec.profile import DriverPolicy
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.ledger import Ledger
@@ -33,6 +36,8 @@ from vast_harness.state.registry import HeldRegistration
 from vast_harness.timings import TeardownBudget
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.server_clock import ServerClock
+
+OWNERSHIP_GUARD_READ_S = 1.0  # the cap guard's read of a never-read instance's label, at most
 
 Clock = Callable[[], float]
 # Wraps the boot of one instance (the canary observes reads around it): called with the instance and the boot.
@@ -114,6 +119,7 @@ class RunTools:
     host_work: type[HostWork]
     on_created: Callable[[CreatedInstance], None] | None
     around_boot: AroundBoot | None
+    stuck: StuckRunWatch  # ends a run whose main thread does not come back after the guard's DELETE
 
     def clock(self) -> float:
         """The run's monotonic clock (the meter's): every deadline of every stage is on it."""
@@ -146,9 +152,35 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
         state.timings["cap_guard_fired_s"] = round(meter.now() - meter.t0, 3)
         state.cancel(reason, ExitCode.CAP_REACHED)
         out.warn(reason)
+        stuck.arm()  # from now on the run has a whole teardown's time to finish
+
+    def guard_owns(instance_id: int) -> bool:
+        """An instance no read has shown with the run's label is read once, briefly (the cap is near), before the
+        guard deletes it (run/ownership.py)."""
+        inst = next((i for i in book.created if i.instance_id == instance_id), None)
+        if inst is None or inst.seen:
+            return True
+        within_s = max(0.2, min(OWNERSHIP_GUARD_READ_S, (meter.hard_deadline() - meter.now()) / 3))
+        label = foreign_label(client, inst, within_s=within_s, clock=meter.now)
+        if label is None:
+            return True
+        book.disown(inst, label)
+        record_disowned(ledger, state.run_id, inst, label)
+        out.warn(f"instance {instance_id}, which the create answer named, carries "
+                 f"{f'the label {label!r}' if label else 'no label'}, not this run's: the cap guard leaves it alone")
+        # What carries the run's label is the run's, whatever the create answered: the guard deletes it next.
+        with contextlib.suppress(VastError):
+            for row in client.list_instances(label=inst.label, within_s=within_s):
+                if row.label == inst.label:
+                    cap_guard.note(row.id)
+        return False
 
     cap_guard = CapGuard(meter=meter, live=lambda: [i.instance_id for i in book.live()], delete=guard_delete,
-                         on_fire=guard_fired, describe_now=lambda: phases.current)
+                         on_fire=guard_fired, describe_now=lambda: phases.current, owned=guard_owns)
+    stuck = StuckRunWatch(guard=cap_guard, client=client, book=book, clock=meter.now,
+                          bound_s=lambda: (len(book.created) + 2) * state.teardown_budget_s + STUCK_GRACE_S,
+                          proof_interval_s=spec.proof_interval_s, proof_budget_s=lambda: state.teardown_budget_s,
+                          accrued_usd=meter.accrued_usd)
     reads = InstanceReads(client=client, ledger=ledger, run_id=state.run_id, meter=meter, book=book, out=out,
                           poll_s=spec.poll_s, cancel=state.cancel, deleting=cap_guard.is_claimed)
     within_s = TeardownBudget.SIGNAL_DELETE_WITHIN_S
@@ -157,7 +189,7 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
     return RunTools(spec=spec, client=client, drivers=drivers, out=out, ledger=ledger,
                     ev=ev, meter=meter, budget=meter.budget, book=book,
                     phases=phases, cap_guard=cap_guard, reads=reads, signals=signals, server_clock=server_clock,
-                    host_work=host_work, on_created=on_created, around_boot=around_boot)
+                    host_work=host_work, on_created=on_created, around_boot=around_boot, stuck=stuck)
 
 
 def snapshot(t: RunTools) -> Snapshot:

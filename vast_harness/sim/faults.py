@@ -68,6 +68,11 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
     started_earlier:SECONDS[:COUNT]         the next COUNT instances' rows report a start_date SECONDS
                                             before their create (an instance left from an earlier day);
                                             only the reported start moves, billing is unchanged
+    date_ahead:SECONDS[:COUNT]              the next COUNT answers (default *) carry a `Date` header
+                                            SECONDS ahead of the simulator's clock (a server clock that is
+                                            wrong); nothing else moves: start_date, billing, /_sim/state
+    date_behind:SECONDS[:COUNT]             the same, SECONDS behind; `date_ahead:S:N;date_behind:S` flips
+                                            the sign after N answers (date_ahead is asked first)
     offline:SECONDS[:COUNT]                 SECONDS after reaching running the host goes offline:
                                             actual_status offline, processes killed, SSH closed
     show_list[:COUNT]                       the per-id read answers `{"instances": [{...}]}` (Vast's own QA
@@ -109,15 +114,17 @@ Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_
                "create_hold", "linger", "double_accept", "oci_fail", "manifest_missing", "exit",
                "credit_zero", "reprice_offer", "reprice", "container_key_refused", "v0_deprecated",
                "scheduling", "negative_balance", "started_earlier", "wrong_contract", "show_list",
-               "show_no_ports", "error_status", "key_reset", "delete_noop", "gpu_mismatch"]
+               "show_no_ports", "error_status", "key_reset", "delete_noop", "gpu_mismatch", "date_ahead",
+               "date_behind"]
 ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "any")
 GATEWAY_STATUSES = (502, 503, 504)
 _NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
 _NEEDS_SECONDS = frozenset({"hang", "read_lag", "offline", "ssh_drop", "create_hold", "linger", "exit",
                             "credit_zero", "reprice", "scheduling", "negative_balance", "started_earlier",
-                            "key_reset"})
+                            "key_reset", "date_ahead", "date_behind"})
 _NEEDS_FACTOR = frozenset({"reprice_offer", "reprice"})
-_UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp", "v0_deprecated", "show_list", "show_no_ports"})
+_UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp", "v0_deprecated", "show_list", "show_no_ports",
+                                   "date_ahead", "date_behind"})
 # Positional ARGs per kind, in SPEC order (after the kind, and after the endpoint where there is one).
 _POSITIONAL: dict[str, tuple[str, ...]] = {
     "429": ("count",), "5xx": ("count", "status"), "hang": ("seconds", "count"),
@@ -133,6 +140,7 @@ _POSITIONAL: dict[str, tuple[str, ...]] = {
     "wrong_contract": ("count",), "show_list": ("count",), "show_no_ports": ("count",), "error_status": ("count",),
     "key_reset": ("seconds", "count"), "delete_noop": ("count",),
     "gpu_mismatch": ("count",),
+    "date_ahead": ("seconds", "count"), "date_behind": ("seconds", "count"),
 }
 
 

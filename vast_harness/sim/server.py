@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -57,6 +58,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The answer's `Date`: the simulator's clock, moved by a `date_ahead` / `date_behind` fault (the
+        control endpoints keep the true time and spend no fault count)."""
+        skew_s = 0.0
+        if not self.path.startswith("/_sim"):
+            faults = self.backend.faults
+            ahead = faults.take("date_ahead")
+            behind = faults.take("date_behind") if ahead is None else None
+            skew_s = (ahead.seconds or 0.0) if ahead else -(behind.seconds or 0.0) if behind else 0.0
+        return super().date_time_string((time.time() if timestamp is None else timestamp) + skew_s)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the call log in /_sim/state is the record; stderr noise helps nobody

@@ -48,15 +48,16 @@ class LedgerSpec(Protocol):
     def api_key(self) -> SecretStr | None: ...
 
 Event = Literal["intent", "created", "create_unknown", "create_unresolved", "create_failed", "delete_ack",
-                "absence", "label_swept", "seen"]
+                "absence", "label_swept", "seen", "disowned"]
 REQUIRED_EVENTS = frozenset({"intent"})  # no PUT without it on disk
 OUTCOME_EVENTS = ("created", "create_failed", "delete_ack")  # events that name an instance a run owned
 # `create_failed` verdict for an answer that says nothing was created (410 no_such_ask, 429): the label is settled,
 # `reap` need not look for it (a 5xx create_failed carries no verdict: it may still have created)
 NOTHING_CREATED = "nothing_created"
 # A create's story, per label: the last of these decides whether its outcome is still unknown.
-_CREATE_EVENTS = frozenset({"intent", "create_unknown", "create_unresolved", "created", "create_failed"})
-_OPEN_CREATE_EVENTS = frozenset({"intent", "create_unknown", "create_unresolved"})
+# `disowned`: the instance a create answer named is not the run's, so what that create made is unknown again
+_CREATE_EVENTS = frozenset({"intent", "create_unknown", "create_unresolved", "created", "create_failed", "disowned"})
+_OPEN_CREATE_EVENTS = frozenset({"intent", "create_unknown", "create_unresolved", "disowned"})
 MAX_LINE_BYTES = 64 * 1024
 MAX_LEDGER_BYTES = 512 * 1024 * 1024  # years of lines; past this the file is not a ledger
 LEDGER_FILE = "ledger.jsonl"  # in the state dir, shared by every run, fleet and reap of the user
@@ -229,6 +230,7 @@ class Ledger:
         last_create_event: dict[str, str] = {}
         swept: set[str] = set()
         seen: set[int] = set()
+        disowned: set[int] = set()  # a create answer named them, but their rows carry another label: not the run's
         for e in entries:
             if e.instance_id is not None and (e.event == "seen" or (e.event == "delete_ack" and e.detail == "deleted")):
                 seen.add(e.instance_id)
@@ -245,6 +247,12 @@ class Ledger:
                 gone.add(e.instance_id)
             if e.event == "label_swept" or (e.event == "create_failed" and e.verdict == NOTHING_CREATED):
                 swept.add(e.label)
+            if e.event == "disowned" and e.instance_id is not None:
+                disowned.add(e.instance_id)
+        if disowned:  # neither pending as the run's, nor evidence that the run's label made an instance
+            created = {i: e for i, e in created.items() if i not in disowned}
+            labels_with_instance = {e.label for e in entries if e.instance_id is not None
+                                    and e.event in OUTCOME_EVENTS and e.instance_id not in disowned}
         pending = {i: e for i, e in created.items() if i not in gone}
         # An intent with no recorded instance may still have created one (a create that timed out, a held
         # create, a kill between PUT and answer): `reap` looks for its label until a sweep found nothing. Any
