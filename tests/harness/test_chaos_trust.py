@@ -69,8 +69,9 @@ def test_the_suspend_family_catches_a_run_whose_clock_stops_in_a_suspend():
     plane on CLOCK_MONOTONIC did), is a pass over the cap reporting a fraction of the bill."""
     outcome = _run("suspend", "step", blind=True)
     kinds = {v.kind for v in outcome.violations}
-    # usually exit 0 "passed"; a broken clock may end otherwise (exit 3 once), never as the cap's exit 6
-    assert outcome.exit_codes != [6] and {"exit_mismatch", "under_reported"} <= kinds, outcome.violations
+    # usually exit 0 "passed" (exit_mismatch); on a loaded machine the blind clock may still reach the cap
+    # later, an exit 6 that came too late (over_cap_time): either way the judge must say it, with the bill
+    assert "under_reported" in kinds and kinds & {"exit_mismatch", "over_cap_time"}, outcome.violations
 
 
 def test_the_decoy_judge_catches_a_deleted_decoy():

@@ -170,7 +170,8 @@ def test_the_switch_keeps_its_deadline_when_the_file_is_lost_or_pushed_later(tmp
         t0 = time.time()
         deadline_file = tmp_path / ".vh-deadman.deadline"
         deadline_file.write_text(f"{int(t0) + 4}\n")
-        body = build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=0).split("<<'VHEOF'\n", 1)[1]
+        script = build_onstart(public_key=PUB, api_url=sim.url, deadman_after_s=0, verify_after_s=1)
+        body = script.split("<<'VHEOF'\n", 1)[1]
         body = body.split("\nVHEOF\n", 1)[0]
         switch = subprocess.Popen(["/bin/bash", "-c", body], env=env, stdout=subprocess.PIPE, text=True)
         time.sleep(1.0)
