@@ -69,6 +69,9 @@ def test_logs_without_a_run_reads_the_latest_and_report_too(tmp_path):
     ev = tmp_path / "state" / "sim"
     fake_run(ev, "20260101T000000Z-aaaaaa", {"s": b"old\n"})
     fake_run(ev, "20260102T000000Z-bbbbbb", {"s": b"new\n"})
+    reap = ev / "reap-20260103T000000Z-dddddd"  # a later reap's record is not "the latest run" (red team)
+    reap.mkdir()
+    (reap / "harness-result.json").write_text("{}")
     done = cli(tmp_path, "logs")
     assert done.returncode == 0, done.stderr
     assert "new" in done.stdout and "old" not in done.stdout

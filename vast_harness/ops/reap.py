@@ -39,6 +39,7 @@ from vast_harness.state.dirs import legacy_ledgers
 from vast_harness.state.ledger import EntryFields, Event, Ledger, LedgerEntry, LedgerView, new_run_id, target_of
 from vast_harness.state.process import ProcessId, pid_exists, this_host, this_process
 from vast_harness.state.registry import LABEL_PREFIX, MAX_RUN_S, LiveRun, RunRegistry, parse_label
+from vast_harness.state.runs import REAP_PREFIX
 from vast_harness.timings import Timings
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Instance
@@ -388,7 +389,7 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
     src = _Sources(spec, client.server_clock.now)
     result = ReapOutcome(ledgers_read=[str(ledger.path) for ledger in src.ledgers if ledger.path.exists()])
     out.info("ledgers read: " + (", ".join(result.ledgers_read) or f"none yet ({src.primary.path})"))
-    run_id = new_run_id("reap-")  # unique: two reaps in one second once shared (and overwrote) one proof file
+    run_id = new_run_id(REAP_PREFIX)  # unique: two reaps in one second once shared (and overwrote) one proof file
     registry = RunRegistry(spec.state_dir)
     runs = registry.scan()
     for skipped in registry.skipped:

@@ -40,6 +40,7 @@ def run_dirs(evidence_dir: Path) -> list[Path]:
 
 
 FLEET_PREFIX = "fleet-"
+REAP_PREFIX = "reap-"  # a reap's evidence directory (ops/reap.py names it so)
 FLEET_LEDGER_NAME, FLEET_RESULT_NAME = "fleet.jsonl", "fleet-result.json"
 FLEET_MARKS = (FLEET_LEDGER_NAME, FLEET_RESULT_NAME)  # a fleet's ledger and its result: what makes a fleet directory
 
@@ -112,7 +113,8 @@ def refuse_file_on_path(path: Path, what: str) -> None:
 def latest_run(evidence_dir: Path) -> Path:
     """The newest run (run ids start with their UTC time); exit 2 naming the directory when there is none."""
     refuse_file_on_path(evidence_dir, "the evidence directory")
-    runs = run_dirs(evidence_dir)
+    # a reap's record (`reap-<time>`) is no run of the user's and would sort after every run id
+    runs = [p for p in run_dirs(evidence_dir) if not p.name.startswith(REAP_PREFIX)]
     if not runs:
         raise ConfigError(f"no run in {evidence_dir} yet; give a run id or the run's directory (--evidence-dir "
                           "to look elsewhere)")
