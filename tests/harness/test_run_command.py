@@ -349,3 +349,21 @@ def test_the_readme_shows_run_on_its_first_screen_below_the_two_set_up_commands(
     run = [i for i, line in enumerate(lines) if line.startswith("uv run vast-e2e run --sim --workdir examples/tiny-train")]
     assert len(setup) == 2 and run and setup[-1] < run[0] < 30
     assert " -- python train.py" in lines[run[0]] and "](docs/run.md)" in "\n".join(lines[:30])
+
+
+def test_a_sim_run_leaves_the_whole_state_dir_out_of_a_workdir_it_sits_in(tmp_path, monkeypatch):
+    """--sim keeps its state in <state>/sim; the real ledger and runs beside it stay home too (red team)."""
+    from vast_harness import api
+
+    work = tmp_path / "w"
+    state = work / "st"
+    (state / "sim").mkdir(parents=True)
+    (state / "ledger.jsonl").write_text('{"real": "ledger"}\n')
+    (state / "20260101T000000Z-aaaaaa").mkdir()
+    (state / "20260101T000000Z-aaaaaa" / "harness-result.json").write_text("{}")
+    (work / "a.py").write_text("print(1)\n")
+    monkeypatch.setenv("VAST_HARNESS_HOME", str(state))
+    monkeypatch.setattr("vast_harness.spec.resolve.user_state_dir", lambda environ=None: state)  # over conftest's
+    result = api.run_workload(["python", "a.py"], workdir=work, sim=True, dry_run=True)
+    assert result.exit_code == ExitCode.PASSED and result.plan is not None
+    assert result.plan["workdir"]["files"] == 1, result.plan["workdir"]

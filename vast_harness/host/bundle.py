@@ -93,7 +93,7 @@ def bundle_for(spec: RunSpec) -> Bundle:
     if wd is None:
         return build_bundle()
     return build_workdir_bundle(select_workdir(Path(wd.path), exclude=wd.exclude, max_mb=wd.max_mb,
-                                               skip_dirs=(spec.state_dir, spec.evidence_dir)))
+                                               skip_dirs=spec.harness_dirs))
 
 
 def _pack(root: Path, members: list[tuple[str, Path]]) -> Bundle:

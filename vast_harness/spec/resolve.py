@@ -84,6 +84,15 @@ class RunSpec(BaseModel):
     allow_unarmed_deadman: bool = False  # run even when the dead-man switch cannot prove it can act (recorded)
     image_expect_override: ImageExpect | None = None  # --image-expect: recorded in the evidence and the report
 
+    @property
+    def harness_dirs(self) -> tuple[Path, ...]:
+        """The harness's own state and evidence, never uploaded from a workdir: a --sim run's state is a part
+        of the user's state dir (`<state>/sim`), whose real ledger and runs are left out as well."""
+        own = [self.state_dir, self.evidence_dir]
+        if self.sim and self.state_dir.name == SIM_SUBDIR:
+            own.append(self.state_dir.parent)
+        return tuple(own)
+
     @model_validator(mode="after")
     def _consistent(self) -> RunSpec:
         if self.any_driver and self.eight_gpu_qualified:
@@ -336,7 +345,7 @@ def resolve(
                 on_unwritable(str(exc))
     if prof.workdir is not None:  # missing, over the size limit, an --exclude that matches nothing: exit 2 now
         select_workdir(Path(prof.workdir.path), exclude=prof.workdir.exclude, max_mb=prof.workdir.max_mb,
-                       skip_dirs=(state, ev_dir))
+                       skip_dirs=(state, ev_dir, user_state_dir(environ).expanduser()))
     # The one place a run's timings are chosen: the simulator's table with --sim, else Vast's; flags win.
     timing_flags = {"proof_interval_s": o.proof_interval_s, "poll_s": o.poll_s, "pacing_scale": o.pacing_scale}
     table = Timings.sim() if o.sim else Timings.real()
