@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from vast_harness.console.output import Output
-from vast_harness.errors import ExitCode, NoOfferError
+from vast_harness.errors import ConfigError, ExitCode, NoOfferError
 from vast_harness.records import RunRecord
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 
@@ -91,6 +91,12 @@ def run_workload(
 
     The keyword arguments are `vast-e2e run`'s options (docs/run.md); `remote_secrets` are given by value and
     masked everywhere the harness writes. Raises ConfigError (exit_code 2) for bad input, before renting."""
+    _check_words(command=command, setup=setup, artifacts=artifacts, exclude=exclude, gpus=gpus)
+    for name, given in (("remote_env", remote_env), ("remote_secrets", remote_secrets)):
+        if given is not None and not (isinstance(given, Mapping)
+                                      and all(isinstance(k, str) and isinstance(v, str) for k, v in given.items())):
+            raise ConfigError(f"run_workload: {name} must map names to strings, got {given!r:.80}"
+                              if name == "remote_env" else "run_workload: remote_secrets must map names to strings")
     options = RunOptions(
         command=list(command), workdir=str(workdir), setup=list(setup) or None, artifact=list(artifacts) or None,
         exclude=list(exclude) or None, workdir_max_mb=workdir_max_mb, image=image, gpu=list(gpus) or None,
@@ -136,6 +142,16 @@ def run_workload(
     return WorkloadResult(exit_code=result.exit_code, message=result.message, run_id=result.run_id,
                           evidence_dir=run.ev.dir, record=_read_record(run.ev.dir / RESULT_FILE),
                           console=sink.getvalue())
+
+
+def _check_words(**given: object) -> None:
+    """A list of strings for each list argument: a bare string would be split into its characters (a step
+    `p y t h o n`, globs `m`, `e`, …) and rent a host for a run that cannot work. ConfigError, exit 2, before."""
+    for name, value in given.items():
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not all(
+                isinstance(w, str) for w in value):
+            raise ConfigError(f"run_workload: {name} must be a list of strings, got {value!r:.80}"
+                              + (f" (did you mean [{value!r}]?)" if isinstance(value, str) else ""))
 
 
 def _read_record(path: Path) -> RunRecord | None:

@@ -367,3 +367,21 @@ def test_a_sim_run_leaves_the_whole_state_dir_out_of_a_workdir_it_sits_in(tmp_pa
     result = api.run_workload(["python", "a.py"], workdir=work, sim=True, dry_run=True)
     assert result.exit_code == ExitCode.PASSED and result.plan is not None
     assert result.plan["workdir"]["files"] == 1, result.plan["workdir"]
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"command": "python train.py"}, {"artifacts": "metrics.json"}, {"setup": "pip install x"},
+    {"gpus": "RTX 4090"}, {"command": ["echo", None]}, {"remote_env": {"A": 1}}, {"remote_secrets": {"A": 1}},
+], ids=["command-str", "artifacts-str", "setup-str", "gpus-str", "command-none", "env-int", "secret-int"])
+def test_run_workload_refuses_a_string_where_a_list_belongs_before_renting(kwargs, sim: SimServer, monkeypatch):
+    """A bare string was split into characters and a host rented for a step `p y t h o n` (red team)."""
+    from vast_harness import api
+
+    monkeypatch.setenv("VAST_API_KEY", "0123456789abcdef")
+    args = {"command": ["python", "train.py"], "workdir": EXAMPLE, "api_url": sim.url} | kwargs
+    command = args.pop("command")
+    calls_before = len(sim.state()["calls"])
+    with pytest.raises(ConfigError, match="run_workload: ") as refused:
+        api.run_workload(command, **args)
+    assert "1" not in str(refused.value) or "remote_secrets" not in str(refused.value)
+    assert sim.state()["calls"][calls_before:] == []  # refused before any network call
