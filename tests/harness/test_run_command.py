@@ -385,3 +385,25 @@ def test_run_workload_refuses_a_string_where_a_list_belongs_before_renting(kwarg
         api.run_workload(command, **args)
     assert "1" not in str(refused.value) or "remote_secrets" not in str(refused.value)
     assert sim.state()["calls"][calls_before:] == []  # refused before any network call
+
+
+def test_a_secret_in_a_command_a_host_file_name_or_split_by_escapes_is_in_no_file_and_no_output(tmp_path):
+    """Red team: the value in clear in harness-result.json, offer-quote.json and report.html (a command, a host
+    file's name), and on the console and in `logs` when colour codes or carriage returns split it."""
+    secret = "Zq9TopSecretLeak77"
+    evidence = tmp_path / "ev"
+    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {"S": secret}
+    script = ('mkdir -p out; touch "out/n-$S"; printf "Zq9Top\\033[0mSecretLeak77\\n"; '
+              'printf "AAAAAASecretLeak77\\rZq9Top\\n"')
+    base = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py")]
+    argv = [*base, "run", "--sim", "--workdir", str(EXAMPLE), "--setup", f"true {secret}", "--artifact", "out",
+            "--remote-secret", "S", "--evidence-dir", str(evidence), "--", "sh", "-c", script]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert secret not in p.stdout + p.stderr
+    (run_dir,) = [d for d in evidence.iterdir() if d.is_dir()]
+    assert [f.name for f in _evidence_files(run_dir) if secret.encode() in f.read_bytes() or secret in str(f)] == []
+    assert (run_dir / "artifacts" / "out" / "n-***").is_file()
+    logs = subprocess.run([*base, "logs", "--evidence-dir", str(evidence)], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=tmp_path)
+    assert logs.returncode == 0 and "==> step run" in logs.stdout and secret not in logs.stdout + logs.stderr

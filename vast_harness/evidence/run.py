@@ -127,8 +127,11 @@ class StepLog:
 
 
 class RunEvidence:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, mask: Callable[[str], str] | None = None) -> None:
         self.dir = directory
+        # The run's secrets masked in every JSON it writes: a command, a glob, a host's file name may hold one
+        # (the redactor also knows each value as json.dumps escapes it)
+        self.mask = mask
         self.write_failures: list[str] = []
         self.step_log_head_bytes = STEP_LOG_HEAD_BYTES
         self.step_log_tail_bytes = STEP_LOG_TAIL_BYTES
@@ -152,7 +155,8 @@ class RunEvidence:
         path = self.dir / name
 
         def write() -> Path:
-            write_whole(path, json.dumps(payload, indent=2, default=str) + "\n")  # never a half-written file
+            text = json.dumps(payload, indent=2, default=str) + "\n"
+            write_whole(path, self.mask(text) if self.mask else text)  # never a half-written file
             return path
 
         return self.guarded(name, write)

@@ -89,7 +89,7 @@ class HostWork:
         outcome = self.session.run(
             f"rm -rf ~/{REMOTE_DIR} && mkdir -p ~/{REMOTE_DIR}/evidence && tar -xzf ~/vh-bundle.tar.gz -C ~/{REMOTE_DIR}"
             f" && echo \"bundle sha256 $(sha256sum ~/vh-bundle.tar.gz | cut -c1-64)\"",
-            on_line=lambda stream, line: self.out.info(f"[setup] {self.spec.redactor.text(line)}"),
+            on_line=lambda stream, line: self.out.info(f"[setup] {self.spec.redactor.line(line)}"),
             timeout_s=max(0.05, self.meter.deadline(120.0) - self.meter.now()), stop=self.cancelled,
         )
         self._check_cancelled()
@@ -120,7 +120,7 @@ class HostWork:
                                    f"{name}` has them")
 
         def on_line(stream: str, raw: str) -> None:
-            line = redact.text(raw)  # a secret a step prints is neither logged nor shown, whatever its length
+            line = redact.line(raw)  # a secret a step prints is neither logged nor shown, however it is drawn
             shown = log.write(line)
             state["unmetered"] += len(raw) + 1
             drawing[stream].line_ended()

@@ -137,7 +137,7 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
     server_clock: ServerClock | None = getattr(client, "server_clock", None)
     ledger = Ledger.for_spec(spec, server_clock.now if server_clock else None,
                              evidence_dir=spec.evidence_dir / state.run_id)
-    ev = RunEvidence(spec.evidence_dir / state.run_id)
+    ev = RunEvidence(spec.evidence_dir / state.run_id, mask=spec.redactor.text if spec.redactor else None)
     meter = CostMeter(max_usd=spec.caps.max_usd, max_seconds=spec.max_seconds,
                       teardown_margin_s=spec.teardown_margin_s, clock=clock)
     state.t0_unix = time.time()

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
 MASK = "***"
+# what a terminal does not show: CSI sequences (colour, erase line, cursor moves) and a lone ESC pair
+_STYLE_CODES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]")
 _CHUNK_BYTES = 4 * 1024 * 1024
 
 
@@ -42,6 +45,17 @@ class Redactor:
             if needle in text:
                 text = text.replace(needle, MASK)
         return text
+
+    def line(self, line: str) -> str:
+        """One line of a host's output, masked as stored and as shown: a value split by colour codes
+        (`Zq9\\e[0mTop`) or drawn over itself with carriage returns (`xxxTop\\rZq9`) is whole only on a
+        screen or after escapes are dropped. Such a line is kept as that view, masked; others byte for byte."""
+        masked = self.text(line)
+        if not self._text or ("\x1b" not in masked and "\r" not in masked):
+            return masked
+        view = _as_drawn(_STYLE_CODES.sub("", masked))
+        shown = self.text(view)
+        return shown if shown != view else masked
 
     def data(self, data: bytes) -> bytes:
         for needle in self._bytes:
@@ -76,3 +90,13 @@ class Redactor:
             return changed
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _as_drawn(line: str) -> str:
+    """A line as a terminal leaves it: each carriage return goes back to column 0 and overwrites."""
+    if "\r" not in line:
+        return line
+    cells: list[str] = []
+    for segment in line.split("\r"):
+        cells[: len(segment)] = list(segment)
+    return "".join(cells)
