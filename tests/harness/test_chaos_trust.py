@@ -82,6 +82,11 @@ def test_the_decoy_judge_catches_a_deleted_decoy():
     deleted = {"calls": [{"method": "DELETE", "path": "/api/v0/instances/7/"}], "instances": [row]}
     assert [v.kind for v in decoy_violations(deleted, 7)] == ["not_ours"]
     assert [v.kind for v in decoy_violations({"calls": [], "instances": [row | {"live": False}]}, 7)] == ["not_ours"]
+    # ended by Vast itself (the account's balance past its grace: every instance goes, the decoy's too) is no
+    # act of the run's (suite seed 1000006: negative_balance with wrong_contract)
+    assert decoy_violations({"calls": [], "instances": [row | {"live": False, "destroyed_by": "vast"}]}, 7) == []
+    assert [v.kind for v in decoy_violations({"calls": [], "instances": [row | {"live": False, "destroyed_by": "api"}]},
+                                             7)] == ["not_ours"]
     # another id's DELETE is not the decoy's
     assert decoy_violations({"calls": [{"method": "DELETE", "path": "/api/v0/instances/77/"}], "instances": [row]},
                             7) == []

@@ -365,10 +365,11 @@ def rent_decoy(url: str, seed: int, label: str | None | Literal[False] = False) 
 
 
 def decoy_violations(state: dict[str, Any], decoy: int) -> list[Violation]:
-    """The decoy deleted (a DELETE on its id, or not live): something not the run's was taken for the run's."""
+    """The decoy deleted (a DELETE on its id, or gone other than by Vast's own hand: a `negative_balance` fault
+    ends every instance of the account, the decoy's included): something not the run's taken for the run's."""
     deletes = [c for c in state["calls"] if c["method"] == "DELETE" and f"/{decoy}/" in f"{c['path']}/"]
     row = next((i for i in state["instances"] if i["id"] == decoy), None)
-    if deletes or row is None or not row["live"]:
+    if deletes or row is None or (not row["live"] and row.get("destroyed_by") != "vast"):
         return [Violation(kind="not_ours", detail=f"the decoy instance {decoy} ({row and row['label']!r}), not the "
                           f"run's, was deleted: {len(deletes)} DELETE(s), live {row and row['live']}")]
     return []

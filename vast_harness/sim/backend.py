@@ -400,7 +400,7 @@ class Backend:
                 return
             now = time.time()
             inst.settle(now)
-            inst.destroyed_at = now
+            inst.destroyed_at, inst.destroyed_by = now, "vast"
             inst.linger_until = now + self.linger_s
             if self.rented.get(inst.offer["id"], (None, None))[1] == inst.id:
                 del self.rented[inst.offer["id"]]
@@ -475,7 +475,7 @@ class Backend:
             if self.faults.take("delete_noop") is not None:
                 return  # answered 200 success, nothing deleted: only a later read shows it still there
             inst.settle(now)
-            inst.destroyed_at = now
+            inst.destroyed_at, inst.destroyed_by = now, "api"
             linger = self.faults.take("linger")
             inst.linger_until = now + (linger.seconds if linger is not None and linger.seconds is not None
                                        else self.linger_s)

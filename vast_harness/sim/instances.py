@@ -51,6 +51,7 @@ class Instance:
     never_boots: bool = False
     read_lag_until: float = 0.0
     destroyed_at: float | None = None
+    destroyed_by: str | None = None  # "api" (a DELETE) or "vast" (the account's balance past its grace)
     linger_until: float = 0.0  # reads keep showing a destroyed row until then
     boot_error: str | None = None  # status_msg of a container that could not start (status `created`)
     error_status: bool = False  # the error_status fault: reads `actual_status: "error"`, never runs
@@ -126,7 +127,7 @@ class Instance:
             "id": self.id, "label": self.label, "offer_id": self.offer["id"],
             "machine_id": self.offer["machine_id"], "account": self.account, "live": self.live,
             "actual_status": self.actual_status(now, boot_s), "created_at": self.created_at,
-            "booted_at": self.booted_at, "destroyed_at": self.destroyed_at,
+            "booted_at": self.booted_at, "destroyed_at": self.destroyed_at, "destroyed_by": self.destroyed_by,
             "billed_seconds": end - self.created_at, "billed_usd": self.billed_usd(now),
             "dph_total": self.offer["dph_total"], "disk_gb": self.disk_gb,
             "bytes_to_host": self.bytes_to_host, "bytes_from_host": self.bytes_from_host,
