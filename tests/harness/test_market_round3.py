@@ -120,6 +120,18 @@ def test_an_error_status_fails_fast_and_the_next_offer_runs(sim, tmp_path) -> No
     assert [t.verdict for t in r.teardowns] == ["gone", "gone"]
 
 
+@pytest.mark.slow  # the teardown's whole budget of DELETEs that delete nothing
+def test_a_delete_that_deletes_nothing_ends_no_bill(sim, tmp_path) -> None:
+    """Red team: every DELETE answers 200 "success" and deletes nothing; the run rightly exits 3, but its meter
+    had stopped at the first answer, reporting a fourteenth of the bill. Unproven, it bills to the end."""
+    sim.set_faults("delete_noop:*")
+    r = guarded(sim, make_spec(sim, tmp_path, OK))
+    result = execute(r)
+    assert result.exit_code == 3, result.message
+    billed = sum(i["billed_usd"] for i in of_run(sim, r))
+    assert r.tools.meter.accrued_usd() >= 0.95 * billed, (r.tools.meter.accrued_usd(), billed)
+
+
 # ------------------------------------------------------------------------------------------ bandwidth
 
 

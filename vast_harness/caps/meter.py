@@ -119,6 +119,14 @@ class CostMeter:
             if acc is not None and acc.end is None:
                 acc.end = t_end
 
+    def bill_until(self, key: int, t_end: float) -> None:
+        """An instance not proven gone bills at least until `t_end`, whatever a DELETE's answer stopped it at
+        (Vast's 200 "success" once deleted nothing: the accrued figure must stay an upper bound of the bill)."""
+        with self._lock:
+            acc = self._instances.get(key)
+            if acc is not None and (acc.end is None or acc.end < t_end):
+                acc.end = t_end
+
     def reprice(self, key: int, billed_dph_usd: float | None) -> None:
         """The instance's own price: tighten the deadline if higher; stop (CapReachedError) if it breaks the cap."""
         with self._lock:

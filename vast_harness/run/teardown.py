@@ -138,9 +138,11 @@ def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTea
     # DELETEs then deleted: a not-found answer while reads still lag the create is not.
     if acks and acks[0].outcome == "already_gone" and seen_before and not ours:
         t.reads.vanished(inst, "our first DELETE found it already gone")
-    if acks:  # billing ends at the DELETE that deleted it (else at the first that found it gone)
+    if acks and report.verdict == "gone":  # billing ends at the DELETE that deleted it (else the first that found it gone)
         inst.t_deleted_mono = (ours or acks)[0].t_ack_mono or t.clock()
         t.meter.stop_instance(inst.instance_id, inst.t_deleted_mono)
+    elif report.verdict != "gone":  # not proven: a DELETE that said "deleted" (deleting nothing) ends no bill
+        t.meter.bill_until(inst.instance_id, t.clock())
     inst.absence = report.verdict
     t.book.torn_down(report)
     return report
