@@ -154,3 +154,15 @@ def test_nothing_to_reap_is_one_line_and_leaves_no_evidence_dir(clean_sim, tmp_p
     shown = capsys.readouterr().out
     assert shown.startswith("nothing to reap: no orphan") and len(shown.splitlines()) == 1, shown
     assert not list(tmp_path.glob("reap-*"))
+
+
+def test_a_stale_registration_link_is_said_but_fails_nothing(tmp_path):
+    """Red team: a dead run's registration replaced by a link made every later `status` exit 1 with no answer."""
+    live = tmp_path / "state" / "sim" / "live"
+    live.mkdir(parents=True)
+    (live / "20260101T000000Z-aaaaaa.json").symlink_to("/etc/passwd")
+    env = {k: v for k, v in env_for(tmp_path).items() if k != "VAST_API_KEY"}
+    done = subprocess.run([sys.executable, SCRIPT, "status", "--sim"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("nothing live: no --sim run") and "skipped" in done.stderr

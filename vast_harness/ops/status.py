@@ -132,11 +132,14 @@ def _money(v: float | None, digits: int = 4) -> str:
 
 def show_status(spec: RunSpec, client: VastClient | None, out: Output) -> int:
     rows, problems = collect(spec, client)
+    # a registration that is not a regular file (a link, a FIFO) is skipped and said; it fails nothing: only
+    # what kept status from seeing the account (an unreadable list) does
+    failing = [p for p in problems if not p.startswith("registration ")]
     if out.json_mode:
         out.emit_json({"rows": [r.model_dump() for r in rows], "problems": problems,
                        "server_clock": client.server_clock.now() if client else None, "state_dir": str(spec.state_dir)})
     elif not rows:  # a sentence, not an empty table; what could not be read is said below
-        if not problems:
+        if not failing:
             where = "no --sim run" if client is None else "no run of this user and no vh- instance on the account"
             out.out.print(terminal_safe(f"nothing live: {where} (state dir {spec.state_dir})"))
     else:
@@ -156,7 +159,7 @@ def show_status(spec: RunSpec, client: VastClient | None, out: Output) -> int:
     if not out.json_mode:
         for p in problems:
             out.warn(p)
-    return ExitCode.FAILED if problems else ExitCode.PASSED
+    return ExitCode.FAILED if failing else ExitCode.PASSED
 
 
 def confirm_live(live: list[LiveInstance]) -> bool:
