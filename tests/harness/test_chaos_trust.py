@@ -69,9 +69,9 @@ def test_the_suspend_family_catches_a_run_whose_clock_stops_in_a_suspend():
     plane on CLOCK_MONOTONIC did), is a pass over the cap reporting a fraction of the bill."""
     outcome = _run("suspend", "step", blind=True)
     kinds = {v.kind for v in outcome.violations}
-    # usually exit 0 "passed" (exit_mismatch); on a loaded machine the blind clock may still reach the cap
-    # later, an exit 6 that came too late (over_cap_time): either way the judge must say it, with the bill
-    assert "under_reported" in kinds and kinds & {"exit_mismatch", "over_cap_time"}, outcome.violations
+    # usually exit 0 "passed" (exit_mismatch as well); on a loaded machine the blind clock may still reach
+    # the cap later (an exit 6, late or not): whatever the exit, the judge must see the bill under-reported
+    assert "under_reported" in kinds, outcome.violations
 
 
 def test_the_decoy_judge_catches_a_deleted_decoy():
