@@ -640,15 +640,8 @@ class HostSession:
         pending: list[tuple[PurePosixPath, int]] = [(PurePosixPath("."), 0)]
         while pending and len(found) < max_files:
             rel_dir, depth = pending.pop()
-            try:
-                entries = sftp.listdir_attr(str(PurePosixPath(remote_dir) / rel_dir))
-            except FileNotFoundError:
-                continue
-            except TimeoutError:
-                raise self._stalled(f"listing {remote_dir}/{rel_dir}") from None
-            for entry in sorted(entries, key=lambda e: e.filename):
-                if entry.filename in (".", "..") or "/" in entry.filename or entry.st_mode is None:
-                    continue
+            for entry in self._listing(sftp, remote_dir, rel_dir):
+                assert entry.st_mode is not None  # _listing keeps only entries with a mode
                 rel = rel_dir / entry.filename
                 if stat.S_ISDIR(entry.st_mode) and depth + 1 < _MAX_TREE_DEPTH:
                     pending.append((rel, depth + 1))
@@ -677,6 +670,19 @@ class HostSession:
         result.files = sorted(result.files)
         return result
 
+    def _listing(self, sftp: paramiko.SFTPClient, remote_dir: str, rel_dir: PurePosixPath
+                 ) -> list[paramiko.SFTPAttributes]:
+        """One host folder's entries by name, those a walk may take (no `.`/`..`, no `/` in a name, a mode
+        given); a folder that vanished is empty, a listing that stalls is the session's stall."""
+        try:
+            entries = sftp.listdir_attr(str(PurePosixPath(remote_dir) / rel_dir))
+        except FileNotFoundError:
+            return []
+        except TimeoutError:
+            raise self._stalled(f"listing {remote_dir}/{rel_dir}") from None
+        return [e for e in sorted(entries, key=lambda e: e.filename)
+                if e.filename not in (".", "..") and "/" not in e.filename and e.st_mode is not None]
+
     def _walk_pull(self, remote_dir: str, local_dir: Path, pattern: str, result: TreePull,
                    max_bytes: float | None, on_bytes: Callable[[int], None] | None) -> TreePull:
         """Files that vanish between listing and copying are skipped. Symlinks and special files are skipped
@@ -685,14 +691,7 @@ class HostSession:
         pending: list[tuple[PurePosixPath, int]] = [(PurePosixPath("."), 0)]
         while pending:
             rel_dir, depth = pending.pop()
-            try:
-                entries = sftp.listdir_attr(str(PurePosixPath(remote_dir) / rel_dir))
-            except FileNotFoundError:
-                continue
-            except TimeoutError:
-                raise self._stalled(f"listing {remote_dir}/{rel_dir}") from None
-            listing = [e for e in sorted(entries, key=lambda e: e.filename)
-                       if e.filename not in (".", "..") and "/" not in e.filename and e.st_mode is not None]
+            listing = self._listing(sftp, remote_dir, rel_dir)
             # what a cut would leave: this folder's entries not reached yet, and the folders still pending
             result._listed = [(rel_dir / e.filename).as_posix() + ("/" if stat.S_ISDIR(e.st_mode or 0) else "")
                               for e in listing] + [f"{d.as_posix()}/" for d, _ in pending]
