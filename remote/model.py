@@ -152,8 +152,11 @@ class FeedForward(nn.Module):
         self.w13 = nn.Linear(cfg.d_model, 2 * cfg.ffn_hidden, bias=False)
         self.w2 = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
         self.swiglu = None  # remote.kernels.swiglu.swiglu when that kernel is active (one-pass backward)
+        self.mlp = None  # remote.kernels.mlp.mlp when active: SwiGLU inside the GEMM epilogues (quack)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mlp is not None:
+            return self.mlp(x, self.w13.weight, self.w2.weight)
         if self.swiglu is not None:
             return self.w2(self.swiglu(self.w13(x)))
         gate, up = self.w13(x).chunk(2, dim=-1)

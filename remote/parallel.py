@@ -119,6 +119,12 @@ def apply_kernels(model: Transformer, device: torch.device) -> list[str]:
         for block in model.layers:
             block.ffn.swiglu = swiglu
         done.append("swiglu")
+    if kernels.active("mlp", device):
+        from remote.kernels.mlp import mlp
+
+        for block in model.layers:
+            block.ffn.mlp = mlp
+        done.append("mlp")
     if kernels.active("norm", device):
         from remote.kernels import norm
 

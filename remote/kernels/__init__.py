@@ -2,7 +2,8 @@
 
 Knobs (environment, read when the model/runner is built; recorded in the evidence):
 
-- `VH_KERNELS`: comma list of `loss`, `swiglu`, `optim`, `norm`, `rope`, or `all` (the default) / `none`.
+- `VH_KERNELS`: comma list of `loss`, `swiglu`, `optim`, `norm`, `rope`, `mlp`, or `all` (the default: every
+  one but `mlp`, which is opt-in) / `none`.
   - `loss`: the chunked LM-head + cross-entropy with one reused logits buffer, a single Triton pass per row
     (online max/sum, then the gradient written over the logits in place), input gradients written in
     place, and the head gradient accumulated in fp32 inside the GEMM (`addmm(out_dtype=float32)`).
@@ -11,6 +12,10 @@ Knobs (environment, read when the model/runner is built; recorded in the evidenc
     partial sums in the same pass as dx).
   - `rope`: RoPE on the fused qkv in one pass each way (q, k rotated and v copied into [B, T, H, D]; backward
     writes the whole d(qkv)).
+  - `mlp` (opt-in): the SwiGLU MLP with the activation in the GEMM epilogues (quack's CuTe-DSL GEMMs,
+    sm90/sm100; `remote/kernels/mlp.py`): no SwiGLU passes and no `act` kept for backward, but on an H200
+    quack's GEMMs are as much slower than cuBLAS's as the passes cost, so the step is no faster. Where it is
+    active, `swiglu` has nothing left to do. `VH_MLP_GEMMS`, `VH_MLP_TUNED`: see that module.
   - `optim`: one fused AdamW pass (bf16 grad + fp32 master/m/v in, fp32 state + bf16 params out); at world
     size 1 no collectives, no gradient buckets and no bucket zeroing.
 - `VH_CE_CHUNK`: tokens per loss chunk (overrides the profile's `ce_chunk_tokens`).
@@ -29,9 +34,12 @@ import os
 
 import torch
 
-KNOWN = ("loss", "swiglu", "optim", "norm", "rope")
-QUALIFIED = ("norm", "rope")  # used only where their probe passes on the device (issue 32)
-ENV_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_", "VH_NORM_", "VH_ROPE_")
+KNOWN = ("loss", "swiglu", "optim", "norm", "rope", "mlp")
+# `all` (the default): what measured faster in the step. `mlp` measured level with cuBLAS + the Triton SwiGLU
+# on an H200 (issue 32, NOTES.md), so it runs only when named.
+DEFAULT = ("loss", "swiglu", "optim", "norm", "rope")
+QUALIFIED = ("norm", "rope", "mlp")  # used only where their probe passes on the device (issue 32)
+ENV_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_", "VH_NORM_", "VH_ROPE_", "VH_MLP_")
 
 try:
     import triton
@@ -50,8 +58,10 @@ def requested() -> frozenset[str]:
     if raw in ("", "none", "off", "0"):
         return frozenset()
     if raw in ("all", "on", "1"):
-        return frozenset(KNOWN)
+        return frozenset(DEFAULT)
     names = {n.strip() for n in raw.split(",") if n.strip()}
+    if "all" in names:  # `all,mlp`: the default set plus an opt-in kernel
+        names = (names - {"all"}) | set(DEFAULT)
     unknown = sorted(names - set(KNOWN))
     if unknown:
         raise KnobError(f"VH_KERNELS names unknown kernel(s) {unknown}; known: {', '.join(KNOWN)}, all, none")

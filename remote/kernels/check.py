@@ -434,11 +434,93 @@ def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
             torch.use_deterministic_algorithms(was)
 
 
+def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
+    """The SwiGLU MLP with the activation in quack's GEMM epilogues (`mlp.py`) against fp32 torch at the
+    model's shape, bitwise twice, then one layer's MLP fwd+bwd timed against the path it replaces (cuBLAS +
+    the Triton SwiGLU ops), for each VH_MLP_GEMMS / VH_MLP_TUNED setting, in interleaved rounds (the card is
+    power-capped: each variant sees the same thermal and power state)."""
+    import os
+
+    from remote.kernels import mlp, swiglu
+
+    d, ffn = sh["d_model"], sh["ffn"]
+    why = mlp.qualify(dev)
+    rep.check(f"mlp: probe qualifies ({why or 'ok'})", why is None)
+    if why is not None:
+        return
+    gen = torch.Generator(device=dev).manual_seed(1)
+    x0 = torch.randn(tokens, d, device=dev, generator=gen).to(torch.bfloat16)
+    w13_0 = (torch.randn(2 * ffn, d, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
+    w2_0 = (torch.randn(d, ffn, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
+    dout = torch.randn(tokens, d, device=dev, generator=gen).to(torch.bfloat16)
+
+    def fused():
+        x, w13, w2 = (t.detach().requires_grad_(True) for t in (x0, w13_0, w2_0))
+        out = mlp.mlp(x, w13, w2)
+        out.backward(dout)
+        return out.detach(), x.grad, w13.grad, w2.grad
+
+    def current():  # what the step runs without it: cuBLAS GEMMs around the Triton SwiGLU ops
+        x, w13, w2 = (t.detach().requires_grad_(True) for t in (x0, w13_0, w2_0))
+        out = swiglu.swiglu(x @ w13.T) @ w2.T
+        out.backward(dout)
+        return out.detach(), x.grad, w13.grad, w2.grad
+
+    settings = {"fused": {"VH_MLP_GEMMS": "fused", "VH_MLP_TUNED": "0"},
+                "all": {"VH_MLP_GEMMS": "all", "VH_MLP_TUNED": "0"},
+                "fused tuned": {"VH_MLP_GEMMS": "fused", "VH_MLP_TUNED": "1"},
+                "all tuned": {"VH_MLP_GEMMS": "all", "VH_MLP_TUNED": "1"}}
+    saved = {k: os.environ.get(k) for k in ("VH_MLP_GEMMS", "VH_MLP_TUNED")}
+    try:
+        ref_in = [t.detach().float().requires_grad_(True) for t in (x0, w13_0, w2_0)]
+        ref = mlp.reference(*ref_in)
+        ref.backward(dout.float())
+        want = (ref.detach(), *(t.grad for t in ref_in))
+        del ref, ref_in
+        got_current = current()
+        for name, got, w in zip(("out", "dx", "dw13", "dw2"), got_current, want):
+            rep.time(f"mlp current path {name} rel err vs fp32 torch: {rel(got, w):.3g}", float("nan"))
+        # untuned first, then tuned (its autotuning may run into the phase's time limit): each group timed
+        # against the current path in its own interleaved rounds
+        groups = {"untuned": ("fused", "all"), "tuned": ("fused tuned", "all tuned"), "fused-tuned": ("fused tuned",)}
+        wanted = os.environ.get("VH_MLP_CHECK", "untuned,tuned").split(",")
+        for group in (groups[g] for g in wanted):
+            variants = {"current (cuBLAS + Triton SwiGLU)": current}
+            for tag in group:
+                env = settings[tag]
+                os.environ.update(env)
+                t0 = time.perf_counter()
+                got = fused()
+                torch.cuda.synchronize(dev)
+                first_s = time.perf_counter() - t0
+                for name, g, w in zip(("out", "dx", "dw13", "dw2"), got, want):
+                    rep.check(f"mlp {tag} {name} rel err vs fp32 torch", rel(g, w), 2e-2)
+                rep.check(f"mlp {tag} bitwise across two runs", all(torch.equal(a, b) for a, b in zip(got, fused())))
+                rep.time(f"mlp {tag}: first call (compile{' + autotune' if 'tuned' in tag else ''}) ms", first_s * 1e3)
+                variants[f"quack {tag}"] = (lambda e=env: (os.environ.update(e), fused()))
+                del got
+            results: dict[str, list[float]] = {k: [] for k in variants}
+            for _round in range(4):
+                for tag, fn in variants.items():
+                    results[tag].append(bench_ms(fn))
+            base = sorted(results["current (cuBLAS + Triton SwiGLU)"])[1]
+            for tag, ms in results.items():
+                med = sorted(ms)[1]
+                rep.time(f"mlp one layer fwd+bwd [{tokens}x{d}x{ffn}] {tag} (rounds {[round(m, 3) for m in ms]}, "
+                         f"x{med / base:.3f} of current)", med)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", type=int, default=32768, help="tokens per step (mb 16 x seq 2048)")
-    ap.add_argument("--only", default="copy,ce,loss,swiglu,norm,rope,adamw,attention")
+    ap.add_argument("--only", default="copy,ce,loss,swiglu,mlp,norm,rope,adamw,attention")
     ap.add_argument("--small", action="store_true", help="toy sizes on CPU (TRITON_INTERPRET=1 VH_KERNELS_CPU=1)")
     args = ap.parse_args(argv)
     dev = torch.device("cpu" if args.small else "cuda")
@@ -450,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
               "triton": kernels.TRITON_VERSION, "tokens": tokens, "shapes": sh}
     sections = {"copy": lambda: record.update(copy_tb_s=copy_ceiling(rep, dev, sh)),
                 "ce": lambda: check_ce(rep, dev, sh), "loss": lambda: check_loss_path(rep, dev, tokens, sh),
-                "swiglu": lambda: check_swiglu(rep, dev, tokens, sh),
+                "swiglu": lambda: check_swiglu(rep, dev, tokens, sh), "mlp": lambda: check_mlp(rep, dev, tokens, sh),
                 "norm": lambda: check_norm(rep, dev, tokens, sh), "rope": lambda: check_rope(rep, dev, tokens, sh),
                 "adamw": lambda: check_adamw(rep, dev, sh),
                 "attention": lambda: check_attention(rep, dev, tokens, sh)}
