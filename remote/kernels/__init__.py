@@ -2,8 +2,8 @@
 
 Knobs (environment, read when the model/runner is built; recorded in the evidence):
 
-- `VH_KERNELS`: comma list of `loss`, `swiglu`, `optim`, `norm`, `rope`, `mlp`, or `all` (the default: every
-  one but `mlp`, which is opt-in) / `none`.
+- `VH_KERNELS`: comma list of `loss`, `swiglu`, `optim`, `norm`, `rope`, `mlp`, or `all` (the default) /
+  `none`; `all` may be combined with names (kept for kernels that measure no faster and become opt-in).
   - `loss`: the chunked LM-head + cross-entropy with one reused logits buffer, a single Triton pass per row
     (online max/sum, then the gradient written over the logits in place), input gradients written in
     place, and the head gradient accumulated in fp32 inside the GEMM (`addmm(out_dtype=float32)`).
@@ -12,10 +12,10 @@ Knobs (environment, read when the model/runner is built; recorded in the evidenc
     partial sums in the same pass as dx).
   - `rope`: RoPE on the fused qkv in one pass each way (q, k rotated and v copied into [B, T, H, D]; backward
     writes the whole d(qkv)).
-  - `mlp` (opt-in): the SwiGLU MLP with the activation in the GEMM epilogues (quack's CuTe-DSL GEMMs,
-    sm90/sm100; `remote/kernels/mlp.py`): no SwiGLU passes and no `act` kept for backward, but on an H200
-    quack's GEMMs are as much slower than cuBLAS's as the passes cost, so the step is no faster. Where it is
-    active, `swiglu` has nothing left to do. `VH_MLP_GEMMS`, `VH_MLP_TUNED`: see that module.
+  - `mlp`: the SwiGLU MLP with the activation in the GEMM epilogues (quack's CuTe-DSL GEMMs, sm90/sm100;
+    `remote/kernels/mlp.py`): no SwiGLU passes and no `act` kept for backward (8 GiB less at mb 16). Probed;
+    off in deterministic runs until their replay with it is measured. Where it is active, `swiglu` has
+    nothing left to do. `VH_MLP_GEMMS`, `VH_MLP_TUNED`: see that module.
   - `optim`: one fused AdamW pass (bf16 grad + fp32 master/m/v in, fp32 state + bf16 params out); at world
     size 1 no collectives, no gradient buckets and no bucket zeroing.
 - `VH_CE_CHUNK`: tokens per loss chunk (overrides the profile's `ce_chunk_tokens`).
@@ -35,9 +35,8 @@ import os
 import torch
 
 KNOWN = ("loss", "swiglu", "optim", "norm", "rope", "mlp")
-# `all` (the default): what measured faster in the step. `mlp` measured level with cuBLAS + the Triton SwiGLU
-# on an H200 (issue 32, NOTES.md), so it runs only when named.
-DEFAULT = ("loss", "swiglu", "optim", "norm", "rope")
+# `all` (the default): what measured faster in the step (issue 32: `mlp` -5.5 ms a step on an H200, NOTES.md).
+DEFAULT = ("loss", "swiglu", "optim", "norm", "rope", "mlp")
 QUALIFIED = ("norm", "rope", "mlp")  # used only where their probe passes on the device (issue 32)
 ENV_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_", "VH_NORM_", "VH_ROPE_", "VH_MLP_")
 

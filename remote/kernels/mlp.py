@@ -8,7 +8,8 @@ backward: w2's dgrad writes dact [N, F]; SwiGLU backward reads dact and gu, writ
 - backward: w2's dgrad GEMM whose epilogue reads the pre-activation and writes d(pre-activation) and the
   activation again (for w2's weight gradient), so `act` is not kept across the step (0.5 GiB a layer less).
 
-The SwiGLU passes (16 ms a step at mb 16 on an H200) disappear into epilogues of GEMMs that are compute-bound.
+The SwiGLU passes (16 ms a step at mb 16 on an H200) disappear into epilogues of GEMMs that are compute-bound:
+-5.5 ms a step on an H200 (issue 32 round 5, remote/kernels/NOTES.md), though one layer timed alone is level.
 quack's gated epilogue pairs adjacent columns (gate, up); our w13 stays [gate rows; up rows] and quack reads
 it through a strided view (`concat_layout`), so the parameter, its checkpoint and the other paths are unchanged.
 The pre-activation and its gradient are in quack's interleaved order; they never leave this module.
@@ -181,6 +182,10 @@ def qualify(device: torch.device) -> str | None:
     bits twice; else why not."""
     if device.type != "cuda":
         return "mlp needs CUDA (quack's GEMMs)"
+    if torch.are_deterministic_algorithms_enabled():
+        # bitwise twice in one process (remote.kernels.check), but a deterministic run and its replay with it
+        # have not run on a GPU yet: deterministic runs keep the path their replays were measured on
+        return "mlp is not yet measured under deterministic replay on a GPU (cuBLAS + Triton SwiGLU instead)"
     major, minor = torch.cuda.get_device_capability(device)
     if major not in QUALIFIED_MAJORS:
         return f"mlp is not qualified on sm{major}{minor} (quack's gated GEMMs measured on sm90 only)"

@@ -47,9 +47,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def test_knobs_parse_and_refuse_typos(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VH_KERNELS", raising=False)
-    assert kernels.requested() == frozenset(kernels.DEFAULT) == frozenset(kernels.KNOWN) - {"mlp"}
-    monkeypatch.setenv("VH_KERNELS", "all,mlp")
-    assert kernels.requested() == frozenset(kernels.KNOWN)
+    assert kernels.requested() == frozenset(kernels.DEFAULT) == frozenset(kernels.KNOWN)
+    monkeypatch.setenv("VH_KERNELS", "all,loss")
+    assert kernels.requested() == frozenset(kernels.DEFAULT)
     monkeypatch.setenv("VH_KERNELS", "loss,mlp")
     assert kernels.requested() == {"loss", "mlp"}
     assert not kernels.active("mlp", torch.device("cpu"))  # quack's GEMMs: CUDA sm90/sm100 only

@@ -110,6 +110,8 @@ def test_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert mlp.settings() == {"gemms": "all", "tuned": True}
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
     assert mlp.settings()["tuned"] is False  # a timed choice could differ between a run and its replay
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert "deterministic" in (mlp.qualify(torch.device("cuda")) or "")
     assert "CUDA" in (mlp.qualify(torch.device("cpu")) or "")
 
 
