@@ -16,8 +16,12 @@ The pre-activation and its gradient are in quack's interleaved order; they never
 
 `VH_MLP_GEMMS`: `fused` (default) runs quack only for the two GEMMs with an epilogue and cuBLAS for the other
 four (w2 forward, both weight gradients, w13's dgrad); `all` runs all six on quack. `VH_MLP_TUNED=1` lets
-quack autotune its configs per shape (timed at first use: a fast run only; the choice may differ between
-processes, so deterministic runs keep the fixed default config).
+quack autotune its configs per shape (~96 s at first use on an H200, and no faster than the default configs
+there; the choice may differ between processes, so never under deterministic algorithms).
+
+Deterministic runs do not use `mlp` yet: it gives the same bits twice in one process (remote.kernels.check),
+but no deterministic run has been replayed with it on a GPU, so `qualify()` refuses it there and those runs
+keep the path their replays were measured on.
 
 Two custom ops, opaque to torch.compile (like remote.fa4): the compiled per-layer graph calls them as one
 node each. `qualify(device)` is the probe (kernels.QUALIFIED): fwd+bwd at a small shape against fp32 torch,
