@@ -136,7 +136,7 @@ def test_a_run_stopped_while_its_delete_is_pending_proves_absence_on_resume(sim:
 
 
 def test_the_freeze_watch_counts_only_the_seconds_the_process_did_not_run():
-    from vast_harness.run.freeze import FreezeWatch
+    from vast_harness.clock import FreezeWatch
 
     jumped_s = [0.0]
     with FreezeWatch(lambda: clock.now_s() + jumped_s[0]) as watch:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import time
 
+from vast_harness.clock import FreezeWatch
 from vast_harness.errors import ExitCode, VastError
 from vast_harness.host.deadman import read_log
 from vast_harness.instance.lifecycle import find_by_label, teardown_instance
 from vast_harness.records import CreatedInstance, DeleteAck, InstanceTeardown, ProofRound
-from vast_harness.run.freeze import FreezeWatch
 from vast_harness.run.ownership import foreign_label, record_disowned
 from vast_harness.run.state import RunState, RunTools, Stage, signalled
 
@@ -121,23 +121,19 @@ def _not_ours(t: RunTools, s: RunState, inst: CreatedInstance) -> bool:
 
 def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTeardown:
     """DELETE one instance (taking the cap guard's answer as the first, if it sent one) and prove it absent."""
-    seen_before = inst.seen
-    first: DeleteAck | None = t.cap_guard.claim(inst.instance_id)  # from here the guard leaves it to us
-    report: InstanceTeardown | None = None
-    with FreezeWatch(t.clock) as freeze:
-        while True:
-            frozen_before_s = freeze.frozen_s()
-            attempt = _delete_and_prove(t, s, inst, first)
-            report = attempt if report is None else _continued(report, attempt)
-            inst.seen = report.seen
-            frozen_s = freeze.frozen_s() - frozen_before_s
-            if report.verdict == "gone" or frozen_s <= 0:
-                break
-            # Seconds the process did not run (SIGSTOP, a suspend) spent the budget without one try: on resume
-            # the teardown gets its budget again, its last DELETE carried over (one that went unanswered too).
-            t.out.info(f"instance {inst.instance_id}: this process was stopped for {frozen_s:.0f} s of its "
-                       "teardown (SIGSTOP, a suspend): deleting and proving again")
-            first = report.deletes[-1] if report.deletes else None
+    guard_ack = t.cap_guard.claim(inst.instance_id)  # from here the guard leaves it to us
+    deadline = t.clock() + s.teardown_budget_s
+    # A full disk must not stop a DELETE or its proof: the ledger records a failed write and goes on.
+    with FreezeWatch(t.clock) as freeze:  # a SIGSTOP or a suspend in the teardown does not spend its budget
+        report = teardown_instance(t.client, t.ledger, run_id=s.run_id, label=inst.label,
+                                   instance_id=inst.instance_id, interval_s=t.spec.proof_interval_s,
+                                   deadline=deadline, created_mono=inst.t_created_mono,
+                                   lag_window_s=s.read_lag_window_s, seen=inst.seen, clock=t.clock,
+                                   land_by_mono=t.meter.hard_deadline(),
+                                   while_deleting=lambda: t.reads.watch_while_deleting(inst),
+                                   first_ack=guard_ack, on_ack=lambda ack: stop_billing_at(t, inst, ack),
+                                   on_round=lambda r: _round_seen(s, r), freeze=freeze)
+    seen_before, inst.seen = inst.seen, report.seen
     acks = [d for d in report.deletes if d.acknowledged]
     ours = [d for d in acks if d.outcome == "deleted"]  # a DELETE of ours that deleted it
     # "Already gone" is someone else's delete only for an instance a read had shown and that none of our
@@ -152,27 +148,6 @@ def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTea
     inst.absence = report.verdict
     t.book.torn_down(report)
     return report
-
-
-def _delete_and_prove(t: RunTools, s: RunState, inst: CreatedInstance, first: DeleteAck | None) -> InstanceTeardown:
-    """One teardown within the budget: `first` is a DELETE already sent (the guard's, or the attempt before)."""
-    # A full disk must not stop a DELETE or its proof: the ledger records a failed write and goes on.
-    return teardown_instance(t.client, t.ledger, run_id=s.run_id, label=inst.label,
-                             instance_id=inst.instance_id, interval_s=t.spec.proof_interval_s,
-                             deadline=t.clock() + s.teardown_budget_s, created_mono=inst.t_created_mono,
-                             lag_window_s=s.read_lag_window_s, seen=inst.seen, clock=t.clock,
-                             land_by_mono=t.meter.hard_deadline(),
-                             while_deleting=lambda: t.reads.watch_while_deleting(inst),
-                             first_ack=first, on_ack=lambda ack: stop_billing_at(t, inst, ack),
-                             on_round=lambda r: _round_seen(s, r))
-
-
-def _continued(before: InstanceTeardown, after: InstanceTeardown) -> InstanceTeardown:
-    """One record of a teardown made again: every DELETE once (`after` starts with the one carried over) and
-    every proof round in order, the verdict the last proof's."""
-    rounds = (before.proof.rounds if before.proof else []) + (after.proof.rounds if after.proof else [])
-    proof = after.proof.model_copy(update={"rounds": rounds}) if after.proof else before.proof
-    return after.model_copy(update={"deletes": before.deletes[:-1] + after.deletes, "proof": proof})
 
 
 def stop_billing_at(t: RunTools, inst: CreatedInstance, ack: DeleteAck) -> None:
