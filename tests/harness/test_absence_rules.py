@@ -14,6 +14,7 @@ import pytest
 import respx
 
 from tests.harness.conftest import FakeClock
+from vast_harness.clock import FreezeWatch
 from vast_harness.instance.absence import UNSEEN_TRUST_AFTER_S, _list_verdict, _per_id_verdict, prove_absent
 from vast_harness.instance.lifecycle import teardown_instance
 from vast_harness.timings import Timings
@@ -292,6 +293,42 @@ def test_an_unseen_instance_a_round_shows_is_recorded_as_seen_once(api, client, 
     report = _teardown(client, fake_clock, ledger, created_mono=fake_clock() - 60, seen=False)
     assert report.seen and report.verdict == "gone"
     assert ledger.events() == ["delete_ack", "seen", "absence"]
+
+
+@pytest.mark.parametrize("stopped_in", ["delete", "proof"])
+@pytest.mark.parametrize("watched", [False, True])
+def test_a_process_stopped_in_its_teardown_proves_absence_on_resume(api, client, fake_clock, stopped_in: str,
+                                                                    watched: bool) -> None:
+    """Red team round 5: a run or reap SIGSTOPped 100 s (past the 60 s budget) with its DELETE on the wire, or
+    in its proof, woke to a spent budget and said "unknown" (exit 3) for an instance the API had deleted. With
+    the process's FreezeWatch the budget moves back by the seconds it did not run and a proof cut by them is
+    made again, its earlier rounds kept; without one (the API's own slowness) the budget holds as before."""
+
+    class Stopped(Script):
+        def _delete(self, request: httpx.Request) -> httpx.Response:
+            if stopped_in == "delete" and self.delete_calls == 0:
+                fake_clock.now_s += 100.0
+            return super()._delete(request)
+
+        def _read(self, kind: str, index: int) -> httpx.Response:
+            if stopped_in == "proof" and not any(self.reads.values()):
+                fake_clock.now_s += 100.0
+            return super()._read(kind, index)
+
+    Stopped(api, [GONE], deletes=[{"success": True}])
+    ledger = Ledger()
+    with FreezeWatch(fake_clock) as freeze:
+        time.sleep(2 * FreezeWatch.TICK_S)  # the watch has looked before the stop
+        report = _teardown(client, fake_clock, ledger, created_mono=fake_clock() - 60,
+                           freeze=freeze if watched else None)
+    if not watched:
+        assert report.verdict == "unknown"
+        return
+    assert report.verdict == "gone" and report.deletes[0].outcome == "deleted"
+    assert ledger.lines[-1][1]["verdict"] == "gone"
+    assert report.proof is not None
+    if stopped_in == "proof":  # deleted again; the cut proof's round stays on record before the two that proved it
+        assert len(report.deletes) == 2 and len(report.proof.rounds) >= 3
 
 
 def test_a_delete_that_never_answers_is_not_acknowledged_and_the_proof_still_runs(api, client, fake_clock) -> None:

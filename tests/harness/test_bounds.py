@@ -367,6 +367,30 @@ def test_a_result_file_says_what_the_process_says_when_an_evidence_write_fails_a
     assert {"harness-result.json", "report.html"} <= listed and "absence-proof.json" not in listed
 
 
+def test_a_result_file_the_disk_never_took_is_not_said_removed(sim, tmp_path):
+    # Red team round 5 (an evidence disk made read-only or full during the teardown): harness-result.json was
+    # never written, yet the run warned "removed harness-result.json: it said exit 0". A warning names only what
+    # happened; the failed write itself is named in the exit message.
+    class DiskFillsAfterSteps(HostWork):
+        def run_steps(self) -> None:
+            super().run_steps()
+            (self.ev.dir / "harness-result.json.tmp").mkdir()  # every write of the record fails, as on a ro disk
+
+    class Warnings(Output):
+        def warn(self, message: str) -> None:
+            warned.append(message)
+
+    warned: list[str] = []
+    spec = make_spec(sim, tmp_path, [Step(name="ok", run="echo hi", timeout_s=20)])
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Warnings(quiet=True), host_work=DiskFillsAfterSteps)
+        result = execute(run, within_s=30)
+    assert run.teardowns[0].verdict == "gone"
+    assert result.exit_code == 1 and "harness-result.json" in result.message, result.message
+    assert not (run.ev.dir / "harness-result.json").exists()
+    assert not [w for w in warned if "harness-result.json" in w and "said exit" in w], warned
+
+
 # --------------------------------------------------------------------------------------- caps, record
 
 

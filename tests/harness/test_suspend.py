@@ -91,3 +91,58 @@ def test_a_run_resumed_past_its_cap_deletes_at_once_and_is_exit_6(sim: SimServer
     inst = next(i for i in sim.state()["instances"] if i["id"] == run.created[0].instance_id)
     assert not inst["live"]
     assert record["accrued_usd"] >= inst["billed_usd"]  # the meter counted the suspended time too
+
+
+class _StoppedDuringDelete(VastClient):
+    """A client whose process is stopped (SIGSTOP, a closed lid) while its first DELETE is on the wire: every
+    clock the run reads jumps by `stopped_s` before the answer arrives, as it does on SIGCONT."""
+
+    def __init__(self, *args: object, jump: threading.Event, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.jump = jump
+
+    def destroy_instance(self, instance_id: int, **kwargs: object):  # type: ignore[no-untyped-def,override]
+        self.jump.set()
+        return super().destroy_instance(instance_id, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_run_stopped_while_its_delete_is_pending_proves_absence_on_resume(sim: SimServer, tmp_path: Path):
+    """Red team round 5: a run SIGSTOPped for longer than a teardown's budget while its DELETE was pending (a
+    minute, far under the cap) woke to a budget already spent: its proof reads were "not sent, its phase's
+    deadline has passed" and it exited 3, "may still bill", for an instance the API had deleted. Seconds the
+    process did not run are not seconds the API failed to answer: on resume it proves absence (exit 0)."""
+    stopped_s = 100.0  # past the teardown budget (60 s + 8 proof intervals), far under the 10 min cap
+    jump = threading.Event()
+
+    def stopped_clock() -> float:
+        return clock.now_s() + (stopped_s if jump.is_set() else 0.0)
+
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05),
+                   environ={})
+    prof = spec.profile.model_copy(update={"steps": [Step(name="short", run="echo hi", timeout_s=60)]})
+    spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
+                                   "caps": spec.caps.model_copy(update={"max_minutes": 10.0})})
+    with _StoppedDuringDelete(KEY, base_url=sim.url, pacing_scale=SCALE, jump=jump) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), clock=stopped_clock)
+        result = run.execute()
+    assert jump.is_set(), "no DELETE was sent"
+    assert result.exit_code == 0, result.message
+    (teardown,) = run.teardowns
+    assert teardown.verdict == "gone"
+    inst = next(i for i in sim.state()["instances"] if i["id"] == run.created[0].instance_id)
+    assert not inst["live"] and inst["destroyed_by"] == "api"
+    record = json.loads((run.ev.dir / "harness-result.json").read_text())
+    assert record["absence"]["verdict"] == "gone" and record["exit_code"] == 0
+
+
+def test_the_freeze_watch_counts_only_the_seconds_the_process_did_not_run():
+    from vast_harness.clock import FreezeWatch
+
+    jumped_s = [0.0]
+    with FreezeWatch(lambda: clock.now_s() + jumped_s[0]) as watch:
+        time.sleep(0.6)  # ticking: no gap
+        assert watch.frozen_s() == 0.0
+        jumped_s[0] = 30.0  # stopped 30 s: seen at once, before the watch's next look
+        assert 29.0 < watch.frozen_s() < 30.5
+        time.sleep(0.6)  # after its next looks the gap is counted once, not again
+        assert 29.0 < watch.frozen_s() < 30.5

@@ -22,7 +22,7 @@ from typing import Literal, Protocol, Unpack
 
 from pydantic import BaseModel
 
-from vast_harness.clock import Clock, Sleep, now_s
+from vast_harness.clock import Clock, FreezeWatch, Sleep, now_s
 from vast_harness.errors import (
     ApiStatusError,
     BootFailed,
@@ -228,7 +228,7 @@ def teardown_instance(
     lag_window_s: float, seen: bool = True, clock: Clock = now_s, land_by_mono: float | None = None,
     while_deleting: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
     first_ack: DeleteAck | None = None, on_ack: Callable[[DeleteAck], None] | None = None,
-    on_round: Callable[[ProofRound], None] | None = None,
+    on_round: Callable[[ProofRound], None] | None = None, freeze: FreezeWatch | None = None,
 ) -> InstanceTeardown:
     """Delete, then prove absent; delete again whenever a proof sees it live, until proven or `deadline`.
 
@@ -242,9 +242,16 @@ def teardown_instance(
     `first_ack`: a DELETE of this instance already sent for this run (the cap guard's, capguard.py): it is the
     teardown's first when it was answered; otherwise the teardown sends its own. `on_ack`: each acknowledged
     DELETE as it is answered, before the proof (a run's meter stops billing there, not after the proof).
-    `on_round`: each absence-proof round as it ends (`absence.prove_absent`).
+    `on_round`: each absence-proof round as it ends (`absence.prove_absent`). `freeze` (a run's and a reap's):
+    the budget bounds waiting on the API, not seconds the process was stopped (SIGSTOP, a suspend): `deadline`
+    moves back by them, and a proof that ended unproven in a pass the process was stopped in is made again,
+    its rounds kept, the DELETE sent again (an unanswered one carried over, as the guard's is).
     """
     report = InstanceTeardown(instance_id=instance_id)
+    earlier_rounds: list[ProofRound] = []  # of a proof made again after the process was stopped
+
+    def budget_end() -> float:
+        return deadline + (freeze.frozen_s() if freeze is not None else 0.0)
 
     def window_end(seen_now: bool) -> float:
         if created_mono is None:
@@ -254,7 +261,7 @@ def teardown_instance(
     while True:
         # The DELETE's retries leave the proof its two rounds: a DELETE that never answers must not eat the
         # whole budget and leave the reads no time to decide (jittered retries once did, at random).
-        remaining = deadline - clock()
+        remaining = budget_end() - clock()
         unanswered_before = False
         if first_ack is not None and first_ack.acknowledged:
             ack, first_ack = first_ack, None
@@ -273,15 +280,23 @@ def teardown_instance(
             if on_ack is not None:
                 on_ack(ack)
             seen = seen or ack.outcome == "deleted"  # it existed, as far as the API could tell
-        report.proof = prove_absent(client, instance_id, label, interval_s=interval_s, deadline=deadline,
-                                    sleep=sleep, not_before_mono=window_end(seen),
-                                    not_before_once_seen_mono=window_end(True), clock=clock, on_round=on_round)
+        frozen_before_s = freeze.frozen_s() if freeze is not None else 0.0
+        proof = prove_absent(client, instance_id, label, interval_s=interval_s, deadline=budget_end(),
+                             sleep=sleep, not_before_mono=window_end(seen),
+                             not_before_once_seen_mono=window_end(True), clock=clock, on_round=on_round)
+        report.proof = proof.model_copy(update={"rounds": earlier_rounds + proof.rounds}) if earlier_rounds else proof
         if report.proof.seen_by_reads and not seen:
             seen = True
             ledger.append(run_id, "seen", label, instance_id=instance_id, detail="in an absence-proof round")
-        if report.proof.verdict != "present" or clock() + interval_s > deadline:
+        if report.proof.verdict in ("unknown", "going") and freeze is not None and \
+                freeze.frozen_s() > frozen_before_s:  # its time went on seconds the process did not run
+            earlier_rounds = report.proof.rounds
+            if not ack.acknowledged:
+                first_ack = report.deletes.pop()
+            continue
+        if report.proof.verdict != "present" or clock() + interval_s > budget_end():
             break
-        sleep(min(interval_s, max(0.0, deadline - clock())))  # live again: pace the next DELETE
+        sleep(min(interval_s, max(0.0, budget_end() - clock())))  # live again: pace the next DELETE
     report.seen = seen
     detail = None if seen else ("no read has shown this instance and no DELETE deleted it: null reads may be a "
                                 "read lag; reap keeps it")

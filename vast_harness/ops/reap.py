@@ -25,7 +25,7 @@ from typing import Literal, Unpack
 from pydantic import BaseModel, Field
 
 from vast_harness.caps.meter import teardown_budget_s
-from vast_harness.clock import now_s
+from vast_harness.clock import FreezeWatch, now_s
 from vast_harness.console.output import Output
 from vast_harness.console.terminal import terminal_safe
 from vast_harness.errors import AuthError, ExitCode, VastError
@@ -413,12 +413,13 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
             out.info(f"deleting instance {instance_id} ({label}): {result.orphan_why.get(instance_id, 'orphan')}")
             deadline = now_s() + teardown_budget_s(spec.proof_interval_s)
             age_s = result.unseen.get(instance_id)
-            report = teardown_instance(client, _FanOut(src.where(instance_id=instance_id, label=label)),
-                                       run_id=run_id, label=label, instance_id=instance_id,
-                                       interval_s=spec.proof_interval_s, deadline=deadline,
-                                       lag_window_s=spec.timings.read_lag_window_s,
-                                       created_mono=None if age_s is None else now_s() - age_s,
-                                       seen=age_s is None)
+            with FreezeWatch() as freeze:  # a reap stopped (SIGSTOP, a suspend) in its teardown proves on resume
+                report = teardown_instance(client, _FanOut(src.where(instance_id=instance_id, label=label)),
+                                           run_id=run_id, label=label, instance_id=instance_id,
+                                           interval_s=spec.proof_interval_s, deadline=deadline,
+                                           lag_window_s=spec.timings.read_lag_window_s,
+                                           created_mono=None if age_s is None else now_s() - age_s,
+                                           seen=age_s is None, freeze=freeze)
             result.reports.append(report)
             if not report.seen and report.verdict != "gone" and age_s is not None:
                 result.not_proven.append(

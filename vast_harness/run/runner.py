@@ -134,9 +134,14 @@ class GuardedRun:
         final = decide_exit(*outcome, exit_facts(t))  # those writes may have failed too: each one is named
         if final != (code, message):  # then the result file says what the process says, or is not there
             written, (code, message) = code, final
+            result_path = t.ev.dir / "harness-result.json"
+            was_written = result_path.is_file()  # a write that failed left none (the disk full or read-only)
             if not t.ev.rewrite_result(build_record(t, s, code, message)):
-                t.out.warn(f"removed {t.ev.dir / 'harness-result.json'}: it said exit {int(written)} "
-                           f"and could not be rewritten")
+                if result_path.exists():  # nor could it be removed: say which exit it still claims
+                    t.out.warn(f"{result_path} still says exit {int(written)}: it could not be rewritten or "
+                               f"removed; this run's exit is {int(code)}")
+                elif was_written:
+                    t.out.warn(f"removed {result_path}: it said exit {int(written)} and could not be rewritten")
         report_path = write_run_report_safely(t.ev.dir, t.out.warn)
         t.out.stop_view()
         t.out.result(s.run_id, code, message, t.ev.dir, self.steps, t.book.teardowns, t.meter.accrued_usd(),

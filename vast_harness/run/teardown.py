@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 
+from vast_harness.clock import FreezeWatch
 from vast_harness.errors import ExitCode, VastError
 from vast_harness.host.deadman import read_log
 from vast_harness.instance.lifecycle import find_by_label, teardown_instance
@@ -123,14 +124,15 @@ def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTea
     guard_ack = t.cap_guard.claim(inst.instance_id)  # from here the guard leaves it to us
     deadline = t.clock() + s.teardown_budget_s
     # A full disk must not stop a DELETE or its proof: the ledger records a failed write and goes on.
-    report = teardown_instance(t.client, t.ledger, run_id=s.run_id, label=inst.label,
-                               instance_id=inst.instance_id, interval_s=t.spec.proof_interval_s,
-                               deadline=deadline, created_mono=inst.t_created_mono,
-                               lag_window_s=s.read_lag_window_s, seen=inst.seen, clock=t.clock,
-                               land_by_mono=t.meter.hard_deadline(),
-                               while_deleting=lambda: t.reads.watch_while_deleting(inst),
-                               first_ack=guard_ack, on_ack=lambda ack: stop_billing_at(t, inst, ack),
-                               on_round=lambda r: _round_seen(s, r))
+    with FreezeWatch(t.clock) as freeze:  # a SIGSTOP or a suspend in the teardown does not spend its budget
+        report = teardown_instance(t.client, t.ledger, run_id=s.run_id, label=inst.label,
+                                   instance_id=inst.instance_id, interval_s=t.spec.proof_interval_s,
+                                   deadline=deadline, created_mono=inst.t_created_mono,
+                                   lag_window_s=s.read_lag_window_s, seen=inst.seen, clock=t.clock,
+                                   land_by_mono=t.meter.hard_deadline(),
+                                   while_deleting=lambda: t.reads.watch_while_deleting(inst),
+                                   first_ack=guard_ack, on_ack=lambda ack: stop_billing_at(t, inst, ack),
+                                   on_round=lambda r: _round_seen(s, r), freeze=freeze)
     seen_before, inst.seen = inst.seen, report.seen
     acks = [d for d in report.deletes if d.acknowledged]
     ours = [d for d in acks if d.outcome == "deleted"]  # a DELETE of ours that deleted it
