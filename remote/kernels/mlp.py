@@ -21,7 +21,7 @@ there; the choice may differ between processes, so never under deterministic alg
 
 Deterministic runs do not use `mlp` yet: it gives the same bits twice in one process (remote.kernels.check),
 but no deterministic run has been replayed with it on a GPU, so `qualify()` refuses it there and those runs
-keep the path their replays were measured on.
+keep the path their replays were measured on (`VH_MLP_DETERMINISTIC=1` lifts that, to measure it).
 
 Two custom ops, opaque to torch.compile (like remote.fa4): the compiled per-layer graph calls them as one
 node each. `qualify(device)` is the probe (kernels.QUALIFIED): fwd+bwd at a small shape against fp32 torch,
@@ -186,10 +186,12 @@ def qualify(device: torch.device) -> str | None:
     bits twice; else why not."""
     if device.type != "cuda":
         return "mlp needs CUDA (quack's GEMMs)"
-    if torch.are_deterministic_algorithms_enabled():
+    if torch.are_deterministic_algorithms_enabled() and os.environ.get("VH_MLP_DETERMINISTIC") != "1":
         # bitwise twice in one process (remote.kernels.check), but a deterministic run and its replay with it
-        # have not run on a GPU yet: deterministic runs keep the path their replays were measured on
-        return "mlp is not yet measured under deterministic replay on a GPU (cuBLAS + Triton SwiGLU instead)"
+        # have not run on a GPU yet: deterministic runs keep the path their replays were measured on, unless
+        # VH_MLP_DETERMINISTIC=1 asks for it (to measure exactly that)
+        return ("mlp is not yet measured under deterministic replay on a GPU (cuBLAS + Triton SwiGLU instead; "
+                "VH_MLP_DETERMINISTIC=1 uses it)")
     major, minor = torch.cuda.get_device_capability(device)
     if major not in QUALIFIED_MAJORS:
         return f"mlp is not qualified on sm{major}{minor} (quack's gated GEMMs measured on sm90 only)"

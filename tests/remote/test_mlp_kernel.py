@@ -112,6 +112,9 @@ def test_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert mlp.settings()["tuned"] is False  # a timed choice could differ between a run and its replay
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert "deterministic" in (mlp.qualify(torch.device("cuda")) or "")
+    monkeypatch.setenv("VH_MLP_DETERMINISTIC", "1")  # past that gate, the next one: quack importable here?
+    monkeypatch.setattr(mlp._Quack, "error", "ImportError: no quack")
+    assert "not importable" in (mlp.qualify(torch.device("cuda")) or "")
     assert "CUDA" in (mlp.qualify(torch.device("cpu")) or "")
 
 
@@ -149,3 +152,21 @@ def test_epilogue_cache_key_accepts_what_quack_refuses(monkeypatch: pytest.Monke
     mlp._key_context_vars_by_name()
     with pytest.raises(TypeError, match="something else"):
         identity.semantic_value_key(1, set())
+
+
+def test_the_knob_prefix_copies_follow_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The evidence checker and the bench keep torch-free copies of kernels.ENV_PREFIXES: a knob they miss
+    would let a bench's `ours` run with it, and a record claim profile defaults it did not use."""
+    import importlib.util
+    from pathlib import Path
+
+    from remote.checks import mfu as mfu_checks
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_vs_reference", Path(__file__).resolve().parents[2] / "scripts" / "bench_vs_reference.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert mfu_checks.KNOB_PREFIXES == bench.KNOB_PREFIXES == kernels.ENV_PREFIXES
+    monkeypatch.setenv("VH_MLP_DETERMINISTIC", "1")
+    assert "VH_MLP_DETERMINISTIC" not in bench.user_env()
