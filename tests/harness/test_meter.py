@@ -281,3 +281,24 @@ def test_a_wait_that_gives_up_early_by_design_is_still_a_cut_by_the_cap() -> Non
     assert m.cut_by_cap(ends_early_s=0.25)
     clock.now_s = T0 + 89.0
     assert not m.cut_by_cap(ends_early_s=0.25)
+
+
+def test_a_delete_that_deleted_nothing_bills_on_and_counts_against_the_time_cap() -> None:
+    """Red team r6: a DELETE answered 200 "deleted" stopped the meter; the proof then saw the instance live,
+    a second DELETE deleted it 216 s in, and the run reported the first DELETE's bill under a 180 s cap, exit 0."""
+    clock = FakeClock(T0)
+    m = meter(clock, max_seconds=180.0)
+    m.start_instance(1, 3.6)  # $0.001 a second
+    clock.sleep(10.0)
+    m.stop_instance(1, clock())  # the first DELETE's 200, which deleted nothing
+    clock.sleep(5.0)
+    m.resume_instance(1)  # a proof round sees it live
+    assert m.live_usd_per_s() == pytest.approx(0.001)
+    clock.sleep(200.0)
+    m.stop_instance(1, clock())  # the second DELETE
+    m.end_instance_at(1, clock())  # the teardown settles on the DELETE that deleted it
+    assert m.accrued_usd() == pytest.approx(0.215)
+    assert m.elapsed_s() == pytest.approx(215.0)
+    assert "over the 180.0 s cap" in (m.over_cap() or "")
+    m.end_instance_at(1, T0 + 10.0)  # an earlier end replaces a later one: it is the DELETE that deleted it
+    assert m.accrued_usd() == pytest.approx(0.010)

@@ -119,6 +119,22 @@ class CostMeter:
             if acc is not None and acc.end is None:
                 acc.end = t_end
 
+    def resume_instance(self, key: int) -> None:
+        """A DELETE answered "deleted" and a read shows the instance live after it (Vast's 200 "success" once
+        deleted nothing): it bills again, and its time counts against the time cap again."""
+        with self._lock:
+            acc = self._instances.get(key)
+            if acc is not None:
+                acc.end = None
+
+    def end_instance_at(self, key: int, t_end: float) -> None:
+        """The instance's bill ends at `t_end`, the DELETE that deleted it, whatever an earlier DELETE that
+        deleted nothing stopped it at."""
+        with self._lock:
+            acc = self._instances.get(key)
+            if acc is not None:
+                acc.end = t_end
+
     def bill_until(self, key: int, t_end: float) -> None:
         """An instance not proven gone bills at least until `t_end`, whatever a DELETE's answer stopped it at
         (Vast's 200 "success" once deleted nothing: the accrued figure must stay an upper bound of the bill)."""

@@ -316,7 +316,20 @@ def check_scenario(plan: ScenarioPlan, spec: RunSpec, outcome: ScenarioOutcome, 
         found += cap_violations(instances, state["now"], start_unix, spec.caps.max_usd, spec.max_seconds,
                                 spec.evidence_dir)
     found += [Violation(kind="exit_mismatch", detail=d) for d in exit_mismatches(plan, outcome, run)]
+    found += under_reports(outcome, run, live)
     return [classify(v) for v in found]
+
+
+def under_reports(outcome: ScenarioOutcome, run: GuardedRun | None, live: list[dict[str, Any]]) -> list[Violation]:
+    """The accrued figure a run reports is an upper bound of the bill: less than the simulator billed (10%
+    slack for the two clocks) is a broken promise. A run that left an instance live bills on, unjudged."""
+    if run is None or live or outcome.exit_code is None:
+        return []
+    reported = run.meter.accrued_usd()
+    if reported >= 0.9 * outcome.billed_usd:
+        return []
+    return [Violation(kind="under_reported", detail=f"the run reported ${reported:.6f} accrued, the simulator "
+                      f"billed ${outcome.billed_usd:.6f}")]
 
 
 def exit_mismatches(plan: ScenarioPlan, outcome: ScenarioOutcome, run: GuardedRun | None) -> list[str]:

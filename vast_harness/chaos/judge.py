@@ -12,7 +12,8 @@ Every scenario kind (in-process, network, kill -9) ends in the same checks, on t
 * crash          an exception out of the in-process run
 * traceback      "Traceback" in a subprocess run's output
 * not_ours       an instance that is not the run's (a decoy of the account) deleted, or waited on as the run's
-* under_reported a run reporting less accrued than the simulator billed for its instances (a suspend)
+* under_reported a run reporting less accrued than the simulator billed for its instances (every in-process
+                 run, and a suspend)
 * sim_bug        an exception the simulator's HTTP server caught (`/_sim/state` `server_errors`): the scenario
                  did not test what it meant to
 * gpu_liar_used  a host whose nvidia-smi named another GPU (fault gpu_mismatch) got more than the GPU read

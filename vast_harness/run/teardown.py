@@ -132,7 +132,7 @@ def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTea
                                    land_by_mono=t.meter.hard_deadline(),
                                    while_deleting=lambda: t.reads.watch_while_deleting(inst),
                                    first_ack=guard_ack, on_ack=lambda ack: stop_billing_at(t, inst, ack),
-                                   on_round=lambda r: _round_seen(s, r), freeze=freeze)
+                                   on_round=lambda r: _round_seen(t, s, inst, r), freeze=freeze)
     seen_before, inst.seen = inst.seen, report.seen
     acks = [d for d in report.deletes if d.acknowledged]
     ours = [d for d in acks if d.outcome == "deleted"]  # a DELETE of ours that deleted it
@@ -140,9 +140,11 @@ def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTea
     # DELETEs then deleted: a not-found answer while reads still lag the create is not.
     if acks and acks[0].outcome == "already_gone" and seen_before and not ours:
         t.reads.vanished(inst, "our first DELETE found it already gone")
-    if acks and report.verdict == "gone":  # billing ends at the DELETE that deleted it (else the first that found it gone)
-        inst.t_deleted_mono = (ours or acks)[0].t_ack_mono or t.clock()
-        t.meter.stop_instance(inst.instance_id, inst.t_deleted_mono)
+    if acks and report.verdict == "gone":
+        # Billing ends at the DELETE that deleted it: our last one that said "deleted" (an earlier one a read
+        # then showed live deleted nothing, and the proof sent another), else the first that found it gone.
+        inst.t_deleted_mono = (ours[-1] if ours else acks[0]).t_ack_mono or t.clock()
+        t.meter.end_instance_at(inst.instance_id, inst.t_deleted_mono)
     elif report.verdict != "gone":  # not proven: a DELETE that said "deleted" (deleting nothing) ends no bill
         t.meter.bill_until(inst.instance_id, t.clock())
     inst.absence = report.verdict
@@ -158,8 +160,11 @@ def stop_billing_at(t: RunTools, inst: CreatedInstance, ack: DeleteAck) -> None:
         t.meter.stop_instance(inst.instance_id, ack.t_ack_mono)
 
 
-def _round_seen(s: RunState, r: ProofRound) -> None:
-    """An absence-proof round, into the registration: `status` shows the proof's progress from elsewhere."""
+def _round_seen(t: RunTools, s: RunState, inst: CreatedInstance, r: ProofRound) -> None:
+    """An absence-proof round, into the registration: `status` shows the proof's progress from elsewhere. A
+    round that sees the instance live after a DELETE said "deleted" puts it back on the meter: it bills on."""
+    if r.verdict == "present":
+        t.meter.resume_instance(inst.instance_id)
     if s.registration is not None:
         s.registration.update(proof_rounds=s.registration.reg.proof_rounds + 1, last_round=r.verdict)
 
