@@ -29,7 +29,7 @@ from vast_harness.sim.gpus import install_nvidia_smi
 from vast_harness.sim.instances import Instance, list_page, render
 from vast_harness.sim.market import generate_offers, priced, search
 from vast_harness.sim.ratelimit import RateLimiter
-from vast_harness.sim.sandbox import Sandbox, SandboxClosed, container_env, ssh_session_env
+from vast_harness.sim.sandbox import Sandbox, SandboxClosed, container_env, marker_for, reap_orphans, ssh_session_env
 from vast_harness.sim.sshhost import SshHost
 
 MIN_DISK_GB = 8.0
@@ -101,6 +101,7 @@ class Backend:
         self._own_root = host_root is None
         self.host_root = Path(host_root or tempfile.mkdtemp(prefix="vast-sim-hosts-"))
         self.host_root.mkdir(parents=True, exist_ok=True)
+        reap_orphans()  # hosts a simulator killed -9 left running (their switches retry for ever)
         self.host_key = paramiko.ECDSAKey.generate()  # fast to make; one per simulator, like a host's
         self.offers = generate_offers(self.rng, num_offers, time.time())
         self.offers_by_id = {o["id"]: o for o in self.offers}
@@ -285,7 +286,7 @@ class Backend:
         vast_vars = {"CONTAINER_ID": str(inst.id), "CONTAINER_API_KEY": inst.api_key,
                      "VAST_CONTAINERLABEL": f"C.{inst.id}", "PUBLIC_IPADDR": "127.0.0.1",
                      "SSH_PUBLIC_KEY": account.ssh_keys[-1]["key"] if account.ssh_keys else ""}
-        marker = f"{inst.id}-{id(inst)}"
+        marker = marker_for(inst.id, id(inst))
         sandbox = Sandbox(home, container_env(home, marker, vast_vars, inst.extra_env),
                           ssh_session_env(home, marker))
         gpu_bin = install_nvidia_smi(home, inst.offer, lie=inst.gpu_lie)  # answers from the offer (sim/gpus.py)

@@ -135,6 +135,38 @@ def _signal_all(pids: set[int], sig: signal.Signals) -> None:
                 pass
 
 
+def marker_for(instance_id: int, token: int) -> str:
+    """A sandbox's marker: the simulator's own pid first, so a later simulator can tell a dead one's hosts."""
+    return f"{os.getpid()}-{instance_id}-{token}"
+
+
+def reap_orphans() -> list[int]:
+    """End the host processes of simulators that died without closing them (kill -9 of a standalone `sim`):
+    a host's dead-man switch retries its DELETE for ever against an API that is gone. A process is an orphan
+    when its marker names a simulator pid that no longer runs; a live simulator's hosts are left alone.
+    Returns the pids signalled (Linux /proc; nothing elsewhere)."""
+    needle = f"{MARKER_VAR}=".encode()
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        marker = next((v[len(needle):].decode(errors="replace") for v in env if v.startswith(needle)), None)
+        owner = marker.split("-", 1)[0] if marker else ""
+        if owner.isdigit() and int(owner) != os.getpid() and not _alive(int(owner)) and _alive(int(entry)):
+            found.append(int(entry))
+    _signal_all(set(found), signal.SIGKILL)
+    return found
+
+
 def _marked_pids(marker: str) -> list[int]:
     """Live processes whose environment carries this sandbox's marker (Linux /proc; empty elsewhere)."""
     needle = f"{MARKER_VAR}={marker}".encode() + b"\0"
