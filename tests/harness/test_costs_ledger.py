@@ -84,8 +84,15 @@ def test_estimate_is_create_to_delete_at_the_quoted_price_or_none():
     lines = [line(0, "r", "intent", offer_id=1, dph_usd=0.36), line(10, "r", "created", instance_id=9),
              line(3610, "reap-x", "delete_ack", instance_id=9), line(3620, "reap-x", "absence", instance_id=9,
                                                                      verdict="gone")]
-    assert estimate_usd(lines) == pytest.approx(0.36)
+    assert estimate_usd(lines) == pytest.approx(0.361)  # to the proof of absence, the last line: errs long
     assert estimate_usd(lines[:2]) is None  # never deleted: not an estimate, unrecorded
+    # red team r6: the run's own DELETE answered 200 and deleted nothing; killed -9 before its re-read, then
+    # the reap's DELETE deleted it: the span runs to the reap's lines, not the first acknowledgement
+    noop = [*lines[:2], line(15, "r", "delete_ack", instance_id=9, detail="deleted"), *lines[2:]]
+    assert estimate_usd(noop) == pytest.approx(0.361)
+    # a reap of another run that happens to carry the same instance id (the simulator's seeded ids) is not ours
+    other = [*lines, line(7210, "reap-y", "delete_ack", instance_id=9, label="vh-other")]
+    assert estimate_usd(other) == pytest.approx(0.361)
     assert estimate_usd([line(0, "r", "intent", offer_id=1), *lines[1:]]) is None  # no price quoted
 
 

@@ -5,7 +5,7 @@ A run's dollars are its record's `accrued_usd` (the cost meter: time at the rent
 The ledger is the index: every run it names is listed, its record found wherever it was written (the evidence
 directory each line names, else the state directory's runs; `state.runs.runs_elsewhere`). A run the ledger
 names but no record describes (killed with -9, a full disk) gets an estimate, marked `estimated`: from each
-instance's create to its first acknowledged DELETE (or its proven absence) at the price quoted on its create's
+instance's create to its last acknowledged DELETE or proven absence at the price quoted on its create's
 intent; without those lines it is `unrecorded`, not $0 (the Vast console's billing is the authority).
 """
 
@@ -77,20 +77,22 @@ def ledger_paths(evidence_dir: Path) -> list[Path]:
 
 def estimate_usd(entries: list[LedgerEntry]) -> float | None:
     """A run's cost from its ledger lines alone, or None when a line it needs is missing: per instance, its
-    `created` line to its first `delete_ack` (else its `absence: gone`), at the $/h its label's intent quoted.
-    Every line's reader (the run, a reap) writes it after the event, so the span errs long, never short."""
+    `created` line to its last `delete_ack` or `absence: gone` under its own label (a reap's included), at
+    the $/h its label's intent quoted. The last, not the first: a DELETE answered 200 may have deleted nothing
+    (the run, killed before its re-read, never knew; the reap's DELETE did it). Every line's reader writes it
+    after the event, so the span errs long, never short."""
     price: dict[str, float] = {}
     start: dict[int, tuple[float, str]] = {}
-    end: dict[int, float] = {}
     for e in entries:
         if e.event == "intent" and e.dph_usd is not None:
             price.setdefault(e.label, e.dph_usd)
-        if e.instance_id is None:
-            continue
-        if e.event in ("created", "create_failed"):
+        if e.instance_id is not None and e.event in ("created", "create_failed"):
             start.setdefault(e.instance_id, (e.t_unix, e.label))
-        elif e.event == "delete_ack" or (e.event == "absence" and e.verdict == "gone"):
-            end.setdefault(e.instance_id, e.t_unix)
+    end: dict[int, float] = {}
+    for e in entries:
+        if e.instance_id in start and e.label == start[e.instance_id][1] and \
+                (e.event == "delete_ack" or (e.event == "absence" and e.verdict == "gone")):
+            end[e.instance_id] = max(end.get(e.instance_id, e.t_unix), e.t_unix)
     if not start:
         return None
     total = 0.0
