@@ -302,3 +302,11 @@ def test_a_delete_that_deleted_nothing_bills_on_and_counts_against_the_time_cap(
     assert "over the 180.0 s cap" in (m.over_cap() or "")
     m.end_instance_at(1, T0 + 10.0)  # an earlier end replaces a later one: it is the DELETE that deleted it
     assert m.accrued_usd() == pytest.approx(0.010)
+
+
+def test_recorded_dollars_round_up_never_under_the_bill() -> None:
+    from vast_harness.caps.meter import usd_up
+
+    assert usd_up(0.0016714901) == 0.001672  # to nearest it was 0.001671, under a bill of 0.00167149
+    assert usd_up(0.001671) == 0.001671  # a figure already on the grid stays (no float-noise step up)
+    assert usd_up(0.0) == 0.0

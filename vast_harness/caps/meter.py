@@ -67,6 +67,13 @@ def finite_positive(value: float | None) -> bool:
     return value is not None and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
+def usd_up(usd: float, places: int = 6) -> float:
+    """A dollar figure to `places` decimals, rounded up: the accrued figure is an upper bound of the bill, and
+    rounding to nearest could put it a fraction of a micro-dollar under (red team r6)."""
+    scale = 10.0**places
+    return math.ceil(round(usd * scale, 3)) / scale
+
+
 class _Accrual:
     __slots__ = ("dph_usd", "end", "start")
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from vast_harness.caps.meter import usd_up
 from vast_harness.console.output import Output, RunOutput
 from vast_harness.console.terminal import line
 from vast_harness.errors import PRECEDENCE, ExitCode, LedgerWriteError, NoOfferError, describe, exit_code_for, worst
@@ -192,7 +193,7 @@ class Fleet:
         accrued = run.accrued_usd()
         self.outcomes[entry.gpu] = RunOutcome(entry.gpu, run.run_id, code, message, run.ev.dir, accrued)
         self._record("run-end", gpu=entry.gpu, run_id=run.run_id, exit_code=code, message=message,
-                     accrued_usd=round(accrued, 6), absence={t.instance_id: t.verdict for t in run.teardowns})
+                     accrued_usd=usd_up(accrued), absence={t.instance_id: t.verdict for t in run.teardowns})
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals_seen += 1
@@ -229,7 +230,7 @@ class Fleet:
                 signal.signal(sig, handler)
         runs_code = worst([o.exit_code for o in self.outcomes.values()])
         code, self.message = self._verdict(runs_code)
-        self._record("fleet-end", exit_code=code, accrued_usd=round(self.accrued_usd(), 6),
+        self._record("fleet-end", exit_code=code, accrued_usd=usd_up(self.accrued_usd()),
                      outcomes={g: o.exit_code for g, o in self.outcomes.items()})
         code, self.message = self._verdict(runs_code)  # the end line itself may be the one that failed
         return code

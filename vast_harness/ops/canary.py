@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field
 from rich.table import Table
 from rich.text import Text
 
-from vast_harness.caps.meter import BYTES_PER_GB
+from vast_harness.caps.meter import BYTES_PER_GB, usd_up
 from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.errors import BootFailed, VastError
@@ -166,7 +166,7 @@ class CanaryRun(GuardedRun):
         sent, deadman = self.book.attempts, self.state.deadman
         rep = CanaryReport(
             api_url=self.spec.api_url, sim=self.spec.sim, run_id=self.run_id, exit_code=int(result.exit_code),
-            message=result.message, accrued_usd=round(self.accrued_usd(), 6),
+            message=result.message, accrued_usd=usd_up(self.accrued_usd()),
             offer_id=inst.offer_id if inst else None, instance_id=inst.instance_id if inst else None,
             create_answer_s=_answer_s(inst.t_created_unix, sent[inst.label]) if inst and inst.label in sent else None,
             read_lag=self.visibility, boot_s=self.boot_s, image_sent=self.spec.profile.image_ref.create_form,

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from vast_harness.caps.meter import usd_up
 from vast_harness.console.output import Output
 from vast_harness.console.terminal import line, safe_cells
 from vast_harness.evidence.host_data import number, read_json
@@ -159,7 +160,7 @@ def summarise(runs: list[RunCost]) -> dict[str, Any]:
 def _dump(summary: dict[str, Any]) -> dict[str, Any]:
     def conv(v: Any) -> Any:
         if isinstance(v, Totals):
-            return v.model_dump() | {"accrued_usd": round(v.accrued_usd, 6)}
+            return v.model_dump() | {"accrued_usd": usd_up(v.accrued_usd)}
         return {k: conv(x) for k, x in v.items()} if isinstance(v, dict) else v
 
     return {k: conv(v) for k, v in summary.items()}

@@ -6,7 +6,7 @@ import dataclasses
 import platform
 import sys
 
-from vast_harness.caps.meter import minimum_cap_s
+from vast_harness.caps.meter import minimum_cap_s, usd_up
 from vast_harness.evidence.run import overall_absence
 from vast_harness.market.plan import offer_summary
 from vast_harness.records import ByteCounts, HostKeyRecord, RecordCaps, RunRecord
@@ -39,7 +39,7 @@ def build_record(t: RunTools, s: RunState, code: int, message: str) -> RunRecord
                         teardown_margin_s=spec.teardown_margin_s,
                         minimum_cap_s=minimum_cap_s(spec.timings)),
         worst_case_usd=cand.quote.worst_case_usd if cand else None,
-        accrued_usd=round(meter.accrued_usd(), 6), over_cap=meter.over_cap(),
+        accrued_usd=usd_up(meter.accrued_usd()), over_cap=meter.over_cap(),
         bytes=ByteCounts(uploaded=meter.bytes_up, downloaded=meter.bytes_down),
         bundle_sha256=plan.bundle_sha256 if plan else None,
         host_key=(HostKeyRecord(fingerprint=session.host_key_fingerprint, type=session.host_key_type,
