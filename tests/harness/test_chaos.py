@@ -114,9 +114,17 @@ def test_a_bill_over_the_cap_and_an_exit_that_does_not_fit_are_reported(tmp_path
     assert {v.kind for v in check_scenario(p, spec, out3, _state(True, None), None, 1000.0)} == {"leak"}
 
 
+@pytest.mark.xfail(strict=True, reason="known issue price-change-under-report (vast_harness/chaos/judge.py)")
+def test_a_price_raised_unseen_is_under_reported(tmp_path):
+    """Suite seed 1000119: the offer's price is raised tenfold before the create and the per-id reads are
+    refused, so the run ends (exit 1) billing at the searched price. Passes (and so fails, strict) once the
+    meter learns the billed price another way (the list rows carry it)."""
+    outcome = chaos.run_scenario(plan("v0_deprecated:3;reprice_offer:10.0;seed=1000119"), tmp_path)
+    assert not [v for v in outcome.violations if v.kind == "under_reported"], outcome.violations
+
+
 def test_known_issues_are_classified_and_not_counted(monkeypatch):
-    # The table of known issues is empty while no known issue is open; the mechanism is tested with a planted
-    # entry.
+    # The mechanism is tested with a planted entry.
     monkeypatch.setitem(chaos.KNOWN_ISSUES, "exit5-after-renting",
                         ("exit_mismatch", re.compile(r"^exit 5 \(nothing rented\)")))
     v = chaos.classify(Violation(kind="exit_mismatch", detail="exit 5 (nothing rented) but the simulator has 1"))

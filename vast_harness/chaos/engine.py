@@ -328,8 +328,13 @@ def under_reports(outcome: ScenarioOutcome, run: GuardedRun | None, live: list[d
     reported = run.meter.accrued_usd()
     if reported >= 0.9 * outcome.billed_usd:
         return []
+    changed = sorted(k for k in outcome.faults_fired if k in PRICE_FAULTS)
+    why = f" (the price changed under the run: {', '.join(changed)})" if changed else ""
     return [Violation(kind="under_reported", detail=f"the run reported ${reported:.6f} accrued, the simulator "
-                      f"billed ${outcome.billed_usd:.6f}")]
+                      f"billed ${outcome.billed_usd:.6f}{why}")]
+
+
+PRICE_FAULTS = ("reprice", "reprice_offer")  # the instance's or the offer's price raised under the run
 
 
 def exit_mismatches(plan: ScenarioPlan, outcome: ScenarioOutcome, run: GuardedRun | None) -> list[str]:
