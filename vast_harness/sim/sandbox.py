@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -145,12 +146,27 @@ def reap_orphans() -> list[int]:
     a host's dead-man switch retries its DELETE for ever against an API that is gone. A process is an orphan
     when its marker names a simulator pid that no longer runs; a live simulator's hosts are left alone.
     Returns the pids signalled (Linux /proc; nothing elsewhere)."""
-    needle = f"{MARKER_VAR}=".encode()
     found = []
+    for pid, marker in _markers():
+        owner = marker.split("-", 1)[0]
+        if owner.isdigit() and int(owner) != os.getpid() and not _alive(int(owner)):
+            found.append(pid)
+    _signal_all(set(found), signal.SIGKILL)
+    return found
+
+
+def _marked_pids(marker: str) -> list[int]:
+    """Live processes whose environment carries this sandbox's marker (Linux /proc; empty elsewhere)."""
+    return [pid for pid, found in _markers() if found == marker]
+
+
+def _markers() -> Iterator[tuple[int, str]]:
+    """(pid, sandbox marker) of every live process that carries one (Linux /proc; nothing elsewhere)."""
+    needle = f"{MARKER_VAR}=".encode()
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
+        return
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -160,31 +176,8 @@ def reap_orphans() -> list[int]:
         except OSError:
             continue
         marker = next((v[len(needle):].decode(errors="replace") for v in env if v.startswith(needle)), None)
-        owner = marker.split("-", 1)[0] if marker else ""
-        if owner.isdigit() and int(owner) != os.getpid() and not _alive(int(owner)) and _alive(int(entry)):
-            found.append(int(entry))
-    _signal_all(set(found), signal.SIGKILL)
-    return found
-
-
-def _marked_pids(marker: str) -> list[int]:
-    """Live processes whose environment carries this sandbox's marker (Linux /proc; empty elsewhere)."""
-    needle = f"{MARKER_VAR}={marker}".encode() + b"\0"
-    found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if needle in fh.read() and _alive(int(entry)):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+        if marker is not None and _alive(int(entry)):
+            yield int(entry), marker
 
 
 def _alive(pid: int) -> bool:
