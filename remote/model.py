@@ -152,15 +152,18 @@ class FeedForward(nn.Module):
         self.w13 = nn.Linear(cfg.d_model, 2 * cfg.ffn_hidden, bias=False)
         self.w2 = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
         self.swiglu = None  # remote.kernels.swiglu.swiglu when that kernel is active (one-pass backward)
-        self.mlp = None  # remote.kernels.mlp.mlp when active: SwiGLU inside the GEMM epilogues (quack)
+        # remote.kernels.mlp.mlp when active: SwiGLU inside the GEMM epilogues (quack), the residual add in
+        # w2's; w13's rows are then interleaved (gate_0, up_0, ...), see remote.parallel.apply_kernels
+        self.mlp = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + the MLP of x (the residual add belongs here: the fused path does it in a GEMM)."""
         if self.mlp is not None:
-            return self.mlp(x, self.w13.weight, self.w2.weight)
+            return self.mlp(x, self.w13.weight, self.w2.weight, residual)
         if self.swiglu is not None:
-            return self.w2(self.swiglu(self.w13(x)))
+            return residual + self.w2(self.swiglu(self.w13(x)))
         gate, up = self.w13(x).chunk(2, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        return residual + self.w2(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -177,9 +180,9 @@ class Block(nn.Module):
             eps = self.attn_norm.eps
             h, y = self.norms.add_rmsnorm(x, self.attn(self.norms.rmsnorm(x, self.attn_norm.weight, eps), cos, sin),
                                           self.ffn_norm.weight, eps)
-            return h + self.ffn(y)
+            return self.ffn(y, h)
         x = x + self.attn(self.attn_norm(x), cos, sin)
-        return x + self.ffn(self.ffn_norm(x))
+        return self.ffn(self.ffn_norm(x), x)
 
 
 class Transformer(nn.Module):
@@ -192,6 +195,8 @@ class Transformer(nn.Module):
         self.ce_chunk_tokens = 8192
         self.ce_kernel = _ce_chunk  # replaced by a compiled version under --compile
         self.ce_fused = False  # remote.kernels.loss: one logits buffer, Triton CE, fp32 GEMM accumulation
+        # parameter name -> its canonical layout, for parameters a kernel keeps in another one (remote.parallel)
+        self.param_layouts: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
         # Called with -1 before the embedding, i before layer i and n_layers before the final norm and head:
         # a data-parallel wrapper waits there for the parameters it is still gathering (None: nothing to wait).
         self.before_stage: Callable[[int], None] | None = None

@@ -120,10 +120,13 @@ def apply_kernels(model: Transformer, device: torch.device) -> list[str]:
             block.ffn.swiglu = swiglu
         done.append("swiglu")
     if kernels.active("mlp", device):
-        from remote.kernels.mlp import mlp
+        from remote.kernels import mlp
 
-        for block in model.layers:
-            block.ffn.mlp = mlp
+        for i, block in enumerate(model.layers):
+            block.ffn.mlp = mlp.mlp
+            with torch.no_grad():  # quack's (gate, up) row pairs, once; the state hands [gate; up] back
+                block.ffn.w13.weight.copy_(mlp.to_kernel_layout(block.ffn.w13.weight))
+            model.param_layouts[f"layers.{i}.ffn.w13.weight"] = mlp.to_model_layout
         done.append("mlp")
     if kernels.active("norm", device):
         from remote.kernels import norm
@@ -178,6 +181,10 @@ class _MasterAdamW:
         return sum(m.numel() for m in self.masters)
 
 
+def _as_is(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
 class DdpRunner:
     def __init__(self, model: Transformer, names: dict[int, str], train: TrainConfig,
                  group: dist.ProcessGroup, device: torch.device) -> None:
@@ -206,10 +213,11 @@ class DdpRunner:
         """Full parameters and optimizer state, canonical names; every rank holds it all under DDP."""
         for i, p in enumerate(self.params):
             name = self.names[id(p)]
-            yield f"param.{name}", p.detach()
+            canon = self.module.param_layouts.get(name, _as_is)
+            yield f"param.{name}", canon(p.detach())
             st = self.optim.state(i)
             for key in ("master", "exp_avg", "exp_avg_sq"):
-                yield f"optim.{name}.{key}", st[key]
+                yield f"optim.{name}.{key}", canon(st[key])
         yield "optim.step", self.optim.state(0)["step"]
 
 
@@ -411,9 +419,10 @@ class Zero2Runner:
                 continue
             for p, off in zip(b.params, b.offsets, strict=True):
                 name = self.names[id(p)]
-                yield f"param.{name}", p.detach()
+                canon = self.module.param_layouts.get(name, _as_is)
+                yield f"param.{name}", canon(p.detach())
                 for key in ("master", "exp_avg", "exp_avg_sq"):
-                    yield f"optim.{name}.{key}", full[key][off:off + p.numel()].view(p.shape)
+                    yield f"optim.{name}.{key}", canon(full[key][off:off + p.numel()].view(p.shape))
         if self.rank == 0:
             yield "optim.step", self.optim.state(0)["step"]
 

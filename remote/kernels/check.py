@@ -452,19 +452,21 @@ def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
     x0 = torch.randn(tokens, d, device=dev, generator=gen).to(torch.bfloat16)
     w13_0 = (torch.randn(2 * ffn, d, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
     w2_0 = (torch.randn(d, ffn, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
+    r0 = torch.randn(tokens, d, device=dev, generator=gen).to(torch.bfloat16)
     dout = torch.randn(tokens, d, device=dev, generator=gen).to(torch.bfloat16)
+    w13_k = mlp.to_kernel_layout(w13_0)  # the parameter's layout while `mlp` is attached
 
     def fused():
-        x, w13, w2 = (t.detach().requires_grad_(True) for t in (x0, w13_0, w2_0))
-        out = mlp.mlp(x, w13, w2)
+        x, w13, w2, r = (t.detach().requires_grad_(True) for t in (x0, w13_k, w2_0, r0))
+        out = mlp.mlp(x, w13, w2, r)
         out.backward(dout)
-        return out.detach(), x.grad, w13.grad, w2.grad
+        return out.detach(), x.grad, mlp.to_model_layout(w13.grad), w2.grad, r.grad
 
-    def current():  # what the step runs without it: cuBLAS GEMMs around the Triton SwiGLU ops
-        x, w13, w2 = (t.detach().requires_grad_(True) for t in (x0, w13_0, w2_0))
-        out = swiglu.swiglu(x @ w13.T) @ w2.T
+    def current():  # what the step runs without it: cuBLAS GEMMs (the add in w2's) around the Triton SwiGLU ops
+        x, w13, w2, r = (t.detach().requires_grad_(True) for t in (x0, w13_0, w2_0, r0))
+        out = torch.addmm(r, swiglu.swiglu(x @ w13.T), w2.T)
         out.backward(dout)
-        return out.detach(), x.grad, w13.grad, w2.grad
+        return out.detach(), x.grad, w13.grad, w2.grad, r.grad
 
     settings = {"fused": {"VH_MLP_GEMMS": "fused", "VH_MLP_TUNED": "0"},
                 "all": {"VH_MLP_GEMMS": "all", "VH_MLP_TUNED": "0"},
@@ -472,13 +474,13 @@ def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
                 "all tuned": {"VH_MLP_GEMMS": "all", "VH_MLP_TUNED": "1"}}
     saved = {k: os.environ.get(k) for k in ("VH_MLP_GEMMS", "VH_MLP_TUNED")}
     try:
-        ref_in = [t.detach().float().requires_grad_(True) for t in (x0, w13_0, w2_0)]
+        ref_in = [t.detach().float().requires_grad_(True) for t in (x0, w13_0, w2_0, r0)]
         ref = mlp.reference(*ref_in)
         ref.backward(dout.float())
         want = (ref.detach(), *(t.grad for t in ref_in))
         del ref, ref_in
         got_current = current()
-        for name, got, w in zip(("out", "dx", "dw13", "dw2"), got_current, want):
+        for name, got, w in zip(("out", "dx", "dw13", "dw2", "dresidual"), got_current, want):
             rep.time(f"mlp current path {name} rel err vs fp32 torch: {rel(got, w):.3g}", float("nan"))
         # untuned first, then tuned (its autotuning may run into the phase's time limit): each group timed
         # against the current path in its own interleaved rounds
@@ -493,7 +495,7 @@ def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
                 got = fused()
                 torch.cuda.synchronize(dev)
                 first_s = time.perf_counter() - t0
-                for name, g, w in zip(("out", "dx", "dw13", "dw2"), got, want):
+                for name, g, w in zip(("out", "dx", "dw13", "dw2", "dresidual"), got, want):
                     rep.check(f"mlp {tag} {name} rel err vs fp32 torch", rel(g, w), 2e-2)
                 rep.check(f"mlp {tag} bitwise across two runs", all(torch.equal(a, b) for a, b in zip(got, fused())))
                 rep.time(f"mlp {tag}: first call (compile{' + autotune' if 'tuned' in tag else ''}) ms", first_s * 1e3)

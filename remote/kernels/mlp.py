@@ -10,18 +10,22 @@ backward: w2's dgrad writes dact [N, F]; SwiGLU backward reads dact and gu, writ
 
 The SwiGLU passes (16 ms a step at mb 16 on an H200) disappear into epilogues of GEMMs that are compute-bound:
 -5.5 ms a step on an H200 (issue 32 round 5, remote/kernels/NOTES.md), though one layer timed alone is level.
-quack's gated epilogue pairs adjacent columns (gate, up); our w13 stays [gate rows; up rows] and quack reads
-it through a strided view (`concat_layout`), so the parameter, its checkpoint and the other paths are unchanged.
-The pre-activation and its gradient are in quack's interleaved order; they never leave this module.
+quack's gated epilogue pairs adjacent columns (gate, up), so while `mlp` is attached the w13 parameter is kept
+in that order (rows gate_0, up_0, gate_1, ...; `to_kernel_layout`, once when the kernel is attached): w13's
+dgrad and weight-gradient GEMMs then read and write it with plain strides (round 5 read [gate; up] through
+quack's `concat_layout` and paid two 67 MB strided copies a layer for cuBLAS, 3.4 ms a step). The runners
+hand out the canonical [gate; up] layout (`to_model_layout`) in the run's state, so a run's leaf root
+describes the same model whichever path ran. The residual add rides w2's GEMM epilogue (cuBLAS addmm, as
+Inductor emits it on the other path): a separate add kernel cost 2 ms a step in round 5's step.
 
 `VH_MLP_GEMMS`: `fused` (default) runs quack only for the two GEMMs with an epilogue and cuBLAS for the other
 four (w2 forward, both weight gradients, w13's dgrad); `all` runs all six on quack. `VH_MLP_TUNED=1` lets
 quack autotune its configs per shape (~96 s at first use on an H200, and no faster than the default configs
 there; the choice may differ between processes, so never under deterministic algorithms).
 
-Deterministic runs do not use `mlp` yet: it gives the same bits twice in one process (remote.kernels.check),
-but no deterministic run has been replayed with it on a GPU, so `qualify()` refuses it there and those runs
-keep the path their replays were measured on (`VH_MLP_DETERMINISTIC=1` lifts that, to measure it).
+Deterministic runs use it: no split-K, no atomics, the same bits twice in one process (remote.kernels.check),
+and a deterministic run replayed bitwise with it on an H200 (issue 32 round 6, call 1: `replay_match` true,
+4 ms a step faster than without it).
 
 Two custom ops, opaque to torch.compile (like remote.fa4): the compiled per-layer graph calls them as one
 node each. `qualify(device)` is the probe (kernels.QUALIFIED): fwd+bwd at a small shape against fp32 torch,
@@ -107,31 +111,37 @@ def settings() -> dict:
     return {"gemms": gemms, "tuned": tuned}
 
 
-def _interleave_rows(w13: torch.Tensor) -> torch.Tensor:
+def to_kernel_layout(w13: torch.Tensor) -> torch.Tensor:
     """[gate rows; up rows] -> rows (gate_0, up_0, gate_1, ...): the order quack's pre-activation has."""
     two_f, d = w13.shape
     return w13.view(2, two_f // 2, d).transpose(0, 1).reshape(two_f, d)
 
 
-def _deinterleave_rows(w: torch.Tensor) -> torch.Tensor:
+def to_model_layout(w: torch.Tensor) -> torch.Tensor:
+    """The inverse: interleaved rows -> [gate rows; up rows] (the model's own layout, the canonical state's)."""
     two_f, d = w.shape
     return w.view(two_f // 2, 2, d).transpose(0, 1).reshape(two_f, d)
 
 
 @torch.library.custom_op("vh_kernels::mlp_fwd", mutates_args=())
-def mlp_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., d], w13 [2F, d] ([gate; up]), w2 [d, F] -> out [..., d], pre-activation [N, 2F] (interleaved)."""
+def mlp_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, residual: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., d], w13 [2F, d] (interleaved rows), w2 [d, F], residual [..., d] -> residual + out [..., d],
+    pre-activation [N, 2F] (interleaved)."""
     gi, cfg = quack(), settings()
-    x2 = x.reshape(-1, x.shape[-1])
-    preact, act = gi.gemm_gated(x2, w13.T, activation="swiglu", concat_layout=("B",), tuned=cfg["tuned"])
-    out = gi.gemm(act, w2.T, tuned=cfg["tuned"]) if cfg["gemms"] == "all" else act @ w2.T
-    return out.view(*x.shape[:-1], w2.shape[0]), preact
+    x2, r2 = x.reshape(-1, x.shape[-1]), residual.reshape(-1, residual.shape[-1])
+    preact, act = gi.gemm_gated(x2, w13.T, activation="swiglu", tuned=cfg["tuned"])
+    if cfg["gemms"] == "all":
+        out = gi.gemm(act, w2.T, tuned=cfg["tuned"]) + r2
+    else:
+        out = torch.addmm(r2, act, w2.T)  # the residual add in cuBLAS's epilogue (beta = 1)
+    return out.view(residual.shape), preact
 
 
 @mlp_fwd.register_fake
-def _(x, w13, w2):
+def _(x, w13, w2, residual):
     n = x.numel() // x.shape[-1]
-    return x.new_empty((*x.shape[:-1], w2.shape[0])), x.new_empty((n, w13.shape[0]))
+    return residual.new_empty(residual.shape), x.new_empty((n, w13.shape[0]))
 
 
 @torch.library.custom_op("vh_kernels::mlp_bwd", mutates_args=())
@@ -144,12 +154,12 @@ def mlp_bwd(dout: torch.Tensor, x: torch.Tensor, w13: torch.Tensor, w2: torch.Te
     dpre, act = gi.gemm_dgated(d2, w2, preact, activation="swiglu", dynamic_scheduler=True, tuned=cfg["tuned"])
     if cfg["gemms"] == "all":
         dw2 = gi.gemm(d2.T, act, dynamic_scheduler=True, tuned=cfg["tuned"])
-        dx = gi.gemm(dpre, w13, concat_layout=("B",), dynamic_scheduler=True, tuned=cfg["tuned"])
-        dw13 = gi.gemm(dpre.T, x2, concat_layout=("out",), dynamic_scheduler=True, tuned=cfg["tuned"])
-    else:
+        dx = gi.gemm(dpre, w13, dynamic_scheduler=True, tuned=cfg["tuned"])
+        dw13 = gi.gemm(dpre.T, x2, dynamic_scheduler=True, tuned=cfg["tuned"])
+    else:  # dpre and w13 share the interleaved order: plain strides, no copies
         dw2 = d2.T @ act
-        dx = dpre @ _interleave_rows(w13)  # a 2F x d copy (tens of us) so cuBLAS reads plain strides
-        dw13 = _deinterleave_rows(dpre.T @ x2)
+        dx = dpre @ w13
+        dw13 = dpre.T @ x2
     return dx.view(x.shape), dw13, dw2
 
 
@@ -159,26 +169,28 @@ def _(dout, x, w13, w2, preact):
 
 
 def _setup(ctx, inputs, output) -> None:
-    x, w13, w2 = inputs
+    x, w13, w2, _residual = inputs
     ctx.save_for_backward(x, w13, w2, output[1])
 
 
 def _backward(ctx, dout: torch.Tensor, _dpre: torch.Tensor | None):
     x, w13, w2, preact = ctx.saved_tensors
-    return mlp_bwd(dout, x, w13, w2, preact)
+    return (*mlp_bwd(dout, x, w13, w2, preact), dout)  # d(residual) = d(out)
 
 
 mlp_fwd.register_autograd(_backward, setup_context=_setup)
 
 
-def mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """w2(silu(gate) * up) with [gate; up] = w13(x), the activation in the GEMM epilogues."""
-    return mlp_fwd(x, w13, w2)[0]
+def mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + w2(silu(gate) * up), (gate, up) = w13(x) with w13 in `to_kernel_layout`'s interleaved rows;
+    the activation in the GEMM epilogues, the residual add in w2's."""
+    return mlp_fwd(x, w13, w2, residual)[0]
 
 
-def reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+def reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """The same in plain torch, w13 in the model's [gate; up] rows."""
     gate, up = (x @ w13.T).chunk(2, dim=-1)
-    return (F.silu(gate) * up) @ w2.T
+    return residual + (F.silu(gate) * up) @ w2.T
 
 
 def qualify(device: torch.device) -> str | None:
@@ -186,12 +198,6 @@ def qualify(device: torch.device) -> str | None:
     bits twice; else why not."""
     if device.type != "cuda":
         return "mlp needs CUDA (quack's GEMMs)"
-    if torch.are_deterministic_algorithms_enabled() and os.environ.get("VH_MLP_DETERMINISTIC") != "1":
-        # bitwise twice in one process (remote.kernels.check), but a deterministic run and its replay with it
-        # have not run on a GPU yet: deterministic runs keep the path their replays were measured on, unless
-        # VH_MLP_DETERMINISTIC=1 asks for it (to measure exactly that)
-        return ("mlp is not yet measured under deterministic replay on a GPU (cuBLAS + Triton SwiGLU instead; "
-                "VH_MLP_DETERMINISTIC=1 uses it)")
     major, minor = torch.cuda.get_device_capability(device)
     if major not in QUALIFIED_MAJORS:
         return f"mlp is not qualified on sm{major}{minor} (quack's gated GEMMs measured on sm90 only)"
@@ -205,19 +211,21 @@ def check_small(device: torch.device, n: int = 512, d: int = 256, ffn: int = 512
     x0 = torch.randn(2, n // 2, d, device=device, generator=gen).to(torch.bfloat16)
     w13_0 = (torch.randn(2 * ffn, d, device=device, generator=gen) / d**0.5).to(torch.bfloat16)
     w2_0 = (torch.randn(d, ffn, device=device, generator=gen) / ffn**0.5).to(torch.bfloat16)
+    r0 = torch.randn(2, n // 2, d, device=device, generator=gen).to(torch.bfloat16)
     dout = torch.randn(2, n // 2, d, device=device, generator=gen).to(torch.bfloat16)
     runs = []
     for _ in range(2):
-        x, w13, w2 = (t.detach().clone().requires_grad_(True) for t in (x0, w13_0, w2_0))
-        out = mlp(x, w13, w2)
+        x, w13, w2, r = (t.detach().clone().requires_grad_(True) for t in (x0, to_kernel_layout(w13_0), w2_0, r0))
+        out = mlp(x, w13, w2, r)
         out.backward(dout)
-        runs.append((out.detach(), x.grad, w13.grad, w2.grad))
+        runs.append((out.detach(), x.grad, to_model_layout(w13.grad), w2.grad, r.grad))
     if not all(torch.equal(a, b) for a, b in zip(*runs)):
         return "different bits on two identical runs"
-    ref_in = [t.detach().float().requires_grad_(True) for t in (x0, w13_0, w2_0)]
+    ref_in = [t.detach().float().requires_grad_(True) for t in (x0, w13_0, w2_0, r0)]
     ref = reference(*ref_in)
     ref.backward(dout.float())
-    for name, got, want in zip(("out", "dx", "dw13", "dw2"), runs[0], (ref, *(t.grad for t in ref_in))):
+    for name, got, want in zip(("out", "dx", "dw13", "dw2", "dresidual"), runs[0],
+                               (ref, *(t.grad for t in ref_in))):
         err = ((got.float() - want).norm() / want.norm()).item()
         if not err < 2e-2:
             return f"{name} relative error {err:.3g} against fp32 torch"
