@@ -162,9 +162,11 @@ def stop_billing_at(t: RunTools, inst: CreatedInstance, ack: DeleteAck) -> None:
 
 def _round_seen(t: RunTools, s: RunState, inst: CreatedInstance, r: ProofRound) -> None:
     """An absence-proof round, into the registration: `status` shows the proof's progress from elsewhere. A
-    round that sees the instance live after a DELETE said "deleted" puts it back on the meter: it bills on."""
+    round that sees the instance live after a DELETE said "deleted" puts it back on the meter: it bills on.
+    Every row of it the round read re-prices the meter (a price no earlier read showed; never raises)."""
     if r.verdict == "present":
         t.meter.resume_instance(inst.instance_id)
+    t.reads.on_proof_round(inst, r)
     if s.registration is not None:
         s.registration.update(proof_rounds=s.registration.reg.proof_rounds + 1, last_round=r.verdict)
 
