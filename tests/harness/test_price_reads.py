@@ -177,21 +177,22 @@ def test_a_per_id_read_refused_but_the_list_showing_the_new_price_re_prices_the_
 
 
 def test_a_price_raised_after_the_last_read_is_learnt_from_the_proof_and_the_cap_overrun_said(sim, tmp_path):
-    # The host re-prices 1000x after the run's last price read (here: during the teardown's pull, before the
-    # DELETE). The DELETE leaves the row lingering, destroyed, with its price: the absence proof reads it, the
-    # meter bills it from the start, and the run, over its cap unseen, exits 6 saying so, never 0.
-    class RepricedAtTeardown(HostWork):
-        def pull_evidence(self, *, in_teardown: bool, max_s: float | None = None) -> None:
-            if in_teardown:
-                backend = sim.backend
-                backend._reprice(backend.instances[run.created[0].instance_id], 1000.0)
-                time.sleep(0.3)  # it bills at that price until the DELETE
-            super().pull_evidence(in_teardown=in_teardown, max_s=max_s)
+    # The host re-prices 1000x after the run's last price read, as the DELETE goes out. The DELETE leaves the row
+    # lingering, destroyed, with its price: the absence proof reads it, the meter bills it from the start, and
+    # the run, over its cap unseen, exits 6 saying so, never 0.
+    class RepricedAtItsDelete(VastClient):
+        def destroy_instance(self, instance_id: int, **kw: Any) -> str:
+            inst = sim.backend.instances[instance_id]
+            if inst.live:
+                sim.backend._reprice(inst, 1000.0)
+                time.sleep(0.3)  # it bills at that price until the DELETE lands
+            return super().destroy_instance(instance_id, **kw)
 
     sim.set_faults("linger:1:1")
-    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], max_usd=0.01, poll_s=0.25)
-    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
-        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), host_work=RepricedAtTeardown)
+    # poll_s 3: no read of the price watch while the DELETE is held (the proof is what must see it)
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], max_usd=0.01, poll_s=3.0)
+    with RepricedAtItsDelete(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
         result = execute(run, within_s=40)
     billed = billed_usd(sim, run)
     assert billed > spec.caps.max_usd  # the scenario: the bill did pass the cap, unseen while it ran
@@ -201,3 +202,25 @@ def test_a_price_raised_after_the_last_read_is_learnt_from_the_proof_and_the_cap
     raised = [c for c in res["price_changes"] if c["billed_dph_usd"]]
     assert raised and raised[0]["source"].startswith("absence proof") and raised[0]["outcome"] == "late"
     assert res["exit_code"] == 6 and res["over_cap"] and res["accrued_usd"] >= billed
+
+
+def test_a_price_raised_after_the_steps_is_read_as_the_last_thing_before_the_delete(sim, tmp_path):
+    # The host re-prices 10x after the steps' last read, while the teardown's prelude pulls the evidence; the
+    # DELETE removes the row at once (no lingering row for the proof). The run's last price read comes after
+    # the prelude, just before the DELETE, so it sees the new price and the accrued figure stays above the bill.
+    class RepricedAtTeardown(HostWork):
+        def pull_evidence(self, *, in_teardown: bool, max_s: float | None = None) -> None:
+            if in_teardown:
+                backend = sim.backend
+                backend._reprice(backend.instances[run.created[0].instance_id], 10.0)
+                time.sleep(0.3)  # it bills at that price until the DELETE
+            super().pull_evidence(in_teardown=in_teardown, max_s=max_s)
+
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], poll_s=0.25)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), host_work=RepricedAtTeardown)
+        result = execute(run, within_s=40)
+    assert result.exit_code == 0, result.message
+    raised = [c for c in run.meter.price_changes if c.billed_dph_usd]
+    assert raised and raised[0].source == "per-id read", run.meter.price_changes
+    assert run.meter.accrued_usd() >= billed_usd(sim, run)

@@ -108,11 +108,11 @@ class InstanceReads:
         self._cancel(why, ExitCode.FAILED)
 
     @contextlib.contextmanager
-    def watch_prices(self, inst: CreatedInstance | None, *, cancelled: threading.Event) -> Iterator[None]:
+    def watch_prices(self, inst: CreatedInstance | None) -> Iterator[None]:
         """While the body runs (the steps), re-read `inst` every `poll_s` (hosts re-price running contracts): a
         higher price re-prices the meter; one that breaks the cap, or moves the work deadline into the past,
-        cancels the run (exit 6) and the running step is cut. When the body ends, one last read (unless the
-        run was cancelled: its teardown goes first)."""
+        cancels the run (exit 6) and the running step is cut. The last read comes later, at the end of the
+        teardown's prelude, just before the DELETE (`teardown.final_price_reads`)."""
         stop = threading.Event()
 
         def watch() -> None:
@@ -157,8 +157,6 @@ class InstanceReads:
         finally:
             stop.set()
             thread.join(timeout=0.1 if signalled else WATCH_JOIN_S)
-            if inst is not None and not cancelled.is_set() and not signalled:
-                self.last_price_read(inst)
 
     @contextlib.contextmanager
     def watch_while_deleting(self, inst: CreatedInstance) -> Iterator[None]:
@@ -193,9 +191,10 @@ class InstanceReads:
 
     def last_price_read(self, inst: CreatedInstance, *, max_retry_s: float = LAST_PRICE_READ_RETRY_S) -> None:
         """One more read of the rented price (a re-price can land between two polls, or steps can be shorter
-        than one): the record bills what the host billed, and a run over the cap is not a pass (the verdict
-        turns it into exit 6). Bounded: the teardown is waiting, so it ends by the meter's prelude deadline
-        (the DELETE keeps its half of the margin). Never raises."""
+        than one), the per-id read or, when that fails, the list row: the record bills what the host billed,
+        and a run over the cap is not a pass (the verdict turns it into exit 6). Bounded: the teardown is
+        waiting, so it ends by the meter's prelude deadline (the DELETE keeps its half of the margin). Never
+        raises."""
         left_s = self.meter.prelude_deadline() - self.meter.now()
         if left_s <= 0:
             self.out.warn(f"no time left before the DELETE to re-read instance {inst.instance_id}'s price; the "
@@ -207,6 +206,6 @@ class InstanceReads:
         except CapReachedError as exc:
             self.out.warn(str(exc))
         except VastError as exc:
-            self.out.warn(f"could not re-read instance {inst.instance_id}'s price after the steps: {exc}; "
+            self.out.warn(f"could not re-read instance {inst.instance_id}'s price before its DELETE: {exc}; "
                           "reading its list row instead")
             self.list_price(inst, within_s=max(0.0, self.meter.prelude_deadline() - self.meter.now()))
