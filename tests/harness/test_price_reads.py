@@ -19,6 +19,7 @@ from tests.harness.conftest import FakeClock
 from vast_harness.caps.meter import CostMeter
 from vast_harness.console.output import Output
 from vast_harness.errors import TransportError
+from vast_harness.instance.lifecycle import with_list_ports
 from vast_harness.records import CreatedInstance, ProofRound
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.instance_reads import InstanceReads
@@ -224,3 +225,24 @@ def test_a_price_raised_after_the_steps_is_read_as_the_last_thing_before_the_del
     raised = [c for c in run.meter.price_changes if c.billed_dph_usd]
     assert raised and raised[0].source == "per-id read", run.meter.price_changes
     assert run.meter.accrued_usd() >= billed_usd(sim, run)
+
+
+class ListOnly:
+    """A client whose v1 list by id answers these rows (the boot's list read for ports)."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = [Instance.model_validate(r) for r in rows]
+
+    def list_instances(self, **_: Any) -> list[Instance]:
+        return self.rows
+
+
+PORTS = {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": "4022"}]}
+
+
+@pytest.mark.parametrize(("listed", "expected"), [(5.0, 5.0), (0.1, 0.5), (None, 0.5), ("n/a", 0.5)])
+def test_the_boots_list_row_brings_a_higher_price_with_the_ports(listed: Any, expected: float):
+    read = Instance.model_validate({"id": 7, "actual_status": "running", "dph_total": 0.5, "public_ipaddr": "1.2.3.4"})
+    rows = [{"id": 7, "ports": PORTS, "dph_total": listed}, {"id": 8, "dph_total": 50.0}]
+    filled = with_list_ports(ListOnly(rows), read, within_s=1.0)  # type: ignore[arg-type]
+    assert filled.dph_total == expected and filled.direct_ssh == ("1.2.3.4", 4022)
