@@ -246,3 +246,25 @@ def test_the_boots_list_row_brings_a_higher_price_with_the_ports(listed: Any, ex
     rows = [{"id": 7, "ports": PORTS, "dph_total": listed}, {"id": 8, "dph_total": 50.0}]
     filled = with_list_ports(ListOnly(rows), read, within_s=1.0)  # type: ignore[arg-type]
     assert filled.dph_total == expected and filled.direct_ssh == ("1.2.3.4", 4022)
+
+
+def test_a_price_raised_while_the_api_holds_our_delete_is_read_from_the_list_when_per_id_reads_fail(sim, tmp_path):
+    # The API holds our DELETE 1.5 s and the host re-prices 10x as it goes out; no per-id read answers after the
+    # boot. The reads while the DELETE is held fall back to the list row, so the held seconds bill at the new
+    # price in the meter too (no row lingers after it: the proof has nothing to show).
+    class RepricedAtItsDelete(PerIdRefusedOnceRunning):
+        def destroy_instance(self, instance_id: int, **kw: Any) -> str:
+            inst = sim.backend.instances[instance_id]
+            if inst.live:
+                sim.backend._reprice(inst, 10.0)
+            return super().destroy_instance(instance_id, **kw)
+
+    sim.set_faults("hang:destroy:1.5:1")
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], poll_s=0.25)
+    with RepricedAtItsDelete(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=40)
+    assert result.exit_code == 0, result.message
+    raised = [c for c in run.meter.price_changes if c.billed_dph_usd]
+    assert raised and raised[0].source == "list by id", run.meter.price_changes
+    assert run.meter.accrued_usd() >= billed_usd(sim, run)

@@ -171,6 +171,7 @@ class InstanceReads:
                 try:
                     read = self.client.get_instance(inst.instance_id, max_retry_s=0.0, within_s=self.poll_s)
                 except VastError:
+                    self.list_price(inst, within_s=self.poll_s)  # the list row still states the price
                     continue
                 except RuntimeError:  # httpx: the client closed under this read (the run is over)
                     if stop.is_set():
