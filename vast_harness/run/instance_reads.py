@@ -29,7 +29,7 @@ from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Instance
 from vast_harness.vast.row_price import row_price, rows_of
 
-LAST_PRICE_READ_RETRY_S = 5.0  # the price read after the steps: brief, DELETE comes next
+LAST_PRICE_READ_RETRY_S = 5.0  # the last price read, the prelude's last act: brief, the DELETE comes next
 WATCH_JOIN_S = 5.0  # the price watcher's thread gets this long to notice the steps ended
 
 Cancel = Callable[[str, ExitCode], None]
@@ -122,7 +122,9 @@ class InstanceReads:
                 except VastError:
                     # The per-id read failed: the list row still carries the price (a failed one changes nothing).
                     self.list_price(inst, within_s=self.poll_s)
-                    if not stop.is_set() and self.meter.cut_by_cap():
+                    if stop.is_set() or self._deleting(inst.instance_id):
+                        return  # the body ended meanwhile: the teardown reads from here on
+                    if self.meter.cut_by_cap():
                         self._cancel(f"{self.meter.cap_reached()}; instance {inst.instance_id} bills "
                                      f"${inst.dph_usd:.4f}/h", ExitCode.CAP_REACHED)
                         return
