@@ -268,3 +268,18 @@ def test_a_price_raised_while_the_api_holds_our_delete_is_read_from_the_list_whe
     raised = [c for c in run.meter.price_changes if c.billed_dph_usd]
     assert raised and raised[0].source == "list by id", run.meter.price_changes
     assert run.meter.accrued_usd() >= billed_usd(sim, run)
+
+
+def test_a_price_that_breaks_the_cap_shown_only_by_the_list_stops_the_run(sim, tmp_path):
+    # No per-id read answers after the boot; the host re-prices 5000x during a 20 s step. The list row shows it,
+    # the price watch cancels the run at the cap (exit 6) and the step is cut, not run to its end.
+    sim.set_faults("reprice:5000:0.3")
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="sleep 20", timeout_s=30)], max_usd=0.01, poll_s=0.25)
+    started = time.monotonic()
+    with PerIdRefusedOnceRunning(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=40)
+    assert result.exit_code == 6, result.message
+    assert time.monotonic() - started < 15, "the step ran on after the list showed the price"
+    assert any(c.source == "list by id" and c.billed_dph_usd for c in run.meter.price_changes), run.meter.price_changes
+    assert run.meter.accrued_usd() >= billed_usd(sim, run)
