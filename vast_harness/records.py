@@ -95,7 +95,9 @@ class PriceChange(BaseModel):
     searched_dph_usd: float
     billed_dph_usd: float | None
     t_unix: float = Field(default_factory=time.time)
-    outcome: str  # tightened | unchanged | refused
+    outcome: str  # tightened | unchanged | refused | late (learnt with no time left: the cap may be passed) | ignored
+    source: str = "per-id read"  # which read showed it: a per-id read, a list by id, an absence-proof round's read
+    reason: str | None = None  # why an `ignored` price was not a figure (the last good price kept)
 
 
 class PhaseRecord(BaseModel):

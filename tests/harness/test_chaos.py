@@ -114,11 +114,10 @@ def test_a_bill_over_the_cap_and_an_exit_that_does_not_fit_are_reported(tmp_path
     assert {v.kind for v in check_scenario(p, spec, out3, _state(True, None), None, 1000.0)} == {"leak"}
 
 
-@pytest.mark.xfail(strict=True, reason="known issue price-change-under-report (vast_harness/chaos/judge.py)")
 def test_a_price_raised_unseen_is_under_reported(tmp_path):
-    """Suite seed 1000119: the offer's price is raised tenfold before the create and the per-id reads are
-    refused, so the run ends (exit 1) billing at the searched price. Passes (and so fails, strict) once the
-    meter learns the billed price another way (the list rows carry it)."""
+    """Suite seed 1000119 (the closed known issue price-change-under-report): the offer's price is raised
+    tenfold before the create and the per-id reads are refused, so the run ends (exit 1) before any per-id read
+    shows the billed price; the absence proof's list rows show it, and the meter bills it from the create."""
     outcome = chaos.run_scenario(plan("v0_deprecated:3;reprice_offer:10.0;seed=1000119"), tmp_path)
     assert not [v for v in outcome.violations if v.kind == "under_reported"], outcome.violations
 

@@ -129,6 +129,44 @@ def test_a_price_that_leaves_no_time_stops_the_run(fake_clock: FakeClock) -> Non
     assert m.price_changes[-1].outcome == "refused"
 
 
+def test_a_higher_price_any_read_shows_counts_from_the_start_and_never_raises(fake_clock: FakeClock) -> None:
+    # A list row or an absence-proof round: bookkeeping, even when the price leaves no time (the teardown calls it).
+    m = meter(fake_clock, max_usd=1.0, max_seconds=3600)
+    m.start_instance(1, 3.6)
+    fake_clock.sleep(100)
+    m.stop_instance(1, fake_clock())  # the DELETE was acknowledged: the price raised unseen still counts
+    change = m.observe_price(1, 72.0, source="absence proof, list by id")
+    assert m.accrued_usd() == pytest.approx(2.0)  # 100 s at $72/h: from the start, whenever it rose
+    assert change is not None and (change.outcome, change.searched_dph_usd, change.billed_dph_usd, change.source) \
+        == ("late", 3.6, 72.0, "absence proof, list by id")
+    assert m.over_cap() is not None  # the verdict sees the cap passed: never exit 0
+    assert m.observe_price(1, 36.0, source="list by id") is None  # lower: the higher price stands
+    assert m.observe_price(99, 100.0, source="list by id") is None  # not an instance of this meter
+    assert m.accrued_usd() == pytest.approx(2.0)
+
+
+def test_a_higher_price_seen_in_time_tightens_the_deadline(fake_clock: FakeClock) -> None:
+    m = meter(fake_clock, max_usd=1.0, max_seconds=3600)
+    m.start_instance(1, 3.6)
+    before = m.work_deadline()
+    change = m.observe_price(1, 7.2, source="list by id")
+    assert change is not None and change.outcome == "tightened" and m.work_deadline() < before
+
+
+@pytest.mark.parametrize("price", [None, math.nan, math.inf, -1.0, 0.0])
+def test_an_unreadable_price_a_read_shows_is_ignored_recorded_once_and_the_last_good_kept(
+        fake_clock: FakeClock, price: float | None) -> None:
+    m = meter(fake_clock)
+    m.start_instance(1, 1.0)
+    m.observe_price(1, 2.0, source="list by id")
+    for _ in range(3):  # every proof round reads it again: recorded once
+        m.observe_price(1, price, source="absence proof, list by id", reason="dph_total is null")
+    ignored = [c for c in m.price_changes if c.outcome == "ignored"]
+    assert [(c.billed_dph_usd, c.searched_dph_usd, c.reason) for c in ignored] == [(None, 2.0, "dph_total is null")]
+    fake_clock.sleep(3600)
+    assert m.accrued_usd() == pytest.approx(2.0)  # the last good price
+
+
 @pytest.mark.parametrize("price", [math.nan, math.inf, -1.0, 0.0])
 def test_an_unusable_billed_price_stops_the_run(fake_clock: FakeClock, price: float) -> None:
     m = meter(fake_clock)

@@ -13,7 +13,9 @@ sourced). The figure is an upper bound: Vast bills the GPU only from `running` (
 meter from the PUT. A price
 re-read from the rented instance replaces the search price when it is higher (retroactively: the host
 billed it from the start); a price that cannot be read as a positive finite number, or that leaves no time
-to work, stops the run (exit 6). Thread-safe: transfers report bytes from worker threads.
+to work, stops the run (exit 6). Any other read that shows the instance's row (a v1 list row, an absence-proof
+round in the teardown) re-prices it the same way through `observe_price`, which never raises: an unreadable
+price there is ignored and recorded. Thread-safe: transfers report bytes from worker threads.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class CostMeter:
         self.expected_up = 0  # transfers the run will still make, reserved out of the money cap
         self.expected_down = 0
         self.price_changes: list[PriceChange] = []
+        self._ignored: set[tuple[int, str, str]] = set()  # (instance, source, reason) already recorded
 
     # ------------------------------------------------------------------------------------- inputs
     def set_transfer(self, *, inet_down_cost_usd_per_gb: float | None, inet_up_cost_usd_per_gb: float | None,
@@ -174,6 +177,37 @@ class CostMeter:
             raise CapReachedError(
                 f"instance {key} bills ${billed_dph_usd:.4f}/h, not the ${searched:.4f}/h the search showed: "
                 f"at that price ${self.max_usd:g} leaves no time to work before the teardown margin")
+
+    def observe_price(self, key: int, dph_usd: float | None, *, source: str,
+                      reason: str | None = None) -> PriceChange | None:
+        """A price any read of the instance showed (a list row, an absence-proof round, a per-id read that sent
+        none): bookkeeping, so it never raises, not even in a teardown. A higher price counts from the
+        instance's start, like `reprice` (when it rose is unknown: the earliest moment it could have applied),
+        and tightens the deadline; learnt with no time left ("late"), the run's next check stops it and
+        `over_cap` tells the verdict. A price that is not a positive finite number is ignored, the last good
+        price kept, its `reason` recorded once per source. Returns what was recorded, if anything."""
+        with self._lock:
+            acc = self._instances.get(key)
+            if acc is None:
+                return None
+            if dph_usd is None or not finite_positive(dph_usd):
+                why = reason or f"price {dph_usd!r} is not a positive finite number"
+                if (key, source, why) in self._ignored:
+                    return None
+                self._ignored.add((key, source, why))
+                change = PriceChange(instance_key=key, searched_dph_usd=acc.dph_usd, billed_dph_usd=None,
+                                     outcome="ignored", source=source, reason=why)
+                self.price_changes.append(change)
+                return change
+            if dph_usd <= acc.dph_usd * (1 + 1e-9):
+                return None
+            before, acc.dph_usd = acc.dph_usd, dph_usd
+        change = PriceChange(instance_key=key, searched_dph_usd=before, billed_dph_usd=dph_usd,
+                             outcome="late" if self.remaining_s() <= 0 or self.over_cap() else "tightened",
+                             source=source)
+        with self._lock:
+            self.price_changes.append(change)
+        return change
 
     def add_bytes(self, *, up: int = 0, down: int = 0) -> None:
         with self._lock:

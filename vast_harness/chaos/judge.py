@@ -45,13 +45,7 @@ class Violation(BaseModel):
 # Harness bugs this suite found and that are not fixed yet: name -> (violation kind, pattern on its detail).
 # A matching violation is reported as known and not counted. Each entry should have a strict xfail test in
 # tests/harness/test_chaos.py; when the fix lands that test passes, strict mode fails it, and the entry goes.
-KNOWN_ISSUES: dict[str, tuple[str, re.Pattern[str]]] = {
-    # A price raised under the run (the offer's before the create, the instance's after it) that no read of
-    # the instance shows before the run ends (its per-id reads refused, or the raise after the last read):
-    # the meter bills at the last price it saw, under the simulator's bill. Found by the under_reported check
-    # (suite seeds 1000100, 1000119); pinned by test_chaos.py::test_a_price_raised_unseen_is_under_reported.
-    "price-change-under-report": ("under_reported", re.compile(r"the price changed under the run")),
-}
+KNOWN_ISSUES: dict[str, tuple[str, re.Pattern[str]]] = {}
 
 
 def classify(violation: Violation) -> Violation:

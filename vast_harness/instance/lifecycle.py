@@ -187,17 +187,22 @@ def wait_ready(
 def with_list_ports(client: VastClient, inst: Instance, *, within_s: float) -> Instance:
     """A running instance whose per-id read carries no `ports` (Vast's own QA tool: "The single-instance endpoint
     does not include Docker-style port mappings") with the ports of its v1 list row, read by id; unchanged when
-    the list has none either or cannot be read (the proxy endpoint, if any, still serves)."""
+    the list has none either or cannot be read (the proxy endpoint, if any, still serves). A list row of it that
+    states a higher `dph_total` than the per-id read brings that too: the meter takes the higher (never lower)."""
     if inst.actual_status != READY_STATUS or inst.ports:
         return inst
     try:
-        rows = client.list_instances(instance_id=inst.id, within_s=within_s)
+        rows = [r for r in client.list_instances(instance_id=inst.id, within_s=within_s) if r.id == inst.id]
     except VastError:
         return inst
-    row = next((r for r in rows if r.id == inst.id and r.ports), None)
-    if row is None:
-        return inst
-    return inst.model_copy(update={"ports": row.ports, "public_ipaddr": inst.public_ipaddr or row.public_ipaddr})
+    update: dict[str, object] = {}
+    higher = [r.dph_total for r in rows if r.dph_total is not None and (inst.dph_total or 0.0) < r.dph_total]
+    if higher:
+        update["dph_total"] = max(higher)
+    row = next((r for r in rows if r.ports), None)
+    if row is not None:
+        update |= {"ports": row.ports, "public_ipaddr": inst.public_ipaddr or row.public_ipaddr}
+    return inst.model_copy(update=update) if update else inst
 
 
 def destroy(client: VastClient, instance_id: int, *, max_retry_s: float | None = None,

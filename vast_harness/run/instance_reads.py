@@ -5,6 +5,10 @@ Three facts: the first read that shows the instance (recorded in the ledger: fro
 it gone); the host's own price when it is higher than the search's (the meter is re-priced, the cap deadline
 moves earlier, a price that breaks the cap cancels the run, exit 6); and a delete that was not ours (the
 instance was shown, and now a read does not show it: the run stops, the teardown still proves it absent).
+
+The price comes from every row of ours any read shows, not only the per-id reads: when those fail (refused,
+a retired path) the v1 list by id is read instead, and each absence-proof round's three reads re-price the
+meter too (`on_row`, `on_proof_round`; never raising: the teardown calls them).
 """
 
 from __future__ import annotations
@@ -12,18 +16,20 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from vast_harness.caps.meter import CostMeter, finite_positive
 from vast_harness.console.output import Output
 from vast_harness.errors import CapReachedError, ExitCode, Interrupted, VastError
 from vast_harness.instance.absence import is_lingering
-from vast_harness.records import CreatedInstance
+from vast_harness.records import CreatedInstance, ProofRound
 from vast_harness.run.rent_book import RentBook
 from vast_harness.state.ledger import Ledger
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Instance
+from vast_harness.vast.row_price import row_price, rows_of
 
-LAST_PRICE_READ_RETRY_S = 5.0  # the price read after the steps: brief, DELETE comes next
+LAST_PRICE_READ_RETRY_S = 5.0  # the last price read, the prelude's last act: brief, the DELETE comes next
 WATCH_JOIN_S = 5.0  # the price watcher's thread gets this long to notice the steps ended
 
 Cancel = Callable[[str, ExitCode], None]
@@ -46,13 +52,45 @@ class InstanceReads:
         if read is not None and not inst.seen:
             inst.seen = True
             self.ledger.append(self.run_id, "seen", inst.label, instance_id=inst.instance_id, detail="in a per-id read")
-        if read is None or read.dph_total is None:
-            return  # no price sent: the search's stands
+        if read is None:
+            return
+        if read.dph_total is None:  # no usable price sent: the last good one stands, and why is recorded
+            self.meter.observe_price(inst.instance_id, None, source="per-id read",
+                                     reason="no usable dph_total (missing, null, not a number or negative)")
+            return
         if finite_positive(read.dph_total) and read.dph_total > inst.dph_usd:
             self.out.warn(f"instance {inst.instance_id} bills ${read.dph_total:.4f}/h, not the "
                           f"${inst.dph_usd:.4f}/h the search showed: the cap deadline moves earlier")
             inst.dph_usd = read.dph_total
         self.meter.reprice(inst.instance_id, read.dph_total)
+
+    def on_row(self, inst: CreatedInstance, body: Any, *, source: str) -> None:
+        """Every row of `inst` in a read's parsed body other than the per-id reads `on_read` takes (the v1 list
+        by id, an absence-proof round's reads): a higher price re-prices the meter from the instance's start,
+        an unreadable one is recorded and the last good price kept. Bookkeeping: never raises."""
+        for row in rows_of(body, inst.instance_id):
+            price = row_price(row)
+            change = self.meter.observe_price(inst.instance_id, price.dph_usd, source=source, reason=price.reason)
+            if change is not None and change.billed_dph_usd is not None:
+                self.out.warn(f"instance {inst.instance_id} bills ${change.billed_dph_usd:.4f}/h, not the "
+                              f"${change.searched_dph_usd:.4f}/h last read ({source}): the accrued figure counts "
+                              "it from the instance's start")
+                inst.dph_usd = change.billed_dph_usd
+
+    def on_proof_round(self, inst: CreatedInstance, r: ProofRound) -> None:
+        """An absence-proof round's three reads, each a row of ours when it shows one (a lingering row too: it
+        still states the contract's price). Never raises."""
+        for source, exchange in (("absence proof, per-id read", r.per_id), ("absence proof, list by id", r.list_by_id),
+                                 ("absence proof, list by label", r.list_by_label)):
+            if exchange.get("status") == 200:
+                self.on_row(inst, exchange.get("json"), source=source)
+
+    def list_price(self, inst: CreatedInstance, *, within_s: float) -> None:
+        """`inst`'s price from its v1 list row, read by id: what still shows it when its per-id reads fail (a
+        refused or retired path). One unretried read; a failed one changes nothing. Never raises."""
+        x = self.client.list_instances_raw(instance_id=inst.instance_id, within_s=within_s)
+        if x.status == 200:
+            self.on_row(inst, x.json, source="list by id")
 
     def check_gone(self, inst: CreatedInstance, read: Instance | None) -> None:
         """A shown instance that a read no longer shows (or shows destroyed) was deleted by someone else."""
@@ -70,11 +108,11 @@ class InstanceReads:
         self._cancel(why, ExitCode.FAILED)
 
     @contextlib.contextmanager
-    def watch_prices(self, inst: CreatedInstance | None, *, cancelled: threading.Event) -> Iterator[None]:
+    def watch_prices(self, inst: CreatedInstance | None) -> Iterator[None]:
         """While the body runs (the steps), re-read `inst` every `poll_s` (hosts re-price running contracts): a
         higher price re-prices the meter; one that breaks the cap, or moves the work deadline into the past,
-        cancels the run (exit 6) and the running step is cut. When the body ends, one last read (unless the
-        run was cancelled: its teardown goes first)."""
+        cancels the run (exit 6) and the running step is cut. The last read comes later, at the end of the
+        teardown's prelude, just before the DELETE (`teardown.final_price_reads`)."""
         stop = threading.Event()
 
         def watch() -> None:
@@ -82,7 +120,15 @@ class InstanceReads:
                 try:
                     read = self.client.get_instance(inst.instance_id)
                 except VastError:
-                    continue  # a failed read changes nothing: the known price stands
+                    # The per-id read failed: the list row still carries the price (a failed one changes nothing).
+                    self.list_price(inst, within_s=self.poll_s)
+                    if stop.is_set() or self._deleting(inst.instance_id):
+                        return  # the body ended meanwhile: the teardown reads from here on
+                    if self.meter.cut_by_cap():
+                        self._cancel(f"{self.meter.cap_reached()}; instance {inst.instance_id} bills "
+                                     f"${inst.dph_usd:.4f}/h", ExitCode.CAP_REACHED)
+                        return
+                    continue
                 except RuntimeError:  # httpx: the run ended and closed its client under a read still out
                     if stop.is_set():
                         return
@@ -113,8 +159,6 @@ class InstanceReads:
         finally:
             stop.set()
             thread.join(timeout=0.1 if signalled else WATCH_JOIN_S)
-            if inst is not None and not cancelled.is_set() and not signalled:
-                self.last_price_read(inst)
 
     @contextlib.contextmanager
     def watch_while_deleting(self, inst: CreatedInstance) -> Iterator[None]:
@@ -129,6 +173,7 @@ class InstanceReads:
                 try:
                     read = self.client.get_instance(inst.instance_id, max_retry_s=0.0, within_s=self.poll_s)
                 except VastError:
+                    self.list_price(inst, within_s=self.poll_s)  # the list row still states the price
                     continue
                 except RuntimeError:  # httpx: the client closed under this read (the run is over)
                     if stop.is_set():
@@ -149,9 +194,10 @@ class InstanceReads:
 
     def last_price_read(self, inst: CreatedInstance, *, max_retry_s: float = LAST_PRICE_READ_RETRY_S) -> None:
         """One more read of the rented price (a re-price can land between two polls, or steps can be shorter
-        than one): the record bills what the host billed, and a run over the cap is not a pass (the verdict
-        turns it into exit 6). Bounded: the teardown is waiting, so it ends by the meter's prelude deadline
-        (the DELETE keeps its half of the margin). Never raises."""
+        than one), the per-id read or, when that fails, the list row: the record bills what the host billed,
+        and a run over the cap is not a pass (the verdict turns it into exit 6). Bounded: the teardown is
+        waiting, so it ends by the meter's prelude deadline (the DELETE keeps its half of the margin). Never
+        raises."""
         left_s = self.meter.prelude_deadline() - self.meter.now()
         if left_s <= 0:
             self.out.warn(f"no time left before the DELETE to re-read instance {inst.instance_id}'s price; the "
@@ -163,4 +209,6 @@ class InstanceReads:
         except CapReachedError as exc:
             self.out.warn(str(exc))
         except VastError as exc:
-            self.out.warn(f"could not re-read instance {inst.instance_id}'s price after the steps: {exc}")
+            self.out.warn(f"could not re-read instance {inst.instance_id}'s price before its DELETE: {exc}; "
+                          "reading its list row instead")
+            self.list_price(inst, within_s=max(0.0, self.meter.prelude_deadline() - self.meter.now()))

@@ -1,7 +1,7 @@
 """TEARDOWN: whatever ended the work, pull what evidence there is time for, delete every instance this run
 created, prove each absent, then sweep the run's labels for an instance it did not know it created.
 
-Its prelude (the last price reads, the evidence pull, the switch's log) ends by the meter's prelude
+Its prelude (the evidence pull, the switch's log, then the last price reads) ends by the meter's prelude
 deadline: the DELETE keeps the rest of the teardown margin. After a signal the DELETE goes first.
 """
 
@@ -15,6 +15,7 @@ from vast_harness.errors import ExitCode, VastError
 from vast_harness.host.deadman import read_log
 from vast_harness.instance.lifecycle import find_by_label, teardown_instance
 from vast_harness.records import CreatedInstance, DeleteAck, InstanceTeardown, ProofRound
+from vast_harness.run.instance_reads import LAST_PRICE_READ_RETRY_S
 from vast_harness.run.ownership import foreign_label, record_disowned
 from vast_harness.run.state import RunState, RunTools, Stage, signalled
 
@@ -33,23 +34,27 @@ def pull_evidence(t: RunTools, s: RunState, *, in_teardown: bool) -> None:
 
 
 def prelude(t: RunTools, s: RunState) -> None:
-    """What comes before the first DELETE, each bounded by the prelude deadline; the link closed last."""
+    """What comes before the first DELETE, each bounded by the prelude deadline; the link closed, then the
+    last price reads, just before the DELETE."""
     s.stage = Stage.TEARDOWN
-    cancelled_price_reads(t, s)
     pull_evidence(t, s, in_teardown=True)
     read_deadman_log(t, s)
     if s.session is not None:
         s.session.close()  # transport first: a stalled link cannot hold this
+    final_price_reads(t, s)
 
 
-def cancelled_price_reads(t: RunTools, s: RunState) -> None:
-    """A run a cap cancelled (a fleet's total) reads its live instances' final price before its verdict,
-    so the accrual it reports, and the fleet sums, is what the host billed. A signal skips this: its
-    DELETE goes first."""
-    if not s.cancelled.is_set() or s.cancel_exit_code != ExitCode.CAP_REACHED:
+def final_price_reads(t: RunTools, s: RunState) -> None:
+    """Each live instance's price read once more, the last thing before its DELETE: a price that changes
+    after it and that no later row shows bills unseen only until the DELETE (docs/limits.md), so the later
+    the better. The accrual the run reports, and a fleet sums, is then what the host billed. A signal skips
+    it (its DELETE goes first), and so does a run cancelled for anything but a cap (someone else deleted its
+    instance); a run a cap cancelled retries its read only briefly."""
+    if signalled(t) or (s.cancelled.is_set() and s.cancel_exit_code != ExitCode.CAP_REACHED):
         return
+    retry_s = CANCEL_PRICE_READ_RETRY_S if s.cancelled.is_set() else LAST_PRICE_READ_RETRY_S
     for inst in t.book.live():
-        t.reads.last_price_read(inst, max_retry_s=CANCEL_PRICE_READ_RETRY_S)
+        t.reads.last_price_read(inst, max_retry_s=retry_s)
 
 
 def read_deadman_log(t: RunTools, s: RunState) -> None:
@@ -162,9 +167,11 @@ def stop_billing_at(t: RunTools, inst: CreatedInstance, ack: DeleteAck) -> None:
 
 def _round_seen(t: RunTools, s: RunState, inst: CreatedInstance, r: ProofRound) -> None:
     """An absence-proof round, into the registration: `status` shows the proof's progress from elsewhere. A
-    round that sees the instance live after a DELETE said "deleted" puts it back on the meter: it bills on."""
+    round that sees the instance live after a DELETE said "deleted" puts it back on the meter: it bills on.
+    Every row of it the round read re-prices the meter (a price no earlier read showed; never raises)."""
     if r.verdict == "present":
         t.meter.resume_instance(inst.instance_id)
+    t.reads.on_proof_round(inst, r)
     if s.registration is not None:
         s.registration.update(proof_rounds=s.registration.reg.proof_rounds + 1, last_round=r.verdict)
 

@@ -1,0 +1,285 @@
+"""A price the meter learns from any row of the run's instance (vast_harness/vast/row_price.py,
+run/instance_reads.py): the v1 list by id when the per-id reads fail, every absence-proof round in the teardown,
+and an odd row never raising. The closed known issue `price-change-under-report`: the accrued figure stays an
+upper bound of the bill when a raised price is shown only by rows other than the per-id reads."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from tests.harness.conftest import FakeClock
+from vast_harness.caps.meter import CostMeter
+from vast_harness.console.output import Output
+from vast_harness.errors import TransportError
+from vast_harness.instance.lifecycle import with_list_ports
+from vast_harness.records import CreatedInstance, ProofRound
+from vast_harness.run.host_work import HostWork
+from vast_harness.run.instance_reads import InstanceReads
+from vast_harness.run.runner import GuardedRun
+from vast_harness.sim import SimServer
+from vast_harness.spec.profile import Step, load_driver_policy
+from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
+from vast_harness.vast.client import VastClient
+from vast_harness.vast.models import Instance
+from vast_harness.vast.row_price import row_price, rows_of
+
+SCALE = 0.01
+KEY = "sim-price-key"
+SIM_OPTIONS = dict(seed=11, rate_scale=SCALE, boot_seconds=0.1, num_offers=300)  # conftest.sim
+pytestmark = pytest.mark.usefixtures("clean_sim")  # faults cleared around each test
+
+
+# ---------------------------------------------------------------------------------------- the row's price
+
+
+@pytest.mark.parametrize(("row", "price", "reason"), [
+    ({"id": 1, "dph_total": 0.5}, 0.5, None),
+    ({"id": 1, "dph_total": "0.5"}, 0.5, None),  # a number sent as a string is its number: never dropped
+    ({"id": 1}, None, "no dph_total in the row"),
+    ({"id": 1, "dph_total": None}, None, "dph_total is null"),
+    ({"id": 1, "dph_total": -0.5}, None, "dph_total is not positive: -0.5"),
+    ({"id": 1, "dph_total": 0}, None, "dph_total is not positive: 0"),
+    ({"id": 1, "dph_total": "n/a"}, None, "dph_total is not a number: 'n/a'"),
+    ({"id": 1, "dph_total": True}, None, "dph_total is not a number: True"),
+    ({"id": 1, "dph_total": {"total": 1}}, None, "dph_total is not a number: {'total': 1}"),
+    ({"id": 1, "dph_total": math.inf}, None, "dph_total is not finite: inf"),
+])
+def test_a_rows_price_is_a_positive_finite_number_or_a_reason(row: dict, price: float | None, reason: str | None):
+    assert (row_price(row).dph_usd, row_price(row).reason) == (price, reason)
+
+
+def test_the_rows_of_an_instance_in_any_read_shape():
+    row = {"id": 7, "dph_total": 1.0}
+    assert rows_of({"instances": row}, 7) == [row]  # the per-id read's object
+    assert rows_of({"instances": [row, {"id": 8}]}, 7) == [row]  # a one-element list, a v1 page
+    for body in (None, [], "x", {"instances": None}, {"instances": "x"}, {"instances": [{"id": "7"}, 3, None]},
+                 {"instances": [{"id": True}]}, {"nothing": row}):
+        assert rows_of(body, 7) == []
+
+
+# ------------------------------------------------------------------------- what the reads do with a row
+
+
+def reads_for(meter: CostMeter, price: float = 1.0) -> tuple[InstanceReads, CreatedInstance]:
+    inst = CreatedInstance(instance_id=7, label="vh-x", offer_id=1, machine_id=None, dph_usd=price, seen=True,
+                           t_created_mono=meter.t0)
+    meter.start_instance(7, price, meter.t0)
+    reads = InstanceReads(client=None, ledger=None, run_id="r", meter=meter, book=None,  # type: ignore[arg-type]
+                          out=Output(quiet=True), cancel=lambda *_: None, poll_s=1.0)
+    return reads, inst
+
+
+def exchange(status: int | None, body: Any) -> dict[str, Any]:
+    return {"method": "GET", "path": "/", "params": {}, "status": status, "text": "", "json": body, "error": None,
+            "t_start_unix": 0.0, "t_end_unix": 0.0}
+
+
+def test_odd_rows_never_raise_keep_the_last_good_price_and_say_why(fake_clock: FakeClock):
+    meter = CostMeter(max_usd=1.0, max_seconds=3600, teardown_margin_s=60, clock=fake_clock)
+    reads, inst = reads_for(meter)
+    for price in (None, -3.0, "lots", math.nan):
+        reads.on_row(inst, {"instances": [{"id": 7, "dph_total": price}]}, source="list by id")
+    reads.on_row(inst, {"instances": [{"id": 7}]}, source="list by id")
+    reads.on_read(inst, Instance.model_validate({"id": 7, "dph_total": "lots"}))  # the per-id read: no raise
+    fake_clock.sleep(3600)
+    assert meter.accrued_usd() == pytest.approx(1.0) and inst.dph_usd == 1.0
+    assert [(c.outcome, c.source, c.reason) for c in meter.price_changes] == [
+        ("ignored", "list by id", "dph_total is null"),
+        ("ignored", "list by id", "dph_total is not positive: -3.0"),
+        ("ignored", "list by id", "dph_total is not a number: 'lots'"),
+        ("ignored", "list by id", "dph_total is not finite: nan"),
+        ("ignored", "list by id", "no dph_total in the row"),
+        ("ignored", "per-id read", "no usable dph_total (missing, null, not a number or negative)"),
+    ]
+
+
+def test_a_proof_round_re_prices_from_every_read_that_shows_the_row(fake_clock: FakeClock):
+    # The per-id read refused (410), the list by id odd, the list by label showing the raised price: it counts.
+    meter = CostMeter(max_usd=1.0, max_seconds=3600, teardown_margin_s=60, clock=fake_clock)
+    reads, inst = reads_for(meter)
+    fake_clock.sleep(360)
+    meter.stop_instance(7, fake_clock())  # the DELETE's acknowledgement came before the proof
+    r = ProofRound(t_unix=0.0, per_id=exchange(410, {"error": "deprecated_endpoint"}),
+                   list_by_id=exchange(200, {"instances": [{"id": 7, "dph_total": "?"}]}),
+                   list_by_label=exchange(200, {"instances": [{"id": 7, "dph_total": 5.0, "actual_status": "destroyed"},
+                                                              {"id": 9, "dph_total": 500.0}]}),
+                   verdict="going")
+    reads.on_proof_round(inst, r)
+    assert meter.accrued_usd() == pytest.approx(0.5)  # 360 s at $5/h, from the start; not the other row's $500
+    assert inst.dph_usd == 5.0 and meter.over_cap() is None
+    assert [(c.outcome, c.source) for c in meter.price_changes] == [
+        ("ignored", "absence proof, list by id"), ("tightened", "absence proof, list by label")]
+
+
+# ------------------------------------------------------------------------------------ whole runs, simulated
+
+
+def make_spec(sim: SimServer, tmp_path: Path, steps: list[Step], *, max_usd: float | None = None,
+              poll_s: float) -> RunSpec:
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev", proof_interval_s=0.05),
+                   environ={})
+    caps = spec.caps.model_copy(update={"max_minutes": 0.5} | ({"max_usd": max_usd} if max_usd else {}))
+    return spec.model_copy(update={"profile": spec.profile.model_copy(update={"steps": steps}), "api_url": sim.url,
+                                   "api_key": SecretStr(KEY), "caps": caps}
+                           ).with_timings(teardown_margin_s=2.0, poll_s=poll_s)
+
+
+def execute(run: GuardedRun, *, within_s: float):
+    box: dict = {}
+    worker = threading.Thread(target=lambda: box.setdefault("result", run.execute()), daemon=True)
+    worker.start()
+    worker.join(within_s)
+    assert not worker.is_alive(), f"the run did not finish within {within_s} s"
+    return box["result"]
+
+
+def billed_usd(sim: SimServer, run: GuardedRun) -> float:
+    ids = {i.instance_id for i in run.created}
+    insts = [i for i in sim.state()["instances"] if i["id"] in ids]
+    assert insts and not any(i["live"] for i in insts)
+    return sum(i["billed_usd"] for i in insts)
+
+
+class PerIdRefusedOnceRunning(VastClient):
+    """Per-id reads refused once the instance has been read running (a retired path, a proxy that drops them):
+    the boot completes, then only the v1 list shows the instance."""
+
+    refusing = False
+
+    def get_instance(self, instance_id: int, **kw: Any) -> Instance | None:
+        if self.refusing:
+            raise TransportError("per-id read refused (test)", method="GET", path="/api/v0/instances/")
+        inst = super().get_instance(instance_id, **kw)
+        self.refusing = inst is not None and inst.is_ready
+        return inst
+
+
+def test_a_per_id_read_refused_but_the_list_showing_the_new_price_re_prices_the_run(sim, tmp_path):
+    # The host re-prices 10x while the step runs; no per-id read answers after the boot. The price watch reads
+    # the list row by id instead, and the accrued figure stays above the simulator's bill.
+    sim.set_faults("reprice:10:0.3")
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="sleep 1.5", timeout_s=20)], poll_s=0.2)
+    with PerIdRefusedOnceRunning(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=40)
+    assert result.exit_code == 0, result.message
+    raised = [c for c in run.meter.price_changes if c.billed_dph_usd]
+    assert raised and raised[0].source == "list by id", run.meter.price_changes
+    assert raised[0].billed_dph_usd == pytest.approx(10 * raised[0].searched_dph_usd)
+    assert run.meter.accrued_usd() >= billed_usd(sim, run)
+
+
+def test_a_price_raised_after_the_last_read_is_learnt_from_the_proof_and_the_cap_overrun_said(sim, tmp_path):
+    # The host re-prices 1000x after the run's last price read, as the DELETE goes out. The DELETE leaves the row
+    # lingering, destroyed, with its price: the absence proof reads it, the meter bills it from the start, and
+    # the run, over its cap unseen, exits 6 saying so, never 0.
+    class RepricedAtItsDelete(VastClient):
+        def destroy_instance(self, instance_id: int, **kw: Any) -> str:
+            inst = sim.backend.instances[instance_id]
+            if inst.live:
+                sim.backend._reprice(inst, 1000.0)
+                time.sleep(0.3)  # it bills at that price until the DELETE lands
+            return super().destroy_instance(instance_id, **kw)
+
+    sim.set_faults("linger:1:1")
+    # poll_s 3: no read of the price watch while the DELETE is held (the proof is what must see it)
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], max_usd=0.01, poll_s=3.0)
+    with RepricedAtItsDelete(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=40)
+    billed = billed_usd(sim, run)
+    assert billed > spec.caps.max_usd  # the scenario: the bill did pass the cap, unseen while it ran
+    assert result.exit_code == 6 and "over the cap" in result.message, result.message
+    assert run.meter.accrued_usd() >= billed
+    res = json.loads((run.ev.dir / "harness-result.json").read_text())
+    raised = [c for c in res["price_changes"] if c["billed_dph_usd"]]
+    assert raised and raised[0]["source"].startswith("absence proof") and raised[0]["outcome"] == "late"
+    assert res["exit_code"] == 6 and res["over_cap"] and res["accrued_usd"] >= billed
+
+
+def test_a_price_raised_after_the_steps_is_read_as_the_last_thing_before_the_delete(sim, tmp_path):
+    # The host re-prices 10x after the steps' last read, while the teardown's prelude pulls the evidence; the
+    # DELETE removes the row at once (no lingering row for the proof). The run's last price read comes after
+    # the prelude, just before the DELETE, so it sees the new price and the accrued figure stays above the bill.
+    class RepricedAtTeardown(HostWork):
+        def pull_evidence(self, *, in_teardown: bool, max_s: float | None = None) -> None:
+            if in_teardown:
+                backend = sim.backend
+                backend._reprice(backend.instances[run.created[0].instance_id], 10.0)
+                time.sleep(0.3)  # it bills at that price until the DELETE
+            super().pull_evidence(in_teardown=in_teardown, max_s=max_s)
+
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], poll_s=0.25)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), host_work=RepricedAtTeardown)
+        result = execute(run, within_s=40)
+    assert result.exit_code == 0, result.message
+    raised = [c for c in run.meter.price_changes if c.billed_dph_usd]
+    assert raised and raised[0].source == "per-id read", run.meter.price_changes
+    assert run.meter.accrued_usd() >= billed_usd(sim, run)
+
+
+class ListOnly:
+    """A client whose v1 list by id answers these rows (the boot's list read for ports)."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = [Instance.model_validate(r) for r in rows]
+
+    def list_instances(self, **_: Any) -> list[Instance]:
+        return self.rows
+
+
+PORTS = {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": "4022"}]}
+
+
+@pytest.mark.parametrize(("listed", "expected"), [(5.0, 5.0), (0.1, 0.5), (None, 0.5), ("n/a", 0.5)])
+def test_the_boots_list_row_brings_a_higher_price_with_the_ports(listed: Any, expected: float):
+    read = Instance.model_validate({"id": 7, "actual_status": "running", "dph_total": 0.5, "public_ipaddr": "1.2.3.4"})
+    rows = [{"id": 7, "ports": PORTS, "dph_total": listed}, {"id": 8, "dph_total": 50.0}]
+    filled = with_list_ports(ListOnly(rows), read, within_s=1.0)  # type: ignore[arg-type]
+    assert filled.dph_total == expected and filled.direct_ssh == ("1.2.3.4", 4022)
+
+
+def test_a_price_raised_while_the_api_holds_our_delete_is_read_from_the_list_when_per_id_reads_fail(sim, tmp_path):
+    # The API holds our DELETE 1.5 s and the host re-prices 10x as it goes out; no per-id read answers after the
+    # boot. The reads while the DELETE is held fall back to the list row, so the held seconds bill at the new
+    # price in the meter too (no row lingers after it: the proof has nothing to show).
+    class RepricedAtItsDelete(PerIdRefusedOnceRunning):
+        def destroy_instance(self, instance_id: int, **kw: Any) -> str:
+            inst = sim.backend.instances[instance_id]
+            if inst.live:
+                sim.backend._reprice(inst, 10.0)
+            return super().destroy_instance(instance_id, **kw)
+
+    sim.set_faults("hang:destroy:1.5:1")
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], poll_s=0.25)
+    with RepricedAtItsDelete(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=40)
+    assert result.exit_code == 0, result.message
+    raised = [c for c in run.meter.price_changes if c.billed_dph_usd]
+    assert raised and raised[0].source == "list by id", run.meter.price_changes
+    assert run.meter.accrued_usd() >= billed_usd(sim, run)
+
+
+def test_a_price_that_breaks_the_cap_shown_only_by_the_list_stops_the_run(sim, tmp_path):
+    # No per-id read answers after the boot; the host re-prices 5000x during a 20 s step. The list row shows it,
+    # the price watch cancels the run at the cap (exit 6) and the step is cut, not run to its end.
+    sim.set_faults("reprice:5000:0.3")
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="sleep 20", timeout_s=30)], max_usd=0.01, poll_s=0.25)
+    started = time.monotonic()
+    with PerIdRefusedOnceRunning(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=40)
+    assert result.exit_code == 6, result.message
+    assert time.monotonic() - started < 15, "the step ran on after the list showed the price"
+    assert any(c.source == "list by id" and c.billed_dph_usd for c in run.meter.price_changes), run.meter.price_changes
+    assert run.meter.accrued_usd() >= billed_usd(sim, run)
