@@ -52,7 +52,7 @@ def test_the_guard_waits_until_a_quarter_margin_before_the_cap_then_deletes_ever
         assert sorted(i for i, _ in h.deleted) == [1, 2]
         assert all(land_by == T0 + MAX_S for _, land_by in h.deleted)  # it lands by the cap itself
         assert len(h.fired) == 1 and "cap guard sent the DELETE for instance(s) 1, 2" in h.fired[0]
-        assert "still in step s" in h.fired[0] and h.guard.fired_reason == h.fired[0]
+        assert "(it was in step s)" in h.fired[0] and h.guard.fired_reason == h.fired[0]
         h.at(96.0)
         assert len(h.deleted) == 2  # once each
     finally:

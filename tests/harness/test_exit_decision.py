@@ -45,7 +45,7 @@ def test_decide_exit(code, facts, expected, says):
     assert says in got_message
 
 
-WHY = "the time cap is 3.0 s away and the run had not begun its teardown: the cap guard sent the DELETE"
+WHY = "the time cap is 3.0 s away and the run had not sent its own DELETE: the cap guard sent the DELETE"
 GUARD = [  # (code, message, the guard's reason, after the outcome?, the exit code, the message)
     (E.PASSED, "passed", None, False, E.PASSED, "passed"),
     (E.PASSED, "passed", WHY, False, E.CAP_REACHED, WHY),

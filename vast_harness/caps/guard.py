@@ -135,7 +135,7 @@ class CapGuard:
             else:  # the process was stopped past it (SIGSTOP, a suspended machine): nothing ran until now
                 when = f"the {self.meter.binding_cap()} cap passed {-left_s:.1f} s ago"
             self.fired_reason = (
-                f"{when} and the run had not begun its teardown" + (f" (still in {doing})" if doing else "")
+                f"{when} and the run had not sent its own DELETE" + (f" (it was in {doing})" if doing else "")
                 + f": the cap guard sent the DELETE for instance(s) {', '.join(str(i) for i in targets)}")
             self._on_fire(self.fired_reason)
         for instance_id in targets:
