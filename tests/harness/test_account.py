@@ -165,6 +165,22 @@ def test_judge_orphans_and_live_runs(tmp_path):
     held.release()
 
 
+def test_judge_names_the_pid_it_has_or_says_why_none(tmp_path):
+    """A registration that cannot be read has no pid: the reason says so (or takes the ledger's), never 'pid ?'."""
+    from vast_harness.state.process import ProcessId
+    from vast_harness.state.registry import LiveRun
+
+    label = make_label("r1", 0, 1_800_000_600.0)
+    for liveness in ("live", "dead"):
+        runs = {"r1": LiveRun(reg=None, run_id="r1", liveness=liveness, path=tmp_path / "r1.json")}
+        why = judge("r1", label, None, runs=runs, known_runs=set(), server_now=1_800_000_000.0)[1]
+        assert "pid unknown: its registration file is unreadable" in why and "?" not in why, why
+        gone = ProcessId(pid=999_999_999, host="elsewhere")
+        why = judge("r1", label, None, runs=runs, known_runs=set(), server_now=1_800_000_000.0,
+                    processes={"r1": gone})[1]
+        assert "pid 999999999, from its ledger" in why, why
+
+
 # ------------------------------------------------------------------------------------------ runs and reaps
 def _in_thread(run: GuardedRun) -> tuple[threading.Thread, dict]:
     box: dict = {}

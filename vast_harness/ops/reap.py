@@ -188,6 +188,15 @@ def label_deadline(label: str, row: Instance | None) -> tuple[float | None, str]
     return deadline, ""
 
 
+def _pid_text(run: LiveRun, process: ProcessId | None) -> str:
+    """The run's pid from its registration, else from its ledger lines; else say why there is none."""
+    if run.reg is not None:
+        return f"pid {run.reg.pid}"
+    if process is not None:
+        return f"pid {process.pid}, from its ledger"
+    return "pid unknown: its registration file is unreadable"
+
+
 def judge(run_id: str | None, label: str, row: Instance | None, *, runs: dict[str, LiveRun], known_runs: set[str],
           server_now: float | None, processes: Mapping[str, ProcessId] | None = None) -> Judgement:
     """Is this instance an orphan (its run is dead, or past its own cap deadline) or a live run's?
@@ -208,14 +217,14 @@ def judge(run_id: str | None, label: str, row: Instance | None, *, runs: dict[st
         if run.liveness == "live":
             how = "its process is alive (its registration file lost its lock)" if run.unlocked else \
                 "its run holds its registration on this machine"
-            return "live", f"{how} (pid {run.reg.pid if run.reg else '?'})"
+            return "live", f"{how} ({_pid_text(run, process)})"
         if run.liveness == "dead":
             if process is not None and _alive_here(process):
                 # The file lost its lock, and its content (an editor's or a backup's bad copy) is unreadable or
                 # names a process that is gone: the ledger's lines still name the run's process, and it runs.
                 return "live", (f"its run's process (pid {process.pid}) is alive on this machine, though its "
                                 "registration file says otherwise")
-            return "orphan", f"its run (pid {run.reg.pid if run.reg else '?'}) is dead: nothing holds its registration"
+            return "orphan", f"its run ({_pid_text(run, process)}) is dead: nothing holds its registration"
     elif run_id in known_runs and (process is None or process.host == this_host()):
         # Only a run of this machine is judged by its registration here; another machine's (a synced state dir)
         # is judged by its label's deadline below, like any run elsewhere.
