@@ -258,6 +258,12 @@ class CostMeter:
         log) may run: the rest of the teardown margin stays for the DELETE and its retries."""
         return self.hard_deadline(now) - self.budget.prelude_s
 
+    def accrual_start(self, key: int) -> float | None:
+        """When the meter started billing instance `key` (this meter's clock), None if it never did."""
+        with self._lock:
+            acc = self._instances.get(key)
+            return None if acc is None else acc.start
+
     def now(self) -> float:
         """The run's clock (monotonic): what every deadline the meter hands out is measured on."""
         return self.clock()

@@ -38,13 +38,17 @@ Cancel = Callable[[str, ExitCode], None]
 class InstanceReads:
     def __init__(self, *, client: VastClient, ledger: Ledger, run_id: str, meter: CostMeter, book: RentBook,
                  out: Output, cancel: Cancel, poll_s: float,
-                 deleting: Callable[[int], bool] = lambda _id: False) -> None:
+                 deleting: Callable[[int], bool] = lambda _id: False,
+                 switch_allowance_s: float | None = None) -> None:
         self.client, self.ledger, self.run_id, self.meter, self.book, self.out = client, ledger, run_id, meter, book, out
         # Whether a DELETE of ours (the teardown's or the cap guard's) is on its way for an instance: a read
         # that then no longer shows it, even one sent before, says nothing about anyone else.
         self._deleting = deleting
         self._cancel = cancel  # RunState.cancel: stop at the next phase boundary, then the usual teardown
         self.poll_s = poll_s  # how often the price watch re-reads the rented instance while the steps run
+        # The host's dead-man switch deletes the instance this long after it boots (cap + grace): past it, an
+        # instance gone with no DELETE of ours was most likely deleted by the switch (the run was stopped)
+        self.switch_allowance_s = switch_allowance_s
 
     def on_read(self, inst: CreatedInstance, read: Instance | None) -> None:
         """Every per-id read of the rented instance: the first that shows it is recorded, and its own price
@@ -102,6 +106,13 @@ class InstanceReads:
         console). Say so, stop the work; the teardown still proves it absent."""
         if inst.instance_id in self.book.vanished:
             return
+        started = self.meter.accrual_start(inst.instance_id)
+        if self.switch_allowance_s is not None and started is not None \
+                and self.meter.now() - started > self.switch_allowance_s:
+            # The switch counts from the host's boot, after the create: its allowance had run out by now at most
+            how += (f"; {self.meter.now() - started:.0f} s after its create, past its dead-man switch's allowance "
+                    f"of {self.switch_allowance_s:.0f} s from boot: most likely this run's own dead-man switch "
+                    "deleted it while the run was not running")
         self.book.vanished[inst.instance_id] = how
         why = f"instance {inst.instance_id} was deleted by someone else: no DELETE of ours ({how})"
         self.out.warn(why)

@@ -182,7 +182,8 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
                           proof_interval_s=spec.proof_interval_s, proof_budget_s=lambda: state.teardown_budget_s,
                           accrued_usd=meter.accrued_usd)
     reads = InstanceReads(client=client, ledger=ledger, run_id=state.run_id, meter=meter, book=book, out=out,
-                          poll_s=spec.poll_s, cancel=state.cancel, deleting=cap_guard.is_claimed)
+                          poll_s=spec.poll_s, cancel=state.cancel, deleting=cap_guard.is_claimed,
+                          switch_allowance_s=spec.deadman_allowance_s)
     within_s = TeardownBudget.SIGNAL_DELETE_WITHIN_S
     signals = SignalGuard(out, on_signal=lambda name: cap_guard.fire_by(meter.now() + within_s,
                                                                         f"{name} arrived {within_s:g} s ago"))

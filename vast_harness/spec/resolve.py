@@ -132,6 +132,11 @@ class RunSpec(BaseModel):
         return self.timings.deadman_grace_s
 
     @property
+    def deadman_allowance_s(self) -> int:
+        """How long after its host boots the dead-man switch deletes the instance: the time cap plus its grace."""
+        return int(self.max_seconds + self.timings.deadman_grace_s)
+
+    @property
     def pacing_scale(self) -> float:
         return self.timings.pacing_scale
 
