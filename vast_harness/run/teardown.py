@@ -49,12 +49,15 @@ def final_price_reads(t: RunTools, s: RunState) -> None:
     after it and that no later row shows bills unseen only until the DELETE (docs/limits.md), so the later
     the better. The accrual the run reports, and a fleet sums, is then what the host billed. A signal skips
     it (its DELETE goes first), and so does a run cancelled for anything but a cap (someone else deleted its
-    instance); a run a cap cancelled retries its read only briefly."""
+    instance); a run a cap cancelled retries its read only briefly. An instance no read has shown is skipped:
+    the create answer may have named another's (its reads then hang or lie), and its DELETE, the ownership
+    check and the label sweep need the margin more than an unknown price does."""
     if signalled(t) or (s.cancelled.is_set() and s.cancel_exit_code != ExitCode.CAP_REACHED):
         return
     retry_s = CANCEL_PRICE_READ_RETRY_S if s.cancelled.is_set() else LAST_PRICE_READ_RETRY_S
     for inst in t.book.live():
-        t.reads.last_price_read(inst, max_retry_s=retry_s)
+        if inst.seen:  # one no read has shown may not be ours (a create answer can name another's): DELETE first
+            t.reads.last_price_read(inst, max_retry_s=retry_s)
 
 
 def read_deadman_log(t: RunTools, s: RunState) -> None:
