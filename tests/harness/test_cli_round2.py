@@ -5,6 +5,7 @@ docs that agree, completion that offers profiles, runs and --rank-by values."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -35,6 +36,7 @@ def cli(home: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str
 def test_money_below_a_cent_keeps_four_decimals_so_a_comparison_adds_up():
     assert usd(0.0128) == "$0.0128" and usd(0.01) == "$0.01" and usd(0.001) == "$0.0010"
     assert usd(3) == "$3.00" and usd(0.05) == "$0.05" and usd(12.3456) == "$12.3456"
+    assert usd(-1.6e304) == "$-1.6e+304" and usd(math.inf) == "$inf"  # an API figure gone wrong: not 300 digits
 
 
 def test_a_cap_rejection_adds_up_and_names_where_the_cap_came_from(tmp_path):

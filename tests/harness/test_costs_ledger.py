@@ -96,14 +96,31 @@ def test_estimate_is_create_to_delete_at_the_quoted_price_or_none():
     assert estimate_usd([line(0, "r", "intent", offer_id=1), *lines[1:]]) is None  # no price quoted
 
 
+def test_the_estimate_bills_the_highest_price_the_run_recorded_from_the_create():
+    # Red team r8 B3: a run killed with -9 after its reads saw the host bill 20x the search's price was
+    # estimated at the search's price. Each higher price the meter took is a `repriced` line; the estimate
+    # bills the highest from the create (when it rose is unknown), like the meter did.
+    lines = [line(0, "r", "intent", offer_id=1, dph_usd=0.36), line(10, "r", "created", instance_id=9),
+             line(20, "r", "repriced", instance_id=9, dph_usd=3.6), line(30, "r", "repriced", instance_id=9,
+                                                                           dph_usd=1.8),
+             line(3610, "reap-x", "delete_ack", instance_id=9)]
+    assert estimate_usd(lines) == pytest.approx(3.6)
+    # another label's line carrying the same instance id (the simulator's seeded ids) is not this run's price
+    other = [*lines[:2], line(20, "r2", "repriced", instance_id=9, dph_usd=360.0, label="vh-other"), lines[-1]]
+    assert estimate_usd(other) == pytest.approx(0.36)
+
+
 @pytest.mark.slow
-def test_a_run_killed_with_9_and_reaped_gets_an_estimated_cost(clean_sim, tmp_path):
+@pytest.mark.parametrize("faults", ["", "reprice_offer:20"])
+def test_a_run_killed_with_9_and_reaped_gets_an_estimated_cost(clean_sim, tmp_path, faults: str):
+    clean_sim.set_faults(faults)  # reprice_offer: the host bills 20x the search's price, its reads say so
     env = env_for(tmp_path, VAST_API_KEY=KEY)
     steps = ('[[steps]]\nname = "wait"\nrun = "sleep 60"\ntimeout_s = 120\nworkload = false\n')
     text = (ROOT / "profiles" / "harness" / "smoke.toml").read_text()
     (tmp_path / "p.toml").write_text(text[: text.index("[[steps]]")] + steps)
     run = subprocess.Popen([sys.executable, SCRIPT, "--profile", "p.toml", "--api-url", clean_sim.url,
-                            "--pacing-scale", str(SCALE), "--poll-interval", "0.1"], cwd=tmp_path, env=env,
+                            "--pacing-scale", str(SCALE), "--poll-interval", "0.1", "--max-usd", "2"],
+                           cwd=tmp_path, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         end = time.monotonic() + 90
@@ -121,12 +138,14 @@ def test_a_run_killed_with_9_and_reaped_gets_an_estimated_cost(clean_sim, tmp_pa
                              str(SCALE), "--proof-interval", "0.2"], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=120)
     assert reaped.returncode == 0, reaped.stdout + reaped.stderr
-    billed = next(i for i in clean_sim.state()["instances"] if str(i["label"]).startswith("vh-"))
+    billed = max((i for i in clean_sim.state()["instances"] if str(i["label"]).startswith("vh-")),
+                 key=lambda i: i["created_at"])  # this test's: the simulator outlives a test
     done = cli(tmp_path, "costs", "--json")
     data = json.loads(done.stdout)
     killed = [r for r in data["runs"] if billed["id"] in r["instances"]]
     assert len(killed) == 1 and killed[0]["estimated"] is True, data["runs"]
     # the estimate spans create to DELETE at the quoted price: at least what the simulator billed for the time
     assert killed[0]["accrued_usd"] == pytest.approx(billed["billed_usd"], rel=0.5) and killed[0]["accrued_usd"] > 0
+    assert killed[0]["accrued_usd"] >= billed["billed_usd"]  # an upper bound: the span errs long, the price high
     human = cli(tmp_path, "costs").stdout
     assert "(estimated)" in human and "unrecorded" not in human.split("Per day")[0]

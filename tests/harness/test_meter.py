@@ -11,13 +11,16 @@ import pytest
 
 from tests.harness.conftest import FakeClock
 from vast_harness.caps.meter import (
+    MAX_PLAUSIBLE_DPH_USD,
     TEARDOWN_MIN_S,
     CostMeter,
     finite_positive,
     minimum_cap_s,
     teardown_budget_s,
+    usd_up,
 )
 from vast_harness.errors import CapReachedError
+from vast_harness.spec.values import MAX_USD_LIMIT
 from vast_harness.timings import Timings
 
 T0 = 1000.0  # the fake clock's start
@@ -174,6 +177,40 @@ def test_an_unusable_billed_price_stops_the_run(fake_clock: FakeClock, price: fl
     with pytest.raises(CapReachedError, match="positive finite"):
         m.reprice(1, price)
     assert m.price_changes[-1].outcome == "refused" and m.price_changes[-1].billed_dph_usd is None
+
+
+@pytest.mark.parametrize("price", [1e306, 1e308, 1.7e308])
+def test_a_huge_finite_billed_price_stops_the_run_and_every_figure_stays_finite(fake_clock: FakeClock,
+                                                                               price: float) -> None:
+    # Red team r8 B2: a row stating $1e306/h overflowed the accrued figure to inf and `usd_up` raised
+    # OverflowError: exit 1, no harness-result.json, no absence proof. Such a price is billed at the ceiling:
+    # it breaks any cap the harness allows (exit 6) and every figure the record writes is finite.
+    m = meter(fake_clock, max_usd=MAX_USD_LIMIT)
+    m.start_instance(1, 1.0)
+    fake_clock.sleep(10)
+    with pytest.raises(CapReachedError, match="the cap cannot be kept"):
+        m.reprice(1, price)
+    fake_clock.sleep(3 * 86400.0)  # the teardown hangs for days at that price
+    assert math.isfinite(m.accrued_usd()) and math.isfinite(usd_up(m.accrued_usd()))
+    assert math.isfinite(m.hard_deadline()) and m.over_cap() is not None
+    change = m.price_changes[-1]
+    assert change.outcome == "refused" and change.billed_dph_usd == price  # the record keeps what was stated
+
+
+@pytest.mark.parametrize("price", [1e306, 1.7e308])
+def test_a_huge_finite_price_any_read_shows_is_billed_at_the_ceiling_never_raising(fake_clock: FakeClock,
+                                                                                  price: float) -> None:
+    m = meter(fake_clock, max_usd=MAX_USD_LIMIT)
+    m.start_instance(1, 1.0)
+    fake_clock.sleep(86400.0 * 30)
+    change = m.observe_price(1, price, source="absence proof, list by id")
+    assert change is not None and change.outcome == "late" and change.billed_dph_usd == price
+    assert math.isfinite(usd_up(m.accrued_usd())) and m.over_cap() is not None
+    assert m.accrued_usd() == pytest.approx(30 * 24 * MAX_PLAUSIBLE_DPH_USD)
+
+
+def test_usd_up_of_a_non_finite_figure_never_raises() -> None:
+    assert usd_up(math.inf) == math.inf and math.isnan(usd_up(math.nan)) and usd_up(1e306) == 1e306
 
 
 # ----------------------------------------------------------------------------------------- transfers

@@ -22,7 +22,7 @@ from vast_harness.errors import TransportError
 from vast_harness.instance.lifecycle import with_list_ports
 from vast_harness.records import CreatedInstance, ProofRound
 from vast_harness.run.host_work import HostWork
-from vast_harness.run.instance_reads import InstanceReads
+from vast_harness.run.instance_reads import LAST_PRICE_READ_S, InstanceReads
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
@@ -283,3 +283,93 @@ def test_a_price_that_breaks_the_cap_shown_only_by_the_list_stops_the_run(sim, t
     assert time.monotonic() - started < 15, "the step ran on after the list showed the price"
     assert any(c.source == "list by id" and c.billed_dph_usd for c in run.meter.price_changes), run.meter.price_changes
     assert run.meter.accrued_usd() >= billed_usd(sim, run)
+
+
+
+def test_a_price_shown_only_by_the_list_while_the_boots_reads_fail_stops_the_boot_at_the_cap(sim, tmp_path):
+    # Red team r8 B1: the host re-priced the offer 20x after the search and every per-id read answers 503
+    # while the instance boots. The boot's failed polls read the list row instead: the meter learns the price,
+    # the boot's deadline moves with the cap, and the run stops at its cap (exit 6) with the bill under it,
+    # not at the boot timeout at 3-16x the cap.
+    class HealedAtTheDelete(VastClient):  # the proof can read it again: the teardown is not what is tried here
+        def destroy_instance(self, instance_id: int, **kw: Any) -> str:
+            sim.set_faults("")
+            return super().destroy_instance(instance_id, **kw)
+
+    sim.set_faults("reprice_offer:20;5xx:show:*")
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], max_usd=0.01, poll_s=0.25)
+    with HealedAtTheDelete(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=60)
+    billed = billed_usd(sim, run)
+    raised = [c for c in run.meter.price_changes if c.billed_dph_usd]
+    assert raised and raised[0].source == "list by id", run.meter.price_changes
+    assert billed <= spec.caps.max_usd, f"billed ${billed:.4f} over the ${spec.caps.max_usd} cap"
+    assert run.meter.accrued_usd() >= billed
+    assert result.exit_code == 6 and "cap" in result.message, result.message
+
+
+def test_a_price_shown_only_by_the_list_while_per_id_reads_answer_5xx_cuts_the_step(sim, tmp_path):
+    # Red team r8 B1, mid-step: per-id reads start answering 503 (each retried by the client) and the host
+    # re-prices 200x during a 20 s step. Each watch read gives up after one poll interval and reads the list
+    # row, so the run is cancelled at its cap (exit 6), the step cut, the bill under the cap.
+    class FailingFromTheSteps(HostWork):
+        def run_steps(self) -> None:
+            sim.set_faults("5xx:show:*")
+            backend = sim.backend
+            backend._reprice(backend.instances[run.created[0].instance_id], 200.0)
+            try:
+                super().run_steps()
+            finally:
+                sim.set_faults("")  # the teardown's proof can read it again
+
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="sleep 20", timeout_s=30)], max_usd=0.01, poll_s=0.25)
+    started = time.monotonic()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), host_work=FailingFromTheSteps)
+        result = execute(run, within_s=60)
+    billed = billed_usd(sim, run)
+    assert result.exit_code == 6, result.message
+    assert time.monotonic() - started < 15, "the step ran on after the list showed the price"
+    assert any(c.source == "list by id" and c.billed_dph_usd for c in run.meter.price_changes), run.meter.price_changes
+    assert billed <= spec.caps.max_usd, f"billed ${billed:.4f} over the ${spec.caps.max_usd} cap"
+    assert run.meter.accrued_usd() >= billed
+
+
+@pytest.mark.parametrize("faults", ["reprice_offer:1e306", "reprice:1e308:0.2"])
+def test_a_huge_finite_price_stops_the_run_at_its_cap_with_its_record_and_proof(tmp_path, faults: str):
+    # Red team r8 B2: $1e306/h overflowed the accrued figure; the run died with OverflowError (exit 1) and
+    # wrote neither harness-result.json nor its absence proof. Now: exit 6, the record says the price, the
+    # instance is proven gone, and every figure in the record is finite. A simulator of its own: the
+    # account's credit ends at about -$1e304, and no later test could rent.
+    with SimServer(**SIM_OPTIONS) as sim:
+        sim.set_faults(faults)
+        spec = make_spec(sim, tmp_path, [Step(name="s", run="sleep 5", timeout_s=20)], poll_s=0.25)
+        with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+            run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+            result = execute(run, within_s=60)
+    assert result.exit_code == 6, result.message
+    res = json.loads((run.ev.dir / "harness-result.json").read_text())
+    assert res["exit_code"] == 6 and math.isfinite(res["accrued_usd"]) and res["over_cap"]
+    assert any((c["billed_dph_usd"] or 0) > 1e300 for c in res["price_changes"]), res["price_changes"]
+    assert res["absence"]["verdict"] == "gone" and (run.ev.dir / "absence-proof.json").is_file()
+
+
+def test_a_stalled_api_holds_the_delete_only_briefly_for_the_last_price_read(sim, tmp_path):
+    # Red team r8 C1: the last price read before the DELETE (per-id, then the list row) waited out each
+    # read's own timeout on a stalled API: the DELETE went out ~65 s after the steps. The read is bounded as a
+    # whole by LAST_PRICE_READ_S: the DELETE is never queued long behind bookkeeping.
+    class StalledAtTeardown(HostWork):
+        def pull_evidence(self, *, in_teardown: bool, max_s: float | None = None) -> None:
+            if in_teardown:
+                sim.set_faults("hang:show:40:1;hang:list:40:1")
+            super().pull_evidence(in_teardown=in_teardown, max_s=max_s)
+
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], poll_s=0.25)
+    spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_minutes": 3.0})})
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True), host_work=StalledAtTeardown)
+        result = execute(run, within_s=120)
+    assert result.exit_code == 0, result.message
+    waited_s = run.state.timings["delete_ack_after_last_step_s"]
+    assert waited_s < LAST_PRICE_READ_S + 5, f"the DELETE waited {waited_s} s behind the last price read"

@@ -31,6 +31,9 @@ from vast_harness.timings import TeardownBudget, Timings
 
 BYTES_PER_GB = 1e9
 TEARDOWN_MIN_S = 60.0  # per instance: delete + absence proof, at least this long
+# No host charges this per hour (the dearest 8-GPU offers are tens of $/h): a row above it is corrupt. Such a
+# price stops the run like one that breaks the cap, and is billed at this ceiling so every figure stays finite.
+MAX_PLAUSIBLE_DPH_USD = 1_000_000.0
 # A wait that ended this close to its cap-derived deadline was cut by the cap (timers fire a little early).
 CAP_CUT_SLACK_S = 0.05
 
@@ -69,11 +72,21 @@ def finite_positive(value: float | None) -> bool:
     return value is not None and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
+def plausible_dph(dph_usd: float) -> float:
+    """A usable price as the meter bills it: at most MAX_PLAUSIBLE_DPH_USD, so no figure the run computes or
+    records overflows (a row stating $1e306/h made the accrued figure inf and the record a traceback)."""
+    return min(dph_usd, MAX_PLAUSIBLE_DPH_USD)
+
+
 def usd_up(usd: float, places: int = 6) -> float:
     """A dollar figure to `places` decimals, rounded up: the accrued figure is an upper bound of the bill, and
-    rounding to nearest could put it a fraction of a micro-dollar under (red team r6)."""
+    rounding to nearest could put it a fraction of a micro-dollar under (red team r6). A figure too large for
+    that grid (or not finite) is returned as it is: never an OverflowError in a record."""
     scale = 10.0**places
-    return math.ceil(round(usd * scale, 3)) / scale
+    scaled = usd * scale
+    if not math.isfinite(scaled):
+        return usd
+    return math.ceil(round(scaled, 3)) / scale
 
 
 class _Accrual:
@@ -90,7 +103,11 @@ class _Accrual:
 
 class CostMeter:
     def __init__(self, *, max_usd: float, max_seconds: float, teardown_margin_s: float,
-                 t0: float | None = None, clock: Callable[[], float] = now_s) -> None:
+                 t0: float | None = None, clock: Callable[[], float] = now_s,
+                 on_raise: Callable[[PriceChange], None] | None = None) -> None:
+        """`on_raise`: told of every higher price the meter takes (outside its lock), so the run can put it
+        in the ledger: a run killed before its record is then estimated at it, not at the search's price."""
+        self._on_raise = on_raise
         self.max_usd, self.max_seconds, self.teardown_margin_s = max_usd, max_seconds, teardown_margin_s
         self.budget = TeardownBudget(margin_s=teardown_margin_s)  # the margin's shares (prelude, guard, pull)
         self.clock = clock
@@ -117,9 +134,9 @@ class CostMeter:
             self.expected_up, self.expected_down = expected_up_bytes, expected_down_bytes
 
     def start_instance(self, key: int, dph_usd: float, t_start: float | None = None) -> None:
-        if not finite_positive(dph_usd):
-            raise CapReachedError(f"instance {key}: price ${dph_usd}/h is not a positive finite number; "
-                                  "the cap cannot be kept")
+        if not finite_positive(dph_usd) or dph_usd > MAX_PLAUSIBLE_DPH_USD:
+            raise CapReachedError(f"instance {key}: price ${dph_usd}/h is not a positive finite number below "
+                                  f"${MAX_PLAUSIBLE_DPH_USD:,.0f}/h; the cap cannot be kept")
         with self._lock:
             self._instances[key] = _Accrual(dph_usd, self.clock() if t_start is None else t_start)
 
@@ -168,11 +185,18 @@ class CostMeter:
             return
         searched = acc.dph_usd
         with self._lock:
-            acc.dph_usd = billed_dph_usd
+            acc.dph_usd = plausible_dph(billed_dph_usd)
+        implausible = billed_dph_usd > MAX_PLAUSIBLE_DPH_USD
         left_s = self.remaining_s()
-        outcome = "tightened" if left_s > 0 else "refused"
-        self.price_changes.append(PriceChange(instance_key=key, searched_dph_usd=searched,
-                                              billed_dph_usd=billed_dph_usd, outcome=outcome))
+        outcome = "tightened" if left_s > 0 and not implausible else "refused"
+        change = PriceChange(instance_key=key, searched_dph_usd=searched, billed_dph_usd=billed_dph_usd,
+                             outcome=outcome)
+        self.price_changes.append(change)
+        self._raised(change)
+        if implausible:
+            raise CapReachedError(
+                f"instance {key} reports a price of ${billed_dph_usd:.4g}/h, above ${MAX_PLAUSIBLE_DPH_USD:,.0f}/h, "
+                "more than any host charges: billed at that ceiling, and the cap cannot be kept")
         if left_s <= 0:
             raise CapReachedError(
                 f"instance {key} bills ${billed_dph_usd:.4f}/h, not the ${searched:.4f}/h the search showed: "
@@ -201,13 +225,18 @@ class CostMeter:
                 return change
             if dph_usd <= acc.dph_usd * (1 + 1e-9):
                 return None
-            before, acc.dph_usd = acc.dph_usd, dph_usd
+            before, acc.dph_usd = acc.dph_usd, plausible_dph(dph_usd)
         change = PriceChange(instance_key=key, searched_dph_usd=before, billed_dph_usd=dph_usd,
                              outcome="late" if self.remaining_s() <= 0 or self.over_cap() else "tightened",
                              source=source)
         with self._lock:
             self.price_changes.append(change)
+        self._raised(change)
         return change
+
+    def _raised(self, change: PriceChange) -> None:
+        if self._on_raise is not None:
+            self._on_raise(change)
 
     def add_bytes(self, *, up: int = 0, down: int = 0) -> None:
         with self._lock:

@@ -8,8 +8,11 @@ import math
 
 
 def usd(value: float) -> str:
-    """`$3.00`, `$0.05`, `$0.0128`, `$0.0010`; a value that is not a finite number is shown as it is."""
+    """`$3.00`, `$0.05`, `$0.0128`, `$0.0010`; a value that is not a finite number is shown as it is, and one
+    no account holds (an API's figure gone wrong, -$1.6e+304) in three significant digits, not 300."""
     if not math.isfinite(value):
         return f"${value}"
+    if abs(value) >= 1e12:
+        return f"${value:.3g}"
     cents = value * 100
     return f"${value:.2f}" if abs(cents - round(cents)) < 1e-6 else f"${value:.4f}"

@@ -148,25 +148,33 @@ def create(
 
 
 def wait_ready(
-    client: VastClient, instance_id: int, *, deadline: float, poll_s: float, null_grace_s: float,
-    sleep: Sleep = time.sleep, on_poll: Callable[[Instance | None], None] | None = None,
+    client: VastClient, instance_id: int, *, deadline: float | Callable[[], float], poll_s: float,
+    null_grace_s: float, sleep: Sleep = time.sleep, on_poll: Callable[[Instance | None], None] | None = None,
+    on_read_failed: Callable[[VastError], None] | None = None, read_retry_s: float | None = None,
     clock: Clock = now_s,
 ) -> Instance:
-    """Poll until running with an SSH endpoint; fail fast on failed states; `deadline` is on `clock`."""
+    """Poll until running with an SSH endpoint; fail fast on failed states. `deadline` is on `clock`; a callable
+    is asked again at every poll (a price learnt while booting moves the cap's deadline earlier). A read that
+    fails after `read_retry_s` of retries (default: until the deadline) is handed to `on_read_failed`, so the
+    caller can learn from another read what this one did not say (the v1 list row's price)."""
+    deadline_at = deadline if callable(deadline) else (lambda: deadline)
     started = clock()
     last = "no read yet"
     while True:
         try:  # a read in flight at the deadline ends there (its retries too): the cap's margin is not for it
-            inst = client.get_instance(instance_id, within_s=max(0.0, deadline - clock()))
+            inst = client.get_instance(instance_id, max_retry_s=read_retry_s,
+                                       within_s=max(0.0, deadline_at() - clock()))
         except EndpointDeprecated:
             raise  # a retired path answers the same until the harness is updated: waiting cannot help
         except VastError as exc:
             inst, last = None, f"read failed: {exc}"
+            if on_read_failed:
+                on_read_failed(exc)
         else:
             if on_poll:
                 on_poll(inst)
             if inst is not None:
-                inst = with_list_ports(client, inst, within_s=max(0.0, deadline - clock()))
+                inst = with_list_ports(client, inst, within_s=max(0.0, deadline_at() - clock()))
             if inst is None:
                 last = "instances: null"
                 if clock() - started > null_grace_s:
@@ -178,7 +186,7 @@ def wait_ready(
                 if inst.is_ready:
                     return inst
                 last = f"actual_status={inst.actual_status} status_msg={inst.status_msg!r}"
-        remaining = deadline - clock()
+        remaining = deadline_at() - clock()
         if remaining <= 0:
             raise BootFailed(f"instance {instance_id} not ready before the deadline ({last})")
         sleep(min(poll_s, remaining))

@@ -6,7 +6,7 @@ The ledger is the index: every run it names is listed, its record found wherever
 directory each line names, else the state directory's runs; `state.runs.runs_elsewhere`). A run the ledger
 names but no record describes (killed with -9, a full disk) gets an estimate, marked `estimated`: from each
 instance's create to its last acknowledged DELETE or proven absence at the price quoted on its create's
-intent; without those lines it is `unrecorded`, not $0 (the Vast console's billing is the authority).
+intent, or the highest its reads showed (`repriced` lines); without those lines it is `unrecorded`, not $0 (the Vast console's billing is the authority).
 """
 
 from __future__ import annotations
@@ -79,16 +79,20 @@ def ledger_paths(evidence_dir: Path) -> list[Path]:
 def estimate_usd(entries: list[LedgerEntry]) -> float | None:
     """A run's cost from its ledger lines alone, or None when a line it needs is missing: per instance, its
     `created` line to its last `delete_ack` or `absence: gone` under its own label (a reap's included), at
-    the $/h its label's intent quoted. The last, not the first: a DELETE answered 200 may have deleted nothing
+    the $/h its label's intent quoted, or the highest a `repriced` line of it states. The last, not the first: a DELETE answered 200 may have deleted nothing
     (the run, killed before its re-read, never knew; the reap's DELETE did it). Every line's reader writes it
     after the event, so the span errs long, never short."""
     price: dict[str, float] = {}
     start: dict[int, tuple[float, str]] = {}
+    raised: dict[tuple[int, str], float] = {}  # the highest `repriced` $/h per (instance, label)
     for e in entries:
         if e.event == "intent" and e.dph_usd is not None:
             price.setdefault(e.label, e.dph_usd)
         if e.instance_id is not None and e.event in ("created", "create_failed"):
             start.setdefault(e.instance_id, (e.t_unix, e.label))
+        if e.event == "repriced" and e.instance_id is not None and e.dph_usd is not None:
+            key = (e.instance_id, e.label)
+            raised[key] = max(raised.get(key, 0.0), e.dph_usd)
     end: dict[int, float] = {}
     for e in entries:
         if e.instance_id in start and e.label == start[e.instance_id][1] and \
@@ -100,7 +104,9 @@ def estimate_usd(entries: list[LedgerEntry]) -> float | None:
     for instance_id, (t0, label) in start.items():
         if instance_id not in end or label not in price:
             return None
-        total += max(0.0, end[instance_id] - t0) / 3600.0 * price[label]
+        # a higher price the run's reads showed bills from the create, as the meter billed it
+        dph_usd = max(price[label], raised.get((instance_id, label), 0.0))
+        total += max(0.0, end[instance_id] - t0) / 3600.0 * dph_usd
     return total
 
 

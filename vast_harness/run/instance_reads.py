@@ -18,18 +18,22 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from vast_harness.caps.meter import CostMeter, finite_positive
+from vast_harness.caps.meter import CostMeter, finite_positive, plausible_dph
 from vast_harness.console.output import Output
 from vast_harness.errors import CapReachedError, ExitCode, Interrupted, VastError
 from vast_harness.instance.absence import is_lingering
-from vast_harness.records import CreatedInstance, ProofRound
+from vast_harness.records import CreatedInstance, PriceChange, ProofRound
 from vast_harness.run.rent_book import RentBook
 from vast_harness.state.ledger import Ledger
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Instance
 from vast_harness.vast.row_price import row_price, rows_of
 
+MIN_READ_RETRY_S = 1.0  # a poll's per-id read retries at least this long (a 429's wait) before the list is read
 LAST_PRICE_READ_RETRY_S = 5.0  # the last price read, the prelude's last act: brief, the DELETE comes next
+# The last price read as a whole (per-id read, then the list row): the DELETE waits behind it, so a stalled
+# API costs it this long at most, not each read's own timeout (red team r8: 65 s).
+LAST_PRICE_READ_S = 6.0
 WATCH_JOIN_S = 5.0  # the price watcher's thread gets this long to notice the steps ended
 
 Cancel = Callable[[str, ExitCode], None]
@@ -46,9 +50,21 @@ class InstanceReads:
         self._deleting = deleting
         self._cancel = cancel  # RunState.cancel: stop at the next phase boundary, then the usual teardown
         self.poll_s = poll_s  # how often the price watch re-reads the rented instance while the steps run
+        # How long one poll's per-id read may retry before the list row is read instead: the next poll is the
+        # next retry, and a price the list shows must not wait behind a read that keeps failing (red team r8).
+        self.read_retry_s = max(poll_s, MIN_READ_RETRY_S)
         # The host's dead-man switch deletes the instance this long after it boots (cap + grace): past it, an
         # instance gone with no DELETE of ours was most likely deleted by the switch (the run was stopped)
         self.switch_allowance_s = switch_allowance_s
+
+    def record_raise(self, change: PriceChange) -> None:
+        """A higher price the meter took, into the ledger (best effort, like every line after the intent): a
+        run killed before its record is then estimated by `costs` at it, not at the search's price."""
+        inst = next((i for i in self.book.created if i.instance_id == change.instance_key), None)
+        if inst is None or change.billed_dph_usd is None:
+            return
+        self.ledger.append(self.run_id, "repriced", inst.label, instance_id=inst.instance_id,
+                           dph_usd=plausible_dph(change.billed_dph_usd), detail=change.source)
 
     def on_read(self, inst: CreatedInstance, read: Instance | None) -> None:
         """Every per-id read of the rented instance: the first that shows it is recorded, and its own price
@@ -129,10 +145,11 @@ class InstanceReads:
         def watch() -> None:
             while inst is not None and not stop.wait(self.poll_s):
                 try:
-                    read = self.client.get_instance(inst.instance_id)
+                    read = self.client.get_instance(inst.instance_id, max_retry_s=self.read_retry_s,
+                                                    within_s=self.read_retry_s + self.poll_s)
                 except VastError:
                     # The per-id read failed: the list row still carries the price (a failed one changes nothing).
-                    self.list_price(inst, within_s=self.poll_s)
+                    self.list_price(inst, within_s=self.read_retry_s)
                     if stop.is_set() or self._deleting(inst.instance_id):
                         return  # the body ended meanwhile: the teardown reads from here on
                     if self.meter.cut_by_cap():
@@ -206,20 +223,22 @@ class InstanceReads:
     def last_price_read(self, inst: CreatedInstance, *, max_retry_s: float = LAST_PRICE_READ_RETRY_S) -> None:
         """One more read of the rented price (a re-price can land between two polls, or steps can be shorter
         than one), the per-id read or, when that fails, the list row: the record bills what the host billed,
-        and a run over the cap is not a pass (the verdict turns it into exit 6). Bounded: the teardown is
-        waiting, so it ends by the meter's prelude deadline (the DELETE keeps its half of the margin). Never
-        raises."""
-        left_s = self.meter.prelude_deadline() - self.meter.now()
+        and a run over the cap is not a pass (the verdict turns it into exit 6). Bounded as a whole by
+        LAST_PRICE_READ_S and by the meter's prelude deadline (the DELETE keeps its half of the margin): the
+        DELETE is waiting. Never raises."""
+        until = min(self.meter.prelude_deadline(), self.meter.now() + LAST_PRICE_READ_S)
+        left_s = until - self.meter.now()
         if left_s <= 0:
             self.out.warn(f"no time left before the DELETE to re-read instance {inst.instance_id}'s price; the "
                           f"record bills the last price read (${inst.dph_usd:.4f}/h)")
             return
         try:
-            read = self.client.get_instance(inst.instance_id, max_retry_s=max_retry_s, within_s=left_s)
+            read = self.client.get_instance(inst.instance_id, max_retry_s=min(max_retry_s, left_s / 2),
+                                            within_s=left_s / 2)  # the other half for the list row
             self.on_read(inst, read)
         except CapReachedError as exc:
             self.out.warn(str(exc))
         except VastError as exc:
             self.out.warn(f"could not re-read instance {inst.instance_id}'s price before its DELETE: {exc}; "
                           "reading its list row instead")
-            self.list_price(inst, within_s=max(0.0, self.meter.prelude_deadline() - self.meter.now()))
+            self.list_price(inst, within_s=max(0.0, until - self.meter.now()))

@@ -254,9 +254,14 @@ def boot(t: RunTools, s: RunState, inst: CreatedInstance, *, offer: Offer | None
     boot_deadline = meter.deadline(spec.profile.boot_timeout_s)
     assert s.key is not None
     try:
-        ready = wait_ready(t.client, inst.instance_id, deadline=boot_deadline, poll_s=spec.poll_s,
-                           null_grace_s=NULL_GRACE_S, on_poll=lambda read: _on_poll(t, s, inst, read),
-                           clock=t.clock)
+        # The deadline is asked again at every poll: a price learnt while booting moves the cap's earlier. A
+        # read that fails gives up after one poll's retries, and the list row tells the price it did not.
+        fixed_deadline = boot_deadline
+        ready = wait_ready(t.client, inst.instance_id, deadline=lambda: min(fixed_deadline, meter.deadline()),
+                           poll_s=spec.poll_s, null_grace_s=NULL_GRACE_S,
+                           on_poll=lambda read: _on_poll(t, s, inst, read),
+                           on_read_failed=lambda _exc: _on_failed_poll(t, s, inst),
+                           read_retry_s=t.reads.read_retry_s, clock=t.clock)
         t.reads.on_read(inst, ready)
         s.check_cancelled()
         # The price may have moved the deadline: SSH gets what is left of the boot's, never more.
@@ -301,6 +306,13 @@ def _on_poll(t: RunTools, s: RunState, inst: CreatedInstance, read: Instance | N
     t.reads.check_gone(inst, read)
     s.check_cancelled()
     t.reads.on_read(inst, read)
+
+
+def _on_failed_poll(t: RunTools, s: RunState, inst: CreatedInstance) -> None:
+    """A boot poll that failed (5xx, 429, a stalled read): the v1 list row still states the price, and a higher
+    one moves the boot's deadline (it asks the meter at every poll)."""
+    t.reads.list_price(inst, within_s=t.reads.read_retry_s)
+    s.check_cancelled()
 
 
 # ------------------------------------------------------------------------------------------- DEADMAN

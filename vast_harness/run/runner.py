@@ -81,9 +81,9 @@ class GuardedRun:
                 t.out.start_view(lambda: snapshot(t))  # inside: a Ctrl-C here too is exit 130, not a traceback
                 bundle = preflight(t, s, Path(key_dir))  # Stage.PREFLIGHT: nothing rented until it passes
                 rent_and_connect(t, s)  # Stage.RENT
-                timed(t, s, "deadman_check", lambda: check_deadman(t, s))  # Stage.DEADMAN
                 # The host may re-price while anything runs on it, a slow upload or pull as much as a step.
                 with t.reads.watch_prices(t.book.latest()):
+                    timed(t, s, "deadman_check", lambda: check_deadman(t, s))  # Stage.DEADMAN
                     timed(t, s, "upload", lambda: self._work(Stage.UPLOAD).upload(bundle))
                     self._work(Stage.STEPS).run_steps()
                     pull_evidence(t, s, in_teardown=False)  # Stage.PULL

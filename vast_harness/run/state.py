@@ -139,7 +139,8 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
                              evidence_dir=spec.evidence_dir / state.run_id)
     ev = RunEvidence(spec.evidence_dir / state.run_id, mask=spec.redactor.text if spec.redactor else None)
     meter = CostMeter(max_usd=spec.caps.max_usd, max_seconds=spec.max_seconds,
-                      teardown_margin_s=spec.teardown_margin_s, clock=clock)
+                      teardown_margin_s=spec.teardown_margin_s, clock=clock,
+                      on_raise=lambda change: reads.record_raise(change))
     state.t0_unix = time.time()
     book = RentBook()
     phases = PhaseLog(meter.accrued_usd, clock=meter.now)

@@ -56,15 +56,17 @@ def with_guard(code: ExitCode, message: str, guard_reason: str | None, *, after_
 
 def decide_exit(code: ExitCode, message: str, facts: ExitFacts) -> Outcome:
     """The exit code from what is known: unproven teardown beats a cap overrun beats lost evidence."""
+    # exit 3 outranks a cap overrun, but never hides it: the message says both
+    over = f"; and over the cap: {facts.over_cap}" if facts.over_cap and facts.over_cap not in message else ""
     if facts.unproven:
         if code != ExitCode.NOT_PROVEN_GONE:
             message = (f"teardown NOT proven for instance(s) {facts.unproven}: they may still bill. "
-                       f"The ledger names them; run `vast-e2e reap`. ({message})")
+                       f"The ledger names them; run `vast-e2e reap`{over}. ({message})")
         return ExitCode.NOT_PROVEN_GONE, message
     if facts.unresolved:  # a create that may yet appear: the ledger's create_unresolved names it
         if code != ExitCode.NOT_PROVEN_GONE:
             message = (f"create outcome unknown for label(s) {facts.unresolved}: an instance "
-                       f"may appear and bill. Run `vast-e2e reap`, which keeps looking for them. ({message})")
+                       f"may appear and bill. Run `vast-e2e reap`, which keeps looking for them{over}. ({message})")
         return ExitCode.NOT_PROVEN_GONE, message
     if facts.vanished and "deleted by someone else" not in message:
         who = "; ".join(f"instance {i} was deleted by someone else: no DELETE of ours ({how})"
@@ -73,6 +75,8 @@ def decide_exit(code: ExitCode, message: str, facts: ExitFacts) -> Outcome:
         message = f"{who}; proven absent since ({message})"
     # over a cap is never a pass, nor hidden behind a failure: a signal, bad input or no offer keep theirs
     if facts.over_cap and code in (ExitCode.PASSED, ExitCode.FAILED, ExitCode.UNQUALIFIED_DRIVER):
+        if code == ExitCode.PASSED and message == "passed":  # not "(passed)": the run did not pass
+            message = "the work itself passed"
         return ExitCode.CAP_REACHED, f"over the cap: {facts.over_cap} ({message})"
     failures = facts.write_failures
     if failures and code in _PASSES:

@@ -48,7 +48,7 @@ class LedgerSpec(Protocol):
     def api_key(self) -> SecretStr | None: ...
 
 Event = Literal["intent", "created", "create_unknown", "create_unresolved", "create_failed", "delete_ack",
-                "absence", "label_swept", "seen", "disowned"]
+                "absence", "label_swept", "seen", "disowned", "repriced"]
 REQUIRED_EVENTS = frozenset({"intent"})  # no PUT without it on disk
 OUTCOME_EVENTS = ("created", "create_failed", "delete_ack")  # events that name an instance a run owned
 # `create_failed` verdict for an answer that says nothing was created (410 no_such_ask, 429): the label is settled,
@@ -104,7 +104,8 @@ class LedgerEntry(BaseModel):
     pid_start: str | None = None
     # Where the run's evidence is (its directory), so `costs`, `logs` and `report` find its record wherever it
     # was written; and the quoted $/h on a create's intent, so a run killed before its record still gets an
-    # estimated cost. Absent on lines written before they were recorded.
+    # estimated cost (a `repriced` line: a higher $/h a read of the instance showed). Absent on lines written
+    # before they were recorded.
     evidence: str | None = None
     dph_usd: float | None = None
 
