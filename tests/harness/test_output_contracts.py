@@ -132,12 +132,14 @@ def test_closed_stdout_with_json_does_not_traceback(sim, tmp_path):
 
 
 @pytest.mark.parametrize("delay_s", [0.3, 1.0, 2.0])
-def test_ctrl_c_right_after_launch_is_130_with_a_message(delay_s, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_right_after_launch_is_130_with_a_message(delay_s, signum, tmp_path):
     # Depending on how far the launch got: "interrupted before anything was rented" on stderr, or (renting
     # or later) the run's own result line "exit 130: interrupted by SIGINT" on stdout after the teardown.
+    # Red team r9: a SIGTERM while Python imported the app ended the process with 143 and no word.
     p = _cli("--profile", "smoke", "--sim", "--evidence-dir", str(tmp_path))
     time.sleep(delay_s)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(signum)
     out, err = (b.decode(errors="replace") for b in p.communicate(timeout=120))
     assert p.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err and "Exception occurred" not in err, err

@@ -132,6 +132,17 @@ def make_spec(sim: SimServer, tmp_path: Path, steps: list[Step], *, max_usd: flo
                            ).with_timings(teardown_margin_s=2.0, poll_s=poll_s)
 
 
+def healed_at_the_delete(sim: SimServer) -> VastClient:
+    """A client whose DELETE clears the simulator's faults first: the proof can read the instance again, as the
+    teardown is not what these tests try."""
+    class HealedAtTheDelete(VastClient):
+        def destroy_instance(self, instance_id: int, **kw: Any) -> str:
+            sim.set_faults("")
+            return super().destroy_instance(instance_id, **kw)
+
+    return HealedAtTheDelete(KEY, base_url=sim.url, pacing_scale=SCALE)
+
+
 def execute(run: GuardedRun, *, within_s: float):
     box: dict = {}
     worker = threading.Thread(target=lambda: box.setdefault("result", run.execute()), daemon=True)
@@ -208,7 +219,8 @@ def test_a_price_raised_after_the_last_read_is_learnt_from_the_proof_and_the_cap
 def test_a_price_raised_after_the_steps_is_read_as_the_last_thing_before_the_delete(sim, tmp_path):
     # The host re-prices 10x after the steps' last read, while the teardown's prelude pulls the evidence; the
     # DELETE removes the row at once (no lingering row for the proof). The run's last price read comes after
-    # the prelude, just before the DELETE, so it sees the new price and the accrued figure stays above the bill.
+    # the prelude, just before the DELETE (the list row: its path is not the DELETE's, which waits behind
+    # per-id reads), so it sees the new price and the accrued figure stays above the bill.
     class RepricedAtTeardown(HostWork):
         def pull_evidence(self, *, in_teardown: bool, max_s: float | None = None) -> None:
             if in_teardown:
@@ -223,7 +235,7 @@ def test_a_price_raised_after_the_steps_is_read_as_the_last_thing_before_the_del
         result = execute(run, within_s=40)
     assert result.exit_code == 0, result.message
     raised = [c for c in run.meter.price_changes if c.billed_dph_usd]
-    assert raised and raised[0].source == "per-id read", run.meter.price_changes
+    assert raised and raised[0].source == "list by id", run.meter.price_changes
     assert run.meter.accrued_usd() >= billed_usd(sim, run)
 
 
@@ -291,14 +303,9 @@ def test_a_price_shown_only_by_the_list_while_the_boots_reads_fail_stops_the_boo
     # while the instance boots. The boot's failed polls read the list row instead: the meter learns the price,
     # the boot's deadline moves with the cap, and the run stops at its cap (exit 6) with the bill under it,
     # not at the boot timeout at 3-16x the cap.
-    class HealedAtTheDelete(VastClient):  # the proof can read it again: the teardown is not what is tried here
-        def destroy_instance(self, instance_id: int, **kw: Any) -> str:
-            sim.set_faults("")
-            return super().destroy_instance(instance_id, **kw)
-
     sim.set_faults("reprice_offer:20;5xx:show:*")
     spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], max_usd=0.01, poll_s=0.25)
-    with HealedAtTheDelete(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+    with healed_at_the_delete(sim) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
         result = execute(run, within_s=60)
     billed = billed_usd(sim, run)
@@ -373,3 +380,55 @@ def test_a_stalled_api_holds_the_delete_only_briefly_for_the_last_price_read(sim
     assert result.exit_code == 0, result.message
     waited_s = run.state.timings["delete_ack_after_last_step_s"]
     assert waited_s < LAST_PRICE_READ_S + 5, f"the DELETE waited {waited_s} s behind the last price read"
+
+
+def test_the_boots_first_failed_read_reads_the_list_at_once_and_a_2000x_price_keeps_the_cap(sim, tmp_path):
+    # Red team r9 B2: with per-id reads failing, the boot's read retried for a whole poll interval before the
+    # list was read (8.7 s at real timings) while the host billed 500x: 12.5x over the cap. One attempt per
+    # poll: the list row is read straight after the first failure, the price is learnt, the run stops (here
+    # 2000x: the cap lasts ~0.6 s).
+    sim.set_faults("reprice_offer:2000;5xx:show:*")  # ~$290/h: the $0.05 cap lasts ~0.6 s
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], max_usd=0.05, poll_s=2.0)
+    with healed_at_the_delete(sim) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=60)
+    billed = billed_usd(sim, run)
+    assert result.exit_code == 6, result.message
+    assert billed <= spec.caps.max_usd, f"billed ${billed:.4f} over the ${spec.caps.max_usd} cap"
+    assert run.meter.accrued_usd() >= billed
+
+
+def test_a_row_the_ownership_read_shows_re_prices_the_run(sim, tmp_path):
+    # Red team r9 B3: an instance no read had shown when the run stopped is read once for its label before its
+    # DELETE; that read showed the row, and its price, 50x the search's, and the meter ignored it (43x under).
+    sim.set_faults("reprice_offer:50;5xx:show:*;5xx:list:1")
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], poll_s=0.25)
+
+    with healed_at_the_delete(sim) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True),
+                         on_created=lambda inst: run.cancel("stopped by the test right after its create"))
+        result = execute(run, within_s=60)
+    assert result.exit_code == 6, result.message
+    raised = [c for c in run.meter.price_changes if c.billed_dph_usd]
+    assert raised and raised[0].source == "ownership read", run.meter.price_changes
+    assert run.meter.accrued_usd() >= billed_usd(sim, run)
+
+
+def test_the_last_price_read_is_the_last_call_before_the_delete_at_real_pacing(sim, tmp_path):
+    # Red team r9 B1: at Vast's pacing the DELETE waited 3 s behind the last per-id read (GET and DELETE of one
+    # instance share a pacing history): a price changed in those 3 s was billed unseen and the run exited 0
+    # over its cap. The last read now waits for the DELETE's slot, then reads the list row (another path), so
+    # the DELETE follows it at once.
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], poll_s=0.25)
+    spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_minutes": 3.0})})
+    with VastClient(KEY, base_url=sim.url, pacing_scale=1.0) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=120)
+    assert result.exit_code == 0, result.message
+    iid = run.created[0].instance_id
+    calls = [c for c in sim.state()["calls"] if c["time"] >= run.state.t0_unix]
+    first_delete = next(i for i, c in enumerate(calls) if c["method"] == "DELETE" and str(iid) in c["path"])
+    last_read = max(c["time"] for c in calls[:first_delete] if c["method"] == "GET" and c["status"] == 200
+                    and c["endpoint"] in ("show", "list"))
+    gap_s = calls[first_delete]["time"] - last_read
+    assert gap_s < 1.0, f"the DELETE went {gap_s:.2f} s after the last price read"

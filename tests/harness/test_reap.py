@@ -173,3 +173,25 @@ def test_a_stopped_instance_of_a_dead_run_is_an_orphan_and_deleted(sim, tmp_path
     sim.backend.card_saved = False
     assert reap(sim, spec) == 0
     assert iid not in live(sim)
+
+
+def test_a_reap_records_the_price_its_list_shows_so_costs_estimates_a_killed_run_at_it(sim, tmp_path, monkeypatch):
+    # Red team r9 B4: a run killed with -9 before any read of its instance (so before it learnt that the host
+    # bills 50x the search's price); the reap read the row at the higher price but wrote no line of it, and
+    # `costs` estimated the run at the search's price, 42x under the bill. The reap writes a `repriced` line.
+    from vast_harness.ops.costs import estimate_usd
+
+    monkeypatch.setattr("vast_harness.caps.meter.TEARDOWN_MIN_S", 1.0)
+    spec = spec_for(sim, tmp_path)
+    iid = rent(sim, "vh-killedrepriced")
+    searched = sim.backend.instances[iid].offer["dph_total"]
+    sim.backend._reprice(sim.backend.instances[iid], 50.0)
+    ledger = Ledger.for_spec(spec)
+    ledger.append("r-killed", "intent", "vh-killedrepriced", offer_id=1, dph_usd=searched)
+    ledger.append("r-killed", "created", "vh-killedrepriced", offer_id=1, instance_id=iid)
+    assert reap(sim, spec) == 0
+    billed = next(i["billed_usd"] for i in sim.state()["instances"] if i["id"] == iid)
+    lines = [e for e in ledger.entries() if e.instance_id == iid or e.label == "vh-killedrepriced"]
+    assert any(e.event == "repriced" and e.dph_usd == pytest.approx(50 * searched) for e in lines), lines
+    estimate = estimate_usd(lines)
+    assert estimate is not None and estimate >= billed > 0

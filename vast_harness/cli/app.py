@@ -628,7 +628,11 @@ def _status(flags: Flags) -> None:
 
 def main() -> None:
     """The program: every way out is an exit code and at most one clear line on stderr, never a traceback."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # replaces the quiet exit used while importing
+    # The quiet exit used while importing gives way to KeyboardInterrupt, for SIGTERM and SIGHUP too: a command
+    # stopped before a run's own signal guard takes over (or a reap, a status) ends as an interrupt, exit 130.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.default_int_handler)
     _reported.clear()
     if len(sys.argv) == 1:  # bare `vast-e2e`: what it can do, not an error about a missing --profile
         sys.argv.append("--help")

@@ -16,3 +16,9 @@ def usd(value: float) -> str:
         return f"${value:.3g}"
     cents = value * 100
     return f"${value:.2f}" if abs(cents - round(cents)) < 1e-6 else f"${value:.4f}"
+
+
+def per_hour(dph_usd: float) -> str:
+    """An hourly price as messages say it: `$0.3080/h`; one no host charges (a corrupt row's $1e306/h) in three
+    significant digits, not 300."""
+    return f"${dph_usd:.4f}/h" if abs(dph_usd) < 1e9 else f"${dph_usd:.3g}/h"

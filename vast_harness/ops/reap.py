@@ -24,7 +24,7 @@ from typing import Literal, Unpack
 
 from pydantic import BaseModel, Field
 
-from vast_harness.caps.meter import teardown_budget_s
+from vast_harness.caps.meter import finite_positive, plausible_dph, teardown_budget_s
 from vast_harness.clock import FreezeWatch, now_s
 from vast_harness.console.output import Output
 from vast_harness.console.terminal import terminal_safe
@@ -82,6 +82,7 @@ class ReapOutcome(BaseModel):
     unseen: dict[int, float] = Field(default_factory=dict)  # ledger ids no read has shown -> their create's age (s)
     live: list[LiveInstance] = Field(default_factory=list)
     orphan_why: dict[int, str] = Field(default_factory=dict)
+    listed_dph_usd: dict[int, float] = Field(default_factory=dict)  # an orphan's $/h as its list row states it
     ledgers_read: list[str] = Field(default_factory=list)
     key_dirs_removed: list[str] = Field(default_factory=list)
     interrupted: bool = False
@@ -318,6 +319,10 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
                                                   server_now))
             return False
         result.orphan_why[instance_id] = why if kind == "orphan" else f"live, deleted by --include-live: {why}"
+        row = rows.get(instance_id)
+        if row is not None and finite_positive(row.dph_total):
+            assert row.dph_total is not None
+            result.listed_dph_usd[instance_id] = plausible_dph(row.dph_total)
         return True
 
     seen: set[int] = set().union(*(v.seen for _, v in src.views))
@@ -422,6 +427,10 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
             out.info(f"deleting instance {instance_id} ({label}): {result.orphan_why.get(instance_id, 'orphan')}")
             deadline = now_s() + teardown_budget_s(spec.proof_interval_s)
             age_s = result.unseen.get(instance_id)
+            if instance_id in result.listed_dph_usd:  # a killed run may never have read it: `costs` estimates at it
+                _FanOut(src.where(instance_id=instance_id, label=label)).append(
+                    run_id, "repriced", label, instance_id=instance_id, dph_usd=result.listed_dph_usd[instance_id],
+                    detail="the price its v1 list row stated when the reap read it")
             with FreezeWatch() as freeze:  # a reap stopped (SIGSTOP, a suspend) in its teardown proves on resume
                 report = teardown_instance(client, _FanOut(src.where(instance_id=instance_id, label=label)),
                                            run_id=run_id, label=label, instance_id=instance_id,

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from vast_harness.caps.meter import CostMeter, finite_positive, plausible_dph
+from vast_harness.console.money import per_hour
 from vast_harness.console.output import Output
 from vast_harness.errors import CapReachedError, ExitCode, Interrupted, VastError
 from vast_harness.instance.absence import is_lingering
@@ -29,7 +30,7 @@ from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Instance
 from vast_harness.vast.row_price import row_price, rows_of
 
-MIN_READ_RETRY_S = 1.0  # a poll's per-id read retries at least this long (a 429's wait) before the list is read
+MIN_READ_WITHIN_S = 2.0  # a poll's read (per-id, or the list row in its place) answers within a poll or this
 LAST_PRICE_READ_RETRY_S = 5.0  # the last price read, the prelude's last act: brief, the DELETE comes next
 # The last price read as a whole (per-id read, then the list row): the DELETE waits behind it, so a stalled
 # API costs it this long at most, not each read's own timeout (red team r8: 65 s).
@@ -50,9 +51,10 @@ class InstanceReads:
         self._deleting = deleting
         self._cancel = cancel  # RunState.cancel: stop at the next phase boundary, then the usual teardown
         self.poll_s = poll_s  # how often the price watch re-reads the rented instance while the steps run
-        # How long one poll's per-id read may retry before the list row is read instead: the next poll is the
-        # next retry, and a price the list shows must not wait behind a read that keeps failing (red team r8).
-        self.read_retry_s = max(poll_s, MIN_READ_RETRY_S)
+        # A poll's per-id read is one attempt: the next poll is its retry, and when it fails the list row is read
+        # at once (red team r8, r9: retried for a poll interval, a 2000x price ran 12.5x over the cap meanwhile).
+        self.read_retry_s = 0.0
+        self.read_within_s = max(poll_s, MIN_READ_WITHIN_S)  # how long one poll's read may take to answer
         # The host's dead-man switch deletes the instance this long after it boots (cap + grace): past it, an
         # instance gone with no DELETE of ours was most likely deleted by the switch (the run was stopped)
         self.switch_allowance_s = switch_allowance_s
@@ -79,9 +81,9 @@ class InstanceReads:
                                      reason="no usable dph_total (missing, null, not a number or negative)")
             return
         if finite_positive(read.dph_total) and read.dph_total > inst.dph_usd:
-            self.out.warn(f"instance {inst.instance_id} bills ${read.dph_total:.4f}/h, not the "
-                          f"${inst.dph_usd:.4f}/h the search showed: the cap deadline moves earlier")
-            inst.dph_usd = read.dph_total
+            self.out.warn(f"instance {inst.instance_id} bills {per_hour(read.dph_total)}, not the "
+                          f"{per_hour(inst.dph_usd)} the search showed: the cap deadline moves earlier")
+            inst.dph_usd = plausible_dph(read.dph_total)
         self.meter.reprice(inst.instance_id, read.dph_total)
 
     def on_row(self, inst: CreatedInstance, body: Any, *, source: str) -> None:
@@ -90,12 +92,22 @@ class InstanceReads:
         an unreadable one is recorded and the last good price kept. Bookkeeping: never raises."""
         for row in rows_of(body, inst.instance_id):
             price = row_price(row)
-            change = self.meter.observe_price(inst.instance_id, price.dph_usd, source=source, reason=price.reason)
-            if change is not None and change.billed_dph_usd is not None:
-                self.out.warn(f"instance {inst.instance_id} bills ${change.billed_dph_usd:.4f}/h, not the "
-                              f"${change.searched_dph_usd:.4f}/h last read ({source}): the accrued figure counts "
-                              "it from the instance's start")
-                inst.dph_usd = change.billed_dph_usd
+            self._took(inst, self.meter.observe_price(inst.instance_id, price.dph_usd, source=source,
+                                                      reason=price.reason), source)
+
+    def on_own_row(self, inst: CreatedInstance, row: Instance, *, source: str) -> None:
+        """A parsed row of `inst` that carries its label, read by anything else (the ownership read before a
+        DELETE): its price counts like a list row's. Never raises."""
+        reason = None if row.dph_total is not None else "no usable dph_total (missing, null, not a number or negative)"
+        self._took(inst, self.meter.observe_price(inst.instance_id, row.dph_total, source=source, reason=reason),
+                   source)
+
+    def _took(self, inst: CreatedInstance, change: PriceChange | None, source: str) -> None:
+        if change is not None and change.billed_dph_usd is not None:
+            self.out.warn(f"instance {inst.instance_id} bills {per_hour(change.billed_dph_usd)}, not the "
+                          f"{per_hour(change.searched_dph_usd)} last read ({source}): the accrued figure counts "
+                          "it from the instance's start")
+            inst.dph_usd = plausible_dph(change.billed_dph_usd)
 
     def on_proof_round(self, inst: CreatedInstance, r: ProofRound) -> None:
         """An absence-proof round's three reads, each a row of ours when it shows one (a lingering row too: it
@@ -146,10 +158,10 @@ class InstanceReads:
             while inst is not None and not stop.wait(self.poll_s):
                 try:
                     read = self.client.get_instance(inst.instance_id, max_retry_s=self.read_retry_s,
-                                                    within_s=self.read_retry_s + self.poll_s)
+                                                    within_s=self.read_within_s)
                 except VastError:
                     # The per-id read failed: the list row still carries the price (a failed one changes nothing).
-                    self.list_price(inst, within_s=self.read_retry_s)
+                    self.list_price(inst, within_s=self.read_within_s)
                     if stop.is_set() or self._deleting(inst.instance_id):
                         return  # the body ended meanwhile: the teardown reads from here on
                     if self.meter.cut_by_cap():
@@ -222,23 +234,27 @@ class InstanceReads:
 
     def last_price_read(self, inst: CreatedInstance, *, max_retry_s: float = LAST_PRICE_READ_RETRY_S) -> None:
         """One more read of the rented price (a re-price can land between two polls, or steps can be shorter
-        than one), the per-id read or, when that fails, the list row: the record bills what the host billed,
-        and a run over the cap is not a pass (the verdict turns it into exit 6). Bounded as a whole by
-        LAST_PRICE_READ_S and by the meter's prelude deadline (the DELETE keeps its half of the margin): the
-        DELETE is waiting. Never raises."""
+        than one): the record bills what the host billed, and a run over the cap is not a pass (the verdict
+        turns it into exit 6). The list row by id first: its path is not the DELETE's, so the DELETE (paced
+        behind per-id reads of its instance) can follow it at once; the per-id read when the list fails or shows
+        no row. Bounded as a whole by LAST_PRICE_READ_S and by the meter's prelude deadline (the DELETE keeps
+        its half of the margin): the DELETE is waiting. Never raises."""
         until = min(self.meter.prelude_deadline(), self.meter.now() + LAST_PRICE_READ_S)
         left_s = until - self.meter.now()
         if left_s <= 0:
             self.out.warn(f"no time left before the DELETE to re-read instance {inst.instance_id}'s price; the "
-                          f"record bills the last price read (${inst.dph_usd:.4f}/h)")
+                          f"record bills the last price read ({per_hour(inst.dph_usd)})")
             return
+        x = self.client.list_instances_raw(instance_id=inst.instance_id, within_s=left_s / 2)
+        if x.status == 200 and rows_of(x.json, inst.instance_id):
+            self.on_row(inst, x.json, source="list by id")
+            return
+        left_s = until - self.meter.now()
         try:
-            read = self.client.get_instance(inst.instance_id, max_retry_s=min(max_retry_s, left_s / 2),
-                                            within_s=left_s / 2)  # the other half for the list row
+            read = self.client.get_instance(inst.instance_id, max_retry_s=min(max_retry_s, left_s), within_s=left_s)
             self.on_read(inst, read)
         except CapReachedError as exc:
             self.out.warn(str(exc))
         except VastError as exc:
-            self.out.warn(f"could not re-read instance {inst.instance_id}'s price before its DELETE: {exc}; "
-                          "reading its list row instead")
-            self.list_price(inst, within_s=max(0.0, until - self.meter.now()))
+            self.out.warn(f"could not re-read instance {inst.instance_id}'s price before its DELETE: {exc}; the "
+                          f"record bills the last price read ({per_hour(inst.dph_usd)})")

@@ -311,7 +311,7 @@ def _on_poll(t: RunTools, s: RunState, inst: CreatedInstance, read: Instance | N
 def _on_failed_poll(t: RunTools, s: RunState, inst: CreatedInstance) -> None:
     """A boot poll that failed (5xx, 429, a stalled read): the v1 list row still states the price, and a higher
     one moves the boot's deadline (it asks the meter at every poll)."""
-    t.reads.list_price(inst, within_s=t.reads.read_retry_s)
+    t.reads.list_price(inst, within_s=t.reads.read_within_s)
     s.check_cancelled()
 
 

@@ -162,7 +162,8 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
         if inst is None or inst.seen:
             return True
         within_s = max(0.2, min(OWNERSHIP_GUARD_READ_S, (meter.hard_deadline() - meter.now()) / 3))
-        label = foreign_label(client, inst, within_s=within_s, clock=meter.now)
+        label = foreign_label(client, inst, within_s=within_s, clock=meter.now,
+                              on_own_row=lambda row: reads.on_own_row(inst, row, source="ownership read"))
         if label is None:
             return True
         book.disown(inst, label)

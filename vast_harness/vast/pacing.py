@@ -100,6 +100,17 @@ class Pacer:
             finally:
                 self.release(token)
 
+    def wait_s(self, method: str, path: str) -> float:
+        """How long a request would wait for its slot if it were sent now (nothing is reserved)."""
+        key = endpoint_key(method, path).split(" ", 1)[1]
+        rule = RATE_RULES.get(endpoint_key(method, path), DEFAULT_RATE_RULE)
+        with self._lock:
+            now = self._clock()
+            hist = self._history.get(key, [])
+            if self._scale <= 0 or len(hist) < rule.calls:
+                return 0.0
+            return max(0.0, hist[-rule.calls] + rule.per_s * self._scale - now)
+
     def acquire(self, method: str, path: str) -> tuple[str, float]:
         """Block until this request may start; returns a token for `release`."""
         key = endpoint_key(method, path).split(" ", 1)[1]
