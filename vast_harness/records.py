@@ -162,9 +162,13 @@ class CreatedInstance(RecordedInstance):
 
     t_created_mono: float
     t_deleted_mono: float | None = None
+    # A row of it carrying the run's label was read (a per-id read, the list by id, the ownership read): it is
+    # the run's, and no ownership read need come before its DELETE. Unlike `seen`, a list row sets it too.
+    label_seen: bool = False
 
     def recorded(self) -> RecordedInstance:
-        return RecordedInstance.model_validate(self.model_dump(exclude={"t_created_mono", "t_deleted_mono"}))
+        return RecordedInstance.model_validate(self.model_dump(exclude={"t_created_mono", "t_deleted_mono",
+                                                                        "label_seen"}))
 
 
 class OfferSummary(BaseModel):

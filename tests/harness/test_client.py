@@ -635,15 +635,18 @@ def test_pacing__search_sliding_window(
     assert starts[10] - starts[0] >= 60.0
 
 
-def test_pacing__get_after_delete_of_same_instance_waits(
+def test_pacing__a_delete_never_waits_behind_a_read_of_its_instance(
     vast_api: respx.MockRouter, client: VastClient, fake_clock: FakeClock
 ) -> None:
+    # Each operation keeps its own pacing (its own x-rate-limit): a DELETE right after the run's read of the
+    # instance goes at once (red team r10: it waited 3 s with the cap already broken); a second DELETE waits 3 s.
     starts, record = _start_times(fake_clock, _json(200, {"instances": None}))
     vast_api.delete("/api/v0/instances/42/").mock(side_effect=record)
     vast_api.get("/api/v0/instances/42/").mock(side_effect=record)
-    client.destroy_instance(42)
     client.get_instance(42)
-    assert starts[1] - starts[0] == 2.0
+    client.destroy_instance(42)
+    client.destroy_instance(42)
+    assert [b - a for a, b in itertools.pairwise(starts)] == [0.0, 3.0]
 
 
 def test_pacing__independent_endpoints_and_scale_zero(
@@ -704,7 +707,7 @@ class _OverlapApi:
 
         class Handler(BaseHTTPRequestHandler):
             def _answer(self) -> None:
-                key = endpoint_key(self.command, self.path.split("?", 1)[0]).split(" ", 1)[1]
+                key = endpoint_key(self.command, self.path.split("?", 1)[0])
                 self.rfile.read(int(self.headers.get("content-length") or 0))
                 with api.lock:
                     api.arrivals.setdefault(key, []).append(time.monotonic())
@@ -762,7 +765,7 @@ def test_serialized_client__one_request_per_endpoint_in_flight(serialized: bool)
     `serialize_endpoints` was called, and each arrives at least the endpoint's interval after the previous one
     *completed*. Unserialised, the same load overlaps: slots are spaced from reservations, and an answer slower
     than the interval lets the next request arrive while it is still in flight (a 429 on Vast)."""
-    scale = 0.05  # GET and DELETE of an instance share one history: 0.1 s and 0.15 s here; users/current 0.05 s
+    scale = 0.05  # each operation its own history: GET 0.1 s and DELETE 0.15 s of instances; users/current 0.05 s
     api = _OverlapApi(delay_s=0.2)  # slower than every interval
     try:
         with VastClient(VAST_TEST_KEY, base_url=api.url, pacing_scale=scale, max_retry_s=0) as client:
@@ -771,14 +774,15 @@ def test_serialized_client__one_request_per_endpoint_in_flight(serialized: bool)
             _shared_by_threads(client)
     finally:
         api.close()
-    instance, user = "/api/v0/instances/{id}/", "/api/v0/users/current/"
-    assert len(api.arrivals[instance]) == 6 and len(api.arrivals[user]) == 3
+    read, delete, user = ("GET /api/v0/instances/{id}/", "DELETE /api/v0/instances/{id}/",
+                          "GET /api/v0/users/current/")
+    assert len(api.arrivals[read]) == 3 and len(api.arrivals[delete]) == 3 and len(api.arrivals[user]) == 3
     if not serialized:  # what a fleet's runs did without it: the assertions below are not vacuous
         assert max(api.peak.values()) > 1, api.peak
         return
-    assert api.peak == {instance: 1, user: 1}
+    assert api.peak == {read: 1, delete: 1, user: 1}
     assert api.peak_all >= 2  # per endpoint, not one lock for the whole client
-    for key, interval_s in ((instance, 0.1), (user, 0.05)):
+    for key, interval_s in ((read, 0.1), (delete, 0.15), (user, 0.05)):
         arrivals = sorted(api.arrivals[key])
         # the previous answer took 0.2 s, then the interval: arrivals at least that far apart
         assert min(b - a for a, b in itertools.pairwise(arrivals)) >= 0.2 + interval_s - 0.02
@@ -795,13 +799,16 @@ def test_pacer__serialize_is_per_endpoint_and_off_by_default() -> None:
     with pacer.slot("GET", "/api/v0/instances/1/"):
         with pacer.slot("GET", "/api/v0/users/current/"):
             pass  # another endpoint is free
-        def delete() -> None:
-            with pacer.slot("DELETE", "/api/v0/instances/2/"):
+        with pacer.slot("DELETE", "/api/v0/instances/1/"):
+            pass  # another operation on the same path is free too
+
+        def read() -> None:
+            with pacer.slot("GET", "/api/v0/instances/2/"):
                 entered.set()
 
-        t = threading.Thread(target=delete)
+        t = threading.Thread(target=read)
         t.start()
-        assert not entered.wait(0.2)  # GET and DELETE of instances share one endpoint: it waits
+        assert not entered.wait(0.2)  # per-id reads of instances are one endpoint: it waits
     assert entered.wait(5)
     t.join(timeout=5)
 

@@ -132,7 +132,7 @@ def make_spec(sim: SimServer, tmp_path: Path, steps: list[Step], *, max_usd: flo
                            ).with_timings(teardown_margin_s=2.0, poll_s=poll_s)
 
 
-def healed_at_the_delete(sim: SimServer) -> VastClient:
+def healed_at_the_delete(sim: SimServer, pacing_scale: float = SCALE) -> VastClient:
     """A client whose DELETE clears the simulator's faults first: the proof can read the instance again, as the
     teardown is not what these tests try."""
     class HealedAtTheDelete(VastClient):
@@ -140,7 +140,7 @@ def healed_at_the_delete(sim: SimServer) -> VastClient:
             sim.set_faults("")
             return super().destroy_instance(instance_id, **kw)
 
-    return HealedAtTheDelete(KEY, base_url=sim.url, pacing_scale=SCALE)
+    return HealedAtTheDelete(KEY, base_url=sim.url, pacing_scale=pacing_scale)
 
 
 def execute(run: GuardedRun, *, within_s: float):
@@ -432,3 +432,39 @@ def test_the_last_price_read_is_the_last_call_before_the_delete_at_real_pacing(s
                     and c["endpoint"] in ("show", "list"))
     gap_s = calls[first_delete]["time"] - last_read
     assert gap_s < 1.0, f"the DELETE went {gap_s:.2f} s after the last price read"
+
+
+def test_a_stalled_per_id_read_in_the_boot_is_cut_after_one_poll_and_the_list_read(sim, tmp_path):
+    # Red team r10 C: a per-id read that stalls (no answer) was waited on for the client's 30 s timeout before
+    # the list was read, while the host billed 500x: 29x over the cap. A poll's read answers within
+    # `read_within_s` (a poll, 2 to 5 s) or is cut, and the list row is read in its place.
+    sim.set_faults("reprice_offer:200;hang:show:40:*")  # ~$29/h: the $0.05 cap lasts ~6 s
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], max_usd=0.05, poll_s=0.25)
+    with healed_at_the_delete(sim) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=90)
+    billed = billed_usd(sim, run)
+    assert result.exit_code in (3, 6), result.message  # 3: a proof read still stalled when the budget ended
+    assert billed <= spec.caps.max_usd, f"billed ${billed:.4f} over the ${spec.caps.max_usd} cap"
+    assert run.meter.accrued_usd() >= billed
+
+
+@pytest.mark.parametrize("faults", ["reprice_offer:500", "reprice_offer:500;5xx:show:*"])
+def test_the_delete_follows_the_read_that_broke_the_cap_at_once_at_real_pacing(sim, tmp_path, faults: str):
+    # Red team r10 A: the read that showed a price past the cap came first, the DELETE 2-6 s later: it was paced
+    # behind the run's own reads of the instance (GET and DELETE shared a history), and an instance shown only
+    # by its list row was read once more for its label before the DELETE. Now it goes at once.
+    sim.set_faults(faults)
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="sleep 5", timeout_s=20)], max_usd=0.05, poll_s=10.0)
+    spec = spec.with_timings(teardown_margin_s=120.0)  # Vast's timings: the price leaves no time at once
+    spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_minutes": 3.0})})
+    with healed_at_the_delete(sim, pacing_scale=1.0) as client:  # Vast's own pacing
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=90)
+    assert result.exit_code == 6, result.message
+    iid = run.created[0].instance_id
+    calls = [c for c in sim.state()["calls"] if c["time"] >= run.state.t0_unix]
+    first_delete = next(i for i, c in enumerate(calls) if c["method"] == "DELETE" and str(iid) in c["path"])
+    priced = next(c["time"] for c in calls if c["method"] == "GET" and c["status"] == 200)  # per-id or list
+    assert calls[first_delete]["time"] - priced < 0.5, calls[:first_delete + 1]
+    assert billed_usd(sim, run) <= spec.caps.max_usd

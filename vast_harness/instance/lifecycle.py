@@ -151,19 +151,21 @@ def wait_ready(
     client: VastClient, instance_id: int, *, deadline: float | Callable[[], float], poll_s: float,
     null_grace_s: float, sleep: Sleep = time.sleep, on_poll: Callable[[Instance | None], None] | None = None,
     on_read_failed: Callable[[VastError], None] | None = None, read_retry_s: float | None = None,
-    clock: Clock = now_s,
+    read_within_s: float | None = None, clock: Clock = now_s,
 ) -> Instance:
     """Poll until running with an SSH endpoint; fail fast on failed states. `deadline` is on `clock`; a callable
     is asked again at every poll (a price learnt while booting moves the cap's deadline earlier). A read that
-    fails after `read_retry_s` of retries (default: until the deadline) is handed to `on_read_failed`, so the
-    caller can learn from another read what this one did not say (the v1 list row's price)."""
+    fails after `read_retry_s` of retries (default: until the deadline), or does not answer within
+    `read_within_s` (a stall), is handed to `on_read_failed`, so the caller can learn from another read what
+    this one did not say (the v1 list row's price)."""
     deadline_at = deadline if callable(deadline) else (lambda: deadline)
     started = clock()
     last = "no read yet"
     while True:
         try:  # a read in flight at the deadline ends there (its retries too): the cap's margin is not for it
+            left_s = max(0.0, deadline_at() - clock())
             inst = client.get_instance(instance_id, max_retry_s=read_retry_s,
-                                       within_s=max(0.0, deadline_at() - clock()))
+                                       within_s=left_s if read_within_s is None else min(left_s, read_within_s))
         except EndpointDeprecated:
             raise  # a retired path answers the same until the harness is updated: waiting cannot help
         except VastError as exc:

@@ -30,7 +30,8 @@ from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Instance
 from vast_harness.vast.row_price import row_price, rows_of
 
-MIN_READ_WITHIN_S = 2.0  # a poll's read (per-id, or the list row in its place) answers within a poll or this
+MIN_READ_WITHIN_S = 2.0  # a poll's read (per-id, or the list row in its place) answers within a poll, within
+MAX_READ_WITHIN_S = 5.0  # these bounds (Vast answers in ~0.5 s)
 LAST_PRICE_READ_RETRY_S = 5.0  # the last price read, the prelude's last act: brief, the DELETE comes next
 # The last price read as a whole (per-id read, then the list row): the DELETE waits behind it, so a stalled
 # API costs it this long at most, not each read's own timeout (red team r8: 65 s).
@@ -54,7 +55,9 @@ class InstanceReads:
         # A poll's per-id read is one attempt: the next poll is its retry, and when it fails the list row is read
         # at once (red team r8, r9: retried for a poll interval, a 2000x price ran 12.5x over the cap meanwhile).
         self.read_retry_s = 0.0
-        self.read_within_s = max(poll_s, MIN_READ_WITHIN_S)  # how long one poll's read may take to answer
+        # How long one poll's read may take to answer: a stalled one is cut then and the list row read instead
+        # (red team r10: a stall waited out the client's 30 s timeout while the host billed 500x).
+        self.read_within_s = min(max(poll_s, MIN_READ_WITHIN_S), MAX_READ_WITHIN_S)
         # The host's dead-man switch deletes the instance this long after it boots (cap + grace): past it, an
         # instance gone with no DELETE of ours was most likely deleted by the switch (the run was stopped)
         self.switch_allowance_s = switch_allowance_s
@@ -71,6 +74,8 @@ class InstanceReads:
     def on_read(self, inst: CreatedInstance, read: Instance | None) -> None:
         """Every per-id read of the rented instance: the first that shows it is recorded, and its own price
         replaces the search's when higher. Raises CapReachedError when that price breaks the cap."""
+        if read is not None and read.label == inst.label:
+            inst.label_seen = True
         if read is not None and not inst.seen:
             inst.seen = True
             self.ledger.append(self.run_id, "seen", inst.label, instance_id=inst.instance_id, detail="in a per-id read")
@@ -91,6 +96,8 @@ class InstanceReads:
         by id, an absence-proof round's reads): a higher price re-prices the meter from the instance's start,
         an unreadable one is recorded and the last good price kept. Bookkeeping: never raises."""
         for row in rows_of(body, inst.instance_id):
+            if row.get("label") == inst.label:
+                inst.label_seen = True  # the run's: its DELETE needs no ownership read first
             price = row_price(row)
             self._took(inst, self.meter.observe_price(inst.instance_id, price.dph_usd, source=source,
                                                       reason=price.reason), source)
@@ -98,6 +105,7 @@ class InstanceReads:
     def on_own_row(self, inst: CreatedInstance, row: Instance, *, source: str) -> None:
         """A parsed row of `inst` that carries its label, read by anything else (the ownership read before a
         DELETE): its price counts like a list row's. Never raises."""
+        inst.label_seen = True
         reason = None if row.dph_total is not None else "no usable dph_total (missing, null, not a number or negative)"
         self._took(inst, self.meter.observe_price(inst.instance_id, row.dph_total, source=source, reason=reason),
                    source)
@@ -235,9 +243,8 @@ class InstanceReads:
     def last_price_read(self, inst: CreatedInstance, *, max_retry_s: float = LAST_PRICE_READ_RETRY_S) -> None:
         """One more read of the rented price (a re-price can land between two polls, or steps can be shorter
         than one): the record bills what the host billed, and a run over the cap is not a pass (the verdict
-        turns it into exit 6). The list row by id first: its path is not the DELETE's, so the DELETE (paced
-        behind per-id reads of its instance) can follow it at once; the per-id read when the list fails or shows
-        no row. Bounded as a whole by LAST_PRICE_READ_S and by the meter's prelude deadline (the DELETE keeps
+        turns it into exit 6). The list row by id first, the per-id read when the list fails or shows no
+        row; the DELETE follows at once (its pacing is its own, not the reads'). Bounded as a whole by LAST_PRICE_READ_S and by the meter's prelude deadline (the DELETE keeps
         its half of the margin): the DELETE is waiting. Never raises."""
         until = min(self.meter.prelude_deadline(), self.meter.now() + LAST_PRICE_READ_S)
         left_s = until - self.meter.now()

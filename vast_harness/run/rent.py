@@ -261,7 +261,7 @@ def boot(t: RunTools, s: RunState, inst: CreatedInstance, *, offer: Offer | None
                            poll_s=spec.poll_s, null_grace_s=NULL_GRACE_S,
                            on_poll=lambda read: _on_poll(t, s, inst, read),
                            on_read_failed=lambda _exc: _on_failed_poll(t, s, inst),
-                           read_retry_s=t.reads.read_retry_s, clock=t.clock)
+                           read_retry_s=t.reads.read_retry_s, read_within_s=t.reads.read_within_s, clock=t.clock)
         t.reads.on_read(inst, ready)
         s.check_cancelled()
         # The price may have moved the deadline: SSH gets what is left of the boot's, never more.

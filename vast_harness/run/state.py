@@ -159,7 +159,7 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
         """An instance no read has shown with the run's label is read once, briefly (the cap is near), before the
         guard deletes it (run/ownership.py)."""
         inst = next((i for i in book.created if i.instance_id == instance_id), None)
-        if inst is None or inst.seen:
+        if inst is None or inst.seen or inst.label_seen:  # a row with the run's label was read: the run's
             return True
         within_s = max(0.2, min(OWNERSHIP_GUARD_READ_S, (meter.hard_deadline() - meter.now()) / 3))
         label = foreign_label(client, inst, within_s=within_s, clock=meter.now,

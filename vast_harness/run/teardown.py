@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import time
 
-from vast_harness.clock import FreezeWatch, now_s
+from vast_harness.clock import FreezeWatch
 from vast_harness.errors import ExitCode, VastError
 from vast_harness.host.deadman import read_log
 from vast_harness.instance.lifecycle import find_by_label, teardown_instance
 from vast_harness.records import CreatedInstance, DeleteAck, InstanceTeardown, ProofRound
-from vast_harness.run.instance_reads import LAST_PRICE_READ_RETRY_S, LAST_PRICE_READ_S
+from vast_harness.run.instance_reads import LAST_PRICE_READ_RETRY_S
 from vast_harness.run.ownership import foreign_label, record_disowned
 from vast_harness.run.state import RunState, RunTools, Stage, signalled
 
@@ -58,19 +58,8 @@ def final_price_reads(t: RunTools, s: RunState) -> None:
     retry_s = CANCEL_PRICE_READ_RETRY_S if s.cancelled.is_set() else LAST_PRICE_READ_RETRY_S
     for inst in t.book.live():
         if inst.seen:  # one no read has shown may not be ours (a create answer can name another's): DELETE first
-            await_delete_slot(t, inst)
             t.reads.last_price_read(inst, max_retry_s=retry_s)
 
-
-def await_delete_slot(t: RunTools, inst: CreatedInstance) -> None:
-    """Wait out what the DELETE of `inst` would wait for its pacing slot anyway (GET and DELETE of an instance
-    share a history: up to 3 s after its last per-id read), so the read that comes next is the last thing
-    before the DELETE; a price that changes in that wait is then seen (red team r9: exit 0 over the cap). Never
-    longer than that wait, LAST_PRICE_READ_S or the prelude deadline; a signal ends it (the DELETE goes first)."""
-    wait_s = min(t.client.delete_wait_s(inst.instance_id), LAST_PRICE_READ_S, t.meter.prelude_deadline() - t.clock())
-    until = now_s() + wait_s  # the clock sleeps run on: the run's may be one a test steps
-    while not signalled(t) and (left_s := until - now_s()) > 0:
-        time.sleep(min(AWAIT_STEP_S, left_s))
 
 
 def read_deadman_log(t: RunTools, s: RunState) -> None:
@@ -117,9 +106,8 @@ OWNERSHIP_READ_S = 3.0  # the one read that checks a never-read instance's label
 def _not_ours(t: RunTools, s: RunState, inst: CreatedInstance) -> bool:
     """True when the row of an instance no read has shown yet carries another label, or none (run/ownership.py):
     it is disowned, and the label sweep then looks for the run's own."""
-    if inst.seen or t.cap_guard.is_claimed(inst.instance_id):
+    if inst.seen or inst.label_seen or t.cap_guard.is_claimed(inst.instance_id):
         return False
-    await_delete_slot(t, inst)  # the read goes in the wait the DELETE has anyway: the last thing before it
     label = foreign_label(t.client, inst, within_s=OWNERSHIP_READ_S, clock=t.clock,
                           on_own_row=lambda row: t.reads.on_own_row(inst, row, source="ownership read"))
     if label is None:

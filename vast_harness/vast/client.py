@@ -428,11 +428,6 @@ class VastClient:
         data = self._call("GET", path, retry=True, max_retry_s=max_retry_s, min_attempts=min_attempts)
         return self._model(User, data, "GET", path)
 
-    def delete_wait_s(self, instance_id: int) -> float:
-        """How long a DELETE of `instance_id` sent now would wait for its pacing slot (GET and DELETE of one
-        instance share a history): the teardown's last read of the price goes in that wait, not before it."""
-        return self._pacer.wait_s("DELETE", ENDPOINT_PATHS["destroy_instance"].format(id=instance_id))
-
     def exchange(
         self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None,
         within_s: float | None = None,

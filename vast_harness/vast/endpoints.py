@@ -2,7 +2,7 @@
 
 The client (`client.py`) calls these, the pacing (`pacing.py`) keys its rate rules on them, and the onstart's
 dead-man switch (`onstart.py`) deletes and reads its own instance through `instance`. A path's `{id}` is the
-pacing key's placeholder. GET and DELETE of an instance share one path, as the pacing assumes.
+pacing key's placeholder. GET and DELETE of an instance share one path; the pacing keys each operation apart.
 """
 
 from __future__ import annotations

@@ -54,8 +54,11 @@ class Pacer:
     Slots are reserved under a lock and slept outside it, so the watchdog thread and the main thread
     queue up instead of racing. A slot's time is moved to the request's *completion*: the server sees
     the previous request arrive no later than that, so the gap it measures is at least the interval.
-    Vast may key limits by path regardless of method (unconfirmed), so GET and DELETE of the same
-    instance share one history, each honouring its own rule.
+    Each operation keeps its own history (method and path): Vast's OpenAPI gives each its own
+    `x-rate-limit` (the per-id read 2 s, its DELETE 3 s), and its docs call some limits method-specific. An
+    earlier reading shared one history for GET and DELETE of an instance (unconfirmed either way); it made
+    every DELETE wait up to 3 s behind the run's own last read, with the cap already broken (red team r10: 3-6 s
+    at 500x). Should Vast share them after all, such a DELETE draws a 429 and is retried.
 
     Moving a slot to the completion helps only when requests to one endpoint do not overlap: two threads'
     creates are reserved 4.5 s apart from each other's start, and if the first reaches the server late they
@@ -90,7 +93,7 @@ class Pacer:
         """Around one request: its paced slot and, when serialized, the endpoint to itself until it completes."""
         gate: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
         if self._serialized:
-            key = endpoint_key(method, path).split(" ", 1)[1]  # the history's key: GET and DELETE share it
+            key = endpoint_key(method, path)  # the history's key: one per operation
             with self._lock:
                 gate = self._in_flight.setdefault(key, threading.Lock())
         with gate:  # taken before the slot is reserved, so the slot is spaced from the previous completion
@@ -100,21 +103,10 @@ class Pacer:
             finally:
                 self.release(token)
 
-    def wait_s(self, method: str, path: str) -> float:
-        """How long a request would wait for its slot if it were sent now (nothing is reserved)."""
-        key = endpoint_key(method, path).split(" ", 1)[1]
-        rule = RATE_RULES.get(endpoint_key(method, path), DEFAULT_RATE_RULE)
-        with self._lock:
-            now = self._clock()
-            hist = self._history.get(key, [])
-            if self._scale <= 0 or len(hist) < rule.calls:
-                return 0.0
-            return max(0.0, hist[-rule.calls] + rule.per_s * self._scale - now)
-
     def acquire(self, method: str, path: str) -> tuple[str, float]:
         """Block until this request may start; returns a token for `release`."""
-        key = endpoint_key(method, path).split(" ", 1)[1]
-        rule = RATE_RULES.get(endpoint_key(method, path), DEFAULT_RATE_RULE)
+        key = endpoint_key(method, path)
+        rule = RATE_RULES.get(key, DEFAULT_RATE_RULE)
         with self._lock:
             now = self._clock()
             hist = self._history.setdefault(key, [])
