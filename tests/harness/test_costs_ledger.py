@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vast_harness.ops.costs import estimate_usd
+from vast_harness.ops.costs import collect, estimate_usd
 from vast_harness.state.ledger import Ledger, LedgerEntry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +108,26 @@ def test_the_estimate_bills_the_highest_price_the_run_recorded_from_the_create()
     # another label's line carrying the same instance id (the simulator's seeded ids) is not this run's price
     other = [*lines[:2], line(20, "r2", "repriced", instance_id=9, dph_usd=360.0, label="vh-other"), lines[-1]]
     assert estimate_usd(other) == pytest.approx(0.36)
+
+
+def test_a_run_killed_during_its_create_is_estimated_from_its_intent_when_a_reap_finds_it_by_label():
+    # Red team r10: killed with -9 while its PUT was out, the run wrote its intent and nothing else; a reap
+    # found the instance by its label and deleted it. `costs` listed no run at all (no line of the run names an
+    # instance). The reap's lines under the run's label name it; billing began no earlier than the intent.
+    lines = [line(0, "r", "intent", offer_id=1, dph_usd=0.36),
+             line(3600, "reap-x", "delete_ack", instance_id=9), line(3610, "reap-x", "absence", instance_id=9,
+                                                                     verdict="gone")]
+    assert estimate_usd(lines) == pytest.approx(0.361)
+
+
+def test_costs_lists_a_run_killed_during_its_create_that_a_reap_found(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    ledger.append("20261204T000000Z-aaaaaa", "intent", "vh-20261204T000000Z-aaaaaa-o1", offer_id=1, dph_usd=0.36)
+    ledger.append("reap-1", "delete_ack", "vh-20261204T000000Z-aaaaaa-o1", instance_id=9, detail="deleted")
+    ledger.append("reap-1", "absence", "vh-20261204T000000Z-aaaaaa-o1", instance_id=9, verdict="gone")
+    runs = collect(tmp_path, [tmp_path / "ledger.jsonl"])
+    killed = [r for r in runs if r.run_id == "20261204T000000Z-aaaaaa"]
+    assert len(killed) == 1 and killed[0].instances == [9] and killed[0].estimated, runs
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import threading
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from pydantic import SecretStr
 from tests.harness.conftest import FakeClock
 from vast_harness.caps.meter import CostMeter
 from vast_harness.console.output import Output
-from vast_harness.errors import TransportError
+from vast_harness.errors import Interrupted, TransportError
 from vast_harness.instance.lifecycle import with_list_ports
 from vast_harness.records import CreatedInstance, ProofRound
 from vast_harness.run.host_work import HostWork
@@ -468,3 +469,27 @@ def test_the_delete_follows_the_read_that_broke_the_cap_at_once_at_real_pacing(s
     priced = next(c["time"] for c in calls if c["method"] == "GET" and c["status"] == 200)  # per-id or list
     assert calls[first_delete]["time"] - priced < 0.5, calls[:first_delete + 1]
     assert billed_usd(sim, run) <= spec.caps.max_usd
+
+
+def test_a_create_a_signal_cut_short_is_found_by_its_label_as_soon_as_it_lands(sim, tmp_path):
+    # Red team r10 B: a signal while the create was held by the API: the PUT's answer never reached the run,
+    # and its label sweep slept out the whole read-lag window (30 s on Vast) before its first list, while the
+    # instance, landed 1.7 s in, billed 200x: 10x the cap. The sweep lists at once and every proof interval
+    # until the window has passed, deleting what it finds as soon as it appears.
+    class InterruptedCreate(VastClient):
+        def create_instance(self, offer_id: int, body: dict[str, Any]) -> Any:
+            threading.Thread(target=VastClient.create_instance, args=(self, offer_id, body), daemon=True).start()
+            time.sleep(0.05)  # the PUT is out; the signal arrives while the API holds it
+            raise Interrupted(signal.SIGTERM)
+
+    sim.set_faults("create_hold:1:1")
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], poll_s=0.25)
+    spec = spec.with_timings(read_lag_window_s=20.0, proof_interval_s=0.25)
+    spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_minutes": 3.0})})
+    with InterruptedCreate(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=90)
+    assert result.exit_code == 130, result.message
+    mine = [i for i in sim.state()["instances"] if str(i["label"]).startswith(f"vh-{run.run_id}")]
+    assert len(mine) == 1 and not mine[0]["live"], mine
+    assert mine[0]["billed_seconds"] < 8, f"the instance lived {mine[0]['billed_seconds']:.1f} s after landing"

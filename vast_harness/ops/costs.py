@@ -83,16 +83,22 @@ def estimate_usd(entries: list[LedgerEntry]) -> float | None:
     (the run, killed before its re-read, never knew; the reap's DELETE did it). Every line's reader writes it
     after the event, so the span errs long, never short."""
     price: dict[str, float] = {}
+    intent_t: dict[str, float] = {}
     start: dict[int, tuple[float, str]] = {}
     raised: dict[tuple[int, str], float] = {}  # the highest `repriced` $/h per (instance, label)
     for e in entries:
-        if e.event == "intent" and e.dph_usd is not None:
-            price.setdefault(e.label, e.dph_usd)
+        if e.event == "intent":
+            intent_t.setdefault(e.label, e.t_unix)
+            if e.dph_usd is not None:
+                price.setdefault(e.label, e.dph_usd)
         if e.instance_id is not None and e.event in ("created", "create_failed"):
             start.setdefault(e.instance_id, (e.t_unix, e.label))
         if e.event == "repriced" and e.instance_id is not None and e.dph_usd is not None:
             key = (e.instance_id, e.label)
             raised[key] = max(raised.get(key, 0.0), e.dph_usd)
+    for e in entries:  # no create line names it (killed while its PUT was out): a reap found it by its label
+        if e.instance_id is not None and e.instance_id not in start and e.label in intent_t:
+            start[e.instance_id] = (intent_t[e.label], e.label)  # its bill began after the intent, not before
     end: dict[int, float] = {}
     for e in entries:
         if e.instance_id in start and e.label == start[e.instance_id][1] and \
@@ -128,7 +134,11 @@ def collect(evidence_dir: Path, ledgers: list[Path] | None = None) -> list[RunCo
         if found is not None:
             runs[run_id] = found
             continue
-        instances = sorted({e.instance_id for e in lines if e.instance_id is not None})
+        # Its instances: those its own lines name, and those a reap found by one of its labels (killed while
+        # its PUT was out, the run never learnt the id).
+        labels = {e.label for e in lines if e.event == "intent"}
+        instances = sorted({e.instance_id for e in entries if e.instance_id is not None
+                            and (e.run_id == run_id or (e.run_id.startswith("reap-") and e.label in labels))})
         if not instances:  # an intent that never rented cost nothing
             continue
         # Every line of a run, the reaps' included, is needed for the span: a reap deletes a killed run's host.
