@@ -1183,3 +1183,23 @@ def test_a_404_after_an_unanswered_delete_of_ours_is_not_someone_elses_delete(lo
             assert client.destroy_instance(7) == "already_gone"  # a first answer of 404: nothing of ours was lost
     finally:
         server.close()
+
+
+def test_a_delete_past_the_cap_is_retried_at_its_own_pace_not_backed_off(
+    vast_api: respx.MockRouter, make_client, fake_clock: FakeClock
+) -> None:
+    # Red team r11: a DELETE failing 503 four times after the cap had passed (its land-by deadline behind it)
+    # was retried 6, 5, 9 and 16 s apart, the backoff growing while the host billed 500x: 30x the cap. Past
+    # its deadline a DELETE is retried at its rate limit's pace (3 s), never backed off further.
+    client = make_client(max_retry_s=300)
+    starts: list[float] = []
+    answers = iter([_json(503, {"error": "x"})] * 4 + [_json(200, {"success": True})])
+
+    def record(request: httpx.Request) -> httpx.Response:
+        starts.append(fake_clock())
+        return next(answers)
+
+    vast_api.delete("/api/v0/instances/7/").mock(side_effect=record)
+    assert client.destroy_instance(7, land_within_s=0.0) == "deleted"
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(gaps) == 4 and max(gaps) <= 3.0 + 1e-6, gaps

@@ -78,6 +78,8 @@ MAX_RECORDED_TEXT_CHARS = 1_000_000
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # far above 8 pages of 1,000 offers; a bound against a flooding proxy
 # create_instance.yaml documents threshold 4.5 s and "penalty: 12" for PUT /asks/: after a 429, wait at least this.
 CREATE_429_PENALTY_S = 12.0
+# A DELETE past its land-by deadline (the cap) is retried this often: the DELETE's own rate limit (3 s), no slower.
+OVERDUE_RETRY_WAIT_S = 3.0
 _SENSITIVE_FIELDS = frozenset({"api_key", "instance_api_key"})
 _GONE_CODES = frozenset({"not_found", "no_such_instance"})
 _OFFER_GONE_WORDS = ("unavailable", "no longer rentable", "already been rented", "already rented")
@@ -583,7 +585,8 @@ class VastClient:
         waits of at least `min_wait_s`, a total bound measured on the injected clock (so it includes pacing
         waits and holds under a fake sleep), and at least `min_attempts` attempts whatever the bound. Before
         `land_by` (a cap's deadline) a wait is at most a quarter of the time left to it: a backoff grown to
-        20 s must not carry a DELETE's next attempt past the cap."""
+        20 s must not carry a DELETE's next attempt past the cap; after it, at most OVERDUE_RETRY_WAIT_S (red
+        team r11: backed off to 16 s while the host billed 500x)."""
         start = self._clock()
         bound_s = self._max_retry_s if max_retry_s is None else min(self._max_retry_s, max_retry_s)
         backoff = self._wait if min_wait_s <= 0 else wait_combine(self._wait, wait_fixed(min_wait_s))
@@ -593,6 +596,8 @@ class VastClient:
             left_s = None if land_by is None else land_by - self._clock()
             if left_s is not None and left_s > 0:
                 w = max(min_wait_s, min(w, left_s / 4))
+            elif left_s is not None:  # past the cap every second bills: retried at the DELETE's own pace
+                w = max(min_wait_s, min(w, OVERDUE_RETRY_WAIT_S * self._pacer_scale))
             return w
 
         def stop(state: RetryCallState) -> bool:
