@@ -617,11 +617,19 @@ def test_a_create_whose_ledger_line_takes_past_the_cap_to_write_does_not_keep_th
 @pytest.mark.slow
 def test_a_boot_read_that_hangs_at_the_cap_does_not_hold_the_delete_past_it(sim, tmp_path):
     # The boot polls the instance under the client's own bounds (here a 20 s answer, and retries): a read that
-    # hangs near the cap's work deadline must end there, so the DELETE still lands before the cap.
+    # hangs must not hold the boot to the cap. A poll's read is cut after 2 s (the list row read in its place,
+    # red team r10), the next poll finds the instance, and the 6 s-capped run passes inside its caps; before
+    # that cut the hang held the boot to the cap's work deadline (exit 6, the DELETE still in time).
     from vast_harness.vast.client import Timeouts
 
     sim.set_faults("hang:show:20:1")
-    run_capped(sim, tmp_path, "true", client_kw=dict(timeouts=Timeouts(read_s=30, total_s=20)))
+    spec = _capped(sim, tmp_path, "true")
+    start = time.time()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE, timeouts=Timeouts(read_s=30, total_s=20)) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=30)
+    assert result.exit_code == 0, result.message
+    assert_within_caps(sim, run, spec, start)
 
 
 @pytest.mark.slow
