@@ -144,6 +144,17 @@ def healed_at_the_delete(sim: SimServer, pacing_scale: float = SCALE) -> VastCli
     return HealedAtTheDelete(KEY, base_url=sim.url, pacing_scale=pacing_scale)
 
 
+def boot_under_faults(sim: SimServer, tmp_path: Path, faults: str, *, max_usd: float, poll_s: float,
+                      within_s: float) -> tuple[GuardedRun, Any, float]:
+    """One run of `true` under `faults`, its reads healed at its DELETE: the run, its result, the bill."""
+    sim.set_faults(faults)
+    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], max_usd=max_usd, poll_s=poll_s)
+    with healed_at_the_delete(sim) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+        result = execute(run, within_s=within_s)
+    return run, result, billed_usd(sim, run)
+
+
 def execute(run: GuardedRun, *, within_s: float):
     box: dict = {}
     worker = threading.Thread(target=lambda: box.setdefault("result", run.execute()), daemon=True)
@@ -388,14 +399,11 @@ def test_the_boots_first_failed_read_reads_the_list_at_once_and_a_2000x_price_ke
     # list was read (8.7 s at real timings) while the host billed 500x: 12.5x over the cap. One attempt per
     # poll: the list row is read straight after the first failure, the price is learnt, the run stops (here
     # 2000x: the cap lasts ~0.6 s).
-    sim.set_faults("reprice_offer:2000;5xx:show:*")  # ~$290/h: the $0.05 cap lasts ~0.6 s
-    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], max_usd=0.05, poll_s=2.0)
-    with healed_at_the_delete(sim) as client:
-        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
-        result = execute(run, within_s=60)
-    billed = billed_usd(sim, run)
+    # ~$290/h: the $0.05 cap lasts ~0.6 s
+    run, result, billed = boot_under_faults(sim, tmp_path, "reprice_offer:2000;5xx:show:*", max_usd=0.05,
+                                            poll_s=2.0, within_s=60)
     assert result.exit_code == 6, result.message
-    assert billed <= spec.caps.max_usd, f"billed ${billed:.4f} over the ${spec.caps.max_usd} cap"
+    assert billed <= 0.05, f"billed ${billed:.4f} over the $0.05 cap"
     assert run.meter.accrued_usd() >= billed
 
 
@@ -418,8 +426,8 @@ def test_a_row_the_ownership_read_shows_re_prices_the_run(sim, tmp_path):
 def test_the_last_price_read_is_the_last_call_before_the_delete_at_real_pacing(sim, tmp_path):
     # Red team r9 B1: at Vast's pacing the DELETE waited 3 s behind the last per-id read (GET and DELETE of one
     # instance share a pacing history): a price changed in those 3 s was billed unseen and the run exited 0
-    # over its cap. The last read now waits for the DELETE's slot, then reads the list row (another path), so
-    # the DELETE follows it at once.
+    # over its cap. Each operation is now paced apart, so the DELETE follows the last read (the list row) at
+    # once.
     spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], poll_s=0.25)
     spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_minutes": 3.0})})
     with VastClient(KEY, base_url=sim.url, pacing_scale=1.0) as client:
@@ -439,14 +447,11 @@ def test_a_stalled_per_id_read_in_the_boot_is_cut_after_one_poll_and_the_list_re
     # Red team r10 C: a per-id read that stalls (no answer) was waited on for the client's 30 s timeout before
     # the list was read, while the host billed 500x: 29x over the cap. A poll's read answers within
     # `read_within_s` (a poll, 2 to 5 s) or is cut, and the list row is read in its place.
-    sim.set_faults("reprice_offer:200;hang:show:40:*")  # ~$29/h: the $0.05 cap lasts ~6 s
-    spec = make_spec(sim, tmp_path, [Step(name="s", run="true", timeout_s=20)], max_usd=0.05, poll_s=0.25)
-    with healed_at_the_delete(sim) as client:
-        run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
-        result = execute(run, within_s=90)
-    billed = billed_usd(sim, run)
+    # ~$29/h: the $0.05 cap lasts ~6 s
+    run, result, billed = boot_under_faults(sim, tmp_path, "reprice_offer:200;hang:show:40:*", max_usd=0.05,
+                                            poll_s=0.25, within_s=90)
     assert result.exit_code in (3, 6), result.message  # 3: a proof read still stalled when the budget ended
-    assert billed <= spec.caps.max_usd, f"billed ${billed:.4f} over the ${spec.caps.max_usd} cap"
+    assert billed <= 0.05, f"billed ${billed:.4f} over the $0.05 cap"
     assert run.meter.accrued_usd() >= billed
 
 

@@ -33,7 +33,7 @@ from vast_harness.vast.row_price import row_price, rows_of
 MIN_READ_WITHIN_S = 2.0  # a poll's read (per-id, or the list row in its place) answers within a poll, within
 MAX_READ_WITHIN_S = 5.0  # these bounds (Vast answers in ~0.5 s)
 LAST_PRICE_READ_RETRY_S = 5.0  # the last price read, the prelude's last act: brief, the DELETE comes next
-# The last price read as a whole (per-id read, then the list row): the DELETE waits behind it, so a stalled
+# The last price read as a whole (the list row, then the per-id read): the DELETE waits behind it, so a stalled
 # API costs it this long at most, not each read's own timeout (red team r8: 65 s).
 LAST_PRICE_READ_S = 6.0
 WATCH_JOIN_S = 5.0  # the price watcher's thread gets this long to notice the steps ended

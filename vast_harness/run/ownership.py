@@ -30,8 +30,8 @@ def record_disowned(ledger: Ledger, run_id: str, inst: CreatedInstance, row_labe
 def foreign_label(client: VastClient, inst: CreatedInstance, *, within_s: float, clock: Clock,
                   on_own_row: Callable[[Instance], None] | None = None) -> str | None:
     """The label (`""` for none) of `inst`'s row when it is not the run's; None when the row carries the run's
-    label (then `on_own_row` is given it: its price counts) or cannot be read. The v1 list by id first: its path
-    is not the DELETE's, which the pacing spaces from per-id reads of the instance; then the per-id read."""
+    label (then `on_own_row` is given it: its price counts) or cannot be read. The v1 list by id first (the
+    read that still answers when per-id reads fail: a refused v0 path, a 5xx), then one per-id attempt."""
     until = clock() + within_s
     try:
         row = next((r for r in client.list_instances(instance_id=inst.instance_id, within_s=within_s / 2)

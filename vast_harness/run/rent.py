@@ -255,7 +255,7 @@ def boot(t: RunTools, s: RunState, inst: CreatedInstance, *, offer: Offer | None
     assert s.key is not None
     try:
         # The deadline is asked again at every poll: a price learnt while booting moves the cap's earlier. A
-        # read that fails gives up after one poll's retries, and the list row tells the price it did not.
+        # poll's read is one attempt, cut after `read_within_s`; when it fails the list row tells the price.
         fixed_deadline = boot_deadline
         ready = wait_ready(t.client, inst.instance_id, deadline=lambda: min(fixed_deadline, meter.deadline()),
                            poll_s=spec.poll_s, null_grace_s=NULL_GRACE_S,

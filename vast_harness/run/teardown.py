@@ -21,8 +21,7 @@ from vast_harness.run.state import RunState, RunTools, Stage, signalled
 
 DEADMAN_LOG_READ_S = 3.0  # reading the switch's log back at teardown: brief, DELETE comes next
 CANCEL_PRICE_READ_RETRY_S = 2.0  # the price read of a run a cap cancelled (a signal skips it: DELETE first)
-STRAY_PRICE_READ_S = 3.0
-AWAIT_STEP_S = 0.05  # how often the wait for the DELETE's slot looks for a signal  # reading the price of an instance the label sweep found (then it is deleted)
+STRAY_PRICE_READ_S = 3.0  # reading the price of an instance the label sweep found (then it is deleted)
 
 
 def pull_evidence(t: RunTools, s: RunState, *, in_teardown: bool) -> None:
