@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-KINDS = ("mfu", "proofs", "mps")
+KINDS = ("mfu", "proofs", "mps", "receipt")
 
 
 class CheckerMissing(RuntimeError):
