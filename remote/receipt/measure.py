@@ -106,12 +106,12 @@ def _repeat(device: torch.device, fn: Callable[[], object], *, warmup_s: float, 
             min_iters: int = 5, max_iters: int = 200) -> list[float]:
     """Warm up for `warmup_s`, then time single calls until `measure_s` is spent (at least `min_iters`)."""
     timer = _Timer(device)
+    # Each warm-up call is waited for: unwaited, asynchronous launches fill the device's queue (~1,000 deep) and
+    # the warm-up overran its seconds several times over (a lent H200, 2026-12-06: 15 s of copies for 5 s).
     until = time.perf_counter() + warmup_s
-    fn()
+    timer.time_s(fn)
     while time.perf_counter() < until:
-        fn()
-    if is_cuda(device):
-        torch.cuda.synchronize(device)
+        timer.time_s(fn)
     times: list[float] = []
     until = time.perf_counter() + measure_s
     while len(times) < max_iters and (len(times) < min_iters or time.perf_counter() < until):
@@ -164,8 +164,7 @@ def _device_copy(device: torch.device, *, seconds: float, nbytes: int | None = N
 
 
 def pinned_buffer(nbytes: int = HOST_COPY_BYTES) -> torch.Tensor:
-    """Page-locked host memory for the copy engines; its content does not matter to a copy, so it is not filled
-    (filling 1 GiB on the host took ~25 s of a 90 s budget on a lent H100)."""
+    """Page-locked host memory for the copy engines; its content does not matter to a copy, so it is not filled."""
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
