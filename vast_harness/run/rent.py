@@ -37,8 +37,9 @@ from vast_harness.run.arrival import check_arrival
 from vast_harness.run.key_attach import attach_run_key
 from vast_harness.run.ownership import record_disowned
 from vast_harness.run.rent_book import CreateOutcome, NotRented, Rented
-from vast_harness.run.state import RunState, RunTools, Stage
+from vast_harness.run.state import RunState, Stage
 from vast_harness.run.teardown import teardown_one
+from vast_harness.run.tools import RunTools
 from vast_harness.spec.values import check_evidence_dir
 from vast_harness.state.registry import Registration, RunRegistry, make_label, this_host
 from vast_harness.timings import TeardownBudget

@@ -17,7 +17,8 @@ from vast_harness.instance.lifecycle import find_by_label, teardown_instance
 from vast_harness.records import CreatedInstance, DeleteAck, InstanceTeardown, ProofRound
 from vast_harness.run.instance_reads import LAST_PRICE_READ_RETRY_S
 from vast_harness.run.ownership import foreign_label, record_disowned
-from vast_harness.run.state import RunState, RunTools, Stage, signalled
+from vast_harness.run.state import RunState, Stage
+from vast_harness.run.tools import RunTools, signalled
 
 DEADMAN_LOG_READ_S = 3.0  # reading the switch's log back at teardown: brief, DELETE comes next
 CANCEL_PRICE_READ_RETRY_S = 2.0  # the price read of a run a cap cancelled (a signal skips it: DELETE first)
