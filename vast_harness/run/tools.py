@@ -4,7 +4,6 @@ them."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,13 +12,12 @@ from vast_harness.caps.guard import CapGuard
 from vast_harness.caps.meter import CostMeter, expected_teardown_s
 from vast_harness.console.live import PhaseLog, Snapshot
 from vast_harness.console.output import Output
-from vast_harness.errors import ExitCode, VastError
+from vast_harness.errors import ExitCode
 from vast_harness.evidence.run import RunEvidence
-from vast_harness.instance.lifecycle import destroy
-from vast_harness.records import CreatedInstance, DeleteAck
+from vast_harness.records import CreatedInstance
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.instance_reads import InstanceReads
-from vast_harness.run.ownership import foreign_label, record_disowned
+from vast_harness.run.instances import RunInstances
 from vast_harness.run.rent_book import RentBook
 from vast_harness.run.signals import SignalGuard
 from vast_harness.run.state import RunState
@@ -30,8 +28,6 @@ from vast_harness.state.ledger import Ledger
 from vast_harness.timings import TeardownBudget
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.server_clock import ServerClock
-
-OWNERSHIP_GUARD_READ_S = 1.0  # the cap guard's read of a never-read instance's label, at most
 
 Clock = Callable[[], float]
 # Wraps the boot of one instance (the canary observes reads around it): called with the instance and the boot.
@@ -52,9 +48,8 @@ class RunTools:
     ev: RunEvidence
     meter: CostMeter  # the one clock: every stage asks it for its deadline; it turns both caps into one
     budget: TeardownBudget
-    book: RentBook  # what was sent, rented, proven gone: teardown and the verdict read it
+    instances: RunInstances  # what was rented, which of it is the run's, what the cap guard may delete
     phases: PhaseLog  # the timeline and the live view's phase
-    cap_guard: CapGuard  # deletes the run's instances itself if the teardown has not begun near the cap
     reads: InstanceReads  # what every read of the rented instance tells the run
     signals: SignalGuard
     server_clock: ServerClock | None  # the API's Date headers
@@ -66,6 +61,33 @@ class RunTools:
     def clock(self) -> float:
         """The run's monotonic clock (the meter's): every deadline of every stage is on it."""
         return self.meter.now()
+
+    @property
+    def book(self) -> RentBook:
+        """What was sent, rented, proven gone: the teardown and the verdict read it (the instances' owner's)."""
+        return self.instances.book
+
+    @property
+    def cap_guard(self) -> CapGuard:
+        """Deletes the run's instances itself if the teardown has not begun near the cap (the owner's)."""
+        return self.instances.guard
+
+
+class GuardFired:
+    """The run's side of its cap guard firing (the guard's `on_fire`, told before its first DELETE): the run is
+    cancelled (exit 6), the user told, and the stuck-run watch armed: from then on the run has a whole teardown's
+    time to finish."""
+
+    def __init__(self, state: RunState, out: Output, meter: CostMeter) -> None:
+        self._state, self._out, self._meter = state, out, meter
+        self.stuck: StuckRunWatch | None = None  # it watches the guard that calls this, so it is made after it
+
+    def __call__(self, reason: str) -> None:
+        self._state.timings["cap_guard_fired_s"] = round(self._meter.now() - self._meter.t0, 3)
+        self._state.cancel(reason, ExitCode.CAP_REACHED)
+        self._out.warn(reason)
+        if self.stuck is not None:
+            self.stuck.arm()
 
 
 def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output, state: RunState, *,
@@ -79,47 +101,16 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
                       teardown_margin_s=spec.teardown_margin_s, clock=clock,
                       on_raise=lambda change: reads.record_raise(change))
     state.t0_unix = time.time()
-    book = RentBook()
     phases = PhaseLog(meter.accrued_usd, clock=meter.now)
-
-    def guard_delete(instance_id: int, land_by_mono: float) -> DeleteAck:
-        return destroy(client, instance_id, max_retry_s=max(1.0, land_by_mono - meter.now()),
-                       land_by_mono=land_by_mono, clock=meter.now)
-
-    def guard_fired(reason: str) -> None:
-        state.timings["cap_guard_fired_s"] = round(meter.now() - meter.t0, 3)
-        state.cancel(reason, ExitCode.CAP_REACHED)
-        out.warn(reason)
-        stuck.arm()  # from now on the run has a whole teardown's time to finish
-
-    def guard_owns(instance_id: int) -> bool:
-        """An instance no read has shown with the run's label is read once, briefly (the cap is near), before the
-        guard deletes it (run/ownership.py)."""
-        inst = next((i for i in book.created if i.instance_id == instance_id), None)
-        if inst is None or inst.seen or inst.label_seen:  # a row with the run's label was read: the run's
-            return True
-        within_s = max(0.2, min(OWNERSHIP_GUARD_READ_S, (meter.hard_deadline() - meter.now()) / 3))
-        label = foreign_label(client, inst, within_s=within_s, clock=meter.now,
-                              on_own_row=lambda row: reads.on_own_row(inst, row, source="ownership read"))
-        if label is None:
-            return True
-        book.disown(inst, label)
-        record_disowned(ledger, state.run_id, inst, label)
-        out.warn(f"instance {instance_id}, which the create answer named, carries "
-                 f"{f'the label {label!r}' if label else 'no label'}, not this run's: the cap guard leaves it alone")
-        # What carries the run's label is the run's, whatever the create answered: the guard deletes it next.
-        with contextlib.suppress(VastError):
-            for row in client.list_instances(label=inst.label, within_s=within_s):
-                if row.label == inst.label:
-                    cap_guard.note(row.id)
-        return False
-
-    cap_guard = CapGuard(meter=meter, live=lambda: [i.instance_id for i in book.live()], delete=guard_delete,
-                         on_fire=guard_fired, describe_now=lambda: phases.current, owned=guard_owns)
+    guard_fired = GuardFired(state, out, meter)
+    instances = RunInstances(client=client, ledger=ledger, run_id=state.run_id, meter=meter, out=out,
+                             on_guard_fired=guard_fired, describe_now=lambda: phases.current)
+    book, cap_guard = instances.book, instances.guard
     stuck = StuckRunWatch(guard=cap_guard, client=client, book=book, clock=meter.now,
                           bound_s=lambda: (len(book.created) + 2) * state.teardown_budget_s + STUCK_GRACE_S,
                           proof_interval_s=spec.proof_interval_s, proof_budget_s=lambda: state.teardown_budget_s,
                           accrued_usd=meter.accrued_usd)
+    guard_fired.stuck = stuck
     reads = InstanceReads(client=client, ledger=ledger, run_id=state.run_id, meter=meter, book=book, out=out,
                           poll_s=spec.poll_s, cancel=state.cancel, deleting=cap_guard.is_claimed,
                           switch_allowance_s=spec.deadman_allowance_s)
@@ -127,8 +118,8 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
     signals = SignalGuard(out, on_signal=lambda name: cap_guard.fire_by(meter.now() + within_s,
                                                                         f"{name} arrived {within_s:g} s ago"))
     return RunTools(spec=spec, client=client, drivers=drivers, out=out, ledger=ledger,
-                    ev=ev, meter=meter, budget=meter.budget, book=book,
-                    phases=phases, cap_guard=cap_guard, reads=reads, signals=signals, server_clock=server_clock,
+                    ev=ev, meter=meter, budget=meter.budget, instances=instances,
+                    phases=phases, reads=reads, signals=signals, server_clock=server_clock,
                     host_work=host_work, on_created=on_created, around_boot=around_boot, stuck=stuck)
 
 
