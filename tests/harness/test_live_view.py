@@ -157,7 +157,7 @@ def test_a_progress_bar_shows_its_latest_drawing_while_it_runs_and_the_log_keeps
 def test_the_dollars_stop_rising_at_the_delete_acknowledgement(sim, tmp_path, monkeypatch):
     """A long absence proof after the DELETE's answer: the live figure is the same at its start and end."""
     import vast_harness.instance.lifecycle as lifecycle
-    from vast_harness.run.state import snapshot
+    from vast_harness.run.tools import snapshot
 
     seen: list[tuple[float, float]] = []
     holder: dict[str, GuardedRun] = {}

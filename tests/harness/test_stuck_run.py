@@ -18,7 +18,7 @@ from vast_harness.console.output import Output
 from vast_harness.evidence.run import RunEvidence
 from vast_harness.run import stuck
 from vast_harness.run.runner import GuardedRun
-from vast_harness.run.state import snapshot
+from vast_harness.run.tools import snapshot
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
 from vast_harness.spec.resolve import RunOptions, resolve

@@ -12,7 +12,8 @@ from vast_harness.host.gpu_match import Offered, mismatches
 from vast_harness.host.gpu_probe import READ_TIMEOUT_S, read_gpus
 from vast_harness.host.ssh import HostSession
 from vast_harness.records import CreatedInstance, HostGpus
-from vast_harness.run.state import RunState, RunTools
+from vast_harness.run.state import RunState
+from vast_harness.run.tools import RunTools
 from vast_harness.vast.models import Offer
 
 MAX_SAID = 6  # differences named in the message (all of them are in the record's gpu_refused)

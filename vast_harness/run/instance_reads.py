@@ -8,7 +8,8 @@ instance was shown, and now a read does not show it: the run stops, the teardown
 
 The price comes from every row of ours any read shows, not only the per-id reads: when those fail (refused,
 a retired path) the v1 list by id is read instead, and each absence-proof round's three reads re-price the
-meter too (`on_row`, `on_proof_round`; never raising: the teardown calls them).
+meter too (`on_row`, `on_proof_round`; never raising: the teardown calls them), and so does the ownership
+read's row of ours (`take_own_row`, run/instances.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,24 @@ LAST_PRICE_READ_S = 6.0
 WATCH_JOIN_S = 5.0  # the price watcher's thread gets this long to notice the steps ended
 
 Cancel = Callable[[str, ExitCode], None]
+
+
+
+def take_own_row(meter: CostMeter, out: Output, inst: CreatedInstance, row: Instance, *, source: str) -> None:
+    """A parsed row of `inst` that carries its label, read by anything but the reads here (the ownership read
+    before a DELETE, run/instances.py): the run's, and its price counts like a list row's. Never raises."""
+    inst.label_seen = True
+    reason = None if row.dph_total is not None else "no usable dph_total (missing, null, not a number or negative)"
+    _took(meter, out, inst, meter.observe_price(inst.instance_id, row.dph_total, source=source, reason=reason), source)
+
+
+def _took(meter: CostMeter, out: Output, inst: CreatedInstance, change: PriceChange | None, source: str) -> None:
+    """A higher price `meter` took from a row of `inst` (`source`): the user told, the instance's price raised."""
+    if change is not None and change.billed_dph_usd is not None:
+        out.warn(f"instance {inst.instance_id} bills {per_hour(change.billed_dph_usd)}, not the "
+                 f"{per_hour(change.searched_dph_usd)} last read ({source}): the accrued figure counts "
+                 "it from the instance's start")
+        inst.dph_usd = plausible_dph(change.billed_dph_usd)
 
 
 class InstanceReads:
@@ -99,23 +118,8 @@ class InstanceReads:
             if row.get("label") == inst.label:
                 inst.label_seen = True  # the run's: its DELETE needs no ownership read first
             price = row_price(row)
-            self._took(inst, self.meter.observe_price(inst.instance_id, price.dph_usd, source=source,
-                                                      reason=price.reason), source)
-
-    def on_own_row(self, inst: CreatedInstance, row: Instance, *, source: str) -> None:
-        """A parsed row of `inst` that carries its label, read by anything else (the ownership read before a
-        DELETE): its price counts like a list row's. Never raises."""
-        inst.label_seen = True
-        reason = None if row.dph_total is not None else "no usable dph_total (missing, null, not a number or negative)"
-        self._took(inst, self.meter.observe_price(inst.instance_id, row.dph_total, source=source, reason=reason),
-                   source)
-
-    def _took(self, inst: CreatedInstance, change: PriceChange | None, source: str) -> None:
-        if change is not None and change.billed_dph_usd is not None:
-            self.out.warn(f"instance {inst.instance_id} bills {per_hour(change.billed_dph_usd)}, not the "
-                          f"{per_hour(change.searched_dph_usd)} last read ({source}): the accrued figure counts "
-                          "it from the instance's start")
-            inst.dph_usd = plausible_dph(change.billed_dph_usd)
+            _took(self.meter, self.out, inst, self.meter.observe_price(
+                inst.instance_id, price.dph_usd, source=source, reason=price.reason), source)
 
     def on_proof_round(self, inst: CreatedInstance, r: ProofRound) -> None:
         """An absence-proof round's three reads, each a row of ours when it shows one (a lingering row too: it

@@ -10,7 +10,8 @@ from vast_harness.caps.meter import minimum_cap_s, usd_up
 from vast_harness.evidence.run import overall_absence
 from vast_harness.market.plan import offer_summary
 from vast_harness.records import ByteCounts, HostKeyRecord, RecordCaps, RunRecord
-from vast_harness.run.state import RunState, RunTools
+from vast_harness.run.state import RunState
+from vast_harness.run.tools import RunTools
 from vast_harness.run.verdict import ExitFacts
 
 

@@ -35,10 +35,10 @@ from vast_harness.market.plan import account_credit_usd, choose_offers, plan_run
 from vast_harness.records import CreatedInstance
 from vast_harness.run.arrival import check_arrival
 from vast_harness.run.key_attach import attach_run_key
-from vast_harness.run.ownership import record_disowned
 from vast_harness.run.rent_book import CreateOutcome, NotRented, Rented
-from vast_harness.run.state import RunState, RunTools, Stage
+from vast_harness.run.state import RunState, Stage
 from vast_harness.run.teardown import teardown_one
+from vast_harness.run.tools import RunTools
 from vast_harness.spec.values import check_evidence_dir
 from vast_harness.state.registry import Registration, RunRegistry, make_label, this_host
 from vast_harness.timings import TeardownBudget
@@ -215,7 +215,7 @@ def create_one(t: RunTools, s: RunState, cand: Candidate, label: str) -> CreateO
     try:
         outcome = create(t.client, t.ledger, run_id=s.run_id, offer_id=cand.offer.id,
                          request=request, lag_wait_s=max(spec.poll_s, 0.2),
-                         lag_window_s=s.read_lag_window_s, clock=t.clock, on_named=t.cap_guard.note,
+                         lag_window_s=s.read_lag_window_s, clock=t.clock, on_named=t.instances.named,
                          dph_usd=cand.quote.dph_at_disk_usd)
     except LedgerWriteError as exc:  # the intent never reached the disk, so no PUT was sent: nothing to look for
         book.withdraw(label)
@@ -291,18 +291,7 @@ def boot(t: RunTools, s: RunState, inst: CreatedInstance, *, offer: Offer | None
 
 
 def _on_poll(t: RunTools, s: RunState, inst: CreatedInstance, read: Instance | None) -> None:
-    if read is not None and read.label != inst.label:
-        # The create's answer named an instance that is not this run's (another of the account's, by its label):
-        # nothing is waited on, billed or deleted as ours unless its row carries the run's label. A row with no
-        # label is not ours either: the create's answer, the one witness, is what a wrong new_contract corrupts.
-        t.book.disown(inst, read.label or "")
-        record_disowned(t.ledger, s.run_id, inst, read.label or "")
-        t.cap_guard.forget(inst.instance_id)
-        raise CreateUnresolved(
-            f"the create answer named instance {inst.instance_id}, but its row carries "
-            f"{f'the label {read.label!r}' if read.label else 'no label'}, not "
-            f"this run's {inst.label!r}: it is not this run's and is left alone; whether the create made an "
-            f"instance of ours is unknown", label=inst.label)
+    t.instances.check_boot_read(inst, read)  # a row with another label, or none: not ours (CreateUnresolved)
     t.reads.check_gone(inst, read)
     s.check_cancelled()
     t.reads.on_read(inst, read)

@@ -26,8 +26,9 @@ from vast_harness.run.host_work import HostWork
 from vast_harness.run.record import build_record, exit_facts
 from vast_harness.run.rent import check_deadman, preflight, rent_and_connect, timed
 from vast_harness.run.rent_book import RentBook
-from vast_harness.run.state import AroundBoot, Clock, RunState, RunTools, Stage, build_tools, new_state, snapshot
+from vast_harness.run.state import RunState, Stage, new_state
 from vast_harness.run.teardown import delete_all, prelude, pull_evidence
+from vast_harness.run.tools import AroundBoot, Clock, RunTools, build_tools, snapshot
 from vast_harness.run.verdict import Outcome, decide_exit, with_guard, work_outcome
 from vast_harness.spec.profile import DriverPolicy
 from vast_harness.spec.resolve import RunSpec

@@ -16,8 +16,8 @@ from vast_harness.host.deadman import read_log
 from vast_harness.instance.lifecycle import find_by_label, teardown_instance
 from vast_harness.records import CreatedInstance, DeleteAck, InstanceTeardown, ProofRound
 from vast_harness.run.instance_reads import LAST_PRICE_READ_RETRY_S
-from vast_harness.run.ownership import foreign_label, record_disowned
-from vast_harness.run.state import RunState, RunTools, Stage, signalled
+from vast_harness.run.state import RunState, Stage
+from vast_harness.run.tools import RunTools, signalled
 
 DEADMAN_LOG_READ_S = 3.0  # reading the switch's log back at teardown: brief, DELETE comes next
 CANCEL_PRICE_READ_RETRY_S = 2.0  # the price read of a run a cap cancelled (a signal skips it: DELETE first)
@@ -84,7 +84,10 @@ def delete_all(t: RunTools, s: RunState, t_last_step_end: float) -> None:
     if s.registration is not None:  # a second terminal's `status` says so, with the instances and proof rounds
         s.registration.update(phase="tearing down", instance_ids=sorted(i.instance_id for i in t.book.created))
     for inst in t.book.pending():
-        if _not_ours(t, s, inst):
+        not_ours = t.instances.check_before_delete(inst)  # a create answer may have named another's
+        if not_ours is not None:
+            for instance_id in not_ours.label_rows:  # the run's own, whatever the create answered: deleted now
+                _delete_stray(t, s, inst.label, instance_id)
             continue
         report = teardown_one(t, s, inst)
         acks = [d.t_ack_mono for d in report.deletes if d.acknowledged and d.t_ack_mono]
@@ -97,36 +100,6 @@ def delete_all(t: RunTools, s: RunState, t_last_step_end: float) -> None:
     s.timings["teardown_s"] = round(t.clock() - start, 3)
     if s.key is not None:
         s.key.delete()
-
-
-OWNERSHIP_READ_S = 3.0  # the one read that checks a never-read instance's label before its DELETE
-
-
-def _not_ours(t: RunTools, s: RunState, inst: CreatedInstance) -> bool:
-    """True when the row of an instance no read has shown yet carries another label, or none (run/ownership.py):
-    it is disowned, and the label sweep then looks for the run's own."""
-    if inst.seen or inst.label_seen or t.cap_guard.is_claimed(inst.instance_id):
-        return False
-    label = foreign_label(t.client, inst, within_s=OWNERSHIP_READ_S, clock=t.clock,
-                          on_own_row=lambda row: t.reads.on_own_row(inst, row, source="ownership read"))
-    if label is None:
-        return False
-    t.book.disown(inst, label)
-    record_disowned(t.ledger, s.run_id, inst, label)
-    t.cap_guard.forget(inst.instance_id)
-    t.out.warn(f"instance {inst.instance_id}, which the create answer named, carries "
-               f"{f'the label {label!r}' if label else 'no label'}, not this run's {inst.label!r}: it is "
-               "not this run's and is not deleted; the run's label is looked for instead")
-    # What carries the run's label is the run's, whatever the create answered: deleted now, not after the sweep's
-    # read-lag wait (the cap may be near).
-    with contextlib.suppress(VastError):
-        found = [row.id for row in t.client.list_instances(label=inst.label, within_s=OWNERSHIP_READ_S)
-                 if row.label == inst.label and row.id not in t.book.known_ids()]
-        if found:
-            t.book.settle(inst.label)
-        for instance_id in found:
-            _delete_stray(t, s, inst.label, instance_id)
-    return True
 
 
 def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTeardown:

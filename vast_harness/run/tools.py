@@ -1,0 +1,146 @@
+"""What a guarded run works with: `RunTools`, built once by `build_tools` from the run's spec, client and output.
+Every tool is made here and handed its collaborators; the stages (`run/rent.py`, `run/teardown.py`) only use
+them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vast_harness.caps.guard import CapGuard
+from vast_harness.caps.meter import CostMeter, expected_teardown_s
+from vast_harness.console.live import PhaseLog, Snapshot
+from vast_harness.console.output import Output
+from vast_harness.errors import ExitCode
+from vast_harness.evidence.run import RunEvidence
+from vast_harness.records import CreatedInstance
+from vast_harness.run.host_work import HostWork
+from vast_harness.run.instance_reads import InstanceReads
+from vast_harness.run.instances import RunInstances
+from vast_harness.run.rent_book import RentBook
+from vast_harness.run.signals import SignalGuard
+from vast_harness.run.state import RunState
+from vast_harness.run.stuck import STUCK_GRACE_S, StuckRunWatch
+from vast_harness.spec.profile import DriverPolicy
+from vast_harness.spec.resolve import RunSpec
+from vast_harness.state.ledger import Ledger
+from vast_harness.timings import TeardownBudget
+from vast_harness.vast.client import VastClient
+from vast_harness.vast.server_clock import ServerClock
+
+Clock = Callable[[], float]
+# Wraps the boot of one instance (the canary observes reads around it): called with the instance and the boot.
+AroundBoot = Callable[[CreatedInstance, Callable[[], None]], None]
+
+
+@dataclass(frozen=True)
+class RunTools:
+    """What the run works with, built once by `build_tools`. The hooks are how tests and the canary reach in:
+    `host_work` makes the host's phases once SSH is up, `on_created` is told of each instance as soon as its
+    create answered, `around_boot` wraps each boot."""
+
+    spec: RunSpec
+    client: VastClient
+    drivers: DriverPolicy
+    out: Output
+    ledger: Ledger
+    ev: RunEvidence
+    meter: CostMeter  # the one clock: every stage asks it for its deadline; it turns both caps into one
+    budget: TeardownBudget
+    instances: RunInstances  # what was rented, which of it is the run's, what the cap guard may delete
+    phases: PhaseLog  # the timeline and the live view's phase
+    reads: InstanceReads  # what every read of the rented instance tells the run
+    signals: SignalGuard
+    server_clock: ServerClock | None  # the API's Date headers
+    host_work: type[HostWork]
+    on_created: Callable[[CreatedInstance], None] | None
+    around_boot: AroundBoot | None
+    stuck: StuckRunWatch  # ends a run whose main thread does not come back after the guard's DELETE
+
+    def clock(self) -> float:
+        """The run's monotonic clock (the meter's): every deadline of every stage is on it."""
+        return self.meter.now()
+
+    @property
+    def book(self) -> RentBook:
+        """What was sent, rented, proven gone: the teardown and the verdict read it (the instances' owner's)."""
+        return self.instances.book
+
+    @property
+    def cap_guard(self) -> CapGuard:
+        """Deletes the run's instances itself if the teardown has not begun near the cap (the owner's)."""
+        return self.instances.guard
+
+
+class GuardFired:
+    """The run's side of its cap guard firing (the guard's `on_fire`, told before its first DELETE): the run is
+    cancelled (exit 6), the user told, and the stuck-run watch armed: from then on the run has a whole teardown's
+    time to finish."""
+
+    def __init__(self, state: RunState, out: Output, meter: CostMeter) -> None:
+        self._state, self._out, self._meter = state, out, meter
+        self.stuck: StuckRunWatch | None = None  # it watches the guard that calls this, so it is made after it
+
+    def __call__(self, reason: str) -> None:
+        self._state.timings["cap_guard_fired_s"] = round(self._meter.now() - self._meter.t0, 3)
+        self._state.cancel(reason, ExitCode.CAP_REACHED)
+        self._out.warn(reason)
+        if self.stuck is not None:
+            self.stuck.arm()
+
+
+def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output, state: RunState, *,
+                clock: Clock, host_work: type[HostWork], on_created: Callable[[CreatedInstance], None] | None,
+                around_boot: AroundBoot | None) -> RunTools:
+    server_clock: ServerClock | None = getattr(client, "server_clock", None)
+    ledger = Ledger.for_spec(spec, server_clock.now if server_clock else None,
+                             evidence_dir=spec.evidence_dir / state.run_id)
+    ev = RunEvidence(spec.evidence_dir / state.run_id, mask=spec.redactor.text if spec.redactor else None)
+    meter = CostMeter(max_usd=spec.caps.max_usd, max_seconds=spec.max_seconds,
+                      teardown_margin_s=spec.teardown_margin_s, clock=clock,
+                      on_raise=lambda change: reads.record_raise(change))
+    state.t0_unix = time.time()
+    phases = PhaseLog(meter.accrued_usd, clock=meter.now)
+    guard_fired = GuardFired(state, out, meter)
+    instances = RunInstances(client=client, ledger=ledger, run_id=state.run_id, meter=meter, out=out,
+                             on_guard_fired=guard_fired, describe_now=lambda: phases.current)
+    book, cap_guard = instances.book, instances.guard
+    stuck = StuckRunWatch(guard=cap_guard, client=client, book=book, clock=meter.now,
+                          bound_s=lambda: (len(book.created) + 2) * state.teardown_budget_s + STUCK_GRACE_S,
+                          proof_interval_s=spec.proof_interval_s, proof_budget_s=lambda: state.teardown_budget_s,
+                          accrued_usd=meter.accrued_usd)
+    guard_fired.stuck = stuck
+    reads = InstanceReads(client=client, ledger=ledger, run_id=state.run_id, meter=meter, book=book, out=out,
+                          poll_s=spec.poll_s, cancel=state.cancel, deleting=cap_guard.is_claimed,
+                          switch_allowance_s=spec.deadman_allowance_s)
+    within_s = TeardownBudget.SIGNAL_DELETE_WITHIN_S
+    signals = SignalGuard(out, on_signal=lambda name: cap_guard.fire_by(meter.now() + within_s,
+                                                                        f"{name} arrived {within_s:g} s ago"))
+    return RunTools(spec=spec, client=client, drivers=drivers, out=out, ledger=ledger,
+                    ev=ev, meter=meter, budget=meter.budget, instances=instances,
+                    phases=phases, reads=reads, signals=signals, server_clock=server_clock,
+                    host_work=host_work, on_created=on_created, around_boot=around_boot, stuck=stuck)
+
+
+def snapshot(t: RunTools) -> Snapshot:
+    """What the live view shows."""
+    phase = t.phases.current
+    steps = [step.name for step in t.spec.profile.steps]
+    step = phase.removeprefix("step ")
+    number = steps.index(step) + 1 if phase.startswith("step ") and step in steps else None
+    guard_fired = t.cap_guard.fired_reason is not None
+    if guard_fired:  # the instance is deleted; the run's own thread has not caught up
+        phase = f"{phase or 'run'}: cap guard sent the DELETE, the run's teardown has not yet taken over"
+    instances = max(1, len(t.book.created))
+    return Snapshot(phase=phase, phase_elapsed_s=t.clock() - t.phases.current_started_mono,
+                    accrued_usd=t.meter.accrued_usd(), max_usd=t.spec.caps.max_usd,
+                    elapsed_s=t.meter.elapsed_s(), max_s=t.spec.max_seconds, step_number=number,
+                    step_count=len(steps), tearing_down=guard_fired or phase == "teardown",
+                    teardown_expected_s=instances * expected_teardown_s(t.spec.proof_interval_s,
+                                                                        t.spec.timings.pacing_scale))
+
+
+def signalled(t: RunTools) -> bool:
+    """A signal arrived: the DELETE goes first, before any read or pull that could wait."""
+    return t.signals.received is not None
