@@ -225,3 +225,26 @@ def test_the_teardown_leaves_an_instance_the_guards_delete_is_out_for(owner):
     before = owner.calls()
     assert owner.instances.check_before_delete(inst) is None
     assert owner.calls() == before and not owner.disowned_lines()
+
+
+def test_an_instance_the_guard_found_not_ours_is_not_deleted_by_the_teardown_that_takes_over(owner):
+    """Near the cap the guard claims an unread instance, reads its row, finds another label and sends nothing. The
+    teardown, whose pending list still held it, takes over: the claim must say it is not the run's (it used to hand
+    back no answer, and the teardown then sent its own DELETE to the other instance)."""
+    theirs = owner.rent("prod-database")
+    inst = owner.booked(theirs)
+    owner.fire_guard()
+    assert theirs in owner.instances.book.disowned and owner.deletes_of(theirs) == []
+    claim = owner.instances.claim(inst)
+    assert not claim.ours and claim.ack is None
+    assert owner.instances.check_before_delete(inst) is None, "claimed: the teardown asks no second read"
+    assert theirs in owner.live()
+
+
+def test_the_teardown_takes_over_the_guards_delete_of_its_own_instance(owner):
+    ours = owner.rent(owner.label)
+    inst = owner.booked(ours, seen=True)
+    owner.fire_guard()
+    claim = owner.instances.claim(inst)
+    assert claim.ours and claim.ack is not None and claim.ack.acknowledged
+    assert owner.deletes_of(ours), "the guard's DELETE went out"

@@ -49,6 +49,16 @@ class NotOurs:
     label_rows: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class Claim:
+    """The teardown taking an instance over from the cap guard. `ack`: the guard's DELETE, when it sent one first
+    (the teardown's first). `ours`: False when the guard's own check found the row carries another label: then
+    no DELETE of ours may go to it, whatever the teardown's pending list said a moment before."""
+
+    ack: DeleteAck | None
+    ours: bool
+
+
 class RunInstances:
     """A run's instances and whose they are. Built from its collaborators: `book` (a fresh `RentBook` unless one
     is given: a process that takes over a run rebuilds it from the ledger), the client its reads and the guard's
@@ -135,6 +145,13 @@ class RunInstances:
         if label_rows:
             self.book.settle(inst.label)
         return NotOurs(row_label, tuple(label_rows))
+
+    def claim(self, inst: CreatedInstance) -> Claim:
+        """The teardown is about to DELETE `inst`: from now on the guard leaves it alone (a DELETE of the guard's
+        already out is waited for and handed over). Asked after the claim, not before: the guard may disown it
+        up to the moment it lets go."""
+        ack = self.guard.claim(inst.instance_id)
+        return Claim(ack=ack, ours=inst.instance_id not in self.book.disowned)
 
     # ------------------------------------------------------------------------------------ shared
     def _disown(self, inst: CreatedInstance, row_label: str, *, warning: str | None) -> None:

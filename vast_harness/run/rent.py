@@ -182,6 +182,9 @@ def _after_failed_boot(t: RunTools, s: RunState, inst: CreatedInstance, exc: Exc
     t.out.warn(f"instance {inst.instance_id} did not come up: {exc}" if not isinstance(exc, GpuMismatch)
                else f"{exc}; deleting it")
     report = teardown_one(t, s, inst)
+    if report is None:  # the cap guard found its row carries another label: the create's outcome is unknown again
+        raise CreateUnresolved(f"instance {inst.instance_id}, which the create answer named, is not this run's: "
+                               "whether the create made an instance of ours is unknown", label=inst.label) from None
     if report.verdict != "gone":  # never two instances at once: the next create waits for a proof
         raise TeardownUnproven(
             f"instance {inst.instance_id} did not come up ({exc}) and its teardown is not proven "

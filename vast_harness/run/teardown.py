@@ -90,6 +90,8 @@ def delete_all(t: RunTools, s: RunState, t_last_step_end: float) -> None:
                 _delete_stray(t, s, inst.label, instance_id)
             continue
         report = teardown_one(t, s, inst)
+        if report is None:  # the cap guard found it is another's as it let go: disowned, never deleted
+            continue
         acks = [d.t_ack_mono for d in report.deletes if d.acknowledged and d.t_ack_mono]
         if acks:  # to the DELETE's acknowledgement, not to the end of the absence proof
             s.timings.setdefault("delete_ack_after_last_step_s", round(acks[0] - t_last_step_end, 3))
@@ -102,9 +104,13 @@ def delete_all(t: RunTools, s: RunState, t_last_step_end: float) -> None:
         s.key.delete()
 
 
-def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTeardown:
-    """DELETE one instance (taking the cap guard's answer as the first, if it sent one) and prove it absent."""
-    guard_ack = t.cap_guard.claim(inst.instance_id)  # from here the guard leaves it to us
+def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTeardown | None:
+    """DELETE one instance (taking the cap guard's answer as the first, if it sent one) and prove it absent; None
+    when the guard, deciding before it let go, found it is not the run's (no DELETE of ours goes to it)."""
+    claim = t.instances.claim(inst)  # from here the guard leaves it to us
+    if not claim.ours:
+        return None
+    guard_ack = claim.ack
     deadline = t.clock() + s.teardown_budget_s
     # A full disk must not stop a DELETE or its proof: the ledger records a failed write and goes on.
     with FreezeWatch(t.clock) as freeze:  # a SIGSTOP or a suspend in the teardown does not spend its budget
