@@ -21,7 +21,7 @@ def test_exported_members_match_all():
 
 
 def test_control_plane_does_not_import_torch():
-    code = ("import sys, vast_harness, vast_harness.cli.app, vast_harness.run.runner, vast_harness.ops.reap; "
+    code = ("import sys, vast_harness, vast_harness.cli.app, vast_harness.run.runner, vast_harness.actions.reap; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
