@@ -8,7 +8,7 @@
     judge     the invariants, decided from the simulator's own record
     suite     all three from one seed, concurrently; the report and its JSON summary
 
-`python scripts/chaos.py --help` runs it; `--replay SEED` (`--replay-net`, `--replay-kill9`) reruns one.
+`python scripts/bench/chaos.py --help` runs it; `--replay SEED` (`--replay-net`, `--replay-kill9`) reruns one.
 """
 
 from vast_harness.chaos.account import ACCOUNT_KINDS, AccountOutcome, AccountPlan, draw_account, run_account
