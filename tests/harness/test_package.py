@@ -36,8 +36,6 @@ def test_simulator_imports_nothing_of_the_harness():
     allowed = ("vast_harness.sim", "vast_harness.resources")  # resources: a stdlib-only data-path leaf
     bad = {}
     for path in sorted(sim_dir.glob("*.py")):
-        if path.name == "chaos.py":  # a harness test engine, moving out of sim/ (issue 15, item 5)
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []

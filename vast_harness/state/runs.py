@@ -17,7 +17,7 @@ RESULT_NAME = "harness-result.json"
 
 
 def default_evidence_dir() -> Path:
-    """Where runs write evidence unless told otherwise: the user's state directory (statedir.py)."""
+    """Where runs write evidence unless told otherwise: the user's state directory (state/dirs.py)."""
     return state_dir()
 
 
