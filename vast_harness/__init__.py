@@ -1,8 +1,9 @@
 """vast_harness: a guarded Vast.ai GPU-rental harness (control plane). See README.md and docs/architecture.md.
 
 The packages are the layers of a run, top to bottom (imports only go down; `lint-imports` checks it):
-cli -> ops, fleet -> run -> market, reports -> instance, host, caps -> spec -> state -> console, evidence -> vast
--> errors -> records, timings, resources. `sim` is the embedded marketplace and knows none of them.
+chaos -> cli -> api -> actions, fleet -> run, views -> market, reports -> instance, host, caps -> spec -> state
+-> console, evidence -> vast -> errors -> records, timings, resources, clock, files. `sim` is the embedded
+marketplace and knows none of them but `resources`.
 
 The public names below are re-exported lazily (PEP 562): `import vast_harness` loads nothing else, so
 `import vast_harness.sim` stays free of the control plane and `vast-e2e --version` starts without httpx.

@@ -315,7 +315,7 @@ class RunRecord(BaseModel):
     steps: list[StepRecord]
     pull: PullRecord | None = None
     timings: dict[str, float]  # phase name -> seconds: an open set of names
-    phases: list[PhaseRecord] = Field(default_factory=list)  # the run's timeline (progress.PhaseLog)
+    phases: list[PhaseRecord] = Field(default_factory=list)  # the run's timeline (console/live.py PhaseLog)
     absence: AbsenceSummary
     api_calls: dict[str, Any]  # client.ClientStats as a dict (the client's own counters)
     evidence_write_failures: list[str] = Field(default_factory=list)

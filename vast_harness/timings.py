@@ -1,7 +1,7 @@
 """The run's paired timings: one table for Vast, one for the embedded simulator.
 
 Every duration (and the rate-limit pacing) that differs between a run against Vast and a `--sim` run is a field
-of `Timings`, with both values and why each is what it is. `config.resolve` picks the table (`--sim` or not),
+of `Timings`, with both values and why each is what it is. `spec.resolve` picks the table (`--sim` or not),
 lays the user's flags over it (`--proof-interval`, `--poll-interval`, `--pacing-scale` win), and the resolved
 `RunSpec` carries the result as `spec.timings`. No other module chooses between simulator and real timings.
 """

@@ -16,7 +16,7 @@ from remote.paths import MODEL_PROFILES_DIR
 MFU_SCHEMA = "vast-harness/mfu/1"  # remote/evidence.py writes it; kept here so checks never import torch
 
 BENCH_SCHEMA = "vast-harness/bench-vs-reference/1"
-BENCH_SCHEMA_2 = "vast-harness/bench-vs-reference/2"  # scripts/bench_vs_reference.py: ours, deterministic, references
+BENCH_SCHEMA_2 = "vast-harness/bench-vs-reference/2"  # scripts/bench/bench_vs_reference.py: ours, deterministic, references
 REFERENCE_FIELDS = ("name", "mfu", "tokens_per_s", "step_times_s", "micro_batch", "seq_len", "flops_per_token",
                     "peak_tflops", "peak_mem_gib", "versions", "warmup_steps")
 KNOB_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_", "VH_NORM_", "VH_ROPE_", "VH_MLP_")  # kernels.ENV_PREFIXES

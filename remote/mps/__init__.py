@@ -10,7 +10,7 @@ Modules (standard library only; see docs/mps.md for the MPS facts they rely on):
 - `manifest`: the JSON record the wrapper writes (checked by `remote.checks.mps`);
 - `stop`: draining clients and stopping the daemon we own, escalating to signals;
 - `supervisor`: the watcher that stops our daemon when the wrapper itself is killed;
-- `bench`, `bench_worker`: the MPS on/off GEMM benchmark (`scripts/bench_mps.py`);
+- `bench`, `bench_worker`: the MPS on/off GEMM benchmark (`scripts/bench/bench_mps.py`);
 - `demo`: two CUDA processes that attach, for a manual check on a GPU host.
 
 The package imports only `attach` and `control` here, so `python -m remote.mps.<module>` runs each module

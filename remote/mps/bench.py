@@ -11,7 +11,7 @@ combined throughput normalised to each process alone (learner/learner_alone + su
 saturated GPU, N = perfect overlap of N processes), and step-time p50/p95. The off pool must show
 CU_DEVICE_ATTRIBUTE_MPS_ENABLED == 0 in every process; the on pool must prove attachment.
 
-    python scripts/bench_mps.py --out bench-mps.json [--reps 3] [--sizes 256,1024,2048] [--helper-counts 1,4]
+    python scripts/bench/bench_mps.py --out bench-mps.json [--reps 3] [--sizes 256,1024,2048] [--helper-counts 1,4]
 """
 
 from __future__ import annotations

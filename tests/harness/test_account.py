@@ -19,9 +19,8 @@ from pydantic import SecretStr
 
 from tests.harness.test_runner import KEY, SCALE, make_spec
 from vast_harness import chaos
+from vast_harness.actions.reap import reap_all
 from vast_harness.console.output import Output
-from vast_harness.ops.reap import judge, reap_all
-from vast_harness.ops.status import collect
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
@@ -31,6 +30,8 @@ from vast_harness.state.ledger import NOTHING_CREATED, Ledger
 from vast_harness.state.registry import Registration, RunRegistry, make_label, parse_label, probe
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.server_clock import ServerClock, parse_http_date
+from vast_harness.views.orphans import judge
+from vast_harness.views.status import collect
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -319,7 +320,7 @@ def test_status_shows_a_hostile_label_escaped(sim, tmp_path):
 
     from rich.console import Console
 
-    from vast_harness.ops.status import show_status
+    from vast_harness.views.status import show_status
 
     spec = make_spec(sim, tmp_path, [])
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:

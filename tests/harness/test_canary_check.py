@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from vast_harness.actions.canary import run_canary
 from vast_harness.console.output import Output
-from vast_harness.ops.canary import run_canary
-from vast_harness.ops.check import run_checks
 from vast_harness.sim import SimServer
 from vast_harness.sim import cli as sim_cli
 from vast_harness.sim.calibrate import CalibrationError, load
 from vast_harness.spec.profile import load_driver_policy
 from vast_harness.spec.resolve import RunOptions, resolve
 from vast_harness.vast.client import VastClient
+from vast_harness.views.check import run_checks
 
 SCALE = 0.01
 KEY = "sim-canary-key"

@@ -1,4 +1,4 @@
-"""The cap guard (capguard.py) on its own: a meter on a fake clock, a fake DELETE; the guard's thread is real."""
+"""The cap guard (caps/guard.py) on its own: a meter on a fake clock, a fake DELETE; the guard's thread is real."""
 
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ def test_chaos_suite_holds_every_invariant():
                              selection=chaos.select_kinds("sim,kill9"))
     bad = [(o.seed, v.kind, v.detail[:300]) for o in [*report.scenarios, *report.kill9] for v in o.violations
            if v.known is None]
-    assert not bad, f"replay with `python scripts/chaos.py --replay SEED`: {bad}"
+    assert not bad, f"replay with `python scripts/bench/chaos.py --replay SEED`: {bad}"
     assert len(report.scenarios) == SUITE_SCENARIOS and report.wall_s < SUITE_WALL_LIMIT_S
     codes = report.exit_codes()
     assert codes["6"] > 0 and codes["3"] > 0 and codes["5"] > 0 and codes["1"] > 0
@@ -166,7 +166,7 @@ def test_full_chaos_suite_holds_every_invariant():
     bad = [(o.seed, getattr(o.plan, "kind", "sim"), v.kind, v.detail[:700])
            for o in [*report.scenarios, *report.network, *report.kill9, *report.account] for v in o.violations
            if v.known is None]
-    assert not bad, f"replay with `python scripts/chaos.py --replay[-net|-account] SEED`: {bad}"
+    assert not bad, f"replay with `python scripts/bench/chaos.py --replay[-net|-account] SEED`: {bad}"
     total = len(report.scenarios) + len(report.network) + len(report.kill9) + len(report.account)
     assert {o.plan.kind for o in report.account} == set(chaos.ACCOUNT_KINDS)
     assert total >= 300 and report.wall_s < FULL_WALL_LIMIT_S, (total, report.wall_s)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from vast_harness.ops.costs import collect, estimate_usd
 from vast_harness.state.ledger import Ledger, LedgerEntry
+from vast_harness.views.costs import collect, estimate_usd
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "scripts" / "vast_e2e.py")

@@ -11,10 +11,10 @@ import pytest
 
 from tests.harness.test_market_behaviours import OK, SIM_OPTIONS, execute, guarded, of_run  # noqa: F401 - conftest.sim reads SIM_OPTIONS
 from tests.harness.test_runner import KEY, SCALE, make_spec
+from vast_harness.actions.reap import reap_all
 from vast_harness.console.output import Output
 from vast_harness.host import deadman
 from vast_harness.host.onstart import build_onstart
-from vast_harness.ops.reap import reap_all
 from vast_harness.vast.client import VastClient
 
 

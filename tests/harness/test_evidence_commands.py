@@ -237,7 +237,7 @@ def test_logs_breaks_lines_only_at_newlines(tmp_path, capsys):
     # `logs RUN STEP` splits at newlines only, not at U+2028, U+2029, U+0085, VT and FF (str.splitlines): a host
     # could forge lines such as a fake "✓ step" out of characters the console shows escaped.
     from vast_harness.console.output import Output
-    from vast_harness.ops.logs import show_logs
+    from vast_harness.views.logs import show_logs
 
     (tmp_path / "steps").mkdir()
     (tmp_path / "steps" / "s.log").write_text("L<\u2028>R\nA<\u2029\x85\x0b\x0c\x1c>B\nend\n", encoding="utf-8")

@@ -1,4 +1,4 @@
-"""Host-written JSON never crashes a report, a fleet or a ranking: the one tolerant reader (hostdata.py), then
+"""Host-written JSON never crashes a report, a fleet or a ranking: the one tolerant reader (evidence/host_data.py), then
 the same hostile files through a run's report, the fleet's report and `offers --rank-by usd-per-mtok`, and a
 fleet on the simulator whose host writes them."""
 

@@ -15,8 +15,8 @@ import pytest
 
 from vast_harness.console.carriage import shown_segment
 from vast_harness.console.output import Output
-from vast_harness.ops.follow import run_end
-from vast_harness.ops.logs import show_logs
+from vast_harness.views.follow import run_end
+from vast_harness.views.logs import show_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "scripts" / "vast_e2e.py")

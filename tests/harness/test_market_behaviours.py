@@ -15,9 +15,9 @@ import time
 import pytest
 
 from tests.harness.test_runner import KEY, SCALE, make_spec
+from vast_harness.actions.reap import reap_all
 from vast_harness.console.output import Output
 from vast_harness.errors import Interrupted
-from vast_harness.ops.reap import reap_all
 from vast_harness.run.runner import GuardedRun
 from vast_harness.spec.profile import Step, load_driver_policy
 from vast_harness.state.ledger import Ledger

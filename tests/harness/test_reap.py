@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from vast_harness.actions.reap import reap_all, remove_stale_key_dirs
 from vast_harness.console.output import Output
 from vast_harness.host.ssh import run_key_dir_prefix
-from vast_harness.ops.reap import reap_all, remove_stale_key_dirs
 from vast_harness.sim import SimServer
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.state.ledger import Ledger
@@ -179,7 +179,7 @@ def test_a_reap_records_the_price_its_list_shows_so_costs_estimates_a_killed_run
     # Red team r9 B4: a run killed with -9 before any read of its instance (so before it learnt that the host
     # bills 50x the search's price); the reap read the row at the higher price but wrote no line of it, and
     # `costs` estimated the run at the search's price, 42x under the bill. The reap writes a `repriced` line.
-    from vast_harness.ops.costs import estimate_usd
+    from vast_harness.views.costs import estimate_usd
 
     monkeypatch.setattr("vast_harness.caps.meter.TEARDOWN_MIN_S", 1.0)
     spec = spec_for(sim, tmp_path)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from vast_harness.actions.reap import reap_all
 from vast_harness.console.output import Output
-from vast_harness.ops.reap import reap_all
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy

@@ -114,9 +114,9 @@ def test_nothing_live_is_one_line_and_status_sim_needs_no_key(tmp_path):
 
 
 def test_status_sim_shows_a_live_sim_runs_registration(tmp_path):
-    from vast_harness.ops.status import collect
     from vast_harness.spec.resolve import RunOptions, resolve
     from vast_harness.state.registry import Registration, RunRegistry
+    from vast_harness.views.status import collect
 
     spec = resolve(RunOptions(profile="smoke", sim=True, state_dir=tmp_path), environ={})
     held = RunRegistry(tmp_path).register(Registration(
@@ -142,8 +142,8 @@ def test_reap_without_a_key_suggests_no_flag_it_refuses(tmp_path):
 def test_nothing_to_reap_is_one_line_and_leaves_no_evidence_dir(clean_sim, tmp_path, capsys):
     from pydantic import SecretStr
 
+    from vast_harness.actions.reap import reap_all
     from vast_harness.console.output import Output
-    from vast_harness.ops.reap import reap_all
     from vast_harness.spec.resolve import RunOptions, resolve
     from vast_harness.vast.client import VastClient
 

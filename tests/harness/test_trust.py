@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from vast_harness.actions.reap import reap_all
 from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError
-from vast_harness.ops.reap import judge, reap_all
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import load_toml
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
@@ -32,6 +32,7 @@ from vast_harness.state.registry import Registration, RunRegistry, make_label, t
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.models import Instance, User
 from vast_harness.vast.url import validate_api_url
+from vast_harness.views.orphans import judge
 
 ROOT = Path(__file__).resolve().parents[2]
 SCALE = 0.01

@@ -4,7 +4,7 @@ Run by tests/remote/test_kernels.py in a child pytest with TRITON_INTERPRET=1 se
 imported (Triton's own library functions are bound to the interpreter at import time). Small shapes with ragged edges (rows and columns that are not multiples of the tile); fresh random inputs
 per test; outputs poisoned first where the kernel writes into a given buffer; every kernel run twice on the
 same input must give the same bits (deterministic mode relies on it). The GPU versions of the same checks,
-at the 1B shapes, are `python -m remote.kernels.check` (scripts/h200_kernels.sh).
+at the 1B shapes, are `python -m remote.kernels.check` (scripts/gpu/h200_kernels.sh).
 """
 
 from __future__ import annotations

@@ -67,13 +67,13 @@ def test_unreadable_file(tmp_path: Path) -> None:
     assert mfu_check.check(tmp_path / "x.json")[0].startswith("unreadable evidence")
 
 
-# --- schema 2 (scripts/bench_vs_reference.py): ours, deterministic, every reference, strongest, ratios ------
+# --- schema 2 (scripts/bench/bench_vs_reference.py): ours, deterministic, every reference, strongest, ratios ------
 
 
 def _bench_module():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench", H200.parents[1] / "scripts" / "bench_vs_reference.py")
+    spec = importlib.util.spec_from_file_location("bench", H200.parents[1] / "scripts/bench/bench_vs_reference.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
@@ -150,13 +150,13 @@ def test_bench_v2_tampered_fails_naming_the_claim(tmp_path: Path, edit, claim: s
 
 @pytest.mark.slow
 def test_bench_script_takes_earlier_runs_as_evidence_and_checker_wants_references(tmp_path: Path) -> None:
-    """--ours-evidence/--deterministic-evidence (scripts/h200_kernels.sh): nothing is run again, the chunk
+    """--ours-evidence/--deterministic-evidence (scripts/gpu/h200_kernels.sh): nothing is run again, the chunk
     is annotated, and a record without any reference is not evidence of a ratio."""
     import subprocess
     import sys
 
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, str(H200.parents[1] / "scripts" / "bench_vs_reference.py"), "--runs",
+    proc = subprocess.run([sys.executable, str(H200.parents[1] / "scripts/bench/bench_vs_reference.py"), "--runs",
                            "ours,deterministic", "--ours-evidence", str(H200 / "dp1-fast.json"),
                            "--deterministic-evidence", str(H200 / "dp1-deterministic.json"), "--out", str(out)],
                           capture_output=True, text=True, timeout=120, check=False)
@@ -171,7 +171,7 @@ def test_bench_v2_baseline_fast_ratio_is_recomputed(tmp_path: Path) -> None:
     """fast-cudnn (the fast default before FA4) is the deterministic run's yardstick in issue 32."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench", H200.parents[1] / "scripts" / "bench_vs_reference.py")
+    spec = importlib.util.spec_from_file_location("bench", H200.parents[1] / "scripts/bench/bench_vs_reference.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     d = _bench_v2()

@@ -203,7 +203,7 @@ def test_the_knob_prefix_copies_follow_the_kernels(monkeypatch: pytest.MonkeyPat
     from remote.checks import mfu as mfu_checks
 
     spec = importlib.util.spec_from_file_location(
-        "bench_vs_reference", Path(__file__).resolve().parents[2] / "scripts" / "bench_vs_reference.py")
+        "bench_vs_reference", Path(__file__).resolve().parents[2] / "scripts/bench/bench_vs_reference.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -2,13 +2,15 @@
 
     engine    in-process scenarios: seeded compositions of simulator faults and caps, one guarded run each
     network   network scenarios: the harness in its own process behind `netproxy`'s fault proxy
+    netproxy  the seeded HTTP and TCP fault proxy in front of the simulator
+    child     one guarded run, or the real CLI, in a process of its own (the network and account families)
     kill9     the real CLI SIGKILLed at a drawn moment, then `reap` from another directory
     account   several runs, reaps, state dirs and clocks on one account
     trust     issue 35's account kinds: a suspend, a Date skew, a decoy instance, a tampered registration
     judge     the invariants, decided from the simulator's own record
-    suite     all three from one seed, concurrently; the report and its JSON summary
+    suite     every family from one seed, concurrently; the report and its JSON summary
 
-`python scripts/chaos.py --help` runs it; `--replay SEED` (`--replay-net`, `--replay-kill9`) reruns one.
+`python scripts/bench/chaos.py --help` runs it; `--replay SEED` (`--replay-net`, `--replay-kill9`) reruns one.
 """
 
 from vast_harness.chaos.account import ACCOUNT_KINDS, AccountOutcome, AccountPlan, draw_account, run_account

@@ -26,12 +26,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, SecretStr
 from rich.console import Console
 
+from vast_harness.actions.reap import reap_all
 from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences, gpu_liar_violations, sim_bugs
 from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.host.bundle import build_bundle
 from vast_harness.market.plan import plan_run
-from vast_harness.ops.reap import reap_all
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim.server import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy

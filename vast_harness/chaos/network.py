@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from vast_harness.actions.reap import reap_all
 from vast_harness.chaos.engine import (
     KEY,
     SCALE,
@@ -49,7 +50,6 @@ from vast_harness.chaos.judge import (
 )
 from vast_harness.chaos.netproxy import FaultProxy, NetFaultPlan
 from vast_harness.clock import now_s
-from vast_harness.ops.reap import reap_all
 from vast_harness.resources import data_root
 from vast_harness.sim.server import SimServer
 from vast_harness.spec.profile import Step

@@ -398,7 +398,7 @@ def _check(flags: Flags) -> None:
 
     def body() -> int:
         spec = flags.spec(profile=flags.options.profile or "mfu", dry_run=True)
-        from vast_harness.ops.check import print_report, run_checks
+        from vast_harness.views.check import print_report, run_checks
 
         with _api_target(spec) as target, _client(target) as client:
             report = run_checks(target, client)
@@ -440,7 +440,7 @@ def _canary(flags: Flags, out_file: str) -> None:
         given = flags.options
         spec = flags.spec(profile=given.profile or "smoke",
                           max_usd=given.max_usd if given.max_usd is not None else CANARY_MAX_USD)
-        from vast_harness.ops.canary import print_canary, run_canary
+        from vast_harness.actions.canary import print_canary, run_canary
 
         with _api_target(spec) as target, _client(target) as client:
             rep, _ = run_canary(target, client, load_driver_policy(), out, out_path)
@@ -477,8 +477,8 @@ def _reap(flags: Flags, *, include_live: bool, yes: bool) -> None:
         # A full disk must not keep the orphans billing: reap warns and deletes; what it cannot write (ledger
         # lines, evidence) is said as it happens, and the verdicts stand on the API's answers alone.
         spec = flags.spec(profile="smoke", on_unwritable=out.warn, no_key_hint=REAP_NO_SIM)
-        from vast_harness.ops.reap import reap_all
-        from vast_harness.ops.status import confirm_live
+        from vast_harness.actions.reap import reap_all
+        from vast_harness.views.status import confirm_live
 
         if include_live and not yes and not sys.stdin.isatty():
             raise ConfigError("--include-live deletes live runs' instances: confirm with --yes where there is no "
@@ -519,13 +519,13 @@ def _report(flags: Flags, run: str | None) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        from vast_harness.ops.logs import rebuild_report
         from vast_harness.state.runs import find_fleet, find_run, latest_run
+        from vast_harness.views.logs import rebuild_report
 
         where = _evidence_dir(flags)
         fleet = None if run is None else find_fleet(where, run)
         if fleet is not None:
-            from vast_harness.ops.fleet_report import rebuild_fleet
+            from vast_harness.views.fleet_report import rebuild_fleet
 
             return rebuild_fleet(out, fleet)
         return rebuild_report(out, latest_run(where) if run is None else find_run(where, run))
@@ -561,16 +561,16 @@ def _logs(flags: Flags, run: str | None, step: str | None, *, raw: bool, list_on
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        from vast_harness.ops.logs import show_logs
         from vast_harness.state.runs import find_run, latest_run
+        from vast_harness.views.logs import show_logs
 
         if follow and (step is not None or list_only):
             raise ConfigError("logs --follow prints every step of a run as it goes: it takes no STEP and no --list")
         where = _evidence_dir(flags)
         run_dir = latest_run(where) if run is None else find_run(where, run)
         if follow:
-            from vast_harness.ops.follow import follow_logs
             from vast_harness.state.dirs import SIM_SUBDIR, state_dir
+            from vast_harness.views.follow import follow_logs
 
             return follow_logs(out, run_dir, [state_dir(), state_dir() / SIM_SUBDIR], raw=raw)
         return show_logs(out, run_dir, step, raw=raw, list_only=list_only)
@@ -588,7 +588,7 @@ def _costs(flags: Flags) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
-        from vast_harness.ops.costs import show_costs
+        from vast_harness.views.costs import show_costs
 
         return show_costs(out, _evidence_dir(flags))
 
@@ -616,7 +616,7 @@ def _status(flags: Flags) -> None:
 
     def body() -> int:
         spec = flags.spec(profile="smoke", dry_run=True)
-        from vast_harness.ops.status import show_status
+        from vast_harness.views.status import show_status
 
         if spec.sim:
             return show_status(spec, None, out)

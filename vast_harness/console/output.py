@@ -168,7 +168,7 @@ class Output:
 
     # -- a run -----------------------------------------------------------------------------------
     def start_view(self, snapshot: Callable[[], Snapshot]) -> None:
-        """The live view on stderr (a terminal) or heartbeat lines (not a terminal); progress.py."""
+        """The live view on stderr (a terminal) or heartbeat lines (not a terminal); live.py."""
         if not self.progress or self.view is not None:
             return
         live = self.stderr.isatty()

@@ -1,6 +1,6 @@
 """`vast-e2e fleet`: one guarded run per GPU type, up to K at once, under one total dollar cap.
 
-The preflight (`fleet_plan.py`) picks, per GPU type, the offer a single run would and refuses the fleet before
+The preflight (`fleet/plan.py`) picks, per GPU type, the offer a single run would and refuses the fleet before
 anything is rented when it cannot fit. Then the runs, each a normal `GuardedRun` (own label
 `vh-<run_id>-d<deadline>`, own registration, own stamped lines in the user's ledger that `reap` reads, own
 evidence directory and absence proof) under `<evidence-dir>/fleet-<id>/`, beside the fleet ledger `fleet.jsonl`.

@@ -254,7 +254,7 @@ def teardown_instance(
     UNSEEN_TRUST_AFTER_S, until a DELETE acknowledges deleting it or a round shows it. The ledger gets every
     acknowledged DELETE, the first sight, and the verdict. `land_by_mono` (a run's cap deadline, on `clock`):
     the DELETE's attempts are cut so that a retry after a stalled one still lands by then (`destroy`).
-    `first_ack`: a DELETE of this instance already sent for this run (the cap guard's, capguard.py): it is the
+    `first_ack`: a DELETE of this instance already sent for this run (the cap guard's, caps/guard.py): it is the
     teardown's first when it was answered; otherwise the teardown sends its own. `on_ack`: each acknowledged
     DELETE as it is answered, before the proof (a run's meter stops billing there, not after the proof).
     `on_round`: each absence-proof round as it ends (`absence.prove_absent`). `freeze` (a run's and a reap's):

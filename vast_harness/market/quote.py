@@ -64,7 +64,7 @@ def quote_offer(
     upload = upload_gb * offer.transfer_usd_per_gb
     download = download_gb * offer.transfer_usd_per_gb
     # model_construct: every field is computed here from validated inputs; validation would double the cost
-    # of ranking thousands of offers (scripts/bench_offers.py).
+    # of ranking thousands of offers (scripts/bench/bench_offers.py).
     return Quote.model_construct(
         offer_id=offer.id,
         hours=hours,

@@ -1,6 +1,6 @@
 """What one run's evidence says, read once: the facts the run report, its timeline and the fleet report draw.
 
-A leaf below `report.py` and `timeline.py` (both read it; neither imports the other's types)."""
+A leaf below `reports/run.py` and `reports/timeline.py` (both read it; neither imports the other's types)."""
 
 from __future__ import annotations
 

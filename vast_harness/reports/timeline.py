@@ -1,6 +1,6 @@
 """A run in time, for the reports: the timeline of its phases (create, boot, upload, each step, pull, teardown,
 each DELETE and absence-proof round) with dollars, the accrued cost against the cap, and a fleet's summed cost
-against its total cap. Built from the record's `phases` (progress.PhaseLog) and absence-proof.json only.
+against its total cap. Built from the record's `phases` (`console/live.py`'s PhaseLog) and absence-proof.json only.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ class HostWork:
         self._check_cancelled = check_cancelled
         self._hurry = hurry  # a signal during teardown: abandon the pull, go straight to DELETE
         self.timings = timings
-        self._phase = on_phase  # the run's timeline and live view (progress.PhaseLog)
+        self._phase = on_phase  # the run's timeline and live view (console/live.py PhaseLog)
         self.steps: list[StepRecord] = []
         self.pull: PullRecord | None = None
         self.artifacts: ArtifactPull | None = None  # `run --artifact`: pulled with the evidence

@@ -1,6 +1,6 @@
 """Benchmark the simulator: start-up time, search latency over 5,000 offers, SSH round trip.
 
-    uv run python scripts/bench_sim.py   (or: python -m vast_harness.sim.bench) [--offers 5000] [--rounds 20]
+    uv run python scripts/bench/bench_sim.py   (or: python -m vast_harness.sim.bench) [--offers 5000] [--rounds 20]
 
 Targets: start-up < 1 s (default market), search < 100 ms over 5,000 offers, a trivial SSH command in
 tens of milliseconds. Runs in well under 30 s.

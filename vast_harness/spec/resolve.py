@@ -78,7 +78,7 @@ class RunSpec(BaseModel):
     unqualified_ok: bool = False  # exit 0 instead of 4 for a pass on an unqualified driver (--any-driver runs)
     boot_retries: int = 0
     evidence_dir: Path
-    state_dir: Path  # the user's ledger and live-run registrations (statedir.py); evidence by default
+    state_dir: Path  # the user's ledger and live-run registrations (state/dirs.py); evidence by default
     sim: bool = False
     timings: Timings  # the table for this target (timings.py), the user's flags laid over it
     allow_unarmed_deadman: bool = False  # run even when the dead-man switch cannot prove it can act (recorded)

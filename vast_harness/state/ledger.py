@@ -11,7 +11,7 @@ non-UTF-8 or malformed line is skipped and reported, never fatal. Each line name
 "not visible to this key" as "gone"; and, when the writer has heard the API server, the server's time
 (`server_unix`), because another process judging a line's age must not trust either machine's wall clock.
 
-The ledger lives in the user's state directory (statedir.py) and is shared by every run, fleet and reap of
+The ledger lives in the user's state directory (state/dirs.py) and is shared by every run, fleet and reap of
 that user: each line is written under an exclusive `flock`, so concurrent writers never tear or interleave.
 """
 

@@ -17,7 +17,7 @@ RESULT_NAME = "harness-result.json"
 
 
 def default_evidence_dir() -> Path:
-    """Where runs write evidence unless told otherwise: the user's state directory (statedir.py)."""
+    """Where runs write evidence unless told otherwise: the user's state directory (state/dirs.py)."""
     return state_dir()
 
 
@@ -40,7 +40,7 @@ def run_dirs(evidence_dir: Path) -> list[Path]:
 
 
 FLEET_PREFIX = "fleet-"
-REAP_PREFIX = "reap-"  # a reap's evidence directory (ops/reap.py names it so)
+REAP_PREFIX = "reap-"  # a reap's evidence directory (actions/reap.py names it so)
 FLEET_LEDGER_NAME, FLEET_RESULT_NAME = "fleet.jsonl", "fleet-result.json"
 FLEET_MARKS = (FLEET_LEDGER_NAME, FLEET_RESULT_NAME)  # a fleet's ledger and its result: what makes a fleet directory
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issues 24/32 on one H200 (GPU 0), one call of at most ~9.5 minutes: the kernel checks (each kernel against
 # its torch reference, plus fa4 / fa4-det / cudnn-det attention against fp64 math SDPA, and the attention paths
-# timed), then scripts/bench_vs_reference.py at mb 16 (ours with the profile's settings, ours deterministic +
+# timed), then scripts/bench/bench_vs_reference.py at mb 16 (ours with the profile's settings, ours deterministic +
 # replay, fast-cudnn = the fast default before FA4, HF per-layer / whole-model compile, HF + Liger per-layer /
 # whole-model), then extra runs named in H200_EXTRA (a name starting "prof" also writes a Chrome trace of the
 # last VH_TORCH_PROFILE_STEPS steps, split by step with remote.steptrace). nvidia-smi samples clocks, power and
 # clock-event reasons every 100 ms all along (smi.csv in extra.tar.gz): the alternating slow step's cause.
-#   OUT=dir bash scripts/h200_vs_reference.sh   (PY=python3; H200_STEPS=13, H200_BUDGET_S=540,
+#   OUT=dir bash scripts/gpu/h200_vs_reference.sh   (PY=python3; H200_STEPS=13, H200_BUDGET_S=540,
 #       H200_RUNS=bench runs, H200_EXTRA="name|ENV=..|flags;..." extra run_mfu_dist runs, each limited to
 #       H200_EXTRA_LIMIT_S=150, H200_BENCH_LIMIT_S=440, H200_CHECK_LIMIT_S=110, H200_CHECK_ONLY=sections of the
 #       kernel check, H200_SKIP=phases)
@@ -18,7 +18,7 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CUDA_VISIBLE_DEVICES=0
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-.evidence/h200-vs-reference}; mkdir -p "$OUT"
 PY=${PY:-python3}
 STEPS=${H200_STEPS:-13}; SKIP=${H200_SKIP:-}; BUDGET=${H200_BUDGET_S:-540}
@@ -62,7 +62,7 @@ $PY -c "from remote import fa4; import torch; print('fa4', fa4.versions(), fa4.u
 phase check "${H200_CHECK_LIMIT_S:-110}" $PY -m remote.kernels.check --out "$OUT/kernels-check.json" \
     ${H200_CHECK_ONLY:+--only "$H200_CHECK_ONLY"}
 mkdir -p "$WORK/bench"
-phase bench "${H200_BENCH_LIMIT_S:-440}" $PY scripts/bench_vs_reference.py --micro-batch 16 --steps "$STEPS" --runs "$RUNS" \
+phase bench "${H200_BENCH_LIMIT_S:-440}" $PY scripts/bench/bench_vs_reference.py --micro-batch 16 --steps "$STEPS" --runs "$RUNS" \
     --timeout-s 130 --work "$WORK/bench" --out "$OUT/bench-vs-reference.json"
 # extra runs: "name|ENV=V ENV2=V2|flags", separated by ';'
 IFS=';' read -ra EXTRA <<<"${H200_EXTRA:-}"

@@ -1,6 +1,6 @@
 """All-reduce latency and bus bandwidth over NCCL, one process per GPU (MPS on/off is the caller's choice).
 
-    torchrun --standalone --nproc-per-node 2 scripts/bench_allreduce.py --out allreduce.json [--label off]
+    torchrun --standalone --nproc-per-node 2 scripts/bench/bench_allreduce.py --out allreduce.json [--label off]
 
 bf16 tensors of 1, 16 and 128 MiB (the zero2o bucket is 25-100 MiB); 5 warm-up and 30 timed iterations each,
 timed with CUDA events around each call; median and p95 per size, bus bandwidth = 2(n-1)/n * bytes / time.
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root, for `import remote`
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `import remote`
 
 SIZES_MIB = (1, 16, 128)
 WARMUP, ITERS = 5, 30

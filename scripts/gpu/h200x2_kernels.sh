@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Two H200s, after the kernels and the lazy parameter all-gather: dp1 vs dp2 (zero2o, zero2), NVLink vs PCIe
 # mode, deterministic dp2 roots (zero2o == zero2, replay), then the mfu profile end to end again.
-#   device run (kind nvidia-h200-x2, carry .whl):  OUT=$OUT bash scripts/h200x2_kernels.sh
+#   device run (kind nvidia-h200-x2, carry .whl):  OUT=$OUT bash scripts/gpu/h200x2_kernels.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/vh-x2k}; mkdir -p "$OUT"
 PY=${PY:-python3}
 W=$(mktemp -d); LOG="$OUT/log.txt"; : >"$LOG"
@@ -39,8 +39,8 @@ phase dp2-zero2o-mb16-pcie 100 "${TR[@]}" "${RUN[@]}" --profile mfu-dense-1b-dp2
 phase dp2-zero2-mb16 100 "${TR[@]}" "${RUN[@]}" --profile mfu-dense-1b-dp2 --reduction zero2 --compile --micro-batch 16 --out "$W/k-dp2-zero2-mb16.json"
 phase dp2-det-zero2o 100 "${TR[@]}" "${RUN[@]/13/6}" --profile mfu-dense-1b-dp2 --reduction zero2o --deterministic --replay --out "$W/k-dp2-det-zero2o.json"
 phase dp2-det-zero2 100 "${TR[@]}" "${RUN[@]/13/6}" --profile mfu-dense-1b-dp2 --reduction zero2 --deterministic --out "$W/k-dp2-det-zero2.json"
-phase e2e 200 bash scripts/h200_e2e.sh mfu --max-minutes 30 --max-usd 3
+phase e2e 200 bash scripts/gpu/h200_e2e.sh mfu --max-minutes 30 --max-usd 3
 echo "total $((SECONDS - T0)) s" | tee -a "$LOG"
 tar -xzf "$OUT/mfu-evidence.tar.gz" -C "$W" --wildcards '*/remote/*.json' 2>/dev/null
 tar -czf "$OUT/runs.tar.gz" -C "$W" . 2>/dev/null
-$PY scripts/dp2_report.py "$W" | tee "$OUT/table.txt"
+$PY scripts/gpu/dp2_report.py "$W" | tee "$OUT/table.txt"

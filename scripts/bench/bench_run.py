@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the guarded run's own overhead: `python scripts/bench_run.py --runs 5`.
+"""Benchmark of the guarded run's own overhead: `python scripts/bench/bench_run.py --runs 5`.
 
 Each run starts a fresh standalone simulator (`python -m vast_harness.sim`, zero boot delay, Vast's real rate
 limits: --rate-scale 1) as a separate process and drives one `GuardedRun` in this process at real client
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
 import httpx
 from rich.console import Console

@@ -20,10 +20,10 @@ from vast_harness.console.output import Output
 from vast_harness.console.terminal import terminal_safe
 from vast_harness.errors import ConfigError
 from vast_harness.evidence.host_data import read_json
-from vast_harness.ops.logs import shown_text, step_logs
 from vast_harness.state.ledger import LEDGER_FILE, Ledger
 from vast_harness.state.registry import RunRegistry
 from vast_harness.state.runs import RESULT_NAME
+from vast_harness.views.logs import shown_text, step_logs
 
 FOLLOW_POLL_S = 0.5  # how often new bytes and the run's end are looked for
 

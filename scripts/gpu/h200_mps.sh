@@ -44,6 +44,6 @@ echo "after SIGKILL of wrapper $W:"; mps_procs
 cat /tmp/kill-logs/supervisor-stop.json 2>/dev/null | head -40
 
 say "4. benchmark (3 reps, interleaved, fresh daemon per rep)"
-timeout -s INT 250 $PY scripts/bench_mps.py --out "$OUT/bench-mps.json" --reps 3 --log-root /tmp/bench-logs
+timeout -s INT 250 $PY scripts/bench/bench_mps.py --out "$OUT/bench-mps.json" --reps 3 --log-root /tmp/bench-logs
 echo "bench rc=$?"
 say end; mps_procs

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Chaos suite: `python scripts/chaos.py --scenarios 200 --net 110 --kill9 4 --account 10 --seed 1`.
+"""Chaos suite: `python scripts/bench/chaos.py --scenarios 200 --net 110 --kill9 4 --account 10 --seed 1`.
 
 Three families from one seed, judged by the simulator's own record (vast_harness/chaos/judge.py): in-process
 runs under simulator faults and caps (`sim`), the harness in its own process behind a fault proxy that
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
 from rich.console import Console
 from rich.markup import escape

@@ -3,7 +3,7 @@
 # against its torch reference on CUDA and timed, then compiled zero2o runs of the 1B profile switching the
 # kernels on one at a time (cumulative), all-on at larger micro-batches, deterministic + replay, the HF
 # reference bench against the all-on run, and a kernel profile (self CUDA time + Chrome trace) of it.
-#   OUT=dir bash scripts/h200_kernels.sh     (PY=python3; knobs: H200_STEPS=13, H200_BUDGET_S=530,
+#   OUT=dir bash scripts/gpu/h200_kernels.sh     (PY=python3; knobs: H200_STEPS=13, H200_BUDGET_S=530,
 #                                             H200_SKIP="phase names", H200_MB_BIG="24 32",
 #                                             H200_CE_CHUNK=16384: loss chunk of the runs with the loss kernel)
 # Writes at most 8 files into $OUT: log.txt, kernels-check.json, runs.json (every run's summary),
@@ -13,7 +13,7 @@ set -uo pipefail
 # NVLink multicast off in NCCL, PyTorch and NVSHMEM: always (shared hosts), whatever the caller set.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CUDA_VISIBLE_DEVICES=0
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-.evidence/h200-kernels}; mkdir -p "$OUT"
 PY=${PY:-python3}
 STEPS=${H200_STEPS:-13}; SKIP=${H200_SKIP:-}; BUDGET=${H200_BUDGET_S:-530}; MB_BIG=${H200_MB_BIG:-"24 32"}
@@ -51,7 +51,7 @@ train 3-swiglu-mb16 loss,swiglu 16
 train 4-all-mb16 loss,swiglu,optim 16
 LIMIT=150 train 5-det-mb16 all 16 --deterministic --replay
 ours="$WORK/mfu-4-all-mb16.json"
-phase bench 110 $PY scripts/bench_vs_reference.py --micro-batch 16 --steps "$STEPS" \
+phase bench 110 $PY scripts/bench/bench_vs_reference.py --micro-batch 16 --steps "$STEPS" \
     --runs hf-layer,hf+liger-layer \
     $([ -f "$ours" ] && echo --ours-evidence "$ours") $([ -f "$WORK/mfu-5-det-mb16.json" ] && echo --deterministic-evidence "$WORK/mfu-5-det-mb16.json") --out "$OUT/bench-vs-reference.json"
 for mb in $MB_BIG; do

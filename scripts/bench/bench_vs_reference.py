@@ -21,7 +21,7 @@ Everything is timed with CUDA events after the same warm-up and scored with the 
 The record (schema 2) holds `ours`, `deterministic`, `references`, `strongest`, `ratio_vs_strongest` and
 `deterministic_vs_fast` (and, with `fast-cudnn` run, `baseline_fast` and `deterministic_vs_baseline_fast`); `scripts/check_gpu_evidence.py --kind mfu` validates it.
 
-    python scripts/bench_vs_reference.py --micro-batch 16 --out bench-vs-reference.json
+    python scripts/bench/bench_vs_reference.py --micro-batch 16 --out bench-vs-reference.json
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repo root
 sys.path.insert(0, str(ROOT))
 
 SCHEMA = "vast-harness/bench-vs-reference/2"
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                         "references": [], "failed": {}}
         record["versions"] = _versions()
         for name, given in (("ours", args.ours_evidence), ("deterministic", args.deterministic_evidence)):
-            if given:  # measured earlier in the same session (e.g. scripts/h200_kernels.sh); not run again
+            if given:  # measured earlier in the same session (e.g. scripts/gpu/h200_kernels.sh); not run again
                 record[name] = _annotate(json.loads(Path(given).read_text()), args.profile)
                 runs = [r for r in runs if r != name]
         for name in runs:

@@ -1,7 +1,7 @@
-"""The table for scripts/h200x2_dp.sh: every run's MFU, per-GPU tokens/s, scaling against dp1 at the same
+"""The table for scripts/gpu/h200x2_dp.sh: every run's MFU, per-GPU tokens/s, scaling against dp1 at the same
 micro-batch, step-time jitter, leaf root and MPS mode; then all-reduce latency with MPS off and on.
 
-    python scripts/dp2_report.py DIR      (DIR holds the runs' JSON files, searched recursively)
+    python scripts/gpu/dp2_report.py DIR      (DIR holds the runs' JSON files, searched recursively)
 """
 
 from __future__ import annotations

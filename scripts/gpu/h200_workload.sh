@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one script to run on a single-GPU H200 (or H100) host: quick correctness, then the measured runs.
-#   OUT=dir bash scripts/h200_workload.sh       (PY=python3 by default; knobs: H200_MB, H200_DET_MB,
+#   OUT=dir bash scripts/gpu/h200_workload.sh       (PY=python3 by default; knobs: H200_MB, H200_DET_MB,
 #                                                 H200_BENCH_MB, H200_STEPS, H200_PROFILE=0|1, H200_SKIP)
 # Writes at most 8 files into $OUT (envprobe.json, attention-qual.json, dp1-fast.json,
 # dp1-deterministic.json, bench-vs-reference.json, profile.txt, log.txt, extra.tar.gz with every
@@ -8,7 +8,7 @@
 set -uo pipefail
 # NVLink multicast off in NCCL, PyTorch and NVSHMEM: always (shared hosts), whatever the caller set.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-.evidence/h200-run}; mkdir -p "$OUT"
 PY=${PY:-python3}
 MB_LIST=${H200_MB:-"8 16"}; DET_MB=${H200_DET_MB:-16}; BENCH_MB=${H200_BENCH_MB:-8}
@@ -45,7 +45,7 @@ phase deterministic 360 $PY "${RUN[@]}" --reduction zero2o --compile --determini
     --micro-batch "$DET_MB" --steps "$STEPS" --out "$WORK/mfu-dp1-deterministic-mb$DET_MB.json"
 cp "$WORK/mfu-dp1-deterministic-mb$DET_MB.json" "$OUT/dp1-deterministic.json" 2>/dev/null
 ours="$WORK/mfu-dp1-fast-mb$BENCH_MB.json"
-phase bench 300 $PY scripts/bench_vs_reference.py --micro-batch "$BENCH_MB" --steps "$STEPS" \
+phase bench 300 $PY scripts/bench/bench_vs_reference.py --micro-batch "$BENCH_MB" --steps "$STEPS" \
     --runs hf-layer,hf+liger-layer \
     $([ -f "$ours" ] && echo --ours-evidence "$ours") $([ -f "$WORK/mfu-dp1-deterministic-mb$DET_MB.json" ] && echo --deterministic-evidence "$WORK/mfu-dp1-deterministic-mb$DET_MB.json") --out "$OUT/bench-vs-reference.json"
 if [ "${H200_PROFILE:-1}" = 1 ] && [ -n "$best" ]; then

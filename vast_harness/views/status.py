@@ -3,7 +3,7 @@ account (the v1 list), one row each: run id, profile, GPU, age, $/h, accrued $, 
 machine / elsewhere) and state (starting / running / orphan / tearing down).
 
 Ages and accrued dollars are on the API server's clock (its `Date` header against the instance's
-`start_date`), never this machine's wall clock; an orphan is what `reap` would delete (`reap.judge`). A run
+`start_date`), never this machine's wall clock; an orphan is what `reap` would delete (`orphans.judge`). A run
 that is tearing down says so in its registration (its instances may no longer be listed), with its absence
 proof's rounds. `status --sim` reads the --sim runs' registrations only: each --sim run's instances live in its
 own embedded simulator, which no other process can reach.
@@ -20,12 +20,12 @@ from vast_harness.console.output import Output
 from vast_harness.console.terminal import safe_cells, safe_text, terminal_safe
 from vast_harness.errors import AuthError, ExitCode, VastError
 from vast_harness.instance.absence import is_lingering
-from vast_harness.ops.reap import LiveInstance, judge
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.ledger import Ledger
 from vast_harness.state.registry import LABEL_PREFIX, LiveRun, Registration, RunRegistry, parse_label
 from vast_harness.state.runs import refuse_file_on_path
 from vast_harness.vast.client import VastClient
+from vast_harness.views.orphans import LiveInstance, judge
 
 
 class StatusRow(BaseModel):

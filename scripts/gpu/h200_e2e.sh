@@ -5,11 +5,11 @@
 # The harness's own dependencies travel as wheels in .whl/ (carried by the device tool); the workload uses
 # the machine's PyTorch.
 #
-#   device run (carry .whl):  bash scripts/h200_e2e.sh proofs
-#                             bash scripts/h200_e2e.sh mfu --num-gpus 1 --remote-env HT_MFU_WORLDS=1 ...
+#   device run (carry .whl):  bash scripts/gpu/h200_e2e.sh proofs
+#                             bash scripts/gpu/h200_e2e.sh mfu --num-gpus 1 --remote-env HT_MFU_WORLDS=1 ...
 # Writes $OUT/<profile>-evidence.tar.gz (the run directory and ledger), the run log and the checker's verdict.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 profile=${1:?usage: h200_e2e.sh PROFILE [vast_e2e flags...]}
 shift
 export PYTHONUNBUFFERED=1
