@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The receipt on a lent GPU machine (issue 44): the driver's view first, then two receipts (the default 90 s
 # budget, and a shorter one for the run-to-run spread), each checked as GPU evidence. Run from the repo root:
-#   OUT=/some/dir TAG=h100 bash scripts/gpu_receipt.sh
+#   OUT=/some/dir TAG=h100 bash scripts/gpu/receipt.sh
 set -uo pipefail
+cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT to the output directory}
 TAG=${TAG:-gpu}
 export PYTHONUNBUFFERED=1
