@@ -36,7 +36,7 @@ def main() -> int:
     dist.init_process_group("nccl")
     mps_rec = None
     if os.environ.get("VH_MPS_MODE"):  # under `python -m remote.mps`: prove this rank attached, as training does
-        from remote.train import attach_mps
+        from remote.training.train import attach_mps
 
         mps_rec = attach_mps(rank, int(os.environ["LOCAL_RANK"]), world)
     rows = []

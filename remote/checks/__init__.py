@@ -1,6 +1,9 @@
-"""Evidence checkers: remote.checks.<kind>.check(path: Path) -> list[str] of failed claims (empty = valid).
+"""Evidence checkers: a run's files judged by re-deriving their claims, never by trusting a recorded verdict.
 
-`scripts/check_gpu_evidence.py --kind KIND FILE...` dispatches here; `run()` is that dispatcher.
+The host runs them on what it just wrote (a host that produced bad evidence fails its own step), and the same
+files can be checked anywhere later, so they import the standard library only, never torch.
+`remote.checks.<kind>.check(path: Path) -> list[str]` of failed claims (empty = valid), one module per kind;
+`scripts/check_gpu_evidence.py --kind KIND FILE...` dispatches here through `run()`.
 """
 
 from __future__ import annotations

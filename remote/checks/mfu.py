@@ -1,4 +1,4 @@
-"""Checker for MFU evidence (remote.evidence) and bench-vs-reference records.
+"""Checker for MFU evidence (remote.training.evidence) and bench-vs-reference records.
 
 check(path) -> failed claims, in the order they are checked (the first is the one to report).
 Claims are recomputed from the record's own numbers wherever possible, so a hand-edited figure fails.
@@ -11,9 +11,9 @@ import math
 import re
 from pathlib import Path
 
-from remote.paths import MODEL_PROFILES_DIR
+from remote.host.paths import MODEL_PROFILES_DIR
 
-MFU_SCHEMA = "vast-harness/mfu/1"  # remote/evidence.py writes it; kept here so checks never import torch
+MFU_SCHEMA = "vast-harness/mfu/1"  # remote/training/evidence.py writes it; kept here so checks never import torch
 
 BENCH_SCHEMA = "vast-harness/bench-vs-reference/1"
 BENCH_SCHEMA_2 = "vast-harness/bench-vs-reference/2"  # scripts/bench_vs_reference.py: ours, deterministic, references

@@ -106,7 +106,7 @@ def _check_absence(proof: dict, failed: list[str], floor_s: float = REAL_PROOF_I
 
 def _check_remote(run_dir: Path, failed: list[str]) -> None:
     from remote.checks import load_checker
-    from remote.plan import junit_failures
+    from remote.host.plan import junit_failures
 
     remote = run_dir / "remote"
     for name in REMOTE_FILES:

@@ -118,7 +118,7 @@ _COMPILED: dict = {}
 
 def _compiled_ce(dev: torch.device):
     """The baseline's loss kernel, compiled once and shared by the two sections that time it."""
-    from remote.model import _ce_chunk
+    from remote.training.model import _ce_chunk
 
     if dev.type != "cuda":
         return _ce_chunk
@@ -129,7 +129,7 @@ def _compiled_ce(dev: torch.device):
 
 def check_loss_path(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
     from remote.kernels import loss
-    from remote.model import linear_cross_entropy
+    from remote.training.model import linear_cross_entropy
 
     D_MODEL, VOCAB = sh["d_model"], sh["vocab"]
     chunks = (8192, 16384, 32768) if dev.type == "cuda" else (16, 32, 64)
@@ -300,7 +300,7 @@ def check_norm(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
             torch.autograd.backward([hh, yy], [dh, dy])
         rep.time(f"norm add+rmsnorm fwd+bwd {name} [{tokens}x{d}]", bench_ms(step), 8 * n)
     try:
-        from remote import fa4
+        from remote.attention import fa4
 
         fa4.interface()  # puts nvidia_cutlass_dsl's `cutlass` on sys.path (its .pth is not read from a --target)
         from quack.rmsnorm import rmsnorm as quack_rmsnorm  # noqa: PLC0415 - shipped with the FA4 wheels only
@@ -322,7 +322,7 @@ def check_rope(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
     """RoPE on the fused qkv, fwd+bwd: the Triton ops against fp32 torch and against Inductor's kernels for
     the model's formula (transpose, split, rotate-half; backward the rotation plus the cat into d(qkv))."""
     from remote.kernels import rope
-    from remote.model import ModelConfig, apply_rope, rope_tables
+    from remote.training.model import ModelConfig, apply_rope, rope_tables
 
     heads, kv, hd, seq = sh["heads"], sh["kv_heads"], sh["head_dim"], sh["seq"]
     b = max(1, tokens // seq)
@@ -360,13 +360,14 @@ def check_rope(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
 
 
 def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
-    """The custom attention paths (fa4 and fa4-det: remote.fa4; cudnn-det: remote.cudnn_sdpa) against an fp64
+    """The custom attention paths (fa4 and fa4-det: remote.attention.fa4; cudnn-det: remote.attention.cudnn_sdpa) against an fp64
     math SDPA reference, the deterministic ones bitwise across two runs, and every path timed (fwd+bwd) at
     the model's layout."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from remote import attention, cudnn_sdpa, fa4
+    from remote.attention import backend as attention
+    from remote.attention import cudnn_sdpa, fa4
 
     if dev.type != "cuda":  # CUDA only; the SDPA paths' CPU behaviour is tests/remote's business
         return

@@ -27,7 +27,7 @@ Deterministic runs use it: no split-K, no atomics, the same bits twice in one pr
 and a deterministic run replayed bitwise with it on an H200 (issue 32 round 6, call 1: `replay_match` true,
 4 ms a step faster than without it).
 
-Two custom ops, opaque to torch.compile (like remote.fa4): the compiled per-layer graph calls them as one
+Two custom ops, opaque to torch.compile (like remote.attention.fa4): the compiled per-layer graph calls them as one
 node each. `qualify(device)` is the probe (kernels.QUALIFIED): fwd+bwd at a small shape against fp32 torch,
 and the same bits twice.
 """
@@ -55,7 +55,7 @@ class _Quack:
 def quack():
     if _Quack.module is None and _Quack.error is None:
         try:
-            from remote import fa4
+            from remote.attention import fa4
 
             if fa4.interface() is None:
                 raise ImportError(f"the FA4 / CuTe DSL wheels are not importable ({fa4.import_error()})")

@@ -27,9 +27,9 @@ import threading
 import time
 from pathlib import Path
 
+from remote.host.paths import ROOT
 from remote.mps.control import DEFAULT_PIPE_DIR, daemon_answers, find_control_binary
 from remote.mps.wrapper import owned_daemon
-from remote.paths import ROOT
 
 WORKER_MODULE = "remote.mps.bench_worker"  # the CPU tests swap in a fake worker
 

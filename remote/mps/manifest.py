@@ -11,7 +11,7 @@ import socket
 import time
 from pathlib import Path
 
-from remote.envprobe import driver_version, parse_proc_driver_version  # noqa: F401 (re-exported)
+from remote.host.envprobe import driver_version, parse_proc_driver_version  # noqa: F401 (re-exported)
 from remote.mps.control import Daemon
 
 SCHEMA_VERSION = 1

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from remote.checks.mps import client_claim_errors
+from remote.host.paths import ROOT
 from remote.mps.control import (
     DEFAULT_PIPE_DIR,
     Daemon,
@@ -66,7 +67,6 @@ from remote.mps.manifest import (
 )
 from remote.mps.stop import StopReport, StopTimeouts, drain_clients, stop_owned
 from remote.mps.supervisor import start_ticks
-from remote.paths import ROOT
 
 __all__ = ["main", "owned_daemon", "parse_args", "run"]
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from remote import kernels
 from remote.kernels import adamw, loss, norm, rope, swiglu
-from remote.model import ModelConfig, apply_rope, linear_cross_entropy, rope_tables
+from remote.training.model import ModelConfig, apply_rope, linear_cross_entropy, rope_tables
 
 
 @pytest.fixture(autouse=True)
@@ -313,7 +313,7 @@ def test_probed_kernels_qualify_here_and_a_failing_probe_keeps_them_off(monkeypa
 def test_block_with_norm_and_rope_kernels_matches_the_torch_block_and_compiles() -> None:
     """The model wiring (Block.norms, Attention.rope): the same block's output and every gradient within bf16
     rounding of the torch path, and the per-layer compile (aot_eager here) giving the eager kernels' bits."""
-    from remote.model import build_model
+    from remote.training.model import build_model
 
     cfg = ModelConfig(d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=96, vocab_size=64, seq_len=24)
     block = build_model(cfg, torch.device("cpu"), 0).layers[0]

@@ -89,7 +89,7 @@ def test_fused_mlp_matches_the_model_formula(fake_quack, monkeypatch: pytest.Mon
 
 
 def test_feedforward_uses_it_when_attached(fake_quack) -> None:
-    from remote.model import FeedForward, ModelConfig
+    from remote.training.model import FeedForward, ModelConfig
 
     cfg = ModelConfig(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=12, vocab_size=32, seq_len=8,
                       dtype="float32")
@@ -109,9 +109,9 @@ def test_an_attached_mlp_trains_the_same_model_and_states_it_canonically(fake_qu
     run's state (what the leaf root hashes) names the same parameters in the model's [gate; up] layout."""
     import torch.distributed as dist
 
-    from remote import parallel
-    from remote.model import ModelConfig, build_model
-    from remote.profiles import TrainConfig
+    from remote.training import parallel
+    from remote.training.model import ModelConfig, build_model
+    from remote.training.profiles import TrainConfig
 
     cfg = ModelConfig(d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=12, vocab_size=32, seq_len=8,
                       dtype="float32")

@@ -1,4 +1,4 @@
-"""The zero2/zero2o owner reduction at world sizes 2, 4 and 8 under gloo (remote/parallel.py says in which
+"""The zero2/zero2o owner reduction at world sizes 2, 4 and 8 under gloo (remote/training/parallel.py says in which
 order it adds): the reduced shards are the rank-order fold of the ranks' gradients, zero2o is bitwise zero2,
 the bits do not depend on the bucket layout, and a deterministic round replays at world 4.
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from remote import parallel
 from remote.checks import mfu as mfu_check
+from remote.training import parallel
 from tests.remote.worlds import owner_reduction, run_world, train_main
 
 

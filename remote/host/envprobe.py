@@ -1,7 +1,7 @@
 """Host environment probe: GPUs (names, UUIDs, memory), driver, package versions, relevant env, and the
 image check.
 
-`python -m remote.envprobe [--out FILE] [--expect-torch V --expect-cuda V --expect-cudnn V]` prints (or
+`python -m remote.host.envprobe [--out FILE] [--expect-torch V --expect-cuda V --expect-cudnn V]` prints (or
 writes) one JSON object. It is the first step on a rented host, so it uses the standard library and
 `nvidia-smi` only: it must report even when PyTorch is broken, and it must be cheap (importing torch and
 creating a CUDA context cost ~4 s on an H200, measured in .evidence/h200/proofs-2026-11-29). So the image's

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from remote import attention
+from remote.attention import backend as attention
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -153,7 +153,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
         self.swiglu = None  # remote.kernels.swiglu.swiglu when that kernel is active (one-pass backward)
         # remote.kernels.mlp.mlp when active: SwiGLU inside the GEMM epilogues (quack), the residual add in
-        # w2's; w13's rows are then interleaved (gate_0, up_0, ...), see remote.parallel.apply_kernels
+        # w2's; w13's rows are then interleaved (gate_0, up_0, ...), see remote.training.parallel.apply_kernels
         self.mlp = None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -195,7 +195,7 @@ class Transformer(nn.Module):
         self.ce_chunk_tokens = 8192
         self.ce_kernel = _ce_chunk  # replaced by a compiled version under --compile
         self.ce_fused = False  # remote.kernels.loss: one logits buffer, Triton CE, fp32 GEMM accumulation
-        # parameter name -> its canonical layout, for parameters a kernel keeps in another one (remote.parallel)
+        # parameter name -> its canonical layout, for parameters a kernel keeps in another one (remote.training.parallel)
         self.param_layouts: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
         # Called with -1 before the embedding, i before layer i and n_layers before the final norm and head:
         # a data-parallel wrapper waits there for the parameters it is still gathering (None: nothing to wait).

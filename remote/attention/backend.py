@@ -5,14 +5,14 @@ keeps the first that runs; the choice is pinned for the whole run (only that SDP
 so a later shape it rejects fails loudly instead of silently switching kernels mid-run). An input that no
 fast path accepts stops with a message unless the math path was asked for.
 
-`python -m remote.attention --qualify --out FILE` runs every path at a given shape several times and
+`python -m remote.attention.backend --qualify --out FILE` runs every path at a given shape several times and
 records which ones give the same bits each time (the source of profiles/attention-qualification.json).
 
 Besides PyTorch's SDPA backends there are custom paths, each probed like the others and skipped (the reason
 recorded in the run JSON's `attention_rejected`) where its wheel, CUDA or architecture is missing:
-- "fa4" / "fa4-det" (remote.fa4): FlashAttention-4 (flash-attn-4, CuTe DSL), fast and deterministic
+- "fa4" / "fa4-det" (remote.attention.fa4): FlashAttention-4 (flash-attn-4, CuTe DSL), fast and deterministic
   backward; first in fast and deterministic runs where it qualifies (sm90/sm100 with the wheels installed).
-- "cudnn-det" (remote.cudnn_sdpa): cuDNN's attention through its own graph API with cuDNN's deterministic
+- "cudnn-det" (remote.attention.cudnn_sdpa): cuDNN's attention through its own graph API with cuDNN's deterministic
   backward. PyTorch's SDPA refuses cuDNN in deterministic mode, so without fa4-det and cudnn-det a
   deterministic run lands on FlashAttention-2's slower deterministic backward.
 """
@@ -31,11 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from remote.merkle import raw_bytes
+from remote.accounting.merkle import raw_bytes
 
 PATHS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-CUSTOM = ("fa4", "fa4-det", "cudnn-det")  # not SDPA backends: remote.fa4, remote.cudnn_sdpa
+CUSTOM = ("fa4", "fa4-det", "cudnn-det")  # not SDPA backends: remote.attention.fa4, remote.attention.cudnn_sdpa
 CHOICES = (*PATHS, *CUSTOM)
 # Fastest first on Hopper (docs/mfu.md; issue 32: FA4 2.53 ms per layer fwd+bwd at the model's shape, cuDNN
 # SDPA 2.91, flash SDPA 4.15). Under strict deterministic mode PyTorch removes cuDNN itself; FA4's
@@ -72,13 +72,13 @@ def _try(path: str, kv_mode: str, device: torch.device, dtype: torch.dtype, n_he
     if path in FA4_PATHS:
         if kv_mode != "gqa":
             return f"{path} reads the KV heads directly (gqa) only"
-        from remote import fa4
+        from remote.attention import fa4
 
         return fa4.available(device, dtype, n_heads, n_kv, head_dim, deterministic=FA4_PATHS[path])
     if path == "cudnn-det":
         if kv_mode != "gqa":
             return "cudnn-det reads the KV heads directly (gqa) only"
-        from remote import cudnn_sdpa
+        from remote.attention import cudnn_sdpa
 
         return cudnn_sdpa.available(device, dtype, n_heads, n_kv, head_dim, seq)
     _base, (q, k, v) = _inputs(device, dtype, 1, seq, n_heads, n_kv, head_dim, seed=0)
@@ -122,11 +122,11 @@ def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mode: str, path:
 def _custom(path: str):
     """The custom path's attention(q, k, v); its module is imported on first use (CUDA runs that chose it)."""
     if path in FA4_PATHS:
-        from remote import fa4
+        from remote.attention import fa4
 
         det = FA4_PATHS[path]
         return lambda q, k, v: fa4.attention(q, k, v, det)
-    from remote import cudnn_sdpa
+    from remote.attention import cudnn_sdpa
 
     return cudnn_sdpa.attention
 
@@ -210,11 +210,11 @@ def qualify(device: torch.device, dtype: torch.dtype, batch: int, seq: int, n_he
 
 def versions(choice: Choice) -> dict:
     """What the run record says about the attention path: which ran, and the FA4 / cuDNN-frontend versions."""
-    from remote import fa4
+    from remote.attention import fa4
 
     rec = {"path": choice.path, "kv_mode": choice.kv_mode, "fa4_packages": fa4.versions()}
     if choice.path == "cudnn-det":
-        from remote import cudnn_sdpa
+        from remote.attention import cudnn_sdpa
 
         rec["cudnn_frontend"] = cudnn_sdpa.frontend_version()
     return rec

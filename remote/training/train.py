@@ -18,11 +18,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from remote import attention, data, determinism, envprobe, evidence, kernels, merkle, mfu, parallel
-from remote.comm import all_gather_json
-from remote.evidence import RoundResult
-from remote.model import build_model
-from remote.profiles import Profile, ProfileError, load_profile
+from remote import kernels
+from remote.accounting import merkle, mfu
+from remote.attention import backend as attention
+from remote.host import envprobe
+from remote.training import data, determinism, evidence, parallel
+from remote.training.comm import all_gather_json
+from remote.training.evidence import RoundResult
+from remote.training.model import build_model
+from remote.training.profiles import Profile, ProfileError, load_profile
 
 INIT_TIMEOUT_S = 300  # first rendezvous: peers may still be importing torch
 ROUND_TIMEOUT_S = 900  # per-round group: the first step includes compilation on every rank
@@ -116,7 +120,7 @@ def attach_mps(rank: int, local_rank: int, world: int) -> dict | None:
 class _Profiler:
     """VH_TORCH_PROFILE_OUT=FILE: torch.profiler over the last VH_TORCH_PROFILE_STEPS steps (default 2), a
     per-op table written to FILE (where a step's milliseconds go); each step is a `vh_step_N` range in the
-    trace (remote.steptrace splits a Chrome trace by them). Off by default: profiling perturbs the timed steps."""
+    trace (remote.accounting.steptrace splits a Chrome trace by them). Off by default: profiling perturbs the timed steps."""
 
     def __init__(self, path: str | None, steps: int) -> None:
         n = int(os.environ.get("VH_TORCH_PROFILE_STEPS", "2"))

@@ -53,9 +53,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from remote import kernels
-from remote.envprobe import mask_env
-from remote.model import Transformer
-from remote.profiles import TrainConfig
+from remote.host.envprobe import mask_env
+from remote.training.model import Transformer
+from remote.training.profiles import TrainConfig
 
 # NVLink multicast can take a shared host's GPUs out of service: off in NCCL, PyTorch and NVSHMEM, always.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

@@ -16,27 +16,29 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from remote import envprobe, mfu, parallel
+from remote.accounting import mfu
 from remote.checks.mfu import MFU_SCHEMA
-from remote.model import FLOPS_FORMULA
+from remote.host import envprobe
+from remote.training import parallel
+from remote.training.model import FLOPS_FORMULA
 
 
 def attention_record(choice: Choice) -> dict:
-    from remote import attention
+    from remote.attention import backend as attention
 
     return attention.versions(choice)
 
 
 if TYPE_CHECKING:
-    from remote.attention import Choice
-    from remote.profiles import Profile
+    from remote.attention.backend import Choice
+    from remote.training.profiles import Profile
 
 SCHEMA = MFU_SCHEMA
 
 
 @dataclass
 class RoundResult:
-    """What one round measured (remote.train.run_round): the record's input."""
+    """What one round measured (remote.training.train.run_round): the record's input."""
 
     losses: list[float]
     step_times_s: list[float]
@@ -64,7 +66,7 @@ def step_spread(times_s: list[float]) -> dict:
 
 
 def _fa4_versions() -> dict:
-    from remote import fa4
+    from remote.attention import fa4
 
     v = fa4.versions()
     return {"flash_attn_4": v["flash-attn-4"], "nvidia_cutlass_dsl": v["nvidia-cutlass-dsl"]}
@@ -115,7 +117,7 @@ def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.P
         "micro_batch": micro_batch,
         "seq_len": cfg.seq_len,
         "reduction": args.reduction,
-        "reduce_order": first.extra["reduce_order"],  # remote/parallel.py: the owner reduction's add order
+        "reduce_order": first.extra["reduce_order"],  # remote/training/parallel.py: the owner reduction's add order
         "flags": {"act_ckpt": args.act_ckpt, "compile": args.compile, "nccl_pcie": args.nccl_pcie,
                   "deterministic": args.deterministic, "replay": args.replay, "attention": args.attention,
                   "peak_tflops_override": args.peak_tflops},

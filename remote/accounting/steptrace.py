@@ -1,8 +1,8 @@
 """Split a profiler Chrome trace by step and compare steps: where does a slow step lose its time?
 
-    python -m remote.steptrace TRACE.json[.gz] [--out FILE.json]
+    python -m remote.accounting.steptrace TRACE.json[.gz] [--out FILE.json]
 
-Steps are the `vh_step_N` ranges remote.train marks while profiling (VH_TORCH_PROFILE_OUT, VH_TORCH_TRACE_OUT,
+Steps are the `vh_step_N` ranges remote.training.train marks while profiling (VH_TORCH_PROFILE_OUT, VH_TORCH_TRACE_OUT,
 VH_TORCH_PROFILE_STEPS). A kernel belongs to the step whose host range launched it (the launch's correlation
 id). Per step: GPU span (first kernel start to last kernel end), busy time, idle gaps, and busy time per kernel
 family; then the slowest step against the fastest, family by family. Same kernels, each a few percent slower

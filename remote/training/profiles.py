@@ -10,11 +10,11 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from remote.model import ModelConfig
-from remote.paths import MODEL_PROFILES_DIR
+from remote.host.paths import MODEL_PROFILES_DIR
+from remote.training.model import ModelConfig
 
 PROFILE_DIR = MODEL_PROFILES_DIR
-ATTENTION_PATHS = ("fa4", "fa4-det", "cudnn", "cudnn-det", "flash", "efficient", "math")  # remote.attention.CHOICES
+ATTENTION_PATHS = ("fa4", "fa4-det", "cudnn", "cudnn-det", "flash", "efficient", "math")  # remote.attention.backend.CHOICES
 
 
 class ProfileError(ValueError):

@@ -6,7 +6,7 @@ wheel itself is pure Python. On Hopper at the model's shape (B 16, T 2048, 32/8 
 its forward+backward beats cuDNN's SDPA, and its deterministic backward (`deterministic=True`: dQ reduced in
 a fixed order) beats cuDNN's deterministic one (issue 32; `remote/kernels/NOTES.md`).
 
-Two custom ops (opaque to torch.compile, like remote.cudnn_sdpa): forward returns (out, lse) in FA4's own
+Two custom ops (opaque to torch.compile, like remote.attention.cudnn_sdpa): forward returns (out, lse) in FA4's own
 [B, T, H, D] layout, backward (dq, dk, dv). torch 2.11's `activate_flash_attention_impl("FA4")` expects a
 different return arity from this FA4 release, so it is not used. `deterministic` travels as an input of the
 forward op, so the backward the autograd formula calls is fixed when the graph is traced.
