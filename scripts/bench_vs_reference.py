@@ -47,7 +47,7 @@ RECORD_KEY = {"ours": "ours", "deterministic": "deterministic", "fast-cudnn": "b
 PREVIOUS_KERNELS = {"VH_KERNELS": "loss,swiglu,optim"}
 TARGETS = {"ratio_vs_strongest": 1.13, "deterministic_vs_fast": 0.97, "deterministic_vs_baseline_fast": 1.00,
            "deterministic_vs_previous_fast": 1.00}
-KNOB_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_", "VH_NORM_", "VH_ROPE_", "VH_MLP_")  # kernels.ENV_PREFIXES
+from remote.knobs import KERNEL_PREFIXES as KNOB_PREFIXES  # noqa: E402 (after the sys.path line above)
 
 
 def reference_run(profile_name: str, name: str, micro_batch: int, steps: int, warmup: int) -> dict:

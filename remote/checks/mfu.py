@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from remote.host.paths import MODEL_PROFILES_DIR
+from remote.knobs import KERNEL_PREFIXES
 
 MFU_SCHEMA = "vast-harness/mfu/1"  # remote/training/evidence.py writes it; kept here so checks never import torch
 
@@ -19,7 +20,6 @@ BENCH_SCHEMA = "vast-harness/bench-vs-reference/1"
 BENCH_SCHEMA_2 = "vast-harness/bench-vs-reference/2"  # scripts/bench_vs_reference.py: ours, deterministic, references
 REFERENCE_FIELDS = ("name", "mfu", "tokens_per_s", "step_times_s", "micro_batch", "seq_len", "flops_per_token",
                     "peak_tflops", "peak_mem_gib", "versions", "warmup_steps")
-KNOB_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_", "VH_NORM_", "VH_ROPE_", "VH_MLP_")  # kernels.ENV_PREFIXES
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PROFILE_DIR = MODEL_PROFILES_DIR
@@ -173,7 +173,7 @@ def _check_ours_v2(d: dict, key: str) -> list[str]:
                       f"{rec['flags'].get('replay')}, expected {det}/{det}")
     if det and rec.get("replay_match") is not True:
         failed.append(f"{key}: replay_match is {rec.get('replay_match')!r}, not true")
-    knobs = sorted(k for k in rec.get("kernels", {}).get("env", {}) if k.startswith(KNOB_PREFIXES))
+    knobs = sorted(k for k in rec.get("kernels", {}).get("env", {}) if k.startswith(KERNEL_PREFIXES))
     if knobs:
         failed.append(f"{key}: ran with kernel knobs {knobs} in the environment, not the profile's settings")
     chunk = rec.get("kernels", {}).get("ce_chunk_tokens")

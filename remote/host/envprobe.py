@@ -36,18 +36,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+from remote import knobs
+
 ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
-                "CUDA_VISIBLE_DEVICES", "CUDA_MPS_", "VH_MPS_MODE")
-
-
-MASKED_ENV_VAR = "VH_MASKED_ENV"  # space-separated names whose values evidence must not hold
+                "CUDA_VISIBLE_DEVICES", "CUDA_MPS_")  # and the MPS knobs (remote.knobs)
 MASK = "***"
 IMAGE_MISMATCH_EXIT = 3
 
 
 def masked_names(environ: dict[str, str] | None = None) -> set[str]:
-    environ = os.environ if environ is None else environ
-    return set(environ.get(MASKED_ENV_VAR, "").split())
+    """The run's secret variables' names (the harness lists them in the environment, `remote.knobs`)."""
+    host = knobs.host() if environ is None else knobs.HostKnobs.from_env(environ)
+    return set(host.masked_env)
 
 
 def mask_env(env: dict[str, str], environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -232,7 +232,8 @@ def image_mismatches(facts: dict, expect: dict[str, str]) -> list[str]:
 
 def probe() -> dict:
     gpus, why = smi_gpus()
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    env = dict(sorted(({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+                       | knobs.given(knobs.MpsKnobs)).items()))
     return {"hostname": platform.node(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "packages": package_versions(), "image": image_facts(),
             "driver": gpus[0]["driver_version"] if gpus else driver_version(), "gpus": gpus, "gpu_probe_error": why,

@@ -1,6 +1,6 @@
 """Hand-written kernels for the 1B workload, each behind a knob so one device call can measure each change.
 
-Knobs (environment, read when the model/runner is built; recorded in the evidence):
+Knobs (environment variables, parsed in `remote.knobs`; recorded in the evidence):
 
 - `VH_KERNELS`: comma list of `loss`, `swiglu`, `optim`, `norm`, `rope`, `mlp`, or `all` (the default) /
   `none`; `all` may be combined with names (kept for kernels that measure no faster and become opt-in).
@@ -34,11 +34,12 @@ import os
 
 import torch
 
+from remote import knobs
+
 KNOWN = ("loss", "swiglu", "optim", "norm", "rope", "mlp")
 # `all` (the default): what measured faster in the step (issue 32: `mlp` -5.5 ms a step on an H200, NOTES.md).
 DEFAULT = ("loss", "swiglu", "optim", "norm", "rope", "mlp")
 QUALIFIED = ("norm", "rope", "mlp")  # used only where their probe passes on the device (issue 32)
-ENV_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_", "VH_NORM_", "VH_ROPE_", "VH_MLP_")
 
 try:
     import triton
@@ -48,23 +49,8 @@ except Exception:  # noqa: BLE001 - a broken triton must only switch the kernels
     TRITON_VERSION = None
 
 
-class KnobError(ValueError):
-    """A kernel knob names something unknown."""
-
-
 def requested() -> frozenset[str]:
-    raw = os.environ.get("VH_KERNELS", "all").strip().lower()
-    if raw in ("", "none", "off", "0"):
-        return frozenset()
-    if raw in ("all", "on", "1"):
-        return frozenset(DEFAULT)
-    names = {n.strip() for n in raw.split(",") if n.strip()}
-    if "all" in names:  # `all,mlp`: the default set plus an opt-in kernel
-        names = (names - {"all"}) | set(DEFAULT)
-    unknown = sorted(names - set(KNOWN))
-    if unknown:
-        raise KnobError(f"VH_KERNELS names unknown kernel(s) {unknown}; known: {', '.join(KNOWN)}, all, none")
-    return frozenset(names)
+    return knobs.kernels().selection.resolve(KNOWN, DEFAULT)
 
 
 def interpret() -> bool:
@@ -77,12 +63,12 @@ def runs_triton(device: torch.device) -> bool:
         return False
     if device.type == "cuda":
         return not interpret()
-    return device.type == "cpu" and interpret() and os.environ.get("VH_KERNELS_CPU") == "1"
+    return device.type == "cpu" and interpret() and knobs.kernels().on_cpu
 
 
 def active(name: str, device: torch.device) -> bool:
     if name not in KNOWN:
-        raise KnobError(f"unknown kernel {name!r}")
+        raise ValueError(f"unknown kernel {name!r}")
     return name in requested() and runs_triton(device) and rejection(name, device) is None
 
 
@@ -104,30 +90,13 @@ def rejection(name: str, device: torch.device) -> str | None:
     return _PROBES[key]
 
 
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise KnobError(f"{name}={raw!r} is not an integer") from None
-    if value < 0:
-        raise KnobError(f"{name}={raw!r} must be >= 0")
-    return value
-
-
-def ce_chunk_tokens(profile_default: int) -> int:
-    return env_int("VH_CE_CHUNK", profile_default) or profile_default
-
-
 def describe(device: torch.device) -> dict:
     """What ran, for the evidence record."""
     want = [n for n in QUALIFIED if n in requested() and runs_triton(device)]
     return {"requested": sorted(requested()), "active": sorted(n for n in KNOWN if active(n, device)),
             "rejected": {n: rejection(n, device) for n in want if rejection(n, device) is not None},
             "triton": TRITON_VERSION,
-            "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}}
+            "env": knobs.given(knobs.KernelKnobs)}
 
 
 class LazyKernel:

@@ -12,7 +12,7 @@ import math
 import torch
 import triton.language as tl
 
-from remote import kernels
+from remote import kernels, knobs
 
 
 def _adamw(grad_ptr, master_ptr, m_ptr, v_ptr, out_ptr, n, grad_scale, lr_wd, beta1, beta2, step_size,
@@ -39,7 +39,8 @@ _ADAMW = kernels.LazyKernel(_adamw)
 
 
 def launch_config() -> dict:
-    return {"BLOCK": kernels.env_int("VH_ADAMW_BLOCK", 2048), "num_warps": kernels.env_int("VH_ADAMW_WARPS", 8)}
+    knob = knobs.kernels()
+    return {"BLOCK": knob.adamw_block, "num_warps": knob.adamw_warps}
 
 
 def hyper(lr: float, beta1: float, beta2: float, weight_decay: float, eps: float, step: int) -> dict:

@@ -9,15 +9,17 @@ bit for bit. Timing: CUDA events (triton.testing.do_bench), median. Exit 1 if an
 """
 
 import argparse
+import contextlib
 import json
 import math
 import sys
 import time
 import traceback
+from typing import Any
 
 import torch
 
-from remote import kernels
+from remote import kernels, knobs
 
 SHAPES = {"d_model": 2048, "ffn": 8192, "vocab": 128256, "ce_rows": 8192, "adamw_check": 64 * 2**20,
           "params": 1_235_814_400, "heads": 32, "kv_heads": 8, "head_dim": 64, "seq": 2048}  # params: non-embedding + embedding parameters of the 1B profile
@@ -438,10 +440,8 @@ def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
 def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
     """The SwiGLU MLP with the activation in quack's GEMM epilogues (`mlp.py`) against fp32 torch at the
     model's shape, bitwise twice, then one layer's MLP fwd+bwd timed against the path it replaces (cuBLAS +
-    the Triton SwiGLU ops), for each VH_MLP_GEMMS / VH_MLP_TUNED setting, in interleaved rounds (the card is
-    power-capped: each variant sees the same thermal and power state)."""
-    import os
-
+    the Triton SwiGLU ops), for each mlp_gemms / mlp_tuned setting (`remote.knobs`), in interleaved rounds (the
+    card is power-capped: each variant sees the same thermal and power state)."""
     from remote.kernels import mlp, swiglu
 
     d, ffn = sh["d_model"], sh["ffn"]
@@ -469,54 +469,48 @@ def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
         out.backward(dout)
         return out.detach(), x.grad, w13.grad, w2.grad, r.grad
 
-    settings = {"fused": {"VH_MLP_GEMMS": "fused", "VH_MLP_TUNED": "0"},
-                "all": {"VH_MLP_GEMMS": "all", "VH_MLP_TUNED": "0"},
-                "fused tuned": {"VH_MLP_GEMMS": "fused", "VH_MLP_TUNED": "1"},
-                "all tuned": {"VH_MLP_GEMMS": "all", "VH_MLP_TUNED": "1"}}
-    saved = {k: os.environ.get(k) for k in ("VH_MLP_GEMMS", "VH_MLP_TUNED")}
-    try:
-        ref_in = [t.detach().float().requires_grad_(True) for t in (x0, w13_0, w2_0, r0)]
-        ref = mlp.reference(*ref_in)
-        ref.backward(dout.float())
-        want = (ref.detach(), *(t.grad for t in ref_in))
-        del ref, ref_in
-        got_current = current()
-        for name, got, w in zip(("out", "dx", "dw13", "dw2", "dresidual"), got_current, want):
-            rep.time(f"mlp current path {name} rel err vs fp32 torch: {rel(got, w):.3g}", float("nan"))
-        # untuned first, then tuned (its autotuning may run into the phase's time limit): each group timed
-        # against the current path in its own interleaved rounds
-        groups = {"untuned": ("fused", "all"), "tuned": ("fused tuned", "all tuned"), "fused-tuned": ("fused tuned",)}
-        wanted = os.environ.get("VH_MLP_CHECK", "untuned,tuned").split(",")
-        for group in (groups[g] for g in wanted):
-            variants = {"current (cuBLAS + Triton SwiGLU)": current}
-            for tag in group:
-                env = settings[tag]
-                os.environ.update(env)
-                t0 = time.perf_counter()
-                got = fused()
-                torch.cuda.synchronize(dev)
-                first_s = time.perf_counter() - t0
-                for name, g, w in zip(("out", "dx", "dw13", "dw2", "dresidual"), got, want):
-                    rep.check(f"mlp {tag} {name} rel err vs fp32 torch", rel(g, w), 2e-2)
-                rep.check(f"mlp {tag} bitwise across two runs", all(torch.equal(a, b) for a, b in zip(got, fused())))
-                rep.time(f"mlp {tag}: first call (compile{' + autotune' if 'tuned' in tag else ''}) ms", first_s * 1e3)
-                variants[f"quack {tag}"] = (lambda e=env: (os.environ.update(e), fused()))
-                del got
-            results: dict[str, list[float]] = {k: [] for k in variants}
-            for _round in range(4):
-                for tag, fn in variants.items():
-                    results[tag].append(bench_ms(fn))
-            base = sorted(results["current (cuBLAS + Triton SwiGLU)"])[1]
-            for tag, ms in results.items():
-                med = sorted(ms)[1]
-                rep.time(f"mlp one layer fwd+bwd [{tokens}x{d}x{ffn}] {tag} (rounds {[round(m, 3) for m in ms]}, "
-                         f"x{med / base:.3f} of current)", med)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    settings: dict[str, dict[str, Any]] = {
+        "fused": {"mlp_gemms": "fused", "mlp_tuned": False}, "all": {"mlp_gemms": "all", "mlp_tuned": False},
+        "fused tuned": {"mlp_gemms": "fused", "mlp_tuned": True}, "all tuned": {"mlp_gemms": "all", "mlp_tuned": True}}
+
+    def under(setting: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+        with knobs.override(**setting):
+            return fused()
+
+    ref_in = [t.detach().float().requires_grad_(True) for t in (x0, w13_0, w2_0, r0)]
+    ref = mlp.reference(*ref_in)
+    ref.backward(dout.float())
+    want = (ref.detach(), *(t.grad for t in ref_in))
+    del ref, ref_in
+    got_current = current()
+    for name, got, w in zip(("out", "dx", "dw13", "dw2", "dresidual"), got_current, want):
+        rep.time(f"mlp current path {name} rel err vs fp32 torch: {rel(got, w):.3g}", float("nan"))
+    # untuned first, then tuned (its autotuning may run into the phase's time limit): each group timed
+    # against the current path in its own interleaved rounds
+    groups = {"untuned": ("fused", "all"), "tuned": ("fused tuned", "all tuned"), "fused-tuned": ("fused tuned",)}
+    for group in (groups[g] for g in knobs.kernels().mlp_check):
+        variants = {"current (cuBLAS + Triton SwiGLU)": current}
+        for tag in group:
+            t0 = time.perf_counter()
+            got = under(settings[tag])
+            torch.cuda.synchronize(dev)
+            first_s = time.perf_counter() - t0
+            for name, g, w in zip(("out", "dx", "dw13", "dw2", "dresidual"), got, want):
+                rep.check(f"mlp {tag} {name} rel err vs fp32 torch", rel(g, w), 2e-2)
+            rep.check(f"mlp {tag} bitwise across two runs",
+                      all(torch.equal(a, b) for a, b in zip(got, under(settings[tag]))))
+            rep.time(f"mlp {tag}: first call (compile{' + autotune' if 'tuned' in tag else ''}) ms", first_s * 1e3)
+            variants[f"quack {tag}"] = (lambda s=settings[tag]: under(s))
+            del got
+        results: dict[str, list[float]] = {k: [] for k in variants}
+        for _round in range(4):
+            for tag, fn in variants.items():
+                results[tag].append(bench_ms(fn))
+        base = sorted(results["current (cuBLAS + Triton SwiGLU)"])[1]
+        for tag, ms in results.items():
+            med = sorted(ms)[1]
+            rep.time(f"mlp one layer fwd+bwd [{tokens}x{d}x{ffn}] {tag} (rounds {[round(m, 3) for m in ms]}, "
+                     f"x{med / base:.3f} of current)", med)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -524,8 +518,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", type=int, default=32768, help="tokens per step (mb 16 x seq 2048)")
     ap.add_argument("--only", default="copy,ce,loss,swiglu,mlp,norm,rope,adamw,attention")
-    ap.add_argument("--small", action="store_true", help="toy sizes on CPU (TRITON_INTERPRET=1 VH_KERNELS_CPU=1)")
+    ap.add_argument("--small", action="store_true",
+                    help="toy sizes on CPU, the kernels through Triton's interpreter (needs TRITON_INTERPRET=1)")
     args = ap.parse_args(argv)
+    with knobs.override(on_cpu=True) if args.small else contextlib.nullcontext():
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     dev = torch.device("cpu" if args.small else "cuda")
     sh = SMALL if args.small else SHAPES
     tokens = 100 if args.small else args.tokens

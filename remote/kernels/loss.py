@@ -13,7 +13,7 @@ No host sync: the per-row losses go into a buffer summed once at the end (fixed 
 import torch
 import triton.language as tl
 
-from remote import kernels
+from remote import kernels, knobs
 
 
 def _ce_rows(logits_ptr, stride_row, targets_ptr, loss_ptr, n_rows, n_cols, scale, ROWS: tl.constexpr,
@@ -55,8 +55,8 @@ def launch_config(device: torch.device, n_rows: int) -> dict:
     """programs 0: one per row tile. On CPU (the interpreter pays per operation) wide row tiles."""
     if device.type != "cuda":
         return {"ROWS": 64, "BLOCK": 1024, "num_warps": 4, "programs": 0}
-    return {"ROWS": kernels.env_int("VH_CE_ROWS", 1), "BLOCK": kernels.env_int("VH_CE_BLOCK", 4096),
-            "num_warps": kernels.env_int("VH_CE_WARPS", 8), "programs": kernels.env_int("VH_CE_PROGRAMS", 0)}
+    knob = knobs.kernels()
+    return {"ROWS": knob.ce_rows, "BLOCK": knob.ce_block, "num_warps": knob.ce_warps, "programs": knob.ce_programs}
 
 
 def ce_rows_inplace(logits: torch.Tensor, targets: torch.Tensor, row_loss: torch.Tensor, scale: float,

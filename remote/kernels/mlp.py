@@ -18,10 +18,10 @@ hand out the canonical [gate; up] layout (`to_model_layout`) in the run's state,
 describes the same model whichever path ran. The residual add rides w2's GEMM epilogue (cuBLAS addmm, as
 Inductor emits it on the other path): a separate add kernel cost 2 ms a step in round 5's step.
 
-`VH_MLP_GEMMS`: `fused` (default) runs quack only for the two GEMMs with an epilogue and cuBLAS for the other
-four (w2 forward, both weight gradients, w13's dgrad); `all` runs all six on quack. `VH_MLP_TUNED=1` lets
-quack autotune its configs per shape (~96 s at first use on an H200, and no faster than the default configs
-there; the choice may differ between processes, so never under deterministic algorithms).
+`remote.knobs.KernelKnobs.mlp_gemms`: `fused` (default) runs quack only for the two GEMMs with an epilogue and
+cuBLAS for the other four (w2 forward, both weight gradients, w13's dgrad); `all` runs all six on quack.
+`mlp_tuned` lets quack autotune its configs per shape (~96 s at first use on an H200, and no faster than the
+default configs there; the choice may differ between processes, so never under deterministic algorithms).
 
 Deterministic runs use it: no split-K, no atomics, the same bits twice in one process (remote.kernels.check),
 and a deterministic run replayed bitwise with it on an H200 (issue 32 round 6, call 1: `replay_match` true,
@@ -34,13 +34,12 @@ and the same bits twice.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from remote import kernels
+from remote import knobs
 
 QUALIFIED_MAJORS = (9, 10)  # quack's sm90 / sm100 GEMMs; elsewhere the cuBLAS + Triton SwiGLU path stays
 
@@ -102,10 +101,8 @@ def _key_context_vars_by_name() -> None:
 
 
 def settings() -> dict:
-    gemms = os.environ.get("VH_MLP_GEMMS", "fused").strip().lower() or "fused"
-    if gemms not in ("fused", "all"):
-        raise kernels.KnobError(f"VH_MLP_GEMMS={gemms!r}; known: fused, all")
-    tuned = os.environ.get("VH_MLP_TUNED", "0").strip().lower() in ("1", "true", "on")
+    knob = knobs.kernels()
+    gemms, tuned = knob.mlp_gemms, knob.mlp_tuned
     if tuned and torch.are_deterministic_algorithms_enabled():
         tuned = False  # a timed choice may differ between the run and its replay
     return {"gemms": gemms, "tuned": tuned}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from remote import kernels
+from remote import kernels, knobs
 
 
 def _rmsnorm_fwd(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, rstd_ptr, n_rows, n_cols, eps, HAS_RES: tl.constexpr,
@@ -81,9 +81,9 @@ def launch_config(device: torch.device) -> dict:
     if device.type != "cuda":
         return {"ROWS": 16, "num_warps": 4, "BWD_ROWS": 16, "programs": 4}
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return {"ROWS": kernels.env_int("VH_NORM_ROWS", 1), "num_warps": kernels.env_int("VH_NORM_WARPS", 8),
-            "BWD_ROWS": kernels.env_int("VH_NORM_BWD_ROWS", 1),
-            "programs": kernels.env_int("VH_NORM_PROGRAMS", 0) or 4 * sms}
+    knob = knobs.kernels()
+    return {"ROWS": knob.norm_rows, "num_warps": knob.norm_warps, "BWD_ROWS": knob.norm_bwd_rows,
+            "programs": knob.norm_programs or 4 * sms}
 
 
 def forward_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from remote import kernels
+from remote import kernels, knobs
 
 
 def _rope_fwd(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, n_tok, seq, n_q, n_kv, HALF: tl.constexpr,
@@ -84,8 +84,9 @@ def _launch(qkv, cos, sin, q, k, v, n_q, n_kv, inverse: bool, tokens: int | None
         return
     # one token per program on the GPU (measured at the copy rate); many on CPU, where the interpreter pays per
     # program
-    tok = tokens or (kernels.env_int("VH_ROPE_TOKENS", 1) if qkv.is_cuda else 64)  # a power of two
-    warps = kernels.env_int("VH_ROPE_WARPS", 4) if qkv.is_cuda else 1
+    knob = knobs.kernels()
+    tok = tokens or (knob.rope_tokens if qkv.is_cuda else 64)  # a power of two
+    warps = knob.rope_warps if qkv.is_cuda else 1
     _ROPE[(-(-(b * t) // tok),)](qkv, cos, sin, q, k, v, b * t, t, n_q, n_kv, HALF=d // 2,
                                  HEADS=_pow2_at_least(n_q + n_kv), VHEADS=_pow2_at_least(n_kv), TOK=tok,
                                  INVERSE=inverse, num_warps=warps)

@@ -10,7 +10,7 @@ extra pass over gu per layer). fp32 math inside, one rounding per output, as Ind
 import torch
 import triton.language as tl
 
-from remote import kernels
+from remote import kernels, knobs
 
 
 def _swiglu_bwd(dact_ptr, gu_ptr, dgu_ptr, n_rows, n_ffn, n_col_blocks, ROWS: tl.constexpr,
@@ -54,8 +54,8 @@ _SWIGLU_FWD = kernels.LazyKernel(_swiglu_fwd)
 def launch_config(device: torch.device) -> dict:
     if device.type != "cuda":  # the interpreter pays per program: big tiles
         return {"ROWS": 64, "BLOCK": 1024, "num_warps": 4}
-    return {"ROWS": kernels.env_int("VH_SWIGLU_ROWS", 1), "BLOCK": kernels.env_int("VH_SWIGLU_BLOCK", 1024),
-            "num_warps": kernels.env_int("VH_SWIGLU_WARPS", 4)}
+    knob = knobs.kernels()
+    return {"ROWS": knob.swiglu_rows, "BLOCK": knob.swiglu_block, "num_warps": knob.swiglu_warps}
 
 
 def _grid(rows: int, n_ffn: int, cfg: dict) -> tuple[int, int, int]:

@@ -21,11 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from remote import knobs
 from remote.mps.control import DEFAULT_LOG_DIR, MpsError, control, find_control_binary, parse_pids
 
 CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 133  # cuda.h: "contexts created on this device will be shared via MPS"
-MODE_ENV = "VH_MPS_MODE"
-CLIENT_DIR_ENV = "VH_MPS_CLIENT_DIR"
 MODES = ("on", "off")
 
 
@@ -79,10 +78,11 @@ def probe_cuda_device(device_index: int) -> CudaDeviceFacts:
 
 
 def configured_mode() -> str:
-    mode = os.environ.get(MODE_ENV, "off").strip().lower() or "off"
-    if mode not in MODES:
-        raise MpsNotAttached(f"{MODE_ENV}={mode!r} is not one of {MODES}")
-    return mode
+    """`on` or `off` (unset: off); a value that is neither is a process that cannot prove anything."""
+    try:
+        return knobs.mps().mode or "off"
+    except knobs.KnobError as exc:
+        raise MpsNotAttached(str(exc)) from None
 
 
 def _find_in_clients(pid: int, pipe_dir: Path) -> dict:
@@ -137,7 +137,7 @@ def _prove_attached(pid: int, facts: CudaDeviceFacts, timeout_s: float) -> dict:
 
 
 def _write_record(record: dict) -> None:
-    out_dir = os.environ.get(CLIENT_DIR_ENV)
+    out_dir = knobs.mps().client_dir
     if not out_dir:
         return
     path = Path(out_dir) / f"{record['role']}-{record['rank']}-{record['pid']}.json"
@@ -174,7 +174,7 @@ def attach_current_process(
             record["attachment"] = _prove_attached(pid, facts, timeout_s)
             record["attached"] = True
         elif facts.mps_enabled_attr == 1:
-            raise MpsError("not an MPS client while VH_MPS_MODE=off: CU_DEVICE_ATTRIBUTE_MPS_ENABLED is 1")
+            raise MpsError(f"not an MPS client while {knobs.MPS_MODE}=off: CU_DEVICE_ATTRIBUTE_MPS_ENABLED is 1")
     except MpsError as exc:
         record["error"] = f"{who}: prerequisite failed: {exc}"
         _write_record(record)

@@ -27,6 +27,7 @@ import threading
 import time
 from pathlib import Path
 
+from remote import knobs
 from remote.host.paths import ROOT
 from remote.mps.control import DEFAULT_PIPE_DIR, daemon_answers, find_control_binary
 from remote.mps.wrapper import owned_daemon
@@ -113,7 +114,7 @@ def _median(values) -> float | None:
 def run_pool(mode: str, a: argparse.Namespace) -> dict:
     """All phases of one arm in one pool of processes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
-    env.update(VH_MPS_MODE=mode, PYTHONPATH=str(ROOT))
+    env.update(knobs.mps_mode_env("on" if mode == "on" else "off"), PYTHONPATH=str(ROOT))
     if mode == "on":
         env.update({k: v for k, v in a.daemon_env.items()})
     pool = Pool(max(a.helper_counts), env)

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from remote import knobs
+
 PID_FILE_NAME = "nvidia-cuda-mps-control.pid"  # NVIDIA MPS docs, appendix tools
 DEFAULT_PIPE_DIR = Path("/tmp/nvidia-mps")  # what the CUDA driver uses when the env var is unset
 DEFAULT_LOG_DIR = Path("/var/log/nvidia-mps")
@@ -56,7 +58,7 @@ class ControlResult:
 
 def find_control_binary(explicit: str | None = None) -> Path:
     """The control binary: --control-binary, then $VH_MPS_CONTROL_BIN, then PATH, then driver dirs."""
-    for cand in (explicit, os.environ.get("VH_MPS_CONTROL_BIN"), shutil.which(CONTROL_NAME)):
+    for cand in (explicit, knobs.mps().control_bin, shutil.which(CONTROL_NAME)):
         if cand:
             path = Path(cand)
             if path.is_file() and os.access(path, os.X_OK):

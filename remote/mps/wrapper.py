@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from remote import knobs
 from remote.checks.mps import client_claim_errors
 from remote.host.paths import ROOT
 from remote.mps.control import (
@@ -238,7 +239,7 @@ def _find_foreign(binary: Path, opts: Options) -> tuple[Daemon | None, str | Non
 
 
 def _run_child(opts: Options, daemon: Daemon, client_dir: Path, sigs: _Signals, state: dict) -> int:
-    env = dict(os.environ, **daemon.env(), VH_MPS_MODE="on", VH_MPS_CLIENT_DIR=str(client_dir))
+    env = dict(os.environ, **daemon.env(), **knobs.mps_client_env(str(client_dir)))
     child = subprocess.Popen(opts.command, env=env, process_group=0)
     sigs.child = child
     state["child"] = {"pid": child.pid, "signals_forwarded": sigs.received}

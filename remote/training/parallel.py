@@ -52,7 +52,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
-from remote import kernels
+from remote import kernels, knobs
 from remote.host.envprobe import mask_env
 from remote.training.model import Transformer
 from remote.training.profiles import TrainConfig
@@ -63,8 +63,8 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 PCIE = {"NCCL_P2P_DISABLE": "1", "NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_MIN_NCHANNELS": "4",
         "NCCL_MAX_NCHANNELS": "8", "NCCL_BUFFSIZE": "8388608"}
 RECORDED_ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "PYTORCH_CUDA_ALLOC_CONF",
-                         "CUBLAS_WORKSPACE_CONFIG", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "VH_MPS_MODE",
-                         "VH_REDUCE_ORDER", "TORCHINDUCTOR_", "TORCH_BLAS_", "CUBLASLT_", *kernels.ENV_PREFIXES)
+                         "CUBLAS_WORKSPACE_CONFIG", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "TORCHINDUCTOR_",
+                         "TORCH_BLAS_", "CUBLASLT_")  # and the workload's own knobs (remote.knobs)
 REDUCE_ORDERS = ("rank", "backend")
 _ALIGN = 64  # elements: every parameter and every shard starts 128-byte aligned in the flat buffers
 
@@ -81,22 +81,17 @@ def set_process_env(nccl_pcie: bool) -> dict[str, str]:
 
 
 def recorded_env() -> dict[str, str]:
-    """The NCCL/allocator environment for the evidence; a --remote-env value is recorded as "***"."""
-    return mask_env({k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV_PREFIXES)})
-
-
-def requested_reduce_order() -> str | None:
-    """VH_REDUCE_ORDER, checked (a typo stops the run before the first round, exit 2); None when unset."""
-    value = os.environ.get("VH_REDUCE_ORDER") or None
-    if value is not None and value not in REDUCE_ORDERS:
-        raise kernels.KnobError(f"VH_REDUCE_ORDER={value!r}; known: {', '.join(REDUCE_ORDERS)}")
-    return value
+    """The NCCL/allocator environment and the workload's knobs for the evidence; a --remote-env value is
+    recorded as "***"."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(RECORDED_ENV_PREFIXES)}
+    env |= knobs.given(knobs.KernelKnobs, knobs.TrainingKnobs, knobs.MpsKnobs)
+    return mask_env(dict(sorted(env.items())))
 
 
 def reduce_order(backend: str) -> str:
-    """The owner reduction's add order (module docstring): as requested, else rank under gloo, backend under
-    NCCL (its reduce-scatter, the measured path)."""
-    return requested_reduce_order() or ("backend" if backend == "nccl" else "rank")
+    """The owner reduction's add order (module docstring): as requested (`remote.knobs`), else rank under
+    gloo, backend under NCCL (its reduce-scatter, the measured path)."""
+    return knobs.training().reduce_order or ("backend" if backend == "nccl" else "rank")
 
 
 def apply_act_ckpt(model: Transformer) -> None:
@@ -478,4 +473,4 @@ def parallelize(model: Transformer, cfg: ParallelConfig, world: World) -> DdpRun
 
 __all__ = ["MULTICAST_OFF", "PCIE", "REDUCE_ORDERS", "DdpRunner", "ParallelConfig", "World", "Zero2Runner", "apply_act_ckpt", "apply_compile",
            "apply_ddp", "apply_kernels", "apply_zero2", "fold_in_rank_order", "recorded_env", "reduce_order",
-           "requested_reduce_order", "set_process_env"]
+           "set_process_env"]

@@ -18,7 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from remote import kernels
+from remote import kernels, knobs
 from remote.accounting import merkle, mfu
 from remote.attention import backend as attention
 from remote.host import envprobe
@@ -99,8 +99,8 @@ def _comm_device(local_rank: int) -> torch.device:
 
 def attach_mps(rank: int, local_rank: int, world: int) -> dict | None:
     """VH_MPS_MODE set: attach through remote.mps, then every rank must report the same mode."""
-    wanted = os.environ.get("VH_MPS_MODE")
-    if not wanted:
+    wanted = knobs.mps().mode
+    if wanted is None:
         return None
     from remote.mps import MpsError, MpsNotAttached, attach_current_process  # only when MPS is asked for
 
@@ -113,7 +113,7 @@ def attach_mps(rank: int, local_rank: int, world: int) -> dict | None:
     bad = [r for r, m in enumerate(modes) if m != wanted]
     if bad:
         detail = ", ".join(f"rank {r}: {modes[r]}" for r in range(world))
-        raise RunError(f"MPS mode mismatch (VH_MPS_MODE={wanted}); ranks {bad} differ: {detail}")
+        raise RunError(f"MPS mode mismatch ({knobs.MPS_MODE}={wanted}); ranks {bad} differ: {detail}")
     return rec
 
 
@@ -123,8 +123,7 @@ class _Profiler:
     trace (remote.accounting.steptrace splits a Chrome trace by them). Off by default: profiling perturbs the timed steps."""
 
     def __init__(self, path: str | None, steps: int) -> None:
-        n = int(os.environ.get("VH_TORCH_PROFILE_STEPS", "2"))
-        self.path, self.first, self.prof = path, max(0, steps - n), None
+        self.path, self.first, self.prof = path, max(0, steps - knobs.training().profile_steps), None
 
     def mark(self, step: int):
         """A named range around one step while profiling; nothing otherwise."""
@@ -151,7 +150,7 @@ class _Profiler:
         sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         with open(self.path, "a") as fh:
             fh.write(self.prof.key_averages().table(sort_by=sort, row_limit=150, max_name_column_width=90) + "\n")
-        trace = os.environ.get("VH_TORCH_TRACE_OUT")
+        trace = knobs.training().trace_out
         if trace:  # a Chrome trace (chrome://tracing, ui.perfetto.dev) of the same two steps
             self.prof.export_chrome_trace(trace)
         self.prof = None
@@ -165,7 +164,7 @@ def run_round(args: argparse.Namespace, profile: Profile, device: torch.device, 
     group = dist.new_group(backend=backend, timeout=timedelta(seconds=ROUND_TIMEOUT_S))  # fresh communicator
     torch.manual_seed(train.seed)
     model = build_model(cfg, device, train.seed)
-    model.ce_chunk_tokens = kernels.ce_chunk_tokens(train.ce_chunk_tokens)
+    model.ce_chunk_tokens = knobs.kernels().chunk_tokens(train.ce_chunk_tokens)
     runner = parallel.parallelize(model, parallel.ParallelConfig(args.reduction, train, act_ckpt=args.act_ckpt,
                                                                  compile=args.compile),
                                   parallel.World(group, device))
@@ -173,7 +172,7 @@ def run_round(args: argparse.Namespace, profile: Profile, device: torch.device, 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     losses, marks, step_peaks = [], [], []
-    prof = _Profiler(os.environ.get("VH_TORCH_PROFILE_OUT") if rank == 0 else None, steps)
+    prof = _Profiler(knobs.training().profile_out if rank == 0 else None, steps)
     for step in range(steps):
         prof.maybe_start(step)
         tokens, targets = data.batch(train.seed, rank, step, micro_batch, cfg.seq_len, cfg.vocab_size, device)
@@ -221,10 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = load_profile(args.profile)
         validate(args, profile, world)
-        kernels.requested()  # a typo in VH_KERNELS stops here, not after the first round
-        kernels.ce_chunk_tokens(profile.train.ce_chunk_tokens)
-        parallel.requested_reduce_order()
-    except (ProfileError, UsageError, kernels.KnobError) as exc:
+        knobs.check_all()  # a bad VH_* value stops here, not after the first round
+        kernels.requested()  # VH_KERNELS names only kernels that exist
+    except (ProfileError, UsageError, knobs.KnobError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     env = parallel.set_process_env(args.nccl_pcie)
@@ -258,7 +256,7 @@ def _run(args: argparse.Namespace, profile: Profile, device: torch.device, rank:
     log(rank, f"attention backend: {choice.path}")
     log(rank, f"profile {profile.name} world {world} reduction {args.reduction} device {device_name} "
               f"peak {peak.tflops} TFLOP/s kv {choice.kv_mode}")
-    kern = kernels.describe(device) | {"ce_chunk_tokens": kernels.ce_chunk_tokens(profile.train.ce_chunk_tokens)}
+    kern = kernels.describe(device) | {"ce_chunk_tokens": knobs.kernels().chunk_tokens(profile.train.ce_chunk_tokens)}
     if args.reduction == "ddp":  # the fused optimizer is wired into the zero2 runners only
         kern["active"] = [k for k in kern["active"] if k != "optim"]
     log(rank, f"kernels active: {','.join(kern['active']) or 'none'} (requested "

@@ -21,15 +21,15 @@ pytest.importorskip("triton")
 import torch
 import torch.nn.functional as F
 
-from remote import kernels
+from remote import kernels, knobs
 from remote.kernels import adamw, loss, norm, rope, swiglu
 from remote.training.model import ModelConfig, apply_rope, linear_cross_entropy, rope_tables
 
 
 @pytest.fixture(autouse=True)
-def interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+def interpreter(monkeypatch: pytest.MonkeyPatch, knob_env) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("VH_KERNELS_CPU", "1")
+    knob_env("VH_KERNELS_CPU", "1")
     assert kernels.runs_triton(torch.device("cpu"))
 
 
@@ -45,32 +45,32 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out - ref).norm() / ref.norm()).item()
 
 
-def test_knobs_parse_and_refuse_typos(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("VH_KERNELS", raising=False)
+def test_knobs_parse_and_refuse_typos(knob_env) -> None:
+    knob_env("VH_KERNELS", None)
     assert kernels.requested() == frozenset(kernels.DEFAULT) == frozenset(kernels.KNOWN)
-    monkeypatch.setenv("VH_KERNELS", "all,loss")
+    knob_env("VH_KERNELS", "all,loss")
     assert kernels.requested() == frozenset(kernels.DEFAULT)
-    monkeypatch.setenv("VH_KERNELS", "loss,mlp")
+    knob_env("VH_KERNELS", "loss,mlp")
     assert kernels.requested() == {"loss", "mlp"}
     assert not kernels.active("mlp", torch.device("cpu"))  # quack's GEMMs: CUDA sm90/sm100 only
     assert "CUDA" in (kernels.rejection("mlp", torch.device("cpu")) or "")
-    monkeypatch.setenv("VH_KERNELS", "none")
+    knob_env("VH_KERNELS", "none")
     assert kernels.requested() == frozenset()
-    monkeypatch.setenv("VH_KERNELS", "loss, optim")
+    knob_env("VH_KERNELS", "loss, optim")
     assert kernels.requested() == {"loss", "optim"}
     assert kernels.active("loss", torch.device("cpu")) and not kernels.active("swiglu", torch.device("cpu"))
-    monkeypatch.setenv("VH_KERNELS", "loss,swigl")
-    with pytest.raises(kernels.KnobError, match="swigl"):
+    knob_env("VH_KERNELS", "loss,swigl")
+    with pytest.raises(knobs.KnobError, match="swigl"):
         kernels.requested()
-    monkeypatch.setenv("VH_CE_CHUNK", "many")
-    with pytest.raises(kernels.KnobError, match="VH_CE_CHUNK"):
-        kernels.ce_chunk_tokens(8192)
+    knob_env("VH_CE_CHUNK", "many")
+    with pytest.raises(knobs.KnobError, match="VH_CE_CHUNK"):
+        knobs.kernels()
 
 
-def test_kernels_stay_off_on_cpu_without_the_test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("VH_KERNELS_CPU")
+def test_kernels_stay_off_on_cpu_without_the_test_switch(monkeypatch: pytest.MonkeyPatch, knob_env) -> None:
+    knob_env("VH_KERNELS_CPU", None)
     assert not kernels.active("loss", torch.device("cpu"))
-    monkeypatch.setenv("VH_KERNELS_CPU", "1")
+    knob_env("VH_KERNELS_CPU", "1")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert not kernels.active("loss", torch.device("cpu"))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from remote import knobs
 from remote.host import envprobe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +99,7 @@ def test_torch_version_py_is_read_without_running_it(tmp_path):
 def test_masked_remote_env_values_never_reach_the_record(monkeypatch):
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "vh-distinctive-9137")
     monkeypatch.setenv("NCCL_DEBUG", "INFO")
-    monkeypatch.setenv(envprobe.MASKED_ENV_VAR, "NCCL_SOCKET_IFNAME OTHER")
+    monkeypatch.setenv(knobs.MASKED_ENV, "NCCL_SOCKET_IFNAME OTHER")
     record = envprobe.probe()
     assert "vh-distinctive-9137" not in json.dumps(record)
     assert record["env"]["NCCL_SOCKET_IFNAME"] == "***" and record["env"]["NCCL_DEBUG"] == "INFO"
