@@ -112,6 +112,14 @@ def _claims(d: dict) -> list[str]:
         failed.append("versions: a CUDA run must record the driver and one GPU UUID per rank")
     if not HEX64.match(d["leaf_root"]):
         failed.append(f"leaf_root {d['leaf_root']!r} is not a sha256 hex digest")
+    kern = d.get("kernels")
+    if isinstance(kern, dict) and isinstance(kern.get("probes"), dict):  # recorded since the kernel registry
+        unprobed = [k for k in kern.get("active", []) if not (kern["probes"].get(k) or {}).get("passed")]
+        if unprobed:
+            failed.append(f"kernels {unprobed} ran without a passing probe on the device")
+        both = sorted(set(kern.get("active", [])) & set(kern.get("rejected", {})))
+        if both:
+            failed.append(f"kernels {both} are recorded both active and rejected")
     losses = d["loss_per_step"]
     if not losses or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in losses):
         failed.append("loss_per_step must be a non-empty list of finite numbers")

@@ -1,11 +1,15 @@
-"""On the GPU: each kernel against its torch reference at the 1B shapes, then timed against the path it
-replaces and against the copy ceiling measured here.
+"""On the GPU: every registered kernel's probe, then each kernel against its torch reference at the 1B shapes,
+timed against the path it replaces and against the copy ceiling measured here.
 
-    python -m remote.kernels.check --out kernels-check.json [--tokens 32768]
+    python -m remote.kernels.check --out kernels-check.json [--tokens 32768] [--only probes,loss,...]
+    TRITON_INTERPRET=1 python -m remote.kernels.check --small --out x.json    the same code paths on CPU
 
-Correctness per METHOD: fresh random inputs, outputs poisoned first where the kernel writes into a given
-buffer, ||out - ref|| / ||ref|| against an fp32 (or fp64) reference, two runs on the same input compared
-bit for bit. Timing: CUDA events (triton.testing.do_bench), median. Exit 1 if any check fails.
+Section `probes` runs the registry's probe of every kernel on this device (what a run does before using one),
+so one call proves them all; every kernel also has a section of its own (`KERNEL_SECTIONS`, a test keeps it
+complete). Correctness per section: fresh random inputs, outputs poisoned first where the kernel writes into a
+given buffer, ||out - ref|| / ||ref|| against an fp32 (or fp64) reference, two runs on the same input compared
+bit for bit. Timing: CUDA events (triton.testing.do_bench), median. Exit 1 if any check fails. With --small a
+kernel that cannot run on CPU at all (`mlp`: quack's GEMMs) is recorded as skipped, with the reason.
 """
 
 import argparse
@@ -19,13 +23,17 @@ from typing import Any
 
 import torch
 
-from remote import kernels, knobs
+from remote import knobs
+from remote.kernels import jit, registry
 
 SHAPES = {"d_model": 2048, "ffn": 8192, "vocab": 128256, "ce_rows": 8192, "adamw_check": 64 * 2**20,
           "params": 1_235_814_400, "heads": 32, "kv_heads": 8, "head_dim": 64, "seq": 2048}  # params: non-embedding + embedding parameters of the 1B profile
 # --small: the same code paths at toy sizes, for a dry run on CPU through Triton's interpreter
 SMALL = {"d_model": 32, "ffn": 48, "vocab": 300, "ce_rows": 40, "adamw_check": 5000, "params": 7000,
          "heads": 4, "kv_heads": 2, "head_dim": 8, "seq": 16}
+
+
+INTERPRETER_ROUNDS = "Triton's interpreter rounds fp32 -> bf16 toward zero (the GPU to nearest even)"
 
 
 def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -50,6 +58,20 @@ class Report:
         self.checks: list[dict] = []
         self.timings: list[dict] = []
         self.errors: list[str] = []
+        self.skipped: dict[str, str] = {}
+
+    def skip(self, name: str, why: str) -> None:
+        self.skipped[name] = why
+        print(f"[check] skip {name}: {why}", flush=True)
+
+    def gpu_fact(self, dev: torch.device, name: str, value: bool, cpu_differs: str) -> None:
+        """A check of what the GPU does that a CPU dry run cannot show (recorded as skipped there, with why)."""
+        if dev.type == "cuda":
+            self.check(name, value)
+        elif not value:
+            self.skip(name, cpu_differs)
+        else:
+            self.check(name, value)
 
     def check(self, name: str, value: float | bool, limit: float | None = None) -> None:
         ok = bool(value) if limit is None else (not math.isnan(value) and value < limit)
@@ -71,6 +93,24 @@ def copy_ceiling(rep: Report, dev: torch.device, sh: dict) -> float:
     ms = bench_ms(lambda: dst.copy_(src))
     rep.time("copy 2 GiB (read+write)", ms, 2 * src.numel() * 4)
     return 2 * src.numel() * 4 / ms / 1e9
+
+
+def check_probes(rep: Report, dev: torch.device) -> None:
+    """Every registered kernel as a run would decide it on this device: where it can run at all, then its probe
+    (a small fwd/bwd against the torch reference path, the same bits twice), timed."""
+    reg = registry.default()
+    for name, kernel in reg.kernels.items():
+        cannot = kernel.runs_on(dev)
+        if cannot is not None and dev.type != "cuda":
+            rep.skip(f"probe {name}", cannot)
+            continue
+        if cannot is not None:
+            rep.check(f"probe {name}: runs here ({cannot})", False)
+            continue
+        result = reg.probe(name, dev)
+        rep.check(f"probe {name}: matches the torch path, bitwise twice ({result.reason or 'ok'})",
+                  result.reason is None)
+        rep.time(f"probe {name}", result.seconds * 1e3)
 
 
 def check_ce(rep: Report, dev: torch.device, sh: dict) -> None:
@@ -138,7 +178,8 @@ def check_loss_path(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
     h = torch.randn(tokens, D_MODEL, device=dev).to(torch.bfloat16)
     w = (torch.randn(VOCAB, D_MODEL, device=dev) * 0.02).to(torch.bfloat16)
     t = torch.randint(0, VOCAB, (tokens,), device=dev)
-    rep.check("loss: fp32-accumulating GEMM available (addmm out_dtype=float32)", loss.fp32_accumulate_gemm(dev))
+    rep.gpu_fact(dev, "loss: fp32-accumulating GEMM available (addmm out_dtype=float32)",
+                 loss.fp32_accumulate_gemm(dev), "this torch has no fp32-accumulating bf16 GEMM on CPU")
     compiled = _compiled_ce(dev)
     results = {}
     for name, fused, chunk in (("baseline", False, chunks[0]), *(("fused", True, c) for c in chunks)):
@@ -166,9 +207,9 @@ def check_loss_path(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
 
     rep.check("loss: fused loss bitwise across two runs", torch.equal(again(), again()))
     src = torch.randn(VOCAB, D_MODEL, device=dev)
-    rep.check("loss: scale_cast == (src * s).to(bf16) bitwise",
-              torch.equal(loss.scale_cast(src, torch.tensor(0.5, device=dev), torch.bfloat16, True),
-                          (src * 0.5).to(torch.bfloat16)))
+    rep.gpu_fact(dev, "loss: scale_cast == (src * s).to(bf16) bitwise",
+                 torch.equal(loss.scale_cast(src, torch.tensor(0.5, device=dev), torch.bfloat16, True),
+                             (src * 0.5).to(torch.bfloat16)), INTERPRETER_ROUNDS)
 
 
 def check_swiglu(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
@@ -261,11 +302,10 @@ def check_norm(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
     from remote.kernels import norm
 
     d = sh["d_model"]
-    rep.check(f"norm: probe qualifies ({norm.qualify(dev) or 'ok'})", norm.qualify(dev) is None)
     x, r, dy, dh = (torch.randn(tokens, d, device=dev).to(torch.bfloat16) for _ in range(4))
     w = (1 + 0.1 * torch.randn(d, device=dev)).to(torch.bfloat16)
     h, y, rstd = norm.forward_triton(x, r, w, 1e-5)
-    rep.check("norm: h == x + r (bf16 add) bitwise", torch.equal(h, x + r))
+    rep.gpu_fact(dev, "norm: h == x + r (bf16 add) bitwise", torch.equal(h, x + r), INTERPRETER_ROUNDS)
     rep.check("norm fwd rel err vs fp32 torch", rel(y, F.rms_norm(h.float(), (d,), w.float(), 1e-5)), 1e-2)
     dx, dw = norm.backward_triton(dy, dh, h, w, rstd)
     hf, wf = h.float().requires_grad_(), w.float().requires_grad_()
@@ -328,7 +368,6 @@ def check_rope(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
 
     heads, kv, hd, seq = sh["heads"], sh["kv_heads"], sh["head_dim"], sh["seq"]
     b = max(1, tokens // seq)
-    rep.check(f"rope: probe qualifies ({rope.qualify(dev) or 'ok'})", rope.qualify(dev) is None)
     cfg = ModelConfig(d_model=heads * hd, n_layers=1, n_heads=heads, n_kv_heads=kv, ffn_hidden=8, vocab_size=8,
                       seq_len=seq)
     cos, sin = rope_tables(cfg, seq, torch.bfloat16, dev)
@@ -446,8 +485,8 @@ def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
 
     d, ffn = sh["d_model"], sh["ffn"]
     why = mlp.qualify(dev)
-    rep.check(f"mlp: probe qualifies ({why or 'ok'})", why is None)
-    if why is not None:
+    if why is not None:  # the probes section recorded it (a failure on the GPU, a skip on CPU)
+        rep.skip("mlp section", why)
         return
     gen = torch.Generator(device=dev).manual_seed(1)
     x0 = torch.randn(tokens, d, device=dev, generator=gen).to(torch.bfloat16)
@@ -513,32 +552,47 @@ def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
                      f"x{med / base:.3f} of current)", med)
 
 
+# Every registered kernel's sections (tests/remote/test_kernel_registry.py keeps this complete).
+KERNEL_SECTIONS = {"loss": ("ce", "loss"), "swiglu": ("swiglu",), "optim": ("adamw",), "norm": ("norm",),
+                   "rope": ("rope",), "mlp": ("mlp",)}
+SECTIONS = ("copy", "probes", *(s for names in KERNEL_SECTIONS.values() for s in names), "attention")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", type=int, default=32768, help="tokens per step (mb 16 x seq 2048)")
-    ap.add_argument("--only", default="copy,ce,loss,swiglu,mlp,norm,rope,adamw,attention")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"a comma list of {', '.join(SECTIONS)}")
     ap.add_argument("--small", action="store_true",
                     help="toy sizes on CPU, the kernels through Triton's interpreter (needs TRITON_INTERPRET=1)")
     args = ap.parse_args(argv)
+    unknown = [s for s in args.only.split(",") if s not in SECTIONS]
+    if unknown:
+        ap.error(f"--only: unknown section(s) {unknown}; known: {', '.join(SECTIONS)}")
+    if args.small and not jit.interpret():
+        ap.error("--small runs the kernels through Triton's interpreter: set TRITON_INTERPRET=1 before Python starts")
+    if not args.small and not torch.cuda.is_available():
+        ap.error("no CUDA device: this is the GPU check (--small runs its code paths on CPU)")
     with knobs.override(on_cpu=True) if args.small else contextlib.nullcontext():
-        return run(args)
+        return run_sections(args)
 
 
-def run(args: argparse.Namespace) -> int:
+def run_sections(args: argparse.Namespace) -> int:
     dev = torch.device("cpu" if args.small else "cuda")
     sh = SMALL if args.small else SHAPES
     tokens = 100 if args.small else args.tokens
     rep = Report()
     t0 = time.monotonic()
     record = {"gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-              "triton": kernels.TRITON_VERSION, "tokens": tokens, "shapes": sh}
+              "triton": jit.TRITON_VERSION, "tokens": tokens, "shapes": sh, "kernels": list(registry.names())}
     sections = {"copy": lambda: record.update(copy_tb_s=copy_ceiling(rep, dev, sh)),
+                "probes": lambda: check_probes(rep, dev),
                 "ce": lambda: check_ce(rep, dev, sh), "loss": lambda: check_loss_path(rep, dev, tokens, sh),
                 "swiglu": lambda: check_swiglu(rep, dev, tokens, sh), "mlp": lambda: check_mlp(rep, dev, tokens, sh),
                 "norm": lambda: check_norm(rep, dev, tokens, sh), "rope": lambda: check_rope(rep, dev, tokens, sh),
                 "adamw": lambda: check_adamw(rep, dev, sh),
                 "attention": lambda: check_attention(rep, dev, tokens, sh)}
+    assert set(sections) == set(SECTIONS)
     for name in args.only.split(","):
         try:
             sections[name]()
@@ -548,12 +602,13 @@ def run(args: argparse.Namespace) -> int:
             traceback.print_exc()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        record |= {"checks": rep.checks, "timings": rep.timings, "errors": rep.errors,
+        record |= {"checks": rep.checks, "timings": rep.timings, "errors": rep.errors, "skipped": rep.skipped,
                    "wall_s": time.monotonic() - t0}
         with open(args.out, "w") as fh:  # after every section: a time limit still leaves what was measured
             json.dump(record, fh, indent=1)
     failed = [c["name"] for c in rep.checks if not c["ok"]]
-    print(f"[check] {len(rep.checks) - len(failed)}/{len(rep.checks)} passed; failed: {failed}", flush=True)
+    print(f"[check] {len(rep.checks) - len(failed)}/{len(rep.checks)} passed, {len(rep.skipped)} skipped; "
+          f"failed: {failed}", flush=True)
     return 1 if failed else 0
 
 

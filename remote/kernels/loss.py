@@ -10,10 +10,13 @@ Per chunk of c tokens, with one [c x V] logits buffer reused for every chunk:
 No host sync: the per-row losses go into a buffer summed once at the end (fixed order, no atomics).
 """
 
-import torch
-import triton.language as tl
+from __future__ import annotations
 
-from remote import kernels, knobs
+import torch
+
+from remote import knobs
+from remote.kernels.jit import LazyKernel, cdiv, pow2_at_least, tl
+from remote.kernels.registry import Kernel
 
 
 def _ce_rows(logits_ptr, stride_row, targets_ptr, loss_ptr, n_rows, n_cols, scale, ROWS: tl.constexpr,
@@ -48,7 +51,7 @@ def _ce_rows(logits_ptr, stride_row, targets_ptr, loss_ptr, n_rows, n_cols, scal
             tl.store(base + cols[None, :], g.to(logits_ptr.dtype.element_ty), mask=mask)
 
 
-_CE_ROWS = kernels.LazyKernel(_ce_rows)
+_CE_ROWS = LazyKernel(_ce_rows)
 
 
 def launch_config(device: torch.device, n_rows: int) -> dict:
@@ -67,15 +70,11 @@ def ce_rows_inplace(logits: torch.Tensor, targets: torch.Tensor, row_loss: torch
         return
     assert logits.stride(1) == 1 and row_loss.is_contiguous() and targets.is_contiguous()
     cfg = config or launch_config(logits.device, n)
-    block = min(cfg["BLOCK"], _pow2_at_least(v))
+    block = min(cfg["BLOCK"], pow2_at_least(v))
     tiles = -(-n // cfg["ROWS"])
     programs = min(cfg["programs"] or tiles, tiles)
     _CE_ROWS[(programs,)](logits, logits.stride(0), targets, row_loss, n, v, float(scale), ROWS=cfg["ROWS"],
                           BLOCK=block, num_warps=cfg["num_warps"])
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def ce_rows_reference(logits: torch.Tensor, targets: torch.Tensor, row_loss: torch.Tensor,
@@ -143,7 +142,7 @@ def _scale_cast(src_ptr, scale_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, (x * s).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_SCALE_CAST = kernels.LazyKernel(_scale_cast)
+_SCALE_CAST = LazyKernel(_scale_cast)
 
 
 def scale_cast(src: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, use_triton: bool) -> torch.Tensor:
@@ -153,9 +152,47 @@ def scale_cast(src: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, use_t
     out = torch.empty(src.shape, dtype=dtype, device=src.device)
     n = src.numel()
     block = 4096
-    _SCALE_CAST[(triton_cdiv(n, block),)](src, scale.reshape(1).float(), out, n, BLOCK=block, num_warps=8)
+    _SCALE_CAST[(cdiv(n, block),)](src, scale.reshape(1).float(), out, n, BLOCK=block, num_warps=8)
     return out
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def qualify(device: torch.device) -> str | None:
+    """The probe: the fused loss (Triton rows writing the gradient in place, the scale-cast) against the same
+    chunked path with torch's rows, at a ragged shape (rows, vocabulary and the last chunk fit no tile), and
+    the same bits twice; else the reason (the run then keeps the model's torch loss)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    n, d, vocab, chunk = 37, 24, 301, 16
+    h = torch.randn(n, d, device=device, generator=gen).to(torch.bfloat16)
+    w = (0.5 * torch.randn(vocab, d, device=device, generator=gen)).to(torch.bfloat16)
+    targets = torch.randint(0, vocab, (n,), device=device, generator=gen)
+    scale = torch.tensor(0.75, device=device)
+    runs = []
+    for _ in range(2):
+        total, grad_h, grad_w = forward_backward(h, w, targets, chunk, use_triton=True)
+        runs.append((total, grad_h, grad_w, scale_cast(grad_w, scale, torch.bfloat16, use_triton=True)))
+    if not all(torch.equal(a, b) for a, b in zip(runs[0], runs[1], strict=True)):
+        return "loss kernels gave different bits on two identical runs"
+    total, grad_h, grad_w = forward_backward(h, w, targets, chunk, use_triton=False)
+    want = (total, grad_h, grad_w, scale_cast(grad_w, scale, torch.bfloat16, use_triton=False))
+    for name, got, ref in zip(("loss", "grad_h", "grad_w", "scaled grad_w"), runs[0], want, strict=True):
+        err = _rel(got, ref)
+        if not err < 1e-2:
+            return f"loss {name} relative error {err:.3g} against the torch reference"
+    return None
+
+
+KERNEL = Kernel(
+    name="loss",
+    summary="the LM head and cross-entropy in token chunks: one reused logits buffer, one Triton pass per row "
+            "writing the gradient over the logits, the head gradient accumulated in fp32 inside the GEMM",
+    fallback="remote.training.model._ce_chunk",
+    probe=qualify,
+    deterministic=True,
+    deterministic_why="no atomics: one program per row tile, a fixed order along each row; torch sums the row "
+                      "losses once",
+    knobs=("ce_chunk", "ce_rows", "ce_block", "ce_warps", "ce_programs"),
+)

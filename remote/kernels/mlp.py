@@ -28,8 +28,8 @@ and a deterministic run replayed bitwise with it on an H200 (issue 32 round 6, c
 4 ms a step faster than without it).
 
 Two custom ops, opaque to torch.compile (like remote.attention.fa4): the compiled per-layer graph calls them as one
-node each. `qualify(device)` is the probe (kernels.QUALIFIED): fwd+bwd at a small shape against fp32 torch,
-and the same bits twice.
+node each. `KERNEL` below declares it to the registry: it runs where `unavailable` finds quack's GEMMs, and its
+probe (`check_small`) is fwd+bwd at a small shape against fp32 torch, and the same bits twice.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from remote import knobs
+from remote.kernels.registry import Kernel
 
 QUALIFIED_MAJORS = (9, 10)  # quack's sm90 / sm100 GEMMs; elsewhere the cuBLAS + Triton SwiGLU path stays
 
@@ -190,9 +191,8 @@ def reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, residual: to
     return residual + (F.silu(gate) * up) @ w2.T
 
 
-def qualify(device: torch.device) -> str | None:
-    """None where the fused MLP runs here, matches fp32 torch (out and the three gradients) and gives the same
-    bits twice; else why not."""
+def unavailable(device: torch.device) -> str | None:
+    """Why quack's GEMMs cannot run on this device (None: they can; the probe decides the rest)."""
     if device.type != "cuda":
         return "mlp needs CUDA (quack's GEMMs)"
     major, minor = torch.cuda.get_device_capability(device)
@@ -200,10 +200,17 @@ def qualify(device: torch.device) -> str | None:
         return f"mlp is not qualified on sm{major}{minor} (quack's gated GEMMs measured on sm90 only)"
     if quack() is None:
         return f"quack is not importable ({_Quack.error})"
-    return check_small(device)
+    return None
+
+
+def qualify(device: torch.device) -> str | None:
+    """None where the fused MLP runs here, matches fp32 torch (out and the three gradients) and gives the same
+    bits twice; else why not."""
+    return unavailable(device) or check_small(device)
 
 
 def check_small(device: torch.device, n: int = 512, d: int = 256, ffn: int = 512) -> str | None:
+    """The probe proper: fwd+bwd at a small shape against fp32 torch, and the same bits twice."""
     gen = torch.Generator(device=device).manual_seed(0)
     x0 = torch.randn(2, n // 2, d, device=device, generator=gen).to(torch.bfloat16)
     w13_0 = (torch.randn(2 * ffn, d, device=device, generator=gen) / d**0.5).to(torch.bfloat16)
@@ -227,3 +234,17 @@ def check_small(device: torch.device, n: int = 512, d: int = 256, ffn: int = 512
         if not err < 2e-2:
             return f"{name} relative error {err:.3g} against fp32 torch"
     return None
+
+
+KERNEL = Kernel(
+    name="mlp",
+    summary="the SwiGLU MLP with the activation in quack's GEMM epilogues (sm90/sm100) and the residual add in "
+            "w2's; no SwiGLU passes and no activation kept for backward (w13 held in quack's interleaved rows)",
+    fallback="remote.training.model.FeedForward.forward",
+    probe=check_small,
+    runs_on=unavailable,
+    deterministic=True,
+    deterministic_why="quack's gated GEMMs use no split-K and no atomics; a deterministic run replayed bitwise with "
+                      "it on an H200 (issue 32 round 6); autotuning stays off under deterministic algorithms",
+    knobs=("mlp_gemms", "mlp_tuned", "mlp_check"),
+)

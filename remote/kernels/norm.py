@@ -15,9 +15,10 @@ them, which it saved anyway.
 from __future__ import annotations
 
 import torch
-import triton.language as tl
 
-from remote import kernels, knobs
+from remote import knobs
+from remote.kernels.jit import LazyKernel, pow2_at_least, runs_triton, tl
+from remote.kernels.registry import Kernel
 
 
 def _rmsnorm_fwd(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, rstd_ptr, n_rows, n_cols, eps, HAS_RES: tl.constexpr,
@@ -68,12 +69,8 @@ def _rmsnorm_bwd(dy_ptr, dh_ptr, h_ptr, w_ptr, rstd_ptr, dx_ptr, dw_part_ptr, n_
     tl.store(dw_part_ptr + pid.to(tl.int64) * n_cols + cols, tl.sum(dw, 0), mask=col_ok)
 
 
-_FWD = kernels.LazyKernel(_rmsnorm_fwd)
-_BWD = kernels.LazyKernel(_rmsnorm_bwd)
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+_FWD = LazyKernel(_rmsnorm_fwd)
+_BWD = LazyKernel(_rmsnorm_bwd)
 
 
 def launch_config(device: torch.device) -> dict:
@@ -100,7 +97,7 @@ def forward_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     cfg = config or launch_config(x.device)
     r = residual.contiguous() if residual is not None else x
     _FWD[(-(-rows // cfg["ROWS"]),)](x, r, weight, h if h is not None else y, y, rstd, rows, d, float(eps),
-                                     HAS_RES=residual is not None, ROWS=cfg["ROWS"], BLOCK=_pow2_at_least(d),
+                                     HAS_RES=residual is not None, ROWS=cfg["ROWS"], BLOCK=pow2_at_least(d),
                                      num_warps=cfg["num_warps"])
     return h, y, rstd
 
@@ -120,7 +117,7 @@ def backward_triton(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, 
     if rows == 0:
         return dx, torch.zeros_like(weight)
     _BWD[(programs,)](dy, dh.contiguous() if dh is not None else dy, h, weight, rstd, dx, dw_part, rows, d,
-                      per_prog, HAS_DH=dh is not None, ROWS=cfg["BWD_ROWS"], BLOCK=_pow2_at_least(d),
+                      per_prog, HAS_DH=dh is not None, ROWS=cfg["BWD_ROWS"], BLOCK=pow2_at_least(d),
                       num_warps=cfg["num_warps"])
     return dx, dw_part.sum(0).to(weight.dtype)
 
@@ -145,7 +142,7 @@ def backward_reference(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tenso
 
 
 def _fwd(x, residual, weight, eps):
-    if kernels.runs_triton(x.device):
+    if runs_triton(x.device):
         return forward_triton(x, residual, weight, eps)
     return forward_reference(x, residual, weight, eps)
 
@@ -177,7 +174,7 @@ def _(x, weight, eps):
 @torch.library.custom_op("vh_kernels::rmsnorm_backward", mutates_args=())
 def rmsnorm_backward_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor,
                         rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if kernels.runs_triton(h.device):
+    if runs_triton(h.device):
         return backward_triton(dy, dh, h, weight, rstd)
     return backward_reference(dy, dh, h, weight, rstd)
 
@@ -248,3 +245,16 @@ def qualify(device: torch.device) -> str | None:
         if not err < 1e-2:
             return f"norm {name} relative error {err:.3g} against the torch reference"
     return None
+
+
+KERNEL = Kernel(
+    name="norm",
+    summary="RMSNorm and residual add + RMSNorm in one pass each way, the weight gradient's partial sums in the "
+            "pass that writes dx",
+    fallback="remote.training.model.RMSNorm.forward",
+    probe=qualify,
+    deterministic=True,
+    deterministic_why="no atomics: each program sums the weight gradient over a fixed block of rows, and torch "
+                      "adds the blocks in a fixed order",
+    knobs=("norm_rows", "norm_warps", "norm_bwd_rows", "norm_programs"),
+)

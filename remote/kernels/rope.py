@@ -10,9 +10,10 @@ rotation's backward plus the copy that concatenates the three gradients into d(q
 from __future__ import annotations
 
 import torch
-import triton.language as tl
 
-from remote import kernels, knobs
+from remote import knobs
+from remote.kernels.jit import LazyKernel, pow2_at_least, runs_triton, tl
+from remote.kernels.registry import Kernel
 
 
 def _rope_fwd(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, n_tok, seq, n_q, n_kv, HALF: tl.constexpr,
@@ -71,11 +72,7 @@ def _rope_fwd(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, n_tok, seq, n_q, n
         tl.store(own_v, tl.load(fused_v, mask=vm, other=0.0), mask=vm)
 
 
-_ROPE = kernels.LazyKernel(_rope_fwd)
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+_ROPE = LazyKernel(_rope_fwd)
 
 
 def _launch(qkv, cos, sin, q, k, v, n_q, n_kv, inverse: bool, tokens: int | None = None) -> None:
@@ -88,7 +85,7 @@ def _launch(qkv, cos, sin, q, k, v, n_q, n_kv, inverse: bool, tokens: int | None
     tok = tokens or (knob.rope_tokens if qkv.is_cuda else 64)  # a power of two
     warps = knob.rope_warps if qkv.is_cuda else 1
     _ROPE[(-(-(b * t) // tok),)](qkv, cos, sin, q, k, v, b * t, t, n_q, n_kv, HALF=d // 2,
-                                 HEADS=_pow2_at_least(n_q + n_kv), VHEADS=_pow2_at_least(n_kv), TOK=tok,
+                                 HEADS=pow2_at_least(n_q + n_kv), VHEADS=pow2_at_least(n_kv), TOK=tok,
                                  INVERSE=inverse, num_warps=warps)
 
 
@@ -134,7 +131,7 @@ def backward_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos
 @torch.library.custom_op("vh_kernels::rope_qkv", mutates_args=())
 def rope_qkv_op(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_q: int, n_kv: int
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if kernels.runs_triton(qkv.device):
+    if runs_triton(qkv.device):
         return forward_triton(qkv, cos, sin, n_q, n_kv)
     return forward_reference(qkv, cos, sin, n_q, n_kv)
 
@@ -148,7 +145,7 @@ def _(qkv, cos, sin, n_q, n_kv):
 @torch.library.custom_op("vh_kernels::rope_qkv_backward", mutates_args=())
 def rope_qkv_backward_op(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor,
                          sin: torch.Tensor) -> torch.Tensor:
-    if kernels.runs_triton(dq.device):
+    if runs_triton(dq.device):
         return backward_triton(dq, dk, dv, cos, sin)
     return backward_reference(dq, dk, dv, cos, sin).contiguous()
 
@@ -195,3 +192,15 @@ def qualify(device: torch.device) -> str | None:
         if not err < 1e-2:
             return f"rope {name} relative error {err:.3g} against the torch reference"
     return None
+
+
+KERNEL = Kernel(
+    name="rope",
+    summary="RoPE on the fused qkv in one pass each way: q and k rotated and v copied into [B, T, H, D]; the "
+            "backward writes the whole d(qkv)",
+    fallback="remote.training.model.apply_rope",
+    probe=qualify,
+    deterministic=True,
+    deterministic_why="a rotation and a copy: one program per token, no reduction",
+    knobs=("rope_tokens", "rope_warps"),
+)

@@ -7,10 +7,13 @@ Inductor's cat-shaped kernel. Both ops are opaque to the compiler on purpose: th
 extra pass over gu per layer). fp32 math inside, one rounding per output, as Inductor computes it.
 """
 
-import torch
-import triton.language as tl
+from __future__ import annotations
 
-from remote import kernels, knobs
+import torch
+
+from remote import knobs
+from remote.kernels.jit import LazyKernel, runs_triton, tl
+from remote.kernels.registry import Kernel
 
 
 def _swiglu_bwd(dact_ptr, gu_ptr, dgu_ptr, n_rows, n_ffn, n_col_blocks, ROWS: tl.constexpr,
@@ -32,7 +35,7 @@ def _swiglu_bwd(dact_ptr, gu_ptr, dgu_ptr, n_rows, n_ffn, n_col_blocks, ROWS: tl
     tl.store(dgu_ptr + in_gate + n_ffn, du.to(dgu_ptr.dtype.element_ty), mask=mask)
 
 
-_SWIGLU_BWD = kernels.LazyKernel(_swiglu_bwd)
+_SWIGLU_BWD = LazyKernel(_swiglu_bwd)
 
 
 def _swiglu_fwd(gu_ptr, act_ptr, n_rows, n_ffn, n_col_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr):
@@ -48,7 +51,7 @@ def _swiglu_fwd(gu_ptr, act_ptr, n_rows, n_ffn, n_col_blocks, ROWS: tl.constexpr
     tl.store(act_ptr + rows64 * n_ffn + cols[None, :], act.to(act_ptr.dtype.element_ty), mask=mask)
 
 
-_SWIGLU_FWD = kernels.LazyKernel(_swiglu_fwd)
+_SWIGLU_FWD = LazyKernel(_swiglu_fwd)
 
 
 def launch_config(device: torch.device) -> dict:
@@ -107,7 +110,7 @@ def backward_reference(dact: torch.Tensor, gu: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("vh_kernels::swiglu_forward", mutates_args=())
 def swiglu_forward(gu: torch.Tensor) -> torch.Tensor:
-    if kernels.runs_triton(gu.device):
+    if runs_triton(gu.device):
         return forward_triton(gu)
     return forward_reference(gu).contiguous()
 
@@ -119,7 +122,7 @@ def _(gu: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("vh_kernels::swiglu_backward", mutates_args=())
 def swiglu_backward(dact: torch.Tensor, gu: torch.Tensor) -> torch.Tensor:
-    if kernels.runs_triton(gu.device):
+    if runs_triton(gu.device):
         return backward_triton(dact, gu)
     return backward_reference(dact, gu).contiguous()
 
@@ -144,3 +147,36 @@ swiglu_forward.register_autograd(_backward, setup_context=_setup_context)
 def swiglu(gu: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of gu = [gate | up] (last dimension), with the one-pass backward."""
     return swiglu_forward(gu)
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def qualify(device: torch.device) -> str | None:
+    """The probe: forward and backward against the torch formula (fp32 math, one rounding) at a ragged shape,
+    and the same bits twice; else the reason (the run then keeps torch's SwiGLU)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows, ffn = 37, 130
+    gu = torch.randn(2, rows, 2 * ffn, device=device, generator=gen).to(torch.bfloat16)
+    dact = torch.randn(2, rows, ffn, device=device, generator=gen).to(torch.bfloat16)
+    runs = [(forward_triton(gu), backward_triton(dact, gu)) for _ in range(2)]
+    if not all(torch.equal(a, b) for a, b in zip(runs[0], runs[1], strict=True)):
+        return "swiglu kernels gave different bits on two identical runs"
+    for name, got, ref in (("act", runs[0][0], forward_reference(gu)), ("dgu", runs[0][1], backward_reference(dact, gu))):
+        err = _rel(got, ref)
+        if not err < 1e-2:
+            return f"swiglu {name} relative error {err:.3g} against the torch reference"
+    return None
+
+
+KERNEL = Kernel(
+    name="swiglu",
+    summary="silu(gate) * up in one pass each way: the backward reads the upstream gradient and gate/up once and "
+            "writes both gradients once",
+    fallback="remote.training.model.FeedForward.forward",
+    probe=qualify,
+    deterministic=True,
+    deterministic_why="elementwise: each output element is written by one program, no reduction",
+    knobs=("swiglu_rows", "swiglu_block", "swiglu_warps"),
+)

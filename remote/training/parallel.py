@@ -52,8 +52,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
-from remote import kernels, knobs
+from remote import knobs
 from remote.host.envprobe import mask_env
+from remote.kernels import registry
 from remote.training.model import Transformer
 from remote.training.profiles import TrainConfig
 
@@ -105,16 +106,16 @@ def apply_kernels(model: Transformer, device: torch.device) -> list[str]:
     """Switch the model onto the hand-written kernels that are active here (before compile: Dynamo
     traces the choice as a constant). Returns the active model-side kernels."""
     done = []
-    if kernels.active("loss", device):
+    if registry.active("loss", device):
         model.ce_fused = True
         done.append("loss")
-    if kernels.active("swiglu", device):
+    if registry.active("swiglu", device):
         from remote.kernels.swiglu import swiglu
 
         for block in model.layers:
             block.ffn.swiglu = swiglu
         done.append("swiglu")
-    if kernels.active("mlp", device):
+    if registry.active("mlp", device):
         from remote.kernels import mlp
 
         for i, block in enumerate(model.layers):
@@ -123,13 +124,13 @@ def apply_kernels(model: Transformer, device: torch.device) -> list[str]:
                 block.ffn.w13.weight.copy_(mlp.to_kernel_layout(block.ffn.w13.weight))
             model.param_layouts[f"layers.{i}.ffn.w13.weight"] = mlp.to_model_layout
         done.append("mlp")
-    if kernels.active("norm", device):
+    if registry.active("norm", device):
         from remote.kernels import norm
 
         for block in model.layers:
             block.norms = norm
         done.append("norm")
-    if kernels.active("rope", device):
+    if registry.active("rope", device):
         from remote.kernels.rope import rope_qkv
 
         for block in model.layers:
@@ -468,7 +469,7 @@ def parallelize(model: Transformer, cfg: ParallelConfig, world: World) -> DdpRun
     if cfg.reduction == "ddp":
         return apply_ddp(model, names, cfg.train, world.group, world.device)
     return apply_zero2(model, names, cfg.train, world.group, overlap=cfg.reduction == "zero2o",
-                       fused_optim=kernels.active("optim", world.device))
+                       fused_optim=registry.active("optim", world.device))
 
 
 __all__ = ["MULTICAST_OFF", "PCIE", "REDUCE_ORDERS", "DdpRunner", "ParallelConfig", "World", "Zero2Runner", "apply_act_ckpt", "apply_compile",

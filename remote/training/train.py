@@ -18,10 +18,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from remote import kernels, knobs
+from remote import knobs
 from remote.accounting import merkle, mfu
 from remote.attention import backend as attention
 from remote.host import envprobe
+from remote.kernels import registry
 from remote.training import data, determinism, evidence, parallel
 from remote.training.comm import all_gather_json
 from remote.training.evidence import RoundResult
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         profile = load_profile(args.profile)
         validate(args, profile, world)
         knobs.check_all()  # a bad VH_* value stops here, not after the first round
-        kernels.requested()  # VH_KERNELS names only kernels that exist
+        registry.requested()  # VH_KERNELS names only kernels that exist
     except (ProfileError, UsageError, knobs.KnobError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -244,6 +245,16 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
 
 
+def kernels_record(args: argparse.Namespace, profile: Profile, device: torch.device) -> dict:
+    """The registry's account of the kernels (each requested one probed on this device first), as the run
+    wires them: the fused optimizer is part of the zero2 runners only."""
+    kern = registry.describe(device) | {"ce_chunk_tokens": knobs.kernels().chunk_tokens(profile.train.ce_chunk_tokens)}
+    if args.reduction == "ddp" and "optim" in kern["active"]:
+        kern["active"].remove("optim")
+        kern["rejected"]["optim"] = "reduction ddp: torch's fused AdamW (the fused kernel is wired into zero2 only)"
+    return kern
+
+
 def _run(args: argparse.Namespace, profile: Profile, device: torch.device, rank: int, local_rank: int,
          world: int, env: dict, det: dict) -> int:
     mps_rec = attach_mps(rank, local_rank, world)
@@ -256,9 +267,12 @@ def _run(args: argparse.Namespace, profile: Profile, device: torch.device, rank:
     log(rank, f"attention backend: {choice.path}")
     log(rank, f"profile {profile.name} world {world} reduction {args.reduction} device {device_name} "
               f"peak {peak.tflops} TFLOP/s kv {choice.kv_mode}")
-    kern = kernels.describe(device) | {"ce_chunk_tokens": knobs.kernels().chunk_tokens(profile.train.ce_chunk_tokens)}
-    if args.reduction == "ddp":  # the fused optimizer is wired into the zero2 runners only
-        kern["active"] = [k for k in kern["active"] if k != "optim"]
+    kern = kernels_record(args, profile, device)
+    actives = all_gather_json(kern["active"], _comm_device(local_rank))  # every rank probed its own device
+    if any(a != actives[0] for a in actives):
+        detail = "; ".join(f"rank {r}: {','.join(a) or 'none'}" for r, a in enumerate(actives))
+        raise RunError(f"ranks disagree on which kernels passed their probes ({detail}); rank 0's record: "
+                       f"{kern['rejected']}")
     log(rank, f"kernels active: {','.join(kern['active']) or 'none'} (requested "
               f"{','.join(kern['requested']) or 'none'}, triton {kern['triton']}, ce chunk {kern['ce_chunk_tokens']})")
     first = run_round(args, profile, device, rank)

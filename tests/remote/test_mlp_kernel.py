@@ -121,7 +121,7 @@ def test_an_attached_mlp_trains_the_same_model_and_states_it_canonically(fake_qu
     try:
         results = {}
         for with_mlp in (False, True):
-            monkeypatch.setattr(parallel.kernels, "active", lambda name, dev, on=with_mlp: on and name == "mlp")
+            monkeypatch.setattr(parallel.registry, "active", lambda name, dev, on=with_mlp: on and name == "mlp")
             model = build_model(cfg, torch.device("cpu"), seed=5)
             plain_w13 = model.layers[0].ffn.w13.weight.detach().clone()
             runner = parallel.parallelize(model, parallel.ParallelConfig(reduction, train),
