@@ -9,6 +9,7 @@ files can be checked anywhere later, so they import the standard library only, n
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 KINDS = ("mfu", "proofs", "mps")
@@ -18,7 +19,7 @@ class CheckerMissing(RuntimeError):
     """The checker module for a kind is not installed in this tree."""
 
 
-def load_checker(kind: str):
+def load_checker(kind: str) -> Callable[[Path], list[str]]:
     if kind not in KINDS:
         raise CheckerMissing(f"unknown evidence kind {kind!r}; known: {', '.join(KINDS)}")
     try:
@@ -29,7 +30,8 @@ def load_checker(kind: str):
         raise CheckerMissing(f"no checker for kind {kind!r}: remote/checks/{kind}.py is not present") from None
     if not callable(getattr(module, "check", None)):
         raise CheckerMissing(f"remote/checks/{kind}.py has no check(path) function")
-    return module.check
+    check: Callable[[Path], list[str]] = module.check
+    return check
 
 
 def run(kind: str, paths: list[Path]) -> list[tuple[Path, list[str]]]:

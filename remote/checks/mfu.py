@@ -10,6 +10,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 from remote.host.paths import MODEL_PROFILES_DIR
 from remote.knobs import KERNEL_PREFIXES
@@ -41,7 +42,7 @@ def _close(a: float, b: float, rel: float = 1e-6) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=0.0)
 
 
-def _schema(d: dict) -> list[str]:
+def _schema(d: dict[str, Any]) -> list[str]:
     failed = []
     for key, types in REQUIRED.items():
         if key not in d:
@@ -53,7 +54,7 @@ def _schema(d: dict) -> list[str]:
     return failed
 
 
-def _required_attention(d: dict) -> list[str]:
+def _required_attention(d: dict[str, Any]) -> list[str]:
     """The profile file in this tree is authoritative; the recorded copy is the fallback."""
     path = PROFILE_DIR / f"{d['profile']}.toml"
     if path.is_file():
@@ -63,7 +64,7 @@ def _required_attention(d: dict) -> list[str]:
     return list(d["required_attention"])
 
 
-def _claims(d: dict) -> list[str]:
+def _claims(d: dict[str, Any]) -> list[str]:
     failed = []
     if not (0.0 < d["mfu"] < 1.0):
         failed.append(f"mfu {d['mfu']} is not in (0, 1)")
@@ -131,12 +132,12 @@ def _claims(d: dict) -> list[str]:
     return failed
 
 
-def check_record(d: dict) -> list[str]:
+def check_record(d: dict[str, Any]) -> list[str]:
     failed = _schema(d)
     return failed if failed else _claims(d)
 
 
-def _check_bench(d: dict) -> list[str]:
+def _check_bench(d: dict[str, Any]) -> list[str]:
     failed = [f"ours: {c}" for c in check_record(d.get("ours", {}))]
     ref = d.get("reference", {})
     for key in ("mfu", "tokens_per_s", "step_times_s", "micro_batch", "seq_len", "flops_per_token"):
@@ -165,7 +166,7 @@ def _profile_ce_chunk(profile: str) -> int | None:
     return int(tomllib.loads(path.read_text()).get("train", {}).get("ce_chunk_tokens", 8192))
 
 
-def _check_ours_v2(d: dict, key: str) -> list[str]:
+def _check_ours_v2(d: dict[str, Any], key: str) -> list[str]:
     """ours / deterministic: a full MFU record, run with the profile's own settings (no kernel knobs)."""
     rec = d.get(key)
     if not isinstance(rec, dict):
@@ -194,7 +195,7 @@ def _check_ours_v2(d: dict, key: str) -> list[str]:
     return failed
 
 
-def _check_reference_v2(ref: dict, ours: dict) -> list[str]:
+def _check_reference_v2(ref: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     name = ref.get("name", "?")
     missing = [k for k in REFERENCE_FIELDS if k not in ref]
     if missing:
@@ -222,7 +223,7 @@ def _check_reference_v2(ref: dict, ours: dict) -> list[str]:
     return failed
 
 
-def _check_bench_v2(d: dict) -> list[str]:
+def _check_bench_v2(d: dict[str, Any]) -> list[str]:
     failed = _check_ours_v2(d, "ours") + _check_ours_v2(d, "deterministic")
     if failed:
         return failed

@@ -31,7 +31,7 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -86,7 +86,7 @@ def driver_version() -> str | None:
 
 
 
-def device_identity(device: torch.device) -> dict:
+def device_identity(device: torch.device) -> dict[str, Any]:
     """This process's device: name and UUID ("GPU-..." as nvidia-smi prints it)."""
     import torch
 
@@ -98,7 +98,7 @@ def device_identity(device: torch.device) -> dict:
             "total_mem_gib": round(props.total_memory / 2**30, 2), "sm_count": props.multi_processor_count}
 
 
-def versions() -> dict:
+def versions() -> dict[str, Any]:
     import torch
 
     nccl = None
@@ -119,7 +119,7 @@ _SMI_FIELDS = ("index", "name", "uuid", "memory.total", "driver_version", "pci.b
 _PACKAGES = ("torch", "triton", "numpy", "pytest")
 
 
-def smi_gpus() -> tuple[list[dict], str | None]:
+def smi_gpus() -> tuple[list[dict[str, Any]], str | None]:
     """Every GPU as nvidia-smi sees it (no CUDA context is created), or the reason there is none."""
     if not shutil.which("nvidia-smi"):
         return [], "nvidia-smi not found"
@@ -199,7 +199,7 @@ def _cudnn_version(torch_dir: Path | None) -> tuple[str | None, str | None]:
     return None, None
 
 
-def image_facts() -> dict:
+def image_facts() -> dict[str, Any]:
     """torch, torch.version.cuda and cuDNN as installed in this image, read from files (torch not imported)."""
     torch_dir = _torch_dir()
     # version.py holds torch.__version__ with its local part (2.11.0+cu128); the metadata may drop it
@@ -223,14 +223,14 @@ def version_matches(expected: str, actual: str | None) -> bool:
     return have[: len(want)] == want
 
 
-def image_mismatches(facts: dict, expect: dict[str, str]) -> list[str]:
+def image_mismatches(facts: dict[str, Any], expect: dict[str, str]) -> list[str]:
     """One line per declared value the image does not have, naming both."""
     labels = {"torch": "torch", "cuda": "CUDA runtime (torch.version.cuda)", "cudnn": "cuDNN"}
     return [f"{labels[k]}: the profile declares {want}, the image has {facts.get(k) or 'none'}"
             for k, want in expect.items() if not version_matches(want, facts.get(k))]
 
 
-def probe() -> dict:
+def probe() -> dict[str, Any]:
     gpus, why = smi_gpus()
     env = dict(sorted(({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
                        | knobs.given(knobs.MpsKnobs)).items()))

@@ -12,6 +12,8 @@ bit for bit. Timing: CUDA events (triton.testing.do_bench), median. Exit 1 if an
 kernel that cannot run on CPU at all (`mlp`: quack's GEMMs) is recorded as skipped, with the reason.
 """
 
+from __future__ import annotations
+
 import argparse
 import contextlib
 import json
@@ -19,12 +21,18 @@ import math
 import sys
 import time
 import traceback
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from remote import knobs
 from remote.kernels import jit, registry
+from remote.kernels.registry import grads
+
+if TYPE_CHECKING:
+    from remote.training.model import CeKernel
 
 SHAPES = {"d_model": 2048, "ffn": 8192, "vocab": 128256, "ce_rows": 8192, "adamw_check": 64 * 2**20,
           "params": 1_235_814_400, "heads": 32, "kv_heads": 8, "head_dim": 64, "seq": 2048}  # params: non-embedding + embedding parameters of the 1B profile
@@ -40,10 +48,10 @@ def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.double(), ref.double()
     if not torch.isfinite(out).all():
         return float("inf")
-    return ((out - ref).norm() / ref.norm()).item()
+    return float(((out - ref).norm() / ref.norm()).item())
 
 
-def bench_ms(fn) -> float:
+def bench_ms(fn: Callable[[], object]) -> float:
     if not torch.cuda.is_available():  # dry run: one call, host clock
         t0 = time.perf_counter()
         fn()
@@ -55,8 +63,8 @@ def bench_ms(fn) -> float:
 
 class Report:
     def __init__(self) -> None:
-        self.checks: list[dict] = []
-        self.timings: list[dict] = []
+        self.checks: list[dict[str, Any]] = []
+        self.timings: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self.skipped: dict[str, str] = {}
 
@@ -87,7 +95,7 @@ class Report:
         print(f"[time] {name}: {ms:.3f} ms{bw} {note}", flush=True)
 
 
-def copy_ceiling(rep: Report, dev: torch.device, sh: dict) -> float:
+def copy_ceiling(rep: Report, dev: torch.device, sh: dict[str, Any]) -> float:
     src = torch.randn(2**29 if dev.type == "cuda" else 2**16, device=dev, dtype=torch.float32)  # 2 GiB
     dst = torch.empty_like(src)
     ms = bench_ms(lambda: dst.copy_(src))
@@ -113,7 +121,7 @@ def check_probes(rep: Report, dev: torch.device) -> None:
         rep.time(f"probe {name}", result.seconds * 1e3)
 
 
-def check_ce(rep: Report, dev: torch.device, sh: dict) -> None:
+def check_ce(rep: Report, dev: torch.device, sh: dict[str, Any]) -> None:
     from remote.kernels import loss
 
     rows, VOCAB = sh["ce_rows"], sh["vocab"]
@@ -150,15 +158,15 @@ def check_ce(rep: Report, dev: torch.device, sh: dict) -> None:
     default = loss.launch_config(dev, rows)
     for cfg in configs:
         work.copy_(logits)
-        ms = bench_ms(lambda c=cfg: loss.ce_rows_inplace(work, targets, row_loss, 1e-9, c))
+        ms = bench_ms(partial(loss.ce_rows_inplace, work, targets, row_loss, 1e-9, cfg))
         tag = " (default)" if cfg == default else ""
         rep.time(f"ce triton {cfg}{tag}", ms, nbytes)
 
 
-_COMPILED: dict = {}
+_COMPILED: dict[str, Any] = {}
 
 
-def _compiled_ce(dev: torch.device):
+def _compiled_ce(dev: torch.device) -> CeKernel:
     """The baseline's loss kernel, compiled once and shared by the two sections that time it."""
     from remote.training.model import _ce_chunk
 
@@ -166,10 +174,11 @@ def _compiled_ce(dev: torch.device):
         return _ce_chunk
     if "ce" not in _COMPILED:
         _COMPILED["ce"] = torch.compile(_ce_chunk, fullgraph=True)
-    return _COMPILED["ce"]
+    compiled: CeKernel = _COMPILED["ce"]
+    return compiled
 
 
-def check_loss_path(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
+def check_loss_path(rep: Report, dev: torch.device, tokens: int, sh: dict[str, Any]) -> None:
     from remote.kernels import loss
     from remote.training.model import linear_cross_entropy
 
@@ -181,13 +190,13 @@ def check_loss_path(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
     rep.gpu_fact(dev, "loss: fp32-accumulating GEMM available (addmm out_dtype=float32)",
                  loss.fp32_accumulate_gemm(dev), "this torch has no fp32-accumulating bf16 GEMM on CPU")
     compiled = _compiled_ce(dev)
-    results = {}
+    results: dict[tuple[str, int], tuple[torch.Tensor, ...]] = {}
     for name, fused, chunk in (("baseline", False, chunks[0]), *(("fused", True, c) for c in chunks)):
-        def run(fused=fused, chunk=chunk):
+        def run(fused: bool = fused, chunk: int = chunk) -> tuple[torch.Tensor, ...]:
             hh, ww = h.detach().requires_grad_(), w.detach().requires_grad_()
             out = linear_cross_entropy(hh, ww, t, chunk, compiled, fused=fused)
             out.backward()
-            return out.detach(), hh.grad, ww.grad
+            return (out.detach(), *grads(hh, ww))
 
         results[(name, chunk)] = run()
         cuda = dev.type == "cuda"
@@ -202,7 +211,7 @@ def check_loss_path(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
         rep.check(f"loss chunk {key[1]}: loss rel diff vs baseline", rel(val[0], base[0]), 1e-4)
         rep.check(f"loss chunk {key[1]}: grad_h rel err vs baseline", rel(val[1], base[1]), 2e-2)
         rep.check(f"loss chunk {key[1]}: grad_w rel err vs baseline", rel(val[2], base[2]), 2e-2)
-    def again():
+    def again() -> torch.Tensor:
         return linear_cross_entropy(h.detach().requires_grad_(), w, t, chunks[0], fused=True)
 
     rep.check("loss: fused loss bitwise across two runs", torch.equal(again(), again()))
@@ -212,7 +221,7 @@ def check_loss_path(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
                              (src * 0.5).to(torch.bfloat16)), INTERPRETER_ROUNDS)
 
 
-def check_swiglu(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
+def check_swiglu(rep: Report, dev: torch.device, tokens: int, sh: dict[str, Any]) -> None:
     import torch.nn.functional as F
 
     from remote.kernels import swiglu
@@ -240,12 +249,12 @@ def check_swiglu(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
     for cfg in ({"ROWS": 1, "BLOCK": 1024, "num_warps": 4}, {"ROWS": 1, "BLOCK": 2048, "num_warps": 8},
                 {"ROWS": 4, "BLOCK": 1024, "num_warps": 8}, default):
         tag = " (default)" if cfg == default else ""
-        rep.time(f"swiglu bwd triton {cfg}{tag}", bench_ms(lambda c=cfg: swiglu.backward_triton(dact, gu, c)),
+        rep.time(f"swiglu bwd triton {cfg}{tag}", bench_ms(partial(swiglu.backward_triton, dact, gu, cfg)),
                  bwd_bytes)
     rep.time("swiglu fwd triton (default)", bench_ms(lambda: swiglu.forward_triton(gu)), fwd_bytes)
 
 
-def _inductor_swiglu_bwd(dact, gu):
+def _inductor_swiglu_bwd(dact: torch.Tensor, gu: torch.Tensor) -> torch.Tensor:
     """The ops of the unfused block's backward graph for silu(gate) * up, which Inductor fuses into the
     cat-shaped kernel the baseline profile shows."""
     gate, up = gu.chunk(2, dim=-1)
@@ -253,7 +262,7 @@ def _inductor_swiglu_bwd(dact, gu):
     return torch.cat([dact * up * (sg * (1 + gate * (1 - sg))), dact * (gate * sg)], dim=-1)
 
 
-def check_adamw(rep: Report, dev: torch.device, sh: dict) -> None:
+def check_adamw(rep: Report, dev: torch.device, sh: dict[str, Any]) -> None:
     from remote.kernels import adamw
 
     n = sh["adamw_check"]
@@ -281,11 +290,11 @@ def check_adamw(rep: Report, dev: torch.device, sh: dict) -> None:
              bench_ms(lambda: adamw.step_triton(grad, master, moments[0], moments[1], out, hp)), 28 * p)
     moments.clear()  # free 10 GB before the baseline allocates its own moments
     mp = torch.nn.Parameter(master)
-    mp.grad = torch.zeros_like(master)
+    mp.grad = master_grad = torch.zeros_like(master)
     opt = torch.optim.AdamW([mp], lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=dev.type == "cuda")
 
-    def old():
-        mp.grad.copy_(grad)
+    def old() -> None:
+        master_grad.copy_(grad)
         opt.step()
         out.copy_(mp.detach())
 
@@ -293,7 +302,7 @@ def check_adamw(rep: Report, dev: torch.device, sh: dict) -> None:
              note="(bytes counted as the fused floor)")
 
 
-def check_norm(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
+def check_norm(rep: Report, dev: torch.device, tokens: int, sh: dict[str, Any]) -> None:
     """residual add + RMSNorm (and plain RMSNorm), fwd+bwd: the Triton ops against fp32 torch and against
     Inductor's fusion of the same formula (what the per-layer graph runs without them), and quack's CuTe DSL
     rmsnorm where it imports (timing only)."""
@@ -305,13 +314,15 @@ def check_norm(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
     x, r, dy, dh = (torch.randn(tokens, d, device=dev).to(torch.bfloat16) for _ in range(4))
     w = (1 + 0.1 * torch.randn(d, device=dev)).to(torch.bfloat16)
     h, y, rstd = norm.forward_triton(x, r, w, 1e-5)
+    assert h is not None  # a residual was given
     rep.gpu_fact(dev, "norm: h == x + r (bf16 add) bitwise", torch.equal(h, x + r), INTERPRETER_ROUNDS)
     rep.check("norm fwd rel err vs fp32 torch", rel(y, F.rms_norm(h.float(), (d,), w.float(), 1e-5)), 1e-2)
     dx, dw = norm.backward_triton(dy, dh, h, w, rstd)
     hf, wf = h.float().requires_grad_(), w.float().requires_grad_()
     F.rms_norm(hf, (d,), wf, 1e-5).backward(dy.float())
-    rep.check("norm bwd dx rel err vs fp32 autograd", rel(dx, hf.grad + dh.float()), 1e-2)
-    rep.check("norm bwd dw rel err vs fp32 autograd", rel(dw, wf.grad), 1e-2)
+    dhf, dwf = grads(hf, wf)
+    rep.check("norm bwd dx rel err vs fp32 autograd", rel(dx, dhf + dh.float()), 1e-2)
+    rep.check("norm bwd dw rel err vs fp32 autograd", rel(dw, dwf), 1e-2)
     rep.check("norm fwd+bwd bitwise across two runs",
               torch.equal(y, norm.forward_triton(x, r, w, 1e-5)[1]) and
               all(torch.equal(a, b) for a, b in zip((dx, dw), norm.backward_triton(dy, dh, h, w, rstd))))
@@ -325,18 +336,20 @@ def check_norm(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
                 default | {"BWD_ROWS": 4}, default | {"BWD_ROWS": 2, "num_warps": 4}):
         tag = " (default)" if cfg == default else ""
         rep.time(f"norm add+rmsnorm bwd triton (dx + dw, one pass) {cfg}{tag}",
-                 bench_ms(lambda c=cfg: norm.backward_triton(dy, dh, h, w, rstd, c)), 4 * n)
+                 bench_ms(partial(norm.backward_triton, dy, dh, h, w, rstd, cfg)), 4 * n)
 
-    def fused_ops(xx, rr, ww):
+    def fused_ops(xx: torch.Tensor, rr: torch.Tensor, ww: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return norm.add_rmsnorm(xx, rr, ww, 1e-5)
 
-    def inductor_formula(xx, rr, ww):
+    def inductor_formula(xx: torch.Tensor, rr: torch.Tensor, ww: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hh = xx + rr
         return hh, F.rms_norm(hh, (d,), ww, 1e-5)
 
-    compiled = torch.compile(inductor_formula, fullgraph=True) if dev.type == "cuda" else inductor_formula
-    for name, fn in (("triton ops", fused_ops), ("Inductor", compiled)):
-        def step(fn=fn):
+    NormFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    compiled: NormFn = torch.compile(inductor_formula, fullgraph=True) if dev.type == "cuda" else inductor_formula
+    norm_paths: tuple[tuple[str, NormFn], ...] = (("triton ops", fused_ops), ("Inductor", compiled))
+    for name, fn in norm_paths:
+        def step(fn: NormFn = fn) -> None:
             xx, rr, ww = (t.detach().requires_grad_() for t in (x, r, w))
             hh, yy = fn(xx, rr, ww)
             torch.autograd.backward([hh, yy], [dh, dy])
@@ -347,11 +360,11 @@ def check_norm(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
         fa4.interface()  # puts nvidia_cutlass_dsl's `cutlass` on sys.path (its .pth is not read from a --target)
         from quack.rmsnorm import rmsnorm as quack_rmsnorm  # noqa: PLC0415 - shipped with the FA4 wheels only
 
-        def quack_step():
+        def quack_step() -> tuple[torch.Tensor, ...]:
             xx, rr, ww = (t.detach().requires_grad_() for t in (x, r, w))
             yy, hh = quack_rmsnorm(xx, ww, residual=rr, eps=1e-5, prenorm=True)
             torch.autograd.backward([hh, yy], [dh, dy])
-            return yy, xx.grad, ww.grad
+            return (yy, *grads(xx, ww))
 
         qy, qdx, qdw = quack_step()
         rep.time(f"norm quack rmsnorm(residual, prenorm) fwd+bwd [{tokens}x{d}] (dx rel {rel(qdx, dx):.2g}, "
@@ -360,7 +373,7 @@ def check_norm(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
         rep.time(f"norm quack not timed: {type(exc).__name__}: {str(exc)[:120]}", float("nan"))
 
 
-def check_rope(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
+def check_rope(rep: Report, dev: torch.device, tokens: int, sh: dict[str, Any]) -> None:
     """RoPE on the fused qkv, fwd+bwd: the Triton ops against fp32 torch and against Inductor's kernels for
     the model's formula (transpose, split, rotate-half; backward the rotation plus the cat into d(qkv))."""
     from remote.kernels import rope
@@ -372,35 +385,40 @@ def check_rope(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
                       seq_len=seq)
     cos, sin = rope_tables(cfg, seq, torch.bfloat16, dev)
     qkv = torch.randn(b, seq, heads + 2 * kv, hd, device=dev).to(torch.bfloat16)
-    grads = [torch.randn(b, seq, h, hd, device=dev).to(torch.bfloat16) for h in (heads, kv, kv)]
+    dq, dk, dv = (torch.randn(b, seq, h, hd, device=dev).to(torch.bfloat16) for h in (heads, kv, kv))
     out = rope.forward_triton(qkv, cos, sin, heads, kv)
     want = rope.forward_reference(qkv, cos, sin, heads, kv)
     rep.check("rope fwd q/k rel err vs fp32 torch", max(rel(out[0], want[0]), rel(out[1], want[1])), 1e-2)
     rep.check("rope fwd v copied bitwise", torch.equal(out[2], want[2]))
-    dqkv = rope.backward_triton(*grads, cos, sin)
-    rep.check("rope bwd rel err vs fp32 torch", rel(dqkv, rope.backward_reference(*grads, cos, sin)), 1e-2)
-    rep.check("rope fwd+bwd bitwise across two runs", torch.equal(dqkv, rope.backward_triton(*grads, cos, sin))
+    dqkv = rope.backward_triton(dq, dk, dv, cos, sin)
+    rep.check("rope bwd rel err vs fp32 torch", rel(dqkv, rope.backward_reference(dq, dk, dv, cos, sin)), 1e-2)
+    rep.check("rope fwd+bwd bitwise across two runs", torch.equal(dqkv, rope.backward_triton(dq, dk, dv, cos, sin))
               and torch.equal(out[0], rope.forward_triton(qkv, cos, sin, heads, kv)[0]))
     n = qkv.numel() * 2
     rep.time(f"rope fwd triton [{b}x{seq}x{heads}+2x{kv}x{hd}]",
              bench_ms(lambda: rope.forward_triton(qkv, cos, sin, heads, kv)), 2 * n)
-    rep.time("rope bwd triton (writes d(qkv))", bench_ms(lambda: rope.backward_triton(*grads, cos, sin)), 2 * n)
+    rep.time("rope bwd triton (writes d(qkv))", bench_ms(lambda: rope.backward_triton(dq, dk, dv, cos, sin)), 2 * n)
 
-    def inductor_formula(x):
+    def inductor_formula(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = x.transpose(1, 2).split([heads, kv, kv], dim=1)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    compiled = torch.compile(inductor_formula, fullgraph=True) if dev.type == "cuda" else inductor_formula
-    bhtd = [g.transpose(1, 2) for g in grads]
-    for name, fn, gs in (("triton ops", lambda x: rope.rope_qkv(x, cos, sin, heads, kv), grads),
-                         ("Inductor", compiled, bhtd)):
-        def step(fn=fn, gs=gs):
+    def triton_ops(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return rope.rope_qkv(x, cos, sin, heads, kv)
+
+    RopeFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    compiled: RopeFn = torch.compile(inductor_formula, fullgraph=True) if dev.type == "cuda" else inductor_formula
+    bhtd = [g.transpose(1, 2) for g in (dq, dk, dv)]
+    rope_paths: tuple[tuple[str, RopeFn, list[torch.Tensor]], ...] = (("triton ops", triton_ops, [dq, dk, dv]),
+                                                              ("Inductor", compiled, bhtd))
+    for name, fn, gs in rope_paths:
+        def step(fn: RopeFn = fn, gs: list[torch.Tensor] = gs) -> None:
             x = qkv.detach().requires_grad_()
             torch.autograd.backward(list(fn(x)), gs)
         rep.time(f"rope fwd+bwd {name}", bench_ms(step), 4 * n)
 
 
-def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
+def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict[str, Any]) -> None:
     """The custom attention paths (fa4 and fa4-det: remote.attention.fa4; cudnn-det: remote.attention.cudnn_sdpa) against an fp64
     math SDPA reference, the deterministic ones bitwise across two runs, and every path timed (fwd+bwd) at
     the model's layout."""
@@ -421,17 +439,18 @@ def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
         reasons[path] = fa4.available(dev, torch.bfloat16, heads, kv, hd, deterministic=det)
         rep.check(f"attention: {path} qualifies ({fa4.versions()}; {reasons[path] or 'ok'})", reasons[path] is None)
 
-    def inputs(b: int, seed: int):
+    def inputs(b: int, seed: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         gen = torch.Generator(device=dev).manual_seed(seed)
         base = torch.randn(b, seq, heads + 2 * kv, hd, device=dev, dtype=torch.bfloat16, generator=gen)
         base.requires_grad_(True)
         return base, base.transpose(1, 2).split([heads, kv, kv], dim=1)
 
-    def fwd_bwd(path: str, base, qkv, dout):
+    def fwd_bwd(path: str, base: torch.Tensor, qkv: tuple[torch.Tensor, ...], dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         base.grad = None
-        out = attention._call(*qkv, "gqa", path)
+        q, k, v = qkv
+        out = attention._call(q, k, v, "gqa", path)
         out.backward(dout)
-        return out.detach(), base.grad.detach()
+        return out.detach(), grads(base)[0].detach()
 
     b = 2
     base, qkv = inputs(b, 1)
@@ -442,6 +461,7 @@ def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
     with sdpa_kernel([SDPBackend.MATH]):
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     ref.backward(dout.double())
+    (ref_grad,) = grads(ref_base)
     for path in ("fa4", "fa4-det", "cudnn-det"):
         if reasons[path] is not None:
             continue
@@ -450,10 +470,10 @@ def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
             rep.check(f"attention {path}: bitwise across two runs (out and dqkv)",
                       torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1]))
         rep.check(f"attention {path}: out rel err vs fp64 math", rel(runs[0][0], ref), 1e-2)
-        rep.check(f"attention {path}: dqkv rel err vs fp64 math", rel(runs[0][1], ref_base.grad), 2e-2)
+        rep.check(f"attention {path}: dqkv rel err vs fp64 math", rel(runs[0][1], ref_grad), 2e-2)
         for name, sl in (("dq", slice(0, heads)), ("dk", slice(heads, heads + kv)), ("dv", slice(heads + kv, None))):
             rep.check(f"attention {path}: {name} rel err vs fp64 math", rel(runs[0][1][:, :, sl],
-                                                                             ref_base.grad[:, :, sl]), 2e-2)
+                                                                             ref_grad[:, :, sl]), 2e-2)
     del ref_base, ref
     base, qkv = inputs(batch, 2)
     dout = torch.randn(batch, seq, heads, hd, device=dev, dtype=torch.bfloat16).transpose(1, 2)
@@ -467,7 +487,7 @@ def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
         torch.use_deterministic_algorithms(det)
         try:
             with sdpa_kernel([attention.PATHS.get(path, SDPBackend.MATH)]):
-                ms = bench_ms(lambda p=path: fwd_bwd(p, base, qkv, dout))
+                ms = bench_ms(partial(fwd_bwd, path, base, qkv, dout))
             rep.time(f"attention fwd+bwd {path}{' deterministic' if det else ''} "
                      f"[{batch}x{heads}/{kv}x{seq}x{hd}]", ms, note=f"{flops / ms / 1e9:.0f} TFLOP/s")
         except RuntimeError as exc:
@@ -476,7 +496,7 @@ def check_attention(rep: Report, dev: torch.device, tokens: int, sh: dict) -> No
             torch.use_deterministic_algorithms(was)
 
 
-def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
+def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict[str, Any]) -> None:
     """The SwiGLU MLP with the activation in quack's GEMM epilogues (`mlp.py`) against fp32 torch at the
     model's shape, bitwise twice, then one layer's MLP fwd+bwd timed against the path it replaces (cuBLAS +
     the Triton SwiGLU ops), for each mlp_gemms / mlp_tuned setting (`remote.knobs`), in interleaved rounds (the
@@ -496,17 +516,18 @@ def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
     dout = torch.randn(tokens, d, device=dev, generator=gen).to(torch.bfloat16)
     w13_k = mlp.to_kernel_layout(w13_0)  # the parameter's layout while `mlp` is attached
 
-    def fused():
+    def fused() -> tuple[torch.Tensor, ...]:
         x, w13, w2, r = (t.detach().requires_grad_(True) for t in (x0, w13_k, w2_0, r0))
         out = mlp.mlp(x, w13, w2, r)
         out.backward(dout)
-        return out.detach(), x.grad, mlp.to_model_layout(w13.grad), w2.grad, r.grad
+        dx, dw13, dw2, dr = grads(x, w13, w2, r)
+        return out.detach(), dx, mlp.to_model_layout(dw13), dw2, dr
 
-    def current():  # what the step runs without it: cuBLAS GEMMs (the add in w2's) around the Triton SwiGLU ops
+    def current() -> tuple[torch.Tensor, ...]:  # what the step runs without it: cuBLAS GEMMs around the Triton SwiGLU ops
         x, w13, w2, r = (t.detach().requires_grad_(True) for t in (x0, w13_0, w2_0, r0))
         out = torch.addmm(r, swiglu.swiglu(x @ w13.T), w2.T)
         out.backward(dout)
-        return out.detach(), x.grad, w13.grad, w2.grad, r.grad
+        return (out.detach(), *grads(x, w13, w2, r))
 
     settings: dict[str, dict[str, Any]] = {
         "fused": {"mlp_gemms": "fused", "mlp_tuned": False}, "all": {"mlp_gemms": "all", "mlp_tuned": False},
@@ -519,16 +540,16 @@ def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
     ref_in = [t.detach().float().requires_grad_(True) for t in (x0, w13_0, w2_0, r0)]
     ref = mlp.reference(*ref_in)
     ref.backward(dout.float())
-    want = (ref.detach(), *(t.grad for t in ref_in))
+    want = (ref.detach(), *grads(*ref_in))
     del ref, ref_in
     got_current = current()
-    for name, got, w in zip(("out", "dx", "dw13", "dw2", "dresidual"), got_current, want):
-        rep.time(f"mlp current path {name} rel err vs fp32 torch: {rel(got, w):.3g}", float("nan"))
+    for name, part, w in zip(("out", "dx", "dw13", "dw2", "dresidual"), got_current, want):
+        rep.time(f"mlp current path {name} rel err vs fp32 torch: {rel(part, w):.3g}", float("nan"))
     # untuned first, then tuned (its autotuning may run into the phase's time limit): each group timed
     # against the current path in its own interleaved rounds
     groups = {"untuned": ("fused", "all"), "tuned": ("fused tuned", "all tuned"), "fused-tuned": ("fused tuned",)}
     for group in (groups[g] for g in knobs.kernels().mlp_check):
-        variants = {"current (cuBLAS + Triton SwiGLU)": current}
+        variants: dict[str, Callable[[], tuple[torch.Tensor, ...]]] = {"current (cuBLAS + Triton SwiGLU)": current}
         for tag in group:
             t0 = time.perf_counter()
             got = under(settings[tag])
@@ -539,7 +560,7 @@ def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict) -> None:
             rep.check(f"mlp {tag} bitwise across two runs",
                       all(torch.equal(a, b) for a, b in zip(got, under(settings[tag]))))
             rep.time(f"mlp {tag}: first call (compile{' + autotune' if 'tuned' in tag else ''}) ms", first_s * 1e3)
-            variants[f"quack {tag}"] = (lambda s=settings[tag]: under(s))
+            variants[f"quack {tag}"] = partial(under, settings[tag])
             del got
         results: dict[str, list[float]] = {k: [] for k in variants}
         for _round in range(4):

@@ -4,6 +4,10 @@ Every kernel module imports `tl` from here, so it imports without Triton too (th
 declaration on every host); its Triton functions only run where `runs_triton` says so. They are decorated on
 first launch (`LazyKernel`), because Triton reads TRITON_INTERPRET when it decorates and the tests switch to
 its interpreter after import.
+
+The Triton functions themselves carry no annotations but Triton's own (`tl.constexpr`): Triton's compiler
+evaluates each parameter's annotation against the kernel's globals, and a type such as `Any` is no value it
+accepts, so each such `def` is exempt from mypy's rule (`type: ignore[no-untyped-def]`) and nothing else is.
 """
 
 from __future__ import annotations
@@ -16,15 +20,15 @@ import torch
 
 from remote import knobs
 
-tl: Any
+tl: Any  # triton.language, or None where Triton does not import
+TRITON_VERSION: str | None
 try:
     import triton
-    import triton.language as tl
+    import triton.language
 
-    TRITON_VERSION: str | None = triton.__version__
+    tl, TRITON_VERSION = triton.language, triton.__version__
 except Exception:  # noqa: BLE001 - a broken Triton must only switch the kernels off, never end a run
-    tl = None
-    TRITON_VERSION = None
+    tl, TRITON_VERSION = None, None
 
 
 def interpret() -> bool:

@@ -12,14 +12,16 @@ No host sync: the per-row losses go into a buffer summed once at the end (fixed 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from remote import knobs
 from remote.kernels.jit import LazyKernel, cdiv, pow2_at_least, tl
-from remote.kernels.registry import Kernel
+from remote.kernels.registry import Kernel, relative_error
 
 
-def _ce_rows(logits_ptr, stride_row, targets_ptr, loss_ptr, n_rows, n_cols, scale, ROWS: tl.constexpr,
+def _ce_rows(logits_ptr, stride_row, targets_ptr, loss_ptr, n_rows, n_cols, scale, ROWS: tl.constexpr,  # type: ignore[no-untyped-def]
              BLOCK: tl.constexpr):
     """Tiles of ROWS rows, a persistent loop over them: pass 1 online max/sum over [ROWS x BLOCK] column
     blocks -> lse and the row loss; pass 2 re-reads each block and writes the scaled gradient over it."""
@@ -54,7 +56,7 @@ def _ce_rows(logits_ptr, stride_row, targets_ptr, loss_ptr, n_rows, n_cols, scal
 _CE_ROWS = LazyKernel(_ce_rows)
 
 
-def launch_config(device: torch.device, n_rows: int) -> dict:
+def launch_config(device: torch.device, n_rows: int) -> dict[str, Any]:
     """programs 0: one per row tile. On CPU (the interpreter pays per operation) wide row tiles."""
     if device.type != "cuda":
         return {"ROWS": 64, "BLOCK": 1024, "num_warps": 4, "programs": 0}
@@ -63,7 +65,7 @@ def launch_config(device: torch.device, n_rows: int) -> dict:
 
 
 def ce_rows_inplace(logits: torch.Tensor, targets: torch.Tensor, row_loss: torch.Tensor, scale: float,
-                    config: dict | None = None) -> None:
+                    config: dict[str, Any] | None = None) -> None:
     """Triton: row_loss[i] = lse_i - logits[i, t_i]; logits <- (softmax - onehot) * scale, in place."""
     n, v = logits.shape
     if n == 0:
@@ -114,7 +116,7 @@ def forward_backward(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
     row_loss = torch.empty(n, dtype=torch.float32, device=h.device)
     logits = torch.empty(chunk, vocab, dtype=h.dtype, device=h.device)
     fp32_gemm = fp32_accumulate_gemm(h.device)
-    grad_w = None if fp32_gemm else torch.zeros(vocab, d, dtype=torch.float32, device=h.device)
+    grad_w: torch.Tensor | None = None if fp32_gemm else torch.zeros(vocab, d, dtype=torch.float32, device=h.device)
     config = launch_config(h.device, chunk) if use_triton else None
     for start in range(0, n, chunk):
         end = min(start + chunk, n)
@@ -125,16 +127,18 @@ def forward_backward(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
         else:
             ce_rows_reference(lg, targets[start:end], row_loss[start:end], 1.0 / n)
         torch.mm(lg, weight, out=grad_h[start:end])
-        if not fp32_gemm:
-            grad_w += (lg.t() @ hc).float()
-        elif grad_w is None:  # the first chunk writes the accumulator: no zero fill, no read
+        if grad_w is None:  # fp32 GEMMs: the first chunk writes the accumulator, no zero fill, no read
             grad_w = torch.mm(lg.t(), hc, out_dtype=torch.float32)
-        else:
+        elif fp32_gemm:
             torch.addmm(grad_w, lg.t(), hc, out_dtype=torch.float32, out=grad_w)
+        else:
+            grad_w += (lg.t() @ hc).float()
+    if grad_w is None:  # no tokens
+        grad_w = torch.zeros(vocab, d, dtype=torch.float32, device=h.device)
     return row_loss.sum() / n, grad_h, grad_w
 
 
-def _scale_cast(src_ptr, scale_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _scale_cast(src_ptr, scale_ptr, out_ptr, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     s = tl.load(scale_ptr).to(tl.float32)
@@ -156,10 +160,6 @@ def scale_cast(src: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, use_t
     return out
 
 
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want.float()).norm() / want.float().norm()).item()
-
-
 def qualify(device: torch.device) -> str | None:
     """The probe: the fused loss (Triton rows writing the gradient in place, the scale-cast) against the same
     chunked path with torch's rows, at a ragged shape (rows, vocabulary and the last chunk fit no tile), and
@@ -179,7 +179,7 @@ def qualify(device: torch.device) -> str | None:
     total, grad_h, grad_w = forward_backward(h, w, targets, chunk, use_triton=False)
     want = (total, grad_h, grad_w, scale_cast(grad_w, scale, torch.bfloat16, use_triton=False))
     for name, got, ref in zip(("loss", "grad_h", "grad_w", "scaled grad_w"), runs[0], want, strict=True):
-        err = _rel(got, ref)
+        err = relative_error(got, ref)
         if not err < 1e-2:
             return f"loss {name} relative error {err:.3g} against the torch reference"
     return None

@@ -35,12 +35,13 @@ probe (`check_small`) is fwd+bwd at a small shape against fp32 torch, and the sa
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from remote import knobs
-from remote.kernels.registry import Kernel
+from remote.kernels.registry import Kernel, grads
 
 QUALIFIED_MAJORS = (9, 10)  # quack's sm90 / sm100 GEMMs; elsewhere the cuBLAS + Triton SwiGLU path stays
 
@@ -48,11 +49,11 @@ QUALIFIED_MAJORS = (9, 10)  # quack's sm90 / sm100 GEMMs; elsewhere the cuBLAS +
 class _Quack:
     """quack.gemm_interface, imported once (after FA4's import put nvidia_cutlass_dsl's `cutlass` on sys.path)."""
 
-    module = None
+    module: Any = None
     error: str | None = None
 
 
-def quack():
+def quack() -> Any:
     if _Quack.module is None and _Quack.error is None:
         try:
             from remote.attention import fa4
@@ -83,7 +84,7 @@ def _key_context_vars_by_name() -> None:
     if getattr(original, "vh_context_vars", False):
         return
 
-    def semantic_value_key(value, seen):
+    def semantic_value_key(value: Any, seen: Any) -> Any:
         if isinstance(value, contextvars.ContextVar):
             return ("contextvar", value.name)
         try:
@@ -98,10 +99,10 @@ def _key_context_vars_by_name() -> None:
     identity.semantic_value_key = semantic_value_key
     for name, module in list(sys.modules.items()):  # modules that imported it by name before this point
         if name.startswith("quack.") and getattr(module, "_semantic_value_key", None) is original:
-            module._semantic_value_key = semantic_value_key
+            setattr(module, "_semantic_value_key", semantic_value_key)
 
 
-def settings() -> dict:
+def settings() -> dict[str, Any]:
     knob = knobs.kernels()
     gemms, tuned = knob.mlp_gemms, knob.mlp_tuned
     if tuned and torch.are_deterministic_algorithms_enabled():
@@ -137,7 +138,7 @@ def mlp_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, residual: torc
 
 
 @mlp_fwd.register_fake
-def _(x, w13, w2, residual):
+def _(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n = x.numel() // x.shape[-1]
     return residual.new_empty(residual.shape), x.new_empty((n, w13.shape[0]))
 
@@ -162,16 +163,16 @@ def mlp_bwd(dout: torch.Tensor, x: torch.Tensor, w13: torch.Tensor, w2: torch.Te
 
 
 @mlp_bwd.register_fake
-def _(dout, x, w13, w2, preact):
+def _(dout: torch.Tensor, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, preact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return x.new_empty(x.shape), w13.new_empty(w13.shape), w2.new_empty(w2.shape)
 
 
-def _setup(ctx, inputs, output) -> None:
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
     x, w13, w2, _residual = inputs
     ctx.save_for_backward(x, w13, w2, output[1])
 
 
-def _backward(ctx, dout: torch.Tensor, _dpre: torch.Tensor | None):
+def _backward(ctx: Any, dout: torch.Tensor, _dpre: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     x, w13, w2, preact = ctx.saved_tensors
     return (*mlp_bwd(dout, x, w13, w2, preact), dout)  # d(residual) = d(out)
 
@@ -182,7 +183,8 @@ mlp_fwd.register_autograd(_backward, setup_context=_setup)
 def mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """residual + w2(silu(gate) * up), (gate, up) = w13(x) with w13 in `to_kernel_layout`'s interleaved rows;
     the activation in the GEMM epilogues, the residual add in w2's."""
-    return mlp_fwd(x, w13, w2, residual)[0]
+    out: torch.Tensor = mlp_fwd(x, w13, w2, residual)[0]
+    return out
 
 
 def reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -222,14 +224,14 @@ def check_small(device: torch.device, n: int = 512, d: int = 256, ffn: int = 512
         x, w13, w2, r = (t.detach().clone().requires_grad_(True) for t in (x0, to_kernel_layout(w13_0), w2_0, r0))
         out = mlp(x, w13, w2, r)
         out.backward(dout)
-        runs.append((out.detach(), x.grad, to_model_layout(w13.grad), w2.grad, r.grad))
+        dx, dw13, dw2, dr = grads(x, w13, w2, r)
+        runs.append((out.detach(), dx, to_model_layout(dw13), dw2, dr))
     if not all(torch.equal(a, b) for a, b in zip(*runs)):
         return "different bits on two identical runs"
     ref_in = [t.detach().float().requires_grad_(True) for t in (x0, w13_0, w2_0, r0)]
     ref = reference(*ref_in)
     ref.backward(dout.float())
-    for name, got, want in zip(("out", "dx", "dw13", "dw2", "dresidual"), runs[0],
-                               (ref, *(t.grad for t in ref_in))):
+    for name, got, want in zip(("out", "dx", "dw13", "dw2", "dresidual"), runs[0], (ref, *grads(*ref_in))):
         err = ((got.float() - want).norm() / want.norm()).item()
         if not err < 2e-2:
             return f"{name} relative error {err:.3g} against fp32 torch"

@@ -128,6 +128,20 @@ class Registry:
                 "probes": probes, "triton": jit.TRITON_VERSION, "env": knobs.given(knobs.KernelKnobs)}
 
 
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want|| / ||want||, in fp32: what the probes compare against the torch reference."""
+    return float(((got.float() - want.float()).norm() / want.float().norm()).item())
+
+
+def grads(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The gradients a probe's backward left on its inputs (every one must have one)."""
+    out = [t.grad for t in tensors]
+    missing = [i for i, g in enumerate(out) if g is None]
+    if missing:
+        raise RuntimeError(f"the backward left no gradient on input(s) {missing}")
+    return [g for g in out if g is not None]
+
+
 def discover() -> list[Kernel]:
     """Every module of this package but INFRASTRUCTURE must declare `KERNEL`."""
     package = importlib.import_module("remote.kernels")

@@ -9,6 +9,8 @@ rotation's backward plus the copy that concatenates the three gradients into d(q
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from remote import knobs
@@ -16,7 +18,7 @@ from remote.kernels.jit import LazyKernel, pow2_at_least, runs_triton, tl
 from remote.kernels.registry import Kernel
 
 
-def _rope_fwd(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, n_tok, seq, n_q, n_kv, HALF: tl.constexpr,
+def _rope_fwd(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, n_tok, seq, n_q, n_kv, HALF: tl.constexpr,  # type: ignore[no-untyped-def]
               HEADS: tl.constexpr, VHEADS: tl.constexpr, TOK: tl.constexpr, INVERSE: tl.constexpr):
     """TOK tokens per program, one tile row per (token, head). INVERSE=False: qkv rows -> rotated q, k and v.
     INVERSE=True: the backward, the same memory roles swapped (q_ptr/k_ptr/v_ptr are the incoming dq/dk/dv,
@@ -75,7 +77,8 @@ def _rope_fwd(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, n_tok, seq, n_q, n
 _ROPE = LazyKernel(_rope_fwd)
 
 
-def _launch(qkv, cos, sin, q, k, v, n_q, n_kv, inverse: bool, tokens: int | None = None) -> None:
+def _launch(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_q: int, n_kv: int, inverse: bool,
+            tokens: int | None = None) -> None:
     b, t, _h, d = qkv.shape
     if b * t == 0:
         return
@@ -137,7 +140,7 @@ def rope_qkv_op(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_q: in
 
 
 @rope_qkv_op.register_fake
-def _(qkv, cos, sin, n_q, n_kv):
+def _(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_q: int, n_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     b, t, _h, d = qkv.shape
     return qkv.new_empty(b, t, n_q, d), qkv.new_empty(b, t, n_kv, d), qkv.new_empty(b, t, n_kv, d)
 
@@ -151,16 +154,16 @@ def rope_qkv_backward_op(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, c
 
 
 @rope_qkv_backward_op.register_fake
-def _(dq, dk, dv, cos, sin):
+def _(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     b, t, n_q, d = dq.shape
     return dq.new_empty(b, t, n_q + 2 * dk.shape[2], d)
 
 
-def _setup(ctx, inputs, output) -> None:
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
     ctx.save_for_backward(inputs[1], inputs[2])
 
 
-def _backward(ctx, dq, dk, dv):
+def _backward(ctx: Any, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     cos, sin = ctx.saved_tensors
     return rope_qkv_backward_op(dq, dk, dv, cos, sin), None, None, None, None
 
@@ -171,7 +174,8 @@ rope_qkv_op.register_autograd(_backward, setup_context=_setup)
 def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_q: int, n_kv: int
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv [B, T, n_q + 2 n_kv, D] -> (q, k rotated, v), each [B, T, H, D] contiguous."""
-    return rope_qkv_op(qkv, cos, sin, n_q, n_kv)
+    q, k, v = rope_qkv_op(qkv, cos, sin, n_q, n_kv)
+    return q, k, v
 
 
 def qualify(device: torch.device) -> str | None:
@@ -182,11 +186,11 @@ def qualify(device: torch.device) -> str | None:
     qkv = torch.randn(b, t, n_q + 2 * n_kv, d, device=device, generator=gen).to(torch.bfloat16)
     ang = torch.randn(t, d // 2, device=device, generator=gen)
     cos, sin = (torch.cat([f(ang), f(ang)], -1).to(torch.bfloat16) for f in (torch.cos, torch.sin))
-    grads = [torch.randn(b, t, h, d, device=device, generator=gen).to(torch.bfloat16) for h in (n_q, n_kv, n_kv)]
-    runs = [(*forward_triton(qkv, cos, sin, n_q, n_kv), backward_triton(*grads, cos, sin)) for _ in range(2)]
+    dq, dk, dv = (torch.randn(b, t, h, d, device=device, generator=gen).to(torch.bfloat16) for h in (n_q, n_kv, n_kv))
+    runs = [(*forward_triton(qkv, cos, sin, n_q, n_kv), backward_triton(dq, dk, dv, cos, sin)) for _ in range(2)]
     if not all(torch.equal(a, c) for a, c in zip(runs[0], runs[1], strict=True)):
         return "rope kernels gave different bits on two identical runs"
-    want = (*forward_reference(qkv, cos, sin, n_q, n_kv), backward_reference(*grads, cos, sin))
+    want = (*forward_reference(qkv, cos, sin, n_q, n_kv), backward_reference(dq, dk, dv, cos, sin))
     for name, got, ref in zip(("q", "k", "v", "dqkv"), runs[0], want, strict=True):
         err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
         if not err < 1e-2:

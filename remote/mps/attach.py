@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from remote import knobs
 from remote.mps.control import DEFAULT_LOG_DIR, MpsError, control, find_control_binary, parse_pids
@@ -61,7 +62,7 @@ def probe_cuda_device(device_index: int) -> CudaDeviceFacts:
     get_uuid = getattr(lib, "cuDeviceGetUuid_v2", None) or lib.cuDeviceGetUuid
     # The primary context is the one PyTorch uses; retaining it makes sure the MPS connection exists
     # before we look for our PID. It is deliberately never released: the process keeps using it.
-    steps = (
+    steps: tuple[tuple[str, Callable[[], int]], ...] = (
         ("cuInit", lambda: lib.cuInit(0)),
         ("cuDeviceGet", lambda: lib.cuDeviceGet(ctypes.byref(dev), device_index)),
         ("cuDevicePrimaryCtxRetain", lambda: lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)),
@@ -85,12 +86,12 @@ def configured_mode() -> str:
         raise MpsNotAttached(str(exc)) from None
 
 
-def _find_in_clients(pid: int, pipe_dir: Path) -> dict:
+def _find_in_clients(pid: int, pipe_dir: Path) -> dict[str, Any]:
     binary = find_control_binary()
     servers = control(binary, pipe_dir, "get_server_list")
     if not servers.ok:
         raise MpsError(f"daemon reachable through {pipe_dir}: {servers.describe()}")
-    evidence: dict = {"server_pids": parse_pids(servers.out), "client_list": None}
+    evidence: dict[str, Any] = {"server_pids": parse_pids(servers.out), "client_list": None}
     for server_pid in evidence["server_pids"]:
         clients = control(binary, pipe_dir, f"get_client_list {server_pid}")
         if clients.ok and pid in parse_pids(clients.out):
@@ -108,7 +109,7 @@ def _find_in_log(pid: int) -> str | None:
     return next((line.strip() for line in text.splitlines() if needle in line), None)
 
 
-def _prove_attached(pid: int, facts: CudaDeviceFacts, timeout_s: float) -> dict:
+def _prove_attached(pid: int, facts: CudaDeviceFacts, timeout_s: float) -> dict[str, Any]:
     """Evidence of attachment, or MpsError naming the first prerequisite that failed."""
     pipe_env = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
     if not pipe_env:
@@ -136,7 +137,7 @@ def _prove_attached(pid: int, facts: CudaDeviceFacts, timeout_s: float) -> dict:
         time.sleep(0.1)
 
 
-def _write_record(record: dict) -> None:
+def _write_record(record: dict[str, Any]) -> None:
     out_dir = knobs.mps().client_dir
     if not out_dir:
         return
@@ -153,7 +154,7 @@ def attach_current_process(
     *,
     probe: Callable[[int], CudaDeviceFacts] | None = None,
     timeout_s: float = 5.0,
-) -> dict:
+) -> dict[str, Any]:
     """Prove (mode "on") or record (mode "off") this process's MPS state; see the module doc.
 
     Call inside the CUDA process after CUDA init, before spawning helpers. Raises MpsNotAttached

@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,7 +23,7 @@ from remote.training import parallel
 from remote.training.model import FLOPS_FORMULA
 
 
-def attention_record(choice: Choice) -> dict:
+def attention_record(choice: Choice) -> dict[str, Any]:
     from remote.attention import backend as attention
 
     return attention.versions(choice)
@@ -46,10 +46,10 @@ class RoundResult:
     step_peak_mem_gib: float
     optimizer_numel: int
     leaf_root: str | None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
-def step_spread(times_s: list[float]) -> dict:
+def step_spread(times_s: list[float]) -> dict[str, Any]:
     """How the timed steps spread, in ms: min/median/max, and the mean of even against odd steps, so an
     alternating slow step (issue 32: every other step 11-17 ms slower) shows as a large |even - odd|."""
     ms = [t * 1e3 for t in times_s]
@@ -65,7 +65,7 @@ def step_spread(times_s: list[float]) -> dict:
     return rec
 
 
-def _fa4_versions() -> dict:
+def _fa4_versions() -> dict[str, Any]:
     from remote.attention import fa4
 
     v = fa4.versions()
@@ -73,8 +73,8 @@ def _fa4_versions() -> dict:
 
 
 def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.Peak, choice: Choice,
-          first: RoundResult, second: RoundResult | None, identities: list[dict], mems: list[tuple],
-          env: dict, det: dict, mps: dict | None, device: torch.device) -> dict:
+          first: RoundResult, second: RoundResult | None, identities: list[dict[str, Any]], mems: list[tuple[Any, ...]],
+          env: dict[str, Any], det: dict[str, Any], mps: dict[str, Any] | None, device: torch.device) -> dict[str, Any]:
     cfg = profile.model
     micro_batch = first.extra["micro_batch"]
     fpt = cfg.flops_per_token()
@@ -135,7 +135,7 @@ def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.P
     return record
 
 
-def write(path: str | os.PathLike, record: dict) -> None:
+def write(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
     """Write-then-rename, so a reader never sees half a file."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from remote.host.paths import MODEL_PROFILES_DIR
 from remote.training.model import ModelConfig
@@ -63,7 +64,7 @@ class Profile:
     train: TrainConfig
 
 
-def _build(cls: type, table: dict, where: str):
+def _build(cls: type[Any], table: dict[str, Any], where: str) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(table) - known)
     if unknown:

@@ -8,12 +8,14 @@ Exit codes: 0 ok; 1 the run failed (MPS mismatch, a crash); 2 bad flags, profile
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import socket
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -98,7 +100,7 @@ def _comm_device(local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def attach_mps(rank: int, local_rank: int, world: int) -> dict | None:
+def attach_mps(rank: int, local_rank: int, world: int) -> dict[str, Any] | None:
     """VH_MPS_MODE set: attach through remote.mps, then every rank must report the same mode."""
     wanted = knobs.mps().mode
     if wanted is None:
@@ -124,12 +126,11 @@ class _Profiler:
     trace (remote.accounting.steptrace splits a Chrome trace by them). Off by default: profiling perturbs the timed steps."""
 
     def __init__(self, path: str | None, steps: int) -> None:
-        self.path, self.first, self.prof = path, max(0, steps - knobs.training().profile_steps), None
+        self.path, self.first = path, max(0, steps - knobs.training().profile_steps)
+        self.prof: torch.profiler.profile | None = None
 
-    def mark(self, step: int):
+    def mark(self, step: int) -> contextlib.AbstractContextManager[Any]:
         """A named range around one step while profiling; nothing otherwise."""
-        import contextlib
-
         if self.prof is None:
             return contextlib.nullcontext()
         return torch.profiler.record_function(f"vh_step_{step}")
@@ -143,7 +144,7 @@ class _Profiler:
             self.prof.__enter__()
 
     def stop(self) -> None:
-        if self.prof is None:
+        if self.prof is None or self.path is None:
             return
         torch.cuda.synchronize() if torch.cuda.is_available() else None
         self.prof.__exit__(None, None, None)
@@ -163,6 +164,8 @@ def run_round(args: argparse.Namespace, profile: Profile, device: torch.device, 
     steps = args.steps or train.steps
     backend = "nccl" if device.type == "cuda" else "gloo"
     group = dist.new_group(backend=backend, timeout=timedelta(seconds=ROUND_TIMEOUT_S))  # fresh communicator
+    if not isinstance(group, dist.ProcessGroup):  # every rank is a member of the group it creates
+        raise RunError(f"rank {rank} is not a member of the round's process group")
     torch.manual_seed(train.seed)
     model = build_model(cfg, device, train.seed)
     model.ce_chunk_tokens = knobs.kernels().chunk_tokens(train.ce_chunk_tokens)
@@ -172,33 +175,35 @@ def run_round(args: argparse.Namespace, profile: Profile, device: torch.device, 
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    losses, marks, step_peaks = [], [], []
+    losses: list[torch.Tensor] = []
+    step_peaks: list[int] = []
+    gpu_marks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # events time the GPU's work, no host sync
+    host_marks: list[tuple[float, float]] = []
     prof = _Profiler(knobs.training().profile_out if rank == 0 else None, steps)
     for step in range(steps):
         prof.maybe_start(step)
         tokens, targets = data.batch(train.seed, rank, step, micro_batch, cfg.seq_len, cfg.vocab_size, device)
-        if cuda:  # events time the GPU's work; no host sync inside the loop
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+        if cuda:
+            gpu_marks.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            gpu_marks[-1][0].record()
         else:
             dist.barrier(group)
-            start = time.perf_counter()
+            start_s = time.perf_counter()
         with prof.mark(step):
             losses.append(runner.forward_backward(tokens, targets))
             runner.step()
         if cuda:
-            end.record()
+            gpu_marks[-1][1].record()
             step_peaks.append(torch.cuda.max_memory_allocated(device))
         else:
-            end = time.perf_counter()
-        marks.append((start, end))
+            host_marks.append((start_s, time.perf_counter()))
     prof.stop()
     if cuda:
         torch.cuda.synchronize(device)
-        times = [s.elapsed_time(e) / 1e3 for s, e in marks]
+        times = [s.elapsed_time(e) / 1e3 for s, e in gpu_marks]
         peak = torch.cuda.max_memory_allocated(device) / 2**30
     else:
-        times = [e - s for s, e in marks]
+        times = [e - s for s, e in host_marks]
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     losses_f = torch.stack(losses).float().cpu().tolist()  # the one sync point for losses
     state = list(runner.canonical_state())  # collective on zero2: every rank iterates
@@ -245,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
 
 
-def kernels_record(args: argparse.Namespace, profile: Profile, device: torch.device) -> dict:
+def kernels_record(args: argparse.Namespace, profile: Profile, device: torch.device) -> dict[str, Any]:
     """The registry's account of the kernels (each requested one probed on this device first), as the run
     wires them: the fused optimizer is part of the zero2 runners only."""
     kern = registry.describe(device) | {"ce_chunk_tokens": knobs.kernels().chunk_tokens(profile.train.ce_chunk_tokens)}
@@ -256,7 +261,7 @@ def kernels_record(args: argparse.Namespace, profile: Profile, device: torch.dev
 
 
 def _run(args: argparse.Namespace, profile: Profile, device: torch.device, rank: int, local_rank: int,
-         world: int, env: dict, det: dict) -> int:
+         world: int, env: dict[str, Any], det: dict[str, Any]) -> int:
     mps_rec = attach_mps(rank, local_rank, world)
     cfg = profile.model
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
