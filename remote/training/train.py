@@ -1,8 +1,10 @@
-"""The MFU/replay workload, top to bottom: flags -> environment -> process group -> attention probe ->
-one seeded round of N steps (-> the same round again in a fresh process group with --replay) -> evidence.
+"""The MFU/replay workload, top to bottom: flags and knobs -> environment -> process group -> attention probe ->
+kernel probes -> one seeded round of N steps (-> the same round again in a fresh process group with --replay)
+-> evidence.
 
 Run as `torchrun --standalone --nproc-per-node N scripts/run_mfu_dist.py ...`, or plainly as world size 1.
-Exit codes: 0 ok; 1 the run failed (MPS mismatch, a crash); 2 bad flags, profile or device.
+Exit codes: 0 ok; 1 the run failed (MPS mismatch, ranks whose kernel probes disagree, a crash); 2 bad flags,
+knobs, profile or device.
 """
 
 from __future__ import annotations
@@ -280,6 +282,8 @@ def _run(args: argparse.Namespace, profile: Profile, device: torch.device, rank:
                        f"{kern['rejected']}")
     log(rank, f"kernels active: {','.join(kern['active']) or 'none'} (requested "
               f"{','.join(kern['requested']) or 'none'}, triton {kern['triton']}, ce chunk {kern['ce_chunk_tokens']})")
+    for name, why in kern["rejected"].items():
+        log(rank, f"kernel {name} off: {why}")
     first = run_round(args, profile, device, rank)
     second = run_round(args, profile, device, rank) if args.replay else None
     comm = _comm_device(local_rank)

@@ -100,6 +100,21 @@ def train_main(argv: list[str], bucket_cap_mb: float | None = None) -> int:
     return train.main(argv)
 
 
+def train_main_where_rank0_passes_a_probe(argv: list[str]) -> int:
+    """remote.training.train.main, where only rank 0's registry says `loss` runs here and passed its probe (a
+    GPU whose probe disagrees with its peers'): no rank may start a round."""
+    import dataclasses
+
+    from remote.kernels import registry
+    from remote.training import train
+
+    if os.environ["RANK"] == "0":
+        reg = registry.default()
+        loss = dataclasses.replace(reg.get("loss"), runs_on=lambda device: None, probe=lambda device: None)
+        registry._DEFAULT = registry.Registry.of([loss, *(k for k in reg.kernels.values() if k.name != "loss")])
+    return train.main(argv)
+
+
 def owner_reduction(out_dir: str, reduction: str, bucket_cap_mb: float) -> int:
     """One step of the tiny model through the real Zero2Runner; saves what this rank put into the owner
     reduction (every bucket's flat gradient) and what it got back (its reduced shards)."""
