@@ -282,8 +282,11 @@ def _run(args: argparse.Namespace, profile: Profile, device: torch.device, rank:
                        f"{kern['rejected']}")
     log(rank, f"kernels active: {','.join(kern['active']) or 'none'} (requested "
               f"{','.join(kern['requested']) or 'none'}, triton {kern['triton']}, ce chunk {kern['ce_chunk_tokens']})")
+    off: dict[str, list[str]] = {}
     for name, why in kern["rejected"].items():
-        log(rank, f"kernel {name} off: {why}")
+        off.setdefault(why, []).append(name)
+    for why, names in off.items():
+        log(rank, f"kernels off ({','.join(names)}): {why}")
     first = run_round(args, profile, device, rank)
     second = run_round(args, profile, device, rank) if args.replay else None
     comm = _comm_device(local_rank)
