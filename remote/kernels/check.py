@@ -5,8 +5,8 @@ timed against the path it replaces and against the copy ceiling measured here.
     TRITON_INTERPRET=1 python -m remote.kernels.check --small --out x.json    the same code paths on CPU
 
 Section `probes` runs the registry's probe of every kernel on this device (what a run does before using one),
-so one call proves them all; every kernel also has a section of its own (`KERNEL_SECTIONS`, a test keeps it
-complete). Correctness per section: fresh random inputs, outputs poisoned first where the kernel writes into a
+so one call proves them all; the kernels measured so far also have sections of their own (`KERNEL_SECTIONS`).
+Correctness per section: fresh random inputs, outputs poisoned first where the kernel writes into a
 given buffer, ||out - ref|| / ||ref|| against an fp32 (or fp64) reference, two runs on the same input compared
 bit for bit. Timing: CUDA events (triton.testing.do_bench), median. Exit 1 if any check fails. With --small a
 kernel that cannot run on CPU at all (`mlp`: quack's GEMMs) is recorded as skipped, with the reason.
@@ -573,7 +573,7 @@ def check_mlp(rep: Report, dev: torch.device, tokens: int, sh: dict[str, Any]) -
                      f"x{med / base:.3f} of current)", med)
 
 
-# Every registered kernel's sections (tests/remote/test_kernel_registry.py keeps this complete).
+# The kernels' own sections: correctness at the 1B shapes and timings (`probes` covers every registered kernel).
 KERNEL_SECTIONS = {"loss": ("ce", "loss"), "swiglu": ("swiglu",), "optim": ("adamw",), "norm": ("norm",),
                    "rope": ("rope",), "mlp": ("mlp",)}
 SECTIONS = ("copy", "probes", *(s for names in KERNEL_SECTIONS.values() for s in names), "attention")

@@ -4,7 +4,11 @@ Each kernel module declares itself with a module-level `KERNEL = Kernel(...)`: i
 run record), the torch path it replaces and that runs wherever it is off (`fallback`), where it can run at all
 (`runs_on`), its probe, whether deterministic runs may use it and why, and its launch knobs
 (`remote.knobs.KernelKnobs` fields). The registry finds the declarations by importing every module of this
-package (`INFRASTRUCTURE` aside), so adding a kernel is its file and its test.
+package (`INFRASTRUCTURE` aside), so adding a kernel is its file and its test: `VH_KERNELS`, the run record,
+the listing below and the GPU check's probes (`python -m remote.kernels.check`) pick it up. Two things live
+where they belong instead: the line that attaches it where the model is assembled
+(`remote.training.parallel.apply_kernels`), and launch knobs of its own, as fields of `remote.knobs.KernelKnobs`
+(the one module that reads `VH_*` variables).
 
 A requested kernel is used on a device only if it can run there, deterministic runs allow it, and its probe
 passed there: a small forward (and backward) against the reference torch path, on the device, before first use,
@@ -194,9 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe", metavar="DEVICE", help="run every kernel's probe on this device (cuda, cuda:1, cpu)")
     args = ap.parse_args(argv)
     reg = default()
+    env = knobs.KernelKnobs.env_names()
     for k in reg.kernels.values():
         print(f"{k.name:7s} {'default' if k.default else 'opt-in':7s} deterministic={k.deterministic} "
-              f"knobs={','.join(k.knobs)} fallback={k.fallback}: {k.summary}")
+              f"knobs={','.join(env[n] for n in k.knobs)} fallback={k.fallback}: {k.summary}")
     if not args.probe:
         return 0
     device = torch.device(args.probe)

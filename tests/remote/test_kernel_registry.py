@@ -60,10 +60,19 @@ def test_every_module_of_the_package_is_a_kernel_or_named_infrastructure() -> No
     assert registry.names() == ("loss", "mlp", "norm", "optim", "rope", "swiglu")
 
 
-def test_the_gpu_check_covers_every_registered_kernel() -> None:
-    assert set(check.KERNEL_SECTIONS) == set(registry.names())
+def test_the_gpu_checks_probes_section_covers_every_registered_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One GPU call proves every probe: the section walks the registry, so a new kernel is in it unasked."""
+    reg = Registry.of([stand_in("fine"), stand_in("wrong", probe=lambda d: "dx relative error 0.3"),
+                       stand_in("elsewhere", runs_on=lambda d: "needs CUDA")])
+    monkeypatch.setattr(registry, "_DEFAULT", reg)
+    rep = check.Report()
+    check.check_probes(rep, CPU)
+    assert {c["name"]: c["ok"] for c in rep.checks} == {
+        "probe fine: matches the torch path, bitwise twice (ok)": True,
+        "probe wrong: matches the torch path, bitwise twice (dx relative error 0.3)": False}
+    assert rep.skipped == {"probe elsewhere": "needs CUDA"}  # on a CPU dry run; on CUDA it fails the check
+    assert "probes" in check.SECTIONS and set(check.KERNEL_SECTIONS) <= {k.name for k in registry.discover()}
     assert {s for sections in check.KERNEL_SECTIONS.values() for s in sections} <= set(check.SECTIONS)
-    assert "probes" in check.SECTIONS
 
 
 def test_the_notes_table_lists_every_kernel_and_its_knobs() -> None:
