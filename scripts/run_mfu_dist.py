@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root, for `import remote`
 
-from remote.train import main
+from remote.training.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,7 @@
 
     python scripts/sweep_report.py DIR [--md FILE]
 
-Reads DIR/mfu-*.json (remote.evidence records); one line per configuration (world size, reduction,
+Reads DIR/mfu-*.json (remote.training.evidence records); one line per configuration (world size, reduction,
 compile, act-ckpt, PCIe NCCL, deterministic) and micro-batch. It runs on the rented host, standard library
 only; the sweep's chart is drawn locally from the same files, in the run's report.html
 (vast_harness/reports/svg.py says why the host draws none).

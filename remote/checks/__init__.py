@@ -1,11 +1,15 @@
-"""Evidence checkers: remote.checks.<kind>.check(path: Path) -> list[str] of failed claims (empty = valid).
+"""Evidence checkers: a run's files judged by re-deriving their claims, never by trusting a recorded verdict.
 
-`scripts/check_gpu_evidence.py --kind KIND FILE...` dispatches here; `run()` is that dispatcher.
+The host runs them on what it just wrote (a host that produced bad evidence fails its own step), and the same
+files can be checked anywhere later, so they import the standard library only, never torch.
+`remote.checks.<kind>.check(path: Path) -> list[str]` of failed claims (empty = valid), one module per kind;
+`scripts/check_gpu_evidence.py --kind KIND FILE...` dispatches here through `run()`.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 KINDS = ("mfu", "proofs", "mps", "receipt")
@@ -15,7 +19,7 @@ class CheckerMissing(RuntimeError):
     """The checker module for a kind is not installed in this tree."""
 
 
-def load_checker(kind: str):
+def load_checker(kind: str) -> Callable[[Path], list[str]]:
     if kind not in KINDS:
         raise CheckerMissing(f"unknown evidence kind {kind!r}; known: {', '.join(KINDS)}")
     try:
@@ -26,7 +30,8 @@ def load_checker(kind: str):
         raise CheckerMissing(f"no checker for kind {kind!r}: remote/checks/{kind}.py is not present") from None
     if not callable(getattr(module, "check", None)):
         raise CheckerMissing(f"remote/checks/{kind}.py has no check(path) function")
-    return module.check
+    check: Callable[[Path], list[str]] = module.check
+    return check
 
 
 def run(kind: str, paths: list[Path]) -> list[tuple[Path, list[str]]]:

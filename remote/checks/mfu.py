@@ -1,4 +1,4 @@
-"""Checker for MFU evidence (remote.evidence) and bench-vs-reference records.
+"""Checker for MFU evidence (remote.training.evidence) and bench-vs-reference records.
 
 check(path) -> failed claims, in the order they are checked (the first is the one to report).
 Claims are recomputed from the record's own numbers wherever possible, so a hand-edited figure fails.
@@ -10,16 +10,17 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
-from remote.paths import MODEL_PROFILES_DIR
+from remote.host.paths import MODEL_PROFILES_DIR
+from remote.knobs import KERNEL_PREFIXES
 
-MFU_SCHEMA = "vast-harness/mfu/1"  # remote/evidence.py writes it; kept here so checks never import torch
+MFU_SCHEMA = "vast-harness/mfu/1"  # remote/training/evidence.py writes it; kept here so checks never import torch
 
 BENCH_SCHEMA = "vast-harness/bench-vs-reference/1"
 BENCH_SCHEMA_2 = "vast-harness/bench-vs-reference/2"  # scripts/bench/bench_vs_reference.py: ours, deterministic, references
 REFERENCE_FIELDS = ("name", "mfu", "tokens_per_s", "step_times_s", "micro_batch", "seq_len", "flops_per_token",
                     "peak_tflops", "peak_mem_gib", "versions", "warmup_steps")
-KNOB_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_", "VH_NORM_", "VH_ROPE_", "VH_MLP_")  # kernels.ENV_PREFIXES
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PROFILE_DIR = MODEL_PROFILES_DIR
@@ -41,7 +42,7 @@ def _close(a: float, b: float, rel: float = 1e-6) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=0.0)
 
 
-def _schema(d: dict) -> list[str]:
+def _schema(d: dict[str, Any]) -> list[str]:
     failed = []
     for key, types in REQUIRED.items():
         if key not in d:
@@ -53,7 +54,7 @@ def _schema(d: dict) -> list[str]:
     return failed
 
 
-def _required_attention(d: dict) -> list[str]:
+def _required_attention(d: dict[str, Any]) -> list[str]:
     """The profile file in this tree is authoritative; the recorded copy is the fallback."""
     path = PROFILE_DIR / f"{d['profile']}.toml"
     if path.is_file():
@@ -63,7 +64,7 @@ def _required_attention(d: dict) -> list[str]:
     return list(d["required_attention"])
 
 
-def _claims(d: dict) -> list[str]:
+def _claims(d: dict[str, Any]) -> list[str]:
     failed = []
     if not (0.0 < d["mfu"] < 1.0):
         failed.append(f"mfu {d['mfu']} is not in (0, 1)")
@@ -112,6 +113,14 @@ def _claims(d: dict) -> list[str]:
         failed.append("versions: a CUDA run must record the driver and one GPU UUID per rank")
     if not HEX64.match(d["leaf_root"]):
         failed.append(f"leaf_root {d['leaf_root']!r} is not a sha256 hex digest")
+    kern = d.get("kernels")
+    if isinstance(kern, dict) and isinstance(kern.get("probes"), dict):  # recorded since the kernel registry
+        unprobed = [k for k in kern.get("active", []) if not (kern["probes"].get(k) or {}).get("passed")]
+        if unprobed:
+            failed.append(f"kernels {unprobed} ran without a passing probe on the device")
+        both = sorted(set(kern.get("active", [])) & set(kern.get("rejected", {})))
+        if both:
+            failed.append(f"kernels {both} are recorded both active and rejected")
     losses = d["loss_per_step"]
     if not losses or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in losses):
         failed.append("loss_per_step must be a non-empty list of finite numbers")
@@ -123,12 +132,12 @@ def _claims(d: dict) -> list[str]:
     return failed
 
 
-def check_record(d: dict) -> list[str]:
+def check_record(d: dict[str, Any]) -> list[str]:
     failed = _schema(d)
     return failed if failed else _claims(d)
 
 
-def _check_bench(d: dict) -> list[str]:
+def _check_bench(d: dict[str, Any]) -> list[str]:
     failed = [f"ours: {c}" for c in check_record(d.get("ours", {}))]
     ref = d.get("reference", {})
     for key in ("mfu", "tokens_per_s", "step_times_s", "micro_batch", "seq_len", "flops_per_token"):
@@ -157,7 +166,7 @@ def _profile_ce_chunk(profile: str) -> int | None:
     return int(tomllib.loads(path.read_text()).get("train", {}).get("ce_chunk_tokens", 8192))
 
 
-def _check_ours_v2(d: dict, key: str) -> list[str]:
+def _check_ours_v2(d: dict[str, Any], key: str) -> list[str]:
     """ours / deterministic: a full MFU record, run with the profile's own settings (no kernel knobs)."""
     rec = d.get(key)
     if not isinstance(rec, dict):
@@ -173,7 +182,7 @@ def _check_ours_v2(d: dict, key: str) -> list[str]:
                       f"{rec['flags'].get('replay')}, expected {det}/{det}")
     if det and rec.get("replay_match") is not True:
         failed.append(f"{key}: replay_match is {rec.get('replay_match')!r}, not true")
-    knobs = sorted(k for k in rec.get("kernels", {}).get("env", {}) if k.startswith(KNOB_PREFIXES))
+    knobs = sorted(k for k in rec.get("kernels", {}).get("env", {}) if k.startswith(KERNEL_PREFIXES))
     if knobs:
         failed.append(f"{key}: ran with kernel knobs {knobs} in the environment, not the profile's settings")
     chunk = rec.get("kernels", {}).get("ce_chunk_tokens")
@@ -186,7 +195,7 @@ def _check_ours_v2(d: dict, key: str) -> list[str]:
     return failed
 
 
-def _check_reference_v2(ref: dict, ours: dict) -> list[str]:
+def _check_reference_v2(ref: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     name = ref.get("name", "?")
     missing = [k for k in REFERENCE_FIELDS if k not in ref]
     if missing:
@@ -214,7 +223,7 @@ def _check_reference_v2(ref: dict, ours: dict) -> list[str]:
     return failed
 
 
-def _check_bench_v2(d: dict) -> list[str]:
+def _check_bench_v2(d: dict[str, Any]) -> list[str]:
     failed = _check_ours_v2(d, "ours") + _check_ours_v2(d, "deterministic")
     if failed:
         return failed

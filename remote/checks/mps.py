@@ -12,6 +12,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 _UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -22,7 +23,7 @@ def _is_pid(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _attachment_errors(who: str, rec: dict, server_pids: list[int]) -> list[str]:
+def _attachment_errors(who: str, rec: dict[str, Any], server_pids: list[int]) -> list[str]:
     ev = rec.get("attachment")
     if not isinstance(ev, dict):
         return [f"{who}: no attachment evidence"]
@@ -38,7 +39,7 @@ def _attachment_errors(who: str, rec: dict, server_pids: list[int]) -> list[str]
     return []
 
 
-def client_claim_errors(clients: list, server: dict) -> list[str]:
+def client_claim_errors(clients: Any, server: dict[str, Any]) -> list[str]:
     """Per-process claims: attribute 1, PID among the clients, one mode, one GPU UUID per rank."""
     if not isinstance(clients, list) or not clients:
         return ["clients: no CUDA process reported its MPS attachment (attach_current_process)"]
@@ -48,7 +49,7 @@ def client_claim_errors(clients: list, server: dict) -> list[str]:
     modes = {rec.get("mode") for rec in clients if isinstance(rec, dict)}
     if len(modes) > 1:
         errors.append(f"clients disagree on the configured MPS mode: {sorted(map(str, modes))}")
-    uuid_by_rank: dict[object, set] = {}
+    uuid_by_rank: dict[object, set[object]] = {}
     pids = [rec.get("pid") for rec in clients if isinstance(rec, dict)]
     if len(pids) != len(set(pids)):
         errors.append("clients: a PID appears twice")
@@ -107,7 +108,7 @@ def _server_errors(server: object) -> list[str]:
     return errors + _stop_errors(server)
 
 
-def _stop_errors(server: dict) -> list[str]:
+def _stop_errors(server: dict[str, Any]) -> list[str]:
     stop = server.get("stop")
     if server.get("ownership") != "owned":
         return [] if stop is None else ["server.stop present for an external daemon (never stopped)"]

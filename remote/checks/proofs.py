@@ -14,6 +14,7 @@ import ipaddress
 import json
 import math
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 REQUIRED_FILES = ("harness-result.json", "offer-quote.json", "steps.tsv", "absence-proof.json", "manifest.sha256")
@@ -34,14 +35,15 @@ def _is_loopback(url: str) -> bool:
         return False
 
 
-def _interval_floor_s(result: dict) -> float:
+def _interval_floor_s(result: dict[str, Any]) -> float:
     """The simulator (always on loopback, `--sim` or not) may use shorter intervals; any other API may not."""
     return 0.0 if _is_loopback(str(result.get("api_url", ""))) else REAL_PROOF_INTERVAL_FLOOR_S
 
 
-def _load(path: Path, failed: list[str]) -> dict | None:
+def _load(path: Path, failed: list[str]) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
     except (OSError, ValueError) as exc:
         failed.append(f"{path.name}: unreadable JSON ({exc})")
         return None
@@ -63,7 +65,7 @@ def _check_manifest(run_dir: Path, failed: list[str]) -> None:
             failed.append(f"{rel} is not in manifest.sha256")
 
 
-def _check_steps(run_dir: Path, result: dict, failed: list[str]) -> None:
+def _check_steps(run_dir: Path, result: dict[str, Any], failed: list[str]) -> None:
     rows = [line.split("\t") for line in (run_dir / "steps.tsv").read_text().splitlines() if line.strip()]
     names = [r[0] for r in rows]
     planned = [s["name"] for s in result.get("steps", [])]
@@ -76,7 +78,7 @@ def _check_steps(run_dir: Path, result: dict, failed: list[str]) -> None:
             failed.append(f"no log for step {row[0]}")
 
 
-def _check_absence(proof: dict, failed: list[str], floor_s: float = REAL_PROOF_INTERVAL_FLOOR_S) -> None:
+def _check_absence(proof: dict[str, Any], failed: list[str], floor_s: float = REAL_PROOF_INTERVAL_FLOOR_S) -> None:
     try:
         interval = max(float(proof.get("interval_s", 0)), floor_s)
     except (TypeError, ValueError):
@@ -106,7 +108,7 @@ def _check_absence(proof: dict, failed: list[str], floor_s: float = REAL_PROOF_I
 
 def _check_remote(run_dir: Path, failed: list[str]) -> None:
     from remote.checks import load_checker
-    from remote.plan import junit_failures
+    from remote.host.plan import junit_failures
 
     remote = run_dir / "remote"
     for name in REMOTE_FILES:

@@ -7,15 +7,19 @@ square root) in fp32 with IEEE sqrt and division; bias corrections are computed 
 from an integer step count (no device sync, the same every run).
 """
 
+from __future__ import annotations
+
 import math
+from typing import Any
 
 import torch
-import triton.language as tl
 
-from remote import kernels
+from remote import knobs
+from remote.kernels.jit import LazyKernel, tl
+from remote.kernels.registry import Kernel, relative_error
 
 
-def _adamw(grad_ptr, master_ptr, m_ptr, v_ptr, out_ptr, n, grad_scale, lr_wd, beta1, beta2, step_size,
+def _adamw(grad_ptr, master_ptr, m_ptr, v_ptr, out_ptr, n, grad_scale, lr_wd, beta1, beta2, step_size,  # type: ignore[no-untyped-def]
            bc2_sqrt, eps, HAS_OUT: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -35,21 +39,22 @@ def _adamw(grad_ptr, master_ptr, m_ptr, v_ptr, out_ptr, n, grad_scale, lr_wd, be
         tl.store(out_ptr + offs, p.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_ADAMW = kernels.LazyKernel(_adamw)
+_ADAMW = LazyKernel(_adamw)
 
 
-def launch_config() -> dict:
-    return {"BLOCK": kernels.env_int("VH_ADAMW_BLOCK", 2048), "num_warps": kernels.env_int("VH_ADAMW_WARPS", 8)}
+def launch_config() -> dict[str, Any]:
+    knob = knobs.kernels()
+    return {"BLOCK": knob.adamw_block, "num_warps": knob.adamw_warps}
 
 
-def hyper(lr: float, beta1: float, beta2: float, weight_decay: float, eps: float, step: int) -> dict:
+def hyper(lr: float, beta1: float, beta2: float, weight_decay: float, eps: float, step: int) -> dict[str, Any]:
     """Per-step scalars (step counts from 1, as torch's state['step'] after its increment)."""
     return {"lr_wd": lr * weight_decay, "beta1": beta1, "beta2": beta2, "step_size": lr / (1.0 - beta1 ** step),
             "bc2_sqrt": math.sqrt(1.0 - beta2 ** step), "eps": eps}
 
 
 def step_triton(grad: torch.Tensor, master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                out: torch.Tensor | None, hp: dict, grad_scale: float = 1.0, config: dict | None = None) -> None:
+                out: torch.Tensor | None, hp: dict[str, Any], grad_scale: float = 1.0, config: dict[str, Any] | None = None) -> None:
     n = master.numel()
     for t in (grad, master, exp_avg, exp_avg_sq) + ((out,) if out is not None else ()):
         assert t.is_contiguous() and t.numel() == n, "fused AdamW needs contiguous tensors of one size"
@@ -65,7 +70,7 @@ def step_triton(grad: torch.Tensor, master: torch.Tensor, exp_avg: torch.Tensor,
 
 @torch.no_grad()
 def step_reference(grad: torch.Tensor, master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                   out: torch.Tensor | None, hp: dict, grad_scale: float = 1.0) -> None:
+                   out: torch.Tensor | None, hp: dict[str, Any], grad_scale: float = 1.0) -> None:
     """The same update in torch ops (fp32): the tests' reference."""
     g = grad.float() * grad_scale
     master.sub_(hp["lr_wd"] * master)
@@ -92,7 +97,7 @@ class FusedMasterAdamW:
         self.step_t = torch.zeros((), dtype=torch.float32, device=self.masters[0].device)
         self.steps = 0
         self.args = (lr, beta1, beta2, weight_decay, eps)
-        self.hp: dict = {}
+        self.hp: dict[str, Any] = {}
 
     def begin_step(self) -> None:
         self.steps += 1
@@ -115,3 +120,41 @@ class FusedMasterAdamW:
 
     def numel(self) -> int:
         return sum(m.numel() for m in self.masters)
+
+
+def qualify(device: torch.device) -> str | None:
+    """The probe: one fused step against the same update in torch ops (fp32) on a ragged length, with a
+    gradient scale, and the same bits twice; else the reason (the run then keeps torch's fused AdamW)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    n = 3001
+    grad = torch.randn(n, device=device, generator=gen).to(torch.bfloat16)
+    start = (torch.randn(n, device=device, generator=gen), 0.1 * torch.randn(n, device=device, generator=gen),
+             0.01 * torch.rand(n, device=device, generator=gen))
+    hp = hyper(3e-3, 0.9, 0.95, 0.1, 1e-8, step=3)
+    results = []
+    for step in (step_triton, step_triton, step_reference):
+        master, m, v = (t.clone() for t in start)
+        out = torch.full((n,), float("nan"), device=device, dtype=torch.bfloat16)
+        step(grad, master, m, v, out, hp, 0.5)
+        results.append((master, m, v, out))
+    if not all(torch.equal(a, b) for a, b in zip(results[0], results[1], strict=True)):
+        return "the fused AdamW gave different bits on two identical runs"
+    for name, got, ref, limit in zip(("master", "exp_avg", "exp_avg_sq", "bf16 weights"), results[0], results[2],
+                                     (1e-5, 1e-5, 1e-5, 1e-2), strict=True):
+        err = relative_error(got, ref)
+        if not err < limit:
+            return f"adamw {name} relative error {err:.3g} against the torch-op reference"
+    return None
+
+
+KERNEL = Kernel(
+    name="optim",
+    summary="AdamW on fp32 master weights in one pass (bf16 gradient in, fp32 state and bf16 weights out); at "
+            "world size 1 no gradient buckets and no collectives",
+    fallback="remote.training.parallel._MasterAdamW",
+    probe=qualify,
+    deterministic=True,
+    deterministic_why="elementwise: each parameter is updated by one program; the bias corrections are computed on "
+                      "the host from an integer step count",
+    knobs=("adamw_block", "adamw_warps"),
+)

@@ -10,13 +10,18 @@ Per chunk of c tokens, with one [c x V] logits buffer reused for every chunk:
 No host sync: the per-row losses go into a buffer summed once at the end (fixed order, no atomics).
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import torch
-import triton.language as tl
 
-from remote import kernels
+from remote import knobs
+from remote.kernels.jit import LazyKernel, cdiv, pow2_at_least, tl
+from remote.kernels.registry import Kernel, relative_error
 
 
-def _ce_rows(logits_ptr, stride_row, targets_ptr, loss_ptr, n_rows, n_cols, scale, ROWS: tl.constexpr,
+def _ce_rows(logits_ptr, stride_row, targets_ptr, loss_ptr, n_rows, n_cols, scale, ROWS: tl.constexpr,  # type: ignore[no-untyped-def]
              BLOCK: tl.constexpr):
     """Tiles of ROWS rows, a persistent loop over them: pass 1 online max/sum over [ROWS x BLOCK] column
     blocks -> lse and the row loss; pass 2 re-reads each block and writes the scaled gradient over it."""
@@ -48,34 +53,30 @@ def _ce_rows(logits_ptr, stride_row, targets_ptr, loss_ptr, n_rows, n_cols, scal
             tl.store(base + cols[None, :], g.to(logits_ptr.dtype.element_ty), mask=mask)
 
 
-_CE_ROWS = kernels.LazyKernel(_ce_rows)
+_CE_ROWS = LazyKernel(_ce_rows)
 
 
-def launch_config(device: torch.device, n_rows: int) -> dict:
+def launch_config(device: torch.device, n_rows: int) -> dict[str, Any]:
     """programs 0: one per row tile. On CPU (the interpreter pays per operation) wide row tiles."""
     if device.type != "cuda":
         return {"ROWS": 64, "BLOCK": 1024, "num_warps": 4, "programs": 0}
-    return {"ROWS": kernels.env_int("VH_CE_ROWS", 1), "BLOCK": kernels.env_int("VH_CE_BLOCK", 4096),
-            "num_warps": kernels.env_int("VH_CE_WARPS", 8), "programs": kernels.env_int("VH_CE_PROGRAMS", 0)}
+    knob = knobs.kernels()
+    return {"ROWS": knob.ce_rows, "BLOCK": knob.ce_block, "num_warps": knob.ce_warps, "programs": knob.ce_programs}
 
 
 def ce_rows_inplace(logits: torch.Tensor, targets: torch.Tensor, row_loss: torch.Tensor, scale: float,
-                    config: dict | None = None) -> None:
+                    config: dict[str, Any] | None = None) -> None:
     """Triton: row_loss[i] = lse_i - logits[i, t_i]; logits <- (softmax - onehot) * scale, in place."""
     n, v = logits.shape
     if n == 0:
         return
     assert logits.stride(1) == 1 and row_loss.is_contiguous() and targets.is_contiguous()
     cfg = config or launch_config(logits.device, n)
-    block = min(cfg["BLOCK"], _pow2_at_least(v))
+    block = min(cfg["BLOCK"], pow2_at_least(v))
     tiles = -(-n // cfg["ROWS"])
     programs = min(cfg["programs"] or tiles, tiles)
     _CE_ROWS[(programs,)](logits, logits.stride(0), targets, row_loss, n, v, float(scale), ROWS=cfg["ROWS"],
                           BLOCK=block, num_warps=cfg["num_warps"])
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def ce_rows_reference(logits: torch.Tensor, targets: torch.Tensor, row_loss: torch.Tensor,
@@ -115,7 +116,7 @@ def forward_backward(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
     row_loss = torch.empty(n, dtype=torch.float32, device=h.device)
     logits = torch.empty(chunk, vocab, dtype=h.dtype, device=h.device)
     fp32_gemm = fp32_accumulate_gemm(h.device)
-    grad_w = None if fp32_gemm else torch.zeros(vocab, d, dtype=torch.float32, device=h.device)
+    grad_w: torch.Tensor | None = None if fp32_gemm else torch.zeros(vocab, d, dtype=torch.float32, device=h.device)
     config = launch_config(h.device, chunk) if use_triton else None
     for start in range(0, n, chunk):
         end = min(start + chunk, n)
@@ -126,16 +127,18 @@ def forward_backward(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
         else:
             ce_rows_reference(lg, targets[start:end], row_loss[start:end], 1.0 / n)
         torch.mm(lg, weight, out=grad_h[start:end])
-        if not fp32_gemm:
-            grad_w += (lg.t() @ hc).float()
-        elif grad_w is None:  # the first chunk writes the accumulator: no zero fill, no read
+        if grad_w is None:  # fp32 GEMMs: the first chunk writes the accumulator, no zero fill, no read
             grad_w = torch.mm(lg.t(), hc, out_dtype=torch.float32)
-        else:
+        elif fp32_gemm:
             torch.addmm(grad_w, lg.t(), hc, out_dtype=torch.float32, out=grad_w)
+        else:
+            grad_w += (lg.t() @ hc).float()
+    if grad_w is None:  # no tokens
+        grad_w = torch.zeros(vocab, d, dtype=torch.float32, device=h.device)
     return row_loss.sum() / n, grad_h, grad_w
 
 
-def _scale_cast(src_ptr, scale_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _scale_cast(src_ptr, scale_ptr, out_ptr, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     s = tl.load(scale_ptr).to(tl.float32)
@@ -143,7 +146,7 @@ def _scale_cast(src_ptr, scale_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, (x * s).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_SCALE_CAST = kernels.LazyKernel(_scale_cast)
+_SCALE_CAST = LazyKernel(_scale_cast)
 
 
 def scale_cast(src: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, use_triton: bool) -> torch.Tensor:
@@ -153,9 +156,43 @@ def scale_cast(src: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, use_t
     out = torch.empty(src.shape, dtype=dtype, device=src.device)
     n = src.numel()
     block = 4096
-    _SCALE_CAST[(triton_cdiv(n, block),)](src, scale.reshape(1).float(), out, n, BLOCK=block, num_warps=8)
+    _SCALE_CAST[(cdiv(n, block),)](src, scale.reshape(1).float(), out, n, BLOCK=block, num_warps=8)
     return out
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def qualify(device: torch.device) -> str | None:
+    """The probe: the fused loss (Triton rows writing the gradient in place, the scale-cast) against the same
+    chunked path with torch's rows, at a ragged shape (rows, vocabulary and the last chunk fit no tile), and
+    the same bits twice; else the reason (the run then keeps the model's torch loss)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    n, d, vocab, chunk = 37, 24, 301, 16
+    h = torch.randn(n, d, device=device, generator=gen).to(torch.bfloat16)
+    w = (0.5 * torch.randn(vocab, d, device=device, generator=gen)).to(torch.bfloat16)
+    targets = torch.randint(0, vocab, (n,), device=device, generator=gen)
+    scale = torch.tensor(0.75, device=device)
+    runs = []
+    for _ in range(2):
+        total, grad_h, grad_w = forward_backward(h, w, targets, chunk, use_triton=True)
+        runs.append((total, grad_h, grad_w, scale_cast(grad_w, scale, torch.bfloat16, use_triton=True)))
+    if not all(torch.equal(a, b) for a, b in zip(runs[0], runs[1], strict=True)):
+        return "loss kernels gave different bits on two identical runs"
+    total, grad_h, grad_w = forward_backward(h, w, targets, chunk, use_triton=False)
+    want = (total, grad_h, grad_w, scale_cast(grad_w, scale, torch.bfloat16, use_triton=False))
+    for name, got, ref in zip(("loss", "grad_h", "grad_w", "scaled grad_w"), runs[0], want, strict=True):
+        err = relative_error(got, ref)
+        if not err < 1e-2:
+            return f"loss {name} relative error {err:.3g} against the torch reference"
+    return None
+
+
+KERNEL = Kernel(
+    name="loss",
+    summary="the LM head and cross-entropy in token chunks: one reused logits buffer, one Triton pass per row "
+            "writing the gradient over the logits, the head gradient accumulated in fp32 inside the GEMM",
+    fallback="remote.training.model._ce_chunk",
+    probe=qualify,
+    deterministic=True,
+    deterministic_why="no atomics: one program per row tile, a fixed order along each row; torch sums the row "
+                      "losses once",
+    knobs=("ce_chunk", "ce_rows", "ce_block", "ce_warps", "ce_programs"),
+)

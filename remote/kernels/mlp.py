@@ -18,29 +18,30 @@ hand out the canonical [gate; up] layout (`to_model_layout`) in the run's state,
 describes the same model whichever path ran. The residual add rides w2's GEMM epilogue (cuBLAS addmm, as
 Inductor emits it on the other path): a separate add kernel cost 2 ms a step in round 5's step.
 
-`VH_MLP_GEMMS`: `fused` (default) runs quack only for the two GEMMs with an epilogue and cuBLAS for the other
-four (w2 forward, both weight gradients, w13's dgrad); `all` runs all six on quack. `VH_MLP_TUNED=1` lets
-quack autotune its configs per shape (~96 s at first use on an H200, and no faster than the default configs
-there; the choice may differ between processes, so never under deterministic algorithms).
+`remote.knobs.KernelKnobs.mlp_gemms`: `fused` (default) runs quack only for the two GEMMs with an epilogue and
+cuBLAS for the other four (w2 forward, both weight gradients, w13's dgrad); `all` runs all six on quack.
+`mlp_tuned` lets quack autotune its configs per shape (~96 s at first use on an H200, and no faster than the
+default configs there; the choice may differ between processes, so never under deterministic algorithms).
 
 Deterministic runs use it: no split-K, no atomics, the same bits twice in one process (remote.kernels.check),
 and a deterministic run replayed bitwise with it on an H200 (issue 32 round 6, call 1: `replay_match` true,
 4 ms a step faster than without it).
 
-Two custom ops, opaque to torch.compile (like remote.fa4): the compiled per-layer graph calls them as one
-node each. `qualify(device)` is the probe (kernels.QUALIFIED): fwd+bwd at a small shape against fp32 torch,
-and the same bits twice.
+Two custom ops, opaque to torch.compile (like remote.attention.fa4): the compiled per-layer graph calls them as one
+node each. `KERNEL` below declares it to the registry: it runs where `unavailable` finds quack's GEMMs, and its
+probe (`check_small`) is fwd+bwd at a small shape against fp32 torch, and the same bits twice.
 """
 
 from __future__ import annotations
 
-import os
 import sys
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from remote import kernels
+from remote import knobs
+from remote.kernels.registry import Kernel, grads
 
 QUALIFIED_MAJORS = (9, 10)  # quack's sm90 / sm100 GEMMs; elsewhere the cuBLAS + Triton SwiGLU path stays
 
@@ -48,14 +49,14 @@ QUALIFIED_MAJORS = (9, 10)  # quack's sm90 / sm100 GEMMs; elsewhere the cuBLAS +
 class _Quack:
     """quack.gemm_interface, imported once (after FA4's import put nvidia_cutlass_dsl's `cutlass` on sys.path)."""
 
-    module = None
+    module: Any = None
     error: str | None = None
 
 
-def quack():
+def quack() -> Any:
     if _Quack.module is None and _Quack.error is None:
         try:
-            from remote import fa4
+            from remote.attention import fa4
 
             if fa4.interface() is None:
                 raise ImportError(f"the FA4 / CuTe DSL wheels are not importable ({fa4.import_error()})")
@@ -83,7 +84,7 @@ def _key_context_vars_by_name() -> None:
     if getattr(original, "vh_context_vars", False):
         return
 
-    def semantic_value_key(value, seen):
+    def semantic_value_key(value: Any, seen: Any) -> Any:
         if isinstance(value, contextvars.ContextVar):
             return ("contextvar", value.name)
         try:
@@ -98,14 +99,12 @@ def _key_context_vars_by_name() -> None:
     identity.semantic_value_key = semantic_value_key
     for name, module in list(sys.modules.items()):  # modules that imported it by name before this point
         if name.startswith("quack.") and getattr(module, "_semantic_value_key", None) is original:
-            module._semantic_value_key = semantic_value_key
+            setattr(module, "_semantic_value_key", semantic_value_key)
 
 
-def settings() -> dict:
-    gemms = os.environ.get("VH_MLP_GEMMS", "fused").strip().lower() or "fused"
-    if gemms not in ("fused", "all"):
-        raise kernels.KnobError(f"VH_MLP_GEMMS={gemms!r}; known: fused, all")
-    tuned = os.environ.get("VH_MLP_TUNED", "0").strip().lower() in ("1", "true", "on")
+def settings() -> dict[str, Any]:
+    knob = knobs.kernels()
+    gemms, tuned = knob.mlp_gemms, knob.mlp_tuned
     if tuned and torch.are_deterministic_algorithms_enabled():
         tuned = False  # a timed choice may differ between the run and its replay
     return {"gemms": gemms, "tuned": tuned}
@@ -139,7 +138,7 @@ def mlp_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, residual: torc
 
 
 @mlp_fwd.register_fake
-def _(x, w13, w2, residual):
+def _(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n = x.numel() // x.shape[-1]
     return residual.new_empty(residual.shape), x.new_empty((n, w13.shape[0]))
 
@@ -164,16 +163,16 @@ def mlp_bwd(dout: torch.Tensor, x: torch.Tensor, w13: torch.Tensor, w2: torch.Te
 
 
 @mlp_bwd.register_fake
-def _(dout, x, w13, w2, preact):
+def _(dout: torch.Tensor, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, preact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return x.new_empty(x.shape), w13.new_empty(w13.shape), w2.new_empty(w2.shape)
 
 
-def _setup(ctx, inputs, output) -> None:
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
     x, w13, w2, _residual = inputs
     ctx.save_for_backward(x, w13, w2, output[1])
 
 
-def _backward(ctx, dout: torch.Tensor, _dpre: torch.Tensor | None):
+def _backward(ctx: Any, dout: torch.Tensor, _dpre: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     x, w13, w2, preact = ctx.saved_tensors
     return (*mlp_bwd(dout, x, w13, w2, preact), dout)  # d(residual) = d(out)
 
@@ -184,7 +183,8 @@ mlp_fwd.register_autograd(_backward, setup_context=_setup)
 def mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """residual + w2(silu(gate) * up), (gate, up) = w13(x) with w13 in `to_kernel_layout`'s interleaved rows;
     the activation in the GEMM epilogues, the residual add in w2's."""
-    return mlp_fwd(x, w13, w2, residual)[0]
+    out: torch.Tensor = mlp_fwd(x, w13, w2, residual)[0]
+    return out
 
 
 def reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -193,9 +193,8 @@ def reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, residual: to
     return residual + (F.silu(gate) * up) @ w2.T
 
 
-def qualify(device: torch.device) -> str | None:
-    """None where the fused MLP runs here, matches fp32 torch (out and the three gradients) and gives the same
-    bits twice; else why not."""
+def unavailable(device: torch.device) -> str | None:
+    """Why quack's GEMMs cannot run on this device (None: they can; the probe decides the rest)."""
     if device.type != "cuda":
         return "mlp needs CUDA (quack's GEMMs)"
     major, minor = torch.cuda.get_device_capability(device)
@@ -203,10 +202,17 @@ def qualify(device: torch.device) -> str | None:
         return f"mlp is not qualified on sm{major}{minor} (quack's gated GEMMs measured on sm90 only)"
     if quack() is None:
         return f"quack is not importable ({_Quack.error})"
-    return check_small(device)
+    return None
+
+
+def qualify(device: torch.device) -> str | None:
+    """None where the fused MLP runs here, matches fp32 torch (out and the three gradients) and gives the same
+    bits twice; else why not."""
+    return unavailable(device) or check_small(device)
 
 
 def check_small(device: torch.device, n: int = 512, d: int = 256, ffn: int = 512) -> str | None:
+    """The probe proper: fwd+bwd at a small shape against fp32 torch, and the same bits twice."""
     gen = torch.Generator(device=device).manual_seed(0)
     x0 = torch.randn(2, n // 2, d, device=device, generator=gen).to(torch.bfloat16)
     w13_0 = (torch.randn(2 * ffn, d, device=device, generator=gen) / d**0.5).to(torch.bfloat16)
@@ -218,15 +224,29 @@ def check_small(device: torch.device, n: int = 512, d: int = 256, ffn: int = 512
         x, w13, w2, r = (t.detach().clone().requires_grad_(True) for t in (x0, to_kernel_layout(w13_0), w2_0, r0))
         out = mlp(x, w13, w2, r)
         out.backward(dout)
-        runs.append((out.detach(), x.grad, to_model_layout(w13.grad), w2.grad, r.grad))
+        dx, dw13, dw2, dr = grads(x, w13, w2, r)
+        runs.append((out.detach(), dx, to_model_layout(dw13), dw2, dr))
     if not all(torch.equal(a, b) for a, b in zip(*runs)):
         return "different bits on two identical runs"
     ref_in = [t.detach().float().requires_grad_(True) for t in (x0, w13_0, w2_0, r0)]
     ref = reference(*ref_in)
     ref.backward(dout.float())
-    for name, got, want in zip(("out", "dx", "dw13", "dw2", "dresidual"), runs[0],
-                               (ref, *(t.grad for t in ref_in))):
+    for name, got, want in zip(("out", "dx", "dw13", "dw2", "dresidual"), runs[0], (ref, *grads(*ref_in))):
         err = ((got.float() - want).norm() / want.norm()).item()
         if not err < 2e-2:
             return f"{name} relative error {err:.3g} against fp32 torch"
     return None
+
+
+KERNEL = Kernel(
+    name="mlp",
+    summary="the SwiGLU MLP with the activation in quack's GEMM epilogues (sm90/sm100) and the residual add in "
+            "w2's; no SwiGLU passes and no activation kept for backward (w13 held in quack's interleaved rows)",
+    fallback="remote.training.model.FeedForward.forward",
+    probe=check_small,
+    runs_on=unavailable,
+    deterministic=True,
+    deterministic_why="quack's gated GEMMs use no split-K and no atomics; a deterministic run replayed bitwise with "
+                      "it on an H200 (issue 32 round 6); autotuning stays off under deterministic algorithms",
+    knobs=("mlp_gemms", "mlp_tuned", "mlp_check"),
+)

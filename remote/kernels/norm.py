@@ -14,13 +14,16 @@ them, which it saved anyway.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-import triton.language as tl
 
-from remote import kernels
+from remote import knobs
+from remote.kernels.jit import LazyKernel, pow2_at_least, runs_triton, tl
+from remote.kernels.registry import Kernel
 
 
-def _rmsnorm_fwd(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, rstd_ptr, n_rows, n_cols, eps, HAS_RES: tl.constexpr,
+def _rmsnorm_fwd(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, rstd_ptr, n_rows, n_cols, eps, HAS_RES: tl.constexpr,  # type: ignore[no-untyped-def]
                  ROWS: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -39,7 +42,7 @@ def _rmsnorm_fwd(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, rstd_ptr, n_rows, n_cols, ep
     tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
 
 
-def _rmsnorm_bwd(dy_ptr, dh_ptr, h_ptr, w_ptr, rstd_ptr, dx_ptr, dw_part_ptr, n_rows, n_cols, rows_per_prog,
+def _rmsnorm_bwd(dy_ptr, dh_ptr, h_ptr, w_ptr, rstd_ptr, dx_ptr, dw_part_ptr, n_rows, n_cols, rows_per_prog,  # type: ignore[no-untyped-def]
                  HAS_DH: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """Program p owns rows [p * rows_per_prog, (p + 1) * rows_per_prog): dx for each, and its dw partial."""
     pid = tl.program_id(0)
@@ -68,26 +71,22 @@ def _rmsnorm_bwd(dy_ptr, dh_ptr, h_ptr, w_ptr, rstd_ptr, dx_ptr, dw_part_ptr, n_
     tl.store(dw_part_ptr + pid.to(tl.int64) * n_cols + cols, tl.sum(dw, 0), mask=col_ok)
 
 
-_FWD = kernels.LazyKernel(_rmsnorm_fwd)
-_BWD = kernels.LazyKernel(_rmsnorm_bwd)
+_FWD = LazyKernel(_rmsnorm_fwd)
+_BWD = LazyKernel(_rmsnorm_bwd)
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def launch_config(device: torch.device) -> dict:
+def launch_config(device: torch.device) -> dict[str, Any]:
     """Per-row tiles on the GPU (VH_NORM_*); wide tiles on CPU, where the interpreter pays per program."""
     if device.type != "cuda":
         return {"ROWS": 16, "num_warps": 4, "BWD_ROWS": 16, "programs": 4}
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return {"ROWS": kernels.env_int("VH_NORM_ROWS", 1), "num_warps": kernels.env_int("VH_NORM_WARPS", 8),
-            "BWD_ROWS": kernels.env_int("VH_NORM_BWD_ROWS", 1),
-            "programs": kernels.env_int("VH_NORM_PROGRAMS", 0) or 4 * sms}
+    knob = knobs.kernels()
+    return {"ROWS": knob.norm_rows, "num_warps": knob.norm_warps, "BWD_ROWS": knob.norm_bwd_rows,
+            "programs": knob.norm_programs or 4 * sms}
 
 
 def forward_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                   config: dict | None = None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+                   config: dict[str, Any] | None = None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """(h = x + residual or None, y = rmsnorm(h) * weight, rstd fp32 [rows])."""
     d = x.shape[-1]
     x = x.contiguous()
@@ -100,13 +99,13 @@ def forward_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     cfg = config or launch_config(x.device)
     r = residual.contiguous() if residual is not None else x
     _FWD[(-(-rows // cfg["ROWS"]),)](x, r, weight, h if h is not None else y, y, rstd, rows, d, float(eps),
-                                     HAS_RES=residual is not None, ROWS=cfg["ROWS"], BLOCK=_pow2_at_least(d),
+                                     HAS_RES=residual is not None, ROWS=cfg["ROWS"], BLOCK=pow2_at_least(d),
                                      num_warps=cfg["num_warps"])
     return h, y, rstd
 
 
 def backward_triton(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor,
-                    rstd: torch.Tensor, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    rstd: torch.Tensor, config: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx = d/dh of the norm + dh, dw in the weight's dtype)."""
     d = h.shape[-1]
     dy, h = dy.contiguous(), h.contiguous()
@@ -120,7 +119,7 @@ def backward_triton(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, 
     if rows == 0:
         return dx, torch.zeros_like(weight)
     _BWD[(programs,)](dy, dh.contiguous() if dh is not None else dy, h, weight, rstd, dx, dw_part, rows, d,
-                      per_prog, HAS_DH=dh is not None, ROWS=cfg["BWD_ROWS"], BLOCK=_pow2_at_least(d),
+                      per_prog, HAS_DH=dh is not None, ROWS=cfg["BWD_ROWS"], BLOCK=pow2_at_least(d),
                       num_warps=cfg["num_warps"])
     return dx, dw_part.sum(0).to(weight.dtype)
 
@@ -144,8 +143,8 @@ def backward_reference(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tenso
     return dx.to(h.dtype), dw.to(weight.dtype)
 
 
-def _fwd(x, residual, weight, eps):
-    if kernels.runs_triton(x.device):
+def _fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    if runs_triton(x.device):
         return forward_triton(x, residual, weight, eps)
     return forward_reference(x, residual, weight, eps)
 
@@ -159,7 +158,7 @@ def add_rmsnorm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
 
 
 @add_rmsnorm_op.register_fake
-def _(x, residual, weight, eps):
+def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return x.new_empty(x.shape), x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
@@ -170,28 +169,28 @@ def rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch
 
 
 @rmsnorm_op.register_fake
-def _(x, weight, eps):
+def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("vh_kernels::rmsnorm_backward", mutates_args=())
 def rmsnorm_backward_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor,
                         rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if kernels.runs_triton(h.device):
+    if runs_triton(h.device):
         return backward_triton(dy, dh, h, weight, rstd)
     return backward_reference(dy, dh, h, weight, rstd)
 
 
 @rmsnorm_backward_op.register_fake
-def _(dy, dh, h, weight, rstd):
+def _(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return h.new_empty(h.shape), weight.new_empty(weight.shape)
 
 
-def _setup_add(ctx, inputs, output) -> None:
+def _setup_add(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
     ctx.save_for_backward(output[0], inputs[2], output[2])
 
 
-def _backward_add(ctx, dh, dy, _drstd):
+def _backward_add(ctx: Any, dh: torch.Tensor, dy: torch.Tensor, _drstd: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     h, weight, rstd = ctx.saved_tensors
     dx, dw = rmsnorm_backward_op(dy, dh, h, weight, rstd)
     return dx, dx, dw, None
@@ -200,11 +199,11 @@ def _backward_add(ctx, dh, dy, _drstd):
 add_rmsnorm_op.register_autograd(_backward_add, setup_context=_setup_add)
 
 
-def _setup_norm(ctx, inputs, output) -> None:
+def _setup_norm(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
     ctx.save_for_backward(inputs[0], inputs[1], output[1])
 
 
-def _backward_norm(ctx, dy, _drstd):
+def _backward_norm(ctx: Any, dy: torch.Tensor, _drstd: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     x, weight, rstd = ctx.saved_tensors
     dx, dw = rmsnorm_backward_op(dy, None, x, weight, rstd)
     return dx, dw, None
@@ -215,7 +214,8 @@ rmsnorm_op.register_autograd(_backward_norm, setup_context=_setup_norm)
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """F.rms_norm(x, (d,), weight, eps) with the one-pass backward."""
-    return rmsnorm_op(x, weight, eps)[0]
+    y: torch.Tensor = rmsnorm_op(x, weight, eps)[0]
+    return y
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
@@ -248,3 +248,16 @@ def qualify(device: torch.device) -> str | None:
         if not err < 1e-2:
             return f"norm {name} relative error {err:.3g} against the torch reference"
     return None
+
+
+KERNEL = Kernel(
+    name="norm",
+    summary="RMSNorm and residual add + RMSNorm in one pass each way, the weight gradient's partial sums in the "
+            "pass that writes dx",
+    fallback="remote.training.model.RMSNorm.forward",
+    probe=qualify,
+    deterministic=True,
+    deterministic_why="no atomics: each program sums the weight gradient over a fixed block of rows, and torch "
+                      "adds the blocks in a fixed order",
+    knobs=("norm_rows", "norm_warps", "norm_bwd_rows", "norm_programs"),
+)

@@ -9,13 +9,16 @@ rotation's backward plus the copy that concatenates the three gradients into d(q
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-import triton.language as tl
 
-from remote import kernels
+from remote import knobs
+from remote.kernels.jit import LazyKernel, pow2_at_least, runs_triton, tl
+from remote.kernels.registry import Kernel
 
 
-def _rope_fwd(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, n_tok, seq, n_q, n_kv, HALF: tl.constexpr,
+def _rope_fwd(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, n_tok, seq, n_q, n_kv, HALF: tl.constexpr,  # type: ignore[no-untyped-def]
               HEADS: tl.constexpr, VHEADS: tl.constexpr, TOK: tl.constexpr, INVERSE: tl.constexpr):
     """TOK tokens per program, one tile row per (token, head). INVERSE=False: qkv rows -> rotated q, k and v.
     INVERSE=True: the backward, the same memory roles swapped (q_ptr/k_ptr/v_ptr are the incoming dq/dk/dv,
@@ -71,23 +74,21 @@ def _rope_fwd(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, n_tok, seq, n_q, n
         tl.store(own_v, tl.load(fused_v, mask=vm, other=0.0), mask=vm)
 
 
-_ROPE = kernels.LazyKernel(_rope_fwd)
+_ROPE = LazyKernel(_rope_fwd)
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def _launch(qkv, cos, sin, q, k, v, n_q, n_kv, inverse: bool, tokens: int | None = None) -> None:
+def _launch(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_q: int, n_kv: int, inverse: bool,
+            tokens: int | None = None) -> None:
     b, t, _h, d = qkv.shape
     if b * t == 0:
         return
     # one token per program on the GPU (measured at the copy rate); many on CPU, where the interpreter pays per
     # program
-    tok = tokens or (kernels.env_int("VH_ROPE_TOKENS", 1) if qkv.is_cuda else 64)  # a power of two
-    warps = kernels.env_int("VH_ROPE_WARPS", 4) if qkv.is_cuda else 1
+    knob = knobs.kernels()
+    tok = tokens or (knob.rope_tokens if qkv.is_cuda else 64)  # a power of two
+    warps = knob.rope_warps if qkv.is_cuda else 1
     _ROPE[(-(-(b * t) // tok),)](qkv, cos, sin, q, k, v, b * t, t, n_q, n_kv, HALF=d // 2,
-                                 HEADS=_pow2_at_least(n_q + n_kv), VHEADS=_pow2_at_least(n_kv), TOK=tok,
+                                 HEADS=pow2_at_least(n_q + n_kv), VHEADS=pow2_at_least(n_kv), TOK=tok,
                                  INVERSE=inverse, num_warps=warps)
 
 
@@ -133,13 +134,13 @@ def backward_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos
 @torch.library.custom_op("vh_kernels::rope_qkv", mutates_args=())
 def rope_qkv_op(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_q: int, n_kv: int
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if kernels.runs_triton(qkv.device):
+    if runs_triton(qkv.device):
         return forward_triton(qkv, cos, sin, n_q, n_kv)
     return forward_reference(qkv, cos, sin, n_q, n_kv)
 
 
 @rope_qkv_op.register_fake
-def _(qkv, cos, sin, n_q, n_kv):
+def _(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_q: int, n_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     b, t, _h, d = qkv.shape
     return qkv.new_empty(b, t, n_q, d), qkv.new_empty(b, t, n_kv, d), qkv.new_empty(b, t, n_kv, d)
 
@@ -147,22 +148,22 @@ def _(qkv, cos, sin, n_q, n_kv):
 @torch.library.custom_op("vh_kernels::rope_qkv_backward", mutates_args=())
 def rope_qkv_backward_op(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor,
                          sin: torch.Tensor) -> torch.Tensor:
-    if kernels.runs_triton(dq.device):
+    if runs_triton(dq.device):
         return backward_triton(dq, dk, dv, cos, sin)
     return backward_reference(dq, dk, dv, cos, sin).contiguous()
 
 
 @rope_qkv_backward_op.register_fake
-def _(dq, dk, dv, cos, sin):
+def _(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     b, t, n_q, d = dq.shape
     return dq.new_empty(b, t, n_q + 2 * dk.shape[2], d)
 
 
-def _setup(ctx, inputs, output) -> None:
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
     ctx.save_for_backward(inputs[1], inputs[2])
 
 
-def _backward(ctx, dq, dk, dv):
+def _backward(ctx: Any, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     cos, sin = ctx.saved_tensors
     return rope_qkv_backward_op(dq, dk, dv, cos, sin), None, None, None, None
 
@@ -173,7 +174,8 @@ rope_qkv_op.register_autograd(_backward, setup_context=_setup)
 def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_q: int, n_kv: int
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv [B, T, n_q + 2 n_kv, D] -> (q, k rotated, v), each [B, T, H, D] contiguous."""
-    return rope_qkv_op(qkv, cos, sin, n_q, n_kv)
+    q, k, v = rope_qkv_op(qkv, cos, sin, n_q, n_kv)
+    return q, k, v
 
 
 def qualify(device: torch.device) -> str | None:
@@ -184,13 +186,25 @@ def qualify(device: torch.device) -> str | None:
     qkv = torch.randn(b, t, n_q + 2 * n_kv, d, device=device, generator=gen).to(torch.bfloat16)
     ang = torch.randn(t, d // 2, device=device, generator=gen)
     cos, sin = (torch.cat([f(ang), f(ang)], -1).to(torch.bfloat16) for f in (torch.cos, torch.sin))
-    grads = [torch.randn(b, t, h, d, device=device, generator=gen).to(torch.bfloat16) for h in (n_q, n_kv, n_kv)]
-    runs = [(*forward_triton(qkv, cos, sin, n_q, n_kv), backward_triton(*grads, cos, sin)) for _ in range(2)]
+    dq, dk, dv = (torch.randn(b, t, h, d, device=device, generator=gen).to(torch.bfloat16) for h in (n_q, n_kv, n_kv))
+    runs = [(*forward_triton(qkv, cos, sin, n_q, n_kv), backward_triton(dq, dk, dv, cos, sin)) for _ in range(2)]
     if not all(torch.equal(a, c) for a, c in zip(runs[0], runs[1], strict=True)):
         return "rope kernels gave different bits on two identical runs"
-    want = (*forward_reference(qkv, cos, sin, n_q, n_kv), backward_reference(*grads, cos, sin))
+    want = (*forward_reference(qkv, cos, sin, n_q, n_kv), backward_reference(dq, dk, dv, cos, sin))
     for name, got, ref in zip(("q", "k", "v", "dqkv"), runs[0], want, strict=True):
         err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
         if not err < 1e-2:
             return f"rope {name} relative error {err:.3g} against the torch reference"
     return None
+
+
+KERNEL = Kernel(
+    name="rope",
+    summary="RoPE on the fused qkv in one pass each way: q and k rotated and v copied into [B, T, H, D]; the "
+            "backward writes the whole d(qkv)",
+    fallback="remote.training.model.apply_rope",
+    probe=qualify,
+    deterministic=True,
+    deterministic_why="a rotation and a copy: one program per token, no reduction",
+    knobs=("rope_tokens", "rope_warps"),
+)

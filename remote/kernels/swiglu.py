@@ -7,13 +7,18 @@ Inductor's cat-shaped kernel. Both ops are opaque to the compiler on purpose: th
 extra pass over gu per layer). fp32 math inside, one rounding per output, as Inductor computes it.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import torch
-import triton.language as tl
 
-from remote import kernels
+from remote import knobs
+from remote.kernels.jit import LazyKernel, runs_triton, tl
+from remote.kernels.registry import Kernel, relative_error
 
 
-def _swiglu_bwd(dact_ptr, gu_ptr, dgu_ptr, n_rows, n_ffn, n_col_blocks, ROWS: tl.constexpr,
+def _swiglu_bwd(dact_ptr, gu_ptr, dgu_ptr, n_rows, n_ffn, n_col_blocks, ROWS: tl.constexpr,  # type: ignore[no-untyped-def]
                 BLOCK: tl.constexpr):
     """One [ROWS x BLOCK] tile of dact and the matching gate and up tiles of gu -> the two dgu tiles."""
     pid = tl.program_id(0)
@@ -32,10 +37,10 @@ def _swiglu_bwd(dact_ptr, gu_ptr, dgu_ptr, n_rows, n_ffn, n_col_blocks, ROWS: tl
     tl.store(dgu_ptr + in_gate + n_ffn, du.to(dgu_ptr.dtype.element_ty), mask=mask)
 
 
-_SWIGLU_BWD = kernels.LazyKernel(_swiglu_bwd)
+_SWIGLU_BWD = LazyKernel(_swiglu_bwd)
 
 
-def _swiglu_fwd(gu_ptr, act_ptr, n_rows, n_ffn, n_col_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _swiglu_fwd(gu_ptr, act_ptr, n_rows, n_ffn, n_col_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
     pid = tl.program_id(0)
     rows = (pid // n_col_blocks) * ROWS + tl.arange(0, ROWS)
     cols = (pid % n_col_blocks) * BLOCK + tl.arange(0, BLOCK)
@@ -48,23 +53,23 @@ def _swiglu_fwd(gu_ptr, act_ptr, n_rows, n_ffn, n_col_blocks, ROWS: tl.constexpr
     tl.store(act_ptr + rows64 * n_ffn + cols[None, :], act.to(act_ptr.dtype.element_ty), mask=mask)
 
 
-_SWIGLU_FWD = kernels.LazyKernel(_swiglu_fwd)
+_SWIGLU_FWD = LazyKernel(_swiglu_fwd)
 
 
-def launch_config(device: torch.device) -> dict:
+def launch_config(device: torch.device) -> dict[str, Any]:
     if device.type != "cuda":  # the interpreter pays per program: big tiles
         return {"ROWS": 64, "BLOCK": 1024, "num_warps": 4}
-    return {"ROWS": kernels.env_int("VH_SWIGLU_ROWS", 1), "BLOCK": kernels.env_int("VH_SWIGLU_BLOCK", 1024),
-            "num_warps": kernels.env_int("VH_SWIGLU_WARPS", 4)}
+    knob = knobs.kernels()
+    return {"ROWS": knob.swiglu_rows, "BLOCK": knob.swiglu_block, "num_warps": knob.swiglu_warps}
 
 
-def _grid(rows: int, n_ffn: int, cfg: dict) -> tuple[int, int, int]:
+def _grid(rows: int, n_ffn: int, cfg: dict[str, Any]) -> tuple[int, int, int]:
     block = min(cfg["BLOCK"], 1 << max(0, (n_ffn - 1).bit_length()))
     blocks = -(-n_ffn // block)
     return -(-rows // cfg["ROWS"]) * blocks, blocks, block
 
 
-def forward_triton(gu: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+def forward_triton(gu: torch.Tensor, config: dict[str, Any] | None = None) -> torch.Tensor:
     n_ffn = gu.shape[-1] // 2
     gu = gu.contiguous()
     rows = gu.numel() // max(1, 2 * n_ffn)
@@ -78,7 +83,7 @@ def forward_triton(gu: torch.Tensor, config: dict | None = None) -> torch.Tensor
     return act
 
 
-def backward_triton(dact: torch.Tensor, gu: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+def backward_triton(dact: torch.Tensor, gu: torch.Tensor, config: dict[str, Any] | None = None) -> torch.Tensor:
     n_ffn = dact.shape[-1]
     dact, gu = dact.contiguous(), gu.contiguous()
     rows = dact.numel() // n_ffn
@@ -107,7 +112,7 @@ def backward_reference(dact: torch.Tensor, gu: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("vh_kernels::swiglu_forward", mutates_args=())
 def swiglu_forward(gu: torch.Tensor) -> torch.Tensor:
-    if kernels.runs_triton(gu.device):
+    if runs_triton(gu.device):
         return forward_triton(gu)
     return forward_reference(gu).contiguous()
 
@@ -119,7 +124,7 @@ def _(gu: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("vh_kernels::swiglu_backward", mutates_args=())
 def swiglu_backward(dact: torch.Tensor, gu: torch.Tensor) -> torch.Tensor:
-    if kernels.runs_triton(gu.device):
+    if runs_triton(gu.device):
         return backward_triton(dact, gu)
     return backward_reference(dact, gu).contiguous()
 
@@ -129,13 +134,14 @@ def _(dact: torch.Tensor, gu: torch.Tensor) -> torch.Tensor:
     return gu.new_empty(gu.shape)
 
 
-def _setup_context(ctx, inputs, output) -> None:
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     ctx.save_for_backward(inputs[0])
 
 
-def _backward(ctx, dact: torch.Tensor) -> torch.Tensor:
+def _backward(ctx: Any, dact: torch.Tensor) -> torch.Tensor:
     (gu,) = ctx.saved_tensors
-    return swiglu_backward(dact, gu)
+    dgu: torch.Tensor = swiglu_backward(dact, gu)
+    return dgu
 
 
 swiglu_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -143,4 +149,34 @@ swiglu_forward.register_autograd(_backward, setup_context=_setup_context)
 
 def swiglu(gu: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of gu = [gate | up] (last dimension), with the one-pass backward."""
-    return swiglu_forward(gu)
+    act: torch.Tensor = swiglu_forward(gu)
+    return act
+
+
+def qualify(device: torch.device) -> str | None:
+    """The probe: forward and backward against the torch formula (fp32 math, one rounding) at a ragged shape,
+    and the same bits twice; else the reason (the run then keeps torch's SwiGLU)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows, ffn = 37, 130
+    gu = torch.randn(2, rows, 2 * ffn, device=device, generator=gen).to(torch.bfloat16)
+    dact = torch.randn(2, rows, ffn, device=device, generator=gen).to(torch.bfloat16)
+    runs = [(forward_triton(gu), backward_triton(dact, gu)) for _ in range(2)]
+    if not all(torch.equal(a, b) for a, b in zip(runs[0], runs[1], strict=True)):
+        return "swiglu kernels gave different bits on two identical runs"
+    for name, got, ref in (("act", runs[0][0], forward_reference(gu)), ("dgu", runs[0][1], backward_reference(dact, gu))):
+        err = relative_error(got, ref)
+        if not err < 1e-2:
+            return f"swiglu {name} relative error {err:.3g} against the torch reference"
+    return None
+
+
+KERNEL = Kernel(
+    name="swiglu",
+    summary="silu(gate) * up in one pass each way: the backward reads the upstream gradient and gate/up once and "
+            "writes both gradients once",
+    fallback="remote.training.model.FeedForward.forward",
+    probe=qualify,
+    deterministic=True,
+    deterministic_why="elementwise: each output element is written by one program, no reduction",
+    knobs=("swiglu_rows", "swiglu_block", "swiglu_warps"),
+)

@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from remote import knobs
 from remote.mps.control import DEFAULT_LOG_DIR, MpsError, control, find_control_binary, parse_pids
 
 CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 133  # cuda.h: "contexts created on this device will be shared via MPS"
-MODE_ENV = "VH_MPS_MODE"
-CLIENT_DIR_ENV = "VH_MPS_CLIENT_DIR"
 MODES = ("on", "off")
 
 
@@ -62,7 +62,7 @@ def probe_cuda_device(device_index: int) -> CudaDeviceFacts:
     get_uuid = getattr(lib, "cuDeviceGetUuid_v2", None) or lib.cuDeviceGetUuid
     # The primary context is the one PyTorch uses; retaining it makes sure the MPS connection exists
     # before we look for our PID. It is deliberately never released: the process keeps using it.
-    steps = (
+    steps: tuple[tuple[str, Callable[[], int]], ...] = (
         ("cuInit", lambda: lib.cuInit(0)),
         ("cuDeviceGet", lambda: lib.cuDeviceGet(ctypes.byref(dev), device_index)),
         ("cuDevicePrimaryCtxRetain", lambda: lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)),
@@ -79,18 +79,19 @@ def probe_cuda_device(device_index: int) -> CudaDeviceFacts:
 
 
 def configured_mode() -> str:
-    mode = os.environ.get(MODE_ENV, "off").strip().lower() or "off"
-    if mode not in MODES:
-        raise MpsNotAttached(f"{MODE_ENV}={mode!r} is not one of {MODES}")
-    return mode
+    """`on` or `off` (unset: off); a value that is neither is a process that cannot prove anything."""
+    try:
+        return knobs.mps().mode or "off"
+    except knobs.KnobError as exc:
+        raise MpsNotAttached(str(exc)) from None
 
 
-def _find_in_clients(pid: int, pipe_dir: Path) -> dict:
+def _find_in_clients(pid: int, pipe_dir: Path) -> dict[str, Any]:
     binary = find_control_binary()
     servers = control(binary, pipe_dir, "get_server_list")
     if not servers.ok:
         raise MpsError(f"daemon reachable through {pipe_dir}: {servers.describe()}")
-    evidence: dict = {"server_pids": parse_pids(servers.out), "client_list": None}
+    evidence: dict[str, Any] = {"server_pids": parse_pids(servers.out), "client_list": None}
     for server_pid in evidence["server_pids"]:
         clients = control(binary, pipe_dir, f"get_client_list {server_pid}")
         if clients.ok and pid in parse_pids(clients.out):
@@ -108,7 +109,7 @@ def _find_in_log(pid: int) -> str | None:
     return next((line.strip() for line in text.splitlines() if needle in line), None)
 
 
-def _prove_attached(pid: int, facts: CudaDeviceFacts, timeout_s: float) -> dict:
+def _prove_attached(pid: int, facts: CudaDeviceFacts, timeout_s: float) -> dict[str, Any]:
     """Evidence of attachment, or MpsError naming the first prerequisite that failed."""
     pipe_env = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
     if not pipe_env:
@@ -136,8 +137,8 @@ def _prove_attached(pid: int, facts: CudaDeviceFacts, timeout_s: float) -> dict:
         time.sleep(0.1)
 
 
-def _write_record(record: dict) -> None:
-    out_dir = os.environ.get(CLIENT_DIR_ENV)
+def _write_record(record: dict[str, Any]) -> None:
+    out_dir = knobs.mps().client_dir
     if not out_dir:
         return
     path = Path(out_dir) / f"{record['role']}-{record['rank']}-{record['pid']}.json"
@@ -153,7 +154,7 @@ def attach_current_process(
     *,
     probe: Callable[[int], CudaDeviceFacts] | None = None,
     timeout_s: float = 5.0,
-) -> dict:
+) -> dict[str, Any]:
     """Prove (mode "on") or record (mode "off") this process's MPS state; see the module doc.
 
     Call inside the CUDA process after CUDA init, before spawning helpers. Raises MpsNotAttached
@@ -174,7 +175,7 @@ def attach_current_process(
             record["attachment"] = _prove_attached(pid, facts, timeout_s)
             record["attached"] = True
         elif facts.mps_enabled_attr == 1:
-            raise MpsError("not an MPS client while VH_MPS_MODE=off: CU_DEVICE_ATTRIBUTE_MPS_ENABLED is 1")
+            raise MpsError(f"not an MPS client while {knobs.MPS_MODE}=off: CU_DEVICE_ATTRIBUTE_MPS_ENABLED is 1")
     except MpsError as exc:
         record["error"] = f"{who}: prerequisite failed: {exc}"
         _write_record(record)

@@ -25,11 +25,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import IO, Any
 
+from remote import knobs
+from remote.host.paths import ROOT
 from remote.mps.control import DEFAULT_PIPE_DIR, daemon_answers, find_control_binary
 from remote.mps.wrapper import owned_daemon
-from remote.paths import ROOT
 
 WORKER_MODULE = "remote.mps.bench_worker"  # the CPU tests swap in a fake worker
 
@@ -37,14 +40,16 @@ WORKER_MODULE = "remote.mps.bench_worker"  # the CPU tests swap in a fake worker
 class Pool:
     """Worker processes of one arm, driven over stdin/stdout JSON lines."""
 
-    def __init__(self, helpers: int, env: dict[str, str], ready_timeout_s: float = 180.0):
-        self.procs, self.queues, self.threads = [], [], []
+    def __init__(self, helpers: int, env: dict[str, str], ready_timeout_s: float = 180.0) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        self.queues: list[queue.Queue[str | None]] = []
+        self.threads: list[threading.Thread] = []
         for i, role in enumerate(["learner"] + ["helper"] * helpers):
             proc = subprocess.Popen(
                 [sys.executable, "-m", WORKER_MODULE, "--role", role, "--cpu", str(i)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
             )
-            q: queue.Queue = queue.Queue()
+            q: queue.Queue[str | None] = queue.Queue()
             self.threads.append(threading.Thread(target=self._pump, args=(proc, q), daemon=True))
             self.threads[-1].start()
             self.procs.append(proc)
@@ -56,34 +61,35 @@ class Pool:
             raise RuntimeError(f"benchmark workers failed their MPS check: {failed}")
 
     @staticmethod
-    def _pump(proc: subprocess.Popen, q: queue.Queue) -> None:
-        for line in proc.stdout:
+    def _pump(proc: subprocess.Popen[str], q: queue.Queue[str | None]) -> None:
+        for line in _pipe(proc.stdout):
             q.put(line)
         q.put(None)  # EOF: the worker died; fail now rather than at the timeout
 
-    def _read(self, i: int, timeout_s: float) -> dict:
+    def _read(self, i: int, timeout_s: float) -> dict[str, Any]:
         try:
             line = self.queues[i].get(timeout=timeout_s)
         except queue.Empty:
             raise RuntimeError(f"worker {i} (pid {self.procs[i].pid}) silent for {timeout_s} s") from None
         if line is None:
             raise RuntimeError(f"worker {i} (pid {self.procs[i].pid}) exited (rc {self.procs[i].wait()})")
-        return json.loads(line)
+        reply: dict[str, Any] = json.loads(line)
+        return reply
 
-    def phase(self, active: list[bool], size: int, kernels: int, warm_s: float, window_s: float) -> list[dict]:
+    def phase(self, active: list[bool], size: int, kernels: int, warm_s: float, window_s: float) -> list[dict[str, Any]]:
         t_start = time.monotonic() + warm_s  # warm-up: steps that start before t_start do not count
         cmd = {"cmd": "phase", "size": size, "kernels": kernels, "t_start": t_start, "t_end": t_start + window_s}
         for proc, on in zip(self.procs, active):
-            proc.stdin.write(json.dumps(dict(cmd, active=on)) + "\n")
-            proc.stdin.flush()
+            _pipe(proc.stdin).write(json.dumps(dict(cmd, active=on)) + "\n")
+            _pipe(proc.stdin).flush()
         return [self._read(i, warm_s + window_s + 60) for i in range(len(self.procs))]
 
     def close(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
                 try:
-                    proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
-                    proc.stdin.close()
+                    _pipe(proc.stdin).write(json.dumps({"cmd": "exit"}) + "\n")
+                    _pipe(proc.stdin).close()
                 except OSError:
                     pass
         for proc in self.procs:
@@ -94,10 +100,10 @@ class Pool:
                 proc.wait()
         for proc, thread in zip(self.procs, self.threads):
             thread.join(timeout=5)
-            proc.stdout.close()
+            _pipe(proc.stdout).close()
 
 
-def _with_stats(result: dict) -> dict:
+def _with_stats(result: dict[str, Any]) -> dict[str, Any]:
     """Replace the raw step times (too many to keep) by their p50/p95."""
     s = sorted(result.pop("step_times_s", []))
     if not s:
@@ -105,21 +111,28 @@ def _with_stats(result: dict) -> dict:
     return dict(result, p50_ms=1e3 * s[len(s) // 2], p95_ms=1e3 * s[min(len(s) - 1, int(0.95 * len(s)))])
 
 
-def _median(values) -> float | None:
+def _pipe(stream: IO[str] | None) -> IO[str]:
+    """A worker's stdin or stdout (always a pipe here: Popen was asked for both)."""
+    if stream is None:
+        raise RuntimeError("a benchmark worker has no pipe")
+    return stream
+
+
+def _median(values: Iterable[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
 
 
-def run_pool(mode: str, a: argparse.Namespace) -> dict:
+def run_pool(mode: str, a: argparse.Namespace) -> dict[str, Any]:
     """All phases of one arm in one pool of processes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
-    env.update(VH_MPS_MODE=mode, PYTHONPATH=str(ROOT))
+    env.update(knobs.mps_mode_env("on" if mode == "on" else "off"), PYTHONPATH=str(ROOT))
     if mode == "on":
         env.update({k: v for k, v in a.daemon_env.items()})
     pool = Pool(max(a.helper_counts), env)
     n, phases = len(pool.procs), []
     try:
-        def go(name, active, size, kernels):
+        def go(name: str, active: list[bool], size: int, kernels: int) -> None:
             res = pool.phase(active, size, kernels, a.warm_s, a.window_s)
             phases.append({"name": name, "size": size, "kernels": kernels, "active": active,
                            "results": [_with_stats(r) for r in res]})
@@ -137,7 +150,7 @@ def run_pool(mode: str, a: argparse.Namespace) -> dict:
             "attr_values": [r["mps_enabled_attr"] for r in records]}
 
 
-def _one_rep(rep: int, a: argparse.Namespace, out: dict) -> None:
+def _one_rep(rep: int, a: argparse.Namespace, out: dict[str, Any]) -> None:
     order = ("on", "off") if rep % 2 == 0 else ("off", "on")
     for mode in order:
         if mode == "on":
@@ -160,7 +173,7 @@ def _one_rep(rep: int, a: argparse.Namespace, out: dict) -> None:
         a.out.write_text(json.dumps(out, indent=1))  # partial results survive a timeout
 
 
-def _point(arm: dict, base: dict, size: int, count: int) -> dict:
+def _point(arm: dict[str, Any], base: dict[str | int, float], size: int, count: int) -> dict[str, Any]:
     ph = next(p for p in arm["phases"] if p["name"] == "together" and p["size"] == size
               and sum(p["active"][1:]) == count)
     learner, helpers = ph["results"][0], [r for r, on in zip(ph["results"][1:], ph["active"][1:]) if on]
@@ -175,12 +188,12 @@ def _point(arm: dict, base: dict, size: int, count: int) -> dict:
             "helper_p95_ms": max((h["p95_ms"] for h in helpers if h["p95_ms"] is not None), default=None)}
 
 
-def summarise(out: dict, sizes: list[int], counts: list[int]) -> list[dict]:
+def summarise(out: dict[str, Any], sizes: list[int], counts: list[int]) -> list[dict[str, Any]]:
     rows = []
     reps = sorted({arm["rep"] for arm in out["arms"]})
     for size in sizes:
         for count in counts:
-            row: dict = {"size": size, "helpers": count}
+            row: dict[str, Any] = {"size": size, "helpers": count}
             for mode in ("off", "on"):
                 per_rep = []
                 for rep in reps:
@@ -188,7 +201,7 @@ def summarise(out: dict, sizes: list[int], counts: list[int]) -> list[dict]:
                     if "off" not in arms or mode not in arms:
                         continue
                     off = arms["off"]["phases"]
-                    base = {"learner": off[0]["results"][0]["throughput"]}
+                    base: dict[str | int, float] = {"learner": off[0]["results"][0]["throughput"]}
                     base.update({p["size"]: p["results"][1]["throughput"] for p in off if p["name"] == "helper_alone"})
                     per_rep.append(_point(arms[mode], base, size, count))
                 for key in per_rep[0] if per_rep else []:
@@ -201,7 +214,7 @@ def _f(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_table(rows: list[dict]) -> None:
+def print_table(rows: list[dict[str, Any]]) -> None:
     """One line per (helper kernel size, helper count); each cell 'off / on', medians over reps."""
     cols = [("learner TF/s", "learner_tflops", ".0f"), ("helper kernels/s", "helper_kernels_per_s", ".0f"),
             ("combined (norm.)", "combined_norm", ".2f"), ("learner p50 ms", "learner_p50_ms", ".2f"),
@@ -229,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.reps < 3:
         p.error("--reps must be at least 3")
-    out = {"kind": "mps-bench", "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+    out: dict[str, Any] = {"kind": "mps-bench", "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
            "learner": "4 x bf16 GEMM 8192^3 per step", "helper": "--kernels bf16 GEMMs size^3 per step", "arms": []}
     for rep in range(a.reps):
         _one_rep(rep, a, out)

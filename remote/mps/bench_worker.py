@@ -14,22 +14,23 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 LEARNER_N = 8192
 LEARNER_GEMMS_PER_STEP = 4
 
 
-def _emit(obj: dict) -> None:
+def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
 
 
 class Work:
-    def __init__(self, torch, role: str):
+    def __init__(self, torch: Any, role: str) -> None:
         self.torch, self.role = torch, role
-        self.cache: dict[int, tuple] = {}
+        self.cache: dict[int, tuple[Any, ...]] = {}
 
-    def tensors(self, n: int) -> tuple:
+    def tensors(self, n: int) -> tuple[Any, ...]:
         if n not in self.cache:
             g = self.torch.Generator(device="cuda").manual_seed(n)
             bf16 = self.torch.bfloat16
@@ -52,7 +53,7 @@ class Work:
         return float(kernels)
 
 
-def run_phase(work: Work, cmd: dict) -> dict:
+def run_phase(work: Work, cmd: dict[str, Any]) -> dict[str, Any]:
     if not cmd["active"]:
         return {"steps": 0}
     times, done = [], 0.0

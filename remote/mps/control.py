@@ -14,8 +14,11 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from remote import knobs
 
 PID_FILE_NAME = "nvidia-cuda-mps-control.pid"  # NVIDIA MPS docs, appendix tools
 DEFAULT_PIPE_DIR = Path("/tmp/nvidia-mps")  # what the CUDA driver uses when the env var is unset
@@ -56,7 +59,7 @@ class ControlResult:
 
 def find_control_binary(explicit: str | None = None) -> Path:
     """The control binary: --control-binary, then $VH_MPS_CONTROL_BIN, then PATH, then driver dirs."""
-    for cand in (explicit, os.environ.get("VH_MPS_CONTROL_BIN"), shutil.which(CONTROL_NAME)):
+    for cand in (explicit, knobs.mps().control_bin, shutil.which(CONTROL_NAME)):
         if cand:
             path = Path(cand)
             if path.is_file() and os.access(path, os.X_OK):
@@ -119,7 +122,7 @@ def proc_cmdline(pid: int) -> str:
 
 def is_mps_process(pid: int | None) -> bool:
     """Guard before any signal: we only ever signal MPS daemons/servers, never a reused PID."""
-    return bool(pid) and pid_alive(pid) and "nvidia-cuda-mps" in proc_cmdline(pid)
+    return pid is not None and pid > 0 and pid_alive(pid) and "nvidia-cuda-mps" in proc_cmdline(pid)
 
 
 def read_pid_file(pipe_dir: Path) -> int | None:
@@ -145,7 +148,7 @@ def find_daemon_by_environ(pipe_dir: Path) -> int | None:
     return None
 
 
-def wait_gone(pids: list[int], timeout_s: float, alive_if=pid_alive) -> list[int]:
+def wait_gone(pids: list[int], timeout_s: float, alive_if: Callable[[int], bool] = pid_alive) -> list[int]:
     """Wait until no PID satisfies `alive_if`; return those that still do at the deadline."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -10,8 +10,9 @@ import json
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
-from remote.envprobe import driver_version, parse_proc_driver_version  # noqa: F401 (re-exported)
+from remote.host.envprobe import driver_version, parse_proc_driver_version  # noqa: F401 (re-exported)
 from remote.mps.control import Daemon
 
 SCHEMA_VERSION = 1
@@ -27,7 +28,7 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def log_digests(log_dir: Path | None) -> dict[str, dict]:
+def log_digests(log_dir: Path | None) -> dict[str, dict[str, Any]]:
     """sha256 and size of every file directly in the log dir (control.log, server.log, ...)."""
     if log_dir is None or not log_dir.is_dir():
         return {}
@@ -37,7 +38,7 @@ def log_digests(log_dir: Path | None) -> dict[str, dict]:
     }
 
 
-def load_client_records(client_dir: Path) -> tuple[list[dict], list[str]]:
+def load_client_records(client_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
     records, errors = [], []
     for path in sorted(client_dir.glob("*.json")):
         try:
@@ -47,14 +48,14 @@ def load_client_records(client_dir: Path) -> tuple[list[dict], list[str]]:
     return records, errors
 
 
-def confirm_in_log(records: list[dict], control_log: str) -> None:
+def confirm_in_log(records: list[dict[str, Any]], control_log: str) -> None:
     """The wrapper's own cross-check: each client PID has a NEW CLIENT line in our control.log."""
     for rec in records:
         rec["control_log_confirmed"] = f"NEW CLIENT {rec.get('pid')} from user" in control_log
 
 
-def server_record(daemon: Daemon | None, binary: Path | None, **extra) -> dict:
-    record = {
+def server_record(daemon: Daemon | None, binary: Path | None, **extra: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
         "ownership": None if daemon is None else ("owned" if daemon.owned else "external"),
         "foreign_source": None if daemon is None else daemon.foreign_source,
         "driver_version": driver_version(),
@@ -73,8 +74,8 @@ def server_record(daemon: Daemon | None, binary: Path | None, **extra) -> dict:
     return record
 
 
-def build_manifest(*, command: list[str], server: dict, clients: list[dict], child: dict,
-                   exit_code: int, errors: list[str]) -> dict:
+def build_manifest(*, command: list[str], server: dict[str, Any], clients: list[dict[str, Any]], child: dict[str, Any],
+                   exit_code: int, errors: list[str]) -> dict[str, Any]:
     return {
         "kind": "mps",
         "schema_version": SCHEMA_VERSION,
@@ -91,7 +92,7 @@ def build_manifest(*, command: list[str], server: dict, clients: list[dict], chi
     }
 
 
-def write_manifest(path: Path, manifest: dict) -> None:
+def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

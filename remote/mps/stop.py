@@ -17,6 +17,7 @@ import shutil
 import signal
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from remote.mps.control import (
     Daemon,
@@ -42,16 +43,16 @@ class StopReport:
     by: str  # "wrapper" | "supervisor"
     server_pids: list[int] = field(default_factory=list)
     clients_left_at_stop: list[int] = field(default_factory=list)
-    terminated_clients: list[dict] = field(default_factory=list)
+    terminated_clients: list[dict[str, Any]] = field(default_factory=list)
     quit: str = ""
-    escalated: list[dict] = field(default_factory=list)
+    escalated: list[dict[str, Any]] = field(default_factory=list)
     daemon_gone: bool = False
     servers_gone: bool = False
     survivors: list[int] = field(default_factory=list)
     pipe_dir_removed: bool = False
     seconds: float = 0.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -41,8 +41,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from remote import knobs
 from remote.checks.mps import client_claim_errors
+from remote.host.paths import ROOT
 from remote.mps.control import (
     DEFAULT_PIPE_DIR,
     Daemon,
@@ -66,7 +69,6 @@ from remote.mps.manifest import (
 )
 from remote.mps.stop import StopReport, StopTimeouts, drain_clients, stop_owned
 from remote.mps.supervisor import start_ticks
-from remote.paths import ROOT
 
 __all__ = ["main", "owned_daemon", "parse_args", "run"]
 
@@ -103,7 +105,7 @@ class _Signals:
     """Forward signals to the child's group while it runs; before that, abort the start."""
 
     def __init__(self) -> None:
-        self.child: subprocess.Popen | None = None
+        self.child: subprocess.Popen[bytes] | None = None
         self.received: list[str] = []
         self.first_at: float | None = None
         self.stopping = False
@@ -161,7 +163,7 @@ class _Supervisor:
 
 
 def start_owned_daemon(binary: Path, base_dir: Path, log_dir: Path | None, thread_pct: int | None,
-                       ready_timeout_s: float, timeouts: StopTimeouts, state: dict) -> Daemon:
+                       ready_timeout_s: float, timeouts: StopTimeouts, state: dict[str, Any]) -> Daemon:
     """Private dirs, `-d`, supervisor, readiness, defaults. Fills `state` as it goes so that the
     caller's cleanup can stop whatever was started even when a later step fails."""
     pipe_dir, log_dir = make_private_dirs(base_dir, log_dir)
@@ -183,12 +185,12 @@ def start_owned_daemon(binary: Path, base_dir: Path, log_dir: Path | None, threa
 @contextlib.contextmanager
 def owned_daemon(log_dir: Path | None = None, *, base_dir: Path = Path("/tmp"), thread_pct: int | None = None,
                  ready_timeout_s: float = 15.0, timeouts: StopTimeouts | None = None,
-                 control_binary: str | None = None) -> Iterator[tuple[Daemon, dict]]:
+                 control_binary: str | None = None) -> Iterator[tuple[Daemon, dict[str, Any]]]:
     """A fresh daemon of ours for a block (the benchmark's per-repetition daemon). Yields the daemon
     and a dict that receives the stop report under "stop" once the block is left."""
     t = timeouts or StopTimeouts()
-    state: dict = {}
-    info: dict = {}
+    state: dict[str, Any] = {}
+    info: dict[str, Any] = {}
     try:
         yield start_owned_daemon(find_control_binary(control_binary), base_dir, log_dir, thread_pct,
                                  ready_timeout_s, t, state), info
@@ -237,8 +239,8 @@ def _find_foreign(binary: Path, opts: Options) -> tuple[Daemon | None, str | Non
     return None, stale
 
 
-def _run_child(opts: Options, daemon: Daemon, client_dir: Path, sigs: _Signals, state: dict) -> int:
-    env = dict(os.environ, **daemon.env(), VH_MPS_MODE="on", VH_MPS_CLIENT_DIR=str(client_dir))
+def _run_child(opts: Options, daemon: Daemon, client_dir: Path, sigs: _Signals, state: dict[str, Any]) -> int:
+    env = dict(os.environ, **daemon.env(), **knobs.mps_client_env(str(client_dir)))
     child = subprocess.Popen(opts.command, env=env, process_group=0)
     sigs.child = child
     state["child"] = {"pid": child.pid, "signals_forwarded": sigs.received}
@@ -274,7 +276,7 @@ def _client_dir(daemon: Daemon, base_dir: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix="vhmps-clients-", dir=base_dir))
 
 
-def _validate(daemon: Daemon, client_dir: Path, server: dict) -> tuple[list[dict], list[str]]:
+def _validate(daemon: Daemon, client_dir: Path, server: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     records, errors = load_client_records(client_dir)
     if daemon.owned:
         confirm_in_log(records, daemon.control_log_text())
@@ -282,7 +284,7 @@ def _validate(daemon: Daemon, client_dir: Path, server: dict) -> tuple[list[dict
     return records, errors
 
 
-def _finish(opts: Options, state: dict, server_extra: dict) -> tuple[dict, list[str]]:
+def _finish(opts: Options, state: dict[str, Any], server_extra: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Record the servers, stop what we own, hash the logs; return the server record and errors."""
     daemon: Daemon | None = state.get("daemon")
     errors: list[str] = []
@@ -306,12 +308,12 @@ def _finish(opts: Options, state: dict, server_extra: dict) -> tuple[dict, list[
 
 def run(opts: Options) -> int:
     sigs = _Signals()
-    state: dict = {"child": {}}
+    state: dict[str, Any] = {"child": {}}
     errors: list[str] = []
-    records: list[dict] = []
+    records: list[dict[str, Any]] = []
     exit_code = EXIT_SETUP
     client_dir: Path | None = None
-    server_extra: dict = {"requested_thread_percentage": opts.thread_pct, "stale_default_pipe_dir": None}
+    server_extra: dict[str, Any] = {"requested_thread_percentage": opts.thread_pct, "stale_default_pipe_dir": None}
     sigs.install()
     try:
         state["binary"] = find_control_binary(opts.control_binary)

@@ -34,11 +34,11 @@ def main() -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")
-    mps_rec = None
-    if os.environ.get("VH_MPS_MODE"):  # under `python -m remote.mps`: prove this rank attached, as training does
-        from remote.train import attach_mps
+    from remote import knobs
+    from remote.training.train import attach_mps
 
-        mps_rec = attach_mps(rank, int(os.environ["LOCAL_RANK"]), world)
+    # under `python -m remote.mps` (an MPS mode set): prove this rank attached, as training does; else None
+    mps_rec = attach_mps(rank, int(os.environ["LOCAL_RANK"]), world)
     rows = []
     for mib in SIZES_MIB:
         x = torch.randn(mib * 2**20 // 2, dtype=torch.bfloat16, device="cuda")
@@ -59,7 +59,7 @@ def main() -> int:
                      "busbw_gbps": round(busbw, 1), "times_ms": [round(t, 4) for t in times_ms]})
     if rank == 0:
         doc = {"label": args.label, "world_size": world, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-               "mps_mode": os.environ.get("VH_MPS_MODE"), "mps_rank0": mps_rec, "rows": rows}
+               "mps_mode": knobs.mps().mode, "mps_rank0": mps_rec, "rows": rows}
         with open(args.out, "w") as fh:
             json.dump(doc, fh, indent=1)
         for r in rows:

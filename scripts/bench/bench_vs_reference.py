@@ -47,14 +47,15 @@ RECORD_KEY = {"ours": "ours", "deterministic": "deterministic", "fast-cudnn": "b
 PREVIOUS_KERNELS = {"VH_KERNELS": "loss,swiglu,optim"}
 TARGETS = {"ratio_vs_strongest": 1.13, "deterministic_vs_fast": 0.97, "deterministic_vs_baseline_fast": 1.00,
            "deterministic_vs_previous_fast": 1.00}
-KNOB_PREFIXES = ("VH_KERNELS", "VH_CE_", "VH_SWIGLU_", "VH_ADAMW_", "VH_NORM_", "VH_ROPE_", "VH_MLP_")  # kernels.ENV_PREFIXES
+from remote.knobs import KERNEL_PREFIXES as KNOB_PREFIXES  # noqa: E402 (after the sys.path line above)
 
 
 def reference_run(profile_name: str, name: str, micro_batch: int, steps: int, warmup: int) -> dict:
     import torch
 
-    from remote import data, mfu
-    from remote.profiles import load_profile
+    from remote.accounting import mfu
+    from remote.training import data
+    from remote.training.profiles import load_profile
 
     try:
         import transformers
@@ -130,8 +131,9 @@ def torchtitan_run(profile_name: str, micro_batch: int, steps: int, warmup: int,
 
     import torch
 
-    from remote import data, mfu
-    from remote.profiles import load_profile
+    from remote.accounting import mfu
+    from remote.training import data
+    from remote.training.profiles import load_profile
 
     try:
         import datasets  # noqa: F401 - torchtitan's llama3 package imports it; the synthetic loader never uses it
@@ -270,7 +272,7 @@ def ours_run(args: argparse.Namespace, name: str, work: Path) -> tuple[dict | No
 
 def _annotate(record: dict, profile: str) -> dict:
     """The loss chunk the run used, and whether it is the profile's own (not an environment knob's)."""
-    from remote.profiles import load_profile
+    from remote.training.profiles import load_profile
 
     chunk = record.get("kernels", {}).get("ce_chunk_tokens")
     record["ce_chunk_tokens"] = chunk
@@ -312,7 +314,7 @@ def summarize(record: dict) -> dict:
 
 def _versions() -> dict:
     """Versions and GPU name without a CUDA context in this (parent) process: the children measure."""
-    from remote import envprobe
+    from remote.host import envprobe
 
     gpus, _ = envprobe.smi_gpus()
     return envprobe.versions() | {"gpu_name": gpus[0].get("name") if gpus else None}
@@ -338,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or args.micro_batch < 1 or args.steps <= args.warmup_steps:
         print(f"error: bad --runs {unknown} or --micro-batch/--steps", file=sys.stderr)
         return 2
-    from remote import evidence, parallel
+    from remote.training import evidence, parallel
 
     parallel.set_process_env(nccl_pcie=False)  # multicast off here too, before CUDA starts
     if args.reference == "torchtitan":

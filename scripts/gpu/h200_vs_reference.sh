@@ -4,7 +4,7 @@
 # timed), then scripts/bench/bench_vs_reference.py at mb 16 (ours with the profile's settings, ours deterministic +
 # replay, fast-cudnn = the fast default before FA4, HF per-layer / whole-model compile, HF + Liger per-layer /
 # whole-model), then extra runs named in H200_EXTRA (a name starting "prof" also writes a Chrome trace of the
-# last VH_TORCH_PROFILE_STEPS steps, split by step with remote.steptrace). nvidia-smi samples clocks, power and
+# last VH_TORCH_PROFILE_STEPS steps, split by step with remote.accounting.steptrace). nvidia-smi samples clocks, power and
 # clock-event reasons every 100 ms all along (smi.csv in extra.tar.gz): the alternating slow step's cause.
 #   OUT=dir bash scripts/gpu/h200_vs_reference.sh   (PY=python3; H200_STEPS=13, H200_BUDGET_S=540,
 #       H200_RUNS=bench runs, H200_EXTRA="name|ENV=..|flags;..." extra run_mfu_dist runs, each limited to
@@ -58,7 +58,7 @@ phase() {  # phase NAME LIMIT_S CMD...: time-limited (by LIMIT_S and the budget 
 
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,power.draw,driver_version --format=csv >>"$LOG" 2>&1
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" 2>&1 | tee -a "$LOG"
-$PY -c "from remote import fa4; import torch; print('fa4', fa4.versions(), fa4.unqualified(torch.device('cuda')) or 'importable')" 2>&1 | tail -2 | tee -a "$LOG"
+$PY -c "from remote.attention import fa4; import torch; print('fa4', fa4.versions(), fa4.unqualified(torch.device('cuda')) or 'importable')" 2>&1 | tail -2 | tee -a "$LOG"
 phase check "${H200_CHECK_LIMIT_S:-110}" $PY -m remote.kernels.check --out "$OUT/kernels-check.json" \
     ${H200_CHECK_ONLY:+--only "$H200_CHECK_ONLY"}
 mkdir -p "$WORK/bench"
@@ -73,7 +73,7 @@ for spec in "${EXTRA[@]}"; do
     phase "x-$name" "${H200_EXTRA_LIMIT_S:-150}" env $envs $PY scripts/run_mfu_dist.py --profile mfu-dense-1b-dp1 --device cuda \
         --reduction zero2o --compile --micro-batch 16 --steps "$STEPS" --out "$WORK/bench/mfu-x-$name.json" $flags
     if [ -f "$WORK/$name-trace.json" ]; then
-        phase "steptrace-$name" 60 $PY -m remote.steptrace "$WORK/$name-trace.json" --out "$WORK/bench/$name-steptrace.json"
+        phase "steptrace-$name" 60 $PY -m remote.accounting.steptrace "$WORK/$name-trace.json" --out "$WORK/bench/$name-steptrace.json"
         gzip -f "$WORK/$name-trace.json"
     fi
 done

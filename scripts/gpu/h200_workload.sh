@@ -26,8 +26,8 @@ phase() {  # phase NAME LIMIT_S CMD...: run with a time limit, log, never abort 
     return $rc
 }
 
-phase envprobe 60 $PY -m remote.envprobe --out "$OUT/envprobe.json"
-phase qualify 150 $PY -m remote.attention --qualify --device cuda --out "$OUT/attention-qual.json"
+phase envprobe 60 $PY -m remote.host.envprobe --out "$OUT/envprobe.json"
+phase qualify 150 $PY -m remote.attention.backend --qualify --device cuda --out "$OUT/attention-qual.json"
 phase smoke 150 $PY "${RUN[@]/mfu-dense-1b-dp1/tiny-cpu}" --reduction zero2o --deterministic --replay \
     --out "$WORK/mfu-smoke-tiny-cuda.json"
 for mb in $MB_LIST; do

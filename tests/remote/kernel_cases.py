@@ -21,16 +21,15 @@ pytest.importorskip("triton")
 import torch
 import torch.nn.functional as F
 
-from remote import kernels
-from remote.kernels import adamw, loss, norm, rope, swiglu
-from remote.model import ModelConfig, apply_rope, linear_cross_entropy, rope_tables
+from remote.kernels import adamw, jit, loss, norm, registry, rope, swiglu
+from remote.training.model import ModelConfig, apply_rope, linear_cross_entropy, rope_tables
 
 
 @pytest.fixture(autouse=True)
-def interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+def interpreter(monkeypatch: pytest.MonkeyPatch, knob_env) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("VH_KERNELS_CPU", "1")
-    assert kernels.runs_triton(torch.device("cpu"))
+    knob_env("VH_KERNELS_CPU", "1")
+    assert jit.runs_triton(torch.device("cpu"))
 
 
 def within_one_bf16_ulp(out: torch.Tensor, ref: torch.Tensor) -> bool:
@@ -45,34 +44,21 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out - ref).norm() / ref.norm()).item()
 
 
-def test_knobs_parse_and_refuse_typos(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("VH_KERNELS", raising=False)
-    assert kernels.requested() == frozenset(kernels.DEFAULT) == frozenset(kernels.KNOWN)
-    monkeypatch.setenv("VH_KERNELS", "all,loss")
-    assert kernels.requested() == frozenset(kernels.DEFAULT)
-    monkeypatch.setenv("VH_KERNELS", "loss,mlp")
-    assert kernels.requested() == {"loss", "mlp"}
-    assert not kernels.active("mlp", torch.device("cpu"))  # quack's GEMMs: CUDA sm90/sm100 only
-    assert "CUDA" in (kernels.rejection("mlp", torch.device("cpu")) or "")
-    monkeypatch.setenv("VH_KERNELS", "none")
-    assert kernels.requested() == frozenset()
-    monkeypatch.setenv("VH_KERNELS", "loss, optim")
-    assert kernels.requested() == {"loss", "optim"}
-    assert kernels.active("loss", torch.device("cpu")) and not kernels.active("swiglu", torch.device("cpu"))
-    monkeypatch.setenv("VH_KERNELS", "loss,swigl")
-    with pytest.raises(kernels.KnobError, match="swigl"):
-        kernels.requested()
-    monkeypatch.setenv("VH_CE_CHUNK", "many")
-    with pytest.raises(kernels.KnobError, match="VH_CE_CHUNK"):
-        kernels.ce_chunk_tokens(8192)
+def test_every_triton_kernel_is_active_here_and_mlp_says_why_not(knob_env) -> None:
+    cpu = torch.device("cpu")
+    assert registry.requested() == frozenset(registry.names())
+    assert [n for n in registry.names() if registry.active(n, cpu)] == ["loss", "norm", "optim", "rope", "swiglu"]
+    assert "CUDA" in (registry.rejection("mlp", cpu) or "")  # quack's GEMMs: CUDA sm90/sm100 only
+    knob_env("VH_KERNELS", "loss, optim")
+    assert registry.active("loss", cpu) and not registry.active("swiglu", cpu)
 
 
-def test_kernels_stay_off_on_cpu_without_the_test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("VH_KERNELS_CPU")
-    assert not kernels.active("loss", torch.device("cpu"))
-    monkeypatch.setenv("VH_KERNELS_CPU", "1")
+def test_kernels_stay_off_on_cpu_without_the_test_switch(monkeypatch: pytest.MonkeyPatch, knob_env) -> None:
+    knob_env("VH_KERNELS_CPU", None)
+    assert not registry.active("loss", torch.device("cpu"))
+    knob_env("VH_KERNELS_CPU", "1")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert not kernels.active("loss", torch.device("cpu"))
+    assert not registry.active("loss", torch.device("cpu"))
 
 
 @pytest.mark.parametrize("config", [{"ROWS": 1, "BLOCK": 64, "num_warps": 4, "programs": 0},
@@ -299,21 +285,43 @@ def test_rope_kernel_matches_the_model_rotation_and_its_backward_is_the_inverse(
     assert torch.equal(x.grad, dqkv)
 
 
-def test_probed_kernels_qualify_here_and_a_failing_probe_keeps_them_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_probe_passes_here_and_a_failing_one_keeps_its_kernel_off(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = torch.device("cpu")
-    assert norm.qualify(cpu) is None and rope.qualify(cpu) is None
-    assert kernels.active("norm", cpu) and kernels.active("rope", cpu)
-    monkeypatch.setattr(kernels, "_PROBES", {})
+    for module in (loss, swiglu, adamw, norm, rope):
+        assert module.qualify(cpu) is None, module.__name__
+    assert registry.active("norm", cpu) and registry.active("rope", cpu)
+    monkeypatch.setattr(registry.default(), "probes", {})
     monkeypatch.setattr(rope, "backward_triton", lambda *a: rope.backward_reference(*a) * 1.5)
     assert "dqkv relative error" in (rope.qualify(cpu) or "")
-    assert not kernels.active("rope", cpu) and kernels.active("norm", cpu)
-    assert "dqkv" in kernels.describe(cpu)["rejected"]["rope"]
+    assert not registry.active("rope", cpu) and registry.active("norm", cpu)
+    record = registry.describe(cpu)
+    assert "dqkv" in record["rejected"]["rope"] and record["probes"]["rope"]["passed"] is False
+    assert record["probes"]["norm"]["passed"] is True and "rope" not in record["active"]
+
+
+@pytest.mark.parametrize(("module", "name", "written", "wrong"), [
+    (loss, "ce_rows_inplace", 0, "loss grad_h relative error"),  # the gradient, over the logits buffer
+    (swiglu, "backward_triton", None, "swiglu dgu relative error"),  # its return value
+    (adamw, "step_triton", 1, "adamw master relative error"),  # the master weights, in place
+])
+def test_a_probe_sees_a_kernel_that_is_a_little_wrong(monkeypatch: pytest.MonkeyPatch, module, name: str,
+                                                      written: int | None, wrong: str) -> None:
+    """The probes added for loss, swiglu and optim are real checks: 5% off in what the kernel writes fails them."""
+    good = getattr(module, name)
+
+    def off_by_five_percent(*args, **kwargs):
+        out = good(*args, **kwargs)
+        (out if written is None else args[written]).mul_(1.05)
+        return out
+
+    monkeypatch.setattr(module, name, off_by_five_percent)
+    assert wrong in (module.qualify(torch.device("cpu")) or "")
 
 
 def test_block_with_norm_and_rope_kernels_matches_the_torch_block_and_compiles() -> None:
     """The model wiring (Block.norms, Attention.rope): the same block's output and every gradient within bf16
     rounding of the torch path, and the per-layer compile (aot_eager here) giving the eager kernels' bits."""
-    from remote.model import build_model
+    from remote.training.model import build_model
 
     cfg = ModelConfig(d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=96, vocab_size=64, seq_len=24)
     block = build_model(cfg, torch.device("cpu"), 0).layers[0]

@@ -55,6 +55,22 @@ def test_replay_claims(tmp_path: Path, edit, claim: str) -> None:
     assert failed and claim in failed[0], failed
 
 
+def with_probes(d: dict) -> dict:
+    """The record as a run with the kernel registry writes it: every active kernel's probe passed."""
+    d["kernels"] = {"requested": ["loss", "norm"], "active": ["loss"], "rejected": {"norm": "probe failed: x"},
+                    "probes": {"loss": {"passed": True, "reason": None, "seconds": 0.1},
+                               "norm": {"passed": False, "reason": "x", "seconds": 0.1}}, "env": {}}
+    return d
+
+
+def test_kernel_probes_are_checked_where_recorded(tmp_path: Path) -> None:
+    assert mfu_check.check(tampered(tmp_path, "dp1-fast.json", with_probes)) == []
+    unprobed = mfu_check.check(tampered(tmp_path, "dp1-fast.json",
+                                        lambda d: with_probes(d)["kernels"]["active"].append("norm")))
+    assert "kernels ['norm'] ran without a passing probe" in unprobed[0]
+    assert "recorded both active and rejected" in unprobed[1]
+
+
 def test_bench_ratio_and_embedded_evidence_are_checked(tmp_path: Path) -> None:
     assert "ratio" in mfu_check.check(tampered(tmp_path, "bench-vs-reference.json",
                                                lambda d: d.update(ratio=1.5)))[0]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from remote import checks, train
+from remote import checks
+from remote.training import train
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from remote import envprobe
+from remote import knobs
+from remote.host import envprobe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +30,7 @@ def test_image_facts_are_what_torch_reports():
 
 def test_the_probe_does_not_import_torch(tmp_path):
     out = tmp_path / "env.json"
-    code = ("import sys, remote.envprobe as e; rc = e.main(['--out', sys.argv[1]]); "
+    code = ("import sys, remote.host.envprobe as e; rc = e.main(['--out', sys.argv[1]]); "
             "assert 'torch' not in sys.modules, 'torch was imported'; sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, check=False)
@@ -49,7 +50,7 @@ def test_version_prefix_match(expected, actual, ok):
 
 def _run_probe(tmp_path, *flags):
     out = tmp_path / "env.json"
-    done = subprocess.run([sys.executable, "-m", "remote.envprobe", "--out", str(out), *flags], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "remote.host.envprobe", "--out", str(out), *flags], cwd=ROOT,
                           capture_output=True, text=True, timeout=60, check=False)
     return done, json.loads(out.read_text())
 
@@ -98,7 +99,7 @@ def test_torch_version_py_is_read_without_running_it(tmp_path):
 def test_masked_remote_env_values_never_reach_the_record(monkeypatch):
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "vh-distinctive-9137")
     monkeypatch.setenv("NCCL_DEBUG", "INFO")
-    monkeypatch.setenv(envprobe.MASKED_ENV_VAR, "NCCL_SOCKET_IFNAME OTHER")
+    monkeypatch.setenv(knobs.MASKED_ENV, "NCCL_SOCKET_IFNAME OTHER")
     record = envprobe.probe()
     assert "vh-distinctive-9137" not in json.dumps(record)
     assert record["env"]["NCCL_SOCKET_IFNAME"] == "***" and record["env"]["NCCL_DEBUG"] == "INFO"

@@ -1,4 +1,4 @@
-"""FlashAttention-4 as an attention path (remote.fa4): selection, fallback and tracing, on CPU.
+"""FlashAttention-4 as an attention path (remote.attention.fa4): selection, fallback and tracing, on CPU.
 
 The kernels themselves run only on a GPU (remote.kernels.check times and checks them there); here: the probe
 refuses what cannot run it (CPU, unqualified architectures, a missing wheel) with a reason that lands in the
@@ -13,7 +13,9 @@ import types
 import pytest
 import torch
 
-from remote import attention, evidence, fa4
+from remote.attention import backend as attention
+from remote.attention import fa4
+from remote.training import evidence
 
 
 @pytest.fixture(autouse=True)
@@ -128,7 +130,7 @@ def test_step_spread_shows_an_alternating_step() -> None:
 
 
 def test_steptrace_splits_a_trace_by_step_and_compares_the_slow_one(tmp_path) -> None:
-    from remote import steptrace
+    from remote.accounting import steptrace
 
     ev = []
     for step, t0, scale in ((3, 0, 1.0), (4, 1000, 1.1)):

@@ -1,7 +1,7 @@
 """GPU-only tests: the proofs profile runs these on the rented host, where a skip fails the step.
 
 They travel in the workload bundle and use only the standard library, PyTorch, pytest and `remote/`.
-Elsewhere (CI has no GPU) they skip; `python -m remote.plan no-skips` turns any skip into a failure.
+Elsewhere (CI has no GPU) they skip; `python -m remote.host.plan no-skips` turns any skip into a failure.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def test_cuda_visible_and_bf16_matmul():
 
 def test_attention_fast_path_selected():
     """The 1B shape gets the fast SDPA path the profile qualifies, never the math fallback."""
-    from remote import attention
-    from remote.profiles import load_profile
+    from remote.attention import backend as attention
+    from remote.training.profiles import load_profile
 
     profile = load_profile("mfu-dense-1b-dp1")
     m = profile.model

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from remote import kernels
+from remote import knobs
 from remote.kernels import mlp
 
 
@@ -89,7 +89,7 @@ def test_fused_mlp_matches_the_model_formula(fake_quack, monkeypatch: pytest.Mon
 
 
 def test_feedforward_uses_it_when_attached(fake_quack) -> None:
-    from remote.model import FeedForward, ModelConfig
+    from remote.training.model import FeedForward, ModelConfig
 
     cfg = ModelConfig(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=12, vocab_size=32, seq_len=8,
                       dtype="float32")
@@ -109,9 +109,9 @@ def test_an_attached_mlp_trains_the_same_model_and_states_it_canonically(fake_qu
     run's state (what the leaf root hashes) names the same parameters in the model's [gate; up] layout."""
     import torch.distributed as dist
 
-    from remote import parallel
-    from remote.model import ModelConfig, build_model
-    from remote.profiles import TrainConfig
+    from remote.training import parallel
+    from remote.training.model import ModelConfig, build_model
+    from remote.training.profiles import TrainConfig
 
     cfg = ModelConfig(d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=12, vocab_size=32, seq_len=8,
                       dtype="float32")
@@ -121,7 +121,7 @@ def test_an_attached_mlp_trains_the_same_model_and_states_it_canonically(fake_qu
     try:
         results = {}
         for with_mlp in (False, True):
-            monkeypatch.setattr(parallel.kernels, "active", lambda name, dev, on=with_mlp: on and name == "mlp")
+            monkeypatch.setattr(parallel.registry, "active", lambda name, dev, on=with_mlp: on and name == "mlp")
             model = build_model(cfg, torch.device("cpu"), seed=5)
             plain_w13 = model.layers[0].ffn.w13.weight.detach().clone()
             runner = parallel.parallelize(model, parallel.ParallelConfig(reduction, train),
@@ -143,12 +143,12 @@ def test_an_attached_mlp_trains_the_same_model_and_states_it_canonically(fake_qu
         dist.destroy_process_group()
 
 
-def test_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VH_MLP_GEMMS", "some")
-    with pytest.raises(kernels.KnobError, match="VH_MLP_GEMMS"):
+def test_knobs(monkeypatch: pytest.MonkeyPatch, knob_env) -> None:
+    knob_env("VH_MLP_GEMMS", "some")
+    with pytest.raises(knobs.KnobError, match="VH_MLP_GEMMS"):
         mlp.settings()
-    monkeypatch.setenv("VH_MLP_GEMMS", "all")
-    monkeypatch.setenv("VH_MLP_TUNED", "1")
+    knob_env("VH_MLP_GEMMS", "all")
+    knob_env("VH_MLP_TUNED", "1")
     assert mlp.settings() == {"gemms": "all", "tuned": True}
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
     assert mlp.settings()["tuned"] is False  # a timed choice could differ between a run and its replay
@@ -194,9 +194,9 @@ def test_epilogue_cache_key_accepts_what_quack_refuses(monkeypatch: pytest.Monke
         identity.semantic_value_key(1, set())
 
 
-def test_the_knob_prefix_copies_follow_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The evidence checker and the bench keep torch-free copies of kernels.ENV_PREFIXES: a knob they miss
-    would let a bench's `ours` run with it, and a record claim profile defaults it did not use."""
+def test_the_bench_strips_every_kernel_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The evidence checker and the bench take the kernel knobs' prefixes from remote.knobs: a knob they
+    missed would let a bench's `ours` run with it, and a record claim profile defaults it did not use."""
     import importlib.util
     from pathlib import Path
 
@@ -207,6 +207,7 @@ def test_the_knob_prefix_copies_follow_the_kernels(monkeypatch: pytest.MonkeyPat
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    assert mfu_checks.KNOB_PREFIXES == bench.KNOB_PREFIXES == kernels.ENV_PREFIXES
+    assert mfu_checks.KERNEL_PREFIXES is bench.KNOB_PREFIXES is knobs.KERNEL_PREFIXES
+    assert all(name.startswith(knobs.KERNEL_PREFIXES) for name in knobs.KernelKnobs.env_names().values())
     monkeypatch.setenv("VH_MLP_GEMMS", "all")
     assert "VH_MLP_GEMMS" not in bench.user_env()

@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from remote import attention, mfu
-from remote.merkle import merkle_root
-from remote.model import ModelConfig, build_model, linear_cross_entropy, rope_tables
-from remote.profiles import ProfileError, load_profile
+from remote.accounting import mfu
+from remote.accounting.merkle import merkle_root
+from remote.attention import backend as attention
+from remote.training.model import ModelConfig, build_model, linear_cross_entropy, rope_tables
+from remote.training.profiles import ProfileError, load_profile
 
 
 def test_1b_flops_per_token_matches_the_formula() -> None:
@@ -104,8 +105,8 @@ def test_attention_probe_is_cached_per_key() -> None:
 
 @pytest.mark.slow
 def test_deterministic_mode_probes_fa4_det_then_cudnn_det_then_flash() -> None:
-    """Strict deterministic mode: PyTorch's SDPA drops cuDNN, so FA4's deterministic backward (remote.fa4)
-    goes first, then cuDNN's own (remote.cudnn_sdpa); when both wheels are missing the probe lands on flash."""
+    """Strict deterministic mode: PyTorch's SDPA drops cuDNN, so FA4's deterministic backward (remote.attention.fa4)
+    goes first, then cuDNN's own (remote.attention.cudnn_sdpa); when both wheels are missing the probe lands on flash."""
     tried = []
 
     def no_wheels(path, kv_mode, *rest):
@@ -133,7 +134,7 @@ def test_cudnn_det_ops_trace_with_the_models_layouts() -> None:
     memory for out/dq/dk/dv and fp32 [B, H, T, 1] stats, so the output projection reads out with no copy."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from remote import cudnn_sdpa
+    from remote.attention import cudnn_sdpa
 
     with FakeTensorMode():
         base = torch.empty(2, 64, 16 + 2 * 4, 32, dtype=torch.bfloat16)

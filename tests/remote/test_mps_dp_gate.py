@@ -19,7 +19,8 @@ def _worker(rank: int, port: int, outcomes: list, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
                       VH_MPS_MODE="on")
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    from remote import mps, train
+    from remote import mps
+    from remote.training import train
 
     def fake_attach(role: str, rank: int | None, device_index: int) -> dict:
         outcome = outcomes[rank]

@@ -1,4 +1,4 @@
-"""The zero2/zero2o owner reduction at world sizes 2, 4 and 8 under gloo (remote/parallel.py says in which
+"""The zero2/zero2o owner reduction at world sizes 2, 4 and 8 under gloo (remote/training/parallel.py says in which
 order it adds): the reduced shards are the rank-order fold of the ranks' gradients, zero2o is bitwise zero2,
 the bits do not depend on the bucket layout, and a deterministic round replays at world 4.
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from remote import parallel
 from remote.checks import mfu as mfu_check
-from tests.remote.worlds import owner_reduction, run_world, train_main
+from remote.training import parallel
+from tests.remote.worlds import owner_reduction, run_world, train_main, train_main_where_rank0_passes_a_probe
 
 
 def _main(tmp: Path, world: int, reduction: str, *extra: str, name: str = "", bucket_cap_mb: float | None = None,
@@ -91,6 +91,17 @@ def test_deterministic_replay_at_world_4(tmp_path: Path) -> None:
     assert record["replay_match"] is True and record["replay_leaf_root"] == record["leaf_root"]
     assert record["replay_loss_per_step"] == record["loss_per_step"]
     assert mfu_check.check(tmp_path / "zero2o-w4.json") == []
+
+
+@pytest.mark.slow
+def test_ranks_whose_kernel_probes_disagree_stop_before_any_round(tmp_path: Path) -> None:
+    out = tmp_path / "x.json"
+    argv = ["--profile", "tiny-cpu", "--device", "cpu", "--reduction", "zero2", "--peak-tflops", "1", "--out", str(out)]
+    result = run_world(2, train_main_where_rank0_passes_a_probe, argv, logs=tmp_path / "logs",
+                       env={"VH_KERNELS": "loss"})
+    assert result.exit_codes == [1, 1], result.explain()
+    assert "ranks disagree on which kernels passed their probes (rank 0: loss; rank 1: none)" in result.logs[0]
+    assert not out.exists()
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 _CTX = multiprocessing.get_context("forkserver")
-_CTX.set_forkserver_preload(["torch", "torch.distributed", "remote.train", "tests.remote.worlds"])
+_CTX.set_forkserver_preload(["torch", "torch.distributed", "remote.training.train", "tests.remote.worlds"])
 
 
 @dataclass
@@ -84,8 +84,8 @@ def run_world(world: int, fn: Callable[..., int | None], *args: Any, logs: Path,
 
 
 def train_main(argv: list[str], bucket_cap_mb: float | None = None) -> int:
-    """remote.train.main, the workload's entry point, optionally with the profile's bucket size replaced."""
-    from remote import train
+    """remote.training.train.main, the workload's entry point, optionally with the profile's bucket size replaced."""
+    from remote.training import train
 
     if bucket_cap_mb is not None:
         import dataclasses
@@ -100,6 +100,21 @@ def train_main(argv: list[str], bucket_cap_mb: float | None = None) -> int:
     return train.main(argv)
 
 
+def train_main_where_rank0_passes_a_probe(argv: list[str]) -> int:
+    """remote.training.train.main, where only rank 0's registry says `loss` runs here and passed its probe (a
+    GPU whose probe disagrees with its peers'): no rank may start a round."""
+    import dataclasses
+
+    from remote.kernels import registry
+    from remote.training import train
+
+    if os.environ["RANK"] == "0":
+        reg = registry.default()
+        loss = dataclasses.replace(reg.get("loss"), runs_on=lambda device: None, probe=lambda device: None)
+        registry._DEFAULT = registry.Registry.of([loss, *(k for k in reg.kernels.values() if k.name != "loss")])
+    return train.main(argv)
+
+
 def owner_reduction(out_dir: str, reduction: str, bucket_cap_mb: float) -> int:
     """One step of the tiny model through the real Zero2Runner; saves what this rank put into the owner
     reduction (every bucket's flat gradient) and what it got back (its reduced shards)."""
@@ -109,9 +124,9 @@ def owner_reduction(out_dir: str, reduction: str, bucket_cap_mb: float) -> int:
     import torch
     import torch.distributed as dist
 
-    from remote import data, parallel
-    from remote.model import build_model
-    from remote.profiles import load_profile
+    from remote.training import data, parallel
+    from remote.training.model import build_model
+    from remote.training.profiles import load_profile
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank = dist.get_rank()

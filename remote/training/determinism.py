@@ -35,7 +35,8 @@ def set_determinism(seed: int, deterministic: bool) -> dict[str, str | bool]:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     # Strict mode would fill every torch.empty with NaN: a cost with no replay benefit (torchtitan does this).
-    torch.utils.deterministic.fill_uninitialized_memory = False
+    # (set through setattr: torch adds this attribute to the module at import; its type stubs do not declare it)
+    setattr(torch.utils.deterministic, "fill_uninitialized_memory", False)
     try:  # Inductor: no numerics-changing autotuning, compiled RNG equal to eager
         import torch._inductor.config as inductor_config
 

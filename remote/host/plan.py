@@ -1,7 +1,7 @@
 """Host-side helpers for a profile's plan: the pytest node ids to run, and the rule that a skip fails.
 
-    python3 -m remote.plan pytest-ids PROFILE      print the profile's pytest node ids, one per line
-    python3 -m remote.plan no-skips JUNIT.xml      exit 1 unless every test ran and passed (a skip fails)
+    python3 -m remote.host.plan pytest-ids PROFILE      print the profile's pytest node ids, one per line
+    python3 -m remote.host.plan no-skips JUNIT.xml      exit 1 unless every test ran and passed (a skip fails)
 
 Standard library only: it runs on the rented host before anything else is known about it.
 """
@@ -13,7 +13,7 @@ import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from remote.paths import HARNESS_PROFILES_DIR
+from remote.host.paths import HARNESS_PROFILES_DIR
 
 
 def pytest_ids(profile: str) -> list[str]:

@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-_GRAPHS: dict[tuple, Any] = {}
+_GRAPHS: dict[tuple[Any, ...], Any] = {}
 _HANDLES: dict[int, Any] = {}
 
 
-def _cudnn():
+def _cudnn() -> Any:
     import cudnn  # the nvidia-cudnn-frontend wheel; imported late: only deterministic CUDA runs need it
 
     return cudnn
@@ -38,14 +38,14 @@ def frontend_version() -> str | None:
         return None
 
 
-def _handle(device: torch.device, cudnn) -> Any:
+def _handle(device: torch.device, cudnn: Any) -> Any:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _HANDLES:
         _HANDLES[idx] = cudnn.create_handle()
     return _HANDLES[idx]
 
 
-def _dtype(cudnn, dtype: torch.dtype):
+def _dtype(cudnn: Any, dtype: torch.dtype) -> Any:
     return {torch.bfloat16: cudnn.data_type.BFLOAT16, torch.float16: cudnn.data_type.HALF}[dtype]
 
 
@@ -94,7 +94,7 @@ def _build(kind: str, tensors: list[torch.Tensor], scale: float, deterministic: 
     return g, ins + outs
 
 
-def _key(kind: str, tensors: list[torch.Tensor], deterministic: bool) -> tuple:
+def _key(kind: str, tensors: list[torch.Tensor], deterministic: bool) -> tuple[Any, ...]:
     return (kind, deterministic, tensors[0].device.index, tensors[0].dtype,
             tuple((tuple(t.shape), tuple(t.stride()), t.dtype) for t in tensors))
 
@@ -122,7 +122,7 @@ def sdpa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.T
 
 
 @sdpa_fwd.register_fake
-def _(q, k, v):
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     b, h, t, _ = q.shape
     return _o_like(q), q.new_empty((b, h, t, 1), dtype=torch.float32)
 
@@ -138,17 +138,18 @@ def sdpa_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
 
 
 @sdpa_bwd.register_fake
-def _(q, k, v, o, do, stats, deterministic):
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor, stats: torch.Tensor, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _o_like(q), _kv_like(k), _kv_like(v)
 
 
-def _setup(ctx, inputs, output) -> None:
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
     ctx.save_for_backward(*inputs, *output)
 
 
-def _backward(ctx, do: torch.Tensor, _dstats: torch.Tensor):
+def _backward(ctx: Any, do: torch.Tensor, _dstats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, o, stats = ctx.saved_tensors
-    return sdpa_bwd(q, k, v, o, do, stats, True)
+    dq, dk, dv = sdpa_bwd(q, k, v, o, do, stats, True)
+    return dq, dk, dv
 
 
 sdpa_fwd.register_autograd(_backward, setup_context=_setup)
@@ -156,7 +157,8 @@ sdpa_fwd.register_autograd(_backward, setup_context=_setup)
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention on [B, H, T, D] (k/v may have fewer heads: GQA), deterministic backward."""
-    return sdpa_fwd(q, k, v)[0]
+    out: torch.Tensor = sdpa_fwd(q, k, v)[0]
+    return out
 
 
 def available(device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int, head_dim: int,
@@ -173,7 +175,7 @@ def available(device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int,
         q, k, v = base.transpose(1, 2).split([n_heads, n_kv, n_kv], dim=1)
         out = attention(q, k, v)
         out.float().sum().backward()
-        if not torch.isfinite(out).all() or not torch.isfinite(base.grad).all():
+        if base.grad is None or not torch.isfinite(out).all() or not torch.isfinite(base.grad).all():
             return "non-finite output"
     except Exception as exc:  # noqa: BLE001 - any failure (graph not supported, old cuDNN) means unavailable
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"

@@ -1,8 +1,8 @@
 """Split a profiler Chrome trace by step and compare steps: where does a slow step lose its time?
 
-    python -m remote.steptrace TRACE.json[.gz] [--out FILE.json]
+    python -m remote.accounting.steptrace TRACE.json[.gz] [--out FILE.json]
 
-Steps are the `vh_step_N` ranges remote.train marks while profiling (VH_TORCH_PROFILE_OUT, VH_TORCH_TRACE_OUT,
+Steps are the `vh_step_N` ranges remote.training.train marks while profiling (VH_TORCH_PROFILE_OUT, VH_TORCH_TRACE_OUT,
 VH_TORCH_PROFILE_STEPS). A kernel belongs to the step whose host range launched it (the launch's correlation
 id). Per step: GPU span (first kernel start to last kernel end), busy time, idle gaps, and busy time per kernel
 family; then the slowest step against the fastest, family by family. Same kernels, each a few percent slower
@@ -18,6 +18,7 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 FAMILIES = (("attention", ("cudnn", "flash", "Flash", "fmha", "Attention")), ("gemm", ("nvjet", "gemm", "xmma", "cublas")),
             ("ours", ("_swiglu", "_ce_", "_adamw", "_scale_cast")), ("triton", ("triton_",)),
@@ -31,14 +32,15 @@ def family(name: str) -> str:
     return "other"
 
 
-def load(path: Path) -> list[dict]:
+def load(path: Path) -> list[dict[str, Any]]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as fh:
         data = json.load(fh)
-    return data["traceEvents"] if isinstance(data, dict) else data
+    events: list[dict[str, Any]] = data["traceEvents"] if isinstance(data, dict) else data
+    return events
 
 
-def split_steps(events: list[dict]) -> dict[int, list[dict]]:
+def split_steps(events: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     ranges = []
     for e in events:
         m = re.fullmatch(r"vh_step_(\d+)", str(e.get("name", "")))
@@ -48,7 +50,7 @@ def split_steps(events: list[dict]) -> dict[int, list[dict]]:
     for e in events:
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
             launches[e["args"]["correlation"]] = e["ts"]
-    steps: dict[int, list[dict]] = {n: [] for _, _, n in ranges}
+    steps: dict[int, list[dict[str, Any]]] = {n: [] for _, _, n in ranges}
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memset", "gpu_memcpy"):
             continue
@@ -60,12 +62,12 @@ def split_steps(events: list[dict]) -> dict[int, list[dict]]:
     return steps
 
 
-def summarize(kernels: list[dict]) -> dict:
+def summarize(kernels: list[dict[str, Any]]) -> dict[str, Any]:
     kernels = sorted(kernels, key=lambda e: e["ts"])
     if not kernels:
         return {"kernels": 0}
     span = kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"]
-    busy = Counter()
+    busy: Counter[str] = Counter()
     for e in kernels:
         busy[family(e["name"])] += e["dur"]
     end, idle = kernels[0]["ts"], 0.0
@@ -76,10 +78,10 @@ def summarize(kernels: list[dict]) -> dict:
             "idle_ms": idle / 1e3, "families_ms": {k: v / 1e3 for k, v in busy.most_common()}}
 
 
-def report(path: Path) -> dict:
+def report(path: Path) -> dict[str, Any]:
     steps = {n: summarize(k) for n, k in sorted(split_steps(load(path)).items())}
     timed = {n: s for n, s in steps.items() if s.get("kernels")}
-    rec: dict = {"steps": steps}
+    rec: dict[str, Any] = {"steps": steps}
     if len(timed) >= 2:
         slow = max(timed, key=lambda n: timed[n]["span_ms"])
         fast = min(timed, key=lambda n: timed[n]["span_ms"])

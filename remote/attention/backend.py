@@ -5,14 +5,14 @@ keeps the first that runs; the choice is pinned for the whole run (only that SDP
 so a later shape it rejects fails loudly instead of silently switching kernels mid-run). An input that no
 fast path accepts stops with a message unless the math path was asked for.
 
-`python -m remote.attention --qualify --out FILE` runs every path at a given shape several times and
+`python -m remote.attention.backend --qualify --out FILE` runs every path at a given shape several times and
 records which ones give the same bits each time (the source of profiles/attention-qualification.json).
 
 Besides PyTorch's SDPA backends there are custom paths, each probed like the others and skipped (the reason
 recorded in the run JSON's `attention_rejected`) where its wheel, CUDA or architecture is missing:
-- "fa4" / "fa4-det" (remote.fa4): FlashAttention-4 (flash-attn-4, CuTe DSL), fast and deterministic
+- "fa4" / "fa4-det" (remote.attention.fa4): FlashAttention-4 (flash-attn-4, CuTe DSL), fast and deterministic
   backward; first in fast and deterministic runs where it qualifies (sm90/sm100 with the wheels installed).
-- "cudnn-det" (remote.cudnn_sdpa): cuDNN's attention through its own graph API with cuDNN's deterministic
+- "cudnn-det" (remote.attention.cudnn_sdpa): cuDNN's attention through its own graph API with cuDNN's deterministic
   backward. PyTorch's SDPA refuses cuDNN in deterministic mode, so without fa4-det and cudnn-det a
   deterministic run lands on FlashAttention-2's slower deterministic backward.
 """
@@ -25,17 +25,19 @@ import json
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from remote.merkle import raw_bytes
+from remote.accounting.merkle import raw_bytes
 
 PATHS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-CUSTOM = ("fa4", "fa4-det", "cudnn-det")  # not SDPA backends: remote.fa4, remote.cudnn_sdpa
+CUSTOM = ("fa4", "fa4-det", "cudnn-det")  # not SDPA backends: remote.attention.fa4, remote.attention.cudnn_sdpa
 CHOICES = (*PATHS, *CUSTOM)
 # Fastest first on Hopper (docs/mfu.md; issue 32: FA4 2.53 ms per layer fwd+bwd at the model's shape, cuDNN
 # SDPA 2.91, flash SDPA 4.15). Under strict deterministic mode PyTorch removes cuDNN itself; FA4's
@@ -61,9 +63,10 @@ class Choice:
         return f"{self.path} (kv: {self.kv_mode})"
 
 
-_PROBED: dict[tuple, Choice] = {}
+_PROBED: dict[tuple[Any, ...], Choice] = {}
 _ACTIVE: Choice | None = None
-_CUSTOM_FN = None  # the activated custom path's attention(q, k, v), resolved outside any traced graph
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+_CUSTOM_FN: AttentionFn | None = None  # the activated custom path's attention(q, k, v), resolved outside any traced graph
 
 
 def _try(path: str, kv_mode: str, device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int,
@@ -72,13 +75,13 @@ def _try(path: str, kv_mode: str, device: torch.device, dtype: torch.dtype, n_he
     if path in FA4_PATHS:
         if kv_mode != "gqa":
             return f"{path} reads the KV heads directly (gqa) only"
-        from remote import fa4
+        from remote.attention import fa4
 
         return fa4.available(device, dtype, n_heads, n_kv, head_dim, deterministic=FA4_PATHS[path])
     if path == "cudnn-det":
         if kv_mode != "gqa":
             return "cudnn-det reads the KV heads directly (gqa) only"
-        from remote import cudnn_sdpa
+        from remote.attention import cudnn_sdpa
 
         return cudnn_sdpa.available(device, dtype, n_heads, n_kv, head_dim, seq)
     _base, (q, k, v) = _inputs(device, dtype, 1, seq, n_heads, n_kv, head_dim, seed=0)
@@ -110,29 +113,28 @@ def _inputs(device: torch.device, dtype: torch.dtype, batch: int, seq: int, n_he
 def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mode: str, path: str = "") -> torch.Tensor:
     if path in CUSTOM:
         return _custom(path)(q, k, v)
-    if q.shape[1] == k.shape[1]:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if kv_mode == "gqa":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    rep = q.shape[1] // k.shape[1]
-    return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
-                                          is_causal=True)
+    if q.shape[1] != k.shape[1] and kv_mode != "gqa":
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    gqa = q.shape[1] != k.shape[1]
+    out: torch.Tensor = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    return out
 
 
-def _custom(path: str):
+def _custom(path: str) -> AttentionFn:
     """The custom path's attention(q, k, v); its module is imported on first use (CUDA runs that chose it)."""
     if path in FA4_PATHS:
-        from remote import fa4
+        from remote.attention import fa4
 
         det = FA4_PATHS[path]
         return lambda q, k, v: fa4.attention(q, k, v, det)
-    from remote import cudnn_sdpa
+    from remote.attention import cudnn_sdpa
 
     return cudnn_sdpa.attention
 
 
 def choose(device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int, head_dim: int,
-           requested: str = "auto", prober=_try) -> Choice:
+           requested: str = "auto", prober: Callable[..., str | None] = _try) -> Choice:
     """Probe once per key; raise AttentionUnavailable naming every rejection."""
     key = (str(device), dtype, n_heads // n_kv, head_dim, requested,
            torch.are_deterministic_algorithms_enabled())
@@ -183,15 +185,16 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def qualify(device: torch.device, dtype: torch.dtype, batch: int, seq: int, n_heads: int, n_kv: int,
-            head_dim: int, repeats: int = 3) -> dict:
+            head_dim: int, repeats: int = 3) -> dict[str, Any]:
     """Run each path `repeats` times on the same inputs; bitwise_stable = output and dq/dk/dv identical."""
-    results = {}
+    results: dict[str, Any] = {}
     for path in CHOICES:
         backend = PATHS.get(path, SDPBackend.MATH)
         for kv_mode in ("gqa", "expand"):
             if _try(path, kv_mode, device, dtype, n_heads, n_kv, head_dim) is not None:
                 continue
-            digests, times_ms = [], []
+            digests: list[list[str]] = []
+            times_ms: list[float] = []
             for _ in range(repeats):
                 base, (q, k, v) = _inputs(device, dtype, batch, seq, n_heads, n_kv, head_dim, seed=1)
                 start, end = _events(device)
@@ -200,6 +203,8 @@ def qualify(device: torch.device, dtype: torch.dtype, batch: int, seq: int, n_he
                     out.backward(torch.ones_like(out))
                 end_ms = _elapsed_ms(start, end)
                 times_ms.append(end_ms)
+                if base.grad is None:
+                    raise RuntimeError(f"{path}: the backward left no gradient on the input")
                 digests.append([hashlib.sha256(raw_bytes(t.detach().contiguous().cpu())).hexdigest()
                                 for t in (out, base.grad)])
             results[f"{path}/{kv_mode}"] = {"bitwise_stable": all(d == digests[0] for d in digests),
@@ -208,19 +213,19 @@ def qualify(device: torch.device, dtype: torch.dtype, batch: int, seq: int, n_he
     return results
 
 
-def versions(choice: Choice) -> dict:
+def versions(choice: Choice) -> dict[str, Any]:
     """What the run record says about the attention path: which ran, and the FA4 / cuDNN-frontend versions."""
-    from remote import fa4
+    from remote.attention import fa4
 
-    rec = {"path": choice.path, "kv_mode": choice.kv_mode, "fa4_packages": fa4.versions()}
+    rec: dict[str, Any] = {"path": choice.path, "kv_mode": choice.kv_mode, "fa4_packages": fa4.versions()}
     if choice.path == "cudnn-det":
-        from remote import cudnn_sdpa
+        from remote.attention import cudnn_sdpa
 
         rec["cudnn_frontend"] = cudnn_sdpa.frontend_version()
     return rec
 
 
-def _events(device: torch.device):
+def _events(device: torch.device) -> tuple[torch.cuda.Event | None, torch.cuda.Event | None]:
     if device.type != "cuda":
         return None, None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -228,12 +233,12 @@ def _events(device: torch.device):
     return start, end
 
 
-def _elapsed_ms(start, end) -> float:
-    if start is None:
+def _elapsed_ms(start: torch.cuda.Event | None, end: torch.cuda.Event | None) -> float:
+    if start is None or end is None:
         return 0.0
     end.record()
     end.synchronize()
-    return start.elapsed_time(end)
+    return float(start.elapsed_time(end))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts (math path uses cuBLAS)
     batch, seq, heads, kv, hd = (int(x) for x in args.shape.split(","))
     device = torch.device(args.device)
-    record = {"torch": torch.__version__, "cuda": torch.version.cuda,
+    record: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
               "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "shape": {"batch": batch, "seq": seq, "heads": heads, "kv_heads": kv, "head_dim": hd}}
     for mode in ("fast", "deterministic"):

@@ -1,7 +1,7 @@
 """Host environment probe: GPUs (names, UUIDs, memory), driver, package versions, relevant env, and the
 image check.
 
-`python -m remote.envprobe [--out FILE] [--expect-torch V --expect-cuda V --expect-cudnn V]` prints (or
+`python -m remote.host.envprobe [--out FILE] [--expect-torch V --expect-cuda V --expect-cudnn V]` prints (or
 writes) one JSON object. It is the first step on a rented host, so it uses the standard library and
 `nvidia-smi` only: it must report even when PyTorch is broken, and it must be cheap (importing torch and
 creating a CUDA context cost ~4 s on an H200, measured in .evidence/h200/proofs-2026-11-29). So the image's
@@ -31,23 +31,23 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
+from remote import knobs
+
 ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
-                "CUDA_VISIBLE_DEVICES", "CUDA_MPS_", "VH_MPS_MODE")
-
-
-MASKED_ENV_VAR = "VH_MASKED_ENV"  # space-separated names whose values evidence must not hold
+                "CUDA_VISIBLE_DEVICES", "CUDA_MPS_")  # and the MPS knobs (remote.knobs)
 MASK = "***"
 IMAGE_MISMATCH_EXIT = 3
 
 
 def masked_names(environ: dict[str, str] | None = None) -> set[str]:
-    environ = os.environ if environ is None else environ
-    return set(environ.get(MASKED_ENV_VAR, "").split())
+    """The run's secret variables' names (the harness lists them in the environment, `remote.knobs`)."""
+    host = knobs.host() if environ is None else knobs.HostKnobs.from_env(environ)
+    return set(host.masked_env)
 
 
 def mask_env(env: dict[str, str], environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -86,7 +86,7 @@ def driver_version() -> str | None:
 
 
 
-def device_identity(device: torch.device) -> dict:
+def device_identity(device: torch.device) -> dict[str, Any]:
     """This process's device: name and UUID ("GPU-..." as nvidia-smi prints it)."""
     import torch
 
@@ -98,7 +98,7 @@ def device_identity(device: torch.device) -> dict:
             "total_mem_gib": round(props.total_memory / 2**30, 2), "sm_count": props.multi_processor_count}
 
 
-def versions() -> dict:
+def versions() -> dict[str, Any]:
     import torch
 
     nccl = None
@@ -119,7 +119,7 @@ _SMI_FIELDS = ("index", "name", "uuid", "memory.total", "driver_version", "pci.b
 _PACKAGES = ("torch", "triton", "numpy", "pytest")
 
 
-def smi_gpus() -> tuple[list[dict], str | None]:
+def smi_gpus() -> tuple[list[dict[str, Any]], str | None]:
     """Every GPU as nvidia-smi sees it (no CUDA context is created), or the reason there is none."""
     if not shutil.which("nvidia-smi"):
         return [], "nvidia-smi not found"
@@ -199,7 +199,7 @@ def _cudnn_version(torch_dir: Path | None) -> tuple[str | None, str | None]:
     return None, None
 
 
-def image_facts() -> dict:
+def image_facts() -> dict[str, Any]:
     """torch, torch.version.cuda and cuDNN as installed in this image, read from files (torch not imported)."""
     torch_dir = _torch_dir()
     # version.py holds torch.__version__ with its local part (2.11.0+cu128); the metadata may drop it
@@ -223,16 +223,17 @@ def version_matches(expected: str, actual: str | None) -> bool:
     return have[: len(want)] == want
 
 
-def image_mismatches(facts: dict, expect: dict[str, str]) -> list[str]:
+def image_mismatches(facts: dict[str, Any], expect: dict[str, str]) -> list[str]:
     """One line per declared value the image does not have, naming both."""
     labels = {"torch": "torch", "cuda": "CUDA runtime (torch.version.cuda)", "cudnn": "cuDNN"}
     return [f"{labels[k]}: the profile declares {want}, the image has {facts.get(k) or 'none'}"
             for k, want in expect.items() if not version_matches(want, facts.get(k))]
 
 
-def probe() -> dict:
+def probe() -> dict[str, Any]:
     gpus, why = smi_gpus()
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    env = dict(sorted(({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+                       | knobs.given(knobs.MpsKnobs)).items()))
     return {"hostname": platform.node(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "packages": package_versions(), "image": image_facts(),
             "driver": gpus[0]["driver_version"] if gpus else driver_version(), "gpus": gpus, "gpu_probe_error": why,

@@ -6,7 +6,7 @@ wheel itself is pure Python. On Hopper at the model's shape (B 16, T 2048, 32/8 
 its forward+backward beats cuDNN's SDPA, and its deterministic backward (`deterministic=True`: dQ reduced in
 a fixed order) beats cuDNN's deterministic one (issue 32; `remote/kernels/NOTES.md`).
 
-Two custom ops (opaque to torch.compile, like remote.cudnn_sdpa): forward returns (out, lse) in FA4's own
+Two custom ops (opaque to torch.compile, like remote.attention.cudnn_sdpa): forward returns (out, lse) in FA4's own
 [B, T, H, D] layout, backward (dq, dk, dv). torch 2.11's `activate_flash_attention_impl("FA4")` expects a
 different return arity from this FA4 release, so it is not used. `deterministic` travels as an input of the
 forward op, so the backward the autograd formula calls is fixed when the graph is traced.
@@ -23,7 +23,9 @@ import importlib.util
 import math
 import os
 import sys
+from collections.abc import Sequence
 from importlib import metadata
+from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -34,7 +36,7 @@ PACKAGES = ("flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-core"
             "nvidia-cutlass-dsl-libs-cu13", "nvidia-cutlass-dsl-libs-cu12", "quack-kernels", "apache-tvm-ffi",
             "torch-c-dlpack-ext")
 
-_IFACE = None
+_IFACE: Any = None
 _IMPORT_ERROR: str | None = None
 
 
@@ -49,7 +51,7 @@ def _add_dsl_packages() -> None:
             sys.path.insert(0, path)
 
 
-def interface():
+def interface() -> Any:
     """flash_attn.cute.interface, imported once; None (and import_error() says why) where it cannot be."""
     global _IFACE, _IMPORT_ERROR
     if _IFACE is None and _IMPORT_ERROR is None:
@@ -69,7 +71,7 @@ def import_error() -> str | None:
 
 def versions() -> dict[str, str | None]:
     """The installed versions of FA4 and its support libraries (None where absent), for the run record."""
-    out = {}
+    out: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             out[name] = metadata.version(name)
@@ -82,7 +84,7 @@ def _scale(q: torch.Tensor) -> float:
     return 1.0 / math.sqrt(q.shape[-1])
 
 
-def _empty_bthd(shape, like: torch.Tensor) -> torch.Tensor:
+def _empty_bthd(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, device=like.device, dtype=like.dtype)
 
 
@@ -100,7 +102,7 @@ def fa4_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, deterministic: bo
 
 
 @fa4_fwd.register_fake
-def _(q, k, v, deterministic):
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     b, t, h, _ = q.shape
     return q.new_empty((b, t, h, v.shape[-1])), q.new_empty((b, h, t), dtype=torch.float32)
 
@@ -115,17 +117,17 @@ def fa4_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
 
 
 @fa4_bwd.register_fake
-def _(q, k, v, out, dout, lse, deterministic):
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup(ctx, inputs, output) -> None:
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
     q, k, v, deterministic = inputs
     ctx.deterministic = deterministic
     ctx.save_for_backward(q, k, v, *output)
 
 
-def _backward(ctx, dout: torch.Tensor, _dlse: torch.Tensor):
+def _backward(ctx: Any, dout: torch.Tensor, _dlse: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = fa4_bwd(q, k, v, out, dout, lse, ctx.deterministic)
     return dq, dk, dv, None
@@ -138,7 +140,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, deterministic: 
     """Causal attention on [B, H, T, D] (k/v may have fewer heads: GQA). The output is a [B, H, T, D] view
     of [B, T, H, D] memory, so the output projection reads it with no copy."""
     out, _lse = fa4_fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), deterministic)
-    return out.transpose(1, 2)
+    bhtd: torch.Tensor = out.transpose(1, 2)
+    return bhtd
+
+
+def _grad(x: torch.Tensor) -> torch.Tensor:
+    if x.grad is None:
+        raise RuntimeError("the backward left no gradient on the input")
+    return x.grad.detach()
 
 
 def unqualified(device: torch.device) -> str | None:
@@ -171,7 +180,7 @@ def available(device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int,
             q, k, v = x.transpose(1, 2).split([n_heads, n_kv, n_kv], dim=1)
             out = attention(q, k, v, deterministic)
             out.backward(dout)
-            runs.append((out.detach(), x.grad.detach()))
+            runs.append((out.detach(), _grad(x)))
         if not all(torch.isfinite(t).all() for t in runs[0]):
             return "non-finite output"
         if deterministic and not (torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])):
@@ -183,7 +192,7 @@ def available(device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int,
             ref = torch.nn.functional.scaled_dot_product_attention(
                 q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)
         ref.backward(dout.float())
-        for name, got, want in (("out", runs[0][0], ref), ("dqkv", runs[0][1], ref_x.grad)):
+        for name, got, want in (("out", runs[0][0], ref), ("dqkv", runs[0][1], _grad(ref_x))):
             err = ((got.float() - want).norm() / want.norm()).item()
             if not err < 2e-2:
                 return f"{name} relative error {err:.3g} against an fp32 reference"

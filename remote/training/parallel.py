@@ -43,7 +43,7 @@ world 2, 4 and 8 under gloo).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -52,10 +52,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
-from remote import kernels
-from remote.envprobe import mask_env
-from remote.model import Transformer
-from remote.profiles import TrainConfig
+from remote import knobs
+from remote.host.envprobe import mask_env
+from remote.kernels import registry
+from remote.kernels.adamw import FusedMasterAdamW
+from remote.training.model import Transformer
+from remote.training.profiles import TrainConfig
 
 # NVLink multicast can take a shared host's GPUs out of service: off in NCCL, PyTorch and NVSHMEM, always.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -63,8 +65,8 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 PCIE = {"NCCL_P2P_DISABLE": "1", "NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_MIN_NCHANNELS": "4",
         "NCCL_MAX_NCHANNELS": "8", "NCCL_BUFFSIZE": "8388608"}
 RECORDED_ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "PYTORCH_CUDA_ALLOC_CONF",
-                         "CUBLAS_WORKSPACE_CONFIG", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "VH_MPS_MODE",
-                         "VH_REDUCE_ORDER", "TORCHINDUCTOR_", "TORCH_BLAS_", "CUBLASLT_", *kernels.ENV_PREFIXES)
+                         "CUBLAS_WORKSPACE_CONFIG", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "TORCHINDUCTOR_",
+                         "TORCH_BLAS_", "CUBLASLT_")  # and the workload's own knobs (remote.knobs)
 REDUCE_ORDERS = ("rank", "backend")
 _ALIGN = 64  # elements: every parameter and every shard starts 128-byte aligned in the flat buffers
 
@@ -81,63 +83,66 @@ def set_process_env(nccl_pcie: bool) -> dict[str, str]:
 
 
 def recorded_env() -> dict[str, str]:
-    """The NCCL/allocator environment for the evidence; a --remote-env value is recorded as "***"."""
-    return mask_env({k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV_PREFIXES)})
-
-
-def requested_reduce_order() -> str | None:
-    """VH_REDUCE_ORDER, checked (a typo stops the run before the first round, exit 2); None when unset."""
-    value = os.environ.get("VH_REDUCE_ORDER") or None
-    if value is not None and value not in REDUCE_ORDERS:
-        raise kernels.KnobError(f"VH_REDUCE_ORDER={value!r}; known: {', '.join(REDUCE_ORDERS)}")
-    return value
+    """The NCCL/allocator environment and the workload's knobs for the evidence; a --remote-env value is
+    recorded as "***"."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(RECORDED_ENV_PREFIXES)}
+    env |= knobs.given(knobs.KernelKnobs, knobs.TrainingKnobs, knobs.MpsKnobs)
+    return mask_env(dict(sorted(env.items())))
 
 
 def reduce_order(backend: str) -> str:
-    """The owner reduction's add order (module docstring): as requested, else rank under gloo, backend under
-    NCCL (its reduce-scatter, the measured path)."""
-    return requested_reduce_order() or ("backend" if backend == "nccl" else "rank")
+    """The owner reduction's add order (module docstring): as requested (`remote.knobs`), else rank under
+    gloo, backend under NCCL (its reduce-scatter, the measured path)."""
+    return knobs.training().reduce_order or ("backend" if backend == "nccl" else "rank")
 
 
 def apply_act_ckpt(model: Transformer) -> None:
     """Per-layer activation checkpointing (non-reentrant); parameter names stay as they were."""
-    for block in model.layers:
-        inner = block.forward
-        block.forward = lambda *args, _f=inner: checkpoint(_f, *args, use_reentrant=False)
+    for block in model.blocks:
+        # the instance's forward replaced by a checkpointed call of itself (the module, its names unchanged)
+        block.forward = _checkpointed(block.forward)  # type: ignore[method-assign]
+
+
+def _checkpointed(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def run(*args: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = checkpoint(forward, *args, use_reentrant=False)
+        return out
+
+    return run
 
 
 def apply_kernels(model: Transformer, device: torch.device) -> list[str]:
     """Switch the model onto the hand-written kernels that are active here (before compile: Dynamo
     traces the choice as a constant). Returns the active model-side kernels."""
     done = []
-    if kernels.active("loss", device):
+    if registry.active("loss", device):
         model.ce_fused = True
         done.append("loss")
-    if kernels.active("swiglu", device):
+    if registry.active("swiglu", device):
         from remote.kernels.swiglu import swiglu
 
-        for block in model.layers:
+        for block in model.blocks:
             block.ffn.swiglu = swiglu
         done.append("swiglu")
-    if kernels.active("mlp", device):
+    if registry.active("mlp", device):
         from remote.kernels import mlp
 
-        for i, block in enumerate(model.layers):
+        for i, block in enumerate(model.blocks):
             block.ffn.mlp = mlp.mlp
             with torch.no_grad():  # quack's (gate, up) row pairs, once; the state hands [gate; up] back
                 block.ffn.w13.weight.copy_(mlp.to_kernel_layout(block.ffn.w13.weight))
             model.param_layouts[f"layers.{i}.ffn.w13.weight"] = mlp.to_model_layout
         done.append("mlp")
-    if kernels.active("norm", device):
+    if registry.active("norm", device):
         from remote.kernels import norm
 
-        for block in model.layers:
+        for block in model.blocks:
             block.norms = norm
         done.append("norm")
-    if kernels.active("rope", device):
+    if registry.active("rope", device):
         from remote.kernels.rope import rope_qkv
 
-        for block in model.layers:
+        for block in model.blocks:
             block.attn.rope = rope_qkv
         done.append("rope")
     return done
@@ -146,7 +151,7 @@ def apply_kernels(model: Transformer, device: torch.device) -> list[str]:
 def apply_compile(model: Transformer) -> None:
     """One graph per layer (identical layers hit the compile cache) plus the fused loss chunk kernel.
     nn.Module.compile works in place, so parameter names and objects are unchanged."""
-    for block in model.layers:
+    for block in model.blocks:
         block.compile(fullgraph=True)
     model.ce_kernel = torch.compile(model.ce_kernel, fullgraph=True)
 
@@ -154,20 +159,21 @@ def apply_compile(model: Transformer) -> None:
 class _MasterAdamW:
     """Fused AdamW over fp32 master copies of bf16 tensors (whole parameters or flat shards)."""
 
-    def __init__(self, sources: list[torch.Tensor], train: TrainConfig) -> None:
+    def __init__(self, sources: Sequence[torch.Tensor], train: TrainConfig) -> None:
         self.masters = [nn.Parameter(s.detach().float().clone()) for s in sources]
-        for m in self.masters:
-            m.grad = torch.zeros_like(m)
+        self.grads = [torch.zeros_like(m) for m in self.masters]
+        for m, g in zip(self.masters, self.grads, strict=True):
+            m.grad = g
         fused = self.masters[0].device.type in ("cuda", "cpu")
         self.opt = torch.optim.AdamW(self.masters, lr=train.lr, betas=(train.beta1, train.beta2),
                                      weight_decay=train.weight_decay, fused=fused)
 
     @torch.no_grad()
     def step(self, grads: list[torch.Tensor], outs: list[torch.Tensor], grad_scale: float = 1.0) -> None:
-        for m, g in zip(self.masters, grads, strict=True):
-            m.grad.copy_(g)
+        for mine, g in zip(self.grads, grads, strict=True):
+            mine.copy_(g)
         if grad_scale != 1.0:
-            torch._foreach_mul_([m.grad for m in self.masters], grad_scale)
+            torch._foreach_mul_(self.grads, grad_scale)
         self.opt.step()
         for out, m in zip(outs, self.masters, strict=True):
             out.copy_(m)
@@ -197,14 +203,18 @@ class DdpRunner:
         self.optim = _MasterAdamW(self.params, train)
 
     def forward_backward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = self.wrapped(tokens, targets)
+        loss: torch.Tensor = self.wrapped(tokens, targets)
         loss.backward()
         return loss.detach()
 
     def step(self) -> None:
-        self.optim.step([p.grad for p in self.params], [p.data for p in self.params])
-        for p in self.params:  # grads are views into DDP's buckets: zero, never None
-            p.grad.zero_()
+        grads = [p.grad for p in self.params]
+        if any(g is None for g in grads):  # static_graph DDP gives every parameter a bucket view
+            raise RuntimeError("DDP left a parameter without a gradient")
+        self.optim.step([g for g in grads if g is not None], [p.data for p in self.params])
+        for g in grads:  # grads are views into DDP's buckets: zero, never None
+            if g is not None:
+                g.zero_()
 
     def optimizer_numel(self) -> int:
         return self.optim.numel()
@@ -263,20 +273,16 @@ class Zero2Runner:
                  group: dist.ProcessGroup, overlap: bool, fused_optim: bool = False) -> None:
         self.module, self.names, self.group, self.overlap = model, names, group, overlap
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.fused = fused_optim
         self.direct = fused_optim and self.world == 1  # nothing to reduce: read autograd's gradients as is
         self.reduce_order = reduce_order(dist.get_backend(group))
         self.buckets = self._make_buckets(list(model.parameters()), int(train.bucket_cap_mb * 2**20))
         shards = [b.flat_param[b.my_slice] for b in self.buckets]
-        if fused_optim:
-            from remote.kernels.adamw import FusedMasterAdamW
-
-            self.optim = FusedMasterAdamW(shards, train.lr, train.beta1, train.beta2, train.weight_decay)
-        else:
-            self.optim = _MasterAdamW(shards, train)
-        self.handles: list = []
+        self.optim: FusedMasterAdamW | _MasterAdamW = (
+            FusedMasterAdamW(shards, train.lr, train.beta1, train.beta2, train.weight_decay) if fused_optim
+            else _MasterAdamW(shards, train))
+        self.handles: list[dist.Work] = []
         self.launched = 0
-        self.pending_gathers: dict[int, object] = {}  # bucket -> all-gather still in flight (zero2o only)
+        self.pending_gathers: dict[int, dist.Work] = {}  # bucket -> all-gather still in flight (zero2o only)
         if overlap and not self.direct:
             # zero2o also overlaps the parameter all-gather with the next forward: each bucket is waited for
             # just before the first stage that reads it, and gathered in that order.
@@ -332,11 +338,11 @@ class Zero2Runner:
         """Bucket i's owner reduction: one collective (the module docstring says in which order it adds)."""
         b = self.buckets[i]
         if b.recv is not None:
-            self.handles.append(dist.all_to_all_single(b.recv.view(-1), b.flat_grad, group=self.group,
-                                                       async_op=True))
+            work = dist.all_to_all_single(b.recv.view(-1), b.flat_grad, group=self.group, async_op=True)
         else:
-            self.handles.append(dist.reduce_scatter_tensor(b.shard_grad, b.flat_grad, op=dist.ReduceOp.SUM,
-                                                           group=self.group, async_op=True))
+            work = dist.reduce_scatter_tensor(b.shard_grad, b.flat_grad, op=dist.ReduceOp.SUM, group=self.group,
+                                              async_op=True)
+        self.handles.append(_handle(work))
         self.launched = i + 1
 
     def _finish_reductions(self) -> None:
@@ -355,7 +361,7 @@ class Zero2Runner:
             self._launch(self.launched)
 
     def forward_backward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = self.module(tokens, targets)
+        loss: torch.Tensor = self.module(tokens, targets)
         loss.backward()
         return loss.detach()
 
@@ -369,15 +375,16 @@ class Zero2Runner:
         self._finish_reductions()
         self.wait_params()  # a previous step's gathers (none normally: the forward waited for them)
         order = self.gather_order if self.overlap else range(len(self.buckets))
-        if self.fused:  # each bucket's gather starts as soon as its update is done
-            self.optim.begin_step()
+        optim = self.optim
+        if isinstance(optim, FusedMasterAdamW):  # each bucket's gather starts as soon as its update is done
+            optim.begin_step()
             for i in order:
                 b = self.buckets[i]
-                self.optim.update(i, b.shard_grad, b.shard_out, grad_scale=1.0 / self.world)
+                optim.update(i, b.shard_grad, b.shard_out, grad_scale=1.0 / self.world)
                 self.pending_gathers[i] = self._gather(i)
         else:
-            self.optim.step([b.shard_grad for b in self.buckets], [b.shard_out for b in self.buckets],
-                            grad_scale=1.0 / self.world)
+            optim.step([b.shard_grad for b in self.buckets], [b.shard_out for b in self.buckets],
+                       grad_scale=1.0 / self.world)
             for i in order:
                 self.pending_gathers[i] = self._gather(i)
         if not self.overlap:
@@ -387,19 +394,21 @@ class Zero2Runner:
             b.ready = 0
         self.handles, self.launched = [], 0
 
-    def _gather(self, i: int):
+    def _gather(self, i: int) -> dist.Work:
         b = self.buckets[i]
-        return dist.all_gather_into_tensor(b.flat_param, b.shard_out, group=self.group, async_op=True)
+        return _handle(dist.all_gather_into_tensor(b.flat_param, b.shard_out, group=self.group, async_op=True))
 
     def _step_direct(self) -> None:
         """World size 1, fused optimizer: one kernel per parameter reads the gradient autograd produced
         (its storage, no copy into a bucket) and writes master/m/v and the bf16 weight in place; the
         gradient is then dropped, so the next backward hands over a fresh one (no zeroing pass)."""
-        self.optim.begin_step()
+        optim = self.optim
+        assert isinstance(optim, FusedMasterAdamW)  # direct is fused at world size 1
+        optim.begin_step()
         for i, b in enumerate(self.buckets):
             for p, off in zip(b.params, b.offsets, strict=True):
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)  # unused: AdamW on zero grad
-                self.optim.update(i, grad, p.data, offset=off)
+                optim.update(i, grad, p.data, offset=off)
                 p.grad = None
 
     def optimizer_numel(self) -> int:
@@ -425,6 +434,13 @@ class Zero2Runner:
                     yield f"optim.{name}.{key}", canon(full[key][off:off + p.numel()].view(p.shape))
         if self.rank == 0:
             yield "optim.step", self.optim.state(0)["step"]
+
+
+def _handle(work: dist.Work | None) -> dist.Work:
+    """An async collective's handle (torch types it optional: with async_op=True there always is one)."""
+    if work is None:
+        raise RuntimeError("an async collective returned no handle")
+    return work
 
 
 def fold_in_rank_order(parts: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -473,9 +489,9 @@ def parallelize(model: Transformer, cfg: ParallelConfig, world: World) -> DdpRun
     if cfg.reduction == "ddp":
         return apply_ddp(model, names, cfg.train, world.group, world.device)
     return apply_zero2(model, names, cfg.train, world.group, overlap=cfg.reduction == "zero2o",
-                       fused_optim=kernels.active("optim", world.device))
+                       fused_optim=registry.active("optim", world.device))
 
 
 __all__ = ["MULTICAST_OFF", "PCIE", "REDUCE_ORDERS", "DdpRunner", "ParallelConfig", "World", "Zero2Runner", "apply_act_ckpt", "apply_compile",
            "apply_ddp", "apply_kernels", "apply_zero2", "fold_in_rank_order", "recorded_env", "reduce_order",
-           "requested_reduce_order", "set_process_env"]
+           "set_process_env"]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]  # the directory holding remote/, profiles/ and scripts/
+ROOT = Path(__file__).resolve().parents[2]  # the directory holding remote/, profiles/ and scripts/
+REMOTE_DIR = ROOT / "remote"
 PROFILES_DIR = ROOT / "profiles"
 MODEL_PROFILES_DIR = PROFILES_DIR / "models"
 HARNESS_PROFILES_DIR = PROFILES_DIR / "harness"

@@ -1,28 +1,37 @@
-"""The MFU/replay workload, top to bottom: flags -> environment -> process group -> attention probe ->
-one seeded round of N steps (-> the same round again in a fresh process group with --replay) -> evidence.
+"""The MFU/replay workload, top to bottom: flags and knobs -> environment -> process group -> attention probe ->
+kernel probes -> one seeded round of N steps (-> the same round again in a fresh process group with --replay)
+-> evidence.
 
 Run as `torchrun --standalone --nproc-per-node N scripts/run_mfu_dist.py ...`, or plainly as world size 1.
-Exit codes: 0 ok; 1 the run failed (MPS mismatch, a crash); 2 bad flags, profile or device.
+Exit codes: 0 ok; 1 the run failed (MPS mismatch, ranks whose kernel probes disagree, a crash); 2 bad flags,
+knobs, profile or device.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import socket
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from remote import attention, data, determinism, envprobe, evidence, kernels, merkle, mfu, parallel
-from remote.comm import all_gather_json
-from remote.evidence import RoundResult
-from remote.model import build_model
-from remote.profiles import Profile, ProfileError, load_profile
+from remote import knobs
+from remote.accounting import merkle, mfu
+from remote.attention import backend as attention
+from remote.host import envprobe
+from remote.kernels import registry
+from remote.training import data, determinism, evidence, parallel
+from remote.training.comm import all_gather_json
+from remote.training.evidence import RoundResult
+from remote.training.model import build_model
+from remote.training.profiles import Profile, ProfileError, load_profile
 
 INIT_TIMEOUT_S = 300  # first rendezvous: peers may still be importing torch
 ROUND_TIMEOUT_S = 900  # per-round group: the first step includes compilation on every rank
@@ -93,10 +102,10 @@ def _comm_device(local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def attach_mps(rank: int, local_rank: int, world: int) -> dict | None:
+def attach_mps(rank: int, local_rank: int, world: int) -> dict[str, Any] | None:
     """VH_MPS_MODE set: attach through remote.mps, then every rank must report the same mode."""
-    wanted = os.environ.get("VH_MPS_MODE")
-    if not wanted:
+    wanted = knobs.mps().mode
+    if wanted is None:
         return None
     from remote.mps import MpsError, MpsNotAttached, attach_current_process  # only when MPS is asked for
 
@@ -109,23 +118,21 @@ def attach_mps(rank: int, local_rank: int, world: int) -> dict | None:
     bad = [r for r, m in enumerate(modes) if m != wanted]
     if bad:
         detail = ", ".join(f"rank {r}: {modes[r]}" for r in range(world))
-        raise RunError(f"MPS mode mismatch (VH_MPS_MODE={wanted}); ranks {bad} differ: {detail}")
+        raise RunError(f"MPS mode mismatch ({knobs.MPS_MODE}={wanted}); ranks {bad} differ: {detail}")
     return rec
 
 
 class _Profiler:
     """VH_TORCH_PROFILE_OUT=FILE: torch.profiler over the last VH_TORCH_PROFILE_STEPS steps (default 2), a
     per-op table written to FILE (where a step's milliseconds go); each step is a `vh_step_N` range in the
-    trace (remote.steptrace splits a Chrome trace by them). Off by default: profiling perturbs the timed steps."""
+    trace (remote.accounting.steptrace splits a Chrome trace by them). Off by default: profiling perturbs the timed steps."""
 
     def __init__(self, path: str | None, steps: int) -> None:
-        n = int(os.environ.get("VH_TORCH_PROFILE_STEPS", "2"))
-        self.path, self.first, self.prof = path, max(0, steps - n), None
+        self.path, self.first = path, max(0, steps - knobs.training().profile_steps)
+        self.prof: torch.profiler.profile | None = None
 
-    def mark(self, step: int):
+    def mark(self, step: int) -> contextlib.AbstractContextManager[Any]:
         """A named range around one step while profiling; nothing otherwise."""
-        import contextlib
-
         if self.prof is None:
             return contextlib.nullcontext()
         return torch.profiler.record_function(f"vh_step_{step}")
@@ -139,7 +146,7 @@ class _Profiler:
             self.prof.__enter__()
 
     def stop(self) -> None:
-        if self.prof is None:
+        if self.prof is None or self.path is None:
             return
         torch.cuda.synchronize() if torch.cuda.is_available() else None
         self.prof.__exit__(None, None, None)
@@ -147,7 +154,7 @@ class _Profiler:
         sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         with open(self.path, "a") as fh:
             fh.write(self.prof.key_averages().table(sort_by=sort, row_limit=150, max_name_column_width=90) + "\n")
-        trace = os.environ.get("VH_TORCH_TRACE_OUT")
+        trace = knobs.training().trace_out
         if trace:  # a Chrome trace (chrome://tracing, ui.perfetto.dev) of the same two steps
             self.prof.export_chrome_trace(trace)
         self.prof = None
@@ -159,42 +166,46 @@ def run_round(args: argparse.Namespace, profile: Profile, device: torch.device, 
     steps = args.steps or train.steps
     backend = "nccl" if device.type == "cuda" else "gloo"
     group = dist.new_group(backend=backend, timeout=timedelta(seconds=ROUND_TIMEOUT_S))  # fresh communicator
+    if not isinstance(group, dist.ProcessGroup):  # every rank is a member of the group it creates
+        raise RunError(f"rank {rank} is not a member of the round's process group")
     torch.manual_seed(train.seed)
     model = build_model(cfg, device, train.seed)
-    model.ce_chunk_tokens = kernels.ce_chunk_tokens(train.ce_chunk_tokens)
+    model.ce_chunk_tokens = knobs.kernels().chunk_tokens(train.ce_chunk_tokens)
     runner = parallel.parallelize(model, parallel.ParallelConfig(args.reduction, train, act_ckpt=args.act_ckpt,
                                                                  compile=args.compile),
                                   parallel.World(group, device))
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    losses, marks, step_peaks = [], [], []
-    prof = _Profiler(os.environ.get("VH_TORCH_PROFILE_OUT") if rank == 0 else None, steps)
+    losses: list[torch.Tensor] = []
+    step_peaks: list[int] = []
+    gpu_marks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # events time the GPU's work, no host sync
+    host_marks: list[tuple[float, float]] = []
+    prof = _Profiler(knobs.training().profile_out if rank == 0 else None, steps)
     for step in range(steps):
         prof.maybe_start(step)
         tokens, targets = data.batch(train.seed, rank, step, micro_batch, cfg.seq_len, cfg.vocab_size, device)
-        if cuda:  # events time the GPU's work; no host sync inside the loop
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+        if cuda:
+            gpu_marks.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            gpu_marks[-1][0].record()
         else:
             dist.barrier(group)
-            start = time.perf_counter()
+            start_s = time.perf_counter()
         with prof.mark(step):
             losses.append(runner.forward_backward(tokens, targets))
             runner.step()
         if cuda:
-            end.record()
+            gpu_marks[-1][1].record()
             step_peaks.append(torch.cuda.max_memory_allocated(device))
         else:
-            end = time.perf_counter()
-        marks.append((start, end))
+            host_marks.append((start_s, time.perf_counter()))
     prof.stop()
     if cuda:
         torch.cuda.synchronize(device)
-        times = [s.elapsed_time(e) / 1e3 for s, e in marks]
+        times = [s.elapsed_time(e) / 1e3 for s, e in gpu_marks]
         peak = torch.cuda.max_memory_allocated(device) / 2**30
     else:
-        times = [e - s for s, e in marks]
+        times = [e - s for s, e in host_marks]
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     losses_f = torch.stack(losses).float().cpu().tolist()  # the one sync point for losses
     state = list(runner.canonical_state())  # collective on zero2: every rank iterates
@@ -217,10 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = load_profile(args.profile)
         validate(args, profile, world)
-        kernels.requested()  # a typo in VH_KERNELS stops here, not after the first round
-        kernels.ce_chunk_tokens(profile.train.ce_chunk_tokens)
-        parallel.requested_reduce_order()
-    except (ProfileError, UsageError, kernels.KnobError) as exc:
+        knobs.check_all()  # a bad VH_* value stops here, not after the first round
+        registry.requested()  # VH_KERNELS names only kernels that exist
+    except (ProfileError, UsageError, knobs.KnobError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     env = parallel.set_process_env(args.nccl_pcie)
@@ -242,8 +252,18 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
 
 
+def kernels_record(args: argparse.Namespace, profile: Profile, device: torch.device) -> dict[str, Any]:
+    """The registry's account of the kernels (each requested one probed on this device first), as the run
+    wires them: the fused optimizer is part of the zero2 runners only."""
+    kern = registry.describe(device) | {"ce_chunk_tokens": knobs.kernels().chunk_tokens(profile.train.ce_chunk_tokens)}
+    if args.reduction == "ddp" and "optim" in kern["active"]:
+        kern["active"].remove("optim")
+        kern["rejected"]["optim"] = "reduction ddp: torch's fused AdamW (the fused kernel is wired into zero2 only)"
+    return kern
+
+
 def _run(args: argparse.Namespace, profile: Profile, device: torch.device, rank: int, local_rank: int,
-         world: int, env: dict, det: dict) -> int:
+         world: int, env: dict[str, Any], det: dict[str, Any]) -> int:
     mps_rec = attach_mps(rank, local_rank, world)
     cfg = profile.model
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -254,11 +274,19 @@ def _run(args: argparse.Namespace, profile: Profile, device: torch.device, rank:
     log(rank, f"attention backend: {choice.path}")
     log(rank, f"profile {profile.name} world {world} reduction {args.reduction} device {device_name} "
               f"peak {peak.tflops} TFLOP/s kv {choice.kv_mode}")
-    kern = kernels.describe(device) | {"ce_chunk_tokens": kernels.ce_chunk_tokens(profile.train.ce_chunk_tokens)}
-    if args.reduction == "ddp":  # the fused optimizer is wired into the zero2 runners only
-        kern["active"] = [k for k in kern["active"] if k != "optim"]
+    kern = kernels_record(args, profile, device)
+    actives = all_gather_json(kern["active"], _comm_device(local_rank))  # every rank probed its own device
+    if any(a != actives[0] for a in actives):
+        detail = "; ".join(f"rank {r}: {','.join(a) or 'none'}" for r, a in enumerate(actives))
+        raise RunError(f"ranks disagree on which kernels passed their probes ({detail}); rank 0's record: "
+                       f"{kern['rejected']}")
     log(rank, f"kernels active: {','.join(kern['active']) or 'none'} (requested "
               f"{','.join(kern['requested']) or 'none'}, triton {kern['triton']}, ce chunk {kern['ce_chunk_tokens']})")
+    off: dict[str, list[str]] = {}
+    for name, why in kern["rejected"].items():
+        off.setdefault(why, []).append(name)
+    for why, names in off.items():
+        log(rank, f"kernels off ({','.join(names)}): {why}")
     first = run_round(args, profile, device, rank)
     second = run_round(args, profile, device, rank) if args.replay else None
     comm = _comm_device(local_rank)

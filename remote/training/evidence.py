@@ -12,31 +12,33 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from remote import envprobe, mfu, parallel
+from remote.accounting import mfu
 from remote.checks.mfu import MFU_SCHEMA
-from remote.model import FLOPS_FORMULA
+from remote.host import envprobe
+from remote.training import parallel
+from remote.training.model import FLOPS_FORMULA
 
 
-def attention_record(choice: Choice) -> dict:
-    from remote import attention
+def attention_record(choice: Choice) -> dict[str, Any]:
+    from remote.attention import backend as attention
 
     return attention.versions(choice)
 
 
 if TYPE_CHECKING:
-    from remote.attention import Choice
-    from remote.profiles import Profile
+    from remote.attention.backend import Choice
+    from remote.training.profiles import Profile
 
 SCHEMA = MFU_SCHEMA
 
 
 @dataclass
 class RoundResult:
-    """What one round measured (remote.train.run_round): the record's input."""
+    """What one round measured (remote.training.train.run_round): the record's input."""
 
     losses: list[float]
     step_times_s: list[float]
@@ -44,10 +46,10 @@ class RoundResult:
     step_peak_mem_gib: float
     optimizer_numel: int
     leaf_root: str | None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
-def step_spread(times_s: list[float]) -> dict:
+def step_spread(times_s: list[float]) -> dict[str, Any]:
     """How the timed steps spread, in ms: min/median/max, and the mean of even against odd steps, so an
     alternating slow step (issue 32: every other step 11-17 ms slower) shows as a large |even - odd|."""
     ms = [t * 1e3 for t in times_s]
@@ -63,16 +65,16 @@ def step_spread(times_s: list[float]) -> dict:
     return rec
 
 
-def _fa4_versions() -> dict:
-    from remote import fa4
+def _fa4_versions() -> dict[str, Any]:
+    from remote.attention import fa4
 
     v = fa4.versions()
     return {"flash_attn_4": v["flash-attn-4"], "nvidia_cutlass_dsl": v["nvidia-cutlass-dsl"]}
 
 
 def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.Peak, choice: Choice,
-          first: RoundResult, second: RoundResult | None, identities: list[dict], mems: list[tuple],
-          env: dict, det: dict, mps: dict | None, device: torch.device) -> dict:
+          first: RoundResult, second: RoundResult | None, identities: list[dict[str, Any]], mems: list[tuple[Any, ...]],
+          env: dict[str, Any], det: dict[str, Any], mps: dict[str, Any] | None, device: torch.device) -> dict[str, Any]:
     cfg = profile.model
     micro_batch = first.extra["micro_batch"]
     fpt = cfg.flops_per_token()
@@ -115,7 +117,7 @@ def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.P
         "micro_batch": micro_batch,
         "seq_len": cfg.seq_len,
         "reduction": args.reduction,
-        "reduce_order": first.extra["reduce_order"],  # remote/parallel.py: the owner reduction's add order
+        "reduce_order": first.extra["reduce_order"],  # remote/training/parallel.py: the owner reduction's add order
         "flags": {"act_ckpt": args.act_ckpt, "compile": args.compile, "nccl_pcie": args.nccl_pcie,
                   "deterministic": args.deterministic, "replay": args.replay, "attention": args.attention,
                   "peak_tflops_override": args.peak_tflops},
@@ -133,7 +135,7 @@ def build(*, args: argparse.Namespace, profile: Profile, world: int, peak: mfu.P
     return record
 
 
-def write(path: str | os.PathLike, record: dict) -> None:
+def write(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
     """Write-then-rename, so a reader never sees half a file."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from remote import attention
+from remote.attention import backend as attention
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -83,7 +84,7 @@ class ModelConfig:
         `causal_halved` halves the attention term (the causal mask skips half the scores), a secondary figure.
         """
         counts = self.param_counts()
-        attn = 12 * self.n_layers * self.d_model * self.seq_len
+        attn = 12.0 * self.n_layers * self.d_model * self.seq_len
         if causal_halved:
             attn /= 2
         return 6 * (counts["non_embedding"] + counts["lm_head"]) + attn
@@ -92,7 +93,7 @@ class ModelConfig:
 FLOPS_FORMULA = "6*(N_nonembed + N_lm_head) + 12*L*d*T (no causal halving; recompute excluded)"
 
 # RoPE tables depend only on (head_dim, length, theta, dtype, device): computed once per key.
-_ROPE_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_ROPE_CACHE: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def rope_tables(cfg: ModelConfig, seq_len: int, dtype: torch.dtype, device: torch.device
@@ -105,6 +106,23 @@ def rope_tables(cfg: ModelConfig, seq_len: int, dtype: torch.dtype, device: torc
         emb = torch.cat([freqs, freqs], dim=-1)
         _ROPE_CACHE[key] = (emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device))
     return _ROPE_CACHE[key]
+
+
+# The hand-written kernels' entry points, as the modules below hold them once remote.training.parallel attaches
+# a kernel (remote/kernels/): None means the torch path.
+RopeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, int],
+                      tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+SwigluKernel = Callable[[torch.Tensor], torch.Tensor]
+MlpKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class NormKernels(Protocol):
+    """remote.kernels.norm's two entry points."""
+
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+
+    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -130,7 +148,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.wqkv = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
-        self.rope = None  # remote.kernels.rope.rope_qkv when that kernel is active (one pass each way)
+        self.rope: RopeKernel | None = None  # remote.kernels.rope.rope_qkv when active (one pass each way)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -138,12 +156,13 @@ class Attention(nn.Module):
             q, k, v = self.rope(self.wqkv(x).view(b, t, self.n_heads + 2 * self.n_kv, self.hd), cos, sin,
                                 self.n_heads, self.n_kv)
             out = attention.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-            return self.wo(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
-        qkv = self.wqkv(x).view(b, t, self.n_heads + 2 * self.n_kv, self.hd).transpose(1, 2)
-        q, k, v = qkv.split([self.n_heads, self.n_kv, self.n_kv], dim=1)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attention.sdpa(q, k, v)
-        return self.wo(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
+        else:
+            qkv = self.wqkv(x).view(b, t, self.n_heads + 2 * self.n_kv, self.hd).transpose(1, 2)
+            q, k, v = qkv.split([self.n_heads, self.n_kv, self.n_kv], dim=1)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            out = attention.sdpa(q, k, v)
+        y: torch.Tensor = self.wo(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
+        return y
 
 
 class FeedForward(nn.Module):
@@ -151,19 +170,22 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w13 = nn.Linear(cfg.d_model, 2 * cfg.ffn_hidden, bias=False)
         self.w2 = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
-        self.swiglu = None  # remote.kernels.swiglu.swiglu when that kernel is active (one-pass backward)
+        self.swiglu: SwigluKernel | None = None  # remote.kernels.swiglu.swiglu when active (one-pass backward)
         # remote.kernels.mlp.mlp when active: SwiGLU inside the GEMM epilogues (quack), the residual add in
-        # w2's; w13's rows are then interleaved (gate_0, up_0, ...), see remote.parallel.apply_kernels
-        self.mlp = None
+        # w2's; w13's rows are then interleaved (gate_0, up_0, ...), see remote.training.parallel.apply_kernels
+        self.mlp: MlpKernel | None = None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + the MLP of x (the residual add belongs here: the fused path does it in a GEMM)."""
         if self.mlp is not None:
             return self.mlp(x, self.w13.weight, self.w2.weight, residual)
         if self.swiglu is not None:
-            return residual + self.w2(self.swiglu(self.w13(x)))
-        gate, up = self.w13(x).chunk(2, dim=-1)
-        return residual + self.w2(F.silu(gate) * up)
+            act = self.swiglu(self.w13(x))
+        else:
+            gate, up = self.w13(x).chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        out: torch.Tensor = residual + self.w2(act)
+        return out
 
 
 class Block(nn.Module):
@@ -173,16 +195,18 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn = FeedForward(cfg)
-        self.norms = None  # remote.kernels.norm when that kernel is active (residual add fused into the norm)
+        self.norms: NormKernels | None = None  # remote.kernels.norm when active (the residual add in the norm)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.norms is not None:
             eps = self.attn_norm.eps
             h, y = self.norms.add_rmsnorm(x, self.attn(self.norms.rmsnorm(x, self.attn_norm.weight, eps), cos, sin),
                                           self.ffn_norm.weight, eps)
-            return self.ffn(y, h)
-        x = x + self.attn(self.attn_norm(x), cos, sin)
-        return self.ffn(self.ffn_norm(x), x)
+        else:
+            h = x + self.attn(self.attn_norm(x), cos, sin)
+            y = self.ffn_norm(h)
+        out: torch.Tensor = self.ffn(y, h)
+        return out
 
 
 class Transformer(nn.Module):
@@ -191,11 +215,12 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.padded_vocab, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks: list[Block] = [b for b in self.layers if isinstance(b, Block)]  # the same modules, typed
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ce_chunk_tokens = 8192
         self.ce_kernel = _ce_chunk  # replaced by a compiled version under --compile
         self.ce_fused = False  # remote.kernels.loss: one logits buffer, Triton CE, fp32 GEMM accumulation
-        # parameter name -> its canonical layout, for parameters a kernel keeps in another one (remote.parallel)
+        # parameter name -> its canonical layout, for parameters a kernel keeps in another one (remote.training.parallel)
         self.param_layouts: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
         # Called with -1 before the embedding, i before layer i and n_layers before the final norm and head:
         # a data-parallel wrapper waits there for the parameters it is still gathering (None: nothing to wait).
@@ -219,10 +244,10 @@ class Transformer(nn.Module):
         wait(-1)
         h = self.tok_embeddings(tokens)
         cos, sin = rope_tables(self.cfg, tokens.shape[1], h.dtype, h.device)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.blocks):
             wait(i)
             h = layer(h, cos, sin)
-        wait(len(self.layers))
+        wait(len(self.blocks))
         h = self.norm(h)
         return linear_cross_entropy(h.flatten(0, 1), self.tok_embeddings.weight, targets.flatten(),
                                     self.ce_chunk_tokens, self.ce_kernel, fused=self.ce_fused)
@@ -249,6 +274,9 @@ def _ce_chunk(logits: torch.Tensor, targets: torch.Tensor, scale: float
     return loss, grad.to(logits.dtype)
 
 
+CeKernel = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Head matmul + cross-entropy in token chunks; the gradients are formed in forward (Liger-style),
     so at most one chunk of logits exists at a time and none is saved for backward.
@@ -257,12 +285,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
     written in place, the head gradient kept in fp32 inside the GEMM and cast once in backward)."""
 
     @staticmethod
-    def forward(ctx, h, weight, targets, chunk_tokens, kernel, fused=False):
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int,
+                kernel: CeKernel, fused: bool = False) -> torch.Tensor:
         ctx.fused = fused
         if fused:
-            from remote.kernels import loss
+            from remote.kernels import loss as fused_loss
 
-            total, grad_h, grad_w32 = loss.forward_backward(h, weight, targets, chunk_tokens, use_triton=True)
+            total, grad_h, grad_w32 = fused_loss.forward_backward(h, weight, targets, chunk_tokens, use_triton=True)
             ctx.weight_dtype = weight.dtype
             ctx.save_for_backward(grad_h, grad_w32)
             return total
@@ -280,16 +309,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return total / n
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad_h, grad_w = ctx.saved_tensors
         if ctx.fused:
-            from remote.kernels import loss
+            from remote.kernels import loss as fused_loss
 
-            grad_w = loss.scale_cast(grad_w, grad_out, ctx.weight_dtype, use_triton=True)
+            grad_w = fused_loss.scale_cast(grad_w, grad_out, ctx.weight_dtype, use_triton=True)
             return grad_h * grad_out.to(grad_h.dtype), grad_w, None, None, None, None
         return grad_h * grad_out.to(grad_h.dtype), grad_w * grad_out.to(grad_w.dtype), None, None, None, None
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         chunk_tokens: int = 8192, kernel=_ce_chunk, fused: bool = False) -> torch.Tensor:
-    return _LinearCrossEntropy.apply(h, weight, targets, chunk_tokens, kernel, fused)
+                         chunk_tokens: int = 8192, kernel: CeKernel = _ce_chunk, fused: bool = False) -> torch.Tensor:
+    out: torch.Tensor = _LinearCrossEntropy.apply(h, weight, targets, chunk_tokens, kernel, fused)
+    return out

@@ -9,12 +9,13 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
-from remote.model import ModelConfig
-from remote.paths import MODEL_PROFILES_DIR
+from remote.host.paths import MODEL_PROFILES_DIR
+from remote.training.model import ModelConfig
 
 PROFILE_DIR = MODEL_PROFILES_DIR
-ATTENTION_PATHS = ("fa4", "fa4-det", "cudnn", "cudnn-det", "flash", "efficient", "math")  # remote.attention.CHOICES
+ATTENTION_PATHS = ("fa4", "fa4-det", "cudnn", "cudnn-det", "flash", "efficient", "math")  # remote.attention.backend.CHOICES
 
 
 class ProfileError(ValueError):
@@ -63,7 +64,7 @@ class Profile:
     train: TrainConfig
 
 
-def _build(cls: type, table: dict, where: str):
+def _build(cls: type[Any], table: dict[str, Any], where: str) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(table) - known)
     if unknown:

@@ -12,7 +12,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-PEAKS_FILE = Path(__file__).with_name("peaks.json")  # the one sourced table; the control plane reads it as data
+from remote.host.paths import REMOTE_DIR
+
+PEAKS_FILE = REMOTE_DIR / "peaks.json"  # the one sourced table; the control plane reads it as data
 
 
 @dataclass(frozen=True)
