@@ -77,8 +77,8 @@ def gpu_identity(i: int) -> dict[str, Any]:
 
 def smi_index_by_uuid() -> dict[str, int]:
     rows, _ = smi.query_gpu(("index", "uuid"))
-    return {str(r["uuid"]): int(r["index"]) for r in rows
-            if isinstance(r.get("uuid"), str) and isinstance(r.get("index"), float)}
+    found = {str(r.get("uuid")): smi.as_int(r.get("index")) for r in rows if isinstance(r.get("uuid"), str)}
+    return {uuid: index for uuid, index in found.items() if index is not None}
 
 
 def link_under_load(samples: list[dict[str, Any]], smi_index: int | None) -> dict[str, Any]:
@@ -119,7 +119,7 @@ def memory_health() -> dict[str, Any]:
     named, not guessed."""
     ecc, refused = smi.query_each(smi.ECC_FIELDS)
     remap, remap_why = smi.remapped_rows()
-    return {"ecc": {str(int(r["index"])) if isinstance(r.get("index"), float) else "?": r for r in ecc},
+    return {"ecc": {str(smi.as_int(r.get("index"))): r for r in ecc},
             "ecc_refused": refused, "remap": {str(r.get("gpu_uuid")): r for r in remap}, "remap_error": remap_why}
 
 
@@ -182,8 +182,8 @@ def run_cuda(budget_s: float, burn_cap_s: float, notes: list[str], phases: Phase
         with smi.Sampler(interval_s=0.4) as sampler:
             g["h2d"], g["d2h"] = phases.timed("host_copies", lambda: copies(dev))  # noqa: B023 (called at once)
         row = link_max_by_index.get(float(g["smi_index"])) if g["smi_index"] is not None else None
-        g["pcie_link"] = {"gen_max": int(row["pcie.link.gen.max"]) if row and isinstance(row.get("pcie.link.gen.max"), float) else None,
-                          "width_max": int(row["pcie.link.width.max"]) if row and isinstance(row.get("pcie.link.width.max"), float) else None,
+        g["pcie_link"] = {"gen_max": smi.as_int(row.get("pcie.link.gen.max")) if row else None,
+                          "width_max": smi.as_int(row.get("pcie.link.width.max")) if row else None,
                           **link_under_load(sampler.samples, g["smi_index"]), "sampler_error": sampler.error,
                           "refused": link_refused}
 
@@ -210,7 +210,7 @@ def run_cuda(budget_s: float, burn_cap_s: float, notes: list[str], phases: Phase
             g["burn"] = {**b.summary(), **burn_clocks(sampler.samples, g["smi_index"]), "sampler_error": sampler.error}
     health_after = phases.timed("smi_reads", memory_health)
     for g in gpus:
-        idx = str(g["smi_index"]) if g["smi_index"] is not None else "?"
+        idx = str(g["smi_index"])
         g["ecc_before"] = health_before["ecc"].get(idx)
         g["ecc_after"] = health_after["ecc"].get(idx)
         g["remap"] = health_after["remap"].get(str(g["uuid"]))

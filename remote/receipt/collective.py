@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import spawn
 
 GB = 1e9
 P2P_BYTES = 256 << 20
@@ -91,7 +91,7 @@ def allreduce(world: int, *, backend: str, nbytes: int = ALLREDUCE_BYTES) -> dic
     with tempfile.TemporaryDirectory(prefix="vh-receipt-ar-") as tmp:
         init_file = os.path.join(tmp, "init")
         try:
-            mp.spawn(_rank_main, args=(world, backend, init_file, tmp, nbytes), nprocs=world, join=True)
+            spawn(_rank_main, args=(world, backend, init_file, tmp, nbytes), nprocs=world, join=True)
         except Exception as exc:  # a rank that died: the receipt records it, the control plane decides
             return {"world": world, "backend": backend, "error": f"{type(exc).__name__}: {str(exc)[:300]}",
                     "seconds": round(time.perf_counter() - t0, 3)}

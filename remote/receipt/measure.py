@@ -97,7 +97,7 @@ class _Timer:
             fn()
             end.record()
             end.synchronize()
-            return start.elapsed_time(end) / 1e3
+            return float(start.elapsed_time(end)) / 1e3
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0

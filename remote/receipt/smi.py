@@ -60,6 +60,11 @@ def parse_value(raw: str) -> float | str | None:
         return text
 
 
+def as_int(value: float | str | None) -> int | None:
+    """A cell that holds a whole number (an index, a link generation), else None."""
+    return int(value) if isinstance(value, float) else None
+
+
 def parse_mask(value: float | str | None) -> int | None:
     if isinstance(value, str):
         try:

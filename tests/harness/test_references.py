@@ -113,7 +113,7 @@ def _path_problem(path: str) -> str | None:
     if path.startswith(WHEEL_ONLY) or path in FOREIGN_PATHS or (ROOT / path).exists():
         return None
     stem, dot, _attr = path.rpartition(".")
-    if dot and (ROOT / f"{stem}.py").is_file():  # `remote/determinism.set_determinism`: a module's function
+    if dot and (ROOT / f"{stem}.py").is_file():  # `remote/training/determinism.set_determinism`: a module's function
         return None
     return "no such file"
 
@@ -181,5 +181,5 @@ def test_a_stale_reference_is_found(tmp_path, comment):
 def test_references_that_exist_pass(tmp_path):
     module = tmp_path / "probe.py"
     module.write_text('"""views/status.py, vast_harness.views.orphans.judge, live.PhaseLog, scripts/bench/chaos.py, '
-                      'guard.py, tests/remote/test_gpu.py::test_x, remote/determinism.set_determinism"""\n')
+                      'guard.py, tests/remote/test_gpu.py::test_x, remote/training/determinism.set_determinism"""\n')
     assert _problems("probe.py", _python_texts(module)) == []

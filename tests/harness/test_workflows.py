@@ -164,7 +164,7 @@ def test_ci_yml_runs_what_ci_run_runs():
 
     job = _load(CI)["jobs"]["tests"]
     assert commands(script) == commands("\n".join(step.get("run", "") for step in job["steps"]))
-    assert {"uv run mypy", "uv run lint-imports", "uv run --extra workload pytest -m slow"} <= set(commands(script))
+    assert {"uv run --extra workload mypy", "uv run lint-imports", "uv run --extra workload pytest -m slow"} <= set(commands(script))
     assert "export VH_CHAOS_FULL=1" in script and job["env"]["VH_CHAOS_FULL"] == "1"
     # Every test runs in CI: the README's command leaves out exactly the set the second session runs.
     addopts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]

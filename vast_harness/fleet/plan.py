@@ -43,7 +43,7 @@ def parse_gpus(text: str) -> list[str]:
 
 
 def nominal_sim_peak_tflops(gpu: str) -> float:
-    """The sourced bf16 peak (`market/peaks.py`, matched as remote/mfu.py matches it) scaled down to what one CPU
+    """The sourced bf16 peak (`market/peaks.py`, matched as remote/accounting/mfu.py matches it) scaled down to what one CPU
     core reaches; a GPU with no sourced peak gets SIM_FALLBACK_PEAK_TFLOPS."""
     peak = load_peaks().sourced_tflops(gpu)
     return round((peak or SIM_FALLBACK_PEAK_TFLOPS) * SIM_PEAK_SCALE, 6)

@@ -25,8 +25,8 @@ from vast_harness.spec.workdir import WorkdirSelection, select_workdir
 # (pyproject.toml force-include; tests/harness/test_wheel.py keeps the two in step).
 HOST_PAYLOAD = (
     "remote",                         # python3 -m remote.{envprobe,mps,plan}, imported by the scripts below
-    "profiles/models",                # remote.profiles: the model/training profiles
-    "profiles/harness",               # remote.plan pytest-ids: the proofs profile's node ids
+    "profiles/models",                # remote.training.profiles: the model/training profiles
+    "profiles/harness",               # remote.host.plan pytest-ids: the proofs profile's node ids
     "scripts/run_mfu_dist.py",        # every profile's training round
     "scripts/vast_mfu_remote.sh",     # mfu: the sweep
     "scripts/sweep_report.py",        # mfu: the sweep's table

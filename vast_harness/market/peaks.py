@@ -1,6 +1,6 @@
 """The workload's sourced dense bf16 peaks (`remote/peaks.json`), read as data: which GPUs an MFU can be
 measured on. The control plane never imports `remote/` (it ships to the host as files); the rows are matched
-exactly as `remote/mfu.py` matches them: in order, every substring of `match_all` in the lower-cased name,
+exactly as `remote/accounting/mfu.py` matches them: in order, every substring of `match_all` in the lower-cased name,
 the first matching row decides, and a row with `tflops` 0 is known but unsourced (refused).
 """
 
