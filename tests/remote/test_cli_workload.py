@@ -78,3 +78,24 @@ def test_sweep_report_writes_the_table_and_draws_nothing_on_the_host(tmp_path: P
     assert "| w1 zero2o compile | 24 | 0.5742 |" in md and "deterministic" in md
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("mfu-")) == ["sweep.md"]
     assert sweep_report.main([str(tmp_path / "empty")]) == 1
+
+
+def test_sweep_report_gives_each_run_as_a_fraction_of_the_hosts_measured_matmul(tmp_path: Path) -> None:
+    """Beside MFU against the vendor peak: achieved TFLOP/s per GPU over the host's own receipt (the slowest GPU)."""
+    import sweep_report
+
+    run = json.loads((ROOT / ".evidence" / "h200" / "dp1-fast-mb24.json").read_text())
+    (tmp_path / "mfu-a.json").write_text(json.dumps(run))
+    receipt = json.loads((ROOT / ".evidence/receipt-2026-12-06/h200-call2/receipt-h200-1.json").read_text())
+    slow = json.loads(json.dumps(receipt["gpus"][0]))
+    slow["matmul"]["tflops"] = receipt["gpus"][0]["matmul"]["tflops"] / 2  # a second, slower GPU: the divisor
+    receipt["gpus"].append(slow)
+    (tmp_path / "receipt.json").write_text(json.dumps(receipt))
+    assert sweep_report.main([str(tmp_path)]) == 0
+    md = (tmp_path / "sweep.md").read_text()
+    achieved = run["tokens_per_s"] / run["world_size"] * run["flops_per_token"] / 1e12
+    assert f"| {achieved:.1f} | {achieved / slow['matmul']['tflops']:.1%} |" in md
+    assert f"{slow['matmul']['tflops']:.1f} TFLOP/s dense bf16 matmul (the slowest GPU)" in md
+    (tmp_path / "receipt.json").unlink()
+    assert sweep_report.main([str(tmp_path)]) == 0
+    assert "| no receipt |" in (tmp_path / "sweep.md").read_text()
