@@ -65,8 +65,8 @@ def test_worst_exit_precedence():
 
 
 class OverlapRecorder(httpx.HTTPTransport):
-    """The client's real transport (no keep-alive, as the client's own), counting per endpoint (the pacing's path
-    key) the requests in flight from send until their body is read and closed."""
+    """The client's real transport (no keep-alive, as the client's own), counting per endpoint (the pacing's key:
+    method and path) the requests in flight from send until their body is read and closed."""
 
     def __init__(self) -> None:
         super().__init__(limits=httpx.Limits(max_keepalive_connections=0))
@@ -80,7 +80,7 @@ class OverlapRecorder(httpx.HTTPTransport):
             self.in_flight[key] -= 1
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        key = endpoint_key(request.method, request.url.path).split(" ", 1)[1]
+        key = endpoint_key(request.method, request.url.path)
         with self.lock:
             self.requests += 1
             self.in_flight[key] = self.in_flight.get(key, 0) + 1
