@@ -50,7 +50,8 @@ def _clear(sim):
 
 
 # ------------------------------------------------------------------------------------------ pieces
-def test_the_state_dir_follows_the_user_not_the_directory(tmp_path):
+def test_the_state_dir_follows_the_user_not_the_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv("XDG_STATE_HOME")  # the session's: platformdirs reads the process's own
     assert state_dir({"VAST_HARNESS_HOME": str(tmp_path / "h")}) == tmp_path / "h"
     assert state_dir({"XDG_STATE_HOME": str(tmp_path / "x")}) == tmp_path / "x" / "vast-harness"
     assert state_dir({"XDG_STATE_HOME": "relative"}) == Path.home() / ".local/state/vast-harness"  # XDG: ignored
