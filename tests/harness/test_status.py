@@ -1,6 +1,7 @@
 """`status` as a second terminal sees it (issue 34, items 1, 4, 5): a run tearing down says so with its instance
 and proof round; a 429 is said once; a refused connection ends the command in seconds naming the URL and a
-simulator that exists; nothing live is one line; `status --sim` reads the --sim runs' registrations."""
+simulator that exists; nothing live is one line; `status --sim` reads the --sim runs' registrations; `reap`
+with nothing to do or no key says so in a line."""
 
 from __future__ import annotations
 

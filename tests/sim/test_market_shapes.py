@@ -1,5 +1,6 @@
-"""Issue 33 in the simulator: the per-id read's other shape (a one-element list, no ports), `error`, a key reset
-that drops what onstart appended, and a DELETE that answers 200 and deletes nothing."""
+"""The market's shapes and states its sources disagree on (issue 33), in the simulator: the per-id read's
+other shape (a one-element list, no ports), `error`, a key reset that drops what onstart appended, and a DELETE
+that answers 200 and deletes nothing."""
 
 from __future__ import annotations
 

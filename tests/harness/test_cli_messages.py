@@ -1,6 +1,6 @@
-"""What a new user met on the command line (issue 34, items 3 and 9, `check`'s money): cap messages that add
-up and name where the cap came from, contradicting flags refused, a malformed setting's key shown, help and
-docs that agree, completion that offers profiles, runs and --rank-by values."""
+"""The CLI's messages, as a new user met them on the command line (issue 34, items 3 and 9, `check`'s money):
+cap messages that add up and name where the cap came from, contradicting flags refused, a malformed setting's
+key shown, help and docs that agree, completion that offers profiles, runs and --rank-by values."""
 
 from __future__ import annotations
 
