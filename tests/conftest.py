@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,21 @@ from vast_harness.state import dirs
 
 _session: dict[str, object] = {}  # in the process that made the session home: what the end compares with
 GUARD = pytest.StashKey[isolation.UserDirGuard]()
+COLLECTION = pytest.StashKey["Collection"]()
+
+
+DEFAULT_SET_WORKERS = 4  # the default set mostly waits: four workers overlap the waits, even on two cores
+SLOW_SET_WORKERS = 2  # torchrun worlds and the whole chaos suite (its caps timed to the tenth of a second) need
+# the cores themselves: on two cores four workers of them put runs past their caps
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject.toml addopts): four workers when the slow tests are left out, two when any run
+    (`-m slow`, `-m ""`); PYTEST_XDIST_AUTO_NUM_WORKERS, or `-n N` on the command line, still wins."""
+    given = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if given:
+        return int(given)
+    return DEFAULT_SET_WORKERS if config.option.markexpr == "not slow" else SLOW_SET_WORKERS
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,6 +74,32 @@ def _no_user_dirs(pytestconfig: pytest.Config) -> Iterator[None]:
     guard = pytestconfig.stash[GUARD]
     touched, guard.reported = guard.seen[guard.reported:], len(guard.seen)
     assert not touched, f"the user's own directories were touched: {touched[:5]}"
+
+
+@dataclass(frozen=True)
+class Collection:
+    """What this process collected (an xdist worker collects the whole session): tests run and deselected, the
+    files they are in, and the filters (tests/harness/test_suite_figures.py compares the size with the docs)."""
+
+    selected: int
+    deselected: int
+    files: frozenset[Path]
+    markexpr: str
+    keyword: str
+
+
+_deselected: list[pytest.Item] = []
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _deselected.extend(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.config.stash[COLLECTION] = Collection(
+        selected=len(session.items), deselected=len(_deselected),
+        files=frozenset(item.path for item in [*session.items, *_deselected]),
+        markexpr=session.config.option.markexpr, keyword=session.config.option.keyword)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
