@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from tests.harness.clirun import cli, spawn
 from tests.harness.test_runner import KEY, SCALE, make_spec
 from vast_harness import chaos
 from vast_harness.actions.reap import reap_all
@@ -50,7 +51,8 @@ def _clear(sim):
 
 
 # ------------------------------------------------------------------------------------------ pieces
-def test_the_state_dir_follows_the_user_not_the_directory(tmp_path):
+def test_the_state_dir_follows_the_user_not_the_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv("XDG_STATE_HOME")  # the session's: platformdirs reads the process's own
     assert state_dir({"VAST_HARNESS_HOME": str(tmp_path / "h")}) == tmp_path / "h"
     assert state_dir({"XDG_STATE_HOME": str(tmp_path / "x")}) == tmp_path / "x" / "vast-harness"
     assert state_dir({"XDG_STATE_HOME": "relative"}) == Path.home() / ".local/state/vast-harness"  # XDG: ignored
@@ -261,19 +263,14 @@ def test_reap_include_live_deletes_only_after_confirmation(sim, tmp_path):
 
 
 def test_reap_include_live_without_a_terminal_needs_yes(sim, tmp_path):
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "reap", "--include-live",
-                        "--api-url", sim.url, "--pacing-scale", str(SCALE)], stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True, timeout=60, cwd=ROOT,
-                       env={**os.environ, "VAST_API_KEY": KEY})
+    p = cli("reap", "--include-live", "--api-url", sim.url, "--pacing-scale", str(SCALE), key=KEY)
     assert p.returncode == 2 and "--yes" in p.stderr
 
 
 @pytest.mark.slow
 def test_sigint_during_a_step_sends_the_delete_within_a_second(sim, tmp_path):
-    argv = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "--profile", "smoke", "--api-url", sim.url,
-            "--pacing-scale", str(SCALE), "--poll-interval", "0.1", "--proof-interval", "0.2"]
-    p = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         env={**os.environ, "VAST_API_KEY": KEY})
+    p = spawn("--profile", "smoke", "--api-url", sim.url, "--pacing-scale", str(SCALE), "--poll-interval", "0.1",
+              "--proof-interval", "0.2", cwd=tmp_path, key=KEY, stdout=subprocess.DEVNULL, text=False)
     end = time.monotonic() + 90
     line = b""
     while b"step tiny-round" not in line and time.monotonic() < end:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from tests.harness.clirun import cli
 from vast_harness.actions.canary import run_canary
 from vast_harness.console.output import Output
 from vast_harness.sim import SimServer
@@ -23,7 +24,6 @@ from vast_harness.views.check import run_checks
 
 SCALE = 0.01
 KEY = "sim-canary-key"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spec(sim: SimServer, tmp_path: Path, **kw):
@@ -104,8 +104,7 @@ def test_check_names_what_is_not_well(tmp_path, faults, keys, needle, code):
 @pytest.mark.slow
 def test_check_and_canary_run_from_the_cli_on_the_embedded_simulator(tmp_path, command):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in command]
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *argv, "--sim", "--json"],
-                          capture_output=True, text=True, timeout=240, check=False, cwd=tmp_path)
+    done = cli(*argv, "--sim", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     payload = json.loads(done.stdout)
     if command[0] == "check":

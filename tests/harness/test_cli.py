@@ -1,18 +1,16 @@
-"""The CLI as a user runs it (a subprocess against the simulator over HTTP): output, exit codes, no key leaks."""
+"""The CLI as a user runs it, against the simulator over HTTP: output, exit codes, no key leaks (in this process
+through tests/harness/clirun.py, and as a process of its own where a leak could hide outside Python's streams)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from functools import partial
 
 import pytest
 
+from tests.harness import clirun
 from vast_harness.sim import SimServer
 
-ROOT = Path(__file__).resolve().parents[2]
 LEAKY_KEY = "vhLEAKCANARY-9d8c7b6a5f4e3d2c1b0a"
 SEED_FLAGS = ["--profile", "mfu", "--num-gpus", "2", "--min-pcie-bw", "50", "--max-usd", "3", "--max-minutes", "50",
               "--remote-env", "HT_MFU_WORLDS=2", "--remote-env", "HT_MFU_COMPILE=1", "--remote-env", "HT_MFU_MB=8"]
@@ -21,16 +19,8 @@ SEED_FLAGS = ["--profile", "mfu", "--num-gpus", "2", "--min-pcie-bw", "50", "--m
 SIM_OPTIONS = dict(seed=5, rate_scale=0.01, num_offers=1000)  # conftest.sim
 
 
-def cli(*args: str, sim: SimServer | None = None, key: str | None = LEAKY_KEY, timeout: float = 120,
-        extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")}
-    if key:
-        env["VAST_API_KEY"] = key
-    env.update(extra_env or {})
-    argv = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args]
-    if sim is not None:
-        argv += ["--api-url", sim.url, "--pacing-scale", "0.01"]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+cli = partial(clirun.cli, key=LEAKY_KEY)
+cli_process = partial(clirun.cli_process, key=LEAKY_KEY)
 
 
 def test_dry_run_shows_offer_steps_caps_settings_as_given_and_secrets_masked(sim, tmp_path):
@@ -47,7 +37,7 @@ def test_dry_run_shows_offer_steps_caps_settings_as_given_and_secrets_masked(sim
 
 
 def test_dry_run_json_is_one_object(sim, tmp_path):
-    p = cli("--profile", "smoke", "--dry-run", "--json", "--evidence-dir", str(tmp_path), sim=sim)
+    p = cli_process("--profile", "smoke", "--dry-run", "--json", "--evidence-dir", str(tmp_path), sim=sim)
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
     assert data["dry_run"] is True and data["offer"]["id"] > 0
@@ -99,7 +89,7 @@ def test_world_readable_key_file_is_refused(tmp_path):
     key = tmp_path / "vast.key"
     key.write_text(LEAKY_KEY)
     key.chmod(0o644)
-    p = cli("--profile", "smoke", "--key-file", str(key), "--dry-run", key=None)
+    p = clirun.cli("--profile", "smoke", "--key-file", str(key), "--dry-run")
     assert p.returncode == 2 and "chmod 600" in p.stderr
 
 
@@ -117,13 +107,13 @@ def test_key_never_leaves_the_authorization_header(sim, tmp_path):
     key_file.write_text(LEAKY_KEY + "\n")
     key_file.chmod(0o600)
     ev = tmp_path / "ev"
+    run = clirun.cli_process  # a process of its own: a leak written past Python's streams shows too
     outputs = [
-        cli("--profile", "smoke", "--dry-run", "--key-file", str(key_file), "--evidence-dir", str(ev), sim=sim, key=None),
-        cli("offers", "--profile", "mfu", "--key-file", str(key_file), sim=sim, key=None),
-        cli("--profile", "smoke", "--key-file", str(key_file), "--evidence-dir", str(ev), "--proof-interval", "0.05",
-            "--poll-interval", "0.05", "--max-usd", "0.3", sim=sim, key=None, timeout=300),
-        cli("reap", "--key-file", str(key_file), "--evidence-dir", str(ev), "--proof-interval", "0.05", sim=sim,
-            key=None),
+        run("--profile", "smoke", "--dry-run", "--key-file", str(key_file), "--evidence-dir", str(ev), sim=sim),
+        run("offers", "--profile", "mfu", "--key-file", str(key_file), sim=sim),
+        run("--profile", "smoke", "--key-file", str(key_file), "--evidence-dir", str(ev), "--proof-interval", "0.05",
+            "--poll-interval", "0.05", "--max-usd", "0.3", sim=sim, timeout=300),
+        run("reap", "--key-file", str(key_file), "--evidence-dir", str(ev), "--proof-interval", "0.05", sim=sim),
     ]
     for p in outputs:
         assert LEAKY_KEY not in p.stdout and LEAKY_KEY not in p.stderr

@@ -1,4 +1,4 @@
-"""The command line's conventions, as a user meets them (a subprocess, the simulator over HTTP): --version, -h,
+"""The command line's conventions, as a user meets them (the simulator over HTTP): --version, -h,
 bare `vast-e2e`, options before a subcommand honoured or refused, a user's own profile file, the official
 CLI's key file and a config file for defaults, and --unqualified-ok."""
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from tests.harness import clirun
 from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
@@ -30,12 +31,9 @@ def sim():
         yield server
 
 
-def cli(*args: str, home: Path, env: dict[str, str] | None = None, timeout: float = 120
-        ) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL", "XDG_CONFIG_HOME")}
-    base |= {"HOME": str(home)} | (env or {})
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args], capture_output=True,
-                          text=True, timeout=timeout, env=base, cwd=home)
+def cli(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A user whose HOME is `home` and whose config sits where HOME puts it (no XDG_CONFIG_HOME)."""
+    return clirun.cli(*args, cwd=home, env={"HOME": str(home), "XDG_CONFIG_HOME": None} | (env or {}))
 
 
 @pytest.mark.slow

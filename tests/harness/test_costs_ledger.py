@@ -9,30 +9,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.harness.clirun import ROOT, cli, spawn
 from vast_harness.state.ledger import Ledger, LedgerEntry
 from vast_harness.views.costs import collect, estimate_usd
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = str(ROOT / "scripts" / "vast_e2e.py")
 SCALE = 0.01
 KEY = "sim-costs-key"
 SIM_OPTIONS = dict(seed=35, rate_scale=SCALE, boot_seconds=0.1, num_offers=200)
-
-
-def env_for(home: Path, **extra: str) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {
-        "HOME": str(home), "VAST_HARNESS_HOME": str(home / "state"), "XDG_CONFIG_HOME": str(home / "config")} | extra
-
-
-def cli(home: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120,
-                          env=env_for(home, **extra), cwd=home)
 
 
 def record(run_dir: Path, accrued_usd: float) -> None:
@@ -61,18 +49,18 @@ def test_costs_logs_and_report_find_records_the_config_moved_away_from(tmp_path)
     new = "20260102T000000Z-0b0b0b"  # recorded in the config's evidence_dir; its lines name where
     record(moved / new, 0.5)
     ledger_lines(Ledger(state / "ledger.jsonl", evidence_dir=moved / new), new, 6)
-    done = cli(tmp_path, "costs", "--json")
+    done = cli("costs", "--json", home=tmp_path)
     assert done.returncode == 0, done.stderr
     runs = {r["run_id"]: r for r in json.loads(done.stdout)["runs"]}
     assert runs[old]["accrued_usd"] == 0.25 and runs[new]["accrued_usd"] == 0.5  # neither "unrecorded"
     assert json.loads(done.stdout)["total"]["real"]["unrecorded_runs"] == 0
-    assert cli(tmp_path, "logs", old).stdout.endswith("hello from s\n")
+    assert cli("logs", old, home=tmp_path).stdout.endswith("hello from s\n")
     # from a third directory, the ledger's line names where the newer run is
     other = tmp_path / "elsewhere"
     other.mkdir()
-    shown = cli(tmp_path, "logs", new, "s", "--evidence-dir", str(other))
+    shown = cli("logs", new, "s", "--evidence-dir", str(other), home=tmp_path)
     assert shown.returncode == 0 and shown.stdout == "hello from s\n", shown.stderr
-    rebuilt = cli(tmp_path, "report", old[-6:])
+    rebuilt = cli("report", old[-6:], home=tmp_path)
     assert rebuilt.returncode == 0 and rebuilt.stdout.strip() == str(state / old / "report.html"), rebuilt.stderr
 
 
@@ -134,14 +122,11 @@ def test_costs_lists_a_run_killed_during_its_create_that_a_reap_found(tmp_path):
 @pytest.mark.parametrize("faults", ["", "reprice_offer:20"])
 def test_a_run_killed_with_9_and_reaped_gets_an_estimated_cost(clean_sim, tmp_path, faults: str):
     clean_sim.set_faults(faults)  # reprice_offer: the host bills 20x the search's price, its reads say so
-    env = env_for(tmp_path, VAST_API_KEY=KEY)
     steps = ('[[steps]]\nname = "wait"\nrun = "sleep 60"\ntimeout_s = 120\nworkload = false\n')
     text = (ROOT / "profiles" / "harness" / "smoke.toml").read_text()
     (tmp_path / "p.toml").write_text(text[: text.index("[[steps]]")] + steps)
-    run = subprocess.Popen([sys.executable, SCRIPT, "--profile", "p.toml", "--api-url", clean_sim.url,
-                            "--pacing-scale", str(SCALE), "--poll-interval", "0.1", "--max-usd", "2"],
-                           cwd=tmp_path, env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = spawn("--profile", "p.toml", "--api-url", clean_sim.url, "--pacing-scale", str(SCALE), "--poll-interval",
+                "0.1", "--max-usd", "2", home=tmp_path, key=KEY, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         end = time.monotonic() + 90
         while not list((tmp_path / "state").glob("2*/steps/wait.log")) and time.monotonic() < end:
@@ -154,18 +139,17 @@ def test_a_run_killed_with_9_and_reaped_gets_an_estimated_cost(clean_sim, tmp_pa
         if run.poll() is None:
             run.kill()
             run.wait()
-    reaped = subprocess.run([sys.executable, SCRIPT, "reap", "--api-url", clean_sim.url, "--pacing-scale",
-                             str(SCALE), "--proof-interval", "0.2"], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=120)
+    reaped = cli("reap", "--api-url", clean_sim.url, "--pacing-scale", str(SCALE), "--proof-interval", "0.2",
+                 home=tmp_path, key=KEY)
     assert reaped.returncode == 0, reaped.stdout + reaped.stderr
     billed = max((i for i in clean_sim.state()["instances"] if str(i["label"]).startswith("vh-")),
                  key=lambda i: i["created_at"])  # this test's: the simulator outlives a test
-    done = cli(tmp_path, "costs", "--json")
+    done = cli("costs", "--json", home=tmp_path)
     data = json.loads(done.stdout)
     killed = [r for r in data["runs"] if billed["id"] in r["instances"]]
     assert len(killed) == 1 and killed[0]["estimated"] is True, data["runs"]
     # the estimate spans create to DELETE at the quoted price: at least what the simulator billed for the time
     assert killed[0]["accrued_usd"] == pytest.approx(billed["billed_usd"], rel=0.5) and killed[0]["accrued_usd"] > 0
     assert killed[0]["accrued_usd"] >= billed["billed_usd"]  # an upper bound: the span errs long, the price high
-    human = cli(tmp_path, "costs").stdout
+    human = cli("costs", home=tmp_path).stdout
     assert "(estimated)" in human and "unrecorded" not in human.split("Per day")[0]

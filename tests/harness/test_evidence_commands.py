@@ -1,4 +1,4 @@
-"""`vast-e2e report`, `logs` and `costs` as a user runs them (subprocesses), on evidence a real simulated run
+"""`vast-e2e report`, `logs` and `costs` as a user runs them, on evidence a real simulated run
 wrote, plus a run only the ledger knows (killed before its record) and hostile step output."""
 
 from __future__ import annotations
@@ -12,15 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.clirun import ROOT, cli
 from vast_harness.state.ledger import Ledger
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def cli(*args: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {"HOME": str(cwd), "VAST_HARNESS_HOME": str(cwd / "state")}
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +24,7 @@ def work(tmp_path_factory) -> Path:
     text = text[: text.index("[[steps]]")] + ('[[steps]]\nname = "hello"\n'
                                               'run = "printf \'hi \\\\033]0;pwned\\\\007 there\\\\n\'"\ntimeout_s = 30\n')
     (work / "p.toml").write_text(text.replace('name = "smoke"', 'name = "hello-profile"'))
-    done = cli("--profile", "p.toml", "--sim", cwd=work)
+    done = cli("--profile", "p.toml", "--sim", home=work)
     assert done.returncode == 0, done.stderr[-2000:]
     return work
 
@@ -45,27 +38,27 @@ def test_report_rebuilds_and_prints_the_path(work):
     rid = run_id(work)
     report = work / "state" / "sim" / rid / "report.html"
     report.unlink()
-    done = cli("report", rid[-6:], cwd=work)  # a unique part of the id is enough
+    done = cli("report", rid[-6:], home=work)  # a unique part of the id is enough
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(report) and report.is_file()
     check = subprocess.run(["sha256sum", "--strict", "-c", "manifest.sha256"], cwd=report.parent, capture_output=True,
                            text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr  # the manifest's report line follows the rebuild
-    missing = cli("report", "nope", cwd=work)
+    missing = cli("report", "nope", home=work)
     assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
 
 
 @pytest.mark.slow
 def test_logs_lists_and_prints_a_step_escaped_unless_raw(work):
     rid = run_id(work)
-    listed = cli("logs", rid, "--json", cwd=work)
+    listed = cli("logs", rid, "--json", home=work)
     assert listed.returncode == 0, listed.stderr
     assert [r["step"] for r in json.loads(listed.stdout)["logs"]] == ["hello"]
-    shown = cli("logs", rid, "hello", cwd=work)
+    shown = cli("logs", rid, "hello", home=work)
     assert shown.returncode == 0 and "hi \\x1b]0;pwned\\x07 there" in shown.stdout and "\x1b" not in shown.stdout
-    raw = cli("logs", rid, "hello", "--raw", cwd=work)
+    raw = cli("logs", rid, "hello", "--raw", home=work)
     assert "\x1b]0;pwned\x07" in raw.stdout
-    bad = cli("logs", rid, "nosuch", cwd=work)
+    bad = cli("logs", rid, "nosuch", home=work)
     assert bad.returncode == 2 and "steps: hello" in bad.stderr
 
 
@@ -81,7 +74,7 @@ def test_costs_per_run_day_profile_and_totals(work):
     # ... and a reap that deleted it: its lines name the instance but it is not a run (not counted as one)
     Ledger(ev / "ledger.jsonl").append("reap-20260101T000100Z-abcdef", "delete_ack", "vh-dead", instance_id=99,
                                        api_url="https://console.vast.ai", account="acct")
-    done = cli("costs", "--json", cwd=work)
+    done = cli("costs", "--json", home=work)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     runs = {r["run_id"]: r for r in data["runs"]}
@@ -94,7 +87,7 @@ def test_costs_per_run_day_profile_and_totals(work):
     assert data["total"]["sim"]["accrued_usd"] == pytest.approx(record["accrued_usd"], abs=1e-6)
     assert data["total"]["real"] == {"runs": 1, "accrued_usd": 0.0, "unrecorded_runs": 1, "estimated_runs": 0}
     assert data["per_profile"]["sim"]["hello-profile"]["runs"] == 1
-    human = cli("costs", cwd=work)
+    human = cli("costs", home=work)
     assert human.returncode == 0 and "unrecorded" in human.stdout and "Per day" in human.stdout
 
 
@@ -163,7 +156,7 @@ def test_a_rebuilt_report_of_a_run_without_its_record_never_says_nothing_was_ren
     shutil.copytree(src, run)
     for name in ("harness-result.json", "absence-proof.json", "manifest.sha256", "report.html"):
         (run / name).unlink()
-    done = cli("report", str(run), cwd=tmp_path)
+    done = cli("report", str(run), home=tmp_path)
     assert done.returncode == 0, done.stderr
     html = (run / "report.html").read_text()
     assert "nothing was rented" not in html and "nothing-created" not in html
@@ -195,12 +188,8 @@ def test_a_report_that_cannot_be_written_is_an_error_not_a_traceback(work, tmp_p
 def test_costs_with_nothing_to_read_says_so_rather_than_a_plain_zero(tmp_path):
     # A mistyped VAST_HARNESS_HOME reads nothing: "Total against Vast: $0.0000" with exit 0 would read as
     # "nothing was spent".
-    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {"HOME": str(tmp_path)}
-
     def costs(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "costs", *args],
-                              capture_output=True, text=True, timeout=60, env=env | {"VAST_HARNESS_HOME": str(home)},
-                              cwd=tmp_path)
+        return cli("costs", *args, home=tmp_path, env={"VAST_HARNESS_HOME": str(home)})
 
     missing = tmp_path / "no-such-home"
     human = costs(missing)
@@ -220,16 +209,13 @@ def test_status_with_a_state_dir_that_is_a_file_is_exit_2_before_any_call(tmp_pa
     # Not exit 0 with a table titled with the file (a live run of this machine would show as "elsewhere").
     a_file = tmp_path / "f"
     a_file.write_text("hi")
-    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {
-        "HOME": str(tmp_path), "VAST_HARNESS_HOME": str(a_file), "VAST_API_KEY": "k", "VAST_URL": "http://127.0.0.1:9"}
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "status"], capture_output=True,
-                          text=True, timeout=60, env=env, cwd=tmp_path)
+    env = {"VAST_HARNESS_HOME": str(a_file), "VAST_API_KEY": "k", "VAST_URL": "http://127.0.0.1:9"}
+    done = cli("status", home=tmp_path, env=env)
     assert done.returncode == 2 and "not a directory" in done.stderr and str(a_file) in done.stderr, done.stderr
     assert "retrying" not in done.stderr  # refused before any API call
     # a path under that file, and `logs` with it (which said "no run 'foo'")
     for args, home in ((["status"], a_file / "sub"), (["logs", "foo"], a_file)):
-        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args], capture_output=True,
-                              text=True, timeout=60, env=env | {"VAST_HARNESS_HOME": str(home)}, cwd=tmp_path)
+        done = cli(*args, home=tmp_path, env=env | {"VAST_HARNESS_HOME": str(home)})
         assert done.returncode == 2 and "not a directory" in done.stderr, (args, done.stderr)
 
 

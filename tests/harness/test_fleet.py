@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from tests.harness.clirun import cli, spawn
 from vast_harness.console.output import Output
 from vast_harness.errors import PRECEDENCE, worst
 from vast_harness.fleet.plan import parse_gpus
@@ -32,7 +32,6 @@ from vast_harness.state.registry import LabelInfo, parse_label
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.pacing import endpoint_key
 
-ROOT = Path(__file__).resolve().parents[2]
 SCALE = 0.1
 KEY = "sim-fleet-key"
 GPUS = ["RTX 5090", "RTX 4090", "H100 SXM"]
@@ -65,8 +64,8 @@ def test_worst_exit_precedence():
 
 
 class OverlapRecorder(httpx.HTTPTransport):
-    """The client's real transport (no keep-alive, as the client's own), counting per endpoint (the pacing's path
-    key) the requests in flight from send until their body is read and closed."""
+    """The client's real transport (no keep-alive, as the client's own), counting per endpoint (the pacing's key:
+    method and path) the requests in flight from send until their body is read and closed."""
 
     def __init__(self) -> None:
         super().__init__(limits=httpx.Limits(max_keepalive_connections=0))
@@ -80,7 +79,7 @@ class OverlapRecorder(httpx.HTTPTransport):
             self.in_flight[key] -= 1
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        key = endpoint_key(request.method, request.url.path).split(" ", 1)[1]
+        key = endpoint_key(request.method, request.url.path)
         with self.lock:
             self.requests += 1
             self.in_flight[key] = self.in_flight.get(key, 0) + 1
@@ -158,11 +157,8 @@ def test_three_gpu_types_end_to_end_with_reports(sim, tmp_path):
 
 def test_summed_worst_cases_over_the_total_cap_refuse_before_renting(sim, tmp_path):
     before = len(sim.state()["instances"])
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "fleet", "--profile", "smoke",
-                        "--gpus", ",".join(GPUS), "--max-usd", "0.1", "--per-run-usd", "0.5", "--json",
-                        "--api-url", sim.url, "--pacing-scale", str(SCALE), "--evidence-dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
-                       env={**os.environ, "VAST_API_KEY": KEY})
+    p = cli("fleet", "--profile", "smoke", "--gpus", ",".join(GPUS), "--max-usd", "0.1", "--per-run-usd", "0.5",
+            "--json", "--api-url", sim.url, "--pacing-scale", str(SCALE), "--evidence-dir", str(tmp_path), key=KEY)
     assert p.returncode == 5, p.stderr
     doc = json.loads(p.stdout)
     assert "exceed the total cap" in doc["error"] and len(doc["preflight"]["rows"]) == 3
@@ -173,12 +169,9 @@ def test_summed_worst_cases_over_the_total_cap_refuse_before_renting(sim, tmp_pa
 
 def test_sigint_with_every_run_live_tears_all_down(sim, tmp_path):
     before = {i["id"] for i in sim.state()["instances"]}
-    argv = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "fleet", "--profile", "smoke",
-            "--gpus", ",".join(GPUS), "--max-usd", "2", "--parallel", "3", "--api-url", sim.url,
-            "--pacing-scale", str(SCALE), "--poll-interval", "0.2", "--proof-interval", "0.2",
-            "--evidence-dir", str(tmp_path)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, "VAST_API_KEY": KEY})
+    proc = spawn("fleet", "--profile", "smoke", "--gpus", ",".join(GPUS), "--max-usd", "2", "--parallel", "3",
+                 "--api-url", sim.url, "--pacing-scale", str(SCALE), "--poll-interval", "0.2", "--proof-interval",
+                 "0.2", "--evidence-dir", str(tmp_path), key=KEY)
     deadline = time.monotonic() + 90
     mine: list[dict] = []
     while time.monotonic() < deadline:
@@ -204,10 +197,8 @@ def test_sigint_with_every_run_live_tears_all_down(sim, tmp_path):
         proof = json.loads((Path(r["evidence_dir"]) / "absence-proof.json").read_text())
         assert proof["verdict"] == "gone"
     # and reap, reading the same ledger, finds nothing left to do
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "reap", "--api-url", sim.url,
-                        "--evidence-dir", str(tmp_path), "--pacing-scale", str(SCALE), "--proof-interval", "0.2",
-                        "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
-                       env={**os.environ, "VAST_API_KEY": KEY})
+    p = cli("reap", "--api-url", sim.url, "--evidence-dir", str(tmp_path), "--pacing-scale", str(SCALE),
+            "--proof-interval", "0.2", "--json", key=KEY)
     assert p.returncode == 0 and json.loads(p.stdout)["unproven"] == []
 
 
@@ -262,12 +253,10 @@ def test_kill9_of_the_fleet_mid_parallel_creates_then_reap_leaves_nothing_live(s
     before = {i["id"] for i in sim.state()["instances"]}
     sim.set_faults("create_hold:1.5:3")
     try:
-        argv = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "fleet", "--profile", "smoke",
-                "--gpus", ",".join(GPUS), "--max-usd", "2", "--parallel", "3", "--api-url", sim.url,
-                "--pacing-scale", str(SCALE), "--poll-interval", "0.2", "--proof-interval", "0.2",
-                "--evidence-dir", str(tmp_path)]
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-                                env={**os.environ, "VAST_API_KEY": KEY})
+        proc = spawn("fleet", "--profile", "smoke", "--gpus", ",".join(GPUS), "--max-usd", "2", "--parallel", "3",
+                     "--api-url", sim.url, "--pacing-scale", str(SCALE), "--poll-interval", "0.2", "--proof-interval",
+                     "0.2", "--evidence-dir", str(tmp_path), key=KEY, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
         ledger = tmp_path / "vh-state" / "ledger.jsonl"  # the state dir (tests/conftest.py)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:  # every run has written its intent: three PUTs are in flight
@@ -282,10 +271,8 @@ def test_kill9_of_the_fleet_mid_parallel_creates_then_reap_leaves_nothing_live(s
         assert landed, "the kill came after the creates were answered: nothing tested"
     finally:
         sim.set_faults(None)
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "reap", "--api-url", sim.url,
-                        "--evidence-dir", str(tmp_path), "--pacing-scale", str(SCALE), "--proof-interval", "0.2",
-                        "--json"], capture_output=True, text=True, timeout=180, cwd=ROOT, check=False,
-                       env={**os.environ, "VAST_API_KEY": KEY})
+    p = cli("reap", "--api-url", sim.url, "--evidence-dir", str(tmp_path), "--pacing-scale", str(SCALE),
+            "--proof-interval", "0.2", "--json", key=KEY)
     # 0, or 3 only for a create whose outcome is still unknown with no instance carrying its label (not seen is
     # not gone: reap says so rather than "all absent")
     doc = json.loads(p.stdout)

@@ -6,14 +6,12 @@ publicly `pytorch/pytorch:1.10.0-cuda11.3-cudnn8-runtime`: these tests make such
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.harness.clirun import cli
 from vast_harness.errors import ConfigError
 from vast_harness.spec.profile import PROFILE_NAMES, ImageRef, load_profile
 from vast_harness.spec.resolve import RunOptions, resolve
@@ -80,10 +78,7 @@ def test_image_ref_parses_repo_tag_digest():
 @pytest.mark.parametrize("name", PROFILE_NAMES)
 @pytest.mark.slow
 def test_dry_run_prints_tag_and_digest(name, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")}
-    argv = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "--profile", name, "--sim", "--dry-run",
-            "--max-usd", "50", "--evidence-dir", str(tmp_path)]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT, check=False)
+    p = cli("--profile", name, "--sim", "--dry-run", "--max-usd", "50", "--evidence-dir", str(tmp_path))
     assert p.returncode == 0, p.stdout + p.stderr
     ref = load_profile(name).image_ref
     line = next(ln for ln in p.stdout.splitlines() if ln.startswith("image "))

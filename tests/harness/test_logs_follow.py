@@ -7,29 +7,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.harness.clirun import ROOT, cli, spawn
 from vast_harness.console.carriage import shown_segment
 from vast_harness.console.output import Output
 from vast_harness.views.follow import run_end
 from vast_harness.views.logs import show_logs
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = str(ROOT / "scripts" / "vast_e2e.py")
-
-
-def env_for(home: Path) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {
-        "HOME": str(home), "VAST_HARNESS_HOME": str(home / "state"), "XDG_CONFIG_HOME": str(home / "config")}
-
-
-def cli(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env_for(home), cwd=home)
 
 
 def fake_run(root: Path, run_id: str, logs: dict[str, bytes], *, record: bool = True) -> Path:
@@ -72,15 +59,15 @@ def test_logs_without_a_run_reads_the_latest_and_report_too(tmp_path):
     reap = ev / "reap-20260103T000000Z-dddddd"  # a later reap's record is not "the latest run" (red team)
     reap.mkdir()
     (reap / "harness-result.json").write_text("{}")
-    done = cli(tmp_path, "logs")
+    done = cli("logs", home=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "new" in done.stdout and "old" not in done.stdout
-    listed = cli(tmp_path, "logs", "--list")
+    listed = cli("logs", "--list", home=tmp_path)
     assert listed.returncode == 0 and "20260102T000000Z-bbbbbb" in listed.stdout
-    usage = cli(tmp_path, "logs", "-h").stdout
+    usage = cli("logs", "-h", home=tmp_path).stdout
     assert "Usage: vast-e2e logs [OPTIONS] [RUN] [STEP]" in usage and "{" not in usage.splitlines()[0]
     (tmp_path / "none").mkdir()
-    empty = cli(tmp_path / "none", "logs")
+    empty = cli("logs", home=tmp_path / "none")
     assert empty.returncode == 2 and "no run in" in empty.stderr
 
 
@@ -127,11 +114,11 @@ def wait_for_step_log(home: Path, timeout_s: float = 60) -> Path:
 def test_logs_follow_prints_a_live_run_until_it_ends(tmp_path):
     err_path = tmp_path / "run.err"
     with err_path.open("wb") as err:
-        run = subprocess.Popen([sys.executable, SCRIPT, "--profile", str(slow_profile(tmp_path)), "--sim"],
-                               env=env_for(tmp_path), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err)
+        run = spawn("--profile", str(slow_profile(tmp_path)), "--sim", home=tmp_path, stdout=subprocess.DEVNULL,
+                    stderr=err)
     try:
         run_dir = wait_for_step_log(tmp_path)
-        follow = cli(tmp_path, "logs", "-f", timeout=120)  # no RUN: the latest, which is the one running
+        follow = cli("logs", "-f", home=tmp_path)  # no RUN: the latest, which is the one running
         code = run.wait(timeout=120)
     finally:
         if run.poll() is None:
@@ -147,12 +134,11 @@ def test_logs_follow_prints_a_live_run_until_it_ends(tmp_path):
 
 @pytest.mark.slow
 def test_logs_follow_ends_when_the_run_is_killed_with_9(tmp_path):
-    run = subprocess.Popen([sys.executable, SCRIPT, "--profile", str(slow_profile(tmp_path)), "--sim"],
-                           env=env_for(tmp_path), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = spawn("--profile", str(slow_profile(tmp_path)), "--sim", home=tmp_path, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
     try:
         run_dir = wait_for_step_log(tmp_path)
-        follow = subprocess.Popen([sys.executable, SCRIPT, "logs", "-f", run_dir.name], env=env_for(tmp_path),
-                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        follow = spawn("logs", "-f", run_dir.name, home=tmp_path)
         time.sleep(1.5)
         os.kill(run.pid, signal.SIGKILL)
         run.wait()  # reaped, as a shell reaps it (a zombie still has its pid)

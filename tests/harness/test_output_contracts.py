@@ -16,6 +16,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from tests.harness.clirun import spawn
 from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
@@ -24,16 +25,14 @@ from vast_harness.spec.resolve import RunOptions, resolve, validate_api_url
 from vast_harness.state.ledger import Ledger, LedgerTarget, account_fingerprint
 from vast_harness.vast.client import VastClient
 
-ROOT = Path(__file__).resolve().parents[2]
 MARKUP = "[/x] [bold]not bold[/bold] [link=file:///etc] :warning:"
 SCALE = 0.01
 KEY = "sim-output-key"
 
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | kw.pop("env", {})
-    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args], cwd=ROOT, env=env,
-                            stdout=kw.pop("stdout", subprocess.PIPE), stderr=subprocess.PIPE, **kw)
+    """A process of its own: these tests close its stdout and signal it."""
+    return spawn(*args, text=False, **kw)
 
 
 def test_every_output_path_prints_markup_literally(capsys):
@@ -108,7 +107,7 @@ def _sim_args(sim: SimServer) -> list[str]:
 @pytest.mark.slow
 def test_stdout_closed_by_the_reader_does_not_end_the_run(sim, tmp_path):
     """`| head -3`: the reader goes away after three lines; the run carries on, tears down, exits 0."""
-    p = _cli("--profile", "smoke", "--evidence-dir", str(tmp_path), *_sim_args(sim), env={"VAST_API_KEY": KEY})
+    p = _cli("--profile", "smoke", "--evidence-dir", str(tmp_path), *_sim_args(sim), key=KEY)
     for _ in range(3):
         p.stdout.readline()
     p.stdout.close()
@@ -123,7 +122,7 @@ def test_stdout_closed_by_the_reader_does_not_end_the_run(sim, tmp_path):
 @pytest.mark.slow
 def test_closed_stdout_with_json_does_not_traceback(sim, tmp_path):
     p = _cli("--profile", "smoke", "--json", "--evidence-dir", str(tmp_path), *_sim_args(sim),
-             env={"VAST_API_KEY": KEY}, stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
+             key=KEY, stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
     _, err = p.communicate(timeout=240)
     err = err.decode(errors="replace")
     assert p.returncode == 0 and "Traceback" not in err, err[-3000:]
@@ -137,7 +136,7 @@ def test_a_signal_right_after_launch_is_130_with_a_message(delay_s, signum, tmp_
     # Depending on how far the launch got: "interrupted before anything was rented" on stderr, or (renting
     # or later) the run's own result line "exit 130: interrupted by SIGINT" on stdout after the teardown.
     # Red team r9: a SIGTERM while Python imported the app ended the process with 143 and no word.
-    p = _cli("--profile", "smoke", "--sim", "--evidence-dir", str(tmp_path))
+    p = _cli("--profile", "smoke", "--sim", "--evidence-dir", str(tmp_path), "--proof-interval", "0.05")
     time.sleep(delay_s)
     p.send_signal(signum)
     out, err = (b.decode(errors="replace") for b in p.communicate(timeout=120))
@@ -159,7 +158,7 @@ def test_ctrl_c_during_reap_says_what_it_had_not_proven(sim, tmp_path):
     Ledger(tmp_path / "ledger.jsonl", target).append("r", "created", "vh-reap-sigint", offer_id=offer.id,
                                                      instance_id=iid, pid=ended.pid)  # type: ignore[typeddict-unknown-key]
     p = _cli("reap", "--evidence-dir", str(tmp_path), "--api-url", sim.url, "--pacing-scale", "0.01",
-             "--proof-interval", "30", env={"VAST_API_KEY": KEY})
+             "--proof-interval", "30", key=KEY)
     deadline = time.monotonic() + 60
     seen = b""
     while b"deleting instance" not in seen and time.monotonic() < deadline:

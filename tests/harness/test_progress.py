@@ -10,12 +10,13 @@ import pty
 import re
 import select
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.harness.clirun import SCRIPT, cli, cli_env, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -29,13 +30,16 @@ def quiet_profile(tmp_path: Path, run: str) -> Path:
     return path
 
 
+def args(tmp_path: Path, run: str) -> list[str]:
+    return ["--profile", str(quiet_profile(tmp_path, run)), "--sim", "--evidence-dir", str(tmp_path / "ev")]
+
+
 def argv(tmp_path: Path, run: str) -> list[str]:
-    return [sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "--profile", str(quiet_profile(tmp_path, run)),
-            "--sim", "--evidence-dir", str(tmp_path / "ev")]
+    return [sys.executable, str(SCRIPT), *args(tmp_path, run)]
 
 
 def env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {"COLUMNS": "120"}
+    return cli_env(env={"COLUMNS": "120"})
 
 
 def run_in_pty(args: list[str], timeout_s: float = 120) -> tuple[int, str]:
@@ -90,8 +94,7 @@ def test_a_progress_bar_moves_in_the_live_view_and_ends_as_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_without_a_terminal_a_quiet_step_prints_plain_heartbeat_lines(tmp_path):
-    done = subprocess.run(argv(tmp_path, "sleep 4; echo done"), capture_output=True, text=True, timeout=120,
-                          env=env() | {"VH_HEARTBEAT_S": "1"})
+    done = cli(*args(tmp_path, "sleep 4; echo done"), env={"COLUMNS": "120", "VH_HEARTBEAT_S": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     beats = re.findall(r"\[step 1 of 1: quiet +[\d.]+s \$[\d.]+\] still running, no output for (\d+) s", done.stderr)
     assert len(beats) >= 2, done.stderr[-2000:]
@@ -102,8 +105,7 @@ def test_without_a_terminal_a_quiet_step_prints_plain_heartbeat_lines(tmp_path):
 @pytest.mark.slow
 def test_the_step_ctrl_c_cut_is_recorded(tmp_path):
     """The cut is in the steps table, steps.tsv and the record."""
-    proc = subprocess.Popen(argv(tmp_path, "echo started; sleep 60"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env())
+    proc = spawn(*args(tmp_path, "echo started; sleep 60"), env={"COLUMNS": "120"})
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and not list((tmp_path / "ev").glob("*/steps/quiet.log")):
         time.sleep(0.2)
@@ -129,7 +131,7 @@ def test_the_record_carries_the_timeline(tmp_path_factory, phase):
     cache = tmp_path_factory.getbasetemp() / "timeline"
     if not cache.exists():
         cache.mkdir()
-        done = subprocess.run(argv(cache, "echo hi"), capture_output=True, text=True, timeout=120, env=env())
+        done = cli(*args(cache, "echo hi"), env={"COLUMNS": "120"})
         assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads(next((cache / "ev").glob("2*/harness-result.json")).read_text())
     phases = {p["name"]: p for p in record["phases"]}

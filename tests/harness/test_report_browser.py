@@ -381,8 +381,7 @@ def test_a_simulated_fleet_says_so_greys_its_cpu_round_figures_and_links_its_fil
 def test_report_rebuilds_a_fleet_report_by_its_id(fresh_run, tmp_path):
     """`vast-e2e report FLEET`: the fleet's page again, from fleet-result.json and its runs' evidence, even
     after the directory moved."""
-    import subprocess
-    import sys
+    from tests.harness.clirun import cli
 
     home = tmp_path / "home"
     first = tmp_path / "elsewhere" / "fleet-20260101T000000Z-abcdef"
@@ -392,19 +391,12 @@ def test_report_rebuilds_a_fleet_report_by_its_id(fresh_run, tmp_path):
     shutil.move(first, moved)
     (moved / "fleet-report.html").unlink()
     result_before = (moved / "fleet-result.json").read_bytes()
-    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {
-        "HOME": str(home), "VAST_HARNESS_HOME": str(home / "state")}
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args], capture_output=True,
-                              text=True, timeout=120, env=env, cwd=home)
-
-    done = cli("report", "fleet-20260101T000000Z")  # a unique part of the id is enough
+    done = cli("report", "fleet-20260101T000000Z", home=home)  # a unique part of the id is enough
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(moved / "fleet-report.html")
     html = (moved / "fleet-report.html").read_text()
     assert f'href="{fresh_run.name}/report.html"' in html and "SIMULATED" in html  # the run found beside it
     assert (moved / "fleet-result.json").read_bytes() == result_before  # what the fleet decided stays as it was
-    assert json.loads(cli("report", str(moved), "--json").stdout)["report"] == str(moved / "fleet-report.html")
-    missing = cli("report", "fleet-nope")
+    assert json.loads(cli("report", str(moved), "--json", home=home).stdout)["report"] == str(moved / "fleet-report.html")
+    missing = cli("report", "fleet-nope", home=home)
     assert missing.returncode == 2 and "no fleet 'fleet-nope'" in missing.stderr

@@ -6,13 +6,11 @@ measure (no sourced bf16 peak) or that is too small for their micro-batches.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.harness.clirun import cli
 from vast_harness.errors import ConfigError
 from vast_harness.market.offers import OfferCriteria, build_query, check_offer
 from vast_harness.market.peaks import load_peaks
@@ -103,12 +101,6 @@ def test_a_bad_requires_table_is_refused_naming_the_field(tmp_path, table, field
 def test_the_gpu_profiles_declare_what_they_can_run_on(name):
     requires = load_profile(name).requires
     assert requires.sourced_bf16_peak and requires.min_gpu_ram_gib >= 76 and requires.min_compute_cap
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")}
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args], capture_output=True,
-                          text=True, timeout=180, env=env, cwd=ROOT)
 
 
 def test_the_mfu_dry_run_on_the_simulator_picks_a_gpu_it_can_measure_and_says_why_others_were_dropped(tmp_path):

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vast_harness.cli import app as cli
+from tests.harness.clirun import cli, cli_process
+from vast_harness.cli import app as cli_app
 from vast_harness.errors import ConfigError, ExitCode
 from vast_harness.host.bundle import build_workdir_bundle
 from vast_harness.sim import SimServer
@@ -38,12 +39,9 @@ def test_the_example_runs_end_to_end_on_the_simulator_through_the_cli(tmp_path):
     """The issue's "done when": exit 0, the artifacts in the evidence, the workdir's sha256 recorded, the
     setting used, the secret masked in every file the run kept and in what it printed."""
     evidence = tmp_path / "ev"
-    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")}
-    argv = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "run", "--sim", "--workdir", str(EXAMPLE),
-            "--setup", "mkdir -p checkpoints", "--artifact", "checkpoints", "--artifact", "metrics.json",
-            "--remote-env", "EPOCHS=2", "--remote-secret", f"TRACKER_TOKEN={SECRET}", "--evidence-dir", str(evidence),
-            "--json", "--", "python", "train.py"]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    p = cli("run", "--sim", "--workdir", str(EXAMPLE), "--setup", "mkdir -p checkpoints", "--artifact", "checkpoints",
+            "--artifact", "metrics.json", "--remote-env", "EPOCHS=2", "--remote-secret", f"TRACKER_TOKEN={SECRET}",
+            "--evidence-dir", str(evidence), "--json", "--", "python", "train.py", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     assert SECRET not in p.stdout + p.stderr
     (run_dir,) = [d for d in evidence.iterdir() if d.is_dir()]
@@ -203,7 +201,7 @@ def test_bad_input_exits_2_naming_it_with_nothing_rented(args, needles, sim: Sim
                                       "--evidence-dir", str(tmp_path / "ev"), *argv])
     calls_before = len(sim.state()["calls"])
     with pytest.raises(SystemExit) as exited:
-        cli.main()
+        cli_app.main()
     err = capsys.readouterr().err
     assert exited.value.code == 2, err
     for needle in needles:
@@ -392,18 +390,16 @@ def test_a_secret_in_a_command_a_host_file_name_or_split_by_escapes_is_in_no_fil
     file's name), and on the console and in `logs` when colour codes or carriage returns split it."""
     secret = "Zq9TopSecretLeak77"
     evidence = tmp_path / "ev"
-    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {"S": secret}
     script = ('mkdir -p out; touch "out/n-$S"; printf "Zq9Top\\033[0mSecretLeak77\\n"; '
               'printf "AAAAAASecretLeak77\\rZq9Top\\n"')
-    base = [sys.executable, str(ROOT / "scripts" / "vast_e2e.py")]
-    argv = [*base, "run", "--sim", "--workdir", str(EXAMPLE), "--setup", f"true {secret}", "--artifact", "out",
-            "--remote-secret", "S", "--evidence-dir", str(evidence), "--", "sh", "-c", script]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    # a process of its own: a secret written past Python's streams would show too
+    p = cli_process("run", "--sim", "--workdir", str(EXAMPLE), "--setup", f"true {secret}", "--artifact", "out",
+                    "--remote-secret", "S", "--evidence-dir", str(evidence), "--", "sh", "-c", script,
+                    env={"S": secret}, cwd=tmp_path, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     assert secret not in p.stdout + p.stderr
     (run_dir,) = [d for d in evidence.iterdir() if d.is_dir()]
     assert [f.name for f in _evidence_files(run_dir) if secret.encode() in f.read_bytes() or secret in str(f)] == []
     assert (run_dir / "artifacts" / "out" / "n-***").is_file()
-    logs = subprocess.run([*base, "logs", "--evidence-dir", str(evidence)], capture_output=True, text=True,
-                          timeout=60, env=env, cwd=tmp_path)
+    logs = cli("logs", "--evidence-dir", str(evidence), env={"S": secret}, cwd=tmp_path)
     assert logs.returncode == 0 and "==> step run" in logs.stdout and secret not in logs.stdout + logs.stderr

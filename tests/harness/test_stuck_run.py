@@ -28,7 +28,7 @@ SCALE = 0.01
 KEY = "sim-stuck-key"
 SIM_OPTIONS = dict(seed=1010, rate_scale=SCALE, boot_seconds=0.1, num_offers=200)  # conftest.sim
 pytestmark = pytest.mark.usefixtures("clean_sim")
-TEARDOWN_BUDGET_S = 3.0
+TEARDOWN_BUDGET_S = 2.0
 
 
 def test_a_run_stuck_on_a_hung_evidence_disk_ends_a_bound_after_the_guards_delete(sim: SimServer, tmp_path: Path,
@@ -55,7 +55,7 @@ def test_a_run_stuck_on_a_hung_evidence_disk_ends_a_bound_after_the_guards_delet
                    environ={})
     prof = spec.profile.model_copy(update={"steps": [Step(name="a", run="echo hi", timeout_s=30)]})
     spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY),
-                                   "caps": spec.caps.model_copy(update={"max_minutes": 0.2})}
+                                   "caps": spec.caps.model_copy(update={"max_minutes": 0.15})}
                            ).with_timings(teardown_margin_s=2.0)
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))

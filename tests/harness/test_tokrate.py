@@ -4,16 +4,13 @@ the figure and its source named per offer, $/h (said so) for GPUs with no measur
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.harness.clirun import cli
 from vast_harness.market.token_rate import gpu_key, load_measurements
 
-ROOT = Path(__file__).resolve().parents[2]
 KEY = "sim-tokrate-key"
 
 
@@ -21,10 +18,8 @@ SIM_OPTIONS = dict(seed=0, rate_scale=0.01, num_offers=1000)  # conftest.sim
 
 
 def offers(sim, evidence_dir: Path, *extra: str) -> dict:
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), "offers", "--profile", "mfu",
-                        "--num-gpus", "1", "--min-pcie-bw", "0", "--rank-by", "usd-per-mtok", "--json",
-                        "--api-url", sim.url, "--pacing-scale", "0.01", "--evidence-dir", str(evidence_dir), *extra],
-                       check=False, capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "VAST_API_KEY": KEY})
+    p = cli("offers", "--profile", "mfu", "--num-gpus", "1", "--min-pcie-bw", "0", "--rank-by", "usd-per-mtok", "--json",
+            "--evidence-dir", str(evidence_dir), *extra, sim=sim, key=KEY)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from tests.harness.clirun import cli
 from vast_harness.actions.reap import reap_all
 from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError
@@ -34,7 +35,6 @@ from vast_harness.vast.models import Instance, User
 from vast_harness.vast.url import validate_api_url
 from vast_harness.views.orphans import judge
 
-ROOT = Path(__file__).resolve().parents[2]
 SCALE = 0.01
 KEY = "sim-trust-key"
 SIM_OPTIONS = dict(seed=35, rate_scale=SCALE, boot_seconds=0.1, num_offers=200)  # conftest.sim
@@ -60,11 +60,6 @@ def live(sim: SimServer) -> set[int]:
 def reap(sim: SimServer, spec: RunSpec, out: Output | None = None) -> int:
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         return reap_all(spec, client, out or Output(quiet=True))
-
-
-def cli(*args: str, env: dict[str, str], timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "vast_e2e.py"), *args], capture_output=True,
-                          text=True, timeout=timeout_s, env={**os.environ, **env}, stdin=subprocess.DEVNULL)
 
 
 # ------------------------------------------------------------------------------------- what reap deletes
@@ -314,7 +309,7 @@ def test_no_command_sends_the_key_over_plain_http(tmp_path, args):
     key.chmod(0o600)
     t0 = time.monotonic()
     proc = cli(*args, env={"VAST_URL": "http://198.51.100.7", "VAST_API_KEY": "a" * 64,
-                           "VAST_HARNESS_HOME": str(tmp_path / "home")}, timeout_s=30)
+                           "VAST_HARNESS_HOME": str(tmp_path / "home")})
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert "in clear" in proc.stderr and "Traceback" not in proc.stderr
     assert time.monotonic() - t0 < 25  # refused, not tried (198.51.100.0/24 answers nothing)

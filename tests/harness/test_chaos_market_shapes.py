@@ -1,5 +1,6 @@
-"""Issue 33's chaos faults, one small scenario each (run by name, not the whole suite): judged by the simulator's
-own record with the suite's checks (no leak, no false "gone", nothing over the cap) and an exit that fits."""
+"""The chaos faults of the market's shapes and states (issue 33), one small scenario each (run by name, not the
+whole suite): judged by the simulator's own record with the suite's checks (no leak, no false "gone", nothing
+over the cap) and an exit that fits."""
 
 from __future__ import annotations
 

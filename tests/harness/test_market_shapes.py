@@ -1,6 +1,7 @@
-"""Issue 33 on the harness's side: the per-id read in either shape (an object, a one-element list), ports from the
-v1 list when the per-id read has none, `error` as terminal, Scheduling as the docs spell it, Vast's own failure
-patterns. Guarded runs are judged by the simulator's record."""
+"""The market's shapes and states its sources disagree on (issue 33), on the harness's side: the per-id read
+in either shape (an object, a one-element list), ports from the v1 list when the per-id read has none, `error`
+as terminal, Scheduling as the docs spell it, Vast's own failure patterns. Guarded runs are judged by the
+simulator's record."""
 
 from __future__ import annotations
 
@@ -153,7 +154,7 @@ def test_both_directions_are_quoted_at_the_higher_rate_whichever_it_is(up: float
 
 def test_the_run_key_is_attached_through_the_api_beside_the_onstart_line(sim, tmp_path) -> None:
     # Vast refreshes the instance's authorized keys (skypilot PR 10730): the attached key is in the set Vast keeps
-    # (tests/sim/test_market_round3.py shows it letting a new connection in after the reset, the onstart's not).
+    # (tests/sim/test_market_shapes.py shows it letting a new connection in after the reset, the onstart's not).
     sim.set_faults("key_reset:0.2")
     step = [Step(name="wait", run="sleep 1", timeout_s=20)]
     r = guarded(sim, make_spec(sim, tmp_path, step))

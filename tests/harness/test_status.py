@@ -1,43 +1,33 @@
 """`status` as a second terminal sees it (issue 34, items 1, 4, 5): a run tearing down says so with its instance
 and proof round; a 429 is said once; a refused connection ends the command in seconds naming the URL and a
-simulator that exists; nothing live is one line; `status --sim` reads the --sim runs' registrations."""
+simulator that exists; nothing live is one line; `status --sim` reads the --sim runs' registrations; `reap`
+with nothing to do or no key says so in a line."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.harness.clirun import cli, spawn
 from vast_harness.errors import ConnectionRefused
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = str(ROOT / "scripts" / "vast_e2e.py")
 SCALE = 0.01
 KEY = "sim-status-key"
 # No lingering rows: once deleted the instance leaves the list while the run still proves it absent.
 SIM_OPTIONS = dict(seed=34, rate_scale=SCALE, boot_seconds=0.1, num_offers=200, linger_seconds=0.0)
 
 
-def env_for(home: Path) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {
-        "HOME": str(home), "VAST_HARNESS_HOME": str(home / "state"), "XDG_CONFIG_HOME": str(home / "config"),
-        "VAST_API_KEY": KEY}
-
-
 @pytest.mark.slow
 def test_status_during_teardown_says_tearing_down_with_the_instance_and_its_proof_round(clean_sim, tmp_path):
     clean_sim.set_faults("delete_fail:2:503")  # the DELETE is retried: the instance is still listed meanwhile
-    env = env_for(tmp_path)
-    run = subprocess.Popen([sys.executable, SCRIPT, "--profile", "smoke", "--api-url", clean_sim.url,
-                            "--pacing-scale", str(SCALE), "--poll-interval", "0.1", "--proof-interval", "4"],
-                           cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run = spawn("--profile", "smoke", "--api-url", clean_sim.url, "--pacing-scale", str(SCALE), "--poll-interval",
+                "0.1", "--proof-interval", "4", home=tmp_path, key=KEY, stdout=subprocess.DEVNULL)
     tearing = threading.Event()
     err_lines: list[str] = []
 
@@ -54,9 +44,8 @@ def test_status_during_teardown_says_tearing_down_with_the_instance_and_its_proo
     try:
         assert tearing.wait(timeout=120), "".join(err_lines)[-3000:]
         while run.poll() is None:
-            done = subprocess.run([sys.executable, SCRIPT, "status", "--json", "--api-url", clean_sim.url,
-                                   "--pacing-scale", str(SCALE)], cwd=tmp_path, env=env, capture_output=True,
-                                  text=True, timeout=60)
+            done = cli("status", "--json", "--api-url", clean_sim.url, "--pacing-scale", str(SCALE), home=tmp_path,
+                       key=KEY)
             assert done.returncode == 0, done.stderr
             if run.poll() is None:  # taken while the run was still tearing down
                 samples += json.loads(done.stdout)["rows"]
@@ -87,10 +76,8 @@ def test_a_429_is_said_once_however_often_it_is_retried(vast_api, make_client):
 
 
 def test_a_refused_connection_ends_status_in_seconds_naming_the_url_and_a_real_simulator(tmp_path):
-    env = env_for(tmp_path) | {"VAST_URL": "http://127.0.0.1:9"}
     start = time.monotonic()
-    done = subprocess.run([sys.executable, SCRIPT, "status"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = cli("status", home=tmp_path, key=KEY, env={"VAST_URL": "http://127.0.0.1:9"})
     assert time.monotonic() - start < 20  # was 120 s of retries
     assert done.returncode == 1, done.stderr
     assert "connection refused by http://127.0.0.1:9" in done.stderr and "python -m vast_harness.sim" in done.stderr
@@ -106,9 +93,7 @@ def test_the_typed_refusal_is_raised_after_one_more_try(make_client, fake_clock)
 
 
 def test_nothing_live_is_one_line_and_status_sim_needs_no_key(tmp_path):
-    env = {k: v for k, v in env_for(tmp_path).items() if k != "VAST_API_KEY"}
-    done = subprocess.run([sys.executable, SCRIPT, "status", "--sim"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = cli("status", "--sim", home=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("nothing live: no --sim run") and len(done.stdout.splitlines()) == 1
 
@@ -132,9 +117,7 @@ def test_status_sim_shows_a_live_sim_runs_registration(tmp_path):
 
 
 def test_reap_without_a_key_suggests_no_flag_it_refuses(tmp_path):
-    env = {k: v for k, v in env_for(tmp_path).items() if k != "VAST_API_KEY"}
-    done = subprocess.run([sys.executable, SCRIPT, "reap"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = cli("reap", home=tmp_path)
     assert done.returncode == 2 and "no API key" in done.stderr
     assert "(or use --sim)" not in done.stderr and "python -m vast_harness.sim" in done.stderr
 
@@ -161,8 +144,6 @@ def test_a_stale_registration_link_is_said_but_fails_nothing(tmp_path):
     live = tmp_path / "state" / "sim" / "live"
     live.mkdir(parents=True)
     (live / "20260101T000000Z-aaaaaa.json").symlink_to("/etc/passwd")
-    env = {k: v for k, v in env_for(tmp_path).items() if k != "VAST_API_KEY"}
-    done = subprocess.run([sys.executable, SCRIPT, "status", "--sim"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = cli("status", "--sim", home=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("nothing live: no --sim run") and "skipped" in done.stderr

@@ -1,36 +1,21 @@
-"""What a new user met on the command line (issue 34, items 3 and 9, `check`'s money): cap messages that add
-up and name where the cap came from, contradicting flags refused, a malformed setting's key shown, help and
-docs that agree, completion that offers profiles, runs and --rank-by values."""
+"""The CLI's messages, as a new user met them on the command line (issue 34, items 3 and 9, `check`'s money):
+cap messages that add up and name where the cap came from, contradicting flags refused, a malformed setting's
+key shown, help and docs that agree, completion that offers profiles, runs and --rank-by values."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.harness.clirun import ROOT, cli
 from vast_harness.console.money import usd
 from vast_harness.errors import ConfigError
 from vast_harness.spec.resolve import RunOptions, resolve
 from vast_harness.spec.values import parse_remote_env
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = str(ROOT / "scripts" / "vast_e2e.py")
-
-
-def env_for(home: Path, **extra: str) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL")} | {
-        "HOME": str(home), "VAST_HARNESS_HOME": str(home / "state"), "XDG_CONFIG_HOME": str(home / "config")} | extra
-
-
-def cli(home: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120,
-                          env=env_for(home, **extra), cwd=home)
 
 
 def test_money_below_a_cent_keeps_four_decimals_so_a_comparison_adds_up():
@@ -42,13 +27,13 @@ def test_money_below_a_cent_keeps_four_decimals_so_a_comparison_adds_up():
 def test_a_cap_rejection_adds_up_and_names_where_the_cap_came_from(tmp_path):
     (tmp_path / "config" / "vast-harness").mkdir(parents=True)
     (tmp_path / "config" / "vast-harness" / "config.toml").write_text("max_usd = 0.001\n")
-    done = cli(tmp_path, "offers", "--sim", "--profile", "smoke", "--json")
+    done = cli("offers", "--sim", "--profile", "smoke", "--json", home=tmp_path)
     assert done.returncode == 5, done.stderr
     reasons = [r for row in json.loads(done.stdout)["rejected"] for r in row["reasons"]]
     capped = [r for r in reasons if "cost cap" in r]
     assert capped and all(re.search(r"> the cost cap \$0\.0010 \(max_usd \(config file\)\)", r) for r in capped), capped
     assert not any("$0.00 " in r or r.endswith("$0.00") for r in reasons)
-    flagged = cli(tmp_path, "offers", "--sim", "--profile", "smoke", "--max-usd", "0.0015", "--json")
+    flagged = cli("offers", "--sim", "--profile", "smoke", "--max-usd", "0.0015", "--json", home=tmp_path)
     assert "(--max-usd)" in flagged.stdout and "$0.0015" in flagged.stdout
 
 
@@ -66,7 +51,7 @@ def test_eight_gpu_qualified_with_another_num_gpus_is_refused(tmp_path):
     spec = resolve(RunOptions(profile="mfu", sim=True, state_dir=tmp_path, eight_gpu_qualified=True, num_gpus=8),
                    environ={})
     assert spec.filters.num_gpus == 8
-    done = cli(tmp_path, "--profile", "mfu", "--sim", "--eight-gpu-qualified", "--num-gpus", "2", "--dry-run")
+    done = cli("--profile", "mfu", "--sim", "--eight-gpu-qualified", "--num-gpus", "2", "--dry-run", home=tmp_path)
     assert done.returncode == 2 and "--num-gpus 2" in done.stderr
 
 
@@ -78,8 +63,7 @@ def test_a_settings_malformed_key_is_shown_a_secrets_is_not():
 
 
 def test_help_and_docs_say_the_same_of_secrets():
-    shown = subprocess.run([sys.executable, SCRIPT, "-h"], capture_output=True, text=True, timeout=60,
-                           env=env_for(ROOT)).stdout
+    shown = cli("-h").stdout
     flat = " ".join(shown.split())
     assert "stored by name only" in flat and "never stored" not in flat
     assert "stored by name only" in (ROOT / "docs" / "cli.md").read_text()
@@ -87,9 +71,7 @@ def test_help_and_docs_say_the_same_of_secrets():
 
 
 def complete(home: Path, words: str, cword: int) -> list[str]:
-    done = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True, timeout=60,
-                          env=env_for(home, _VAST_E2E_COMPLETE="complete_bash", COMP_WORDS=words,
-                                      COMP_CWORD=str(cword)), cwd=home)
+    done = cli(home=home, env={"_VAST_E2E_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)})
     return done.stdout.split()
 
 
@@ -104,26 +86,26 @@ def test_completion_offers_profiles_runs_and_rank_by_values(tmp_path):
 
 
 def test_check_prints_money_as_money(tmp_path):
-    done = cli(tmp_path, "check", "--sim")
+    done = cli("check", "--sim", home=tmp_path)
     assert done.returncode == 0, done.stderr
     assert re.search(r"credit \$\d+\.\d{2}, balance \$\d+\.\d{2}: \$\d+\.\d{2} spendable", done.stdout), done.stdout
 
 
 @pytest.mark.parametrize(("args", "code"), [(("--max-usd", "0.0001"), 5), (("--max-minutes", "0.01"), 2)])
 def test_a_run_refused_before_renting_leaves_no_evidence_report_or_steps_table(tmp_path, args, code):
-    done = cli(tmp_path, "--profile", "smoke", "--sim", *args)
+    done = cli("--profile", "smoke", "--sim", *args, home=tmp_path)
     assert done.returncode == code, done.stderr
     assert not list((tmp_path / "state").glob("**/harness-result.json"))
     assert not [p for p in (tmp_path / "state" / "sim").iterdir() if p.name.startswith("2")]
     assert "Run " not in done.stdout and "report" not in done.stdout  # no empty steps table, no report line
     flat = " ".join(done.stdout.split())
     assert f"exit {code}:" in flat and "no evidence kept" in flat
-    costs = json.loads(cli(tmp_path, "costs", "--json").stdout)
+    costs = json.loads(cli("costs", "--json", home=tmp_path).stdout)
     assert costs["runs"] == []
 
 
 def test_the_profile_rule_is_said_where_a_run_refuses_its_absence(tmp_path):
     # One rule, said where it bites: a run needs --profile; the read-only commands and fleet default to mfu.
-    done = cli(tmp_path, "--sim", "--dry-run")
+    done = cli("--sim", "--dry-run", home=tmp_path)
     assert done.returncode == 2 and "offers, check and fleet default to mfu" in " ".join(done.stderr.split())
     assert "`offers`, `check` and `fleet` default to `mfu`" in (ROOT / "docs" / "cli.md").read_text()
