@@ -235,12 +235,13 @@ def run_cpu(budget_s: float, burn_cap_s: float, world: int, notes: list[str], ph
                            "hbm_copy": measure.device_copy(dev, seconds=0.3).as_dict(),
                            "h2d": measure.host_copy(dev, "h2d", seconds=0).as_dict(),
                            "d2h": measure.host_copy(dev, "d2h", seconds=0).as_dict()}
+    result: dict[str, Any] = {"gpus": [gpu], "p2p": None, "allreduce": None, "driver": None}
+    if world > 1:  # before the burn, which takes what is left (as on the GPUs)
+        result["allreduce"] = phases.timed("allreduce", lambda: collective.allreduce(world, backend="gloo",
+                                                                                    nbytes=4 << 20))
     burn_s = min(burn_cap_s, max(0.0, left_s(budget_s) - RESERVE_S))
     gpu["burn"] = measure.burn(dev, seconds=burn_s).summary() if burn_s > 0 else {"error": "budget spent"}
     notes.append("measured on the CPU: no PCIe link, clocks or ECC")
-    result: dict[str, Any] = {"gpus": [gpu], "p2p": None, "allreduce": None, "driver": None}
-    if world > 1:
-        result["allreduce"] = collective.allreduce(world, backend="gloo", nbytes=4 << 20)
     return result
 
 

@@ -107,13 +107,13 @@ def test_no_nvidia_smi_is_an_error_not_a_guess(monkeypatch: pytest.MonkeyPatch, 
 
 def test_the_cpu_receipt_runs_end_to_end_within_its_budget_with_a_gloo_allreduce(tmp_path: Path) -> None:
     out = tmp_path / "receipt.json"
-    proc = subprocess.run([sys.executable, "-m", "remote.receipt", "--device", "cpu", "--budget-s", "40",
+    proc = subprocess.run([sys.executable, "-m", "remote.receipt", "--device", "cpu", "--budget-s", "60",
                            "--burn-s", "1.5", "--cpu-world", "2", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     rec = json.loads(out.read_text())
     assert check.check_record(rec) == []
-    assert rec["wall_s"] <= 40
+    assert rec["wall_s"] <= 60
     gpu = rec["gpus"][0]
     assert gpu["matmul"]["tflops"] > 0 and gpu["hbm_copy"]["median"] > 0 and gpu["burn"]["windows"] >= 10
     assert gpu["h2d"]["error"].startswith("not applicable")
