@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import io
 import tarfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -86,6 +87,59 @@ def build_workdir_bundle(selection: WorkdirSelection) -> Bundle:
     return bundle.model_copy(update={"workdir": record})
 
 
+DELETE_LIST = ".vh-delete.lst"  # a delta's files to remove from the host's workdir, NUL-separated, beside work/
+
+
+class WorkdirDelta(BaseModel):
+    """What a kept host's `exec` uploads: the workdir files whose content differs from what the host has (by
+    sha256, `manifest`), and the names the host has that the workdir no longer does. `bundle` is None when
+    nothing changed. `manifest` is what the host has once the delta is applied."""
+
+    bundle: Bundle | None
+    changed: list[str]
+    deleted: list[str]
+    manifest: dict[str, str]
+    workdir: WorkdirRecord
+
+    @property
+    def size_bytes(self) -> int:
+        return self.bundle.size_bytes if self.bundle is not None else 0
+
+
+def file_manifest(selection: WorkdirSelection) -> dict[str, str]:
+    """Each selected file's sha256, by its posix path relative to the workdir."""
+    out: dict[str, str] = {}
+    for f in selection.files:
+        try:
+            out[f.rel] = hashlib.sha256((selection.root / f.rel).read_bytes()).hexdigest()
+        except OSError as exc:  # removed or unreadable since it was listed
+            raise ConfigError(f"cannot read {selection.root / f.rel} for the upload: {exc.strerror or exc}") from None
+    return out
+
+
+def build_workdir_delta(selection: WorkdirSelection, have: dict[str, str], *,
+                        sent_before: Iterable[str] = ()) -> WorkdirDelta:
+    """The files of `selection` whose sha256 is not what the host `have`s (empty: every file), under `work/`
+    like a full workdir bundle, plus `DELETE_LIST` naming what the host has, or was ever sent (`sent_before`),
+    that the selection no longer has."""
+    manifest = file_manifest(selection)
+    changed = sorted(rel for rel, digest in manifest.items() if have.get(rel) != digest)
+    deleted = sorted((set(have) | set(sent_before)) - set(manifest))
+    record = WorkdirRecord(path=str(selection.root), sha256=_manifest_sha256(manifest), files=len(manifest),
+                           bytes=selection.total_bytes, excluded=selection.excluded, symlinks_skipped=selection.symlinks)
+    if not changed and not deleted:
+        return WorkdirDelta(bundle=None, changed=[], deleted=[], manifest=manifest, workdir=record)
+    extra = {DELETE_LIST: b"".join(rel.encode("utf-8", "surrogateescape") + b"\0" for rel in deleted)} if deleted else {}
+    bundle = _pack(selection.root, [(f"{WORKDIR_DIR}/{rel}", Path(rel)) for rel in changed], extra=extra)
+    return WorkdirDelta(bundle=bundle, changed=changed, deleted=deleted, manifest=manifest, workdir=record)
+
+
+def _manifest_sha256(manifest: dict[str, str]) -> str:
+    """One digest of a whole workdir's content: its files' paths and sha256s, in order (`sha256sum` lines)."""
+    text = "".join(f"{digest}  {rel}\n" for rel, digest in sorted(manifest.items()))
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
 def bundle_for(spec: RunSpec) -> Bundle:
     """What a run uploads: its profile's `[workdir]` when it has one (the harness's own state and evidence
     dirs left out), else the harness's own payload."""
@@ -96,7 +150,9 @@ def bundle_for(spec: RunSpec) -> Bundle:
                                                skip_dirs=spec.harness_dirs))
 
 
-def _pack(root: Path, members: list[tuple[str, Path]]) -> Bundle:
+def _pack(root: Path, members: list[tuple[str, Path]], extra: dict[str, bytes] | None = None) -> Bundle:
+    """A reproducible tar.gz of `members` (name in the archive, path under `root`), then `extra`'s in-memory
+    files (name -> bytes)."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, rel in members:
@@ -109,6 +165,11 @@ def _pack(root: Path, members: list[tuple[str, Path]]) -> Bundle:
             info.mode = 0o755 if (root / rel).stat().st_mode & 0o111 else 0o644
             info.mtime = 0
             info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(data))
+        for name, data in sorted((extra or {}).items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime, info.uid, info.gid = len(data), 0o644, 0, 0, 0
             info.uname = info.gname = ""
             tar.addfile(info, io.BytesIO(data))
     out = io.BytesIO()

@@ -204,10 +204,11 @@ def create_one(t: RunTools, s: RunState, cand: Candidate, label: str) -> CreateO
     that no read settles raises CreateUnresolved (exit 3 unless the final sweep finds it)."""
     spec, book = t.spec, t.book
     assert s.key is not None
-    deadman_s = spec.deadman_allowance_s
+    deadman_s = t.hold.switch_allowance_s if t.hold else spec.deadman_allowance_s
     request = CreateRequest(
         image=spec.profile.image_ref.create_form, disk=spec.profile.disk_gb, label=label,
-        onstart=build_onstart(public_key=s.key.public_openssh, api_url=spec.api_url, deadman_after_s=deadman_s),
+        onstart=build_onstart(public_key=s.key.public_openssh, api_url=spec.api_url, deadman_after_s=deadman_s,
+                              idle_after_s=t.hold.idle_first_s if t.hold else None),
     )
     t.phases.start("create")
     t.out.info(f"renting offer {cand.offer.id} ({cand.offer.num_gpus}x {cand.offer.gpu_name}, "
@@ -317,7 +318,7 @@ def check_deadman(t: RunTools, s: RunState) -> None:
     timeout_s = min(DEADMAN_CHECK_MAX_S, t.meter.deadline() - t.clock())
     if timeout_s <= 1.0:
         raise CapReachedError("cap reached before the dead-man switch could be checked")
-    allowance_s = t.spec.deadman_allowance_s
+    allowance_s = t.hold.switch_allowance_s if t.hold else t.spec.deadman_allowance_s
     status = check_armed(s.session, instance_id=inst.instance_id, allowance_s=allowance_s,
                          elapsed_s=t.clock() - inst.t_created_mono, timeout_s=timeout_s,
                          allow_unarmed=t.spec.allow_unarmed_deadman)
