@@ -144,11 +144,14 @@ echo "vh onstart done: dead-man switch armed for host epoch $(cat ~/@DFILE@)"
 
 
 def build_onstart(*, public_key: str, api_url: str, deadman_after_s: int, verify_after_s: int = DEADMAN_VERIFY_S,
-                  environ_path: str = PID1_ENVIRON, idle_after_s: int | None = None) -> str:
+                  environ_path: str = PID1_ENVIRON, idle_after_s: int | None = None,
+                  recheck_s: int = DEADMAN_SLEEP_MAX_S) -> str:
     """The onstart for a create: the switch fires `deadman_after_s` after the host first runs it (on the
     host's clock), however often onstart runs, unless the harness tightens it. `idle_after_s` (a kept host):
-    the first idle deadline, that long after the host first runs it; the harness pushes it later. `verify_after_s`
-    and `environ_path` are seams for tests (a short re-read, a fake `/proc/1/environ`)."""
+    the first idle deadline, that long after the host first runs it; the harness pushes it later. `recheck_s`:
+    how often the switch re-reads its files at most (a kept host's idle deadline may move earlier than the
+    wake-up the switch planned: it fires at most this late). `verify_after_s` and `environ_path` are seams for
+    tests (a short re-read, a fake `/proc/1/environ`)."""
     if deadman_after_s < 0:
         raise ConfigError(f"the dead-man allowance must be >= 0 s, got {deadman_after_s}")
     if idle_after_s is not None and idle_after_s < 0:
@@ -157,7 +160,7 @@ def build_onstart(*, public_key: str, api_url: str, deadman_after_s: int, verify
                  if idle_after_s is not None else "")
     values = {"PUBKEY": shlex.quote(public_key.strip()), "API_URL": shlex.quote(api_url.rstrip("/")),
               "ALLOW_S": str(int(deadman_after_s)), "BACKOFF_FIRST": str(DEADMAN_BACKOFF_FIRST_S),
-              "BACKOFF_MAX": str(DEADMAN_BACKOFF_MAX_S), "SLEEP_MAX": str(DEADMAN_SLEEP_MAX_S),
+              "BACKOFF_MAX": str(DEADMAN_BACKOFF_MAX_S), "SLEEP_MAX": str(max(1, min(DEADMAN_SLEEP_MAX_S, int(recheck_s)))),
               "INSTANCE_PATH": ENDPOINT_PATHS["destroy_instance"].replace("{id}", "$CONTAINER_ID"), "DFILE": DEADLINE_FILE, "AFILE": ARMED_FILE, "LFILE": LOG_FILE, "ARM_TRIES": str(ARM_PROBE_ATTEMPTS),
               "VERIFY_S": str(int(verify_after_s)), "ENVIRON": shlex.quote(environ_path), "IDLE_INIT": idle_init,
               "IFILE": IDLE_FILE, "PFILE": PID_FILE}

@@ -44,7 +44,7 @@ def exec_on(name: str, options: RunOptions, *, full_upload: bool, out: Output) -
         stages = ExecStages(store, record, full_upload=full_upload)
         with VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale) as client:
             run = GuardedRun(spec, client, load_driver_policy(), out, run_id=record.hold_id, host_work=HeldHostWork,
-                             stages=stages, hold=hold_terms(record))
+                             stages=stages, hold=hold_terms(record, spec.timings.teardown_budget))
             return run.execute().exit_code
     finally:
         lock.release()

@@ -44,5 +44,5 @@ def _run(store: HeldStore, record: HeldHost, options: RunOptions, stages: HoldSt
     assert spec.api_key is not None
     with VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale) as client:
         run = GuardedRun(spec, client, load_driver_policy(), out, run_id=record.hold_id, stages=stages,
-                         hold=hold_terms(record))
+                         hold=hold_terms(record, spec.timings.teardown_budget))
         return run.execute().exit_code

@@ -98,5 +98,5 @@ def ssh_host(name: str, remote: list[str], options: RunOptions, *, out: Output) 
     stages = ShellStages(store, record, remote=remote, ssh=ssh)
     with VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale) as client:
         run = GuardedRun(spec, client, load_driver_policy(), out, run_id=record.hold_id, stages=stages,
-                         hold=hold_terms(record))
+                         hold=hold_terms(record, spec.timings.teardown_budget))
         return run.execute().exit_code

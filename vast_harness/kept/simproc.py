@@ -26,8 +26,13 @@ from vast_harness.timings import Timings
 
 SIM_OFFERS = 1000  # as the embedded simulator (api.py): every profile finds offers
 START_S = 30.0  # the simulator answers within this, or the `up` stops
-EMPTY_EXIT_S = 5.0  # it stops this long after its last instance is gone
+EMPTY_EXIT_S = 60.0  # it stops this long after its last instance is gone and the last call (a reap may come)
 LIFETIME_MARGIN_S = 120.0  # past the hold's time cap: the switch's deletion and a reap's proof fit in it
+
+
+# The simulators this process started: kept, so the interpreter never reaps (or warns about) a child that is meant
+# to outlive it; a command's process ends long before its simulator does.
+_STARTED: list[subprocess.Popen[bytes]] = []
 
 
 class DetachedSim(BaseModel):
@@ -49,6 +54,7 @@ def start_detached_sim(held_dir: Path, hold_id: str, *, timings: Timings, lifeti
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True, cwd=str(held_dir))
+    _STARTED.append(proc)
     url = _wait_listening(proc, log)
     return DetachedSim(url=url, pid=proc.pid, pid_start=process_start(proc.pid), log=str(log))
 

@@ -12,7 +12,7 @@ from vast_harness.errors import ConfigError
 from vast_harness.kept.names import refuse_held
 from vast_harness.kept.simproc import DetachedSim, start_detached_sim, stop_sim
 from vast_harness.kept.target import KEPT_PROFILE
-from vast_harness.run.hold import UpStages, hold_terms
+from vast_harness.run.hold import HOST_CLOCK_STEP_S, UpStages, hold_terms
 from vast_harness.run.runner import GuardedRun
 from vast_harness.spec.profile import load_driver_policy
 from vast_harness.spec.resolve import RunSpec
@@ -22,6 +22,7 @@ from vast_harness.state.ledger import account_fingerprint, new_run_id
 from vast_harness.vast.client import VastClient
 
 DEFAULT_IDLE_MINUTES = 10.0  # without an exec or keep for this long, the host's switch deletes it
+FIRST_PUSH_S = 60.0  # from the host's onstart to the `up`'s first push of the idle deadline, at most
 
 
 def up_spec(spec: RunSpec, name: str) -> RunSpec:
@@ -60,17 +61,20 @@ def up_host(spec: RunSpec, name: str, *, idle_minutes: float, out: Output) -> in
                       evidence_dir=str(spec.evidence_dir / hold_id), max_usd=spec.caps.max_usd,
                       max_minutes=spec.caps.max_minutes, idle_minutes=idle_minutes, t0=Instant.now(),
                       cap_deadline=Instant.now(spec.max_seconds), workdir=wd.path if wd else None,
-                      exclude=list(wd.exclude) if wd else [], workdir_max_mb=wd.max_mb if wd else None)
-    # The host's first idle deadline (its onstart's) leaves room for the boot's SSH and the switch's check;
-    # the `up` pushes it from its first SSH on.
-    idle_first_s = int(record.idle_s + spec.teardown_margin_s)
+                      exclude=list(wd.exclude) if wd else [], workdir_max_mb=wd.max_mb if wd else None,
+                      # the host's deadlines are whole seconds, twice truncated: ours are that much earlier
+                      switch_lead_s=spec.timings.teardown_budget.switch_s + 2 * HOST_CLOCK_STEP_S)
+    # The host's first idle deadline (its onstart's) leaves room for the SSH connect, the arrival check and the
+    # switch's arm probe (up to 50 s on Vast); the `up` pushes it from its first SSH on.
+    idle_first_s = int(record.idle_s + min(FIRST_PUSH_S, spec.teardown_margin_s))
     stages = UpStages(store, record, idle_first_s=idle_first_s)
     held = False
     try:
         with VastClient(target.api_key.get_secret_value(), base_url=target.api_url,
                         pacing_scale=target.pacing_scale) as client:
             run = GuardedRun(target, client, load_driver_policy(), out, run_id=hold_id, stages=stages,
-                             hold=hold_terms(record, idle_first_s=idle_first_s, adopt=False),
+                             hold=hold_terms(record, target.timings.teardown_budget, idle_first_s=idle_first_s,
+                                             adopt=False),
                              on_created=stages.on_created, discard_if_refused=True)
             record.t0 = Instant.at_mono(run.meter.t0)  # the hold's time cap counts from its meter's start
             record.cap_deadline = record.t0.plus(record.max_seconds)

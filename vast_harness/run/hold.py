@@ -24,6 +24,7 @@ run).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -33,11 +34,12 @@ from pathlib import Path
 
 from vast_harness.caps.meter import usd_up
 from vast_harness.errors import ConfigError, ExitCode, HarnessError, VastError
+from vast_harness.evidence.run import RunEvidence, write_whole
 from vast_harness.host.bundle import Bundle, WorkdirDelta, build_workdir_delta
 from vast_harness.host.deadman import DeadmanUnarmed, SwitchStatus, push_deadlines
 from vast_harness.host.ssh import HostSession, RunKey, endpoints_for
 from vast_harness.instance.absence import is_lingering
-from vast_harness.records import CreatedInstance
+from vast_harness.records import AbsenceSummary, CreatedInstance, RunRecord
 from vast_harness.run.host_work import REMOTE_DIR, HostWork
 from vast_harness.run.rent import check_deadman, preflight, rent_and_connect
 from vast_harness.run.runner import RunStages
@@ -47,14 +49,19 @@ from vast_harness.run.verdict import Outcome, work_outcome
 from vast_harness.spec.workdir import select_workdir
 from vast_harness.state.held import HeldHost, HeldLock, HeldStore, Instant
 from vast_harness.state.process import ProcessId, this_host
+from vast_harness.timings import TeardownBudget
 
 IDLE_PUSH_MAX_S = 30.0  # while a command runs, its host's idle deadline is pushed at least this often
 CONNECT_S = 60.0  # a later command's SSH connect to its held host
 PUSH_S = 15.0  # one push of the deadlines (a host command)
 READ_S = 10.0  # a later command's first read of its held instance
 KILL_S = 5.0  # stopping an interrupted exec's command on the host
+# After its deadline the switch's DELETE goes within one curl bound (20 s), its verifying read 30 s later: a host
+# its switch deleted is billed to the deadline and this (an upper bound, unless a read showed it still there).
+SWITCH_DELETE_MARGIN_S = 60.0
 EXEC_PGID = f"{REMOTE_DIR}/.exec.pgid"  # the process group of the exec's command on the host (under $HOME)
 DELTA_NAME = "vh-delta.tar.gz"
+HOST_CLOCK_STEP_S = 1.0  # the host's deadlines are whole seconds (`date +%s`): up to this much earlier than ours
 
 
 def adopted(record: HeldHost) -> Adopted:
@@ -71,11 +78,14 @@ def adopted(record: HeldHost) -> Adopted:
                    bytes_up=record.bytes_up, bytes_down=record.bytes_down)
 
 
-def hold_terms(record: HeldHost, *, idle_first_s: int | None = None, adopt: bool = True) -> HoldTerms:
+def hold_terms(record: HeldHost, budget: TeardownBudget, *, idle_first_s: int | None = None,
+               adopt: bool = True) -> HoldTerms:
     """A command's terms for the kept host of `record`: an `up` (not `adopt`) rents with the idle deadline's
     first allowance and lets a signal delete what it rented; a later command adopts and keeps the host on a
-    signal."""
-    return HoldTerms(switch_allowance_s=int(record.max_seconds), idle_first_s=idle_first_s,
+    signal. The switch deletes `budget.switch_s` before the cap, and re-reads its idle deadline a quarter of
+    it apart (30 s at most)."""
+    return HoldTerms(switch_allowance_s=int(record.max_seconds - budget.switch_s),
+                     switch_recheck_s=max(1, int(min(IDLE_PUSH_MAX_S, record.idle_s / 4))), idle_first_s=idle_first_s,
                      adopt=adopted(record) if adopt else None, signal_deletes=not adopt)
 
 
@@ -190,8 +200,9 @@ class HoldStages(RunStages):
         if s.session is None or not s.session.is_active():
             return None
         with self._push_lock:
-            idle_at = Instant.now(self.record.idle_s)  # taken before the host's: this machine's is never later
-            cap_left_s = t.meter.hard_deadline() - t.clock()
+            # Taken before the host's, less the second its `date +%s` truncates: this machine's is never later.
+            idle_at = Instant.now(self.record.idle_s - HOST_CLOCK_STEP_S)
+            cap_left_s = t.meter.hard_deadline() - t.budget.switch_s - t.clock()
             status = push_deadlines(s.session, cap_left_s=cap_left_s, idle_s=self.record.idle_s if idle else None,
                                     timeout_s=PUSH_S)
             self.switch = status
@@ -285,7 +296,7 @@ class HoldStages(RunStages):
         idle = (f"after {r.idle_minutes:g} min without a command (by {_utc(r.idle_deadline)})"
                 if r.idle_deadline else "")
         return (f"dead-man: armed; deletes kept host {self.name} {idle}{' or ' if idle else ''}at the cap "
-                f"({_utc(r.hard_deadline or r.cap_deadline)})")
+                f"({_utc(r.cap_end())})")
 
     # ------------------------------------------------------------------------------------ keeping
     # The outcomes after which the host stays held: a command that failed or was interrupted keeps it
@@ -343,6 +354,35 @@ def finish_hold(store: HeldStore, record: HeldHost, *, proven: bool, message: st
     store.update(record.name, change, ending_ok=True)
 
 
+def close_hold_record(record: HeldHost, *, ended_unix: float, how: str) -> None:
+    """The hold's record (its last command's `harness-result.json`) brought to the hold's end by someone else
+    than a command of it (a `reap`, a command that found the hold over): billed from its last sight to
+    `ended_unix` at its price (an upper bound), its instance gone, the message saying how. Best effort."""
+    path = Path(record.evidence_dir) / "harness-result.json"
+    try:
+        doc = RunRecord.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):
+        return
+    tail_usd = 0.0
+    if record.dph_usd is not None and record.seen_unix is not None:
+        tail_usd = max(0.0, ended_unix - record.seen_unix) * record.dph_usd / 3600.0
+    gone = {i.instance_id: "gone" for i in doc.instances}
+    doc = doc.model_copy(update={
+        "accrued_usd": usd_up(max(doc.accrued_usd, record.accrued_usd) + tail_usd),
+        "instances": [i.model_copy(update={"absence": "gone"}) for i in doc.instances],
+        "absence": AbsenceSummary(verdict="gone", per_instance=gone), "message": f"{doc.message}; then {how}"[:2000]})
+    with contextlib.suppress(OSError):
+        write_whole(path, json.dumps(doc.model_dump(mode="json"), indent=2) + "\n")
+        RunEvidence(path.parent).write_manifest()
+
+
+def switch_ended_unix(record: HeldHost) -> float:
+    """When the hold's switch deleted its host, at the latest (wall clock): its deadline, and the time its DELETE
+    may take (`SWITCH_DELETE_MARGIN_S`); never later than now."""
+    deadline_unix = time.time() + record.deadline().left_s()
+    return min(time.time(), deadline_unix + SWITCH_DELETE_MARGIN_S)
+
+
 def stop_detached_sim(store: HeldStore, record: HeldHost) -> None:
     """A --sim hold's simulator (started by its `up`), stopped when no other hold on this machine uses it."""
     if record.sim_pid is None:
@@ -391,7 +431,7 @@ class UpStages(HoldStages):
                 inst.machine_id
             r.labels = sorted({*r.labels, inst.label})
             r.created, r.dph_usd = Instant.at_mono(inst.t_created_mono), inst.dph_usd
-            r.idle_deadline = r.created.plus(self.idle_first_s)
+            r.idle_deadline = r.created.plus(self.idle_first_s - HOST_CLOCK_STEP_S)
 
         saved = self.store.update(self.name, change)
         if saved is not None:
@@ -405,7 +445,7 @@ class UpStages(HoldStages):
         assert s.session is not None
         self.save(t, s, endpoints=[s.session.endpoint], host_key_fingerprint=s.session.host_key_fingerprint,
                   host_key_type=s.session.host_key_type, host_key_base64=s.session.host_key_base64,
-                  gpu=s.host_gpus.shown() if s.host_gpus else None)
+                  gpu=f"{s.candidate.offer.num_gpus}x {s.candidate.offer.gpu_name}" if s.candidate else None)
         status = self.push(t, s)
         if status is None or status.problem is not None:
             raise DeadmanUnarmed(f"kept host {self.name!r}: the idle deadline could not be set on the host "
@@ -432,7 +472,7 @@ class UpStages(HoldStages):
         return code, (f"kept host {self.name} is held: instance {inst.instance_id}{gpu} at ${inst.dph_usd:.4f}/h. "
                       f"`vast-e2e exec {self.name} -- CMD` runs in it, `vast-e2e down {self.name}` deletes it; its "
                       f"switch deletes it after {r.idle_minutes:g} min without one (by {_utc(r.idle_deadline)}) or "
-                      f"at the cap ({_utc(r.hard_deadline or r.cap_deadline)})")
+                      f"at the cap ({_utc(r.cap_end())})")
 
 
 class ExecStages(HoldStages):

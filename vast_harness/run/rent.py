@@ -27,7 +27,7 @@ from vast_harness.errors import (
 )
 from vast_harness.host.bundle import Bundle, bundle_for
 from vast_harness.host.deadman import DeadmanUnarmed, check_armed
-from vast_harness.host.onstart import build_onstart
+from vast_harness.host.onstart import DEADMAN_SLEEP_MAX_S, build_onstart
 from vast_harness.host.ssh import HostSession, endpoints_for, generate_run_key
 from vast_harness.instance.lifecycle import CreateRequest, create, wait_ready
 from vast_harness.market.offers import Candidate
@@ -208,7 +208,8 @@ def create_one(t: RunTools, s: RunState, cand: Candidate, label: str) -> CreateO
     request = CreateRequest(
         image=spec.profile.image_ref.create_form, disk=spec.profile.disk_gb, label=label,
         onstart=build_onstart(public_key=s.key.public_openssh, api_url=spec.api_url, deadman_after_s=deadman_s,
-                              idle_after_s=t.hold.idle_first_s if t.hold else None),
+                              idle_after_s=t.hold.idle_first_s if t.hold else None,
+                              recheck_s=t.hold.switch_recheck_s if t.hold else DEADMAN_SLEEP_MAX_S),
     )
     t.phases.start("create")
     t.out.info(f"renting offer {cand.offer.id} ({cand.offer.num_gpus}x {cand.offer.gpu_name}, "

@@ -55,14 +55,16 @@ class HoldTerms:
     """What a kept host changes in a run's tools (`vast-e2e up` and the commands after it; `run/hold.py`). Its
     run id is the hold's, so is its evidence directory: every command of a hold writes into one run's.
 
-    * `switch_allowance_s`: the dead-man switch's cap, the time cap itself (no grace: no run's teardown is
-      waited for between commands, so the switch is the cap);
+    * `switch_allowance_s`: the dead-man switch's cap: the time cap, less `TeardownBudget.switch_s` (no grace:
+      between commands no teardown is waited for, the switch is the cap, and its DELETE lands before it);
+    * `switch_recheck_s`: how often the switch re-reads its deadlines (the idle one may move earlier);
     * `idle_first_s`: `up`'s first idle allowance, written by the onstart (the `up` pushes it at its first SSH);
     * `adopt`: the held instance a later command takes over, instead of renting one;
     * `signal_deletes`: whether a signal makes the cap guard delete within a second (an `up`: yes; a later
       command: no, Ctrl-C stops the command, the host stays held)."""
 
     switch_allowance_s: int
+    switch_recheck_s: int
     idle_first_s: int | None = None
     adopt: Adopted | None = None
     signal_deletes: bool = True

@@ -104,6 +104,7 @@ class HeldHost(BaseModel):
     cap_deadline: Instant  # t0 + the time cap: never moves
     hard_deadline: Instant | None = None  # the earlier of both caps at the price billed, at the last command
     idle_deadline: Instant | None = None  # pushed by each exec and keep, never past the cap
+    switch_lead_s: float = 0.0  # the switch deletes this long before the caps' deadline (TeardownBudget.switch_s)
     host_cap_epoch: int | None = None  # the dead-man switch's own deadlines, on the host's clock (recorded)
     host_idle_epoch: int | None = None
     # The instance, once a create named it
@@ -148,10 +149,17 @@ class HeldHost(BaseModel):
         return self.max_minutes * 60.0
 
     def deadline(self) -> Instant:
-        """When the hold ends on its own: the earliest of the time cap, the caps at the price billed (as the
-        last command's meter saw them) and the idle deadline."""
-        candidates = [d for d in (self.cap_deadline, self.hard_deadline, self.idle_deadline) if d is not None]
+        """When the hold ends on its own, when its switch deletes the host: the earliest of the time cap, the caps
+        at the price billed (as the last command's meter saw them), both `switch_lead_s` early, and the idle
+        deadline."""
+        caps = [d.plus(-self.switch_lead_s) for d in (self.cap_deadline, self.hard_deadline) if d is not None]
+        candidates = [*caps, *([self.idle_deadline] if self.idle_deadline is not None else [])]
         return min(candidates, key=lambda d: d.to_mono())
+
+    def cap_end(self) -> Instant:
+        """When the switch deletes the host at the caps (never later: no command moves it later)."""
+        caps = [d for d in (self.cap_deadline, self.hard_deadline) if d is not None]
+        return min(caps, key=lambda d: d.to_mono()).plus(-self.switch_lead_s)
 
     def left_s(self) -> float:
         return self.deadline().left_s()
@@ -164,8 +172,7 @@ class HeldHost(BaseModel):
         which = self.deadline()
         if self.idle_deadline is not None and which is self.idle_deadline:
             return "idle"
-        if self.hard_deadline is not None and which is self.hard_deadline and \
-                self.hard_deadline.to_mono() < self.cap_deadline.to_mono() - 0.5:
+        if self.hard_deadline is not None and self.hard_deadline.to_mono() < self.cap_deadline.to_mono() - 0.5:
             return "dollar cap"
         return "time cap"
 
