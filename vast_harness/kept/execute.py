@@ -32,7 +32,7 @@ def exec_on(name: str, options: RunOptions, *, full_upload: bool, out: Output) -
         if fresh is None:
             raise ConfigError(f"kept host {name!r} ended meanwhile")
         record = fresh
-        check_usable(store, record, "exec")
+        check_usable(store, record, "exec", locked=True)
         workdir = options.workdir if options.workdir is not None else record.workdir
         if workdir is None:
             raise ConfigError(f"kept host {name!r} was set up without a workdir; give --workdir")

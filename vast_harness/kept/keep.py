@@ -26,7 +26,7 @@ def keep_host(name: str, options: RunOptions, *, out: Output) -> int:
         return ExitCode.PASSED
     try:
         record = store.load(name) or record
-        check_usable(store, record, "keep")
+        check_usable(store, record, "keep", locked=True)
         return _run(store, record, options, KeepStages(store, record), out)
     finally:
         lock.release()

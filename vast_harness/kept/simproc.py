@@ -11,7 +11,6 @@ cap and a margin), so nothing of it lingers. Its timings are the embedded simula
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -30,9 +29,13 @@ EMPTY_EXIT_S = 60.0  # it stops this long after its last instance is gone and th
 LIFETIME_MARGIN_S = 120.0  # past the hold's time cap: the switch's deletion and a reap's proof fit in it
 
 
-# The simulators this process started: kept, so the interpreter never reaps (or warns about) a child that is meant
-# to outlive it; a command's process ends long before its simulator does.
-_STARTED: list[subprocess.Popen[bytes]] = []
+# Starts the simulator in a session of its own and exits at once, printing its pid: the simulator is then no
+# child of the command (nothing reaps it, nothing warns about it; it outlives the command, as it must).
+_LAUNCHER = ("import subprocess, sys\n"
+             "with open(sys.argv[1], 'ab') as log:\n"
+             "    p = subprocess.Popen(sys.argv[2:], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,"
+             " start_new_session=True)\n"
+             "print(p.pid)\n")
 
 
 class DetachedSim(BaseModel):
@@ -51,29 +54,30 @@ def start_detached_sim(held_dir: Path, hold_id: str, *, timings: Timings, lifeti
             "--offers", str(SIM_OFFERS), "--exit-when-empty", f"{EMPTY_EXIT_S:g}",
             "--max-lifetime", f"{lifetime_s + LIFETIME_MARGIN_S:.0f}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VAST_API_KEY")}  # it needs none
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, cwd=str(held_dir))
-    _STARTED.append(proc)
-    url = _wait_listening(proc, log)
-    return DetachedSim(url=url, pid=proc.pid, pid_start=process_start(proc.pid), log=str(log))
+    launched = subprocess.run([sys.executable, "-c", _LAUNCHER, str(log), *argv], env=env, cwd=str(held_dir),
+                              capture_output=True, text=True, timeout=START_S, check=False)
+    try:
+        pid = int(launched.stdout.strip())
+    except ValueError:
+        raise ConfigError(f"the kept host's simulator did not start: {launched.stderr[-300:]!r}; nothing rented"
+                          ) from None
+    sim = DetachedSim(url="", pid=pid, pid_start=process_start(pid), log=str(log))
+    return sim.model_copy(update={"url": _wait_listening(sim, log)})
 
 
-def _wait_listening(proc: subprocess.Popen[bytes], log: Path) -> str:
+def _wait_listening(sim: DetachedSim, log: Path) -> str:
     deadline = time.monotonic() + START_S
+    seen = b""
     with open(log, "rb") as fh:
-        seen = b""
         while time.monotonic() < deadline:
-            chunk = fh.read()
-            seen += chunk
+            seen += fh.read()
             for line in seen.decode("utf-8", "replace").splitlines():
                 if "listening on " in line:
                     return line.rsplit("listening on ", 1)[1].strip()
-            if proc.poll() is not None:
-                break
-            select.select([], [], [], 0.05)
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+            if process_start(sim.pid) != sim.pid_start:
+                break  # it exited
+            time.sleep(0.05)
+    stop_sim(sim)
     raise ConfigError(f"the kept host's simulator did not start (its log: {log}): "
                       f"{seen.decode('utf-8', 'replace')[-300:]!r}; nothing rented")
 

@@ -20,10 +20,11 @@ from vast_harness.state.process import ProcessId, this_host
 KEPT_PROFILE = "kept"  # every command of a hold records this profile: `costs` groups the holds under it
 
 
-def check_usable(store: HeldStore, record: HeldHost, command: str) -> None:
+def check_usable(store: HeldStore, record: HeldHost, command: str, *, locked: bool = False) -> None:
     """Refuse (exit 2, listing the held hosts) what `command` cannot work on: a hold of another machine, one
     still being set up or ending (`down` takes those), one past its deadline (its switch deletes it; `reap`
-    proves it gone), one whose `--sim` simulator is gone (the hold ends here: its instance went with it)."""
+    proves it gone), one whose `--sim` simulator is gone (the hold ends here: its instance went with it).
+    `locked`: the command holds the hold's lock (no `up` can be at work on it)."""
     name = record.name
     if record.machine != this_host():
         raise ConfigError(f"kept host {name!r} was made on {record.machine}, not this machine: its locks and "
@@ -38,7 +39,7 @@ def check_usable(store: HeldStore, record: HeldHost, command: str) -> None:
     if command == "down":
         return
     if record.state == "starting":
-        busy = store.busy(name)
+        busy = None if locked else store.busy(name)  # holding the lock ourselves, no `up` can be at work
         why = (f"its `up` (pid {busy.pid}) is still setting it up" if busy else
                "its `up` never finished (killed?), so it has no usable host; `vast-e2e down "
                f"{name}` deletes what it rented (else its switch does)")

@@ -157,6 +157,7 @@ class HoldStages(RunStages):
     def __init__(self, store: HeldStore, record: HeldHost) -> None:
         self.store, self.record = store, record
         self.claimed = True  # the record is this hold's (an `up` claims it first: one that lost the race ends nothing)
+        self.yielded = False  # another command is ending the hold (`down`): this one leaves the end to it
         self.lock: HeldLock | None = None  # the `up`'s, held until it hands over or ends
         self.end_reason: str | None = None  # the hold must end now, whatever the command's own outcome
         self.switch: SwitchStatus | None = None
@@ -304,14 +305,41 @@ class HoldStages(RunStages):
                                         ExitCode.INTERRUPTED)
 
     def keeps(self, t: RunTools, s: RunState, code: ExitCode) -> bool:
+        """Kept after an outcome it keeps, unless the hold must end: its deadline passed while the command ran (a
+        stopped process: the switch may have deleted it), or, with the link gone, a read says it is gone. Then the
+        teardown proves it absent and the hold ends."""
         inst = t.book.latest()
-        return (self.end_reason is None and inst is not None and inst.instance_id not in t.book.vanished
-                and code in self.kept_codes)
+        fresh = self.store.load(self.name)
+        if fresh is None or fresh.state == "ending":
+            # A `down` (or a reap) is ending the hold, or has: its teardown and its proof are that command's; a
+            # second prover beside it only draws the account's 429s. Nothing of ours is written back.
+            self.yielded = True
+            return True
+        if self.end_reason is not None or inst is None or inst.instance_id in t.book.vanished \
+                or code not in self.kept_codes:
+            return False
+        if fresh.expired():
+            self.end_reason = f"its {fresh.why_deadline()} deadline passed while the command ran"
+            return False
+        if s.session is None or not s.session.is_active():  # the link went: is the host still there?
+            try:
+                read = t.client.get_instance(inst.instance_id, max_retry_s=READ_S, within_s=READ_S)
+            except VastError:
+                return True  # unknown: it stays held, and its switch still deletes it
+            if read is None or is_lingering(read):
+                t.reads.vanished(inst, "a read after the link went no longer shows it")
+                return False
+        return True
 
     def hand_over(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
         """The command is done and the host stays: the heartbeat stopped, the idle deadline pushed from now, the
         record saved (state held); the link closed."""
         self.stop_heartbeat()
+        if self.yielded:
+            if s.session is not None:
+                s.session.close()
+            self.release()
+            return code, f"{message}; kept host {self.name} was taken down meanwhile (`down`): its end is that command's"
         self.push(t, s)
         self.save(t, s, state="held", message=message[:500])
         if s.session is not None:
@@ -344,8 +372,10 @@ def finish_hold(store: HeldStore, record: HeldHost, *, proven: bool, message: st
     """The hold is over. Proven gone: its record and key removed, its detached simulator stopped when no other
     hold uses it. Not proven: the record stays, `ending`, with why (`reap` proves it, then removes it)."""
     if proven:
+        busy = store.busy(record.name)  # asked before the lock files go with the record
         store.remove(record.name)
-        stop_detached_sim(store, record)
+        if busy is None or busy.pid == os.getpid():
+            stop_detached_sim(store, record)
         return
 
     def change(r: HeldHost) -> None:
@@ -384,7 +414,9 @@ def switch_ended_unix(record: HeldHost) -> float:
 
 
 def stop_detached_sim(store: HeldStore, record: HeldHost) -> None:
-    """A --sim hold's simulator (started by its `up`), stopped when no other hold on this machine uses it."""
+    """A --sim hold's simulator (started by its `up`), stopped when no other hold on this machine uses it and no
+    other command of this hold is still at work on it (an exec a `down` ended proves its host gone through it;
+    the simulator stops itself a minute after its last call)."""
     if record.sim_pid is None:
         return
     if any(other.sim_pid == record.sim_pid and other.name != record.name for other in store.all()):
@@ -527,12 +559,16 @@ class ExecStages(HoldStages):
         return ExitCode.PASSED, f"exec {self.record.execs} passed; kept host {self.name} stays held"
 
     def hand_over(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
+        if self.yielded:
+            return super().hand_over(t, s, code, message)
         work = s.work
-        if code == ExitCode.INTERRUPTED and isinstance(work, HeldHostWork) and work.stop_command():
+        step = work.steps[-1] if work and work.steps else None
+        left_running = step is not None and step.rc is None  # interrupted, cut, or its link lost
+        if left_running and isinstance(work, HeldHostWork) and work.session.is_active() and work.stop_command():
             t.out.info(f"kept host {self.name}: the command was stopped on the host")
-        step = s.work.steps[-1] if s.work and s.work.steps else None
-        finished = step is not None and step.rc is not None
-        self.save(t, s, exec_unfinished=not finished and step is not None, last_exec_rc=step.rc if step else None)
+            left_running = False
+        # Still running there (the link was lost): the next exec stops it first.
+        self.save(t, s, exec_unfinished=left_running, last_exec_rc=step.rc if step else None)
         code, message = super().hand_over(t, s, code, message)
         if code not in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER):
             message = f"{message}; kept host {self.name} stays held"

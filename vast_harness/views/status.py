@@ -127,7 +127,9 @@ def _held_row(store: HeldStore, record: HeldHost) -> StatusRow:
         state = record.state  # starting | held
     idle = (f"idle deadline in {record.idle_deadline.left_s():.0f} s" if record.idle_deadline is not None
             and record.idle_deadline.left_s() > 0 else "idle deadline passed" if record.idle_deadline else "")
-    last = (f"last exec {time.time() - record.last_exec_unix:.0f} s ago (rc {record.last_exec_rc})"
+    last = (f"last exec {time.time() - record.last_exec_unix:.0f} s ago "
+            + ("(it did not end: killed? its command may still run there; the next exec stops it)"
+               if record.exec_unfinished and busy is None else f"(rc {record.last_exec_rc})")
             if record.last_exec_unix else "no exec yet")
     why = {"expired": f"its {record.why_deadline()} deadline passed {-left_s:.0f} s ago: its switch deletes it, "
                       "`vast-e2e reap` proves it gone",
