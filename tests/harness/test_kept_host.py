@@ -104,6 +104,8 @@ def test_up_three_execs_then_the_idle_switch_deletes_it_and_reap_proves_it(tmp_p
     p = cli("reap", *api(sim), "--proof-interval", "0.5", home=home, key=KEY)
     assert p.returncode == 0, p.stderr[-2000:]
     assert instance(sim, held.instance_id)["live"] and "kept host box, held" in p.stdout + p.stderr
+    p = cli("costs", "--json", home=home)  # one run, its dollars the last command's figure, so far
+    assert [r["held"] for r in json.loads(p.stdout)["runs"] if r["run_id"] == held.hold_id] == [True]
     # No command: its switch deletes it at its idle deadline, with no process of ours alive
     assert held.idle_deadline is not None
     gone = wait_gone(sim, held.instance_id, within_s=held.idle_deadline.left_s() + 10)
@@ -120,7 +122,7 @@ def test_up_three_execs_then_the_idle_switch_deletes_it_and_reap_proves_it(tmp_p
     assert gone["billed_usd"] <= result["accrued_usd"] <= held.max_usd
     p = cli("costs", "--json", home=home)
     runs = [r for r in json.loads(p.stdout)["runs"] if r["run_id"] == held.hold_id]
-    assert len(runs) == 1 and runs[0]["accrued_usd"] == result["accrued_usd"]
+    assert len(runs) == 1 and runs[0]["accrued_usd"] == result["accrued_usd"] and not runs[0]["held"]
 
 
 def test_up_exec_down_under_sim_with_its_own_simulator(tmp_path):
