@@ -68,6 +68,11 @@ def show_plan(out: Output, plan: RunPlan) -> None:
     out.out.print(_line(("Caps", "bold"), f": {usd(plan.caps.max_usd)}, {plan.caps.max_minutes:g} min   ",
                          ("Credit", "bold"), f": {usd(plan.credit_usd)}"))
     out.out.print(_line(("Worst case", "bold"), f": {q.arithmetic}"))
+    if plan.receipt is not None:  # within the worst case: the time cap covers every host's boot and receipt
+        out.out.print(_line(("Receipt", "bold"), f": {plan.receipt.line()}"), soft_wrap=True)
+    if plan.skipped_machines:
+        out.out.print(_t(f"{plan.skipped_machines} machine(s) skipped: they failed a receipt before "
+                         "(`vast-e2e machines`)", "yellow"), soft_wrap=True)
     show_dropped(out, plan.requires, plan.dropped)
     env = " ".join(f"{k}={v}" for k, v in plan.remote_env_shown.items()) or "(none)"
     out.out.print(_line(("remote_env", "bold"), f": {env}"))

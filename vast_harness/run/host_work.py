@@ -54,6 +54,7 @@ class HostWork:
         self.timings = timings
         self._phase = on_phase  # the run's timeline and live view (console/live.py PhaseLog)
         self.steps: list[StepRecord] = []
+        self.step_env: dict[str, str] = {}  # the run's own variables for the steps (VH_RECEIPT: run/receipt.py)
         self.pull: PullRecord | None = None
         self.artifacts: ArtifactPull | None = None  # `run --artifact`: pulled with the evidence
         self.evidence_pulled = False
@@ -154,7 +155,8 @@ class HostWork:
     def run_steps(self) -> None:
         """The profile's steps in order; the first that fails, times out or meets the cap ends the work."""
         # VH_MASKED_ENV names the secrets, whose values host-side evidence must mask; settings are recorded
-        env = self.spec.host_env | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_secrets)}
+        env = self.spec.host_env | self.step_env | {"VH_RUN_ID": self.run_id,
+                                                    "VH_MASKED_ENV": " ".join(self.spec.remote_secrets)}
         for step in self.spec.profile.steps:
             self._check_cancelled()
             self.meter.check(f"step {step.name}")

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from vast_harness.errors import ConfigError
 from vast_harness.resources import profiles_dir
 from vast_harness.spec.profile import load_toml, validation_message
+from vast_harness.spec.receipt import MEASURES, ReceiptPolicy
 
 REFERENCES_FILE = "receipt-references.toml"
 GPU_MEASURES = ("matmul", "burn", "hbm_copy")  # per GPU product
@@ -108,3 +109,27 @@ def load_references(directory: Path | None = None) -> References:
 def shipped_references() -> References:
     """The shipped table, read once per process."""
     return load_references()
+
+
+def check_gates(policy: ReceiptPolicy, *, num_gpus: int, gpu_names: list[str], refs: References) -> None:
+    """ConfigError (exit 2, before anything is rented) for a gate the profile declared on a measure the GPUs it
+    may rent cannot report: a comparison of several GPUs on a 1-GPU host, ECC on a card that has none, the
+    reference on a GPU the table has no figure for. The defaults never trip this: where a GPU cannot report a
+    measure, the measure is recorded, never failed. `gpu_names` empty (any GPU): only the GPU count is known."""
+    if not policy.enabled:
+        return
+    for measure in policy.declared_gates:
+        info, rule = MEASURES[measure], policy.rule(measure)
+        where = f"[receipt] {measure}"
+        if info.several_gpus and num_gpus < 2:
+            raise ConfigError(f"{where} is a gate, but a 1-GPU host cannot report it ({info.what}): set it to "
+                              "\"record\" or rent several GPUs")
+        for gpu in gpu_names:
+            row = refs.for_gpu(gpu)
+            if info.needs_ecc and row is not None and not row.ecc:
+                raise ConfigError(f"{where} is a gate, but {gpu} reports no ECC ({REFERENCES_FILE}): set it to "
+                                  "\"record\" or \"off\"")
+            if rule.min_of_reference is not None and measure in GPU_MEASURES and refs.gpu_value(gpu, measure) is None:
+                raise ConfigError(f"{where} gates on the reference (min_of_reference), but {gpu} has no reference "
+                                  f"figure for it in {REFERENCES_FILE}: it can only be recorded there; drop "
+                                  "min_of_reference or the GPU")
