@@ -298,7 +298,7 @@ class Backend:
         gpu_bin = install_nvidia_smi(home, inst.offer, lie=inst.gpu_lie)  # answers from the offer (sim/gpus.py)
         inst.receipt_report = self.host_root / f"receipt-{inst.id}.json"  # outside the sandbox a destroy removes
         install_receipt(home, inst.offer, faults=inst.receipt_faults, seed=inst.receipt_seed,
-                        report=inst.receipt_report)
+                        report=inst.receipt_report, torch="torch" in inst.image.lower())
         for env in (sandbox.env, sandbox.ssh_env):
             env["PATH"] = f"{gpu_bin}{os.pathsep}{env['PATH']}"
         host = SshHost(inst.id, sandbox, self.host_key, lambda blob: self._authorized(inst.id, blob),

@@ -120,7 +120,7 @@ def receipt_references(gpu_name: str, path: Path = REFERENCES_PATH) -> tuple[dic
 
 
 def install_receipt(home: Path, offer: dict[str, Any], *, faults: dict[str, float], seed: int,
-                    report: Path | None = None) -> Path:
+                    report: Path | None = None, torch: bool = True) -> Path:
     """Write the host's `vh-receipt` (sim/host_receipt.py with this host's config) beside its `nvidia-smi`."""
     bin_dir = home / BIN_DIR
     bin_dir.mkdir(parents=True, exist_ok=True)
@@ -129,7 +129,7 @@ def install_receipt(home: Path, offer: dict[str, Any], *, faults: dict[str, floa
         "gpu_name", "num_gpus", "pcie_bw", "pci_gen", "gpu_lanes", "gpu_mem_bw", "total_flops", "bw_nvlink")},
         "reference": reference, "ecc": ecc, "faults": faults, "seed": seed,
         "driver": offer.get("driver_version"), "cuda": offer.get("cuda_max_good"),
-        "report": str(report) if report else None}
+        "report": str(report) if report else None, "torch": torch}
     config_path = bin_dir / "vh-receipt.json"
     config_path.write_text(json.dumps(config))
     path = bin_dir / "vh-receipt"

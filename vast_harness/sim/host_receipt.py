@@ -13,6 +13,9 @@ GPU: the offer's own figures), its PCIe copies at the offer's `pcie_bw`, its lin
                        slowdown active in those samples); a burn shorter than SECONDS shows nothing
     ecc_error          an uncorrectable ECC error appears during the burn (a GPU that reports ECC only)
 
+An image whose name names no torch ("pytorch/pytorch" does) has none on the simulated host: its `vh-receipt`
+then says so and exits 3, as the harness's launcher does on such an image ("not measured").
+
 Run as a script (`python host_receipt.py CONFIG --out FILE --budget-s S`), standard library only: the simulator's
 host imports nothing. It answers at once (the burn's seconds are the simulated timeline, not slept) and leaves a
 copy of its answer where the simulator reads it (`/_sim/state` `receipt`), for judges.
@@ -137,6 +140,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args(argv)
     cfg = json.loads(args.config.read_text())
+    if not cfg.get("torch", True):  # as the harness's own launcher says it in an image without torch
+        print("vh-receipt: no torch in this image (simulated: the image's name names no torch)", file=sys.stderr)
+        return 3
     record = answer(cfg, args.budget_s)
     text = json.dumps(record, indent=1) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
