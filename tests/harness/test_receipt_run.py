@@ -97,6 +97,8 @@ def test_a_lying_host_of_each_kind_is_refused_and_replaced_within_the_caps(sim, 
     # the machines' history: the liar's machine skipped from now on, with what failed
     history = MachineHistory(spec.state_dir)
     assert history.skipped(EMBEDDED_SIM) == {liar["machine_id"]}
+    report = " ".join((guarded.ev.dir / "report.html").read_text().split())
+    assert "refused on their receipt: instance " + str(liar["id"]) in report and "receipt-checks" in report
     # the steps found the receipt on the host (VH_RECEIPT): the mfu sweep's fraction of it reads this file
     assert json.loads((guarded.ev.dir / "remote" / "receipt.json").read_text()) == honest["receipt"]
 

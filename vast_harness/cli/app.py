@@ -668,9 +668,10 @@ def _machines(flags: Flags, *, forget: list[int], forget_all: bool) -> None:
         for mid in forget:
             if mid not in known:
                 raise ConfigError(f"--forget {mid}: no machine {mid} in the history of {market} ({history.path})")
-        for mid in [None] if forget_all else forget:
-            history.forget(market, mid)
-            out.info("every machine tried again" if mid is None else f"machine {mid} tried again by later runs")
+        targets: list[int | None] = [None] if forget_all else list(forget)
+        for target in targets:
+            history.forget(market, target)
+            out.info("every machine tried again" if target is None else f"machine {target} tried again by later runs")
         return show_machines(out, history, market)
 
     _guard(out, body, interrupted="interrupted")
