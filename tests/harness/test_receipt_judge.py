@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.harness.sim_receipts import sim_offer, sim_receipt
 from vast_harness.host.receipt_judge import OfferFigures, judge
-from vast_harness.sim.gpus import host_gpus, receipt_references
-from vast_harness.sim.host_receipt import answer
 from vast_harness.sim.market import CATALOG
 from vast_harness.spec.receipt import ReceiptPolicy
 from vast_harness.spec.references import MeasureRef, References, load_references
@@ -182,25 +181,6 @@ def test_several_gpus_are_compared_with_each_other_and_the_all_reduce_must_sum_r
 SIM_GPUS = [g.name for g in CATALOG]
 
 
-def _sim_offer(rng: random.Random, name: str) -> dict[str, Any]:
-    gpu = next(g for g in CATALOG if g.name == name)
-    num = rng.choice((1, 2, 4, 8))
-    lanes = rng.choice((16, 8, 4))
-    return {"gpu_name": name, "num_gpus": num, "gpu_ram": gpu.ram_mb, "compute_cap": gpu.compute_cap,
-            "machine_id": rng.randint(1, 99_999), "pcie_bw": round(gpu.pcie_bw_gbs * lanes / 16 * rng.uniform(0.35, 1),
-                                                                    1),
-            "pci_gen": gpu.pci_gen if lanes > 4 else gpu.pci_gen - 1.0, "gpu_lanes": lanes,
-            "gpu_mem_bw": gpu.mem_bw_gbs, "total_flops": round(gpu.tflops * num, 2),
-            "bw_nvlink": gpu.nvlink_gbs if num > 1 else 0.0, "driver_version": "570.133.07", "cuda_max_good": 12.8}
-
-
-def _sim_receipt(offer: dict[str, Any], seed: int, faults: dict[str, float] | None = None) -> dict[str, Any]:
-    reference, ecc = receipt_references(offer["gpu_name"])
-    cfg = {"gpus": host_gpus(offer, lie=False), "offer": offer, "reference": reference, "ecc": ecc,
-           "faults": faults or {}, "seed": seed, "driver": offer["driver_version"], "cuda": 12.8}
-    return answer(cfg, 90.0)
-
-
 def _figures(offer: dict[str, Any]) -> OfferFigures:
     return OfferFigures(gpu_name=offer["gpu_name"], num_gpus=offer["num_gpus"], pcie_bw_gbps=offer["pcie_bw"],
                         pci_gen=offer["pci_gen"], gpu_mem_bw_gbps=offer["gpu_mem_bw"],
@@ -212,8 +192,8 @@ def test_healthy_simulated_hosts_with_3_percent_noise_are_never_refused():
     drawn within ±3%: not one refusal (the defaults keep a margin over the noise)."""
     rng = random.Random(44)
     for draw in range(1500):
-        offer = _sim_offer(rng, rng.choice(SIM_GPUS))
-        judged = judge(_sim_receipt(offer, rng.getrandbits(32)), _figures(offer), POLICY, REFS)
+        offer = sim_offer(rng, rng.choice(SIM_GPUS))
+        judged = judge(sim_receipt(offer, rng.getrandbits(32)), _figures(offer), POLICY, REFS)
         assert judged.verdict == "passed", (draw, offer["gpu_name"], offer["num_gpus"], judged.reason)
 
 
@@ -227,7 +207,7 @@ def test_each_lying_simulated_host_is_refused_on_the_measure_it_lies_about(kind)
     faults, measures = LIES[kind]
     rng = random.Random(kind)
     for _ in range(50):
-        offer = _sim_offer(rng, rng.choice(("H100 SXM", "H200")))
-        judged = judge(_sim_receipt(offer, rng.getrandbits(32), faults), _figures(offer), POLICY, REFS)
+        offer = sim_offer(rng, rng.choice(("H100 SXM", "H200")))
+        judged = judge(sim_receipt(offer, rng.getrandbits(32), faults), _figures(offer), POLICY, REFS)
         failed = {c.measure for c in judged.checks if c.verdict == "fail"}
         assert judged.verdict == "failed" and failed <= measures | {"spread"} and failed & measures, judged.reason

@@ -8,6 +8,7 @@ Judged by the simulator's own record (`/_sim/state`: the receipt each host answe
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from pydantic import SecretStr
 
 from tests.harness.clirun import cli
+from tests.harness.sim_receipts import sim_offer, sim_receipt
 from vast_harness.console.output import Output
 from vast_harness.host.bundle import bundle_for
 from vast_harness.market.plan import plan_run
@@ -180,3 +182,41 @@ def test_a_cap_that_leaves_no_room_for_the_receipt_stops_the_run_at_the_cap(sim,
     guarded, result = run(make_spec(sim, tmp_path).with_timings(receipt_min_s=10_000.0))
     assert result.exit_code == 6 and "before the receipt of instance" in result.message
     assert [i["live"] for i in mine(sim, guarded)] == [False] and record(guarded)["absence"]["verdict"] == "gone"
+
+
+# ------------------------------------------------------------------------------ the chaos suite's judge
+def _sim_answer(faults: dict[str, float], started: float) -> dict[str, Any]:
+    offer = sim_offer(random.Random(5), "H100 SXM") | {"num_gpus": 1, "pcie_bw": 50.0, "gpu_lanes": 16}
+    doc = sim_receipt(offer, 7, faults) | {"started_unix": started}
+    return {"receipt": doc, "offer_figures": offer, "receipt_faults": faults}
+
+
+def test_the_chaos_judge_catches_work_on_a_host_whose_receipt_failed_and_a_healthy_host_refused(tmp_path):
+    from vast_harness.chaos.judge import receipt_violations
+
+    liar = {"id": 1, "exec_times": [99.0, 99.5]} | _sim_answer({"gpu_slow": 0.5}, 100.0)
+    honest = {"id": 2, "exec_times": [101.0, 150.0]} | _sim_answer({}, 120.0)
+    policy = ReceiptPolicy()
+    assert receipt_violations([liar, honest], 0, policy, None) == []
+    used = liar | {"exec_times": [99.0, 100.5]}
+    found = receipt_violations([used, honest], 0, policy, None)
+    assert [v.kind for v in found] == ["receipt_failed_used"] and "ran 1 command(s) after it" in found[0].detail
+    assert [v.kind for v in receipt_violations([liar], 0, policy, None)] == ["receipt_failed_used"]
+    assert receipt_violations([liar], 1, policy, None) == []
+    (tmp_path / "harness-result.json").write_text(json.dumps({"receipts_refused": [
+        {"instance_id": 2, "verdict": "failed", "reason": "GPU 0 h2d ..."}]}))
+    assert [v.kind for v in receipt_violations([liar, honest], 1, policy, tmp_path)] == ["healthy_refused"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["pcie_slow:0.3:1", "gpu_slow:0.5:1", "hbm_slow:0.4:1", "throttle:3:1",
+                                   "ecc_error:1"])
+def test_a_chaos_scenario_with_a_lying_host_holds_every_invariant(tmp_path, fault):
+    from vast_harness import chaos
+    from vast_harness.chaos.engine import ScenarioPlan
+
+    plan = ScenarioPlan(seed=11, faults=f"{fault};seed=11", cap_mode="generous", max_minutes=1.0, boot_retries=1,
+                        proof_interval_s=0.05, step_sleep_s=0.1, step_rc=0, steps=1)
+    outcome = chaos.run_scenario(plan, tmp_path)
+    assert outcome.exit_code == 0, outcome.message
+    assert outcome.faults_fired.get(fault.split(":")[0]) and not outcome.violations, outcome.violations

@@ -140,6 +140,8 @@ class Instance:
             "bandwidth_usd": self.bandwidth_usd, "direct_port": self.direct_port,
             "proxy_port": self.proxy_port, "gpu_lie": self.gpu_lie, "execs": self.execs,
             "exec_times": list(self.exec_times), "receipt_faults": dict(self.receipt_faults),
+            "offer_figures": {k: self.offer.get(k) for k in ("gpu_name", "num_gpus", "pcie_bw", "pci_gen",
+                                                             "gpu_mem_bw", "total_flops", "bw_nvlink")},
             "receipt": self.receipt_answer(),
             "live_pids": self.sandbox.live_pids() if self.sandbox is not None else [],
         }
