@@ -55,8 +55,10 @@ def receipt_command(budget_s: float) -> str:
     """The one command the host runs: unpack the payload privately, run `vh-receipt` from PATH (ours last), print
     its exit status, the record's path and the record."""
     d = f'"$HOME/{PRIVATE_DIR}"'
+    # chmod: an installed wheel may not have kept the launcher's executable bit, which the tarball copies
     setup = (f'{{ rm -rf {d} && mkdir -p {d} && chmod 700 {d} && tar -xzf "$HOME/{UPLOAD_NAME}" -C {d} && '
-             f'rm -f "$HOME/{UPLOAD_NAME}"; }} || {{ echo "{RC_MARK} {SETUP_FAILED_RC}"; exit {SETUP_FAILED_RC}; }}')
+             f'chmod 700 {d}/{LAUNCHER_DIR}/{PROGRAM} && rm -f "$HOME/{UPLOAD_NAME}"; }} '
+             f'|| {{ echo "{RC_MARK} {SETUP_FAILED_RC}"; exit {SETUP_FAILED_RC}; }}')
     return "; ".join([
         f'{setup}',
         f'export PATH="$PATH:$HOME/{PRIVATE_DIR}/{LAUNCHER_DIR}"',
