@@ -299,7 +299,7 @@ class Receipt(BaseModel):
         if self.verdict == "off":
             return "receipt off ([receipt] enabled = false)"
         gated = sum(c.action == "gate" and c.verdict == "pass" for c in self.checks)
-        return f"receipt passed: {gated} gate(s) met" + (
+        return f"receipt passed: {gated} gated check(s) met" + (
             f", {self.burn_tflops_total:.1f} TFLOP/s sustained" if self.burn_tflops_total else "")
 
 
