@@ -144,12 +144,15 @@ def test_gpu_and_memory_flags_are_requirements_named_per_dropped_offer(tmp_path)
 
 def test_a_gpu_flag_outside_the_profiles_own_list_is_bad_input():
     from vast_harness.spec.profile import load_profile
+    from vast_harness.spec.requires import Requires
     from vast_harness.spec.resolve import with_flag_requires
 
-    proofs = load_profile("proofs")
-    with pytest.raises(ConfigError, match=r"--gpu RTX 4090: profile proofs runs only on"):
-        with_flag_requires(proofs, ["RTX 4090"], None)
-    narrowed = with_flag_requires(proofs, ["H200", "RTX 4090"], 200)
+    # a profile with a GPU list of its own (the shipped ones name none: their requirements are what they need)
+    hopper = load_profile("proofs").model_copy(update={"name": "hopper", "requires": Requires(gpu_names=["H100 SXM",
+                                                                                                   "H200"])})
+    with pytest.raises(ConfigError, match=r"--gpu RTX 4090: profile hopper runs only on H100 SXM, H200"):
+        with_flag_requires(hopper, ["RTX 4090"], None)
+    narrowed = with_flag_requires(hopper, ["H200", "RTX 4090"], 200)
     assert narrowed.requires.gpu_names == ["H200"] and narrowed.requires.min_gpu_ram_gib == pytest.approx(195.31)
 
 

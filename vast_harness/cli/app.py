@@ -276,6 +276,7 @@ def offers(
     key_file: KeyFile = None,
     max_usd: MaxUsd = None,
     max_minutes: MaxMinutes = None,
+    remote_env: RemoteEnv = None,
     any_driver: AnyDriver = False,
     eight_gpu_qualified: EightGpuQualified = False,
     api_url: ApiUrl = None,
@@ -284,7 +285,8 @@ def offers(
     pacing_scale: PacingScale = None,
     evidence_dir: EvidenceDir = None,
 ) -> None:
-    """Search and rank offers for a profile (default mfu); show why each rejected offer failed."""
+    """Search and rank offers for a profile (default mfu); show why each rejected offer failed and, for a profile
+    with 1B runs, which GPUs hold which micro-batches (--remote-env sets them, as for a run)."""
     _offers(Flags.of(ctx), rank_by)
 
 
@@ -309,7 +311,7 @@ def _offers(flags: Flags, rank_by: str) -> None:
             measurements = load_measurements(spec.evidence_dir)
             print_ranked(out, rank_by_usd_per_mtok(choice, measurements), measurements)
             return ExitCode.PASSED if choice.ranked else NoOfferError.exit_code
-        show_offers(out, choice, requires=spec.profile.requires.model_dump(exclude_defaults=True))
+        show_offers(out, choice, requires=spec.profile.requires.model_dump(exclude_defaults=True), fit=spec.fit)
         return ExitCode.PASSED if choice.ranked else NoOfferError.exit_code
 
     _guard(out, body)

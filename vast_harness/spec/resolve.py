@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from vast_harness.errors import ConfigError, UnwritableDirError
 from vast_harness.spec.command import MAX_GPU_RAM_GB, CommandRun, command_profile, with_cap_timeouts
+from vast_harness.spec.fit import FIT_SETTINGS, HOST_VAR, WorkloadFit, workload_fit
 from vast_harness.spec.profile import (
     NUM_GPUS_PLACEHOLDER,
     PROFILES_DIR,
@@ -30,7 +31,7 @@ from vast_harness.spec.profile import (
     with_image_expect,
 )
 from vast_harness.spec.redact import Redactor
-from vast_harness.spec.requires import MIB_PER_GIB
+from vast_harness.spec.requires import MAX_GPU_RAM_GIB, MIB_PER_GIB
 from vast_harness.spec.user import UserConfig, read_api_key
 from vast_harness.spec.values import (
     MAX_BOOT_RETRIES,
@@ -158,6 +159,12 @@ class RunSpec(BaseModel):
     def max_seconds(self) -> float:
         return self.caps.max_minutes * 60.0
 
+    @property
+    def fit(self) -> WorkloadFit | None:
+        """The memory fit of the profile's 1B runs under this run's settings (spec/fit.py); None: no step makes
+        one. Computed from the profile each time, so a spec whose steps are swapped (fleet --sim) has its own."""
+        return profile_fit(self.profile, self.remote_env, self.filters.num_gpus)
+
 
 class RunOptions(BaseModel):
     """What a run is asked to be: every flag's value as given (None or False when not), before precedence,
@@ -200,6 +207,31 @@ class RunOptions(BaseModel):
     gpu: list[str] | None = None
     min_gpu_ram_gb: float | None = None
 
+
+
+def profile_fit(prof: HarnessProfile, env: Mapping[str, str], num_gpus: int) -> WorkloadFit | None:
+    return workload_fit(((s.name, s.fit) for s in prof.steps), env, num_gpus)
+
+
+def with_fit(prof: HarnessProfile, env: dict[str, str], num_gpus: int, secrets: Mapping[str, str]) -> HarnessProfile:
+    """The fit's settings checked (exit 2 naming the bad one), its decisions exported to the host (HT_FIT, into
+    `env`), and the least memory it needs made the profile's memory floor: it narrows the search and the host
+    that arrives is held to it (`[requires]`, docs/profiles.md#the-memory-fit)."""
+    if HOST_VAR in env or HOST_VAR in secrets:
+        raise ConfigError(f"{HOST_VAR} is written by the harness from the run's settings (docs/profiles.md#the-memory-"
+                          "fit); set HT_MFU_MB, HT_ACT_CKPT and the like instead")
+    fit = profile_fit(prof, env, num_gpus)
+    if fit is None:
+        return prof
+    hidden = sorted(set(FIT_SETTINGS) & set(secrets))
+    if hidden:  # the host would run what the fit never saw
+        raise ConfigError(f"{', '.join(hidden)}: the memory fit reads it to choose the offer; give it as a setting "
+                          "(--remote-env), not a secret")
+    env[HOST_VAR] = fit.host_value()
+    floor = min(round(fit.floor_gib, 2), MAX_GPU_RAM_GIB)
+    if floor <= prof.requires.min_gpu_ram_gib:
+        return prof
+    return prof.model_copy(update={"requires": prof.requires.model_copy(update={"min_gpu_ram_gib": floor})})
 
 
 def with_flag_requires(prof: HarnessProfile, gpus: list[str], min_gpu_ram_gb: float | None) -> HarnessProfile:
@@ -303,6 +335,7 @@ def resolve(
     # a secret named like one of the profile's settings replaces it (a flag given twice is refused below)
     profile_env = {k: v.replace(NUM_GPUS_PLACEHOLDER, str(filters.num_gpus)) for k, v in prof.remote_env.items()}
     env = {k: v for k, v in profile_env.items() if k not in secrets} | given_env
+    prof = with_fit(prof, env, filters.num_gpus, secrets)
 
     if o.api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
         url = validate_api_url(o.api_url, environ=environ)
