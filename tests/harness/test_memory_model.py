@@ -96,12 +96,24 @@ def test_where_it_was_fitted_the_model_is_not_loose():
         assert 0 <= gap <= FITTED_HEADROOM_GIB, (where, round(gap, 3))
 
 
-def test_the_designs_rtx_5090_figures_are_below_the_model():
+def test_the_designs_rtx_5090_figures_are_below_the_model_and_quoted_as_the_designs():
     design = [p for p in CALIBRATION if p.evidence == "design"]
     assert [p.measured_gib for p in design] == [20.8, 24.4]
     for point in design:
         assert peak(load_model_shape(point.model), point.run).total_gib >= point.measured_gib
         assert point.run.act_ckpt and point.run.compile and point.run.world == 2
+    doc = " ".join((ROOT / "docs" / "profiles.md").read_text().split())
+    assert "the design's figures, 20.8–24.4 GiB per rank at micro-batch 8–12, are the design's" in doc
+
+
+def test_the_docs_table_is_the_calibration_table():
+    """docs/profiles.md's calibration rows are CALIBRATION's figures, measured and predicted."""
+    doc = (ROOT / "docs" / "profiles.md").read_text()
+    for point in CALIBRATION:
+        if point.evidence == "design":
+            continue
+        model = round(peak(load_model_shape(point.model), point.run).total_gib, 2)
+        assert f"| {point.measured_gib:.2f} | {model:.2f} |" in doc, point.evidence
 
 
 def test_the_shapes_are_the_workloads_own():
