@@ -259,7 +259,7 @@ def _host_env(tmp_path: Path, mib: int, fit_value: str) -> dict[str, str]:
 
 
 def test_a_step_runs_with_the_flags_the_host_needs_or_stops_naming_the_need(tmp_path):
-    value = "replay=none:65.3,ckpt:39.8,compile+ckpt:26.7"
+    value = "replay=none:65.3,ckpt:41.8,compile+ckpt:26.7"
     echo = [sys.executable, "-c", "import sys; print(' '.join(sys.argv[1:]))", "--out", "x.json"]
     ran = subprocess.run([sys.executable, "-m", "remote.host.fit", "run", "replay", "--", *echo], cwd=tmp_path,
                          env=_host_env(tmp_path, 32607, value), capture_output=True, text=True, timeout=60)

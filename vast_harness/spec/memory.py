@@ -19,10 +19,10 @@ state: parameters x bytes per parameter (`remote/training/parallel.py`):
 Activations, in bf16 vectors of d_model per token (2 x d bytes each), t = micro-batch x seq tokens per rank.
 The head and the loss's gradients are formed in the forward, chunk by chunk (`linear_cross_entropy`), so the
 peak is the forward's loss, with every tensor the forward saved alive:
-    saved (no checkpointing)   L x a       a = 20 compiled, 26 eager, per layer
+    saved (no checkpointing)   L x a       a = 20 compiled, 24 eager, per layer
     saved (checkpointing)      L + 3       each layer's input, the final norm's input, its output, grad_h
     loss                       min(chunk, t) x padded vocab x b + 4 x vocab x d (the fp32 head gradient)
-                               b = 6 bytes per logit compiled, 19 eager
+                               b = 6 bytes per logit compiled, 21 eager
 and the backward, which can pass it at large t: one layer recomputed under checkpointing (L + a saved), its
 gradients in flight (g = 12: the w13 output's 8 and the SwiGLU product's 4) and the bf16 head gradient.
 
@@ -32,12 +32,17 @@ Where the numbers come from:
 - b = 6 compiled: the compiled line's intercept, 6.83-6.89 GiB at every world, reduction and micro-batch, less
   the fp32 head gradient (0.98 GiB) is 5.87 GiB = 6 B x 8192 x 128256: the bf16 logits, the bf16 dlogits and
   one more bf16 buffer of their size.
-- b = 19 eager, counted: `_ce_chunk`'s eager temporaries alive at once (bf16 logits 2, their fp32 copy 4, the
-  target mask 1, exp 4, the mask as float 4, the difference 4). a = 26 eager is then what the micro-batch-8
-  eager peaks (every world) leave. Compile's effect: 6 vectors per layer and 13 bytes per logit less.
-- L + 3, g = 12: counted, not measured (this project has no checkpointed peak). The design's 2x RTX 5090
-  island measured 20.8-24.4 GiB per rank at micro-batch 8-12 (dp2, zero2o, checkpointing, compile), its own
-  code, quoted in CALIBRATION: the model sits above both.
+- b = 21 eager: measured where the loss dominates, a checkpointed eager round (kernels off, micro-batch 8, a lent
+  H100, .evidence/memory-ckpt-2026-12-06): its 50.40 GiB less the state, the L + 3 saved vectors, the fp32 head
+  gradient and the workspace leaves 20.8 bytes per logit. Counted, `_ce_chunk`'s eager temporaries alive at once
+  come to 19 (bf16 logits 2, their fp32 copy 4, the target mask 1, exp 4, the mask as float 4, the difference
+  4); the measured 21 stands (the counted 19 put the model 1.77 GiB under that round). a = 24 eager is then what
+  the micro-batch-8 eager peaks without checkpointing (every world) leave. Compile's effect: 4 vectors per layer
+  and 15 bytes per logit less.
+- L + 3, g = 12: counted; the checkpointed rounds of the same call (compiled, micro-batch 8 and 12: 35.72 and
+  36.32 GiB) sit 0.18-0.19 GiB under the model. The design's 2x RTX 5090 island measured 20.8-24.4 GiB per rank
+  at micro-batch 8-12 (dp2, zero2o, checkpointing, compile), its own code, quoted in CALIBRATION: the model sits
+  above both.
 - workspace 0.25 GiB: what is left; every measured torch-path peak sits 0.22-0.27 GiB below the model.
 
 What the GPU must hold besides (the fit's need): the peak x (1 + FRAGMENTATION) + OUTSIDE_ALLOCATOR_GIB. The
@@ -74,11 +79,11 @@ DDP_BYTES = 20
 DDP_RANK0_EXTRA_BYTES = 2
 RANK_ORDER_RECV_BYTES = 2
 # bf16 d-vectors per token
-SAVED_PER_LAYER = {True: 20, False: 26}  # compiled, eager
+SAVED_PER_LAYER = {True: 20, False: 24}  # compiled, eager
 CKPT_SAVED_OUTSIDE_LAYERS = 3
 BACKWARD_GRADS = 12
 # bytes per logit of one loss chunk
-LOSS_BYTES_PER_LOGIT = {True: 6, False: 19}
+LOSS_BYTES_PER_LOGIT = {True: 6, False: 21}
 HEAD_GRAD_FP32_BYTES = 4
 WORKSPACE_GIB = 0.25
 # the need on top of the peak
@@ -222,9 +227,11 @@ class CalibrationPoint:
 
 
 def _pt(evidence: str, world: int, mb: int, measured: float, *, reduction: Reduction = "zero2o",
-        compile: bool = True, key: str | None = None, gpu: str = "NVIDIA H200") -> CalibrationPoint:
+        compile: bool = True, act_ckpt: bool = False, ce_chunk_tokens: int | None = None, key: str | None = None,
+        gpu: str = "NVIDIA H200") -> CalibrationPoint:
     return CalibrationPoint(evidence=evidence, key=key, model=f"mfu-dense-1b-dp{world}",
-                            run=RunShape(world=world, micro_batch=mb, reduction=reduction, compile=compile),
+                            run=RunShape(world=world, micro_batch=mb, reduction=reduction, compile=compile,
+                                         act_ckpt=act_ckpt, ce_chunk_tokens=ce_chunk_tokens),
                             measured_gib=measured, gpu=gpu)
 
 
@@ -242,6 +249,14 @@ CALIBRATION: tuple[CalibrationPoint, ...] = (
     _pt(".evidence/h200/proofs-2026-11-29/20261129T081707Z-4d6173/remote/mfu-proof.json", 1, 8, 73.18,
         compile=False),
     _pt(".evidence/h200x2/runs/dp2-det-zero2o.json", 2, 8, 61.67, compile=False),
+    # Checkpointed, kernels off (VH_KERNELS=none), on a lent H100: scripts/gpu/memory_ckpt.sh (its records name
+    # the loss chunk, 8192, the profile's).
+    _pt(".evidence/memory-ckpt-2026-12-06/mfu-ckpt-compile-mb8-nokernels.json", 1, 8, 35.72, act_ckpt=True,
+        ce_chunk_tokens=8192, gpu="NVIDIA H100 80GB HBM3"),
+    _pt(".evidence/memory-ckpt-2026-12-06/mfu-ckpt-compile-mb12-nokernels.json", 1, 12, 36.32, act_ckpt=True,
+        ce_chunk_tokens=8192, gpu="NVIDIA H100 80GB HBM3"),
+    _pt(".evidence/memory-ckpt-2026-12-06/mfu-ckpt-eager-mb8-nokernels.json", 1, 8, 50.40, act_ckpt=True,
+        compile=False, ce_chunk_tokens=8192, gpu="NVIDIA H100 80GB HBM3"),
     # The design's island (2x RTX 5090 over PCIe), its own implementation, quoted by issue 48 as the design's
     # figures: in-step peak 20.8-24.4 GiB per rank at micro-batch 8-12, dp2, zero2o, checkpointing, compile.
     CalibrationPoint(evidence="design", key=None, model="mfu-dense-1b-dp2", gpu="NVIDIA GeForce RTX 5090",
