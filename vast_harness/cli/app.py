@@ -474,6 +474,12 @@ def _reap(flags: Flags, *, include_live: bool, yes: bool) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
+        # What killed simulators (`--sim` runs, `python -m vast_harness.sim`) left on this machine: local, so
+        # before the key is needed
+        from vast_harness.sim.sandbox import reap_dead_simulators
+
+        if left := reap_dead_simulators().line():
+            out.info(left)
         # A full disk must not keep the orphans billing: reap warns and deletes; what it cannot write (ledger
         # lines, evidence) is said as it happens, and the verdicts stand on the API's answers alone.
         spec = flags.spec(profile="smoke", on_unwritable=out.warn, no_key_hint=REAP_NO_SIM)

@@ -12,8 +12,6 @@ import functools
 import os
 import random
 import shlex
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -26,10 +24,19 @@ import paramiko
 from vast_harness.sim import errors, transitions
 from vast_harness.sim.faults import FaultPlan, FaultRule
 from vast_harness.sim.gpus import install_nvidia_smi
+from vast_harness.sim.hostpython import RefusingPort, make_host_python
 from vast_harness.sim.instances import Instance, list_page, render
 from vast_harness.sim.market import generate_offers, priced, search
 from vast_harness.sim.ratelimit import RateLimiter
-from vast_harness.sim.sandbox import Sandbox, SandboxClosed, container_env, marker_for, reap_orphans, ssh_session_env
+from vast_harness.sim.sandbox import (
+    OwnedRoot,
+    Sandbox,
+    SandboxClosed,
+    container_env,
+    marker_for,
+    reap_dead_simulators,
+    ssh_session_env,
+)
 from vast_harness.sim.sshhost import SshHost
 
 MIN_DISK_GB = 8.0
@@ -81,27 +88,36 @@ class Backend:
     def __init__(self, seed: int = 0, boot_seconds: float = 0.0, faults: Any = None, num_offers: int = 300,
                  rate_scale: float = 1.0, api_keys: list[str] | None = None, credit_usd: float = 100.0,
                  host_root: str | Path | None = None, linger_seconds: float = DEFAULT_LINGER_S,
-                 show_shape: str = "object", card_saved: bool = False, key_reset_s: float | None = None) -> None:
+                 show_shape: str = "object", card_saved: bool = False, key_reset_s: float | None = None,
+                 host_network: bool = False) -> None:
         """`show_shape`: "object" (`{"instances": {...}}` with ports: the docs, dstack) or "list"
         (`{"instances": [{...}]}` without ports: base-image test_template.py). `card_saved`: the account has a card
         on file, so a negative balance stops its instances but Vast never destroys them. `key_reset_s`: every
         instance's authorized keys are refreshed this long after it runs (Vast: "between 9 and 18 hours in";
-        scale it down), as the `key_reset` fault does for chosen instances."""
+        scale it down), as the `key_reset` fault does for chosen instances. `host_network`: the hosts' pip may
+        download (off by default: sim/hostpython.py)."""
         if show_shape not in SHOW_SHAPES:
             raise ValueError(f"show_shape must be one of {SHOW_SHAPES}, got {show_shape!r}")
         self.seed, self.boot_s, self.credit_usd = seed, max(0.0, boot_seconds), credit_usd
         self.linger_s = max(0.0, linger_seconds)
         self.show_shape, self.card_saved = show_shape, card_saved
         self.key_reset_s = key_reset_s
+        self.host_network = host_network
+        self.refusing_port = RefusingPort()  # where an offline host's pip is sent: refused at once
         self.rng = random.Random(seed)
         self.lock = threading.RLock()
         self.limiter = RateLimiter(rate_scale)
         self.faults = FaultPlan.parse(faults, self.rng)
         self.api_keys = list(api_keys) if api_keys else None
-        self._own_root = host_root is None
-        self.host_root = Path(host_root or tempfile.mkdtemp(prefix="vast-sim-hosts-"))
+        # What simulators killed -9 left: their hosts' processes (switches retrying for ever) and sandboxes
+        reap_dead_simulators()
+        self._own_root: OwnedRoot | None = None
+        if host_root is None:
+            self._own_root = OwnedRoot()
+            self.host_root = self._own_root.path
+        else:
+            self.host_root = Path(host_root)
         self.host_root.mkdir(parents=True, exist_ok=True)
-        reap_orphans()  # hosts a simulator killed -9 left running (their switches retry for ever)
         self.host_key = paramiko.ECDSAKey.generate()  # fast to make; one per simulator, like a host's
         self.offers = generate_offers(self.rng, num_offers, time.time())
         self.offers_by_id = {o["id"]: o for o in self.offers}
@@ -287,8 +303,10 @@ class Backend:
                      "VAST_CONTAINERLABEL": f"C.{inst.id}", "PUBLIC_IPADDR": "127.0.0.1",
                      "SSH_PUBLIC_KEY": account.ssh_keys[-1]["key"] if account.ssh_keys else ""}
         marker = marker_for(inst.id, id(inst))
-        sandbox = Sandbox(home, container_env(home, marker, vast_vars, inst.extra_env),
-                          ssh_session_env(home, marker))
+        home.mkdir(parents=True, exist_ok=True)
+        image_env = make_host_python(home, network=self.host_network, refusing_port=self.refusing_port.port)
+        sandbox = Sandbox(home, container_env(home, marker, vast_vars, inst.extra_env, image_env),
+                          ssh_session_env(home, marker, image_env))
         gpu_bin = install_nvidia_smi(home, inst.offer, lie=inst.gpu_lie)  # answers from the offer (sim/gpus.py)
         for env in (sandbox.env, sandbox.ssh_env):
             env["PATH"] = f"{gpu_bin}{os.pathsep}{env['PATH']}"
@@ -549,8 +567,9 @@ class Backend:
             self._teardown(inst, remove=False)
 
     def cleanup_root(self) -> None:
-        if self._own_root:
-            shutil.rmtree(self.host_root, ignore_errors=True)
+        self.refusing_port.close()
+        if self._own_root is not None:
+            self._own_root.remove()
 
 
 @dataclass
