@@ -297,7 +297,7 @@ def _fleet_reprice(plan: AccountPlan, sim: SimServer, work: Path, outcome: Accou
     counts = Counter(o.gpu_name for o in offers if o.gpu_name and o.num_gpus == base.filters.num_gpus)
     gpus = sorted(name for name, _ in counts.most_common(3))
     total = max(1e-4, 3 * (dph[len(dph) // 2] if dph else 0.5) * 6.0 / 3600.0)
-    sim.set_faults("reprice:50:1.5:3")
+    sim.set_faults("reprice_silent:50:1.5:3")  # the contract's own price: the defence (docs/vast-behaviours.md)
     out = Output(json_mode=True, quiet=True)
     sink = io.StringIO()  # the fleet's JSON and tables are not this suite's output
     out.out = out.err = Console(file=sink)
@@ -311,7 +311,7 @@ def _fleet_reprice(plan: AccountPlan, sim: SimServer, work: Path, outcome: Accou
     outcome.reported_usd = doc.get("accrued_usd")
     after = sim.state()
     billed = sum(i["billed_usd"] for i in after["instances"])
-    if not sum(r["fired"] for r in after["faults"]["rules"] if r["kind"] == "reprice"):
+    if not sum(r["fired"] for r in after["faults"]["rules"] if r["kind"] == "reprice_silent"):
         _mismatch(outcome, "the re-price never fired: nothing tested")
     if code == 0:
         _mismatch(outcome, "a fleet re-priced 50x past its total cap exited 0")
