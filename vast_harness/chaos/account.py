@@ -12,7 +12,8 @@ Each kind is the way issue 20 found a promise broken when more than one run shar
 * ``clock_behind``    the wall clock steps -2 h after create, no lag: the run still passes (exit 0).
 * ``boot_fail_delete_fail``  the host fails to boot and every DELETE fails: exactly one instance is ever
                       created (no next offer while the first is unproven), exit 3; reap cleans up.
-* ``fleet_reprice``   a three-run fleet re-priced 50x mid-step and cancelled at its total cap: every run
+* ``fleet_reprice``   a three-run fleet whose contracts are re-priced 50x mid-step (``reprice_silent``, what
+                      Vast's docs say cannot happen: the defence) and cancelled at its total cap: every run
                       exits 6 (never 0), and the accrual it reports is at least what the simulator billed
                       up to each DELETE (no run hides the new price).
 
