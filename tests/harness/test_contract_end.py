@@ -48,7 +48,7 @@ def test_the_quote_says_the_price_is_the_contracts_until_its_end():
 
 def test_rows_carry_the_contracts_end_and_a_pending_increase_its_factor():
     assert Instance.model_validate({"id": 1, "end_date": "1800000000.5"}).end_date_unix == 1800000000.5
-    for odd in (None, "x", float("nan"), True, [1]):
+    for odd in (None, "x", float("nan"), True, [1], 0, -5.0):  # 0 is no date (an open-ended offer), not 1970
         assert Instance.model_validate({"id": 1, "end_date": odd}).end_date_unix is None
         assert Offer.model_validate({"id": 1, "end_date": odd}).end_date_unix is None
     row = {"pending_price_increase_id": 5, "contract_id": 1, "old_gpu_costpersec": 0.001, "new_gpu_costpersec": 0.003,

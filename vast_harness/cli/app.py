@@ -466,7 +466,7 @@ def reap(
     pacing_scale: PacingScale = None,
 ) -> None:
     """Delete and prove absent every orphan (instances of dead runs, or past their own cap deadline); list
-    live runs' instances and leave them alone."""
+    live runs' instances and leave them alone. Also removes what killed simulators left on this machine."""
     _reap(Flags.of(ctx), include_live=include_live, yes=yes)
 
 

@@ -36,7 +36,7 @@ from vast_harness.records import CreatedInstance, PriceChange, ProofRound
 from vast_harness.run.rent_book import RentBook
 from vast_harness.state.ledger import Ledger
 from vast_harness.vast.client import VastClient
-from vast_harness.vast.models import Instance, finite_number
+from vast_harness.vast.models import Instance, epoch
 from vast_harness.vast.row_price import row_price, rows_of
 
 MIN_READ_WITHIN_S = 2.0  # a poll's read (per-id, or the list row in its place) answers within a poll, within
@@ -91,6 +91,7 @@ class InstanceReads:
         # instance -> the contract's end a row last showed (epoch), on the run's clock when inside the time cap,
         # and the pending increase's factor known for past it
         self._contract_ends: dict[int, tuple[float, float | None, float | None]] = {}
+        self._pending_unread: set[int] = set()  # instances whose pending increases could not be read (said)
 
     def record_raise(self, change: PriceChange) -> None:
         """A higher price the meter took, into the ledger (best effort, like every line after the intent): a
@@ -153,8 +154,10 @@ class InstanceReads:
         try:
             rows = self.client.pending_price_increases(within_s=self.read_within_s)
         except VastError as exc:
-            self.out.warn(f"could not read the pending price increases ({exc}): time past instance "
-                          f"{inst.instance_id}'s contract end is counted at its own price")
+            if inst.instance_id not in self._pending_unread:  # said once, not at every poll
+                self._pending_unread.add(inst.instance_id)
+                self.out.warn(f"could not read the pending price increases ({exc}): time past instance "
+                              f"{inst.instance_id}'s contract end is counted at its own price")
             return
         row = next((r for r in rows if r.contract_id == inst.instance_id), None)
         factor = None if row is None else row.factor
@@ -175,7 +178,7 @@ class InstanceReads:
             price = row_price(row)
             _took(self.meter, self.out, inst, self.meter.observe_price(
                 inst.instance_id, price.dph_usd, source=source, reason=price.reason), source)
-            self.on_contract_end(inst, finite_number(row.get("end_date")))
+            self.on_contract_end(inst, epoch(row.get("end_date")))
 
     def on_proof_round(self, inst: CreatedInstance, r: ProofRound) -> None:
         """An absence-proof round's three reads, each a row of ours when it shows one (a lingering row too: it

@@ -50,6 +50,13 @@ def finite_number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def epoch(value: Any) -> float | None:
+    """A date in epoch seconds: a finite number above zero, else None (a 0 or a negative is no date: an open-ended
+    offer may send one, and reading it as 1970 would refuse every such offer)."""
+    number = finite_number(value)
+    return number if number is not None and number > 0 else None
+
+
 def finite_price(value: Any) -> float | None:
     """A price field as a finite float >= 0 (numbers sent as strings accepted), else None."""
     number = finite_number(value)
@@ -145,7 +152,7 @@ class Offer(_VastModel):
     @field_validator("end_date_unix", mode="before")
     @classmethod
     def _date(cls, value: Any) -> float | None:
-        return finite_number(value)
+        return epoch(value)
 
     @property
     def reliability_score(self) -> float:
@@ -213,8 +220,7 @@ class Instance(_VastModel):
     @field_validator("end_date_unix", mode="before")
     @classmethod
     def _date(cls, value: Any) -> float | None:
-        """Epoch seconds as a finite number, or None: an unreadable date is no date."""
-        return finite_number(value)
+        return epoch(value)
 
     @field_validator("public_ipaddr", "ssh_host", "status_msg", "actual_status", mode="before")
     @classmethod
