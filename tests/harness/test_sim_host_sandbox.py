@@ -17,21 +17,23 @@ from tests.harness.clirun import cli
 from tests.sim.localpkg import write_local_package
 
 
-def _listing(path: Path) -> dict[str, float]:
-    """Names and modification times of `path`'s entries (and of `path` itself), empty when it does not exist."""
+def _listing(path: Path, *, times: bool) -> dict[str, float]:
+    """Names of `path`'s entries, with their modification times when `times` (a package pip replaced has a new
+    one); empty when it does not exist. A `__pycache__`'s time is left out: the suite's other workers import
+    modules too."""
     if not path.is_dir():
         return {}
-    found = {".": path.stat().st_mtime}
-    found |= {e.name: e.stat(follow_symlinks=False).st_mtime for e in os.scandir(path)}
-    return found
+    return {e.name: e.stat(follow_symlinks=False).st_mtime if times and e.name != "__pycache__" else 0.0
+            for e in os.scandir(path)}
 
 
 def _outside() -> dict[str, dict[str, float]]:
     """What a pip writing outside the sandbox would change: every site-packages this interpreter and its base
-    import from, the user's site dir, HOME."""
+    import from (names and times), the user's site dir and HOME (names: the session shares HOME)."""
     dirs = {p for p in sys.path if "site-packages" in p} | set(site.getsitepackages([sys.base_prefix]))
-    dirs |= {site.getusersitepackages(), os.environ["HOME"]}
-    return {d: _listing(Path(d)) for d in sorted(dirs)}
+    found = {d: _listing(Path(d), times=True) for d in sorted(dirs)}
+    found |= {d: _listing(Path(d), times=False) for d in (site.getusersitepackages(), os.environ["HOME"])}
+    return found
 
 
 def test_pip_on_a_sim_host_installs_into_the_sandbox_and_nothing_outside_changes(tmp_path):
