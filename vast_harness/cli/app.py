@@ -468,7 +468,7 @@ def reap(
     pacing_scale: PacingScale = None,
 ) -> None:
     """Delete and prove absent every orphan (instances of dead runs, or past their own cap deadline); list
-    live runs' instances and leave them alone."""
+    live runs' instances and leave them alone. Also removes what killed simulators left on this machine."""
     _reap(Flags.of(ctx), include_live=include_live, yes=yes)
 
 
@@ -476,6 +476,12 @@ def _reap(flags: Flags, *, include_live: bool, yes: bool) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
+        # What killed simulators (`--sim` runs, `python -m vast_harness.sim`) left on this machine: local, so
+        # before the key is needed
+        from vast_harness.sim.sandbox import reap_dead_simulators
+
+        if left := reap_dead_simulators().line():
+            out.info(left)
         # A full disk must not keep the orphans billing: reap warns and deletes; what it cannot write (ledger
         # lines, evidence) is said as it happens, and the verdicts stand on the API's answers alone.
         spec = flags.spec(profile="smoke", on_unwritable=out.warn, no_key_hint=REAP_NO_SIM)

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from vast_harness.console.money import usd
+from vast_harness.console.when import utc
 from vast_harness.market.quote import Quote, quote_offer, worst_case_usd
 from vast_harness.market.requires import DroppedFamily, dropped_families, requires_query, requires_reasons
 from vast_harness.spec.fit import WorkloadFit
@@ -46,6 +47,7 @@ class OfferCriteria(BaseModel):
     exclude_machine_ids: frozenset[int] = frozenset()
     requires: Requires = Requires()  # the profile's [requires]: what the workload can run on
     fit: WorkloadFit | None = None  # the memory its 1B runs need, from the run's settings (spec/fit.py)
+    now_unix: float | None = None  # the API server's clock at the search (its `Date`): an offer's end date against it
 
 
 class Candidate(BaseModel):
@@ -170,6 +172,10 @@ def check_offer(offer: Offer, criteria: OfferCriteria) -> list[str]:
         reasons.append(f"disk {offer.disk_space_gb} < {criteria.disk_gb} GB")
     if (offer.duration_s or 0.0) < criteria.min_duration_s:
         reasons.append(f"duration {(offer.duration_s or 0) / 60:.0f} min < time cap")
+    elif criteria.now_unix is not None and offer.end_date_unix is not None \
+            and offer.end_date_unix < criteria.now_unix + criteria.min_duration_s:
+        # The contract would end then, and its price with it (Vast's docs): the two fields must agree
+        reasons.append(f"ends {utc(offer.end_date_unix)}, inside the time cap")
     if f.min_inet_down_mbps and (offer.inet_down or 0.0) < f.min_inet_down_mbps:
         reasons.append(f"inet_down {offer.inet_down} < {f.min_inet_down_mbps}")
     if f.min_gpu_ram_gb and (offer.gpu_ram_mb or 0.0) < f.min_gpu_ram_gb * 1000:

@@ -119,10 +119,12 @@ def offer_summary(cand: Candidate) -> OfferSummary:
 
 
 def criteria_for(
-    spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exclude_machine_ids: Iterable[int] = ()
+    spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exclude_machine_ids: Iterable[int] = (),
+    now_unix: float | None = None,
 ) -> OfferCriteria:
     prof = spec.profile
     return OfferCriteria(
+        now_unix=now_unix,
         filters=spec.filters,
         image_cuda=prof.image_cuda,
         disk_gb=prof.disk_gb,
@@ -144,7 +146,8 @@ def choose_offers(
     spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle, *, credit_usd: float | None,
     exclude_machine_ids: Iterable[int] = (), explain_requires: bool = False,
 ) -> OfferChoice:
-    criteria = criteria_for(spec, credit_usd=credit_usd, bundle=bundle, exclude_machine_ids=exclude_machine_ids)
+    criteria = criteria_for(spec, credit_usd=credit_usd, bundle=bundle, exclude_machine_ids=exclude_machine_ids,
+                            now_unix=client.server_clock.now())  # the credit read heard the server's Date
     search = partial(client.search_offers, max_retry_s=PREFLIGHT_RETRY_S, min_attempts=PREFLIGHT_MIN_ATTEMPTS)
     return _preflight(client, lambda: search_ranked(search, criteria, drivers, explain_requires=explain_requires))
 
