@@ -29,7 +29,7 @@ from vast_harness.spec.profile import (
     validation_message,
     with_image_expect,
 )
-from vast_harness.spec.redact import Redactor
+from vast_harness.redact import Redactor
 from vast_harness.spec.requires import MIB_PER_GIB
 from vast_harness.spec.user import UserConfig, read_api_key
 from vast_harness.spec.values import (

@@ -1,4 +1,4 @@
-"""Secrets (`--remote-secret`) masked everywhere the harness writes: console, step logs, pulled evidence,
+"""Secrets masked everywhere the harness writes: console, step logs, pulled evidence,
 reports, JSON. Settings (`--remote-env`) are not secrets and are shown and stored as given.
 
 A secret is masked whatever its length or content: every occurrence of the value, and of each line of a
