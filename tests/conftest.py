@@ -79,10 +79,10 @@ def _no_user_dirs(pytestconfig: pytest.Config) -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _a_masker_of_its_own() -> Iterator[None]:
-    """What a test's runs told the process's masker (resolve, a spec's key) is forgotten after it: one test's
-    short secret never masks another test's text."""
-    with MASKER.scoped():
-        yield
+    """What a test's runs (and the module fixtures set up before it) told the process's masker is forgotten
+    after it: one test's secret never masks another test's text."""
+    yield
+    MASKER.forget()
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,12 @@ class Masker:
                 self._names = saved
                 self._redactor = Redactor(saved)
 
+    def forget(self) -> None:
+        """Forget every value: a test's end (module fixtures run outside any test's scope)."""
+        with self._lock:
+            self._names = {}
+            self._redactor = Redactor([])
+
     @property
     def redactor(self) -> Redactor:
         return self._redactor
