@@ -322,3 +322,52 @@ def test_the_masker_forgets_a_commands_values_when_it_ends(tmp_path):
 
     cli("--profile", "smoke", "--sim", "--dry-run", "--remote-secret", "T=smoke", home=tmp_path)
     assert MASKER.text("smoke") == "smoke"
+
+
+def test_every_writer_masks_what_it_is_handed(tmp_path):
+    """The last line of each way out, when a caller forgot: the evidence writer (JSON, a step log, steps.tsv),
+    write_whole (reports), the ledger's and the registration's writers, the --json object, and stdout/stderr
+    themselves, a value written in pieces included."""
+    import html
+    import io
+
+    from vast_harness.console.output import Output
+    from vast_harness.evidence.run import RunEvidence, write_whole
+    from vast_harness.masking import ACCOUNT_KEY, MASKER, MaskingStream
+    from vast_harness.state.ledger import write_line
+    from vast_harness.state.registry import Registration, RunRegistry
+
+    MASKER.add(KEY, ACCOUNT_KEY)
+    MASKER.add(SECRET, SECRET_NAME)
+    ev = RunEvidence(tmp_path / "run")
+    ev.write_json("x.json", {"url": f"https://h/{KEY}", SECRET: [SECRET, tmp_path / SECRET], "quote": f'"{SECRET}"'})
+    assert json.loads((tmp_path / "run" / "x.json").read_text()) == {
+        "url": "https://h/***", "***": ["***", str(tmp_path / "***")], "quote": '"***"'}
+    log = ev.step_log("s")
+    log.write(f"a {SECRET} b")
+    log.close()
+    ev.append_step_tsv(f"s-{KEY}", 0, 1.0)
+    write_whole(tmp_path / "report.html", f"<p>{html.escape(SECRET + '<&>')}</p>")
+    write_line(tmp_path / "ledger.jsonl", json.dumps({"detail": f"GET /{KEY}"}).encode() + b"\n")
+    held = RunRegistry(tmp_path / "state").register(Registration(
+        run_id="r1", pid=1, host="h", started_unix=0.0, api_url=f"https://h/{KEY}", profile="smoke", max_usd=1.0,
+        max_minutes=1.0, deadline_unix=0.0))
+    held.update(last_round=SECRET)
+    assert _files_with(tmp_path, secret_known=True) == []
+    held.release()
+
+    sink = io.StringIO()
+    stream = MaskingStream(sink)
+    stream.write(KEY[:20])
+    stream.write(KEY[20:] + " and " + SECRET[:5])
+    assert sink.getvalue() == ""  # nothing passed on before its line ends
+    stream.write(SECRET[5:] + "\n")
+    stream.write(f"pending {SECRET}")
+    stream.flush()
+    assert sink.getvalue() == "*** and ***\npending ***"
+
+    out = Output(json_mode=True)
+    out.stdout = type(out.stdout)(io.StringIO())
+    captured = out.stdout._stream  # type: ignore[attr-defined]
+    out.emit_json({"path": tmp_path / KEY, SECRET: 1})
+    assert json.loads(captured.getvalue()) == {"path": str(tmp_path / "***"), "***": 1}

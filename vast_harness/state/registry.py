@@ -132,7 +132,7 @@ class HeldRegistration:
 
     def update(self, **fields: object) -> None:
         self.reg = self.reg.model_copy(update=fields)
-        data = self.reg.model_dump_json().encode()
+        data = MASKER.data(self.reg.model_dump_json().encode())
         with contextlib.suppress(OSError):  # best effort: the lock, not the content, is the liveness
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, data, 0)
