@@ -4,10 +4,10 @@ Each command declares its options in its signature, the shared ones through the 
 `options.py`; its body is one call into a private function, handed the shared values as one `Flags` (read by
 name from the parsed parameters, so the body does not repeat them). Typed errors become exit codes here, in
 one place (`_guard`, through `errors.exit_code_for`); `main` adds the two that come from outside a command: a
-usage error (2) and an interrupt (130). Before the command line is parsed, `main` tells the process's masker every
-key and secret argv and the environment hold, and masks stdout and stderr as a last resort (masking.py). Per docs/invariants.md: 0 passed on a qualified driver · 1 a step
+usage error (2) and an interrupt (130). Per docs/invariants.md: 0 passed on a qualified driver · 1 a step
 failed · 2 bad input · 3 teardown not proven · 4 passed on an unqualified driver · 5 no offer fits · 6 a cap
-was reached · 130 interrupted.
+was reached · 130 interrupted. Before the command line is parsed, `main` tells the process's masker every key
+and secret argv and the environment hold, and masks stdout and stderr as a last resort (masking.py).
 """
 
 from __future__ import annotations
