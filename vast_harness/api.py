@@ -19,13 +19,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import ParamSpec
 
-from pydantic import BaseModel, ConfigDict, SecretStr
+from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
 from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError, ExitCode, NoOfferError
 from vast_harness.masking import MASKER, clip
 from vast_harness.records import RunRecord
 from vast_harness.spec.known_secrets import teach_inputs
+from vast_harness.spec.profile import validation_message
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 
 P = ParamSpec("P")
@@ -81,7 +82,10 @@ def _masked(run: Callable[P, WorkloadResult]) -> Callable[P, WorkloadResult]:
             items = given.items() if isinstance(given, Mapping) else ()
             teach_inputs(environ=os.environ, key_file=key_file if isinstance(key_file, (str, Path)) else None,
                          secret_items=[f"{k}={v}" for k, v in items if isinstance(k, str) and isinstance(v, str)])
-            return run(*args, **kwargs)
+            try:
+                return run(*args, **kwargs)
+            except ValidationError as exc:  # pydantic's text quotes the value given: a ConfigError says it without
+                raise ConfigError(validation_message("run_workload", exc)) from None
 
     return call
 

@@ -164,7 +164,7 @@ def test_an_error_of_run_workload_never_carries_the_key_or_a_secret(tmp_path, mo
 
     monkeypatch.setenv("VAST_API_KEY", KEY)
     for kwargs in [{"api_url": f"http://h/{KEY}"}, {"artifacts": [f"/abs/{SECRET}"]},
-                   {"workdir": tmp_path / KEY}, {"command": f"python {KEY}"}]:
+                   {"workdir": tmp_path / KEY}, {"command": f"python {KEY}"}, {"max_usd": KEY}]:
         with pytest.raises(ConfigError) as refused:
             api.run_workload(kwargs.pop("command", ["true"]), remote_secrets={SECRET_NAME: SECRET},  # type: ignore[arg-type]
                              evidence_dir=tmp_path / "ev", **kwargs)  # type: ignore[arg-type]
