@@ -2,22 +2,24 @@
 and lays flag > environment > user config > profile, in that order, over the target's timings.
 
 Everything that can be wrong with the input is found here (or by the parsers in `values`, `profile` and `user`)
-and raised as ConfigError naming the flag or field, before any network call.
+and raised as ConfigError naming the flag or field, before any network call. Before any of it, every key and
+secret the inputs hold is told to the process's masker (`known_secrets`), so no message can quote one.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from vast_harness.errors import ConfigError, UnwritableDirError
+from vast_harness.masking import ACCOUNT_KEY, MASKER, Masker
 from vast_harness.spec.command import MAX_GPU_RAM_GB, CommandRun, command_profile, with_cap_timeouts
 from vast_harness.spec.fit import FIT_SETTINGS, HOST_VAR, WorkloadFit, workload_fit
+from vast_harness.spec.known_secrets import teach_inputs
 from vast_harness.spec.profile import (
     NUM_GPUS_PLACEHOLDER,
     PROFILES_DIR,
@@ -30,7 +32,6 @@ from vast_harness.spec.profile import (
     validation_message,
     with_image_expect,
 )
-from vast_harness.spec.redact import Redactor
 from vast_harness.spec.requires import MAX_GPU_RAM_GIB, MIB_PER_GIB
 from vast_harness.spec.user import UserConfig, read_api_key
 from vast_harness.spec.values import (
@@ -151,9 +152,19 @@ class RunSpec(BaseModel):
         """The steps' environment on the host: settings and secrets, by value."""
         return dict(self.remote_env) | {k: v.get_secret_value() for k, v in self.remote_secrets.items()}
 
-    @cached_property
-    def redactor(self) -> Redactor:
-        return Redactor(v.get_secret_value() for v in self.remote_secrets.values())
+    def teach_masker(self) -> Masker:
+        """The process's masker, told this spec's key and secrets (resolve told it already; a spec copied with
+        another key, the simulator's, is told here)."""
+        if self.api_key is not None:
+            MASKER.add(self.api_key.get_secret_value(), ACCOUNT_KEY)
+        for name, value in self.remote_secrets.items():
+            MASKER.add(value.get_secret_value(), name)
+        return MASKER
+
+    @property
+    def redactor(self) -> Masker:
+        """What masks this run's key and secrets (with every other this process knows) in what it writes."""
+        return self.teach_masker()
 
     @property
     def max_seconds(self) -> float:
@@ -265,12 +276,14 @@ def resolve(
     this process's environment, the shipped profiles). An evidence or state dir that takes no writes is refused,
     unless `on_unwritable` is given: then it is told (a reap warns and goes on deleting)."""
     o = options
+    environ = os.environ if environ is None else environ
+    teach_inputs(environ=environ, key_file=o.key_file, secret_items=o.remote_secret or [],
+                 secret_file=o.remote_secret_file)
     if o.command is not None and o.profile is not None:
         raise ConfigError("run takes a command or a profile, not both: put the steps in the profile file, or drop "
                           "--profile")
     if o.profile is None and o.command is None:
         raise ConfigError("a profile is required (mfu, proofs, smoke or a profile file)")
-    environ = os.environ if environ is None else environ
     user, _ = UserConfig.load(environ)
     if o.command is not None:
         prof = command_profile(CommandRun(command=o.command, workdir=o.workdir or ".", setup=o.setup or [],
