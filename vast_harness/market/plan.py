@@ -17,8 +17,9 @@ from vast_harness.errors import NoOfferError, TransportError
 from vast_harness.host.bundle import Bundle
 from vast_harness.host.receipt import receipt_payload
 from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
-from vast_harness.market.requires import DroppedFamily
+from vast_harness.market.requires import DroppedFamily, memory_shortfall
 from vast_harness.records import OfferSummary, WorkdirRecord
+from vast_harness.spec.fit import GpuFit
 from vast_harness.spec.profile import DriverPolicy
 from vast_harness.spec.receipt import MEASURES
 from vast_harness.spec.resolve import RunSpec
@@ -100,6 +101,7 @@ class RunPlan(BaseModel):
     dropped: list[DroppedFamily] = Field(default_factory=list)  # what [requires] dropped, per GPU family
     receipt: ReceiptPlan | None = None  # the receipt each host takes before the work (run/receipt.py)
     skipped_machines: int = 0  # machines the history skips: they failed a receipt before (vast-e2e machines)
+    fit: GpuFit | None = None  # the profile's 1B runs on the chosen offer's GPU: how each runs, what it needs
 
     def offer_summary(self) -> OfferSummary:
         return offer_summary(self.chosen)
@@ -128,7 +130,14 @@ class RunPlan(BaseModel):
             "dropped_by_requires": [f.model_dump() for f in self.dropped],
             "receipt": self.receipt.model_dump() if self.receipt else None,
             "skipped_machines": self.skipped_machines,
+            "fit": fit_summary(self.fit) if self.fit is not None else None,
         }
+
+
+def fit_summary(fit: GpuFit) -> dict[str, Any]:
+    """The memory fit on one GPU as `--json` shows it."""
+    return {"gpu_gib": round(fit.gpu_gib, 2), "runs": [p.row() for p in fit.placements],
+            "dropped": [p.run.tag for p in fit.dropped]}
 
 
 def offer_summary(cand: Candidate) -> OfferSummary:
@@ -142,10 +151,12 @@ def offer_summary(cand: Candidate) -> OfferSummary:
 
 
 def criteria_for(
-    spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exclude_machine_ids: Iterable[int] = ()
+    spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exclude_machine_ids: Iterable[int] = (),
+    now_unix: float | None = None,
 ) -> OfferCriteria:
     prof = spec.profile
     return OfferCriteria(
+        now_unix=now_unix,
         filters=spec.filters,
         image_cuda=prof.image_cuda,
         disk_gb=prof.disk_gb,
@@ -160,6 +171,7 @@ def criteria_for(
         exclude_machine_ids=frozenset(exclude_machine_ids),
         skip_machine_ids=frozenset(MachineHistory(spec.state_dir).skipped(market_of(spec.api_url, sim=spec.sim))),
         requires=prof.requires,
+        fit=spec.fit,
     )
 
 
@@ -183,7 +195,8 @@ def choose_offers(
     spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle, *, credit_usd: float | None,
     exclude_machine_ids: Iterable[int] = (), explain_requires: bool = False,
 ) -> OfferChoice:
-    criteria = criteria_for(spec, credit_usd=credit_usd, bundle=bundle, exclude_machine_ids=exclude_machine_ids)
+    criteria = criteria_for(spec, credit_usd=credit_usd, bundle=bundle, exclude_machine_ids=exclude_machine_ids,
+                            now_unix=client.server_clock.now())  # the credit read heard the server's Date
     search = partial(client.search_offers, max_retry_s=PREFLIGHT_RETRY_S, min_attempts=PREFLIGHT_MIN_ATTEMPTS)
     return _preflight(client, lambda: search_ranked(search, criteria, drivers, explain_requires=explain_requires))
 
@@ -211,11 +224,14 @@ def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: B
     `explain_requires` (the dry run): also name the GPU families `[requires]` drops, one more search."""
     credit = account_credit_usd(client)
     choice = choose_offers(spec, client, drivers, bundle, credit_usd=credit, explain_requires=explain_requires)
+    fit = spec.fit
     if not choice.ranked:
+        seen = [*choice.largest_gpus, *(r.offer for r in choice.rejected)]
+        short = memory_shortfall(fit, seen) if fit is not None else None
         raise NoOfferError(
             f"no offer satisfies the filters and caps ({choice.offers_seen} offers seen in {choice.pages} "
             f"page(s), max {usd(spec.caps.max_usd)} ({spec.max_usd_source}), {spec.caps.max_minutes:g} min, credit "
-            f"{usd(credit)})",
+            f"{usd(credit)}){': ' + short if short else ''}",
             rejected=choice.closest_rejections(),
         )
     warnings = []
@@ -248,4 +264,5 @@ def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: B
         dropped=choice.dropped,
         receipt=receipt_plan(spec, choice.ranked[0].quote.dph_at_disk_usd),
         skipped_machines=len(criteria_for(spec, credit_usd=credit, bundle=bundle).skip_machine_ids),
+        fit=fit.on(choice.ranked[0].offer.gpu_ram_mb or 0.0) if fit is not None else None,
     )
