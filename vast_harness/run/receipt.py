@@ -16,6 +16,7 @@ from vast_harness.errors import BootFailed, CapReachedError, LedgerWriteError, R
 from vast_harness.evidence.run import write_whole
 from vast_harness.host.receipt import ReceiptRead, receipt_payload, run_receipt, upload_payload
 from vast_harness.host.receipt_judge import Judgement, OfferFigures, judge
+from vast_harness.masking import mask
 from vast_harness.records import CreatedInstance, Receipt
 from vast_harness.run.state import RunState, Stage
 from vast_harness.run.tools import RunTools
@@ -113,7 +114,7 @@ def _keep(t: RunTools, inst: CreatedInstance, read: ReceiptRead) -> str | None:
 
     def write() -> None:
         path.parent.mkdir(exist_ok=True, mode=0o700)
-        write_whole(path, t.ev.mask(read.text) if t.ev.mask else read.text, errors="replace")
+        write_whole(path, mask(read.text), errors="replace")
 
     t.ev.guarded(name, write)
     return name if path.is_file() else None

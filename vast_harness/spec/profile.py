@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from vast_harness.errors import ConfigError
 from vast_harness.files import UnusableFile, read_regular_file
 from vast_harness.resources import profiles_dir as _profiles_dir
-from vast_harness.spec.receipt import ReceiptPolicy
 from vast_harness.spec.fit import FitKind
+from vast_harness.spec.receipt import ReceiptPolicy
 from vast_harness.spec.requires import Requires
 from vast_harness.spec.values import ENV_KEY_RE, env_value, path_flag
 from vast_harness.spec.workdir import DEFAULT_WORKDIR_MAX_MB, MAX_WORKDIR_MAX_MB, check_glob
