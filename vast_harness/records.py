@@ -116,6 +116,7 @@ class StepOutcome(BaseModel):
     timed_out: bool = False
     connection_lost: bool = False
     detail: str = ""
+    output_left_open: bool = False  # it exited, but a background process it started still held its output
 
     @property
     def ok(self) -> bool:
@@ -137,6 +138,7 @@ class StepRecord(BaseModel):
     detail: str = ""
     log_bytes: int = 0  # what the step printed (stdout + stderr)
     log_dropped_bytes: int = 0  # cut from the middle of its log by the size cap
+    output_left_open: bool = False  # ended on its exit status while a background process held its output open
 
 
 class RecordedInstance(BaseModel):
