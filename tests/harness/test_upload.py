@@ -189,6 +189,21 @@ def test_credential_files_are_left_out_by_family_and_named_in_the_dry_run(sim: S
     assert {item["path"] for item in left} == set(CREDENTIALS)
 
 
+@pytest.mark.parametrize(("rel", "family"), [
+    (".env", "dotenv file"), ("deploy/prod.env", "dotenv file"), ("a/.env.local", "dotenv file"),
+    (".env.example", None), (".env/lib/python3.12/site.py", None),  # a virtualenv called .env is not a dotenv file
+    ("home/.ssh/id_ed25519", "SSH private key"), ("home/.ssh/id_ed25519.pub", None),
+    ("x/.config/gcloud/credentials.db", "cloud credentials"), ("gcloud/credentials.db", None),
+    ("x/.aws/credentials", "cloud credentials"), ("x/.aws/config", None), ("aws/credentials", None),
+    ("x/.kube/config", "kube config"), ("prod.kubeconfig", "kube config"), ("src/config.py", None),
+    (".cache/huggingface/token", "Hugging Face token"), ("token", None), ("tls/site.key", "TLS private key"),
+])
+def test_a_credential_is_known_by_its_name_its_path_end_or_its_folder(rel, family):
+    from vast_harness.spec.credentials import credential_family
+
+    assert credential_family(rel) == family
+
+
 def test_credential_files_stay_home_in_a_run_and_include_takes_one_in(sim: SimServer, tmp_path):
     """A real run: no credential's bytes on the host but the one taken in with --include; the console and the
     record name every one left out."""
