@@ -238,6 +238,9 @@ def test_a_profile_workdir_takes_credentials_in_with_its_include_field(tmp_path)
     assert prof.workdir is not None and prof.workdir.include == [".npmrc"]
     sel = select_workdir(Path(prof.workdir.path), include=prof.workdir.include)
     assert ".npmrc" in [f.rel for f in sel.files] and sel.included == [".npmrc"]
+    (tmp_path / "empty.toml").write_text((tmp_path / "mine.toml").read_text().replace('path = "proj"', 'path = ""'))
+    with pytest.raises(ConfigError, match="the workdir path is empty"):
+        load_profile(str(tmp_path / "empty.toml"))
 
 
 # ----------------------------------------------------------------------------------------- settings and secrets

@@ -88,10 +88,17 @@ class Workdir(StrictModel):
     """`[workdir]`: the user's folder the run uploads (instead of the harness's own bundle); the steps run in
     it on the host. The selection rules are spec/workdir.py's (docs/run.md)."""
 
-    path: str  # in a profile file: relative to the file's folder
+    path: str  # in a profile file: relative to the file's folder; "." for that folder
     exclude: list[str] = Field(default_factory=list)  # globs left out beside .gitignore
     include: list[str] = Field(default_factory=list)  # credential files taken in (spec/credentials.py)
     max_mb: float = Field(gt=0, le=MAX_WORKDIR_MAX_MB, default=DEFAULT_WORKDIR_MAX_MB)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, path: str) -> str:
+        if not path.strip():  # never the current directory by accident
+            raise ValueError("the workdir path is empty: give a folder ('.' for the one the profile file is in)")
+        return path
 
     @field_validator("exclude", "include")
     @classmethod
