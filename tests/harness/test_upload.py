@@ -211,7 +211,8 @@ def test_credential_files_stay_home_in_a_run_and_include_takes_one_in(sim: SimSe
     host = tmp_path / "host"
     evidence = tmp_path / "ev"
     p = cli("run", "--sim", "--workdir", str(proj), "--include", ".netrc", "--remote-env", f"OUT={host}",
-            "--evidence-dir", str(evidence), "--", "sh", "-c", COPY_HOST, cwd=tmp_path)
+            "--remote-env", "HF_TOKEN=hf_x", "--evidence-dir", str(evidence), "--", "sh", "-c", COPY_HOST,
+            cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     on_host = _host_bytes(host)
     for rel in CREDENTIALS:
@@ -223,6 +224,7 @@ def test_credential_files_stay_home_in_a_run_and_include_takes_one_in(sim: SimSe
     assert record["workdir"]["included"] == [".netrc"]
     for rel in set(CREDENTIALS) - {".netrc"}:
         assert f"{rel} ({CREDENTIALS[rel]}" in _said(p), rel
+    assert "--remote-env HF_TOKEN looks like a secret: pass it as --remote-secret HF_TOKEN" in _said(p)
 
 
 def test_a_profile_workdir_takes_credentials_in_with_its_include_field(tmp_path):
