@@ -3,25 +3,33 @@
 It takes the command's options as keyword arguments, runs the same guarded run (caps, ledger, registration,
 dead-man, cap guard, teardown, evidence, report) and returns a typed `WorkloadResult` with the run's record. It
 prints nothing unless `echo=True`. Bad input raises `ConfigError` (its `exit_code` is 2) before anything is
-rented, as the command exits 2. `api_target` (the embedded simulator for `sim=True`) is shared with the CLI.
+rented, as the command exits 2; the key and the secrets are masked in its text as in everything else (told to
+the process's masker first, forgotten when the call returns). `api_target` (the embedded simulator for
+`sim=True`) is shared with the CLI.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import ParamSpec
 
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
 from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError, ExitCode, NoOfferError
+from vast_harness.masking import MASKER, clip
 from vast_harness.records import RunRecord
+from vast_harness.spec.known_secrets import teach_inputs
+from vast_harness.spec.profile import validation_message
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 
+P = ParamSpec("P")
 SIM_OFFERS = 1000  # a market large enough that every profile finds offers
 RESULT_FILE = "harness-result.json"
 
@@ -64,6 +72,25 @@ class WorkloadResult(BaseModel):
         return self.evidence_dir / "artifacts" if self.evidence_dir is not None else None
 
 
+def _masked(run: Callable[P, WorkloadResult]) -> Callable[P, WorkloadResult]:
+    """The call in a masker scope of its own, told its key and secrets before any argument is checked."""
+
+    @functools.wraps(run)
+    def call(*args: P.args, **kwargs: P.kwargs) -> WorkloadResult:
+        with MASKER.scoped():
+            key_file, given = kwargs.get("key_file"), kwargs.get("remote_secrets")
+            items = given.items() if isinstance(given, Mapping) else ()
+            teach_inputs(environ=os.environ, key_file=key_file if isinstance(key_file, (str, Path)) else None,
+                         secret_items=[f"{k}={v}" for k, v in items if isinstance(k, str) and isinstance(v, str)])
+            try:
+                return run(*args, **kwargs)
+            except ValidationError as exc:  # pydantic's text quotes the value given: a ConfigError says it without
+                raise ConfigError(validation_message("run_workload", exc)) from None
+
+    return call
+
+
+@_masked
 def run_workload(
     command: Sequence[str],
     *,
@@ -103,7 +130,7 @@ def run_workload(
     for name, given in (("remote_env", remote_env), ("remote_secrets", remote_secrets)):
         if given is not None and not (isinstance(given, Mapping)
                                       and all(isinstance(k, str) and isinstance(v, str) for k, v in given.items())):
-            raise ConfigError(f"run_workload: {name} must map names to strings, got {given!r:.80}"
+            raise ConfigError(f"run_workload: {name} must map names to strings, got {clip(repr(given), 80)}"
                               if name == "remote_env" else "run_workload: remote_secrets must map names to strings")
     try:
         options = RunOptions(
@@ -163,7 +190,7 @@ def _check_words(**given: object) -> None:
     for name, value in given.items():
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not all(
                 isinstance(w, str) for w in value):
-            raise ConfigError(f"run_workload: {name} must be a list of strings, got {value!r:.80}"
+            raise ConfigError(f"run_workload: {name} must be a list of strings, got {clip(repr(value), 80)}"
                               + (f" (did you mean [{value!r}]?)" if isinstance(value, str) else ""))
 
 

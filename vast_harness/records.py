@@ -290,7 +290,8 @@ class WorkdirRecord(BaseModel):
 
 
 class ArtifactPull(BaseModel):
-    """`--artifact` globs pulled from the host's workdir into <run>/artifacts/, smallest first."""
+    """`--artifact` globs pulled from the host's workdir into <run>/artifacts/, smallest first, byte for byte:
+    the user's own files, never masked, each witnessed by the sha256 the host computed."""
 
     globs: list[str]
     files: list[str] = Field(default_factory=list)
@@ -298,7 +299,12 @@ class ArtifactPull(BaseModel):
     unmatched: list[str] = Field(default_factory=list)  # globs that selected no file on the host
     skipped: list[str] = Field(default_factory=list)  # over the size budget
     left: list[str] = Field(default_factory=list)  # a cut pull: the file being copied, then those not reached
-    redacted: list[str] = Field(default_factory=list)
+    sha256: dict[str, str] = Field(default_factory=dict)  # file -> sha256 of the file as kept here
+    host_sha256: dict[str, str] = Field(default_factory=dict)  # file -> sha256 the host computed of its own
+    mismatched: list[str] = Field(default_factory=list)  # kept bytes that are not the host's: not a pass
+    unverified: list[str] = Field(default_factory=list)  # the host could not hash it (no sha256sum, gone)
+    secrets_found: dict[str, list[str]] = Field(default_factory=dict)  # file -> names of the secrets it holds
+    redacted: list[str] = Field(default_factory=list)  # files whose name held a secret (the name masked)
     renamed: dict[str, str] = Field(default_factory=dict)
     complete: bool = False
     detail: str = ""

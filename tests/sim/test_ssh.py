@@ -39,7 +39,7 @@ def test_exec_environment(api: httpx.Client, ssh_key: paramiko.PKey, monkeypatch
     lines = out.splitlines()
     home = lines[0].split("|")[2]
     assert lines[0] == f"||{home}|{home}" and home
-    assert lines[1] == __import__("sys").prefix  # python resolves to the simulator's interpreter
+    assert lines[1] == f"{home}/.sim/python"  # python is the sandbox's own venv (tests/sim/test_host_python.py)
     cid, label, ip, pub = lines[2].split("|")
     assert (cid, label, ip) == (str(instance_id), f"C.{instance_id}", "127.0.0.1") and lines[3] == "key"
     assert pub.split()[1] == ssh_key.get_base64()

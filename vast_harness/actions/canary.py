@@ -39,6 +39,7 @@ from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.errors import BootFailed, VastError
 from vast_harness.instance.absence import is_lingering
+from vast_harness.masking import MASKER
 from vast_harness.records import CreatedInstance
 from vast_harness.run.runner import GuardedRun, HarnessResult
 from vast_harness.spec.profile import DriverPolicy, Step
@@ -290,7 +291,7 @@ def run_canary(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Ou
     payload = rep.model_dump()
     run.ev.write_json("canary.json", payload)
     if out_path is not None:
-        out_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+        out_path.write_text(json.dumps(MASKER.json_value(payload), indent=2) + "\n", encoding="utf-8")
     return rep, run
 
 

@@ -1,6 +1,8 @@
 """`python -m vast_harness.chaos.child JOB.json`: one guarded run in a process of its own (network and account
-scenarios). `python -m vast_harness.chaos.child --cli [--wall-step S] -- ARGS...`: the real CLI (`vast-e2e
-ARGS`), with the wall clock stepped by S seconds and the teardown floor scaled down like every chaos clock.
+scenarios). `python -m vast_harness.chaos.child --cli [--wall-step S] [--sim-timings] -- ARGS...`: the real CLI (`vast-e2e
+ARGS`), with the wall clock stepped by S seconds and the teardown floor scaled down like every chaos clock;
+`--sim-timings`: a run against the scenario's simulator (`--api-url`) on the simulator's timing table, as
+`--sim` would have it (a read-lag window of a second, not Vast's 30 s, which the scaled teardown cannot wait).
 
 The network scenarios need what an in-process run cannot give: a run that can be killed when it hangs, and
 its real stdout/stderr to search for tracebacks. The run is the CLI's (`GuardedRun` with the console
@@ -80,6 +82,11 @@ def _cli(argv: list[str]) -> int:
     if argv[:1] == ["--wall-step"]:
         step_wall_clock(float(argv[1]))
         argv = argv[2:]
+    if argv[:1] == ["--sim-timings"]:
+        from vast_harness.timings import Timings
+
+        Timings.real = Timings.sim  # type: ignore[method-assign]
+        argv = argv[1:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
     meter.TEARDOWN_MIN_S = TEARDOWN_BUDGET_S  # one instance's delete + proof, scaled like the run's

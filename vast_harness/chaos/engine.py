@@ -80,7 +80,10 @@ SIM_RULES: dict[str, Draw] = {
     "exit": lambda r, n: f"exit:{r.uniform(0.0, 1.0):.2f}:1",
     "credit_zero": lambda r, n: f"credit_zero:{r.uniform(0.0, 1.0):.2f}:1",
     "reprice_offer": lambda r, n: f"reprice_offer:{r.choice((1.5, 3.0, 10.0))}",
+    # a host raising its price mid-run, as Vast allows it (a pending increase: the contract's price holds), and
+    # the running contract's own price raised, which Vast's docs say cannot happen (the defence: every read)
     "reprice": lambda r, n: f"reprice:{r.choice((1.5, 3.0, 10.0))}:{r.uniform(0.0, 1.0):.2f}",
+    "reprice_silent": lambda r, n: f"reprice_silent:{r.choice((1.5, 3.0, 10.0))}:{r.uniform(0.0, 1.0):.2f}",
     # issue 21: the dead-man switch's key refused, the v0 instance paths retired (for a few calls, or for good:
     # exit 3, then reap), Scheduling, a negative balance that Vast resolves by stopping and destroying
     "container_key_refused": lambda r, n: "container_key_refused:1",
@@ -340,7 +343,7 @@ def under_reports(outcome: ScenarioOutcome, run: GuardedRun | None, live: list[d
                       f"billed ${outcome.billed_usd:.6f}{why}")]
 
 
-PRICE_FAULTS = ("reprice", "reprice_offer")  # the instance's or the offer's price raised under the run
+PRICE_FAULTS = ("reprice_silent", "reprice_offer")  # the contract's or the offer's price raised under the run
 
 
 def exit_mismatches(plan: ScenarioPlan, outcome: ScenarioOutcome, run: GuardedRun | None) -> list[str]:

@@ -22,6 +22,12 @@ Every scenario kind (in-process, network, kill -9) ends in the same checks, on t
                  simulated host's sandbox (the uploaded tarball decompressed)
 * not_named      a key or credential file left out of the upload but not named in the record or on the console
 * step_held      a step whose command exited at once, held past its exit status (by a background process)
+* secret_leak    a secret's value (or the account key) in any output of the run but the artifact that holds it:
+                 the console, the step logs, the record, the report, the ledger; or that artifact readable by
+                 others than its owner
+* artifact_altered  an artifact that is not byte for byte what the command wrote, or whose recorded sha256 is
+                 not the host's
+* secret_unwarned   an artifact holding a secret that the console, the record or the report does not name
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 VIOLATION_KINDS = ("leak", "false_absence", "over_cap_usd", "over_cap_time", "exit_mismatch", "reap_failed",
                    "hang", "crash", "traceback", "sim_bug", "gpu_liar_used", "not_ours", "under_reported",
-                   "secret_on_host", "not_named", "step_held")
+                   "secret_on_host", "not_named", "step_held", "secret_leak", "artifact_altered", "secret_unwarned")
 
 
 class Violation(BaseModel):
@@ -149,3 +155,16 @@ def traceback_violations(text: str, where: str) -> list[Violation]:
     # The exception is the first unindented line after the frames: name it first, then the frames.
     last = next((line for line in tail[1:] if line and not line.startswith(" ")), tail[-1] if tail else "")
     return [Violation(kind="traceback", detail=f"{where}: {last[:300]}\n{text[at:at + 3000]}")]
+
+
+def secret_leaks(root: Path, value: str, *, kept: Path | None = None, what: str = "the secret") -> list[Violation]:
+    """Every file under `root` that holds `value`'s bytes, but `kept` (the artifact that is the user's own and
+    may hold it), and `kept` itself when others than its owner may read it."""
+    needle = value.encode()
+    found = [Violation(kind="secret_leak", detail=f"{what} in clear in {p.relative_to(root)}")
+             for p in sorted(root.rglob("*"))
+             if p.is_file() and not p.is_symlink() and p != kept and needle in p.read_bytes()]
+    if kept is not None and kept.is_file() and kept.stat().st_mode & 0o077:
+        found.append(Violation(kind="secret_leak", detail=f"{kept.name} holds {what} and has mode "
+                               f"{kept.stat().st_mode & 0o777:o}: not private"))
+    return found

@@ -16,8 +16,9 @@ from vast_harness.console.money import usd
 from vast_harness.errors import NoOfferError, TransportError
 from vast_harness.host.bundle import Bundle
 from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
-from vast_harness.market.requires import DroppedFamily
+from vast_harness.market.requires import DroppedFamily, memory_shortfall
 from vast_harness.records import OfferSummary, WorkdirRecord
+from vast_harness.spec.fit import GpuFit
 from vast_harness.spec.profile import DriverPolicy
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.vast.client import VastClient
@@ -70,6 +71,7 @@ class RunPlan(BaseModel):
     artifacts: list[str] = []  # `vast-e2e run --artifact`: the globs pulled back
     requires: dict[str, Any] = Field(default_factory=dict)  # the profile's [requires], as checked on each offer
     dropped: list[DroppedFamily] = Field(default_factory=list)  # what [requires] dropped, per GPU family
+    fit: GpuFit | None = None  # the profile's 1B runs on the chosen offer's GPU: how each runs, what it needs
 
     def offer_summary(self) -> OfferSummary:
         return offer_summary(self.chosen)
@@ -96,7 +98,14 @@ class RunPlan(BaseModel):
             "warnings": self.warnings,
             "requires": self.requires,
             "dropped_by_requires": [f.model_dump() for f in self.dropped],
+            "fit": fit_summary(self.fit) if self.fit is not None else None,
         }
+
+
+def fit_summary(fit: GpuFit) -> dict[str, Any]:
+    """The memory fit on one GPU as `--json` shows it."""
+    return {"gpu_gib": round(fit.gpu_gib, 2), "runs": [p.row() for p in fit.placements],
+            "dropped": [p.run.tag for p in fit.dropped]}
 
 
 def offer_summary(cand: Candidate) -> OfferSummary:
@@ -110,10 +119,12 @@ def offer_summary(cand: Candidate) -> OfferSummary:
 
 
 def criteria_for(
-    spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exclude_machine_ids: Iterable[int] = ()
+    spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exclude_machine_ids: Iterable[int] = (),
+    now_unix: float | None = None,
 ) -> OfferCriteria:
     prof = spec.profile
     return OfferCriteria(
+        now_unix=now_unix,
         filters=spec.filters,
         image_cuda=prof.image_cuda,
         disk_gb=prof.disk_gb,
@@ -127,6 +138,7 @@ def criteria_for(
         download_bytes=int(prof.transfer.expected_evidence_mb * MB),
         exclude_machine_ids=frozenset(exclude_machine_ids),
         requires=prof.requires,
+        fit=spec.fit,
     )
 
 
@@ -134,7 +146,8 @@ def choose_offers(
     spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle, *, credit_usd: float | None,
     exclude_machine_ids: Iterable[int] = (), explain_requires: bool = False,
 ) -> OfferChoice:
-    criteria = criteria_for(spec, credit_usd=credit_usd, bundle=bundle, exclude_machine_ids=exclude_machine_ids)
+    criteria = criteria_for(spec, credit_usd=credit_usd, bundle=bundle, exclude_machine_ids=exclude_machine_ids,
+                            now_unix=client.server_clock.now())  # the credit read heard the server's Date
     search = partial(client.search_offers, max_retry_s=PREFLIGHT_RETRY_S, min_attempts=PREFLIGHT_MIN_ATTEMPTS)
     return _preflight(client, lambda: search_ranked(search, criteria, drivers, explain_requires=explain_requires))
 
@@ -162,11 +175,14 @@ def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: B
     `explain_requires` (the dry run): also name the GPU families `[requires]` drops, one more search."""
     credit = account_credit_usd(client)
     choice = choose_offers(spec, client, drivers, bundle, credit_usd=credit, explain_requires=explain_requires)
+    fit = spec.fit
     if not choice.ranked:
+        seen = [*choice.largest_gpus, *(r.offer for r in choice.rejected)]
+        short = memory_shortfall(fit, seen) if fit is not None else None
         raise NoOfferError(
             f"no offer satisfies the filters and caps ({choice.offers_seen} offers seen in {choice.pages} "
             f"page(s), max {usd(spec.caps.max_usd)} ({spec.max_usd_source}), {spec.caps.max_minutes:g} min, credit "
-            f"{usd(credit)})",
+            f"{usd(credit)}){': ' + short if short else ''}",
             rejected=choice.closest_rejections(),
         )
     warnings = list(spec.hints)  # a setting that looks like a secret
@@ -197,4 +213,5 @@ def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: B
         artifacts=list(spec.profile.artifacts),
         requires=spec.profile.requires.model_dump(exclude_defaults=True),
         dropped=choice.dropped,
+        fit=fit.on(choice.ranked[0].offer.gpu_ram_mb or 0.0) if fit is not None else None,
     )

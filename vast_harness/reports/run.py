@@ -150,16 +150,33 @@ def workdir_section(f: RunFacts) -> str:
     html = "<h3>Workdir</h3>" + table(["", ""], rows, cls="workdir")
     if arts:
         files = [str(n) for n in arts.get("files") or []]
-        links: list[list[Any]] = [[Link(n, "artifacts/" + quote(n)) if (f.dir / "artifacts" / n).is_file() else n]
-                                  for n in files]
+        ours, theirs = _dict(arts.get("sha256")), _dict(arts.get("host_sha256"))
+        found = _dict(arts.get("secrets_found"))
+        # linked, never rendered: an artifact is the user's file, kept byte for byte (a secret in it included)
+        links: list[list[Any]] = [
+            [Link(n, "artifacts/" + quote(n)) if (f.dir / "artifacts" / n).is_file() else n, ours.get(n),
+             _witness_cell(ours.get(n), theirs.get(n)),
+             Cell(", ".join(str(s) for s in found[n]), "bad") if found.get(n) else "–"] for n in files]
         problems: list[list[Any]] = [["globs", ", ".join(str(g) for g in arts.get("globs") or [])],
                     ["matched nothing", ", ".join(str(g) for g in arts.get("unmatched") or []) or "–"],
                     ["skipped (budget)", ", ".join(str(g) for g in arts.get("skipped") or []) or "–"],
                     ["left on the host", ", ".join(str(g) for g in arts.get("left") or []) or "–"],
+                    ["not the host's bytes", ", ".join(str(g) for g in arts.get("mismatched") or []) or "–"],
                     ["complete", arts.get("complete")]]
+        if found:
+            problems.append([Cell("secrets inside", "bad"), Cell("; ".join(
+                f"{name}: {', '.join(str(s) for s in secrets)}" for name, secrets in found.items()
+                if isinstance(secrets, list)) + " (kept byte for byte and private: do not share as is)", "bad")])
         html += ("<h3>Artifacts</h3>" + table(["", ""], problems, cls="artifacts")
-                 + table(["file"], links, cls="artifact-files"))
+                 + table(["file", "sha256", "the host's sha256", "holds"], links, cls="artifact-files"))
     return html
+
+
+def _witness_cell(ours: Any, theirs: Any) -> Cell | str:
+    """Whether the kept file is the host's: its sha256 against the one the host computed."""
+    if not theirs:
+        return "not checked"
+    return Cell("same", "ok") if theirs == ours else Cell(f"DIFFERENT: {theirs}", "bad")
 
 
 def steps_section(f: RunFacts) -> str:

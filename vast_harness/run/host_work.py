@@ -22,6 +22,7 @@ from vast_harness.evidence.run import RunEvidence, StepLog
 from vast_harness.host.artifacts import pull_artifacts
 from vast_harness.host.bundle import WORKDIR_DIR, Bundle
 from vast_harness.host.ssh import HostSession, TreePull
+from vast_harness.masking import spoken
 from vast_harness.records import ArtifactPull, PullRecord, StepOutcome, StepRecord
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.spec.workdir import ArtifactGlobs
@@ -228,10 +229,11 @@ class HostWork:
         """Where the steps run on the host: the uploaded workdir for a `run`, else the harness's bundle."""
         return f"~/{REMOTE_DIR}/{WORKDIR_DIR}" if self.spec.profile.workdir is not None else f"~/{REMOTE_DIR}"
 
-    def _redact_pulled(self, under: str = "remote") -> list[str]:
+    def _redact_pulled(self, under: str = "remote", *, contents: bool = True) -> list[str]:
         """Secrets in what the host wrote are masked before anything reads or hashes it (the manifest and the
         report come after), whatever way the pull ended; the names of the files that held one are recorded.
-        A file that cannot be masked is an evidence write failure (the run cannot pass with it)."""
+        A file that cannot be masked is an evidence write failure (the run cannot pass with it). Without
+        `contents` (artifacts: the user's bytes) only names are masked."""
         redact, root = self.spec.redactor, self.ev.dir / under
         if not redact:
             return []
@@ -247,9 +249,10 @@ class HostWork:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     path = path.rename(target)
                     name = target.relative_to(root).as_posix()
-                    redact.file(path)
+                    if contents:
+                        redact.file(path)
                     changed.append(name)
-                elif redact.file(path):
+                elif contents and redact.file(path):
                     changed.append(name)
             except OSError as exc:
                 self.ev.write_failures.append(f"{under}/{redact.text(name)}: could not mask a secret "
@@ -362,7 +365,7 @@ class HostWork:
 
     def _pull_artifacts(self, *, deadline: float, max_bytes: float, abandon: Callable[[], bool]) -> None:
         """`run --artifact`: the globs from the host's workdir into <run>/artifacts/, with what is left of the
-        evidence pull's deadline and budget; secrets masked as in the host's evidence."""
+        evidence pull's deadline and budget, byte for byte (host/artifacts.py); a secret in one is a warning."""
         globs = self.spec.profile.artifacts
         if not globs or self.meter.now() >= deadline:
             if globs:
@@ -375,12 +378,18 @@ class HostWork:
                                  on_bytes=lambda n: self.meter.add_bytes(down=n), abandon=abandon)
         except Exception as exc:  # noqa: BLE001 - evidence is best effort; the teardown must still run
             got = ArtifactPull(globs=list(globs), detail=f"{type(exc).__name__}: {exc}")
-        finally:  # a signal too: what arrived is masked and recorded before the teardown goes on
+        finally:  # a signal too: what arrived is named and recorded before the teardown goes on
             got = got or ArtifactPull(globs=list(globs), detail="interrupted")
-            got.redacted = self._redact_pulled(ARTIFACTS_DIR)
+            got.redacted = self._redact_pulled(ARTIFACTS_DIR, contents=False)  # the bytes are the user's
             self.artifacts = got
         self.out.info(f"pulled {len(got.files)} artifact(s), {got.bytes} bytes, into "
                       f"{self.ev.dir / ARTIFACTS_DIR}" + ("" if got.complete else f"; incomplete: {got.detail}"))
+        for name, secrets in got.secrets_found.items():
+            self.out.warn(f"artifact {name} holds {' and '.join(spoken(s) for s in secrets)}: kept byte for byte and private (0600); "
+                          "do not share it as it is")
+        if got.unverified:
+            self.out.warn(f"{len(got.unverified)} artifact(s) not checked against the host's sha256 (the host "
+                          f"could not hash them): {', '.join(got.unverified[:5])}")
 
     def _check_artifacts(self, deadline: float, affordable: float) -> None:
         """An artifact pull that did not bring everything back fails the run, as incomplete evidence does: exit

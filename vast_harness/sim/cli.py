@@ -12,6 +12,7 @@ from vast_harness.sim import calibrate
 from vast_harness.sim import faults as faults_module
 from vast_harness.sim.backend import DEFAULT_LINGER_S, SHOW_SHAPES
 from vast_harness.sim.faults import FaultPlan, FaultSpecError
+from vast_harness.sim.hostpython import describe
 from vast_harness.sim.server import SimServer
 
 
@@ -47,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--calibrate", default=None, metavar="CANARY_JSON",
                         help="boot time, read lag and linger from `vast-e2e canary`'s canary.json (flags win)")
     parser.add_argument("--host-root", default=None, help="where host sandboxes live (default a temp dir)")
+    parser.add_argument("--host-network", action="store_true",
+                        help="let the hosts' pip download (off by default: pip installs from local files only)")
     return parser
 
 
@@ -65,7 +68,7 @@ def server_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "credit_usd": args.credit_usd, "host_root": args.host_root, "port": args.port,
             "linger_seconds": DEFAULT_LINGER_S if linger is None else linger,
             "show_shape": args.show_shape, "card_saved": args.card_saved, "key_reset_s": args.key_reset_seconds,
-            "calibration": cal.describe() if cal else None}
+            "host_network": args.host_network, "calibration": cal.describe() if cal else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if calibration:
         print(calibration, flush=True)
     print(f"vast sim listening on {sim.url}", flush=True)
+    print(f"hosts: {describe(network=args.host_network)}", flush=True)
     try:
         stop.wait()
     finally:

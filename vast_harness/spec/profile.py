@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from vast_harness.errors import ConfigError
 from vast_harness.files import UnusableFile, read_regular_file
 from vast_harness.resources import profiles_dir as _profiles_dir
+from vast_harness.spec.fit import FitKind
 from vast_harness.spec.requires import Requires
 from vast_harness.spec.values import ENV_KEY_RE, env_value, path_flag
 from vast_harness.spec.workdir import DEFAULT_WORKDIR_MAX_MB, MAX_WORKDIR_MAX_MB, check_glob
@@ -59,6 +60,8 @@ class Step(StrictModel):
     run: str
     timeout_s: float = Field(gt=0, default=600)
     workload: bool = True  # counts as the workload's own time (vs harness overhead) in the figures
+    # the 1B runs it makes, as the memory fit reads them from the run's settings (spec/fit.py); None: none
+    fit: FitKind | None = None
 
 
 class Filters(StrictModel):

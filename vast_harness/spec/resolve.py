@@ -2,21 +2,24 @@
 and lays flag > environment > user config > profile, in that order, over the target's timings.
 
 Everything that can be wrong with the input is found here (or by the parsers in `values`, `profile` and `user`)
-and raised as ConfigError naming the flag or field, before any network call.
+and raised as ConfigError naming the flag or field, before any network call. Before any of it, every key and
+secret the inputs hold is told to the process's masker (`known_secrets`), so no message can quote one.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from vast_harness.errors import ConfigError, UnwritableDirError
+from vast_harness.masking import ACCOUNT_KEY, MASKER, Masker
 from vast_harness.spec.command import MAX_GPU_RAM_GB, CommandRun, command_profile, with_cap_timeouts
+from vast_harness.spec.fit import FIT_SETTINGS, HOST_VAR, WorkloadFit, workload_fit
+from vast_harness.spec.known_secrets import teach_inputs
 from vast_harness.spec.profile import (
     NUM_GPUS_PLACEHOLDER,
     PROFILES_DIR,
@@ -29,8 +32,7 @@ from vast_harness.spec.profile import (
     validation_message,
     with_image_expect,
 )
-from vast_harness.spec.redact import Redactor
-from vast_harness.spec.requires import MIB_PER_GIB
+from vast_harness.spec.requires import MAX_GPU_RAM_GIB, MIB_PER_GIB
 from vast_harness.spec.user import CONFIG_FILE, OFFICIAL_CLI_KEY_FILE, UserConfig, config_home, read_api_key
 from vast_harness.spec.values import (
     MAX_BOOT_RETRIES,
@@ -154,13 +156,29 @@ class RunSpec(BaseModel):
         """The steps' environment on the host: settings and secrets, by value."""
         return dict(self.remote_env) | {k: v.get_secret_value() for k, v in self.remote_secrets.items()}
 
-    @cached_property
-    def redactor(self) -> Redactor:
-        return Redactor(v.get_secret_value() for v in self.remote_secrets.values())
+    def teach_masker(self) -> Masker:
+        """The process's masker, told this spec's key and secrets (resolve told it already; a spec copied with
+        another key, the simulator's, is told here)."""
+        if self.api_key is not None:
+            MASKER.add(self.api_key.get_secret_value(), ACCOUNT_KEY)
+        for name, value in self.remote_secrets.items():
+            MASKER.add(value.get_secret_value(), name)
+        return MASKER
+
+    @property
+    def redactor(self) -> Masker:
+        """What masks this run's key and secrets (with every other this process knows) in what it writes."""
+        return self.teach_masker()
 
     @property
     def max_seconds(self) -> float:
         return self.caps.max_minutes * 60.0
+
+    @property
+    def fit(self) -> WorkloadFit | None:
+        """The memory fit of the profile's 1B runs under this run's settings (spec/fit.py); None: no step makes
+        one. Computed from the profile each time, so a spec whose steps are swapped (fleet --sim) has its own."""
+        return profile_fit(self.profile, self.remote_env, self.filters.num_gpus)
 
 
 class RunOptions(BaseModel):
@@ -223,6 +241,31 @@ def never_upload(*, key_file: Path | None, config_key_file: str | None, environ:
     return tuple(NeverUpload(path=path.expanduser(), why=why) for path, why in found if path is not None)
 
 
+def profile_fit(prof: HarnessProfile, env: Mapping[str, str], num_gpus: int) -> WorkloadFit | None:
+    return workload_fit(((s.name, s.fit) for s in prof.steps), env, num_gpus)
+
+
+def with_fit(prof: HarnessProfile, env: dict[str, str], num_gpus: int, secrets: Mapping[str, str]) -> HarnessProfile:
+    """The fit's settings checked (exit 2 naming the bad one), its decisions exported to the host (HT_FIT, into
+    `env`), and the least memory it needs made the profile's memory floor: it narrows the search and the host
+    that arrives is held to it (`[requires]`, docs/profiles.md#the-memory-fit)."""
+    if HOST_VAR in env or HOST_VAR in secrets:
+        raise ConfigError(f"{HOST_VAR} is written by the harness from the run's settings (docs/profiles.md#the-memory-"
+                          "fit); set HT_MFU_MB, HT_ACT_CKPT and the like instead")
+    fit = profile_fit(prof, env, num_gpus)
+    if fit is None:
+        return prof
+    hidden = sorted(set(FIT_SETTINGS) & set(secrets))
+    if hidden:  # the host would run what the fit never saw
+        raise ConfigError(f"{', '.join(hidden)}: the memory fit reads it to choose the offer; give it as a setting "
+                          "(--remote-env), not a secret")
+    env[HOST_VAR] = fit.host_value()
+    floor = min(round(fit.floor_gib, 2), MAX_GPU_RAM_GIB)
+    if floor <= prof.requires.min_gpu_ram_gib:
+        return prof
+    return prof.model_copy(update={"requires": prof.requires.model_copy(update={"min_gpu_ram_gib": floor})})
+
+
 def with_flag_requires(prof: HarnessProfile, gpus: list[str], min_gpu_ram_gb: float | None) -> HarnessProfile:
     """`--gpu` and `--min-gpu-ram-gb` are requirements (they narrow the search, a dropped offer family is named
     with its reason, and the host that arrives is held to them). They only narrow what a profile requires: its
@@ -254,12 +297,14 @@ def resolve(
     this process's environment, the shipped profiles). An evidence or state dir that takes no writes is refused,
     unless `on_unwritable` is given: then it is told (a reap warns and goes on deleting)."""
     o = options
+    environ = os.environ if environ is None else environ
+    teach_inputs(environ=environ, key_file=o.key_file, secret_items=o.remote_secret or [],
+                 secret_file=o.remote_secret_file)
     if o.command is not None and o.profile is not None:
         raise ConfigError("run takes a command or a profile, not both: put the steps in the profile file, or drop "
                           "--profile")
     if o.profile is None and o.command is None:
         raise ConfigError("a profile is required (mfu, proofs, smoke or a profile file)")
-    environ = os.environ if environ is None else environ
     user, _ = UserConfig.load(environ)
     if o.command is not None:
         prof = command_profile(CommandRun(command=o.command, workdir="." if o.workdir is None else o.workdir,
@@ -325,6 +370,7 @@ def resolve(
     # a secret named like one of the profile's settings replaces it (a flag given twice is refused below)
     profile_env = {k: v.replace(NUM_GPUS_PLACEHOLDER, str(filters.num_gpus)) for k, v in prof.remote_env.items()}
     env = {k: v for k, v in profile_env.items() if k not in secrets} | given_env
+    prof = with_fit(prof, env, filters.num_gpus, secrets)
 
     if o.api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
         url = validate_api_url(o.api_url, environ=environ)
