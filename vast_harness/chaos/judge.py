@@ -18,6 +18,10 @@ Every scenario kind (in-process, network, kill -9) ends in the same checks, on t
                  did not test what it meant to
 * gpu_liar_used  a host whose nvidia-smi named another GPU (fault gpu_mismatch) got more than the GPU read
                  (a second command or an upload), or a run whose every host lied exited 0
+* secret_on_host the bytes of the account's key file or of a credential file in the workdir found in the
+                 simulated host's sandbox (the uploaded tarball decompressed)
+* not_named      a key or credential file left out of the upload but not named in the record or on the console
+* step_held      a step whose command exited at once, held past its exit status (by a background process)
 * secret_leak    a secret's value (or the account key) in any output of the run but the artifact that holds it:
                  the console, the step logs, the record, the report, the ledger; or that artifact readable by
                  others than its owner
@@ -40,7 +44,7 @@ from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 VIOLATION_KINDS = ("leak", "false_absence", "over_cap_usd", "over_cap_time", "exit_mismatch", "reap_failed",
                    "hang", "crash", "traceback", "sim_bug", "gpu_liar_used", "not_ours", "under_reported",
-                   "secret_leak", "artifact_altered", "secret_unwarned")
+                   "secret_on_host", "not_named", "step_held", "secret_leak", "artifact_altered", "secret_unwarned")
 
 
 class Violation(BaseModel):
