@@ -221,6 +221,9 @@ class HostWork:
                 raise StepFailedError(f"step {step.name}: connection lost ({outcome.detail}); reconnect "
                                       f"{'succeeded' if record.reconnect_ok else 'failed'}; not re-run",
                                       step=step.name)
+            if outcome.rc is None:  # no exit status: what happened instead is the user's only lead
+                raise StepFailedError(f"step {step.name} ended without an exit status: {outcome.detail or 'no detail'}",
+                                      step=step.name)
             if outcome.rc != 0:
                 raise StepFailedError(f"step {step.name} failed with rc={outcome.rc}", step=step.name, rc=outcome.rc)
 
