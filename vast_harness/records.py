@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class SshEndpoint(BaseModel):
@@ -116,6 +116,7 @@ class StepOutcome(BaseModel):
     timed_out: bool = False
     connection_lost: bool = False
     detail: str = ""
+    output_left_open: bool = False  # it exited, but a background process it started still held its output
 
     @property
     def ok(self) -> bool:
@@ -137,6 +138,7 @@ class StepRecord(BaseModel):
     detail: str = ""
     log_bytes: int = 0  # what the step printed (stdout + stderr)
     log_dropped_bytes: int = 0  # cut from the middle of its log by the size cap
+    output_left_open: bool = False  # ended on its exit status while a background process held its output open
 
 
 class RecordedInstance(BaseModel):
@@ -343,6 +345,17 @@ class PullRecord(BaseModel):
     max_bytes: float | None = None
 
 
+class WorkdirLeftOut(BaseModel):
+    """A workdir file or folder (`path` ends with `/`) left out of the upload by name: the API key file, the
+    harness's own directories (never uploaded), or a well-known credential file (`includable`: `--include`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str  # relative to the workdir
+    why: str
+    includable: bool
+
+
 class WorkdirRecord(BaseModel):
     """`vast-e2e run`: the workdir as uploaded. `sha256` is the reproducible bundle of exactly these files."""
 
@@ -352,6 +365,8 @@ class WorkdirRecord(BaseModel):
     bytes: int  # the files' total, before compression
     excluded: int = 0  # files and folders left out by .gitignore, --exclude and .git/
     symlinks_skipped: list[str] = Field(default_factory=list)  # never followed, never uploaded
+    left_out: list[WorkdirLeftOut] = Field(default_factory=list)  # keys, credentials, the harness's own: named
+    included: list[str] = Field(default_factory=list)  # credential files --include took in
 
 
 class ArtifactPull(BaseModel):

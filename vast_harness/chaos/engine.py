@@ -211,15 +211,21 @@ def _output(buf: io.StringIO) -> Output:
 
 
 def chaos_spec(*, api_url: str, evidence_dir: Path, steps: list[Step], max_minutes: float, boot_retries: int,
-               proof_interval_s: float, max_usd: float | None = None, state_dir: Path | None = None) -> RunSpec:
-    """The smoke profile with the scenario's steps and every clock scaled down (also built by `child`). The
+               proof_interval_s: float, max_usd: float | None = None, state_dir: Path | None = None,
+               command: CommandJob | None = None) -> RunSpec:
+    """The smoke profile with the scenario's steps and every clock scaled down (also built by `child`), or
+    `vast-e2e run`'s profile for `command` (its workdir, setup and key file, resolved in its environment). The
     ledger and registrations go to `state_dir` (default: the evidence dir, so each scenario has its own)."""
-    base = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=evidence_dir, state_dir=state_dir or evidence_dir,
-                              max_usd=max_usd, proof_interval_s=proof_interval_s, poll_s=0.05,
-                              boot_retries=boot_retries, max_minutes=max_minutes,
-                              dry_run=True),  # the run itself checks its evidence dir (disk kinds)
-                   environ={})
-    profile = base.profile.model_copy(update={"steps": steps, "boot_timeout_s": BOOT_TIMEOUT_S})
+    options = RunOptions(profile=None if command else "smoke", sim=True, evidence_dir=evidence_dir,
+                         state_dir=state_dir or evidence_dir, max_usd=max_usd, proof_interval_s=proof_interval_s,
+                         poll_s=0.05, boot_retries=boot_retries, max_minutes=max_minutes,
+                         dry_run=True)  # the run itself checks its evidence dir (disk kinds)
+    if command is not None:
+        options = options.model_copy(update={"command": command.command, "workdir": command.workdir,
+                                              "setup": command.setup, "key_file": command.key_file})
+    base = resolve(options, environ=command.environ if command else {})
+    profile = base.profile.model_copy(update={"steps": base.profile.steps if command else steps,
+                                              "boot_timeout_s": BOOT_TIMEOUT_S})
     return base.model_copy(update={"profile": profile, "api_url": api_url, "api_key": SecretStr(KEY),
                                    "dry_run": False}).with_timings(teardown_margin_s=TEARDOWN_MARGIN_S)
 
@@ -412,6 +418,18 @@ def decoy_violations(state: dict[str, Any], decoy: int) -> list[Violation]:
     return []
 
 
+class CommandJob(BaseModel):
+    """`vast-e2e run -- CMD` as a child runs it (chaos/upload.py): the command, its workdir and setup, the key file
+    given (with the simulator's clocks the key is not read, but it is never uploaded), and the environment the
+    spec is resolved in (HOME and XDG_CONFIG_HOME: where the official CLI's key file and the config are)."""
+
+    command: list[str]
+    workdir: str
+    setup: list[str] | None = None
+    key_file: str | None = None
+    environ: dict[str, str] = {}
+
+
 class ChildJob(BaseModel):
     """What `child` runs: a guarded run in its own process (the network scenarios)."""
 
@@ -430,6 +448,7 @@ class ChildJob(BaseModel):
     # seconds it was stopped and sets time.monotonic back by them (CLOCK_MONOTONIC does not count a suspend).
     suspend_file: Path | None = None
     suspend_blind: bool = False  # the negative control: the run's own clock (now_s) stops in the suspend too
+    command: CommandJob | None = None  # `vast-e2e run -- CMD` instead of the smoke profile with `steps`
 
 
 def run_bounded(plan: ScenarioPlan, limit_s: float = SCENARIO_WALL_LIMIT_S) -> ScenarioOutcome:

@@ -22,6 +22,10 @@ Every scenario kind (in-process, network, kill -9) ends in the same checks, on t
                  receipt (the receipt it answered, `/_sim/state`, judged by the profile's [receipt] with the
                  harness's pure judge), or a run whose every host's receipt failed exited 0
 * healthy_refused  a host with no receipt fault (only the ±3% noise) refused on its receipt
+* secret_on_host the bytes of the account's key file or of a credential file in the workdir found in the
+                 simulated host's sandbox (the uploaded tarball decompressed)
+* not_named      a key or credential file left out of the upload but not named in the record or on the console
+* step_held      a step whose command exited at once, held past its exit status (by a background process)
 * secret_leak    a secret's value (or the account key) in any output of the run but the artifact that holds it:
                  the console, the step logs, the record, the report, the ledger; or that artifact readable by
                  others than its owner
@@ -47,7 +51,8 @@ from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 VIOLATION_KINDS = ("leak", "false_absence", "over_cap_usd", "over_cap_time", "exit_mismatch", "reap_failed",
                    "hang", "crash", "traceback", "sim_bug", "gpu_liar_used", "receipt_failed_used", "healthy_refused",
-                   "not_ours", "under_reported", "secret_leak", "artifact_altered", "secret_unwarned")
+                   "not_ours", "under_reported", "secret_on_host", "not_named", "step_held", "secret_leak",
+                   "artifact_altered", "secret_unwarned")
 
 
 class Violation(BaseModel):

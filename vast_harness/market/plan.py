@@ -234,7 +234,7 @@ def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: B
             f"{usd(credit)}){': ' + short if short else ''}",
             rejected=choice.closest_rejections(),
         )
-    warnings = []
+    warnings = list(spec.hints)  # a setting that looks like a secret
     if not spec.profile.image_digest_verified:
         warnings.append("the image digest was not verified against the registry here; check it before paying")
     if not choice.ranked[0].driver_qualified:

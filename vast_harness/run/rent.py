@@ -43,6 +43,7 @@ from vast_harness.run.state import RunState, Stage
 from vast_harness.run.teardown import teardown_one
 from vast_harness.run.tools import RunTools
 from vast_harness.spec.values import check_evidence_dir
+from vast_harness.spec.workdir import left_out_lines
 from vast_harness.state.registry import Registration, RunRegistry, make_label, this_host
 from vast_harness.timings import TeardownBudget
 from vast_harness.vast.models import Instance, Offer
@@ -75,6 +76,10 @@ def preflight(t: RunTools, s: RunState, key_dir: Path) -> Bundle:
     register(t, s)  # before anything is rented: from now on a reap sees this run as live
     bundle = bundle_for(t.spec)  # a `run`'s workdir, else the harness's own payload
     s.workdir = bundle.workdir
+    for hint in t.spec.hints:
+        t.out.warn(hint)
+    if bundle.workdir is not None and bundle.workdir.left_out:
+        t.out.warn("left out of the upload: " + "; ".join(left_out_lines(bundle.workdir.left_out)))
     s.plan = plan = timed(t, s, "plan", lambda: plan_run(t.spec, t.client, t.drivers, bundle))
     t.ev.write_json("offer-quote.json", plan.summary())
     if t.ev.write_failures:  # a full or read-only evidence dir: rent nothing
