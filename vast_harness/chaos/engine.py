@@ -27,7 +27,15 @@ from pydantic import BaseModel, Field, SecretStr
 from rich.console import Console
 
 from vast_harness.actions.reap import reap_all
-from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences, gpu_liar_violations, sim_bugs
+from vast_harness.chaos.judge import (
+    Violation,
+    cap_violations,
+    classify,
+    false_absences,
+    gpu_liar_violations,
+    receipt_violations,
+    sim_bugs,
+)
 from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.host.bundle import build_bundle
@@ -107,6 +115,13 @@ SIM_RULES: dict[str, Draw] = {
     + f"date_behind:{r.choice((90, 7200))}",
     "started_earlier": lambda r, n: f"started_earlier:{r.choice((60, 7200, 86400))}",
     "wrong_contract": lambda r, n: "wrong_contract:1",
+    # issue 44: hosts whose receipt lies (slower than the gates allow, well past the ±3% noise): refused after
+    # their receipt, deleted, the next offer rented; the judge's `receipt_failed_used` and `healthy_refused`
+    "pcie_slow": lambda r, n: f"pcie_slow:{r.uniform(0.2, 0.6):.2f}:{r.randint(1, 2)}",
+    "gpu_slow": lambda r, n: f"gpu_slow:{r.uniform(0.3, 0.8):.2f}:{r.randint(1, 2)}",
+    "hbm_slow": lambda r, n: f"hbm_slow:{r.uniform(0.2, 0.6):.2f}:{r.randint(1, 2)}",
+    "throttle": lambda r, n: f"throttle:{r.uniform(0.0, 15.0):.1f}:{r.randint(1, 2)}",
+    "ecc_error": lambda r, n: f"ecc_error:{r.randint(1, 2)}",
 }
 FAULT_KINDS = tuple(SIM_RULES)
 
@@ -320,6 +335,7 @@ def check_scenario(plan: ScenarioPlan, spec: RunSpec, outcome: ScenarioOutcome, 
     found += false_absences(instances, spec.evidence_dir)
     found += sim_bugs(state)
     found += gpu_liar_violations(instances, outcome.exit_code)
+    found += receipt_violations(instances, outcome.exit_code, spec.profile.receipt, run.ev.dir if run else None)
     # An instance left live (exit 3 says "may still bill", or a crash) bills on: the caps cannot be judged then.
     if not (outcome.exit_code in (3, None) and live):
         found += cap_violations(instances, state["now"], start_unix, spec.caps.max_usd, spec.max_seconds,

@@ -117,6 +117,11 @@ def show_plan(out: Output, plan: RunPlan) -> None:
     out.out.print(_line(("Worst case", "bold"), f": {q.arithmetic}"))
     if plan.fit is not None:
         show_fit(out, plan.fit, f"{o.num_gpus}x {o.gpu_name}")
+    if plan.receipt is not None:  # within the worst case: the time cap covers every host's boot and receipt
+        out.out.print(_line(("Receipt", "bold"), f": {plan.receipt.line()}"), soft_wrap=True)
+    if plan.skipped_machines:
+        out.out.print(_t(f"{plan.skipped_machines} machine(s) skipped: they failed a receipt before "
+                         "(`vast-e2e machines`)", "yellow"), soft_wrap=True)
     show_dropped(out, plan.requires, plan.dropped)
     env = " ".join(f"{k}={v}" for k, v in plan.remote_env_shown.items()) or "(none)"
     out.out.print(_line(("remote_env", "bold"), f": {env}"))

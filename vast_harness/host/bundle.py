@@ -57,9 +57,9 @@ class PayloadMissing(ConfigError):
     """A HOST_PAYLOAD entry is not under the data root: the host would fail mid-run, so nothing is rented."""
 
 
-def _members(root: Path) -> list[Path]:
+def _members(root: Path, entries: tuple[str, ...] = HOST_PAYLOAD) -> list[Path]:
     paths: set[Path] = set()
-    for entry in HOST_PAYLOAD:
+    for entry in entries:
         top = root / entry
         if top.is_file():
             paths.add(Path(entry))
@@ -73,9 +73,10 @@ def _members(root: Path) -> list[Path]:
     return sorted(paths)
 
 
-def build_bundle(root: Path | None = None) -> Bundle:
+def build_bundle(root: Path | None = None, entries: tuple[str, ...] = HOST_PAYLOAD) -> Bundle:
+    """The host payload (or `entries` of it: the receipt's own, host/receipt.py), reproducible."""
     root = root or data_root()
-    return _pack(root, [(str(rel), rel) for rel in _members(root)])
+    return _pack(root, [(str(rel), rel) for rel in _members(root, entries)])
 
 
 def build_workdir_bundle(selection: WorkdirSelection) -> Bundle:

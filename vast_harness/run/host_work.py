@@ -55,6 +55,7 @@ class HostWork:
         self.timings = timings
         self._phase = on_phase  # the run's timeline and live view (console/live.py PhaseLog)
         self.steps: list[StepRecord] = []
+        self.step_env: dict[str, str] = {}  # the run's own variables for the steps (VH_RECEIPT: run/receipt.py)
         self.pull: PullRecord | None = None
         self.artifacts: ArtifactPull | None = None  # `run --artifact`: pulled with the evidence
         self.evidence_pulled = False
@@ -157,7 +158,7 @@ class HostWork:
         # VH_MASKED_ENV names the secrets, whose values host-side evidence must mask; settings are recorded.
         # Python's stdout to a pipe is block-buffered: unbuffered, its prints arrive in the order printed
         # (unless the user's own settings say otherwise).
-        env = ({"PYTHONUNBUFFERED": "1"} | self.spec.host_env
+        env = ({"PYTHONUNBUFFERED": "1"} | self.spec.host_env | self.step_env
                | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_secrets)})
         for step in self.spec.profile.steps:
             self._check_cancelled()

@@ -18,6 +18,7 @@ from vast_harness.errors import ConfigError
 from vast_harness.files import UnusableFile, read_regular_file
 from vast_harness.resources import profiles_dir as _profiles_dir
 from vast_harness.spec.fit import FitKind
+from vast_harness.spec.receipt import ReceiptPolicy
 from vast_harness.spec.requires import Requires
 from vast_harness.spec.values import ENV_KEY_RE, env_value, path_flag
 from vast_harness.spec.workdir import DEFAULT_WORKDIR_MAX_MB, MAX_WORKDIR_MAX_MB, check_glob
@@ -201,6 +202,7 @@ class HarnessProfile(StrictModel):
     caps: Caps
     filters: Filters = Filters()
     requires: Requires = Requires()  # what it can run on: checked per offer and on the host (spec/requires.py)
+    receipt: ReceiptPolicy = ReceiptPolicy()  # what the host must deliver before any work (spec/receipt.py)
     transfer: Transfer = Transfer()
     remote_env: dict[str, str] = Field(default_factory=dict)
     steps: list[Step]

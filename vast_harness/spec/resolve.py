@@ -32,6 +32,7 @@ from vast_harness.spec.profile import (
     validation_message,
     with_image_expect,
 )
+from vast_harness.spec.references import check_gates, load_references
 from vast_harness.spec.requires import MAX_GPU_RAM_GIB, MIB_PER_GIB
 from vast_harness.spec.user import CONFIG_FILE, OFFICIAL_CLI_KEY_FILE, UserConfig, config_home, read_api_key
 from vast_harness.spec.values import (
@@ -395,6 +396,9 @@ def resolve(
         prof = with_image_expect(prof, override)
     elif o.image_expect_ack:
         raise ConfigError("--image-expect-ack acknowledges an --image-expect override; none was given")
+    if prof.receipt.declared_gates:  # a gate the GPUs to be rented cannot report: exit 2 now, not after renting
+        check_gates(prof.receipt, num_gpus=filters.num_gpus, gpu_names=filters.gpu_names or prof.requires.gpu_names,
+                    refs=load_references(profiles_dir))
     key = None if o.sim else read_api_key(key_file, environ, path_flag("key_file (config file)", user.key_file),
                                           **({"hint": no_key_hint} if no_key_hint else {}))
     # --sim runs keep their own state: the embedded simulator's account dies with the process, so its ledger
