@@ -11,7 +11,8 @@ times each `VH_MLP_*` setting in one process).
 
 Nothing else in `remote/` spells a `VH_` name (`tests/remote/test_knobs.py` scans for one), so this file is
 the complete list. The harness's user-facing `HT_*` variables are read by `scripts/vast_mfu_remote.sh`, a
-shell script, and stay there. Standard library only: `remote.mps` and `remote.checks` import it too.
+shell script, and stay there; `remote.host.fit` reads `HT_FIT` (the harness's memory-fit decisions) and
+`HT_ACT_CKPT`. Standard library only: `remote.mps` and `remote.checks` import it too.
 """
 
 from __future__ import annotations

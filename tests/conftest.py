@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests import isolation
+from vast_harness.masking import MASKER
 from vast_harness.state import dirs
 
 _session: dict[str, object] = {}  # in the process that made the session home: what the end compares with
@@ -74,6 +75,14 @@ def _no_user_dirs(pytestconfig: pytest.Config) -> Iterator[None]:
     guard = pytestconfig.stash[GUARD]
     touched, guard.reported = guard.seen[guard.reported:], len(guard.seen)
     assert not touched, f"the user's own directories were touched: {touched[:5]}"
+
+
+@pytest.fixture(autouse=True)
+def _a_masker_of_its_own() -> Iterator[None]:
+    """What a test's runs (and the module fixtures set up before it) told the process's masker is forgotten
+    after it: one test's secret never masks another test's text."""
+    yield
+    MASKER.forget()
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ the only place that ranks codes (a fleet's runs, a run's outcome against its tea
         ├── RunCancelled            a fleet's total cap (6) or a signal the fleet got (130)   exit 6 | 130
         ├── StepFailedError         a step of the plan failed                              exit 1
         ├── BootFailed              the instance never became ready                        exit 1
-        │   └── GpuMismatch         the host's GPUs are not the offer's: deleted, next offer  exit 1
+        │   ├── GpuMismatch         the host's GPUs are not the offer's: deleted, next offer  exit 1
+        │   └── ReceiptFailed       the host delivers less than it must: deleted, next offer  exit 1
         ├── SshConnectError         no SSH endpoint accepted the run's key in time          exit 1
         ├── SshTransferError        an SFTP transfer broke off                              exit 1
         │   ├── TransferAbandoned   ... or ran past its deadline and was cut                exit 1
@@ -33,7 +34,9 @@ the only place that ranks codes (a fleet's runs, a run's outcome against its tea
         ├── CreateUnresolved        a create of unknown outcome no read has settled        exit 3
         └── TeardownUnproven        a failed host not proven gone: no further create         exit 3
 
-Errors never carry the API key: they hold method, path (no query string) and the parsed body fields.
+Errors never carry the API key or a secret: they hold method, path (no query string) and the parsed body fields,
+and every text a `HarnessError` holds is masked (masking.py) when it is made and again when it is read, so a
+message that quotes an input (a URL, a path) carries `***` where a key or a secret was.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ import signal
 from collections.abc import Iterable
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from vast_harness.masking import mask
 
 if TYPE_CHECKING:
     from vast_harness.records import ConnectAttempt
@@ -91,7 +96,7 @@ def describe(exc: BaseException) -> str:
         return f"interrupted by {exc}"
     if isinstance(exc, HarnessError):
         return str(exc)
-    return f"unexpected {type(exc).__name__}: {exc}"
+    return f"unexpected {type(exc).__name__}: {mask(str(exc))}"
 
 
 class Interrupted(BaseException):
@@ -105,9 +110,16 @@ class Interrupted(BaseException):
 
 
 class HarnessError(Exception):
-    """Base of every error the harness raises on purpose."""
+    """Base of every error the harness raises on purpose. Its text is masked as it is made (what `args` and
+    `repr` show) and as it is read (a value learnt since is masked too)."""
 
     exit_code: ExitCode = ExitCode.FAILED
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(mask(a) if isinstance(a, str) else a for a in args))
+
+    def __str__(self) -> str:
+        return mask(super().__str__())
 
 
 class ConfigError(HarnessError):
@@ -251,6 +263,12 @@ class BootFailed(HarnessError):
 class GpuMismatch(BootFailed):
     """The host that arrived is not the one offered (GPU name, count, memory, driver, CUDA) or cannot run the
     profile's [requires]: deleted and proven gone like a host that did not boot, its machine excluded."""
+
+
+class ReceiptFailed(BootFailed):
+    """The host's receipt (what its GPUs deliver, measured before any work) failed a gate of the profile's
+    `[receipt]`: deleted and proven gone like a host that did not boot, its machine excluded and remembered
+    (`vast-e2e machines`). The message names each measure, the measured and the expected value."""
 
 
 class CreateUnresolved(HarnessError):

@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 
 from remote import knobs
 
+# and the MPS knobs (remote.knobs); VAST_SIM_HOST is what a simulated host says it offers (its Python, network)
 ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
-                "CUDA_VISIBLE_DEVICES", "CUDA_MPS_")  # and the MPS knobs (remote.knobs)
+                "CUDA_VISIBLE_DEVICES", "CUDA_MPS_", "VAST_SIM_HOST")
 MASK = "***"
 IMAGE_MISMATCH_EXIT = 3
 

@@ -34,6 +34,7 @@ from vast_harness.run.host_work import HostWork
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
+from vast_harness.spec.receipt import ReceiptPolicy
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.timings import TeardownBudget
 from vast_harness.vast.client import VastClient
@@ -224,6 +225,8 @@ def test_slow_upload_is_stopped_at_the_cap(sim, tmp_path):
     # SFTP at 500 B/s: the bundle would take minutes; the upload is stopped at the cap, never billed past it.
     sim.set_faults("slow_sftp:500")
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=20)], max_minutes=0.1)
+    # No receipt: its payload would meet the slow link first (that host is replaced: test_receipt_run.py)
+    spec = spec.model_copy(update={"profile": spec.profile.model_copy(update={"receipt": ReceiptPolicy(enabled=False)})})
     start_unix = time.time()
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
@@ -646,7 +649,7 @@ def test_a_reprice_during_a_slow_evidence_pull_is_seen_and_never_exit_0(sim, tmp
     # The host re-prices 200x while a slow pull runs after the steps. A price read only during the steps would
     # pass (exit 0) while billing many times the dollar cap: the price watch covers the upload and the pull,
     # and a cancel abandons either.
-    sim.set_faults("slow_sftp:100000;reprice:200:1.5")
+    sim.set_faults("slow_sftp:100000;reprice_silent:200:1.5")
     steps = [Step(name="ev", run="head -c 2000000 /dev/urandom > evidence/e.bin", timeout_s=20)]
     spec = make_spec(sim, tmp_path, steps, max_minutes=0.5, poll_s=0.25)
     spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.01})})
@@ -690,7 +693,7 @@ def test_delete_retries_near_the_cap_are_not_spaced_past_it(sim, tmp_path):
 def test_a_reprice_while_the_api_holds_our_delete_is_billed_and_never_exit_0(sim, tmp_path):
     # The host re-prices 5000x while the API holds our DELETE: the price is re-read while a DELETE is in
     # flight, so the bill is seen and the run never passes (exit 0) far over its cap.
-    sim.set_faults("hang:destroy:3:1;reprice:5000:2")
+    sim.set_faults("hang:destroy:3:1;reprice_silent:5000:2")
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="sleep 1", timeout_s=20)], max_minutes=1.0, poll_s=0.25)
     spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.05})})
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:

@@ -147,11 +147,11 @@ def test_the_cli_docs_seed_example_runs_as_written_with_sim(tmp_path):
     assert argv[:3] == ["uv", "run", "vast-e2e"]
     env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "VAST_URL", "VIRTUAL_ENV")}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env | {"HOME": str(tmp_path)})
-    # The seeded simulated market has no offer the mfu sweep can run within these caps: the only ones that pass
-    # the filters are 2x RTX 5090, 31.8 GiB per GPU, under the profile's [requires] (issue 31; they once were the
-    # pick, and would have paid for a boot and a sweep that cannot fit). The dry run says why, creates nothing.
-    assert done.returncode == 5, done.stderr[-2000:]
-    assert "RTX 5090" in done.stdout and "GPU memory 31.8 GiB < 76 GiB" in done.stdout
+    # The design's own command picks the design's hardware (issue 48): a 2x RTX 5090, micro-batch 8 checkpointed
+    # to fit its 31.8 GiB (issue 31 once refused it for a fixed 76 GiB the sweep would not use).
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "RTX 5090" in done.stdout and "Memory fit on 2x RTX 5090" in done.stdout
+    assert "compile, act-ckpt" in done.stdout and "nothing was created" in done.stdout
 
 
 def test_the_script_without_the_projects_dependencies_says_how_to_run_it(tmp_path):

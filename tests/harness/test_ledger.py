@@ -124,7 +124,7 @@ def test_a_run_whose_intent_cannot_be_written_rents_nothing(tmp_path, disk):
 
     with SimServer(seed=11, rate_scale=0.01, boot_seconds=0.1, num_offers=200) as sim:
         spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path / "ev"), environ={})
-        spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr("k")})
+        spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr("sim-ledger-key")})
         disk(spec.state_dir / "ledger.jsonl", "short")
         with VastClient("k", base_url=sim.url, pacing_scale=0.01) as client:
             result = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True)).execute()

@@ -349,7 +349,7 @@ def test_label_scans_page_past_25(sim, tmp_path):
 def test_a_running_instance_repriced_past_the_cap_is_stopped_and_never_exit_0(sim, tmp_path):
     # The host re-prices while the steps run: the price is watched then too, so the run stops at the cap and
     # never says exit 0 over it.
-    sim.set_faults("reprice:1000:0.3")
+    sim.set_faults("reprice_silent:1000:0.3")
     spec = make_spec(sim, tmp_path, [Step(name="long", run="sleep 20", timeout_s=60)])
     spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.05})})
     r = guarded(sim, spec)
@@ -363,7 +363,7 @@ def test_a_running_instance_repriced_past_the_cap_is_stopped_and_never_exit_0(si
 def test_a_reprice_after_running_is_read_when_the_steps_end_and_never_exit_0(sim, tmp_path):
     # A re-price that lands just after a short step ended is read when the steps end (not only while a step
     # runs): the record says what the simulator billed, and the run is never exit 0 over the cap.
-    sim.set_faults("reprice:2000:0.3")
+    sim.set_faults("reprice_silent:2000:0.3")
     spec = make_spec(sim, tmp_path, [Step(name="short", run="sleep 1", timeout_s=60)])
     spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_usd": 0.05})})
     # Steps shorter than one price poll: the watcher never gets to read the price while they run.

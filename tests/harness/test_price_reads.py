@@ -188,7 +188,7 @@ class PerIdRefusedOnceRunning(VastClient):
 def test_a_per_id_read_refused_but_the_list_showing_the_new_price_re_prices_the_run(sim, tmp_path):
     # The host re-prices 10x while the step runs; no per-id read answers after the boot. The price watch reads
     # the list row by id instead, and the accrued figure stays above the simulator's bill.
-    sim.set_faults("reprice:10:0.3")
+    sim.set_faults("reprice_silent:10:0.3")
     spec = make_spec(sim, tmp_path, [Step(name="s", run="sleep 1.5", timeout_s=20)], poll_s=0.2)
     with PerIdRefusedOnceRunning(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
@@ -297,7 +297,7 @@ def test_a_price_raised_while_the_api_holds_our_delete_is_read_from_the_list_whe
 def test_a_price_that_breaks_the_cap_shown_only_by_the_list_stops_the_run(sim, tmp_path):
     # No per-id read answers after the boot; the host re-prices 5000x during a 20 s step. The list row shows it,
     # the price watch cancels the run at the cap (exit 6) and the step is cut, not run to its end.
-    sim.set_faults("reprice:5000:0.3")
+    sim.set_faults("reprice_silent:5000:0.3")
     spec = make_spec(sim, tmp_path, [Step(name="s", run="sleep 20", timeout_s=30)], max_usd=0.01, poll_s=0.25)
     started = time.monotonic()
     with PerIdRefusedOnceRunning(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
@@ -355,7 +355,7 @@ def test_a_price_shown_only_by_the_list_while_per_id_reads_answer_5xx_cuts_the_s
     assert run.meter.accrued_usd() >= billed
 
 
-@pytest.mark.parametrize("faults", ["reprice_offer:1e306", "reprice:1e308:0.2"])
+@pytest.mark.parametrize("faults", ["reprice_offer:1e306", "reprice_silent:1e308:0.2"])
 def test_a_huge_finite_price_stops_the_run_at_its_cap_with_its_record_and_proof(tmp_path, faults: str):
     # Red team r8 B2: $1e306/h overflowed the accrued figure; the run died with OverflowError (exit 1) and
     # wrote neither harness-result.json nor its absence proof. Now: exit 6, the record says the price, the

@@ -28,7 +28,7 @@ def run_dir(tmp_path_factory) -> Path:
         steps = [Step(name="env-probe", run="echo '{}' > evidence/env.json", timeout_s=10),
                  Step(name="work", run="echo working", timeout_s=10)]
         spec = spec.model_copy(update={"profile": spec.profile.model_copy(update={"steps": steps}),
-                                       "api_url": sim.url, "api_key": SecretStr("k")})
+                                       "api_url": sim.url, "api_key": SecretStr("sim-proofs-check-key")})
         with VastClient("k", base_url=sim.url, pacing_scale=0.01) as client:
             run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
             result = run.execute()

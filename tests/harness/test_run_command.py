@@ -93,9 +93,10 @@ def test_run_workload_pulls_small_artifacts_first_and_names_what_did_not_come_ba
     assert "step run" in result.console  # what the command would have printed, kept rather than printed
 
 
-def test_a_failing_command_still_gets_its_artifacts_back_with_secrets_masked(tmp_path):
-    """Nothing is lost: the teardown pulls the artifacts of a command that failed, and a secret the command
-    wrote into one is masked there (named in the record) like everywhere else."""
+def test_a_failing_command_still_gets_its_artifacts_back_with_a_secret_in_one_named(tmp_path):
+    """Nothing is lost: the teardown pulls the artifacts of a command that failed. A secret the command wrote
+    into one stays there (an artifact is the user's, byte for byte: docs/run.md), named in the record and in a
+    warning by the secret's name; the console never shows the value."""
     from vast_harness import api
 
     work = tmp_path / "proj"
@@ -105,10 +106,12 @@ def test_a_failing_command_still_gets_its_artifacts_back_with_secrets_masked(tmp
                               remote_secrets={"TRACKER_TOKEN": SECRET}, evidence_dir=tmp_path / "ev")
     assert result.exit_code == ExitCode.FAILED and "rc=3" in result.message
     assert result.record is not None and result.record.artifacts is not None
-    assert result.record.artifacts.files == ["logs/train.log"] and result.record.artifacts.redacted == ["logs/train.log"]
+    arts = result.record.artifacts
+    assert arts.files == ["logs/train.log"] and arts.secrets_found == {"logs/train.log": ["TRACKER_TOKEN"]}
     assert result.artifacts_dir is not None
-    assert (result.artifacts_dir / "logs" / "train.log").read_text() == "token=*** loss=nan\n"
+    assert (result.artifacts_dir / "logs" / "train.log").read_text() == f"token={SECRET} loss=nan\n"
     assert result.record.absence.verdict == "gone"
+    assert "artifact logs/train.log holds the secret TRACKER_TOKEN" in result.console
     assert SECRET not in result.console
 
 
@@ -144,12 +147,15 @@ def test_gpu_and_memory_flags_are_requirements_named_per_dropped_offer(tmp_path)
 
 def test_a_gpu_flag_outside_the_profiles_own_list_is_bad_input():
     from vast_harness.spec.profile import load_profile
+    from vast_harness.spec.requires import Requires
     from vast_harness.spec.resolve import with_flag_requires
 
-    proofs = load_profile("proofs")
-    with pytest.raises(ConfigError, match=r"--gpu RTX 4090: profile proofs runs only on"):
-        with_flag_requires(proofs, ["RTX 4090"], None)
-    narrowed = with_flag_requires(proofs, ["H200", "RTX 4090"], 200)
+    # a profile with a GPU list of its own (the shipped ones name none: their requirements are what they need)
+    hopper = load_profile("proofs").model_copy(update={"name": "hopper", "requires": Requires(gpu_names=["H100 SXM",
+                                                                                                   "H200"])})
+    with pytest.raises(ConfigError, match=r"--gpu RTX 4090: profile hopper runs only on H100 SXM, H200"):
+        with_flag_requires(hopper, ["RTX 4090"], None)
+    narrowed = with_flag_requires(hopper, ["H200", "RTX 4090"], 200)
     assert narrowed.requires.gpu_names == ["H200"] and narrowed.requires.min_gpu_ram_gib == pytest.approx(195.31)
 
 
@@ -250,7 +256,8 @@ def test_the_upload_honours_gitignore_exclude_and_never_follows_a_symlink(tmp_pa
     sel = select_workdir(work, exclude=["*.tmp"], skip_dirs=[state])
     assert [f.rel for f in sel.files] == [".gitignore", "data/keep.csv", "src/.gitignore", "src/lib.py", "train.py"]
     assert sel.symlinks == ["key", "linked"]
-    assert sel.excluded == 6  # .git/, model.ckpt, data/raw/, src/generated.py, notes.tmp, .state/
+    assert sel.excluded == 5  # .git/, model.ckpt, data/raw/, src/generated.py, notes.tmp
+    assert [(i.path, i.includable) for i in sel.left_out] == [(".state/", False)]  # the harness's own: named
     bundle = build_workdir_bundle(sel)
     assert bundle.workdir is not None and bundle.workdir.sha256 == bundle.sha256
     assert build_workdir_bundle(select_workdir(work, exclude=["*.tmp"], skip_dirs=[state])).sha256 == bundle.sha256

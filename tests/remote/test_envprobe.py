@@ -104,3 +104,8 @@ def test_masked_remote_env_values_never_reach_the_record(monkeypatch):
     assert "vh-distinctive-9137" not in json.dumps(record)
     assert record["env"]["NCCL_SOCKET_IFNAME"] == "***" and record["env"]["NCCL_DEBUG"] == "INFO"
     assert record["remote_env_names"] == ["NCCL_SOCKET_IFNAME", "OTHER"]
+
+
+def test_what_a_simulated_host_says_it_offers_is_in_the_record(monkeypatch):
+    monkeypatch.setenv("VAST_SIM_HOST", "simulated host: Python 3.11.7 in a venv of its own; network off")
+    assert envprobe.probe()["env"]["VAST_SIM_HOST"].endswith("network off")

@@ -108,11 +108,94 @@ def test_reprice_between_search_and_create(api: httpx.Client, fresh: SimServer) 
     assert show(api, instance_id)["dph_total"] > 2.5 * offer["dph_total"]
 
 
-def test_reprice_of_a_running_instance(api: httpx.Client, fresh: SimServer) -> None:
-    fresh.set_faults("reprice:2:0.2")
+def test_a_silent_reprice_of_a_running_contract_the_defence_fault(api: httpx.Client, fresh: SimServer) -> None:
+    fresh.set_faults("reprice_silent:2:0.2")
     instance_id = create(api)["new_contract"]
     before = show(api, instance_id)["dph_total"]
     assert wait_for(lambda: show(api, instance_id)["dph_total"] > 1.9 * before, timeout_s=3)
+
+
+def _pending(api: httpx.Client) -> list[dict]:
+    response = api.get("/api/v0/instances/pending-price-increases/")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["success"] is True and body["count"] == len(body["pending_price_increases"])
+    return body["pending_price_increases"]
+
+
+def _billed(fresh: SimServer, instance_id: int) -> float:
+    return next(i["billed_usd"] for i in fresh.state()["instances"] if i["id"] == instance_id)
+
+
+def test_a_host_raising_its_price_leaves_the_running_contract_at_its_own(api: httpx.Client, fresh: SimServer) -> None:
+    """The sourced model (docs/vast-behaviours.md): the offer is re-priced for new rentals; the running contract
+    bills its own price and gets a pending increase with the CLI's row fields."""
+    offer = cheapest_offer(api)
+    fresh.set_faults("reprice:3:0.1")
+    instance_id = create(api, offer["id"])["new_contract"]
+    row = show(api, instance_id)
+    (pending,) = wait_for(lambda: _pending(api), timeout_s=3)
+    assert pending["contract_id"] == instance_id and pending["contract_end_date"] == row["end_date"]
+    assert pending["new_gpu_costpersec"] == pytest.approx(3 * pending["old_gpu_costpersec"])
+    assert pending["old_gpu_costpersec"] == pytest.approx(row["dph_base"] / 3600)
+    assert pending["ask_end_date"] >= pending["contract_end_date"]
+    for key in ("new_disk_ram_costpersec", "new_bwu_cost", "new_bwd_cost", "host_id", "created_at"):
+        assert key in pending
+    assert show(api, instance_id)["dph_total"] == pytest.approx(row["dph_total"])  # the contract's price holds
+    t0, b0 = time.time(), _billed(fresh, instance_id)
+    time.sleep(0.3)
+    rate = (_billed(fresh, instance_id) - b0) / (time.time() - t0) * 3600
+    assert rate < 1.5 * row["dph_total"]  # billed at the contract's price, not 3x
+    api.delete(f"/api/v0/instances/{instance_id}/")
+    again = create(api, offer["id"])["new_contract"]  # a new rental of the offer pays the new price
+    assert show(api, again)["dph_total"] > 2.5 * offer["dph_total"]
+
+
+def test_an_unanswered_increase_lets_the_contract_expire_at_its_end_date(api: httpx.Client, fresh: SimServer) -> None:
+    fresh.set_faults("contract_end:0.8;reprice:5:0.1")
+    instance_id = create(api)["new_contract"]
+    row = show(api, instance_id)
+    assert row["end_date"] == pytest.approx(time.time() + 0.8, abs=0.5) and row["duration"] < 1.0
+    wait_for(lambda: _pending(api), timeout_s=3)
+    stopped = wait_for(lambda: (r := show(api, instance_id)) and r["actual_status"] == "stopped" and r, timeout_s=4)
+    assert "expired" in stopped["status_msg"] and stopped["dph_total"] == pytest.approx(row["dph_total"])
+    assert _pending(api) == []  # the increase went with the contract
+    record = next(i for i in fresh.state()["instances"] if i["id"] == instance_id)
+    assert record["live"] and record["expired"]  # storage bills on until it is destroyed
+
+
+def test_an_accepted_increase_applies_from_the_end_date_and_extends_the_contract(api: httpx.Client,
+                                                                                 fresh: SimServer) -> None:
+    fresh.set_faults("contract_end:1.0;reprice:4:0.1")
+    instance_id = create(api)["new_contract"]
+    before = show(api, instance_id)
+    (pending,) = wait_for(lambda: _pending(api), timeout_s=3)
+    body = {"pending_price_increase_id": pending["pending_price_increase_id"]}
+    assert api.put("/api/v0/instances/accept-price-increase/", json={**body, "extra": 1}).status_code == 400
+    accepted = api.put("/api/v0/instances/accept-price-increase/", json=body)
+    assert accepted.status_code == 200 and accepted.json() == {"success": True, "contract_id": instance_id, **body}
+    assert show(api, instance_id)["dph_total"] == pytest.approx(before["dph_total"])  # not before the end date
+    stale = api.put("/api/v0/instances/reject-price-increase/", json=body)
+    assert stale.status_code == 404 and stale.json()["error"] == "no_pending_price_increase"
+    after = wait_for(lambda: (r := show(api, instance_id)) and r["dph_total"] > 3.5 * before["dph_total"] and r,
+                     timeout_s=4)
+    assert after["actual_status"] == "running" and after["end_date"] == pending["ask_end_date"]
+
+
+def test_a_rejected_increase_is_gone_and_the_price_holds(api: httpx.Client, fresh: SimServer) -> None:
+    fresh.set_faults("reprice:4:0.05")
+    instance_id = create(api)["new_contract"]
+    price = show(api, instance_id)["dph_total"]
+    (pending,) = wait_for(lambda: _pending(api), timeout_s=3)
+    body = {"pending_price_increase_id": pending["pending_price_increase_id"]}
+    assert api.put("/api/v0/instances/reject-price-increase/", json=body).json()["contract_id"] == instance_id
+    assert _pending(api) == [] and show(api, instance_id)["dph_total"] == pytest.approx(price)
+    assert api.put("/api/v0/instances/accept-price-increase/", json=body).status_code == 404
+
+
+def test_an_offers_duration_is_counted_from_now(api: httpx.Client, fresh: SimServer) -> None:
+    offer = cheapest_offer(api)
+    assert offer["duration"] == pytest.approx(offer["end_date"] - time.time(), abs=2.0)
 
 
 def test_ssh_sessions_do_not_see_create_time_env(api: httpx.Client, fresh: SimServer,

@@ -4,7 +4,8 @@ Every phase that can take time asks the meter for its deadline (create, boot wai
 each step, the drain of a step's output, the evidence pull) and reports the bytes it moved. The meter turns
 both caps into one monotonic *work deadline*:
 
-    hard deadline  = min(t0 + time cap,  now + (max_usd - accrued - reserved transfers) / live $/s)
+    hard deadline  = min(t0 + time cap,  now + (max_usd - accrued - reserved transfers) / live $/s,
+                         the earliest end of a live instance's contract inside the time cap)
     work deadline  = hard deadline - teardown margin      (room for DELETE and the absence proof)
 
 Accrued dollars are per second at each instance's price from create to its DELETE acknowledgement, plus
@@ -16,6 +17,12 @@ billed it from the start); a price that cannot be read as a positive finite numb
 to work, stops the run (exit 6). Any other read that shows the instance's row (a v1 list row, an absence-proof
 round in the teardown) re-prices it the same way through `observe_price`, which never raises: an unreadable
 price there is ignored and recorded. Thread-safe: transfers report bytes from worker threads.
+
+A rental contract keeps its price until its end date; past it Vast stops the instance, unless the renter
+accepted a host's pending increase, which then bills (docs/vast-behaviours.md). Offers whose end date falls
+inside the time cap are not rented, so a contract end inside it is a host that moved its offer's end in after
+the search: it becomes the hard deadline (`set_contract_end`), and any time billed past it (a teardown that
+overran) counts at the pending increase's price, never lower than the contract's.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import threading
 from collections.abc import Callable
 
 from vast_harness.clock import now_s
+from vast_harness.console.when import utc
 from vast_harness.errors import CapReachedError, ConfigError
 from vast_harness.records import PriceChange
 from vast_harness.timings import TeardownBudget, Timings
@@ -90,15 +98,21 @@ def usd_up(usd: float, places: int = 6) -> float:
 
 
 class _Accrual:
-    __slots__ = ("dph_usd", "end", "start")
+    __slots__ = ("after_factor", "contract_end", "contract_end_unix", "dph_usd", "end", "start")
 
     def __init__(self, dph_usd: float, start: float) -> None:
         self.dph_usd, self.start = dph_usd, start
         self.end: float | None = None  # set when the instance stops accruing
+        self.contract_end: float | None = None  # the contract's end on the run's clock, when inside the time cap
+        self.contract_end_unix: float | None = None  # the same, as the row said it (for messages)
+        self.after_factor = 1.0  # the price past the contract's end, as a multiple of its own (>= 1)
 
     def usd(self, now: float) -> float:
         end = self.end if self.end is not None else now
-        return max(0.0, end - self.start) * self.dph_usd / 3600.0
+        if self.contract_end is None or end <= self.contract_end:
+            return max(0.0, end - self.start) * self.dph_usd / 3600.0
+        cut = max(self.start, self.contract_end)
+        return (max(0.0, cut - self.start) + (end - cut) * self.after_factor) * self.dph_usd / 3600.0
 
 
 class CostMeter:
@@ -169,6 +183,25 @@ class CostMeter:
             acc = self._instances.get(key)
             if acc is not None and (acc.end is None or acc.end < t_end):
                 acc.end = t_end
+
+    def set_contract_end(self, key: int, *, end_s: float | None, end_unix: float | None = None,
+                         after_factor: float | None = None) -> None:
+        """Instance `key`'s contract ends at `end_s` (this meter's clock; None: past the time cap, nothing to
+        do): the hard deadline comes no later, and time past it bills at `after_factor` x the contract's price
+        (a pending increase's; at least 1: the contract's own when none is known)."""
+        with self._lock:
+            acc = self._instances.get(key)
+            if acc is None:
+                return
+            acc.contract_end, acc.contract_end_unix = end_s, end_unix
+            acc.after_factor = max(1.0, after_factor or 1.0) if end_s is not None else 1.0
+
+    def _contract_end(self) -> tuple[float, float | None] | None:
+        """The earliest end of a live instance's contract (the run's clock, and as the row said it), if any."""
+        with self._lock:
+            ends = [(a.contract_end, a.contract_end_unix) for a in self._instances.values()
+                    if a.end is None and a.contract_end is not None]
+        return min(ends, key=lambda e: e[0]) if ends else None
 
     def reprice(self, key: int, billed_dph_usd: float | None) -> None:
         """The instance's own price: tighten the deadline if higher; stop (CapReachedError) if it breaks the cap."""
@@ -255,11 +288,14 @@ class CostMeter:
                 + max(0, self.expected_down - self.bytes_down) * self.usd_per_byte_down)
 
     def live_usd_per_s(self) -> float:
+        now = self.clock()
         with self._lock:
-            return sum(a.dph_usd for a in self._instances.values() if a.end is None) / 3600.0
+            return sum(a.dph_usd * (a.after_factor if a.contract_end is not None and now >= a.contract_end else 1.0)
+                       for a in self._instances.values() if a.end is None) / 3600.0
 
     def hard_deadline(self, now: float | None = None) -> float:
-        """When a cap is reached: the time cap, or the moment accrued dollars reach the money cap."""
+        """When a cap is reached: the time cap, the moment accrued dollars reach the money cap, or the end of a
+        live instance's contract, whichever comes first."""
         now = self.clock() if now is None else now
         deadline = self.t0 + self.max_seconds
         rate = self.live_usd_per_s()
@@ -267,16 +303,27 @@ class CostMeter:
             with self._lock:
                 reserved = self._reserved_usd()
             deadline = min(deadline, now + (self.max_usd - self.accrued_usd(now) - reserved) / rate)
-        return deadline
+        contract = self._contract_end()
+        return deadline if contract is None else min(deadline, contract[0])
 
     def binding_cap(self, now: float | None = None) -> str:
-        """Which cap sets the hard deadline now: "time" or "dollar" (what a cut by the cap is said as)."""
-        return "time" if self.hard_deadline(now) >= self.t0 + self.max_seconds else "dollar"
+        """What sets the hard deadline now: "time", "dollar" or "contract" (what a cut by the cap is said as)."""
+        deadline = self.hard_deadline(now)
+        contract = self._contract_end()
+        if contract is not None and deadline >= contract[0]:
+            return "contract"
+        return "time" if deadline >= self.t0 + self.max_seconds else "dollar"
 
     def cap_reached(self) -> str:
         """How a cut by the cap is said: which cap, and the figures."""
-        return (f"the {self.binding_cap()} cap is reached, keeping the teardown margin (accrued "
-                f"${self.accrued_usd():.4f} of ${self.max_usd:g}, {self.elapsed_s():.0f} s of {self.max_seconds:.0f} s)")
+        figures = (f"accrued ${self.accrued_usd():.4f} of ${self.max_usd:g}, {self.elapsed_s():.0f} s of "
+                   f"{self.max_seconds:.0f} s")
+        contract = self._contract_end()
+        if self.binding_cap() == "contract" and contract is not None:
+            when = utc(contract[1]) if contract[1] is not None else "before the time cap"
+            return (f"the instance's contract ends {when}, where Vast stops it (or bills a price increase "
+                    f"accepted on it), so the run ends before it, keeping the teardown margin ({figures})")
+        return f"the {self.binding_cap()} cap is reached, keeping the teardown margin ({figures})"
 
     def work_deadline(self, now: float | None = None) -> float:
         """Until when work may go on and still leave the teardown margin before the cap."""

@@ -12,7 +12,8 @@ Each kind is the way issue 20 found a promise broken when more than one run shar
 * ``clock_behind``    the wall clock steps -2 h after create, no lag: the run still passes (exit 0).
 * ``boot_fail_delete_fail``  the host fails to boot and every DELETE fails: exactly one instance is ever
                       created (no next offer while the first is unproven), exit 3; reap cleans up.
-* ``fleet_reprice``   a three-run fleet re-priced 50x mid-step and cancelled at its total cap: every run
+* ``fleet_reprice``   a three-run fleet whose contracts are re-priced 50x mid-step (``reprice_silent``, what
+                      Vast's docs say cannot happen: the defence) and cancelled at its total cap: every run
                       exits 6 (never 0), and the accrual it reports is at least what the simulator billed
                       up to each DELETE (no run hides the new price).
 
@@ -47,11 +48,14 @@ from vast_harness.spec.profile import Step, load_driver_policy
 from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 AccountKind = Literal["two_runs_reap", "clock_ahead", "clock_behind", "boot_fail_delete_fail", "fleet_reprice",
-                      "suspend", "date_skew", "decoy", "registration_tamper"]
+                      "suspend", "date_skew", "decoy", "registration_tamper", "credentials_in_workdir",
+                      "daemon_command", "secret_artifact"]
 ACCOUNT_KINDS: tuple[AccountKind, ...] = ("two_runs_reap", "clock_ahead", "two_runs_reap", "boot_fail_delete_fail",
                                           "clock_behind", "fleet_reprice",
                                           # issue 35's families (chaos/trust.py)
-                                          "suspend", "date_skew", "decoy", "registration_tamper")
+                                          "suspend", "date_skew", "decoy", "registration_tamper",
+                                          # issue 43's (chaos/upload.py, chaos/artifacts.py)
+                                          "credentials_in_workdir", "daemon_command", "secret_artifact")
 CHILD_LIMIT_S = 120.0
 STEP_S = 2.5
 READ_LAG_S = 9.0  # past the child's boot timeout and teardown budget: the run cannot see its instance
@@ -86,14 +90,16 @@ class AccountOutcome(BaseModel):
         return f"{self.plan.kind}{f' {self.plan.variant}' if self.plan.variant else ''}: runs {self.exit_codes}, reaps {self.reap_codes}, {self.instances} instance(s); {flags}"
 
 
-# Kinds another module runs with this one's processes (chaos/trust.py adds issue 35's: it imports this module,
-# so it registers them here rather than being imported), and the variants a kind cycles through with the seed.
+# Kinds another module runs with this one's processes (chaos/trust.py adds issue 35's, chaos/upload.py and chaos/artifacts.py issue 43's:
+# each imports this module, so it registers them here rather than being imported), and the variants a kind cycles
+# through with the seed.
 MORE_KINDS: dict[str, Callable[[AccountPlan, SimServer, Path, AccountOutcome], None]] = {}
 VARIANTS: dict[str, tuple[str, ...]] = {
     "suspend": ("step", "boot", "teardown", "short", "deadman"),
     "date_skew": ("behind", "ahead", "flip", "reap_ahead"),
     "decoy": ("prod-database", "unlabelled", "other_run"),
     "registration_tamper": ("replace", "move_back", "delete", "symlink", "garbage"),
+    "secret_artifact": ("zip", "raw", "account_key"),
 }
 
 
@@ -297,7 +303,7 @@ def _fleet_reprice(plan: AccountPlan, sim: SimServer, work: Path, outcome: Accou
     counts = Counter(o.gpu_name for o in offers if o.gpu_name and o.num_gpus == base.filters.num_gpus)
     gpus = sorted(name for name, _ in counts.most_common(3))
     total = max(1e-4, 3 * (dph[len(dph) // 2] if dph else 0.5) * 6.0 / 3600.0)
-    sim.set_faults("reprice:50:1.5:3")
+    sim.set_faults("reprice_silent:50:1.5:3")  # the contract's own price: the defence (docs/vast-behaviours.md)
     out = Output(json_mode=True, quiet=True)
     sink = io.StringIO()  # the fleet's JSON and tables are not this suite's output
     out.out = out.err = Console(file=sink)
@@ -311,7 +317,7 @@ def _fleet_reprice(plan: AccountPlan, sim: SimServer, work: Path, outcome: Accou
     outcome.reported_usd = doc.get("accrued_usd")
     after = sim.state()
     billed = sum(i["billed_usd"] for i in after["instances"])
-    if not sum(r["fired"] for r in after["faults"]["rules"] if r["kind"] == "reprice"):
+    if not sum(r["fired"] for r in after["faults"]["rules"] if r["kind"] == "reprice_silent"):
         _mismatch(outcome, "the re-price never fired: nothing tested")
     if code == 0:
         _mismatch(outcome, "a fleet re-priced 50x past its total cap exited 0")

@@ -1,6 +1,8 @@
 """`python -m vast_harness.chaos.child JOB.json`: one guarded run in a process of its own (network and account
-scenarios). `python -m vast_harness.chaos.child --cli [--wall-step S] -- ARGS...`: the real CLI (`vast-e2e
-ARGS`), with the wall clock stepped by S seconds and the teardown floor scaled down like every chaos clock.
+scenarios). `python -m vast_harness.chaos.child --cli [--wall-step S] [--sim-timings] -- ARGS...`: the real CLI (`vast-e2e
+ARGS`), with the wall clock stepped by S seconds and the teardown floor scaled down like every chaos clock;
+`--sim-timings`: a run against the scenario's simulator (`--api-url`) on the simulator's timing table, as
+`--sim` would have it (a read-lag window of a second, not Vast's 30 s, which the scaled teardown cannot wait).
 
 The network scenarios need what an in-process run cannot give: a run that can be killed when it hangs, and
 its real stdout/stderr to search for tracebacks. The run is the CLI's (`GuardedRun` with the console
@@ -58,7 +60,7 @@ def main(argv: list[str]) -> int:
     job = ChildJob.model_validate_json(Path(argv[0]).read_text())
     spec = chaos_spec(api_url=job.api_url, evidence_dir=job.evidence_dir, steps=job.steps,
                       max_minutes=job.max_minutes, max_usd=job.max_usd, boot_retries=job.boot_retries,
-                      proof_interval_s=job.proof_interval_s, state_dir=job.state_dir)
+                      proof_interval_s=job.proof_interval_s, state_dir=job.state_dir, command=job.command)
     # The wall clock steps (NTP) right after the create answered: while an instance is live and billing.
     wall_step_s = job.wall_step_s
     if job.suspend_file is not None:
@@ -80,6 +82,11 @@ def _cli(argv: list[str]) -> int:
     if argv[:1] == ["--wall-step"]:
         step_wall_clock(float(argv[1]))
         argv = argv[2:]
+    if argv[:1] == ["--sim-timings"]:
+        from vast_harness.timings import Timings
+
+        Timings.real = Timings.sim  # type: ignore[method-assign]
+        argv = argv[1:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
     meter.TEARDOWN_MIN_S = TEARDOWN_BUDGET_S  # one instance's delete + proof, scaled like the run's

@@ -6,15 +6,18 @@ name from the parsed parameters, so the body does not repeat them). Typed errors
 one place (`_guard`, through `errors.exit_code_for`); `main` adds the two that come from outside a command: a
 usage error (2) and an interrupt (130). Per docs/invariants.md: 0 passed on a qualified driver · 1 a step
 failed · 2 bad input · 3 teardown not proven · 4 passed on an unqualified driver · 5 no offer fits · 6 a cap
-was reached · 130 interrupted.
+was reached · 130 interrupted. Before the command line is parsed, `main` tells the process's masker every key
+and secret argv and the environment hold, and masks stdout and stderr as a last resort (masking.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -44,6 +47,7 @@ from vast_harness.cli.options import (
     Image,
     ImageExpect,
     ImageExpectAck,
+    Include,
     JsonOutput,
     KeyFile,
     MaxMinutes,
@@ -76,6 +80,8 @@ from vast_harness.errors import (
     describe,
     exit_code_for,
 )
+from vast_harness.masking import MASKER, MaskingStream, mask
+from vast_harness.spec.known_secrets import teach_inputs
 from vast_harness.spec.profile import load_driver_policy
 from vast_harness.spec.resolve import RunOptions, RunSpec
 from vast_harness.spec.values import MAX_USD_LIMIT, check_number, path_flag
@@ -223,6 +229,7 @@ def run(
     setup: Setup = None,
     artifact: Artifact = None,
     exclude: Exclude = None,
+    include: Include = None,
     workdir_max_mb: WorkdirMaxMb = None,
     image: Image = None,
     gpu: Gpu = None,
@@ -459,6 +466,7 @@ def offers(
     key_file: KeyFile = None,
     max_usd: MaxUsd = None,
     max_minutes: MaxMinutes = None,
+    remote_env: RemoteEnv = None,
     any_driver: AnyDriver = False,
     eight_gpu_qualified: EightGpuQualified = False,
     api_url: ApiUrl = None,
@@ -467,7 +475,8 @@ def offers(
     pacing_scale: PacingScale = None,
     evidence_dir: EvidenceDir = None,
 ) -> None:
-    """Search and rank offers for a profile (default mfu); show why each rejected offer failed."""
+    """Search and rank offers for a profile (default mfu); show why each rejected offer failed and, for a profile
+    with 1B runs, which GPUs hold which micro-batches (--remote-env sets them, as for a run)."""
     _offers(Flags.of(ctx), rank_by)
 
 
@@ -492,7 +501,7 @@ def _offers(flags: Flags, rank_by: str) -> None:
             measurements = load_measurements(spec.evidence_dir)
             print_ranked(out, rank_by_usd_per_mtok(choice, measurements), measurements)
             return ExitCode.PASSED if choice.ranked else NoOfferError.exit_code
-        show_offers(out, choice, requires=spec.profile.requires.model_dump(exclude_defaults=True))
+        show_offers(out, choice, requires=spec.profile.requires.model_dump(exclude_defaults=True), fit=spec.fit)
         return ExitCode.PASSED if choice.ranked else NoOfferError.exit_code
 
     _guard(out, body)
@@ -649,7 +658,7 @@ def reap(
     pacing_scale: PacingScale = None,
 ) -> None:
     """Delete and prove absent every orphan (instances of dead runs, or past their own cap deadline); list
-    live runs' instances and leave them alone."""
+    live runs' instances and leave them alone. Also removes what killed simulators left on this machine."""
     _reap(Flags.of(ctx), include_live=include_live, yes=yes)
 
 
@@ -657,6 +666,12 @@ def _reap(flags: Flags, *, include_live: bool, yes: bool) -> None:
     out = Output(json_mode=flags.json_output)
 
     def body() -> int:
+        # What killed simulators (`--sim` runs, `python -m vast_harness.sim`) left on this machine: local, so
+        # before the key is needed
+        from vast_harness.sim.sandbox import reap_dead_simulators
+
+        if left := reap_dead_simulators().line():
+            out.info(left)
         # A full disk must not keep the orphans billing: reap warns and deletes; what it cannot write (ledger
         # lines, evidence) is said as it happens, and the verdicts stand on the API's answers alone.
         spec = flags.spec(profile="smoke", on_unwritable=out.warn, no_key_hint=REAP_NO_SIM)
@@ -809,8 +824,95 @@ def _status(flags: Flags) -> None:
     _guard(out, body)
 
 
+@app.command()
+def machines(
+    ctx: typer.Context,
+    *,
+    forget: Annotated[list[int] | None, typer.Option("--forget", metavar="ID", help=(
+        "Try this machine again: its failed receipt no longer skips it (the history keeps it). Repeatable."))] = None,
+    forget_all: Annotated[bool, typer.Option("--forget-all", metavar="", help=(
+        "Try every machine of this API (or of --sim) again."))] = False,
+    api_url: ApiUrl = None,
+    sim: Annotated[bool, typer.Option("--sim", metavar="", help=(
+        "The embedded simulator's machines (--sim runs keep their own history); no key, no API call."))] = False,
+    json_output: JsonOutput = False,
+) -> None:
+    """Every machine you rented, with the dates and measures of its receipts; a machine whose last receipt failed
+    is skipped by later runs until --forget."""
+    _machines(Flags.of(ctx), forget=forget or [], forget_all=forget_all)
+
+
+def _machines(flags: Flags, *, forget: list[int], forget_all: bool) -> None:
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.state.dirs import SIM_SUBDIR, state_dir
+        from vast_harness.state.machines import MachineHistory, market_of
+        from vast_harness.vast.url import DEFAULT_API_URL, validate_api_url
+        from vast_harness.views.machines import show_machines
+
+        o = flags.options
+        if o.api_url is not None:
+            url = validate_api_url(o.api_url, environ=os.environ)
+        elif os.environ.get("VAST_URL") is not None:
+            url = validate_api_url(os.environ["VAST_URL"], "VAST_URL", os.environ)
+        else:
+            url = DEFAULT_API_URL
+        market = market_of(url, sim=o.sim)
+        history = MachineHistory(state_dir(os.environ) / SIM_SUBDIR if o.sim else state_dir(os.environ))
+        if forget_all and forget:
+            raise ConfigError("--forget-all forgets every machine; give it or --forget ID, not both")
+        known = history.machines(market)
+        for mid in forget:
+            if mid not in known:
+                raise ConfigError(f"--forget {mid}: no machine {mid} in the history of {market} ({history.path})")
+        targets: list[int | None] = [None] if forget_all else list(forget)
+        for target in targets:
+            history.forget(market, target)
+            out.info("every machine tried again" if target is None else f"machine {target} tried again by later runs")
+        return show_machines(out, history, market)
+
+    _guard(out, body, interrupted="interrupted")
+# The options whose values hold a key or a secret, read from argv before typer parses it (a usage error quotes)
+_SECRET_OPTIONS = ("--key-file", "--remote-secret", "--remote-secret-file")
+
+
+def _teach_masker(argv: Sequence[str]) -> None:
+    """Every key and secret this command line and the environment hold, told to the masker before parsing."""
+    given: dict[str, list[str]] = {name: [] for name in _SECRET_OPTIONS}
+    words = list(argv[: argv.index("--")] if "--" in argv else argv)  # after `--`: run's command
+    for i, word in enumerate(words):
+        name, sep, value = word.partition("=")
+        if name in given:
+            if sep:
+                given[name].append(value)
+            elif i + 1 < len(words):
+                given[name].append(words[i + 1])
+    teach_inputs(environ=os.environ, secret_items=given["--remote-secret"])
+    for key_file in given["--key-file"]:
+        teach_inputs(environ=os.environ, key_file=key_file)
+    for secret_file in given["--remote-secret-file"]:
+        teach_inputs(environ=os.environ, secret_file=secret_file)
+
+
+@contextlib.contextmanager
+def _masked_streams() -> Iterator[None]:
+    """stdout and stderr masked while the command runs: what reaches them past `Output` (a traceback, a thread's
+    error, a warning, a library's print) too."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = MaskingStream(saved[0]), MaskingStream(saved[1])
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        sys.stdout, sys.stderr = saved
+
+
 def main() -> None:
-    """The program: every way out is an exit code and at most one clear line on stderr, never a traceback."""
+    """The program: every way out is an exit code and at most one clear line on stderr, never a traceback but
+    for a bug (an exception the harness did not expect: its traceback, masked, and exit 1)."""
     # The quiet exit used while importing gives way to KeyboardInterrupt, for SIGTERM and SIGHUP too: a command
     # stopped before a run's own signal guard takes over (or a reap, a status) ends as an interrupt, exit 130.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -819,6 +921,13 @@ def main() -> None:
     _reported.clear()
     if len(sys.argv) == 1:  # bare `vast-e2e`: what it can do, not an error about a missing --profile
         sys.argv.append("--help")
+    with MASKER.scoped(), _masked_streams():
+        _teach_masker(sys.argv[1:])
+        code = _command()
+    sys.exit(code)
+
+
+def _command() -> int:
     try:
         code = app(standalone_mode=False, prog_name="vast-e2e")
     except typer.TyperException as exc:  # usage errors (click's, which typer vendors, subclass this): exit 2
@@ -826,6 +935,9 @@ def main() -> None:
         code = exc.exit_code
     except (KeyboardInterrupt, typer.Abort):
         code = ExitCode.INTERRUPTED
+    except Exception:  # noqa: BLE001 - a bug: its traceback is what a report of it needs, masked like the rest
+        sys.stderr.write(mask(traceback.format_exc()))
+        return ExitCode.FAILED
     if code == ExitCode.INTERRUPTED and ExitCode.INTERRUPTED not in _reported:
         Output().failure("interrupted before anything was rented", ExitCode.INTERRUPTED)
-    sys.exit(code if isinstance(code, int) else 0)
+    return code if isinstance(code, int) else 0

@@ -3,8 +3,11 @@
 Human output goes to stdout; progress, warnings and errors to stderr, so `--json` stdout stays parseable.
 Everything shown is plain text to rich (consoles without markup, values wrapped in `Text`): a profile name,
 a path, a server message or a step's output containing `[/x]` prints as it is and can never raise, and nothing
-a host or the API supplied reaches the terminal raw (console/terminal.py escapes it). Writes never raise either: a closed or broken stdout (`| head`) must not end a run or skip its teardown. `RunOutput` is
-a fleet run's sink: several runs at once, so tagged lines on stderr only.
+a host or the API supplied reaches the terminal raw (console/terminal.py escapes it). The account key and every
+secret are masked in all of it (masking.py): in each value before rich lays it out (a wrapped line would cut a
+value in two), in the `--json` object before it is serialised, and in every write as a last resort. Writes never
+raise either: a closed or broken stdout (`| head`) must not end a run or skip its teardown. `RunOutput` is a
+fleet run's sink: several runs at once, so tagged lines on stderr only.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from vast_harness.console.live import HEARTBEAT_S, LiveView, Snapshot
 from vast_harness.console.terminal import line as _line
 from vast_harness.console.terminal import safe_text as _t
 from vast_harness.errors import ExitCode
+from vast_harness.masking import MASKER, mask
 
 if TYPE_CHECKING:  # annotations only: output keeps importing nothing of the run machinery at runtime
     from vast_harness.records import InstanceTeardown, StepRecord
@@ -59,7 +63,7 @@ class LineBudget:
 
 
 class SafeStream:
-    """A text stream whose writes never raise.
+    """A text stream whose writes never raise, and mask every key and secret.
 
     A closed stdout (`>&-`), a reader that went away (`| head -3`: EPIPE) or a closed file must not end a run
     early or skip its teardown: after the first failure the stream swallows writes, and the file descriptor is
@@ -84,7 +88,8 @@ class SafeStream:
     def write(self, text: str) -> int:
         if not self.broken and self._stream is not None:  # broken whenever there is no stream
             try:
-                return self._stream.write(text)
+                self._stream.write(mask(text))
+                return len(text)
             except (OSError, ValueError) as exc:
                 self._break(exc)
         return len(text)
@@ -163,7 +168,8 @@ class Output:
         if self.rejected_rows and "rejected" not in payload:
             payload = payload | {"rejected": self.rejected_rows}
         self.emitted = True
-        self.stdout.write(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+        plain = json.loads(json.dumps(payload, default=str))  # paths, enums and models as the object shows them
+        self.stdout.write(json.dumps(MASKER.json_value(plain), indent=2, sort_keys=False) + "\n")
         self.stdout.flush()
 
     # -- a run -----------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 `terminal_safe` shows every control character escaped (ESC, 8-bit CSI, BEL, CR, newline, DEL, bidi
 overrides, and what renders as nothing), so a step's output cannot write the clipboard (OSC 52), retitle the
 window, move the cursor up and forge a result line, or clear the screen. `safe_text` and `line` make rich
-`Text` that is never parsed as markup. Step logs keep the bytes as sent; only what is shown is escaped.
+`Text` that is never parsed as markup. Step logs keep the bytes as sent; only what is shown is escaped. A key or
+a secret is masked first (masking.py), before escaping could change its form and before rich could wrap it
+across two lines.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import re
 
 from rich.text import Text
+
+from vast_harness.masking import mask
 
 # C0 but TAB, DEL, C1 (0x9b is an 8-bit CSI; 0x85 a newline to some readers), the line and paragraph separators
 # (U+2028/9: newlines to some terminals and pagers), and every format character of Unicode 15 (category Cf:
@@ -30,8 +34,9 @@ def _escaped(found: re.Match[str]) -> str:
 
 
 def terminal_safe(text: str) -> str:
-    """The one sanitiser for the console: control characters shown escaped (`\\x1b`), everything else as is."""
-    return _UNSAFE.sub(_escaped, text)
+    """The one sanitiser for the console: keys and secrets masked, control characters shown escaped (`\\x1b`),
+    everything else as is."""
+    return _UNSAFE.sub(_escaped, mask(text))
 
 
 def safe_text(value: object, style: str = "") -> Text:

@@ -2,7 +2,9 @@
 
 harness-result.json (a `RunRecord`, versioned), offer-quote.json, steps.tsv, steps/<name>.log, remote/,
 absence-proof.json, and manifest.sha256 (sha256 of every file above). Nothing here ever holds the API key or
-a `--remote-secret` value (settings, `--remote-env`, are recorded as given).
+a `--remote-secret` value: every text this module writes goes through the process's masker (masking.py), a JSON
+document's strings before it is serialised (settings, `--remote-env`, are recorded as given, a key or a secret
+in one masked). Artifacts (`artifacts/`) are the user's files and are not written here: they stay byte for byte.
 
 Writing evidence never stops a teardown: every write catches OSError (a full disk, a read-only mount) and
 records it in `write_failures`, which the run reports and turns into its exit code. Step logs are capped:
@@ -19,6 +21,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from vast_harness.files import open_append
+from vast_harness.masking import MASKER, mask
 from vast_harness.records import AbsenceSummary, InstanceTeardown, RunRecord
 
 STEP_LOG_HEAD_BYTES = 8 * 1024 * 1024
@@ -28,10 +32,10 @@ _T = TypeVar("_T")
 
 def write_whole(path: Path, text: str, errors: str = "strict") -> None:
     """Write `path` whole or not at all: a full disk leaves the old file (or none), never a truncated one,
-    and no `.tmp` behind."""
+    and no `.tmp` behind. Keys and secrets masked."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(text, encoding="utf-8", errors=errors)
+        tmp.write_text(mask(text), encoding="utf-8", errors=errors)
         tmp.replace(path)
     finally:
         with contextlib.suppress(OSError):  # a read-only disk refuses even the unlink of nothing
@@ -71,13 +75,13 @@ class StepLog:
         self.dropped_lines = 0
         self._fh: IO[bytes] | None = None
         try:
-            self._fh = path.open("ab")
+            self._fh = open_append(path)  # never held by a FIFO planted where the log goes
         except OSError as exc:
             on_error(f"steps/{path.name}", exc)
 
     def write(self, line: str) -> bool:
-        """Record one line; True while it falls in the head (worth showing live), False once in the tail."""
-        data = line.encode("utf-8", "replace") + b"\n"
+        """Record one line, masked; True while it falls in the head (worth showing live), False once in the tail."""
+        data = mask(line).encode("utf-8", "replace") + b"\n"
         self.total_bytes += len(data)
         if len(data) <= self._head_left:
             self._head_left -= len(data)
@@ -127,11 +131,8 @@ class StepLog:
 
 
 class RunEvidence:
-    def __init__(self, directory: Path, mask: Callable[[str], str] | None = None) -> None:
+    def __init__(self, directory: Path) -> None:
         self.dir = directory
-        # The run's secrets masked in every JSON it writes: a command, a glob, a host's file name may hold one
-        # (the redactor also knows each value as json.dumps escapes it)
-        self.mask = mask
         self.write_failures: list[str] = []
         self.step_log_head_bytes = STEP_LOG_HEAD_BYTES
         self.step_log_tail_bytes = STEP_LOG_TAIL_BYTES
@@ -155,8 +156,9 @@ class RunEvidence:
         path = self.dir / name
 
         def write() -> Path:
-            text = json.dumps(payload, indent=2, default=str) + "\n"
-            write_whole(path, self.mask(text) if self.mask else text)  # never a half-written file
+            # A command, a glob, a URL or a host's file name may hold a key or a secret: masked in every string
+            plain = json.loads(json.dumps(payload, default=str))
+            write_whole(path, json.dumps(MASKER.json_value(plain), indent=2) + "\n")  # never a half-written file
             return path
 
         return self.guarded(name, write)
@@ -167,8 +169,8 @@ class RunEvidence:
 
     def append_step_tsv(self, name: str, rc: int | None, seconds: float) -> None:
         def write() -> None:
-            with (self.dir / "steps.tsv").open("a", encoding="utf-8") as fh:
-                fh.write(f"{name}\t{'NA' if rc is None else rc}\t{seconds:.3f}\n")
+            with open_append(self.dir / "steps.tsv") as fh:
+                fh.write(mask(f"{name}\t{'NA' if rc is None else rc}\t{seconds:.3f}\n").encode())
 
         self.guarded("steps.tsv", write)
 

@@ -15,8 +15,10 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from vast_harness.console.money import usd
+from vast_harness.console.when import utc
 from vast_harness.market.quote import Quote, quote_offer, worst_case_usd
 from vast_harness.market.requires import DroppedFamily, dropped_families, requires_query, requires_reasons
+from vast_harness.spec.fit import WorkloadFit
 from vast_harness.spec.profile import DriverPolicy, Filters
 from vast_harness.spec.requires import Requires
 from vast_harness.vast.models import Offer
@@ -25,6 +27,7 @@ MAX_PAGES = 8
 PAGE_LIMIT = 64
 # Enough ranked candidates for the boot retries and a margin; paging stops once this many qualify.
 WANTED_CANDIDATES = 8
+LARGEST_LIMIT = 4  # offers asked for when naming the largest GPU on the market
 
 
 class OfferCriteria(BaseModel):
@@ -42,7 +45,10 @@ class OfferCriteria(BaseModel):
     upload_bytes: int = 0
     download_bytes: int = 0
     exclude_machine_ids: frozenset[int] = frozenset()
+    skip_machine_ids: frozenset[int] = frozenset()  # failed a receipt before (state/machines.py)
     requires: Requires = Requires()  # the profile's [requires]: what the workload can run on
+    fit: WorkloadFit | None = None  # the memory its 1B runs need, from the run's settings (spec/fit.py)
+    now_unix: float | None = None  # the API server's clock at the search (its `Date`): an offer's end date against it
 
 
 class Candidate(BaseModel):
@@ -85,6 +91,7 @@ class OfferChoice(BaseModel):
     pages: int = 0
     offers_seen: int = 0
     dropped: list[DroppedFamily] = Field(default_factory=list)  # per GPU family, what [requires] dropped and why
+    largest_gpus: list[Offer] = Field(default_factory=list)  # with nothing ranked: the offers with the most memory
 
     def closest_rejections(self, n: int = 5) -> list[Rejection]:
         """The rejects a user most wants to see: fewest reasons, then cheapest worst case."""
@@ -139,6 +146,13 @@ def _narrowed(query: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _broad_query(criteria: OfferCriteria, limit: int) -> dict[str, Any]:
+    """The market's defaults and the GPU count only: what every filter's closest misses are found in."""
+    return {k: v for k, v in build_query(criteria, limit=limit).items()
+            if k in ("verified", "external", "rentable", "rented", "num_gpus", "order", "type", "allocated_storage",
+                     "limit")}
+
+
 def check_offer(offer: Offer, criteria: OfferCriteria) -> list[str]:
     """Every filter re-checked on the parsed offer; the reasons it fails (empty: it passes)."""
     f = criteria.filters
@@ -159,6 +173,10 @@ def check_offer(offer: Offer, criteria: OfferCriteria) -> list[str]:
         reasons.append(f"disk {offer.disk_space_gb} < {criteria.disk_gb} GB")
     if (offer.duration_s or 0.0) < criteria.min_duration_s:
         reasons.append(f"duration {(offer.duration_s or 0) / 60:.0f} min < time cap")
+    elif criteria.now_unix is not None and offer.end_date_unix is not None \
+            and offer.end_date_unix < criteria.now_unix + criteria.min_duration_s:
+        # The contract would end then, and its price with it (Vast's docs): the two fields must agree
+        reasons.append(f"ends {utc(offer.end_date_unix)}, inside the time cap")
     if f.min_inet_down_mbps and (offer.inet_down or 0.0) < f.min_inet_down_mbps:
         reasons.append(f"inet_down {offer.inet_down} < {f.min_inet_down_mbps}")
     if f.min_gpu_ram_gb and (offer.gpu_ram_mb or 0.0) < f.min_gpu_ram_gb * 1000:
@@ -173,7 +191,10 @@ def check_offer(offer: Offer, criteria: OfferCriteria) -> list[str]:
     reasons.extend(non_finite_fields(offer))
     if offer.machine_id is not None and offer.machine_id in criteria.exclude_machine_ids:
         reasons.append(f"machine {offer.machine_id} failed to boot earlier in this run")
-    reasons.extend(requires_reasons(offer, criteria.requires))
+    elif offer.machine_id is not None and offer.machine_id in criteria.skip_machine_ids:
+        reasons.append(f"machine {offer.machine_id} failed its receipt before (`vast-e2e machines`; "
+                       f"--forget {offer.machine_id} tries it again)")
+    reasons.extend(requires_reasons(offer, criteria.requires, fit=criteria.fit))
     return reasons
 
 
@@ -266,19 +287,21 @@ def search_ranked(
     if not choice.ranked and pages < max_pages:
         # Nothing fits: one broader read-only search (the market's defaults and the GPU count only) so the
         # user sees the closest offers and exactly which filter each one fails.
-        broad = {k: v for k, v in build_query(criteria, limit=page_limit).items()
-                 if k in ("verified", "external", "rentable", "rented", "num_gpus", "order", "type",
-                          "allocated_storage", "limit")}
         pages += 1
-        extra = [o for o in search(broad) if o.id not in seen]
+        extra = [o for o in search(_broad_query(criteria, page_limit)) if o.id not in seen]
         widened = choose([*seen.values(), *extra], criteria, drivers)
         choice.rejected = widened.rejected
         choice.offers_seen = widened.offers_seen
-    if explain_requires and not criteria.requires.is_empty():
+    if not choice.ranked and criteria.fit is not None and pages < max_pages:
+        # The runs may need more memory than any GPU has: the largest offered, so the answer can name it.
+        pages += 1
+        largest = search(_broad_query(criteria, LARGEST_LIMIT) | {"order": [["gpu_ram", "desc"]]})
+        choice.largest_gpus = [o for o in largest if o.gpu_ram_mb is not None and math.isfinite(o.gpu_ram_mb)]
+    if explain_requires and (not criteria.requires.is_empty() or criteria.fit is not None):
         # The search was narrowed by [requires]: what it kept out is seen only by asking without it.
         pages += 1
         unnarrowed = search(build_query(criteria, limit=page_limit, with_requires=False))
         choice.dropped = dropped_families({o.id: o for o in [*seen.values(), *unnarrowed]}.values(),
-                                          criteria.requires)
+                                          criteria.requires, fit=criteria.fit)
     choice.pages = pages
     return choice

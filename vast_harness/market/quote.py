@@ -11,6 +11,10 @@ quote under-count (docs/vast-behaviours.md).
 `dph_total` excludes bandwidth (docs/vast-behaviours.md), so both transfer terms are added; the disk part is
 recomputed from `storage_cost` ($/GB/month, /720 for $/h) at the disk size we will ask for, since the
 search may have priced a different `allocated_storage`.
+
+The $/h holds for the whole time cap: a rental contract locks its price until its end date, and a host's raise
+applies only after it, once the renter accepts (docs/vast-behaviours.md); an offer whose end date falls inside
+the time cap is refused (market/offers.py). The quote says until when the price is fixed, when the offer says.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from vast_harness.caps.meter import BYTES_PER_GB
+from vast_harness.console.when import utc
 from vast_harness.vast.models import Offer
 
 
@@ -32,14 +37,17 @@ class Quote(BaseModel):
     download_gb: float
     download_usd: float
     worst_case_usd: float
+    contract_end_unix: float | None = None  # the offer's end date: a contract made now keeps its price until then
 
     @property
     def arithmetic(self) -> str:
+        fixed = ("" if self.contract_end_unix is None else
+                 f"; the $/h is fixed by the contract until {utc(self.contract_end_unix)}, after the time cap")
         return (
             f"{self.hours:.3f} h x ${self.dph_at_disk_usd:.4f}/h (disk {self.disk_gb:g} GB) = ${self.compute_usd:.4f}"
             f" + upload {self.upload_gb:.4f} GB = ${self.upload_usd:.4f}"
             f" + evidence {self.download_gb:.4f} GB = ${self.download_usd:.4f}"
-            f" -> worst case ${self.worst_case_usd:.4f}"
+            f" -> worst case ${self.worst_case_usd:.4f}{fixed}"
         )
 
 
@@ -76,4 +84,5 @@ def quote_offer(
         download_gb=download_gb,
         download_usd=download,
         worst_case_usd=compute + upload + download,
+        contract_end_unix=offer.end_date_unix,
     )

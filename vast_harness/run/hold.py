@@ -41,7 +41,7 @@ from vast_harness.host.ssh import HostSession, RunKey, endpoints_for
 from vast_harness.instance.absence import is_lingering
 from vast_harness.records import AbsenceSummary, CreatedInstance, RunRecord
 from vast_harness.run.host_work import REMOTE_DIR, HostWork
-from vast_harness.run.rent import check_deadman, preflight, rent_and_connect
+from vast_harness.run.rent import preflight, rent_and_connect, timed
 from vast_harness.run.runner import RunStages
 from vast_harness.run.state import RunState, Stage
 from vast_harness.run.tools import Adopted, HoldTerms, RunTools
@@ -282,7 +282,7 @@ class HoldStages(RunStages):
         """Stage.DEADMAN for a later command: the deadlines pushed, the switch found running (else the hold ends:
         fail closed), the heartbeat started."""
         s.stage = Stage.DEADMAN
-        status = self.push(t, s)
+        status = timed(t, s, "deadman_check", lambda: self.push(t, s))
         if status is None or (status.problem is not None and status.cap_epoch is None):
             raise HarnessError(f"kept host {self.name!r}: its deadlines could not be pushed"
                                f"{f' ({status.problem})' if status else ''}; the switch keeps the last ones")
@@ -473,7 +473,8 @@ class UpStages(HoldStages):
         rent_and_connect(t, s)
 
     def arm(self, t: RunTools, s: RunState) -> None:
-        check_deadman(t, s)
+        """The switch was proven armed and the receipt taken in `connect` (as a run's): the idle deadline is
+        pushed from now and the record learns the host."""
         assert s.session is not None
         self.save(t, s, endpoints=[s.session.endpoint], host_key_fingerprint=s.session.host_key_fingerprint,
                   host_key_type=s.session.host_key_type, host_key_base64=s.session.host_key_base64,

@@ -22,6 +22,7 @@ from vast_harness.evidence.run import RunEvidence, StepLog
 from vast_harness.host.artifacts import pull_artifacts
 from vast_harness.host.bundle import WORKDIR_DIR, Bundle
 from vast_harness.host.ssh import HostSession, TreePull
+from vast_harness.masking import spoken
 from vast_harness.records import ArtifactPull, PullRecord, StepOutcome, StepRecord
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.spec.workdir import ArtifactGlobs
@@ -54,6 +55,7 @@ class HostWork:
         self.timings = timings
         self._phase = on_phase  # the run's timeline and live view (console/live.py PhaseLog)
         self.steps: list[StepRecord] = []
+        self.step_env: dict[str, str] = {}  # the run's own variables for the steps (VH_RECEIPT: run/receipt.py)
         self.pull: PullRecord | None = None
         self.artifacts: ArtifactPull | None = None  # `run --artifact`: pulled with the evidence
         self.evidence_pulled = False
@@ -160,8 +162,11 @@ class HostWork:
 
     def run_steps(self) -> None:
         """The profile's steps in order; the first that fails, times out or meets the cap ends the work."""
-        # VH_MASKED_ENV names the secrets, whose values host-side evidence must mask; settings are recorded
-        env = self.spec.host_env | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_secrets)}
+        # VH_MASKED_ENV names the secrets, whose values host-side evidence must mask; settings are recorded.
+        # Python's stdout to a pipe is block-buffered: unbuffered, its prints arrive in the order printed
+        # (unless the user's own settings say otherwise).
+        env = ({"PYTHONUNBUFFERED": "1"} | self.spec.host_env | self.step_env
+               | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_secrets)})
         for step in self.spec.profile.steps:
             self._check_cancelled()
             self.meter.check(f"step {step.name}")
@@ -174,8 +179,10 @@ class HostWork:
             cut: CapReachedError | None = None
             interrupted: Interrupted | None = None
             try:
-                outcome = self.session.run(f"cd {self._step_dir} && {step.run}", on_line=on_line, timeout_s=timeout,
-                                           env=env, stop=self.cancelled, on_partial=on_partial)
+                # stderr into stdout on the host: one stream keeps the program's print order (two SSH streams
+                # are read apart and interleave as they arrive); the cost is that stderr is no longer told apart
+                outcome = self.session.run(f"exec 2>&1; cd {self._step_dir} && {step.run}", on_line=on_line,
+                                           timeout_s=timeout, env=env, stop=self.cancelled, on_partial=on_partial)
             except CapReachedError as exc:  # raised from inside the drain: the channel is closed already
                 cut = exc
                 outcome = StepOutcome(rc=None, seconds=self.meter.now() - started, timed_out=True, detail=str(exc))
@@ -194,12 +201,16 @@ class HostWork:
                                 timed_out=outcome.timed_out, connection_lost=outcome.connection_lost,
                                 interrupted=interrupted is not None,
                                 workload=step.workload, detail=outcome.detail, log_bytes=log.total_bytes,
-                                log_dropped_bytes=log.dropped_bytes)
+                                log_dropped_bytes=log.dropped_bytes, output_left_open=outcome.output_left_open)
             if outcome.connection_lost and not self.cancelled.is_set() and interrupted is None:
                 why_not = self.session.reopen()  # for the evidence pull; the step is never re-run
                 record.reconnect_ok = why_not is None
                 if why_not is not None:
                     self.out.warn(f"step {step.name}: {why_not}")
+            if outcome.output_left_open:
+                self.out.warn(f"step {step.name}: a background process it started kept its output open; the step "
+                              f"ended on its exit status (rc {outcome.rc}) and that process runs on until the "
+                              "instance is deleted (its later output is not shown)")
             self.steps.append(record)
             self.t_last_step_end_unix = time.time()
             self.t_last_step_end_mono = self.meter.now()
@@ -218,6 +229,9 @@ class HostWork:
                 raise StepFailedError(f"step {step.name}: connection lost ({outcome.detail}); reconnect "
                                       f"{'succeeded' if record.reconnect_ok else 'failed'}; not re-run",
                                       step=step.name)
+            if outcome.rc is None:  # no exit status: what happened instead is the user's only lead
+                raise StepFailedError(f"step {step.name} ended without an exit status: {outcome.detail or 'no detail'}",
+                                      step=step.name)
             if outcome.rc != 0:
                 raise StepFailedError(f"step {step.name} failed with rc={outcome.rc}", step=step.name, rc=outcome.rc)
 
@@ -226,10 +240,11 @@ class HostWork:
         """Where the steps run on the host: the uploaded workdir for a `run`, else the harness's bundle."""
         return f"~/{REMOTE_DIR}/{WORKDIR_DIR}" if self.spec.profile.workdir is not None else f"~/{REMOTE_DIR}"
 
-    def _redact_pulled(self, under: str = "remote") -> list[str]:
+    def _redact_pulled(self, under: str = "remote", *, contents: bool = True) -> list[str]:
         """Secrets in what the host wrote are masked before anything reads or hashes it (the manifest and the
         report come after), whatever way the pull ended; the names of the files that held one are recorded.
-        A file that cannot be masked is an evidence write failure (the run cannot pass with it)."""
+        A file that cannot be masked is an evidence write failure (the run cannot pass with it). Without
+        `contents` (artifacts: the user's bytes) only names are masked."""
         redact, root = self.spec.redactor, self.ev.dir / under
         if not redact:
             return []
@@ -245,9 +260,10 @@ class HostWork:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     path = path.rename(target)
                     name = target.relative_to(root).as_posix()
-                    redact.file(path)
+                    if contents:
+                        redact.file(path)
                     changed.append(name)
-                elif redact.file(path):
+                elif contents and redact.file(path):
                     changed.append(name)
             except OSError as exc:
                 self.ev.write_failures.append(f"{under}/{redact.text(name)}: could not mask a secret "
@@ -360,7 +376,7 @@ class HostWork:
 
     def _pull_artifacts(self, *, deadline: float, max_bytes: float, abandon: Callable[[], bool]) -> None:
         """`run --artifact`: the globs from the host's workdir into <run>/artifacts/, with what is left of the
-        evidence pull's deadline and budget; secrets masked as in the host's evidence."""
+        evidence pull's deadline and budget, byte for byte (host/artifacts.py); a secret in one is a warning."""
         globs = self.spec.profile.artifacts
         if not globs or self.meter.now() >= deadline:
             if globs:
@@ -373,12 +389,18 @@ class HostWork:
                                  on_bytes=lambda n: self.meter.add_bytes(down=n), abandon=abandon)
         except Exception as exc:  # noqa: BLE001 - evidence is best effort; the teardown must still run
             got = ArtifactPull(globs=list(globs), detail=f"{type(exc).__name__}: {exc}")
-        finally:  # a signal too: what arrived is masked and recorded before the teardown goes on
+        finally:  # a signal too: what arrived is named and recorded before the teardown goes on
             got = got or ArtifactPull(globs=list(globs), detail="interrupted")
-            got.redacted = self._redact_pulled(ARTIFACTS_DIR)
+            got.redacted = self._redact_pulled(ARTIFACTS_DIR, contents=False)  # the bytes are the user's
             self.artifacts = got
         self.out.info(f"pulled {len(got.files)} artifact(s), {got.bytes} bytes, into "
                       f"{self.ev.dir / ARTIFACTS_DIR}" + ("" if got.complete else f"; incomplete: {got.detail}"))
+        for name, secrets in got.secrets_found.items():
+            self.out.warn(f"artifact {name} holds {' and '.join(spoken(s) for s in secrets)}: kept byte for byte and private (0600); "
+                          "do not share it as it is")
+        if got.unverified:
+            self.out.warn(f"{len(got.unverified)} artifact(s) not checked against the host's sha256 (the host "
+                          f"could not hash them): {', '.join(got.unverified[:5])}")
 
     def _check_artifacts(self, deadline: float, affordable: float) -> None:
         """An artifact pull that did not bring everything back fails the run, as incomplete evidence does: exit

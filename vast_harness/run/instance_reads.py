@@ -10,25 +10,33 @@ The price comes from every row of ours any read shows, not only the per-id reads
 a retired path) the v1 list by id is read instead, and each absence-proof round's three reads re-price the
 meter too (`on_row`, `on_proof_round`; never raising: the teardown calls them), and so does the ownership
 read's row of ours (`take_own_row`, run/instances.py).
+
+A fourth: the contract's end (`end_date`). Vast's docs say a contract keeps its price until then, a host's raise
+applying after it only once the renter accepts (docs/vast-behaviours.md), and the offer's end was checked against
+the time cap before renting; a row that shows the end inside the time cap (the host moved its offer's end in
+after the search) makes it the run's deadline, and the pending increase on the contract, if any, prices what
+runs past it (`on_contract_end`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from vast_harness.caps.meter import CostMeter, finite_positive, plausible_dph
 from vast_harness.console.money import per_hour
 from vast_harness.console.output import Output
+from vast_harness.console.when import utc
 from vast_harness.errors import CapReachedError, ExitCode, Interrupted, VastError
 from vast_harness.instance.absence import is_lingering
 from vast_harness.records import CreatedInstance, PriceChange, ProofRound
 from vast_harness.run.rent_book import RentBook
 from vast_harness.state.ledger import Ledger
 from vast_harness.vast.client import VastClient
-from vast_harness.vast.models import Instance
+from vast_harness.vast.models import Instance, epoch
 from vast_harness.vast.row_price import row_price, rows_of
 
 MIN_READ_WITHIN_S = 2.0  # a poll's read (per-id, or the list row in its place) answers within a poll, within
@@ -80,6 +88,10 @@ class InstanceReads:
         # The host's dead-man switch deletes the instance this long after it boots (cap + grace): past it, an
         # instance gone with no DELETE of ours was most likely deleted by the switch (the run was stopped)
         self.switch_allowance_s = switch_allowance_s
+        # instance -> the contract's end a row last showed (epoch), on the run's clock when inside the time cap,
+        # and the pending increase's factor known for past it
+        self._contract_ends: dict[int, tuple[float, float | None, float | None]] = {}
+        self._pending_unread: set[int] = set()  # instances whose pending increases could not be read (said)
 
     def record_raise(self, change: PriceChange) -> None:
         """A higher price the meter took, into the ledger (best effort, like every line after the intent): a
@@ -100,6 +112,10 @@ class InstanceReads:
             self.ledger.append(self.run_id, "seen", inst.label, instance_id=inst.instance_id, detail="in a per-id read")
         if read is None:
             return
+        if read.end_date_unix is not None and read.end_date_unix == self._contract_ends.get(inst.instance_id, (None,))[0]:
+            self.pending_increase(inst)  # the same end: what a host asks past it may have changed
+        else:
+            self.on_contract_end(inst, read.end_date_unix)
         if read.dph_total is None:  # no usable price sent: the last good one stands, and why is recorded
             self.meter.observe_price(inst.instance_id, None, source="per-id read",
                                      reason="no usable dph_total (missing, null, not a number or negative)")
@@ -109,6 +125,48 @@ class InstanceReads:
                           f"{per_hour(inst.dph_usd)} the search showed: the cap deadline moves earlier")
             inst.dph_usd = plausible_dph(read.dph_total)
         self.meter.reprice(inst.instance_id, read.dph_total)
+
+    def on_contract_end(self, inst: CreatedInstance, end_unix: float | None) -> None:
+        """A row's `end_date` for `inst`'s contract. Past the time cap it changes nothing (the price holds for
+        the whole run); inside it, it becomes the run's deadline (Vast stops the instance there unless a raise
+        was accepted), said once. Never raises."""
+        if end_unix is None or end_unix == self._contract_ends.get(inst.instance_id, (None,))[0]:
+            return
+        server_now = self.client.server_clock.now()  # the same clock as the row's date; else the wall clock
+        end_s = self.meter.now() + end_unix - (server_now if server_now is not None else time.time())
+        inside = end_s < self.meter.t0 + self.meter.max_seconds
+        self._contract_ends[inst.instance_id] = (end_unix, end_s if inside else None, None)
+        self.meter.set_contract_end(inst.instance_id, end_s=end_s if inside else None, end_unix=end_unix)
+        if inside:
+            self.out.warn(f"instance {inst.instance_id}'s contract ends {utc(end_unix)}, "
+                          f"{max(0.0, end_s - self.meter.now()):.0f} s from now, before the time cap: Vast stops it "
+                          "then unless a price increase on it is accepted, so the run's work ends before it")
+            self.pending_increase(inst)
+
+    def pending_increase(self, inst: CreatedInstance) -> None:
+        """While `inst`'s contract ends inside the time cap, what a pending increase on it asks prices any time
+        past its end (GET pending-price-increases, one bounded read; not once our DELETE is on its way). Never
+        raises: an unreadable list leaves the contract's own price, said."""
+        entry = self._contract_ends.get(inst.instance_id)
+        if entry is None or entry[1] is None or self._deleting(inst.instance_id):
+            return
+        end_unix, end_s, known = entry
+        try:
+            rows = self.client.pending_price_increases(within_s=self.read_within_s)
+        except VastError as exc:
+            if inst.instance_id not in self._pending_unread:  # said once, not at every poll
+                self._pending_unread.add(inst.instance_id)
+                self.out.warn(f"could not read the pending price increases ({exc}): time past instance "
+                              f"{inst.instance_id}'s contract end is counted at its own price")
+            return
+        row = next((r for r in rows if r.contract_id == inst.instance_id), None)
+        factor = None if row is None else row.factor
+        if factor is None or factor == known:
+            return
+        self._contract_ends[inst.instance_id] = (end_unix, end_s, factor)
+        self.meter.set_contract_end(inst.instance_id, end_s=end_s, end_unix=end_unix, after_factor=factor)
+        self.out.warn(f"instance {inst.instance_id}'s host asks {factor:.3g}x its price from the contract's end "
+                      "(a pending price increase, never accepted here): any time past it is counted at that price")
 
     def on_row(self, inst: CreatedInstance, body: Any, *, source: str) -> None:
         """Every row of `inst` in a read's parsed body other than the per-id reads `on_read` takes (the v1 list
@@ -120,6 +178,7 @@ class InstanceReads:
             price = row_price(row)
             _took(self.meter, self.out, inst, self.meter.observe_price(
                 inst.instance_id, price.dph_usd, source=source, reason=price.reason), source)
+            self.on_contract_end(inst, epoch(row.get("end_date")))
 
     def on_proof_round(self, inst: CreatedInstance, r: ProofRound) -> None:
         """An absence-proof round's three reads, each a row of ours when it shows one (a lingering row too: it

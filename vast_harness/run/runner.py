@@ -25,7 +25,7 @@ from vast_harness.records import AbsenceSummary, CreatedInstance, InstanceTeardo
 from vast_harness.reports.run import write_run_report_safely
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.record import build_record, exit_facts
-from vast_harness.run.rent import check_deadman, preflight, rent_and_connect, timed
+from vast_harness.run.rent import preflight, rent_and_connect, timed
 from vast_harness.run.rent_book import RentBook
 from vast_harness.run.state import RunState, Stage, new_state
 from vast_harness.run.teardown import delete_all, prelude, pull_evidence
@@ -70,12 +70,13 @@ class RunStages:
         return preflight(t, s, key_dir)
 
     def connect(self, t: RunTools, s: RunState) -> None:
-        """Stage.RENT: an instance booted and SSH up (`s.session`, `s.work`)."""
+        """Stage.RENT, DEADMAN, RECEIPT: an instance booted, SSH up (`s.session`, `s.work`), its dead-man switch
+        proven able to act and its receipt passed (`rent.qualify`), the next offer after a host that fails."""
         rent_and_connect(t, s)
 
     def arm(self, t: RunTools, s: RunState) -> None:
-        """Stage.DEADMAN: the dead-man switch proven able to act."""
-        check_deadman(t, s)
+        """After `connect`, before the work, the host's price watched: a kept host's deadlines pushed and its
+        switch checked; nothing for a run (its switch was proven in `connect`)."""
 
     def work(self, t: RunTools, s: RunState, bundle: Bundle | None) -> None:
         """Stage.UPLOAD, Stage.STEPS, Stage.PULL."""
@@ -136,10 +137,10 @@ class GuardedRun:
             try:
                 t.out.start_view(lambda: snapshot(t))  # inside: a Ctrl-C here too is exit 130, not a traceback
                 bundle = stages.prepare(t, s, Path(key_dir))  # Stage.PREFLIGHT: nothing rented until it passes
-                stages.connect(t, s)  # Stage.RENT
+                stages.connect(t, s)  # Stage.RENT, DEADMAN, RECEIPT: the next offer after a host that fails
                 # The host may re-price while anything runs on it, a slow upload or pull as much as a step.
                 with t.reads.watch_prices(t.book.latest()):
-                    timed(t, s, "deadman_check", lambda: stages.arm(t, s))  # Stage.DEADMAN
+                    stages.arm(t, s)  # a kept host's deadlines pushed (a run's switch is proven in connect)
                     stages.work(t, s, bundle)  # Stage.UPLOAD, Stage.STEPS, Stage.PULL
                 code, message = with_guard(*stages.outcome(t, s), t.cap_guard.fired_reason)
             except (Exception, Interrupted) as exc:  # a bug too must end in teardown and an exit code

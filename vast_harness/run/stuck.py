@@ -20,6 +20,7 @@ from vast_harness.caps.guard import CapGuard
 from vast_harness.clock import Clock
 from vast_harness.errors import ExitCode
 from vast_harness.instance.absence import prove_absent
+from vast_harness.masking import mask
 from vast_harness.run.rent_book import RentBook
 from vast_harness.vast.client import VastClient
 
@@ -33,7 +34,7 @@ def exit_process(code: int) -> None:
 
 def _say(text: str) -> None:
     try:
-        os.write(2, f"{text}\n".encode("utf-8", "replace"))
+        os.write(2, f"{mask(text)}\n".encode("utf-8", "replace"))
     except OSError:
         pass
 

@@ -130,10 +130,11 @@ class GuardFired:
 def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output, state: RunState, *,
                 clock: Clock, host_work: type[HostWork], on_created: Callable[[CreatedInstance], None] | None,
                 around_boot: AroundBoot | None, hold: HoldTerms | None = None) -> RunTools:
+    spec.teach_masker()  # the key this run uses (the simulator's too) and its secrets, before anything is written
     server_clock: ServerClock | None = getattr(client, "server_clock", None)
     ledger = Ledger.for_spec(spec, server_clock.now if server_clock else None,
                              evidence_dir=spec.evidence_dir / state.run_id)
-    ev = RunEvidence(spec.evidence_dir / state.run_id, mask=spec.redactor.text if spec.redactor else None)
+    ev = RunEvidence(spec.evidence_dir / state.run_id)
     adopt = hold.adopt if hold else None
     meter = CostMeter(max_usd=spec.caps.max_usd, max_seconds=spec.max_seconds,
                       teardown_margin_s=spec.teardown_margin_s, clock=clock,

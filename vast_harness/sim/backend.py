@@ -12,8 +12,6 @@ import functools
 import os
 import random
 import shlex
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -24,12 +22,21 @@ from typing import Any, TypeGuard
 import paramiko
 
 from vast_harness.sim import errors, transitions
-from vast_harness.sim.faults import FaultPlan, FaultRule
-from vast_harness.sim.gpus import install_nvidia_smi
-from vast_harness.sim.instances import Instance, list_page, render
+from vast_harness.sim.faults import RECEIPT_KINDS, FaultPlan, FaultRule
+from vast_harness.sim.gpus import install_nvidia_smi, install_receipt
+from vast_harness.sim.hostpython import RefusingPort, make_host_python
+from vast_harness.sim.instances import INCREASE_FIELDS, MAX_EXEC_TIMES, Instance, PriceIncrease, list_page, render
 from vast_harness.sim.market import generate_offers, priced, search
 from vast_harness.sim.ratelimit import RateLimiter
-from vast_harness.sim.sandbox import Sandbox, SandboxClosed, container_env, marker_for, reap_orphans, ssh_session_env
+from vast_harness.sim.sandbox import (
+    OwnedRoot,
+    Sandbox,
+    SandboxClosed,
+    container_env,
+    marker_for,
+    reap_dead_simulators,
+    ssh_session_env,
+)
 from vast_harness.sim.sshhost import SshHost
 
 MIN_DISK_GB = 8.0
@@ -49,6 +56,7 @@ SHOW_SHAPES = ("object", "list")  # the per-id read: docs/dstack's object, or Va
 NEGATIVE_BALANCE_USD = 0.5  # how far below $0 the negative_balance fault takes the account
 OCI_FAIL_MSG = ("Error: container failed to start: OCI runtime create failed: runc create failed: unable to "
                 "start container process: error during container init")
+RELIST_EXTENSION_S = 86_400.0  # a host raising its price re-lists at least this far past the contract's end
 MANIFEST_MSG = "Error response from daemon: manifest for {image} not found: manifest unknown"
 
 
@@ -81,27 +89,36 @@ class Backend:
     def __init__(self, seed: int = 0, boot_seconds: float = 0.0, faults: Any = None, num_offers: int = 300,
                  rate_scale: float = 1.0, api_keys: list[str] | None = None, credit_usd: float = 100.0,
                  host_root: str | Path | None = None, linger_seconds: float = DEFAULT_LINGER_S,
-                 show_shape: str = "object", card_saved: bool = False, key_reset_s: float | None = None) -> None:
+                 show_shape: str = "object", card_saved: bool = False, key_reset_s: float | None = None,
+                 host_network: bool = False) -> None:
         """`show_shape`: "object" (`{"instances": {...}}` with ports: the docs, dstack) or "list"
         (`{"instances": [{...}]}` without ports: base-image test_template.py). `card_saved`: the account has a card
         on file, so a negative balance stops its instances but Vast never destroys them. `key_reset_s`: every
         instance's authorized keys are refreshed this long after it runs (Vast: "between 9 and 18 hours in";
-        scale it down), as the `key_reset` fault does for chosen instances."""
+        scale it down), as the `key_reset` fault does for chosen instances. `host_network`: the hosts' pip may
+        download (off by default: sim/hostpython.py)."""
         if show_shape not in SHOW_SHAPES:
             raise ValueError(f"show_shape must be one of {SHOW_SHAPES}, got {show_shape!r}")
         self.seed, self.boot_s, self.credit_usd = seed, max(0.0, boot_seconds), credit_usd
         self.linger_s = max(0.0, linger_seconds)
         self.show_shape, self.card_saved = show_shape, card_saved
         self.key_reset_s = key_reset_s
+        self.host_network = host_network
+        self.refusing_port = RefusingPort()  # where an offline host's pip is sent: refused at once
         self.rng = random.Random(seed)
         self.lock = threading.RLock()
         self.limiter = RateLimiter(rate_scale)
         self.faults = FaultPlan.parse(faults, self.rng)
         self.api_keys = list(api_keys) if api_keys else None
-        self._own_root = host_root is None
-        self.host_root = Path(host_root or tempfile.mkdtemp(prefix="vast-sim-hosts-"))
+        # What simulators killed -9 left: their hosts' processes (switches retrying for ever) and sandboxes
+        reap_dead_simulators()
+        self._own_root: OwnedRoot | None = None
+        if host_root is None:
+            self._own_root = OwnedRoot()
+            self.host_root = self._own_root.path
+        else:
+            self.host_root = Path(host_root)
         self.host_root.mkdir(parents=True, exist_ok=True)
-        reap_orphans()  # hosts a simulator killed -9 left running (their switches retry for ever)
         self.host_key = paramiko.ECDSAKey.generate()  # fast to make; one per simulator, like a host's
         self.offers = generate_offers(self.rng, num_offers, time.time())
         self.offers_by_id = {o["id"]: o for o in self.offers}
@@ -113,6 +130,7 @@ class Backend:
         self.server_errors: list[str] = []  # exceptions the HTTP server caught (a simulator bug), newest last
         self._next_instance_id = self.rng.randint(20_000_000, 30_000_000)
         self._next_key_id = 1000
+        self._next_increase_id = 5_000  # counted, not drawn: a fault firing must not shift the seeded ids
         for key in self.api_keys or []:
             self._account(key)
 
@@ -223,6 +241,9 @@ class Backend:
             underbid = req.price is not None and req.price < offer["min_bid"]
             stopped_fault = self.faults.take("create_stopped")
             inst = self._new_instance(account, offer, req, now)
+            shortened = self.faults.take("contract_end")
+            if shortened is not None:  # the host moved its offer's end date in after the caller's search
+                offer["end_date"] = inst.end_date = inst.offer["end_date"] = now + (shortened.seconds or 0.0)
             reprice = self.faults.take("reprice_offer")
             if reprice is not None:  # the host re-listed at a new price after the caller's search
                 for key in ("dph_base", "dph_total", "min_bid"):
@@ -241,6 +262,12 @@ class Backend:
                 inst.boot_error = MANIFEST_MSG.format(image=req.image)
             inst.container_key_refused = self.faults.take("container_key_refused") is not None
             inst.gpu_lie = self.faults.take("gpu_mismatch") is not None
+            for kind in RECEIPT_KINDS:  # what its receipt will lie about (sim/host_receipt.py)
+                rule = self.faults.take(kind)
+                if rule is not None:
+                    inst.receipt_faults[kind] = (rule.seconds or 0.0) if kind == "throttle" else (rule.factor or 1.0)
+            # its receipt's noise: replayable from the simulator's seed, without a draw that moves later ones
+            inst.receipt_seed = random.Random(f"{self.seed}-{inst.id}").getrandbits(32)
             scheduling = self.faults.take("scheduling")
             inst.scheduling_s = scheduling.seconds or 0.0 if scheduling is not None else 0.0
             earlier = self.faults.take("started_earlier")
@@ -277,7 +304,7 @@ class Backend:
             image=req.image, disk_gb=req.disk_gb, onstart=req.onstart, extra_env=req.env,
             runtype=req.runtype, api_key=f"{self.rng.getrandbits(256):064x}",
             jupyter_token=f"{self.rng.getrandbits(256):064x}", created_at=now, is_bid=req.price is not None,
-            settled_at=now, ssh_keys=[],
+            settled_at=now, ssh_keys=[], end_date=float(offer["end_date"]),  # locked at the rent (the docs)
         )
 
     def _start_host(self, inst: Instance) -> None:
@@ -287,9 +314,14 @@ class Backend:
                      "VAST_CONTAINERLABEL": f"C.{inst.id}", "PUBLIC_IPADDR": "127.0.0.1",
                      "SSH_PUBLIC_KEY": account.ssh_keys[-1]["key"] if account.ssh_keys else ""}
         marker = marker_for(inst.id, id(inst))
-        sandbox = Sandbox(home, container_env(home, marker, vast_vars, inst.extra_env),
-                          ssh_session_env(home, marker))
+        home.mkdir(parents=True, exist_ok=True)
+        image_env = make_host_python(home, network=self.host_network, refusing_port=self.refusing_port.port)
+        sandbox = Sandbox(home, container_env(home, marker, vast_vars, inst.extra_env, image_env),
+                          ssh_session_env(home, marker, image_env))
         gpu_bin = install_nvidia_smi(home, inst.offer, lie=inst.gpu_lie)  # answers from the offer (sim/gpus.py)
+        inst.receipt_report = self.host_root / f"receipt-{inst.id}.json"  # outside the sandbox a destroy removes
+        install_receipt(home, inst.offer, faults=inst.receipt_faults, seed=inst.receipt_seed,
+                        report=inst.receipt_report, torch="torch" in inst.image.lower())
         for env in (sandbox.env, sandbox.ssh_env):
             env["PATH"] = f"{gpu_bin}{os.pathsep}{env['PATH']}"
         host = SshHost(inst.id, sandbox, self.host_key, lambda blob: self._authorized(inst.id, blob),
@@ -304,6 +336,7 @@ class Backend:
                 return
             if inst.status_override is not None or inst.never_boots or inst.boot_error is not None:
                 return
+        self._schedule(inst, max(0.0, inst.end_date - time.time()), self._contract_end)
         delay = transitions.boot_delay_s(self.boot_s) + inst.scheduling_s
         if delay <= 0:
             self._boot(inst)
@@ -326,19 +359,24 @@ class Backend:
             if inst.unreachable:  # sold twice: the reads say running, nothing answers
                 return
             inst.host.accepting = True
-            later: list[tuple[FaultRule | None, Callable[[Instance], None] | None]] = [
-                (self.faults.take("offline"), self._go_offline), (self.faults.take("exit"), self._exit),
-                (self.faults.take("credit_zero"), self._credit_zero), (self.faults.take("reprice"), None),
-                (self.faults.take("negative_balance"), self._negative_balance),
-                (self.faults.take("key_reset") or self._every_instance_key_reset(), self._reset_keys)]
+            # (fault kind, what it does once its SECONDS are up, made from its rule), taken in this order
+            actions: list[tuple[str, Callable[[FaultRule], Callable[[Instance], None]]]] = [
+                ("offline", lambda r: self._go_offline), ("exit", lambda r: self._exit),
+                ("credit_zero", lambda r: self._credit_zero),
+                ("reprice", lambda r: functools.partial(self._raise_listing, factor=r.factor or 1.0)),
+                ("reprice_silent", lambda r: functools.partial(self._reprice, factor=r.factor or 1.0)),
+                ("negative_balance", lambda r: self._negative_balance), ("key_reset", lambda r: self._reset_keys)]
+            later = []
+            for kind, make in actions:
+                rule = self.faults.take(kind) or (self._every_instance_key_reset() if kind == "key_reset" else None)
+                if rule is not None:
+                    later.append((rule, make(rule)))
         if inst.onstart:
             # destroyed in the meantime (SandboxClosed) or the host dir is gone: nothing left to start
             with contextlib.suppress(SandboxClosed, OSError):
                 inst.sandbox.start_onstart(inst.onstart)
         for rule, action in later:
-            if rule is not None:
-                act = action or functools.partial(self._reprice, factor=rule.factor or 1.0)
-                self._schedule(inst, rule.seconds or 0.0, act)
+            self._schedule(inst, rule.seconds or 0.0, action)
 
     def _halt(self, inst: Instance, status: str) -> None:
         """The container stops being reachable with `status` (offline, exited, stopped); billing follows."""
@@ -419,12 +457,81 @@ class Backend:
             self._halt(inst, transitions.STOPPED)
 
     def _reprice(self, inst: Instance, factor: float) -> None:
+        """The running contract's own price becomes `factor` x (what the docs say cannot happen: the
+        `reprice_silent` fault, and tests of the harness's defence)."""
         with self.lock:
             if not inst.live:
                 return
             inst.settle(time.time())
             for key in ("dph_base", "dph_total"):
                 inst.offer[key] = inst.offer[key] * factor
+
+    def _raise_listing(self, inst: Instance, factor: float) -> None:
+        self.raise_price(inst, factor)
+
+    def raise_price(self, inst: Instance, factor: float) -> PriceIncrease | None:
+        """The host raises its price `factor` x (the `reprice` fault): its offer at once, for new rentals; the
+        running contract keeps its own and gets a pending increase, to apply from its end_date if the renter
+        accepts it."""
+        with self.lock:
+            if not inst.live:
+                return None
+            # re-listed at the new price, with an end date past the contract's (hosting-overview.mdx's example)
+            ask_end = inst.end_date + RELIST_EXTENSION_S
+            offer = self.offers_by_id.get(inst.offer["id"])
+            if offer is not None:
+                for key in ("dph_base", "min_bid", "storage_cost", "inet_up_cost", "inet_down_cost"):
+                    offer[key] = offer[key] * factor
+                offer["end_date"] = ask_end = max(ask_end, float(offer["end_date"]))
+            self._next_increase_id += 1
+            old = {name: float(inst.offer[key]) / per for name, key, per in INCREASE_FIELDS}
+            inst.increase = PriceIncrease(id=self._next_increase_id, factor=factor, old=old, ask_end_date=ask_end,
+                                          created_at=time.time())
+            return inst.increase
+
+    def _contract_end(self, inst: Instance) -> None:
+        """The contract's end_date: an accepted increase extends it at the new prices (from now on); otherwise
+        it expires and the instance stops (storage bills on until it is destroyed)."""
+        with self.lock:
+            if not inst.live:
+                return
+            increase, inst.increase = inst.increase, None
+            if increase is not None and increase.accepted:
+                inst.settle(time.time())
+                for _, key, _ in INCREASE_FIELDS:
+                    inst.offer[key] = inst.offer[key] * increase.factor
+                inst.offer["dph_total"] = inst.offer["dph_base"] + inst.offer["storage_total_cost"]
+                inst.end_date = increase.ask_end_date
+                extended = True
+            else:
+                inst.expired, extended = True, False
+        if extended:
+            self._schedule(inst, max(0.0, inst.end_date - time.time()), self._contract_end)
+        else:
+            self._halt(inst, transitions.STOPPED)
+
+    def pending_increases(self, account: Account) -> list[dict[str, Any]]:
+        """GET /api/v0/instances/pending-price-increases/: the account's contracts with an unanswered raise."""
+        with self.lock:
+            return [i.increase.row(i) for i in self.instances.values()
+                    if i.account == account.index and i.live and i.increase is not None and not i.increase.accepted]
+
+    def answer_increase(self, account: Account, body: dict[str, Any], *, accept: bool) -> dict[str, Any]:
+        """PUT /api/v0/instances/{accept,reject}-price-increase/: body exactly {"pending_price_increase_id": N};
+        an unknown, answered or foreign row answers 404 no_pending_price_increase (vast-cli price_increase.py)."""
+        pending_id = body.get("pending_price_increase_id")
+        if set(body) != {"pending_price_increase_id"} or isinstance(pending_id, bool) or not isinstance(pending_id, int):
+            raise errors.vast_error(400, "invalid_request", 'body must be exactly {"pending_price_increase_id": <int>}')
+        with self.lock:
+            inst = next((i for i in self.instances.values() if i.account == account.index and i.live
+                         and i.increase is not None and i.increase.id == pending_id and not i.increase.accepted), None)
+            if inst is None or inst.increase is None:
+                raise errors.vast_error(404, "no_pending_price_increase", "No pending price increase with that id.")
+            if accept:
+                inst.increase.accepted = True
+            else:
+                inst.increase = None  # tombstoned: no cutover follows
+            return {"success": True, "pending_price_increase_id": pending_id, "contract_id": inst.id}
 
     def _on_bytes(self, instance_id: int, to_host: int, from_host: int) -> None:
         with self.lock:
@@ -433,6 +540,8 @@ class Backend:
     def _on_exec(self, inst: Instance) -> None:
         with self.lock:
             inst.execs += 1
+            if len(inst.exec_times) < MAX_EXEC_TIMES:
+                inst.exec_times.append(time.time())
 
     def _readable(self, inst: Instance | None, now: float) -> TypeGuard[Instance]:
         """Whether reads show `inst` now: live and past its read lag, or destroyed and still lingering."""
@@ -555,8 +664,9 @@ class Backend:
             self._teardown(inst, remove=False)
 
     def cleanup_root(self) -> None:
-        if self._own_root:
-            shutil.rmtree(self.host_root, ignore_errors=True)
+        self.refusing_port.close()
+        if self._own_root is not None:
+            self._own_root.remove()
 
 
 @dataclass

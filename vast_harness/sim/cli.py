@@ -13,6 +13,7 @@ from vast_harness.sim import calibrate
 from vast_harness.sim import faults as faults_module
 from vast_harness.sim.backend import DEFAULT_LINGER_S, SHOW_SHAPES
 from vast_harness.sim.faults import FaultPlan, FaultSpecError
+from vast_harness.sim.hostpython import describe
 from vast_harness.sim.server import SimServer
 
 
@@ -53,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "call came (a kept host's simulator: its last host is gone, no command runs)")
     parser.add_argument("--max-lifetime", type=float, default=None, metavar="S",
                         help="stop S seconds after starting, whatever is live (hosts' processes end with it)")
+    parser.add_argument("--host-network", action="store_true",
+                        help="let the hosts' pip download (off by default: pip installs from local files only)")
     return parser
 
 
@@ -71,7 +74,7 @@ def server_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "credit_usd": args.credit_usd, "host_root": args.host_root, "port": args.port,
             "linger_seconds": DEFAULT_LINGER_S if linger is None else linger,
             "show_shape": args.show_shape, "card_saved": args.card_saved, "key_reset_s": args.key_reset_seconds,
-            "calibration": cal.describe() if cal else None}
+            "host_network": args.host_network, "calibration": cal.describe() if cal else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if calibration:
         print(calibration, flush=True)
     print(f"vast sim listening on {sim.url}", flush=True)
+    print(f"hosts: {describe(network=args.host_network)}", flush=True)
     try:
         _serve(sim, stop, exit_when_empty_s=args.exit_when_empty, max_lifetime_s=args.max_lifetime)
     finally:

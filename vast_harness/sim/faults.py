@@ -60,8 +60,19 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
                                             instances are stopped (SSH closed), storage still bills
     reprice_offer:FACTOR[:COUNT]            the host re-priced the offer after the search: the instance
                                             is billed at FACTOR x the searched price
-    reprice:FACTOR:SECONDS[:COUNT]          SECONDS after running the instance's dph_total becomes
-                                            FACTOR x its price (the read shows it, billing follows)
+    reprice:FACTOR:SECONDS[:COUNT]          SECONDS after running the host raises its listing FACTOR x,
+                                            as Vast lets it: new rentals pay the new price, the running
+                                            contract keeps its own until its end_date and gets a pending
+                                            price increase (GET /instances/pending-price-increases/) that
+                                            applies from its end_date only if the renter accepts it;
+                                            unaccepted, the contract expires then (stopped, storage bills)
+                                            (docs/vast-behaviours.md)
+    reprice_silent:FACTOR:SECONDS[:COUNT]   SECONDS after running the running contract's own dph_total
+                                            becomes FACTOR x (reads show it, billing follows): what Vast's
+                                            docs say cannot happen, kept to test the harness's defence
+    contract_end:SECONDS[:COUNT]            the next COUNT contracts end SECONDS after their create (the
+                                            host shortened the offer's end date after the search): the
+                                            instance stops then unless a pending increase was accepted
     boot_stall[:COUNT]                      the next COUNT instances never leave `loading`
     wrong_contract[:COUNT]                  the create makes its instance but its answer's new_contract
                                             names another live instance of the same account (the oldest)
@@ -93,8 +104,17 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
     gpu_mismatch[:COUNT]                    the next COUNT instances' nvidia-smi reports another GPU than the
                                             offer's (a lying host: the harness must refuse and delete it)
     slow_sftp:BYTES_PER_S[:COUNT]           SFTP reads and writes are throttled (COUNT sessions, default *)
+    pcie_slow:FACTOR[:COUNT]                the next COUNT instances' receipt (their `vh-receipt`,
+                                            sim/host_receipt.py) reports host<->device copies at FACTOR of
+                                            the offer's pcie_bw (a link that is slower than advertised)
+    gpu_slow:FACTOR[:COUNT]                 ... its matmul and sustained burn at FACTOR
+    hbm_slow:FACTOR[:COUNT]                 ... its HBM copy at FACTOR
+    throttle:SECONDS[:COUNT]                ... its clocks drop SECONDS into the burn (a HW thermal slowdown
+                                            active from then on; a burn shorter than SECONDS shows nothing)
+    ecc_error[:COUNT]                       ... an uncorrectable ECC error during the burn (a GPU that
+                                            reports ECC: not a GeForce)
 
-    ENDPOINT := search | create | show | list | destroy | user | ssh | any
+    ENDPOINT := search | create | show | list | destroy | user | ssh | price_increase | any
 
 Example: `429:search:3;5xx:destroy:2;create_timeout;ssh_refuse:2;seed=7`. The JSON form is a list of
 rule objects (`{"kind": "5xx", "endpoint": "destroy", "count": 2}`), or `{"seed": 7, "rules": [...]}`.
@@ -112,17 +132,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_taken", "delete_fail",
                "read_lag", "boot_stall", "offline", "ssh_refuse", "ssh_drop", "slow_sftp", "create_5xx",
                "create_hold", "linger", "double_accept", "oci_fail", "manifest_missing", "exit",
-               "credit_zero", "reprice_offer", "reprice", "container_key_refused", "v0_deprecated",
+               "credit_zero", "reprice_offer", "reprice", "reprice_silent", "contract_end",
+               "container_key_refused", "v0_deprecated",
                "scheduling", "negative_balance", "started_earlier", "wrong_contract", "show_list",
                "show_no_ports", "error_status", "key_reset", "delete_noop", "gpu_mismatch", "date_ahead",
-               "date_behind"]
-ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "any")
+               "date_behind", "pcie_slow", "gpu_slow", "hbm_slow", "throttle", "ecc_error"]
+ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "price_increase", "any")
 GATEWAY_STATUSES = (502, 503, 504)
 _NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
 _NEEDS_SECONDS = frozenset({"hang", "read_lag", "offline", "ssh_drop", "create_hold", "linger", "exit",
-                            "credit_zero", "reprice", "scheduling", "negative_balance", "started_earlier",
-                            "key_reset", "date_ahead", "date_behind"})
-_NEEDS_FACTOR = frozenset({"reprice_offer", "reprice"})
+                            "credit_zero", "reprice", "reprice_silent", "contract_end", "scheduling",
+                            "negative_balance", "started_earlier", "key_reset", "date_ahead", "date_behind",
+                            "throttle"})
+_NEEDS_FACTOR = frozenset({"reprice_offer", "reprice", "reprice_silent", "pcie_slow", "gpu_slow", "hbm_slow"})
+RECEIPT_KINDS = ("pcie_slow", "gpu_slow", "hbm_slow", "throttle", "ecc_error")  # what a host's receipt lies about
 _UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp", "v0_deprecated", "show_list", "show_no_ports",
                                    "date_ahead", "date_behind"})
 # Positional ARGs per kind, in SPEC order (after the kind, and after the endpoint where there is one).
@@ -135,11 +158,14 @@ _POSITIONAL: dict[str, tuple[str, ...]] = {
     "linger": ("seconds", "count"), "double_accept": ("count",), "oci_fail": ("count",),
     "manifest_missing": ("count",), "exit": ("seconds", "count"), "credit_zero": ("seconds", "count"),
     "reprice_offer": ("factor", "count"), "reprice": ("factor", "seconds", "count"),
+    "reprice_silent": ("factor", "seconds", "count"), "contract_end": ("seconds", "count"),
     "container_key_refused": ("count",), "v0_deprecated": ("count",), "scheduling": ("seconds", "count"),
     "negative_balance": ("seconds", "count"), "started_earlier": ("seconds", "count"),
     "wrong_contract": ("count",), "show_list": ("count",), "show_no_ports": ("count",), "error_status": ("count",),
     "key_reset": ("seconds", "count"), "delete_noop": ("count",),
     "gpu_mismatch": ("count",),
+    "pcie_slow": ("factor", "count"), "gpu_slow": ("factor", "count"), "hbm_slow": ("factor", "count"),
+    "throttle": ("seconds", "count"), "ecc_error": ("count",),
     "date_ahead": ("seconds", "count"), "date_behind": ("seconds", "count"),
 }
 
@@ -154,7 +180,8 @@ class FaultRule(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Kind
-    endpoint: Literal["search", "create", "show", "list", "destroy", "user", "ssh", "any"] | None = None
+    endpoint: Literal["search", "create", "show", "list", "destroy", "user", "ssh", "price_increase",
+                      "any"] | None = None
     count: int | None = Field(default=1, ge=1)
     prob: float | None = Field(default=None, gt=0.0, le=1.0)
     status: int | None = None

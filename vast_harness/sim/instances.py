@@ -5,6 +5,11 @@ pending (null, loading, scheduling), `dph_total` (at the created disk size) from
 stopped, exited or in error, nothing while offline (`guides/reference/billing.mdx`: GPU "in the active/connected
 state"; `manage-instances.mdx`: "Not charged during loading"). SFTP bytes add bandwidth: written to the host at `inet_down_cost`,
 read from it at `inet_up_cost`, $/GB with GB = 1e9 bytes.
+
+A contract keeps its price until its `end_date` (`host/hosting-overview.mdx`: "Changing the price does not change
+the rate on any existing rental contract"). A host that raises its price opens a pending price increase on it
+(vast-cli `vastai/api/price_increase.py`): the new rates apply from the end_date only if the renter accepts;
+otherwise the contract expires then and the instance is stopped (`guides/reference/faq/instances.mdx`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from vast_harness.sim import transitions
@@ -25,10 +31,40 @@ BYTES_PER_GB = 1_000_000_000
 SECONDS_PER_HOUR = 3600.0
 LIST_MAX_LIMIT = 25
 LIST_NONPOSITIVE_LIMIT = 5  # show_instances.yaml: "Values <= 0 are treated as 5"
+MAX_EXEC_TIMES = 1000  # a judge's record of when each command started; more is not kept
 # Columns stored on the contract record: filterable (show_instances.yaml); computed ones give 400.
 FILTERABLE = frozenset({"id", "label", "actual_status", "intended_status", "cur_state", "next_state",
                         "gpu_name", "verification", "machine_id", "host_id", "image_uuid", "status_msg",
                         "start_date", "end_date", "disk_space", "geolocation", "template_id", "bundle_id"})
+
+
+# Prices a pending increase changes, with the CLI's row names: per second for GPU and disk (the row's
+# `*_costpersec`), $/GB for bandwidth (`new_bwu_cost`, `new_bwd_cost`).
+INCREASE_FIELDS = (("gpu_costpersec", "dph_base", SECONDS_PER_HOUR), ("disk_ram_costpersec", "storage_total_cost",
+                   SECONDS_PER_HOUR), ("bwu_cost", "inet_up_cost", 1.0), ("bwd_cost", "inet_down_cost", 1.0))
+
+
+@dataclass
+class PriceIncrease:
+    """A host's raise on a running contract, pending the renter's answer (GET /instances/pending-price-increases/)."""
+
+    id: int
+    factor: float
+    old: dict[str, float]  # the contract's prices when it was opened, by `INCREASE_FIELDS` row name
+    ask_end_date: float  # the contract's end once extended at the new price
+    created_at: float
+    accepted: bool = False
+
+    def row(self, inst: Instance) -> dict[str, Any]:
+        """The row as the official CLI's `list_pending` documents it."""
+        out: dict[str, Any] = {"pending_price_increase_id": self.id, "contract_id": inst.id,
+                               "host_id": inst.offer.get("host_id"), "contract_end_date": inst.end_date,
+                               "ask_end_date": self.ask_end_date, "created_at": self.created_at,
+                               "old_platform_fee": None, "new_platform_fee": None}
+        for name, _, _ in INCREASE_FIELDS:
+            out[f"old_{name}"] = self.old[name]
+            out[f"new_{name}"] = self.old[name] * self.factor
+        return out
 
 
 @dataclass
@@ -60,8 +96,15 @@ class Instance:
     container_key_refused: bool = False  # its CONTAINER_API_KEY answers 401 everywhere
     gpu_lie: bool = False  # its nvidia-smi reports another GPU than the offer's (fault gpu_mismatch)
     execs: int = 0  # commands run over SSH (a judge's count: no command text, which may carry settings)
+    exec_times: list[float] = field(default_factory=list)  # when each started (the first MAX_EXEC_TIMES)
+    receipt_faults: dict[str, float] = field(default_factory=dict)  # what its `vh-receipt` lies about (faults)
+    receipt_report: Path | None = None  # where its `vh-receipt` leaves a copy of its answer (sim/host_receipt.py)
+    receipt_seed: int = 0  # its receipt's noise, drawn from the simulator's seeded RNG at create
     scheduling_s: float = 0.0  # extra seconds in `scheduling` before the boot path starts
     started_earlier_s: float = 0.0  # the row's start_date is this much older than the create (fault)
+    end_date: float = 0.0  # the contract's end (epoch): its price holds until then, and the instance stops then
+    increase: PriceIncrease | None = None  # a host's raise, pending the renter's answer (or accepted)
+    expired: bool = False  # the contract reached its end_date unextended: stopped, storage bills
     ssh_keys: list[dict[str, Any]] = field(default_factory=list)
     direct_port: int = 0
     proxy_port: int = 0
@@ -133,8 +176,25 @@ class Instance:
             "bytes_to_host": self.bytes_to_host, "bytes_from_host": self.bytes_from_host,
             "bandwidth_usd": self.bandwidth_usd, "direct_port": self.direct_port,
             "proxy_port": self.proxy_port, "gpu_lie": self.gpu_lie, "execs": self.execs,
+            "exec_times": list(self.exec_times), "receipt_faults": dict(self.receipt_faults),
+            "offer_figures": {k: self.offer.get(k) for k in ("gpu_name", "num_gpus", "pcie_bw", "pci_gen",
+                                                             "gpu_mem_bw", "total_flops", "bw_nvlink")},
+            "receipt": self.receipt_answer(),
+            "end_date": self.end_date, "expired": self.expired,
+            "price_increase": None if self.increase is None else {"id": self.increase.id, "factor": self.increase.factor,
+                                                                  "accepted": self.increase.accepted},
             "live_pids": self.sandbox.live_pids() if self.sandbox is not None else [],
         }
+
+
+    def receipt_answer(self) -> Any:
+        """The receipt its `vh-receipt` gave, as it gave it (None: none yet, or unreadable)."""
+        if self.receipt_report is None:
+            return None
+        try:
+            return json.loads(self.receipt_report.read_text())
+        except (OSError, ValueError):
+            return None
 
 
 def render(inst: Instance, now: float, boot_s: float) -> dict[str, Any]:
@@ -154,7 +214,7 @@ def render(inst: Instance, now: float, boot_s: float) -> dict[str, Any]:
         ssh_host="127.0.0.1", ssh_idx="1", ssh_port=inst.proxy_port, machine_dir_ssh_port=inst.proxy_port,
         ports={"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(inst.direct_port)}]} if running else None,
         direct_port_start=inst.direct_port, direct_port_end=inst.direct_port,
-        start_date=inst.created_at - inst.started_earlier_s, end_date=offer["end_date"], duration=offer["end_date"] - now,
+        start_date=inst.created_at - inst.started_earlier_s, end_date=inst.end_date, duration=inst.end_date - now,
         uptime_mins=(now - inst.booted_at) / 60 if running and inst.booted_at else None,
         disk_space=inst.disk_gb, disk_util=0.0, disk_usage=0.0, cpu_util=0.0, mem_limit=None,
         mem_usage=None, vmem_usage=None, gpu_util=None, gpu_temp=None, gpu_totalram=offer["gpu_total_ram"],
@@ -192,6 +252,8 @@ def _status_msg(inst: Instance, status: str | None) -> str | None:
         return inst.boot_error
     if status == transitions.STOPPED and inst.scheduling_now(time.time()):
         return "Scheduling: waiting for the GPU to be available"
+    if status == transitions.STOPPED and inst.expired:
+        return "Instance stopped: its rental contract expired (end date reached)"
     if status == transitions.STOPPED:
         return "Instance stopped: bid below the minimum or host unavailable"
     if status == transitions.OFFLINE:

@@ -9,6 +9,7 @@ filters, `order`, `limit`, `type` and `allocated_storage` (which reprices `dph_t
 from __future__ import annotations
 
 import random
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,9 +168,12 @@ def _offer(rng: random.Random, gpu: Gpu, offer_id: int, machine_id: int, now: fl
     }
 
 
-def priced(offer: dict[str, Any], storage_gb: float, bid: bool, rn: int = 0) -> dict[str, Any]:
-    """A copy of `offer` with the price fields computed for `storage_gb` of disk (docs/vast-behaviours.md)."""
+def priced(offer: dict[str, Any], storage_gb: float, bid: bool, rn: int = 0, now: float | None = None) -> dict[str, Any]:
+    """A copy of `offer` with the price fields computed for `storage_gb` of disk (docs/vast-behaviours.md), and
+    with `now`, its `duration` as Vast states it: the seconds from now to its end date (search_offers.yaml)."""
     out = dict(offer)
+    if now is not None:
+        out["duration"] = max(0.0, float(offer["end_date"]) - now)
     gpu_h = offer["min_bid"] if bid else offer["dph_base"]
     disk_h = storage_gb * offer["storage_cost"] / HOURS_PER_MONTH
     total = gpu_h + disk_h
@@ -298,8 +302,9 @@ def search(offers: list[dict[str, Any]], body: dict[str, Any]) -> list[dict[str,
     order = _parse_order(body, known)
     bid = kind in ("bid", "interruptible")
     matched = []
+    now = time.time()
     for offer in offers:
-        view = priced(offer, storage_gb, bid)
+        view = priced(offer, storage_gb, bid, now=now)
         if all(compare(_offer_value(view, f, v), op, v) for f, op, v in triples):
             matched.append(view)
     for field, descending in reversed(order):  # stable sorts, last key first; nulls always last

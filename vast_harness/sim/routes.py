@@ -144,6 +144,19 @@ def _instance_ssh_list(backend: Backend, req: Request, ident: Identity) -> Respo
     return Response(200, {"success": True, "ssh_keys": json.dumps(keys)})
 
 
+def _pending_increases(backend: Backend, req: Request, ident: Identity) -> Response:
+    rows = backend.pending_increases(_account(ident))
+    return Response(200, {"success": True, "count": len(rows), "truncated": False, "pending_price_increases": rows})
+
+
+def _accept_increase(backend: Backend, req: Request, ident: Identity) -> Response:
+    return Response(200, backend.answer_increase(_account(ident), req.json_object(), accept=True))
+
+
+def _reject_increase(backend: Backend, req: Request, ident: Identity) -> Response:
+    return Response(200, backend.answer_increase(_account(ident), req.json_object(), accept=False))
+
+
 def _account(ident: Identity) -> Any:
     if ident.account is None:  # anonymous or a container key on an account endpoint
         raise errors.auth_error() if ident.container_of is None else errors.not_allowed(
@@ -166,6 +179,11 @@ ROUTES: list[tuple[str, re.Pattern[str], str, Handler, str]] = [
     ("POST", re.compile(r"/api/v0/ssh/?"), "ssh", _ssh_add, "account"),
     ("POST", re.compile(rf"/api/v0/instances/{_ID}/ssh/?"), "ssh", _instance_ssh_add, "account"),
     ("GET", re.compile(rf"/api/v0/instances/{_ID}/ssh/?"), "ssh", _instance_ssh_list, "account"),
+    # a host's raise on a running contract, and the renter's answer (vast-cli vastai/api/price_increase.py)
+    ("GET", re.compile(r"/api/v0/instances/pending-price-increases/?"), "price_increase", _pending_increases,
+     "account"),
+    ("PUT", re.compile(r"/api/v0/instances/accept-price-increase/?"), "price_increase", _accept_increase, "account"),
+    ("PUT", re.compile(r"/api/v0/instances/reject-price-increase/?"), "price_increase", _reject_increase, "account"),
 ]
 
 

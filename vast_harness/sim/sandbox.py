@@ -12,23 +12,28 @@ environment may hold an API key, and nothing of it must reach the host.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 MARKER_VAR = "VAST_SIM_SANDBOX"
+ROOT_PREFIX = "vast-sim-hosts-"  # a simulator's own sandbox root in the temp dir
+OWNER_LOCK = ".simulator.lock"  # in a root: locked by its simulator while it runs
 KILL_GRACE_S = 1.0
-# Host variables passed through: locale, temp dir, and what a GPU program needs to find the GPU.
+# Host variables passed through: locale, and what a GPU program needs to find the GPU (TMPDIR is the sandbox's).
 _PASS_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "TORCH_")
-_PASS_NAMES = frozenset({"LANG", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "TERM"})
+_PASS_NAMES = frozenset({"LANG", "TZ", "LD_LIBRARY_PATH", "TERM"})
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -36,15 +41,13 @@ class SandboxClosed(RuntimeError):
     """The host was destroyed or went offline; nothing more may start in it."""
 
 
-def container_env(home: Path, marker: str, vast_vars: dict[str, str],
-                  user_env: list[list[str]]) -> dict[str, str]:
-    """The environment of a process on the host: allowlisted host vars, Vast's vars, the create `env`."""
+def container_env(home: Path, marker: str, vast_vars: dict[str, str], user_env: list[list[str]],
+                  image_env: dict[str, str]) -> dict[str, str]:
+    """The environment of a process on the host: allowlisted host vars, the image's (its own Python, PATH,
+    directories inside the sandbox: sim/hostpython.py), Vast's vars, the create `env`."""
     env = {k: v for k, v in os.environ.items() if k in _PASS_NAMES or k.startswith(_PASS_PREFIXES)}
-    # python/python3 must resolve to the interpreter running the simulator (it has torch for the
-    # tiny CPU workload), so its directory goes first.
-    path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{path}", HOME=str(home), PWD=str(home),
-               SHELL="/bin/bash", USER="root", LOGNAME="root")
+    env.update(image_env)
+    env.update(HOME=str(home), PWD=str(home), SHELL="/bin/bash", USER="root", LOGNAME="root")
     for key, value in user_env:
         if _ENV_NAME.match(key):  # docker flags such as "-p 8000:8000" are not variables
             env[key] = value
@@ -53,9 +56,9 @@ def container_env(home: Path, marker: str, vast_vars: dict[str, str],
     return env
 
 
-def ssh_session_env(home: Path, marker: str) -> dict[str, str]:
-    """An SSH session's environment: sshd's login variables and the image's PATH, nothing from create."""
-    return container_env(home, marker, {}, [])
+def ssh_session_env(home: Path, marker: str, image_env: dict[str, str]) -> dict[str, str]:
+    """An SSH session's environment: sshd's login variables and the image's, nothing from create."""
+    return container_env(home, marker, {}, [], image_env)
 
 
 class Sandbox:
@@ -139,6 +142,86 @@ def _signal_all(pids: set[int], sig: signal.Signals) -> None:
 def marker_for(instance_id: int, token: int) -> str:
     """A sandbox's marker: the simulator's own pid first, so a later simulator can tell a dead one's hosts."""
     return f"{os.getpid()}-{instance_id}-{token}"
+
+
+class OwnedRoot:
+    """The directory in the temp dir that holds a simulator's sandboxes, marked as that simulator's for as long
+    as it runs: a lock file it holds locked (flock), which the kernel releases when the process ends, `kill -9`
+    included. A later simulator or `vast-e2e reap` removes a root whose lock it can take (`reap_dead_roots`)."""
+
+    def __init__(self, parent: Path | None = None) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX, dir=parent))
+        pending = self.path / f"{OWNER_LOCK}.new"
+        self._fd: int | None = os.open(pending, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(self._fd, f"{os.getpid()}\n".encode())
+        os.rename(pending, self.path / OWNER_LOCK)  # named once locked: no reaper ever takes a root being made
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+@dataclass(frozen=True)
+class DeadSimulators:
+    """What simulators that died without cleaning up (`kill -9`) left, and was removed: their hosts'
+    processes (pids) and their sandbox roots (the bundle and the unpacked workdir of each host)."""
+
+    pids: list[int]
+    roots: list[Path]
+    bytes_removed: int
+
+    def line(self) -> str | None:
+        """One line for the user, None when nothing was left."""
+        if not self.pids and not self.roots:
+            return None
+        return (f"removed what {len(self.roots)} dead simulator(s) left: {len(self.roots)} sandbox dir(s) "
+                f"({self.bytes_removed / 1e6:.1f} MB) in {tempfile.gettempdir()}, {len(self.pids)} host process(es)")
+
+
+def reap_dead_simulators(parent: Path | None = None) -> DeadSimulators:
+    """End the host processes of dead simulators, then remove their sandbox roots (the processes first: they
+    work in those directories)."""
+    pids = reap_orphans()
+    roots = reap_dead_roots(parent)
+    return DeadSimulators(pids=pids, roots=[path for path, _ in roots], bytes_removed=sum(n for _, n in roots))
+
+
+def reap_dead_roots(parent: Path | None = None) -> list[tuple[Path, int]]:
+    """Remove the sandbox roots in `parent` (the temp dir) whose simulator no longer runs: a root whose owner
+    lock this process can take. A root without one (being made, or not a simulator's) and another user's are
+    left alone. Returns each root removed with its size in bytes."""
+    removed = []
+    for entry in Path(parent or tempfile.gettempdir()).glob(f"{ROOT_PREFIX}*"):
+        try:
+            if entry.is_symlink() or not entry.is_dir() or entry.stat().st_uid != os.getuid():
+                continue
+            fd = os.open(entry / OWNER_LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # held: its simulator runs
+        try:
+            size = _tree_bytes(entry)
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append((entry, size))
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 def reap_orphans() -> list[int]:

@@ -95,11 +95,11 @@ class SimServer:
                  num_offers: int = 300, rate_scale: float = 1.0, api_keys: list[str] | None = None,
                  credit_usd: float = 100.0, host_root: str | Path | None = None, port: int = 0,
                  linger_seconds: float = DEFAULT_LINGER_S, show_shape: str = "object",
-                 card_saved: bool = False, key_reset_s: float | None = None) -> None:
+                 card_saved: bool = False, key_reset_s: float | None = None, host_network: bool = False) -> None:
         self.backend = Backend(seed=seed, boot_seconds=boot_seconds, faults=faults, num_offers=num_offers,
                                rate_scale=rate_scale, api_keys=api_keys, credit_usd=credit_usd,
                                host_root=host_root, linger_seconds=linger_seconds, show_shape=show_shape,
-                               card_saved=card_saved, key_reset_s=key_reset_s)
+                               card_saved=card_saved, key_reset_s=key_reset_s, host_network=host_network)
         self._port = port
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -149,13 +149,13 @@ class SimServer:
         self.stop()
 
 
-def spawn_standalone(args: list[str], *, stderr: Any = subprocess.DEVNULL,
-                     start_timeout_s: float = 30.0) -> tuple[subprocess.Popen[str], str]:
+def spawn_standalone(args: list[str], *, stderr: Any = subprocess.DEVNULL, start_timeout_s: float = 30.0,
+                     env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
     """Start `python -m vast_harness.sim --port 0 ARGS...` as its own process (for kill -9 tests and
     benchmarks that must not share the harness's process); returns it and its URL once it listens."""
     cmd = [sys.executable, "-m", "vast_harness.sim", "--port", "0", *args]
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=stderr,
-                            text=True)
+                            text=True, env=env)
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], start_timeout_s)
     line = proc.stdout.readline() if ready else ""

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 # Vast's `gpu_ram` and nvidia-smi's `memory.total` are both MiB (an H100 80GB reads 81559 in each, though
 # Vast's docs say "MB"), so GiB is the unit a requirement is written in: what torch reports as peak memory.
 MIB_PER_GIB = 1024
+MAX_GPU_RAM_GIB = 4096
 
 
 class Requires(BaseModel):
@@ -26,7 +27,7 @@ class Requires(BaseModel):
     gpu_names: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list)
     # only GPUs whose dense bf16 peak is sourced in remote/peaks.json (an MFU needs a peak to divide by)
     sourced_bf16_peak: bool = False
-    min_gpu_ram_gib: float = Field(ge=0, le=4096, default=0)  # per GPU
+    min_gpu_ram_gib: float = Field(ge=0, le=MAX_GPU_RAM_GIB, default=0)  # per GPU
     min_compute_cap: float | None = Field(default=None, ge=1, le=20)  # e.g. 8.0 for bf16 flash attention
     min_cuda: float | None = Field(default=None, gt=0, le=100)  # the host driver's CUDA (Vast's cuda_max_good)
 

@@ -2,21 +2,24 @@
 and lays flag > environment > user config > profile, in that order, over the target's timings.
 
 Everything that can be wrong with the input is found here (or by the parsers in `values`, `profile` and `user`)
-and raised as ConfigError naming the flag or field, before any network call.
+and raised as ConfigError naming the flag or field, before any network call. Before any of it, every key and
+secret the inputs hold is told to the process's masker (`known_secrets`), so no message can quote one.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from vast_harness.errors import ConfigError, UnwritableDirError
+from vast_harness.masking import ACCOUNT_KEY, MASKER, Masker
 from vast_harness.spec.command import MAX_GPU_RAM_GB, CommandRun, command_profile, with_cap_timeouts
+from vast_harness.spec.fit import FIT_SETTINGS, HOST_VAR, WorkloadFit, workload_fit
+from vast_harness.spec.known_secrets import teach_inputs
 from vast_harness.spec.profile import (
     NUM_GPUS_PLACEHOLDER,
     PROFILES_DIR,
@@ -29,9 +32,9 @@ from vast_harness.spec.profile import (
     validation_message,
     with_image_expect,
 )
-from vast_harness.spec.redact import Redactor
-from vast_harness.spec.requires import MIB_PER_GIB
-from vast_harness.spec.user import UserConfig, read_api_key
+from vast_harness.spec.references import check_gates, load_references
+from vast_harness.spec.requires import MAX_GPU_RAM_GIB, MIB_PER_GIB
+from vast_harness.spec.user import CONFIG_FILE, OFFICIAL_CLI_KEY_FILE, UserConfig, config_home, read_api_key
 from vast_harness.spec.values import (
     MAX_BOOT_RETRIES,
     MAX_INTERVAL_S,
@@ -45,8 +48,9 @@ from vast_harness.spec.values import (
     parse_remote_env,
     path_flag,
     read_secret_file,
+    secret_like_settings,
 )
-from vast_harness.spec.workdir import select_workdir
+from vast_harness.spec.workdir import NeverUpload, select_workdir
 from vast_harness.state.dirs import SIM_SUBDIR, STATE_ENV
 from vast_harness.state.dirs import state_dir as user_state_dir
 from vast_harness.timings import MAX_MINUTES_LIMIT, Timings
@@ -83,6 +87,9 @@ class RunSpec(BaseModel):
     timings: Timings  # the table for this target (timings.py), the user's flags laid over it
     allow_unarmed_deadman: bool = False  # run even when the dead-man switch cannot prove it can act (recorded)
     image_expect_override: ImageExpect | None = None  # --image-expect: recorded in the evidence and the report
+    # Never uploaded from a workdir, whatever the flags: the key files, the harness's config and state
+    never_upload: tuple[NeverUpload, ...] = ()
+    hints: tuple[str, ...] = ()  # said before the run or in the dry run: a setting that looks like a secret
 
     @property
     def harness_dirs(self) -> tuple[Path, ...]:
@@ -150,13 +157,29 @@ class RunSpec(BaseModel):
         """The steps' environment on the host: settings and secrets, by value."""
         return dict(self.remote_env) | {k: v.get_secret_value() for k, v in self.remote_secrets.items()}
 
-    @cached_property
-    def redactor(self) -> Redactor:
-        return Redactor(v.get_secret_value() for v in self.remote_secrets.values())
+    def teach_masker(self) -> Masker:
+        """The process's masker, told this spec's key and secrets (resolve told it already; a spec copied with
+        another key, the simulator's, is told here)."""
+        if self.api_key is not None:
+            MASKER.add(self.api_key.get_secret_value(), ACCOUNT_KEY)
+        for name, value in self.remote_secrets.items():
+            MASKER.add(value.get_secret_value(), name)
+        return MASKER
+
+    @property
+    def redactor(self) -> Masker:
+        """What masks this run's key and secrets (with every other this process knows) in what it writes."""
+        return self.teach_masker()
 
     @property
     def max_seconds(self) -> float:
         return self.caps.max_minutes * 60.0
+
+    @property
+    def fit(self) -> WorkloadFit | None:
+        """The memory fit of the profile's 1B runs under this run's settings (spec/fit.py); None: no step makes
+        one. Computed from the profile each time, so a spec whose steps are swapped (fleet --sim) has its own."""
+        return profile_fit(self.profile, self.remote_env, self.filters.num_gpus)
 
 
 class RunOptions(BaseModel):
@@ -195,11 +218,53 @@ class RunOptions(BaseModel):
     setup: list[str] | None = None
     artifact: list[str] | None = None
     exclude: list[str] | None = None
+    include: list[str] | None = None
     workdir_max_mb: float | None = None
     image: str | None = None
     gpu: list[str] | None = None
     min_gpu_ram_gb: float | None = None
 
+
+
+def never_upload(*, key_file: Path | None, config_key_file: str | None, environ: Mapping[str, str],
+                 dirs: list[tuple[Path, str]]) -> tuple[NeverUpload, ...]:
+    """What no workdir upload takes: the key file given (read or not: with --sim it is not), the config file's,
+    the official CLI's (where `vastai set api-key` writes it, and its older place in $HOME), the harness's config
+    directory, and `dirs` (the state and evidence directories)."""
+    home = config_home(environ)
+    found = [(key_file, "the API key file (--key-file)"),
+             (Path(config_key_file) if config_key_file else None, "the API key file (the config file's key_file)"),
+             (home / OFFICIAL_CLI_KEY_FILE if home else None, "the official CLI's API key file"),
+             (Path(environ["HOME"]) / ".vast_api_key" if environ.get("HOME") else None,
+              "the official CLI's API key file"),
+             (home / CONFIG_FILE.parent if home else None, "the harness's config directory"),
+             *dirs]
+    return tuple(NeverUpload(path=path.expanduser(), why=why) for path, why in found if path is not None)
+
+
+def profile_fit(prof: HarnessProfile, env: Mapping[str, str], num_gpus: int) -> WorkloadFit | None:
+    return workload_fit(((s.name, s.fit) for s in prof.steps), env, num_gpus)
+
+
+def with_fit(prof: HarnessProfile, env: dict[str, str], num_gpus: int, secrets: Mapping[str, str]) -> HarnessProfile:
+    """The fit's settings checked (exit 2 naming the bad one), its decisions exported to the host (HT_FIT, into
+    `env`), and the least memory it needs made the profile's memory floor: it narrows the search and the host
+    that arrives is held to it (`[requires]`, docs/profiles.md#the-memory-fit)."""
+    if HOST_VAR in env or HOST_VAR in secrets:
+        raise ConfigError(f"{HOST_VAR} is written by the harness from the run's settings (docs/profiles.md#the-memory-"
+                          "fit); set HT_MFU_MB, HT_ACT_CKPT and the like instead")
+    fit = profile_fit(prof, env, num_gpus)
+    if fit is None:
+        return prof
+    hidden = sorted(set(FIT_SETTINGS) & set(secrets))
+    if hidden:  # the host would run what the fit never saw
+        raise ConfigError(f"{', '.join(hidden)}: the memory fit reads it to choose the offer; give it as a setting "
+                          "(--remote-env), not a secret")
+    env[HOST_VAR] = fit.host_value()
+    floor = min(round(fit.floor_gib, 2), MAX_GPU_RAM_GIB)
+    if floor <= prof.requires.min_gpu_ram_gib:
+        return prof
+    return prof.model_copy(update={"requires": prof.requires.model_copy(update={"min_gpu_ram_gib": floor})})
 
 
 def with_flag_requires(prof: HarnessProfile, gpus: list[str], min_gpu_ram_gb: float | None) -> HarnessProfile:
@@ -233,19 +298,22 @@ def resolve(
     this process's environment, the shipped profiles). An evidence or state dir that takes no writes is refused,
     unless `on_unwritable` is given: then it is told (a reap warns and goes on deleting)."""
     o = options
+    environ = os.environ if environ is None else environ
+    teach_inputs(environ=environ, key_file=o.key_file, secret_items=o.remote_secret or [],
+                 secret_file=o.remote_secret_file)
     if o.command is not None and o.profile is not None:
         raise ConfigError("run takes a command or a profile, not both: put the steps in the profile file, or drop "
                           "--profile")
     if o.profile is None and o.command is None:
         raise ConfigError("a profile is required (mfu, proofs, smoke or a profile file)")
-    environ = os.environ if environ is None else environ
     user, _ = UserConfig.load(environ)
     if o.command is not None:
-        prof = command_profile(CommandRun(command=o.command, workdir=o.workdir or ".", setup=o.setup or [],
-                                          artifacts=o.artifact or [], exclude=o.exclude or [],
-                                          workdir_max_mb=o.workdir_max_mb, image=o.image), profiles_dir=profiles_dir)
+        prof = command_profile(CommandRun(command=o.command, workdir="." if o.workdir is None else o.workdir,
+                                          setup=o.setup or [], artifacts=o.artifact or [], exclude=o.exclude or [],
+                                          include=o.include or [], workdir_max_mb=o.workdir_max_mb, image=o.image),
+                               profiles_dir=profiles_dir)
     else:
-        run_only = [f for f in ("workdir", "setup", "artifact", "exclude", "workdir_max_mb", "image")
+        run_only = [f for f in ("workdir", "setup", "artifact", "exclude", "include", "workdir_max_mb", "image")
                     if getattr(o, f) is not None]
         if run_only:
             raise ConfigError(f"--{run_only[0].replace('_', '-')} applies to `vast-e2e run -- CMD` only; a profile "
@@ -303,6 +371,7 @@ def resolve(
     # a secret named like one of the profile's settings replaces it (a flag given twice is refused below)
     profile_env = {k: v.replace(NUM_GPUS_PLACEHOLDER, str(filters.num_gpus)) for k, v in prof.remote_env.items()}
     env = {k: v for k, v in profile_env.items() if k not in secrets} | given_env
+    prof = with_fit(prof, env, filters.num_gpus, secrets)
 
     if o.api_url is not None:  # given, even empty: never silently replaced by VAST_URL or the real console
         url = validate_api_url(o.api_url, environ=environ)
@@ -327,6 +396,9 @@ def resolve(
         prof = with_image_expect(prof, override)
     elif o.image_expect_ack:
         raise ConfigError("--image-expect-ack acknowledges an --image-expect override; none was given")
+    if prof.receipt.declared_gates:  # a gate the GPUs to be rented cannot report: exit 2 now, not after renting
+        check_gates(prof.receipt, num_gpus=filters.num_gpus, gpu_names=filters.gpu_names or prof.requires.gpu_names,
+                    refs=load_references(profiles_dir))
     key = None if o.sim else read_api_key(key_file, environ, path_flag("key_file (config file)", user.key_file),
                                           **({"hint": no_key_hint} if no_key_hint else {}))
     # --sim runs keep their own state: the embedded simulator's account dies with the process, so its ledger
@@ -348,9 +420,13 @@ def resolve(
                 if on_unwritable is None:
                     raise
                 on_unwritable(str(exc))
+    never = never_upload(key_file=key_file, config_key_file=user.key_file, environ=environ,
+                         dirs=[(state, "the harness's state directory"),
+                               (user_state_dir(environ).expanduser(), "the harness's state directory"),
+                               (ev_dir, "the harness's evidence directory")])
     if prof.workdir is not None:  # missing, over the size limit, an --exclude that matches nothing: exit 2 now
-        select_workdir(Path(prof.workdir.path), exclude=prof.workdir.exclude, max_mb=prof.workdir.max_mb,
-                       skip_dirs=(state, ev_dir, user_state_dir(environ).expanduser()))
+        select_workdir(Path(prof.workdir.path), exclude=prof.workdir.exclude, include=prof.workdir.include,
+                       max_mb=prof.workdir.max_mb, never_upload=never)
     # The one place a run's timings are chosen: the simulator's table with --sim, else Vast's; flags win.
     timing_flags = {"proof_interval_s": o.proof_interval_s, "poll_s": o.poll_s, "pacing_scale": o.pacing_scale}
     table = Timings.sim() if o.sim else Timings.real()
@@ -376,6 +452,8 @@ def resolve(
             timings=timings,
             allow_unarmed_deadman=o.allow_unarmed_deadman,
             image_expect_override=override,
+            never_upload=never,
+            hints=tuple(secret_like_settings(list(given_env))),
         )
     except ValidationError as exc:
         raise ConfigError(validation_message("run spec", exc)) from None

@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field, SecretStr, StrictInt, ValidationError
 
 from vast_harness.errors import LedgerWriteError
 from vast_harness.files import UnusableFile, read_regular_file
+from vast_harness.masking import MASKER
 from vast_harness.state.process import ProcessId, this_process
 
 
@@ -272,7 +273,8 @@ class Ledger:
 def write_line(path: Path, line: bytes, *, what: str = "the ledger") -> None:
     """One whole line appended to `path`, on a fresh line, on disk (fsync) before returning; LedgerWriteError
     (naming `what` and the path) otherwise. Every ledger-like file is written here: the user's ledger and a
-    fleet's `fleet.jsonl`."""
+    fleet's `fleet.jsonl`. Keys and secrets masked (a line's URL or detail may quote one)."""
+    line = MASKER.data(line)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

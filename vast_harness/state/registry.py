@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError, model_validator
 
 from vast_harness.errors import ConfigError
 from vast_harness.files import UnusableFile, kind_of, read_regular_file
+from vast_harness.masking import MASKER
 from vast_harness.state.process import ProcessId, this_process
 from vast_harness.state.process import this_host as this_host  # re-exported: the run registers by it
 from vast_harness.timings import MAX_MINUTES_LIMIT
@@ -131,7 +132,7 @@ class HeldRegistration:
 
     def update(self, **fields: object) -> None:
         self.reg = self.reg.model_copy(update=fields)
-        data = self.reg.model_dump_json().encode()
+        data = MASKER.data(self.reg.model_dump_json().encode())
         with contextlib.suppress(OSError):  # best effort: the lock, not the content, is the liveness
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, data, 0)
@@ -174,7 +175,7 @@ class RunRegistry:
                               "VAST_HARNESS_HOME to a writable directory. Nothing rented") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.write(fd, reg.model_dump_json().encode())
+            os.write(fd, MASKER.data(reg.model_dump_json().encode()))
             os.fsync(fd)
             os.replace(tmp, final)  # the same inode, still locked, now under its name
         except OSError as exc:

@@ -61,6 +61,7 @@ from vast_harness.vast.models import (
     Instance,
     InstancePage,
     Offer,
+    PendingPriceIncrease,
     ReadShape,
     UnreadableShape,
     User,
@@ -424,6 +425,14 @@ class VastClient:
         "between 9 and 18 hours in": skypilot PR 10730). Retried like a read: attaching a key twice is harmless."""
         path = ENDPOINT_PATHS["attach_ssh_key"].format(id=int(instance_id))
         self._call("POST", path, json={"ssh_key": public_key.strip()}, retry=True, within_s=within_s)
+
+    def pending_price_increases(self, *, within_s: float | None = None) -> list[PendingPriceIncrease]:
+        """The account's pending price increases (a host's raise on a running contract: it applies from the
+        contract's end date if the renter accepts it). Read only: the harness never accepts one."""
+        path = ENDPOINT_PATHS["pending_price_increases"]
+        data = self._call("GET", path, retry=True, within_s=within_s)
+        rows = self._rows(data, "pending_price_increases", "GET", path)
+        return [self._model(PendingPriceIncrease, row, "GET", path) for row in rows]
 
     def current_user(self, *, max_retry_s: float | None = None, min_attempts: int = 1) -> User:
         path = ENDPOINT_PATHS["current_user"]

@@ -21,6 +21,8 @@ ENDPOINT_PATHS = {
     "list_instances_raw": V1_INSTANCES,
     "current_user": "/api/v0/users/current/",
     "attach_ssh_key": "/api/v0/instances/{id}/ssh/",  # attach_ssh.yaml: a key Vast keeps in the instance's set
+    # a host's raises on the account's running contracts (vast-cli vastai/api/price_increase.py); read, never answered
+    "pending_price_increases": "/api/v0/instances/pending-price-increases/",
 }
 # The collection Vast already retired (410 deprecated_endpoint: skypilot issue 10517); `check` asks it only to
 # see that it still says so, never for data.

@@ -50,6 +50,13 @@ def finite_number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def epoch(value: Any) -> float | None:
+    """A date in epoch seconds: a finite number above zero, else None (a 0 or a negative is no date: an open-ended
+    offer may send one, and reading it as 1970 would refuse every such offer)."""
+    number = finite_number(value)
+    return number if number is not None and number > 0 else None
+
+
 def finite_price(value: Any) -> float | None:
     """A price field as a finite float >= 0 (numbers sent as strings accepted), else None."""
     number = finite_number(value)
@@ -114,6 +121,11 @@ class Offer(_VastModel):
     pci_gen: float | None = None
     pcie_bw_gbps: float | None = Field(default=None, alias="pcie_bw")
     gpu_lanes: int | None = None
+    # What the host advertises it delivers (the receipt compares, run/receipt.py): GB/s of GPU memory, TFLOP/s
+    # summed over the GPUs (Vast does not document the precision), GB/s of NVLink.
+    gpu_mem_bw_gbps: float | None = Field(default=None, alias="gpu_mem_bw")
+    total_flops: float | None = None
+    bw_nvlink_gbps: float | None = Field(default=None, alias="bw_nvlink")
     dph_base: float | None = None
     dph_total: float | None = None
     storage_cost_usd_per_gb_month: float | None = Field(default=None, alias="storage_cost")
@@ -132,6 +144,7 @@ class Offer(_VastModel):
     direct_port_count: int | None = None
     disk_space_gb: float | None = Field(default=None, alias="disk_space")
     duration_s: float | None = Field(default=None, alias="duration")
+    end_date_unix: float | None = Field(default=None, alias="end_date")  # a contract made now ends then
     cpu_cores: int | None = None
     cpu_ram_mb: float | None = Field(default=None, alias="cpu_ram")
     public_ipaddr: str | None = None
@@ -140,6 +153,11 @@ class Offer(_VastModel):
     @classmethod
     def _strip(cls, value: Any) -> Any:
         return value.strip() if isinstance(value, str) else value
+
+    @field_validator("end_date_unix", mode="before")
+    @classmethod
+    def _date(cls, value: Any) -> float | None:
+        return epoch(value)
 
     @property
     def reliability_score(self) -> float:
@@ -202,6 +220,12 @@ class Instance(_VastModel):
     image_runtype: str | None = None
     dph_total: float | None = None
     start_date: float | None = None
+    end_date_unix: float | None = Field(default=None, alias="end_date")  # the contract's end: its price holds till then
+
+    @field_validator("end_date_unix", mode="before")
+    @classmethod
+    def _date(cls, value: Any) -> float | None:
+        return epoch(value)
 
     @field_validator("public_ipaddr", "ssh_host", "status_msg", "actual_status", mode="before")
     @classmethod
@@ -299,6 +323,36 @@ class CreateResult(_VastModel):
     success: bool = True
     new_contract: int = Field(gt=0)  # an emptied or zero id is an unreadable answer, never "instance 0"
     instance_api_key: str | None = Field(default=None, exclude=True, repr=False)
+
+
+class PendingPriceIncrease(_VastModel):
+    """A host's raise on a running contract, pending the renter's answer: a row of
+    `GET /api/v0/instances/pending-price-increases/` (vast-cli `vastai/api/price_increase.py`). The new prices
+    apply only from the contract's end date, and only once accepted (the CLI's help)."""
+
+    pending_price_increase_id: int
+    contract_id: int
+    old_gpu_costpersec: float | None = None
+    new_gpu_costpersec: float | None = None
+    old_disk_ram_costpersec: float | None = None
+    new_disk_ram_costpersec: float | None = None
+    contract_end_date: float | None = None
+    ask_end_date: float | None = None
+
+    @field_validator("old_gpu_costpersec", "new_gpu_costpersec", "old_disk_ram_costpersec",
+                     "new_disk_ram_costpersec", "contract_end_date", "ask_end_date", mode="before")
+    @classmethod
+    def _number(cls, value: Any) -> float | None:
+        return finite_number(value)
+
+    @property
+    def factor(self) -> float | None:
+        """How many times the contract's price the new one is: the largest of the GPU's and the disk's ratios
+        (unit-free, so neither rate's unit matters); None when no pair is readable."""
+        ratios = [new / old for old, new in ((self.old_gpu_costpersec, self.new_gpu_costpersec),
+                                             (self.old_disk_ram_costpersec, self.new_disk_ram_costpersec))
+                  if old is not None and new is not None and old > 0 and new >= 0]
+        return max(ratios) if ratios else None
 
 
 class InstancePage(_VastModel):

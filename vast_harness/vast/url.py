@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from urllib.parse import urlparse
 
 from vast_harness.errors import ConfigError
+from vast_harness.masking import ACCOUNT_KEY, MASKER, mask
 
 DEFAULT_API_URL = "https://console.vast.ai"
 # Plain http sends the account key (`Authorization: Bearer`) in clear. Allowed to a loopback API (the simulator)
@@ -18,15 +19,16 @@ PLAIN_HTTP_ENV = "VAST_HARNESS_ALLOW_PLAIN_HTTP"
 
 
 def shown(value: object, limit: int = 60) -> str:
-    """A user-supplied value as it may appear in a message: printable ASCII, quoted, bounded."""
-    text = ascii(str(value))
+    """A user-supplied value as it may appear in a message: a key or a secret in it masked (before it is
+    escaped and cut: a cut value would be a prefix no mask knows), printable ASCII, quoted, bounded."""
+    text = ascii(mask(str(value)))
     return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
 def validate_api_url(url: str, flag: str = "--api-url", environ: Mapping[str, str] | None = None) -> str:
     """`url` without a trailing slash, or a ConfigError naming `flag`: an http(s) URL with a host and nothing
-    that could carry a secret (query, fragment, credentials), and https unless the API is on this machine or
-    `VAST_HARNESS_ALLOW_PLAIN_HTTP=1` says plain http is meant."""
+    that could carry a secret (query, fragment, credentials, the account key itself), and https unless the API is
+    on this machine or `VAST_HARNESS_ALLOW_PLAIN_HTTP=1` says plain http is meant."""
     if not url or not url.strip():
         raise ConfigError(f"{flag} is empty: give the API base URL (default {DEFAULT_API_URL})")
     if not url.isascii() or any(not ch.isprintable() or ch.isspace() for ch in url):
@@ -48,6 +50,8 @@ def validate_api_url(url: str, flag: str = "--api-url", environ: Mapping[str, st
     if parsed.scheme == "http" and not is_loopback_url(url) and env.get(PLAIN_HTTP_ENV) != "1":
         raise ConfigError(f"{flag} {shown(url)} is plain http to another machine: the account key would travel in "
                           f"clear. Use https, or set {PLAIN_HTTP_ENV}=1 if plain http is really meant. Nothing was sent")
+    if ACCOUNT_KEY in MASKER.names_in(url):  # it would reach the host's onstart, the server's logs, the evidence
+        raise ConfigError(f"{flag} {shown(url)} holds the account key: the key goes in a header only")
     return url.rstrip("/")
 
 

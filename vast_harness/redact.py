@@ -1,19 +1,20 @@
-"""Secrets (`--remote-secret`) masked everywhere the harness writes: console, step logs, pulled evidence,
-reports, JSON. Settings (`--remote-env`) are not secrets and are shown and stored as given.
+"""A secret's value found and masked as `***`: in text, a line of a host's output, bytes and a file.
 
 A secret is masked whatever its length or content: every occurrence of the value, and of each line of a
 multi-line value (step output arrives line by line), becomes `***`, and so does each as JSON writes it (a
-quote, a backslash or a non-ASCII letter escaped: `p\u00e4ss\"`), since the host's evidence is JSON, and as
-Python's `repr` and `unicode_escape` show it (`print(os.environ)`). Longest
-first, so a secret that contains another is masked whole. Standard library only.
+quote, a backslash or a non-ASCII letter escaped: `p\u00e4ss\"`), since the host's evidence is JSON, as
+Python's `repr` and `unicode_escape` show it (`print(os.environ)`), and as HTML escapes it (a report). Longest
+first, so a secret that contains another is masked whole. The same forms are what `found` looks for in a
+file that is kept byte for byte (an artifact). Standard library only.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 MASK = "***"
@@ -22,18 +23,27 @@ _STYLE_CODES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]")
 _CHUNK_BYTES = 4 * 1024 * 1024
 
 
+def written_forms(value: str) -> set[str]:
+    """`value` and each of its lines, each as it is written raw, by json.dumps (ASCII or not), by `repr`, by
+    `unicode_escape` and by HTML escaping."""
+    forms: set[str] = set()
+    for part in [value, *(p for p in value.splitlines() if p.strip())]:
+        forms |= {part, json.dumps(part)[1:-1], json.dumps(part, ensure_ascii=False)[1:-1], repr(part)[1:-1],
+                  part.encode("unicode_escape").decode("ascii"), html.escape(part), html.escape(part, quote=False)}
+    return forms
+
+
 class Redactor:
+    """The values to mask (`values`, in order: `found` answers with their positions)."""
+
     def __init__(self, values: Iterable[str]) -> None:
-        needles: set[str] = set()
-        for value in values:
+        owner: dict[str, int] = {}
+        for i, value in enumerate(values):
             if value:
-                for part in [value, *(p for p in value.splitlines() if p.strip())]:
-                    needles.add(part)
-                    needles.add(json.dumps(part)[1:-1])  # as json.dumps writes it into a file: \u00e4, \"
-                    needles.add(json.dumps(part, ensure_ascii=False)[1:-1])
-                    needles.add(repr(part)[1:-1])  # as print(os.environ) or print(a_dict) shows it
-                    needles.add(part.encode("unicode_escape").decode("ascii"))
-        self._text = sorted(needles, key=len, reverse=True)
+                for form in written_forms(value):
+                    owner.setdefault(form, i)
+        self._text = sorted(owner, key=len, reverse=True)
+        self._owner = [owner[n] for n in self._text]
         self._bytes = [n.encode("utf-8") for n in self._text]
         self._overlap = max((len(b) for b in self._bytes), default=1) - 1
 
@@ -62,6 +72,25 @@ class Redactor:
             if needle in data:
                 data = data.replace(needle, MASK.encode())
         return data
+
+    def _chunks(self, path: Path) -> Iterator[bytes]:
+        """The file in overlapping chunks (a large file is never read whole): each chunk starts with the last
+        `overlap` bytes of the one before, so a value cut by a chunk boundary is whole in one of them."""
+        with path.open("rb") as src:
+            carry = b""
+            while chunk := src.read(_CHUNK_BYTES):
+                yield carry + chunk
+                carry = (carry + chunk)[-self._overlap:] if self._overlap else b""
+
+    def found(self, path: Path) -> set[int]:
+        """The positions (in `values`) of every value the file holds in any of its written forms; the file is
+        only read."""
+        hits: set[int] = set()
+        if not self._bytes:
+            return hits
+        for chunk in self._chunks(path):
+            hits.update(self._owner[i] for i, needle in enumerate(self._bytes) if needle in chunk)
+        return hits
 
     def file(self, path: Path) -> bool:
         """Mask secrets in a file in place, chunked (a large file is never read whole); True if it changed.
