@@ -6,7 +6,9 @@ make of a hold. Processes of their own (kill -9, two at once, a signal) are in t
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -234,6 +236,64 @@ def test_exec_with_a_key_of_another_account_is_refused(tmp_path, sim):
     assert instance(sim, held.instance_id or 0)["live"]
 
 
+def test_up_takes_a_runs_receipt_and_replaces_a_lying_host_then_each_exec_finds_it(tmp_path, clean_sim):
+    """The same rent as a run's: a host that fails its receipt is deleted and the next offer held; the host's
+    first idle deadline leaves the receipt its budget; every exec's record and steps have the up's receipt."""
+    sim, home, wd = clean_sim, tmp_path, workdir(tmp_path)
+    sim.set_faults("pcie_slow:0.3:1")  # the first host's host<->device copies at 30% of its offer's pcie_bw
+    p = up(home, "box", wd, sim, idle="0.25")
+    assert p.returncode == 0, p.stderr[-3000:]
+    held = record(home, "box")
+    assert held is not None and held.instance_id is not None and held.receipt is not None
+    assert held.receipt_path is not None
+    liar, honest = sorted((i for i in sim.state()["instances"] if held.hold_id in (i["label"] or "")),
+                          key=lambda i: i["created_at"])
+    assert liar["receipt_faults"] and not liar["live"] and honest["live"] and honest["id"] == held.instance_id
+    assert held.receipt.instance_id == honest["id"] and held.receipt.verdict == "passed"
+    up_record = json.loads((Path(held.evidence_dir) / "harness-result.json").read_text())
+    assert [r["instance_id"] for r in up_record["receipts_refused"]] == [liar["id"]]
+    # The onstart's idle deadline: the idle time, the connect's minute and the receipt's 90 s budget and 20 s grace
+    idle_first_s = int(re.search(r"\$\(date \+%s\)\+(\d+)\)\) > ~/\.vh-deadman\.idle",
+                                 sim.backend.instances[honest["id"]].onstart).group(1))  # type: ignore[union-attr]
+    assert idle_first_s >= 15 + 60 + 90 + 20, idle_first_s
+    p = run_exec(home, "box", sim, "sh", "-c", 'test -s "$VH_RECEIPT" && echo "receipt at $VH_RECEIPT"')
+    assert p.returncode == 0 and "receipt at " in p.stdout + p.stderr, (p.stdout + p.stderr)[-2000:]
+    exec_record = json.loads((Path(held.evidence_dir) / "harness-result.json").read_text())
+    assert exec_record["receipt"]["instance_id"] == honest["id"] and exec_record["receipt"]["verdict"] == "passed"
+    # no `down`: its proof takes the real read-lag window; the switch deletes the host 15 s after this exec
+
+
+def test_exec_uploads_by_a_runs_rules_never_the_key_file_a_credential_only_by_include(tmp_path, sim):
+    home, wd = tmp_path, workdir(tmp_path)
+    assert up(home, "box", wd, sim, idle="1").returncode == 0
+    key_file = wd / "apikey.txt"  # the exec's own key file, inside the workdir: no name says it is a key
+    key_file.write_text(KEY)
+    key_file.chmod(0o600)
+    (wd / ".env").write_text("HF_TOKEN=hf_not_for_the_host\n")
+    listing = ("sh", "-c", "echo FILES: $(ls -A)")
+
+    def on_host(text: str) -> list[str]:
+        found = re.search(r"FILES: (.*)", text)
+        assert found is not None, text[-2000:]
+        return found.group(1).split()
+
+    p = run_exec(home, "box", sim, *listing, options=("--key-file", str(key_file)))
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text[-2000:]
+    assert "left out of the upload" in text and "apikey.txt (" in text and ".env (" in text
+    assert on_host(text) == ["data.txt", "old.txt", "train.py"]
+    held = record(home, "box")
+    assert held is not None and "apikey.txt" not in held.manifest and ".env" not in held.manifest
+    p = run_exec(home, "box", sim, *listing, options=("--key-file", str(key_file), "--include", ".env"))
+    text = p.stdout + p.stderr
+    assert p.returncode == 0 and "upload: 1 changed file(s)" in text, text[-2000:]
+    assert on_host(text) == [".env", "data.txt", "old.txt", "train.py"]
+    p = run_exec(home, "box", sim, "true", options=("--key-file", str(key_file), "--include", "apikey.txt"))
+    assert p.returncode == 2 and "never uploaded" in " ".join((p.stdout + p.stderr).split()), p.stderr[-2000:]
+    held = record(home, "box")
+    assert held is not None and ".env" in held.manifest and "apikey.txt" not in held.manifest
+
+
 def test_ssh_runs_a_command_and_a_shell_with_the_holds_key(sim_hold):
     home, held = sim_hold
     p = cli("ssh", "box", "--", "cat", "vh/work/data.txt", home=home)
@@ -242,6 +302,30 @@ def test_ssh_runs_a_command_and_a_shell_with_the_holds_key(sim_hold):
     assert p.returncode == 0, p.stderr[-2000:]
     after = record(home, "box", sim=True)
     assert after is not None and after.state == "held"
+
+
+def test_the_manifest_is_what_was_sent_even_for_a_file_changed_while_it_was_packed(tmp_path, monkeypatch):
+    """The host has the bytes that were packed: a file edited after it was hashed and before it was packed is
+    recorded as sent, so the next exec sends the edit again only if it changes once more."""
+    from vast_harness.host import bundle as bundle_mod
+    from vast_harness.spec.workdir import select_workdir
+
+    wd = workdir(tmp_path)
+    selection = select_workdir(wd)
+    full = bundle_mod.build_workdir_bundle(selection)
+    assert bundle_mod.bundle_manifest(full) == bundle_mod.file_manifest(selection)  # an up's, nothing edited
+    (wd / "train.py").write_text("print('v2')\n")
+    real_pack = bundle_mod._pack
+
+    def edited_meanwhile(root: Path, members: list[tuple[str, Path]], extra: dict[str, bytes] | None = None) -> Any:
+        (wd / "train.py").write_text("print('v3')\n")  # after the hash, before the pack
+        return real_pack(root, members, extra)
+
+    monkeypatch.setattr(bundle_mod, "_pack", edited_meanwhile)
+    delta = bundle_mod.build_workdir_delta(selection, bundle_mod.bundle_manifest(full))
+    assert delta.changed == ["train.py"] and delta.bundle is not None
+    sent = bundle_mod.bundle_manifest(delta.bundle)
+    assert sent["train.py"] == hashlib.sha256(b"print('v3')\n").hexdigest() == delta.manifest["train.py"]
 
 
 def _alive(pid: int | None) -> bool:

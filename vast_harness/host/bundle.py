@@ -127,13 +127,17 @@ def build_workdir_delta(selection: WorkdirSelection, have: dict[str, str], *,
     manifest = file_manifest(selection)
     changed = sorted(rel for rel, digest in manifest.items() if have.get(rel) != digest)
     deleted = sorted((set(have) | set(sent_before)) - set(manifest))
+    bundle = None
+    if changed or deleted:
+        extra = ({DELETE_LIST: b"".join(rel.encode("utf-8", "surrogateescape") + b"\0" for rel in deleted)}
+                 if deleted else {})
+        bundle = _pack(selection.root, [(f"{WORKDIR_DIR}/{rel}", Path(rel)) for rel in changed], extra=extra)
+        manifest |= bundle_manifest(bundle)  # as packed: a file changed since it was hashed goes as the host gets it
     record = WorkdirRecord(path=str(selection.root), sha256=_manifest_sha256(manifest), files=len(manifest),
-                           bytes=selection.total_bytes, excluded=selection.excluded, symlinks_skipped=selection.symlinks)
-    if not changed and not deleted:
-        return WorkdirDelta(bundle=None, changed=[], deleted=[], manifest=manifest, workdir=record)
-    extra = {DELETE_LIST: b"".join(rel.encode("utf-8", "surrogateescape") + b"\0" for rel in deleted)} if deleted else {}
-    bundle = _pack(selection.root, [(f"{WORKDIR_DIR}/{rel}", Path(rel)) for rel in changed], extra=extra)
-    return WorkdirDelta(bundle=bundle, changed=changed, deleted=deleted, manifest=manifest, workdir=record)
+                           bytes=selection.total_bytes, excluded=selection.excluded, symlinks_skipped=selection.symlinks,
+                           left_out=selection.left_out, included=selection.included)
+    return WorkdirDelta(bundle=bundle, changed=changed if bundle else [], deleted=deleted if bundle else [],
+                        manifest=manifest, workdir=record)
 
 
 def _manifest_sha256(manifest: dict[str, str]) -> str:
@@ -142,15 +146,36 @@ def _manifest_sha256(manifest: dict[str, str]) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def bundle_for(spec: RunSpec) -> Bundle:
-    """What a run uploads: its profile's `[workdir]` when it has one (never the key files or the harness's own
-    directories: `RunSpec.never_upload`), else the harness's own payload."""
+def workdir_selection(spec: RunSpec) -> WorkdirSelection | None:
+    """What may be uploaded of the spec's `[workdir]` (None: it has none), by one set of rules for a run's upload
+    and each of a kept host's: never the key files or the harness's own directories (`RunSpec.never_upload`),
+    no credential file that `--include` did not take in, nothing .gitignore or `--exclude` leaves out."""
     wd = spec.profile.workdir
     if wd is None:
-        return build_bundle()
-    return build_workdir_bundle(select_workdir(Path(wd.path), exclude=wd.exclude, include=wd.include,
-                                               max_mb=wd.max_mb, never_upload=spec.never_upload,
-                                               skip_dirs=spec.harness_dirs))
+        return None
+    return select_workdir(Path(wd.path), exclude=wd.exclude, include=wd.include, max_mb=wd.max_mb,
+                          never_upload=spec.never_upload, skip_dirs=spec.harness_dirs)
+
+
+def bundle_for(spec: RunSpec) -> Bundle:
+    """What a run uploads: its profile's `[workdir]` when it has one (`workdir_selection`), else the harness's
+    own payload."""
+    selection = workdir_selection(spec)
+    return build_bundle() if selection is None else build_workdir_bundle(selection)
+
+
+def bundle_manifest(bundle: Bundle) -> dict[str, str]:
+    """The workdir files a bundle carries (under `work/`), each one's sha256 by its path in the workdir: what the
+    host has once it is unpacked, read from the bytes sent (a file changed since it was packed is not in it)."""
+    out: dict[str, str] = {}
+    prefix = f"{WORKDIR_DIR}/"
+    with tarfile.open(fileobj=io.BytesIO(bundle.data), mode="r:gz") as tar:
+        for member in tar:
+            if member.isfile() and member.name.startswith(prefix):
+                data = tar.extractfile(member)
+                assert data is not None  # a regular file's
+                out[member.name[len(prefix):]] = hashlib.sha256(data.read()).hexdigest()
+    return out
 
 
 def _pack(root: Path, members: list[tuple[str, Path]], extra: dict[str, bytes] | None = None) -> Bundle:

@@ -38,6 +38,7 @@ def exec_on(name: str, options: RunOptions, *, full_upload: bool, out: Output) -
             raise ConfigError(f"kept host {name!r} was set up without a workdir; give --workdir")
         spec = held_spec(store, record, options.model_copy(update={
             "workdir": workdir, "exclude": options.exclude if options.exclude is not None else record.exclude or None,
+            "include": options.include if options.include is not None else record.include or None,
             "workdir_max_mb": options.workdir_max_mb if options.workdir_max_mb is not None else record.workdir_max_mb}))
         spec = exec_spec(spec, record.execs + 1)
         assert spec.api_key is not None

@@ -40,6 +40,15 @@ def idle_minutes_for(spec: RunSpec, given: float | None) -> float:
     return idle
 
 
+def first_idle_s(spec: RunSpec, idle_s: float) -> int:
+    """The host's first idle deadline, from its onstart: the idle time, and room for what comes before the `up`
+    first pushes it: the SSH connect, the arrival check and the switch's arm probe (up to 50 s on Vast), then the
+    receipt, as long as its budget and grace allow (a run's own, `run/receipt.py`)."""
+    receipt = spec.profile.receipt
+    receipt_s = receipt.budget_s + spec.timings.receipt_grace_s if receipt.enabled else 0.0
+    return int(idle_s + min(FIRST_PUSH_S, spec.teardown_margin_s) + receipt_s)
+
+
 def up_host(spec: RunSpec, name: str, *, idle_minutes: float, out: Output) -> int:
     """Rent, set up and keep `name`'s host; the exit code (0: held). Nothing is held unless all of it passed:
     anything else deletes what was rented, as a run does."""
@@ -61,12 +70,11 @@ def up_host(spec: RunSpec, name: str, *, idle_minutes: float, out: Output) -> in
                       evidence_dir=str(spec.evidence_dir / hold_id), max_usd=spec.caps.max_usd,
                       max_minutes=spec.caps.max_minutes, idle_minutes=idle_minutes, t0=Instant.now(),
                       cap_deadline=Instant.now(spec.max_seconds), workdir=wd.path if wd else None,
-                      exclude=list(wd.exclude) if wd else [], workdir_max_mb=wd.max_mb if wd else None,
+                      exclude=list(wd.exclude) if wd else [], include=list(wd.include) if wd else [],
+                      workdir_max_mb=wd.max_mb if wd else None,
                       # the host's deadlines are whole seconds, twice truncated: ours are that much earlier
                       switch_lead_s=spec.timings.teardown_budget.switch_s + 2 * HOST_CLOCK_STEP_S)
-    # The host's first idle deadline (its onstart's) leaves room for the SSH connect, the arrival check and the
-    # switch's arm probe (up to 50 s on Vast); the `up` pushes it from its first SSH on.
-    idle_first_s = int(record.idle_s + min(FIRST_PUSH_S, spec.teardown_margin_s))
+    idle_first_s = first_idle_s(spec, record.idle_s)
     stages = UpStages(store, record, idle_first_s=idle_first_s)
     held = False
     try:

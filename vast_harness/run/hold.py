@@ -35,18 +35,18 @@ from pathlib import Path
 from vast_harness.caps.meter import usd_up
 from vast_harness.errors import ConfigError, ExitCode, HarnessError, VastError
 from vast_harness.evidence.run import RunEvidence, write_whole
-from vast_harness.host.bundle import Bundle, WorkdirDelta, build_workdir_delta
+from vast_harness.host.bundle import Bundle, WorkdirDelta, build_workdir_delta, bundle_manifest, workdir_selection
 from vast_harness.host.deadman import DeadmanUnarmed, SwitchStatus, push_deadlines
 from vast_harness.host.ssh import HostSession, RunKey, endpoints_for
 from vast_harness.instance.absence import is_lingering
 from vast_harness.records import AbsenceSummary, CreatedInstance, RunRecord
 from vast_harness.run.host_work import REMOTE_DIR, HostWork
-from vast_harness.run.rent import preflight, rent_and_connect, timed
+from vast_harness.run.receipt import RECEIPT_ENV
+from vast_harness.run.rent import preflight, rent_and_connect, timed, warn_left_out
 from vast_harness.run.runner import RunStages
 from vast_harness.run.state import RunState, Stage
 from vast_harness.run.tools import Adopted, HoldTerms, RunTools
 from vast_harness.run.verdict import Outcome, work_outcome
-from vast_harness.spec.workdir import select_workdir
 from vast_harness.state.held import HeldHost, HeldLock, HeldStore, Instant
 from vast_harness.state.process import ProcessId, this_host
 from vast_harness.timings import TeardownBudget
@@ -276,6 +276,9 @@ class HoldStages(RunStages):
         s.work = t.host_work(session, spec=t.spec, meter=t.meter, ev=t.ev, out=t.out, run_id=s.run_id,
                              cancelled=s.cancelled, check_cancelled=s.check_cancelled,
                              hurry=lambda: t.signals.hurry, timings=s.timings, on_phase=t.phases.start)
+        s.receipt = self.record.receipt  # the `up`'s: the host is the one it measured
+        if self.record.receipt_path:
+            s.work.step_env[RECEIPT_ENV] = self.record.receipt_path
         self.save(t, s, endpoints=endpoints_for(read) or self.record.endpoints)
 
     def check_switch(self, t: RunTools, s: RunState) -> None:
@@ -476,7 +479,8 @@ class UpStages(HoldStages):
         """The switch was proven armed and the receipt taken in `connect` (as a run's): the idle deadline is
         pushed from now and the record learns the host."""
         assert s.session is not None
-        self.save(t, s, endpoints=[s.session.endpoint], host_key_fingerprint=s.session.host_key_fingerprint,
+        self.save(t, s, receipt=s.receipt, receipt_path=s.work.step_env.get(RECEIPT_ENV) if s.work else None,
+                  endpoints=[s.session.endpoint], host_key_fingerprint=s.session.host_key_fingerprint,
                   host_key_type=s.session.host_key_type, host_key_base64=s.session.host_key_base64,
                   gpu=f"{s.candidate.offer.num_gpus}x {s.candidate.offer.gpu_name}" if s.candidate else None)
         status = self.push(t, s)
@@ -487,10 +491,8 @@ class UpStages(HoldStages):
 
     def work(self, t: RunTools, s: RunState, bundle: Bundle | None) -> None:
         super().work(t, s, bundle)
-        wd = t.spec.profile.workdir
-        if wd is not None:
-            selection = select_workdir(Path(wd.path), exclude=wd.exclude, max_mb=wd.max_mb, skip_dirs=t.spec.harness_dirs)
-            self.save(t, s, manifest=build_workdir_delta(selection, {}).manifest, manifest_state="clean")
+        if bundle is not None and bundle.workdir is not None:  # what the host has: the bytes that were sent
+            self.save(t, s, manifest=bundle_manifest(bundle), manifest_state="clean")
 
     def outcome(self, t: RunTools, s: RunState) -> Outcome:
         code, _ = work_outcome(s.candidate.driver_qualified if s.candidate else False)
@@ -525,13 +527,13 @@ class ExecStages(HoldStages):
         `--full-upload`), every file again, and every name ever sent that the workdir lost, removed."""
         s.stage = Stage.PREFLIGHT
         t.phases.start("plan")
-        wd = t.spec.profile.workdir
-        assert wd is not None
-        selection = select_workdir(Path(wd.path), exclude=wd.exclude, max_mb=wd.max_mb, skip_dirs=t.spec.harness_dirs)
+        selection = workdir_selection(t.spec)  # a run's rules: never a key, a credential only by --include
+        assert selection is not None
         known = self.record.manifest_state == "clean" and not self.full_upload
         self.delta = build_workdir_delta(selection, self.record.manifest if known else {},
                                          sent_before=self.record.manifest)
         s.workdir = self.delta.workdir
+        warn_left_out(t, self.delta.workdir)
         t.cap_guard.start()
         return self.delta.bundle or Bundle(data=b"", sha256="", files=0, workdir=self.delta.workdir)
 

@@ -34,7 +34,7 @@ from vast_harness.host.ssh import HostSession, endpoints_for, generate_run_key
 from vast_harness.instance.lifecycle import CreateRequest, create, wait_ready
 from vast_harness.market.offers import Candidate
 from vast_harness.market.plan import account_credit_usd, choose_offers, plan_run
-from vast_harness.records import CreatedInstance
+from vast_harness.records import CreatedInstance, WorkdirRecord
 from vast_harness.run.arrival import check_arrival
 from vast_harness.run.key_attach import attach_run_key
 from vast_harness.run.receipt import take_receipt
@@ -78,8 +78,7 @@ def preflight(t: RunTools, s: RunState, key_dir: Path) -> Bundle:
     s.workdir = bundle.workdir
     for hint in t.spec.hints:
         t.out.warn(hint)
-    if bundle.workdir is not None and bundle.workdir.left_out:
-        t.out.warn("left out of the upload: " + "; ".join(left_out_lines(bundle.workdir.left_out)))
+    warn_left_out(t, bundle.workdir)
     s.plan = plan = timed(t, s, "plan", lambda: plan_run(t.spec, t.client, t.drivers, bundle))
     t.ev.write_json("offer-quote.json", plan.summary())
     if t.ev.write_failures:  # a full or read-only evidence dir: rent nothing
@@ -89,6 +88,12 @@ def preflight(t: RunTools, s: RunState, key_dir: Path) -> Bundle:
     s.key = generate_run_key(key_dir)
     t.cap_guard.start()
     return bundle
+
+
+def warn_left_out(t: RunTools, workdir: WorkdirRecord | None) -> None:
+    """The files an upload left out by name (a key, a credential, the harness's own), said before it goes."""
+    if workdir is not None and workdir.left_out:
+        t.out.warn("left out of the upload: " + "; ".join(left_out_lines(workdir.left_out)))
 
 
 def cap_deadline_unix(t: RunTools) -> tuple[float, str]:

@@ -40,7 +40,7 @@ from pydantic import BaseModel, Field, ValidationError
 from vast_harness.clock import boot_id, now_s
 from vast_harness.errors import ConfigError
 from vast_harness.files import UnusableFile, read_regular_file
-from vast_harness.records import SshEndpoint
+from vast_harness.records import Receipt, SshEndpoint
 from vast_harness.state.process import this_host, this_process
 
 HELD_DIR = "held"
@@ -127,9 +127,14 @@ class HeldHost(BaseModel):
     host_key_fingerprint: str | None = None
     host_key_type: str | None = None
     host_key_base64: str | None = None
+    # What the host delivered, as the `up` measured it before any work (run/receipt.py): each later command's
+    # record carries it, and its steps find the host's file in VH_RECEIPT as a run's do
+    receipt: Receipt | None = None
+    receipt_path: str | None = None
     # The upload: the workdir and the manifest of what the host has (posix path -> sha256)
     workdir: str | None = None
     exclude: list[str] = Field(default_factory=list)
+    include: list[str] = Field(default_factory=list)  # credential files the `up`'s --include took in
     workdir_max_mb: float | None = None
     manifest: dict[str, str] = Field(default_factory=dict)
     manifest_state: Literal["clean", "applying"] = "clean"  # applying: an upload was cut; the next sends all
