@@ -222,9 +222,9 @@ def _burn(device: torch.device, *, seconds: float, shape: tuple[int, int, int] |
             return max(1, round(window_s * count / max(elapsed, 1e-9)))
 
         # The time asked, and at least BURN_MIN_WINDOWS windows (a loaded CPU's one product can outlast a short
-        # burn's window), within BURN_OVERRUN times the time asked or a few seconds more.
-        # from here (the setup above may have taken longer than a short burn), and never less than a few seconds:
-        # a loaded machine can stall one window for a good part of a second
+        # burn's window), within BURN_OVERRUN times the time asked, never less than BURN_MIN_GRACE_S past it (a
+        # loaded machine can stall one window for most of a second), counted from here (the setup above may
+        # already have outlasted a short burn).
         hard_end = time.perf_counter() + max(seconds * BURN_OVERRUN, seconds + BURN_MIN_GRACE_S)
         while time.perf_counter() < end_at or (len(result.windows_tflops) + len(pending) < BURN_MIN_WINDOWS
                                                 and time.perf_counter() < hard_end):
