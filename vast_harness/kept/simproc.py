@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from vast_harness.clock import now_s
 from vast_harness.errors import ConfigError
 from vast_harness.state.process import process_start
 from vast_harness.timings import Timings
@@ -66,10 +67,10 @@ def start_detached_sim(held_dir: Path, hold_id: str, *, timings: Timings, lifeti
 
 
 def _wait_listening(sim: DetachedSim, log: Path) -> str:
-    deadline = time.monotonic() + START_S
+    deadline = now_s() + START_S
     seen = b""
     with open(log, "rb") as fh:
-        while time.monotonic() < deadline:
+        while now_s() < deadline:
             seen += fh.read()
             for line in seen.decode("utf-8", "replace").splitlines():
                 if "listening on " in line:
