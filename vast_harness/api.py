@@ -80,8 +80,10 @@ def _masked(run: Callable[P, WorkloadResult]) -> Callable[P, WorkloadResult]:
         with MASKER.scoped():
             key_file, given = kwargs.get("key_file"), kwargs.get("remote_secrets")
             items = given.items() if isinstance(given, Mapping) else ()
+            urls = kwargs.get("notify")
             teach_inputs(environ=os.environ, key_file=key_file if isinstance(key_file, (str, Path)) else None,
-                         secret_items=[f"{k}={v}" for k, v in items if isinstance(k, str) and isinstance(v, str)])
+                         secret_items=[f"{k}={v}" for k, v in items if isinstance(k, str) and isinstance(v, str)],
+                         notify_urls=[u for u in urls if isinstance(u, str)] if isinstance(urls, (list, tuple)) else ())
             try:
                 return run(*args, **kwargs)
             except ValidationError as exc:  # pydantic's text quotes the value given: a ConfigError says it without
@@ -112,6 +114,7 @@ def run_workload(
     key_file: str | Path | None = None,
     evidence_dir: str | Path | None = None,
     boot_retries: int | None = None,
+    notify: Sequence[str] = (),
     dry_run: bool = False,
     echo: bool = False,
 ) -> WorkloadResult:
@@ -119,7 +122,7 @@ def run_workload(
 
     The keyword arguments are `vast-e2e run`'s options (docs/run.md); `remote_secrets` are given by value and
     masked everywhere the harness writes. Raises ConfigError (exit_code 2) for bad input, before renting."""
-    _check_words(command=command, setup=setup, artifacts=artifacts, exclude=exclude, gpus=gpus)
+    _check_words(command=command, setup=setup, artifacts=artifacts, exclude=exclude, gpus=gpus, notify=notify)
     for name, given in (("remote_env", remote_env), ("remote_secrets", remote_secrets)):
         if given is not None and not (isinstance(given, Mapping)
                                       and all(isinstance(k, str) and isinstance(v, str) for k, v in given.items())):
@@ -132,7 +135,7 @@ def run_workload(
         remote_env=[f"{k}={v}" for k, v in (remote_env or {}).items()] or None,
         remote_secret=[f"{k}={v}" for k, v in (remote_secrets or {}).items()] or None,
         sim=sim, api_url=api_url, key_file=key_file, evidence_dir=evidence_dir, boot_retries=boot_retries,
-        dry_run=dry_run,
+        notify=list(notify) or None, dry_run=dry_run,
     )
     spec = resolve(options)
     sink = io.StringIO()
