@@ -50,7 +50,7 @@ Outcome = Literal["delivered", "failed", "dropped", "undelivered"]
 class Delivery(BaseModel):
     """What became of one event at one URL (the URL as `shown_target` says it)."""
 
-    target: str
+    target: str  # the URL as `shown_target` says it, and its place among the run's URLs: `https://host/… [2]`
     event: str
     sequence: int
     outcome: Outcome  # delivered (2xx) | failed (another status, or no answer) | dropped (queue full) | undelivered
@@ -112,10 +112,11 @@ def _user_agent() -> str:
 
 
 class _Target:
-    """One URL's queue and the thread that sends it."""
+    """One URL's queue and the thread that sends it. `shown`: its `shown_target` and its place in the list
+    (`[2]`), which tells apart receivers on one host whose paths are not shown."""
 
-    def __init__(self, url: str) -> None:
-        self.url, self.shown = url, shown_target(url)
+    def __init__(self, url: str, number: int) -> None:
+        self.url, self.shown = url, f"{shown_target(url)} [{number}]"
         self.queue: collections.deque[tuple[str, int, bytes]] = collections.deque()
         self.busy = False  # a request is out (its event is no longer in the queue)
         self.current: tuple[str, int] | None = None  # the event of that request
@@ -127,7 +128,7 @@ class Notifier:
 
     def __init__(self, urls: Sequence[str], *, connect_s: float = NOTIFY_CONNECT_S, read_s: float = NOTIFY_READ_S,
                  queue_max: int = NOTIFY_QUEUE_MAX) -> None:
-        self._targets = [_Target(u) for u in urls]
+        self._targets = [_Target(u, n) for n, u in enumerate(urls, 1)]
         self._connect_s, self._read_s, self._queue_max = connect_s, read_s, queue_max
         self._deliveries: list[Delivery] = []
         self._closed = threading.Event()

@@ -309,7 +309,7 @@ def resolve(
         raise ConfigError(f"--eight-gpu-qualified rents 8 GPUs; --num-gpus {o.num_gpus} contradicts it: give one of "
                           "them")
     max_minutes = o.max_minutes if o.max_minutes is not None else user.max_minutes
-    notify = (notify_urls(o.notify, "--notify") if o.notify is not None
+    notify = (notify_urls(o.notify, "--notify") if o.notify
               else notify_urls(user.notify or [], "notify (config file)"))
     ev_source = "--evidence-dir" if o.evidence_dir is not None else "evidence_dir (config file)"
     evidence_given = o.evidence_dir if o.evidence_dir is not None else user.evidence_dir
