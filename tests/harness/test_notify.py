@@ -36,7 +36,7 @@ KEY = "sim-notify-key-0c4f2a9d"
 SECRET = "notify-secret-77e1b9c3"
 SCHEMA = json.loads((ROOT / "docs" / "notification.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
-SIM_OPTIONS = dict(seed=46, rate_scale=SCALE, boot_seconds=0.1, num_offers=300)  # conftest.sim
+SIM_OPTIONS = dict(seed=44, rate_scale=SCALE, boot_seconds=0.1, num_offers=400)  # conftest.sim
 pytestmark = pytest.mark.usefixtures("clean_sim")
 
 
@@ -109,20 +109,23 @@ def test_a_bad_notify_url_is_exit_2_before_anything_is_rented(url, said, tmp_pat
 
 
 def test_the_config_files_notify_list_is_checked_and_a_flag_replaces_it(tmp_path):
+    work = tmp_path / "wd"
+    work.mkdir()
+    (work / "train.py").write_text("print(1)\n")
     config = tmp_path / "config" / "vast-harness" / "config.toml"
     config.parent.mkdir(parents=True)
     config.write_text('notify = ["http://hooks.example.com/cfg-token-5d5d"]\n')
-    done = cli("run", "--sim", "--dry-run", "--workdir", str(tmp_path), "--", "true", home=tmp_path)
+    done = cli("run", "--sim", "--dry-run", "--workdir", str(work), "--", "true", home=tmp_path)
     assert done.returncode == 2 and "notify (config file)" in done.stderr, done.stderr
     assert "cfg-token-5d5d" not in done.stderr
-    spec = resolve(RunOptions(command=["true"], workdir=str(tmp_path), sim=True, dry_run=True,
+    spec = resolve(RunOptions(command=["true"], workdir=str(work), sim=True, dry_run=True,
                               notify=["https://flag.example.com/f"]),
                    environ={"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config")})
     assert spec.notify == ["https://flag.example.com/f"]
-    assert len(resolve(RunOptions(command=["true"], workdir=str(tmp_path), sim=True, dry_run=True,
+    assert len(resolve(RunOptions(command=["true"], workdir=str(work), sim=True, dry_run=True,
                                   notify=[f"https://h.example.com/{i}" for i in range(8)]), environ={}).notify) == 8
     with pytest.raises(ConfigError, match="at most 8"):
-        resolve(RunOptions(command=["true"], workdir=str(tmp_path), sim=True, dry_run=True,
+        resolve(RunOptions(command=["true"], workdir=str(work), sim=True, dry_run=True,
                            notify=[f"https://h.example.com/{i}" for i in range(9)]), environ={})
 
 
@@ -200,7 +203,7 @@ def _interrupt_when_running(sim: SimServer) -> threading.Thread:
     return threading.Thread(target=interrupt, daemon=True)
 
 
-@pytest.mark.parametrize("milestone", ["interrupted", "not_proven_gone",
+@pytest.mark.parametrize("milestone", ["interrupted", "not_proven_gone", "receipt_failed",
                                        pytest.param("cap_reached", marks=pytest.mark.slow)])
 def test_every_milestone_arrives_in_the_documented_schema(milestone, sim, tmp_path):
     with Receiver() as rx:
@@ -213,6 +216,12 @@ def test_every_milestone_arrives_in_the_documented_schema(milestone, sim, tmp_pa
             sim.set_faults("5xx:list:*:503")  # no list answers: absence cannot be proven
             run, code, _ = execute(sim, spec, teardown_budget_s=1.0)
             expected, last = ["rented", "not_proven_gone"], ExitCode.NOT_PROVEN_GONE
+        elif milestone == "receipt_failed":  # an H100 whose HBM copies at half speed, then a healthy one
+            sim.set_faults("hbm_slow:0.5:1")
+            spec = spec.model_copy(update={"filters": spec.filters.model_copy(update={"gpu_names": ["H100 SXM"]}),
+                                           "boot_retries": 1, "caps": spec.caps.model_copy(update={"max_usd": 5.0})})
+            run, code, _ = execute(sim, spec)
+            expected, last = ["rented", "receipt_failed", "rented", "proven_gone"], ExitCode.PASSED
         else:
             spec = make_spec(sim, tmp_path, [Step(name="long", run="sleep 30", timeout_s=60)], [rx.url("/ok/m")])
             spec = spec.model_copy(update={"caps": spec.caps.model_copy(update={"max_minutes": 0.1})})  # 6 s
@@ -232,4 +241,7 @@ def test_every_milestone_arrives_in_the_documented_schema(milestone, sim, tmp_pa
             assert reap_all(spec, client, Output(quiet=True)) == 0
     if milestone == "cap_reached":
         assert "cap" in got[1]["reason"]
+    if milestone == "receipt_failed":
+        assert got[1]["instance"] == got[0]["instance"] and got[2]["instance"] != got[0]["instance"]
+        assert any("hbm_copy" in line and "expected" in line for line in got[1]["failed"]), got[1]
     assert not [i for i in sim.state()["instances"] if i["live"]]
