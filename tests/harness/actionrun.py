@@ -148,6 +148,7 @@ class StepRun:
     outputs: dict[str, str] = field(default_factory=dict)
     signals: list[tuple[str, float]] = field(default_factory=list)  # (signal, seconds after SIGINT)
     exited_after_sigint_s: float | None = None
+    sigint_unix: float | None = None  # when the cancel's SIGINT was sent (the simulator's call log is in unix time)
     with_: dict[str, str] = field(default_factory=dict)  # a `uses` step's inputs, evaluated
     uses: str = ""
 
@@ -198,7 +199,7 @@ def run_action(action_yml: Path, inputs: Mapping[str, str], *, workspace: Path, 
     defaults = {k: str(v.get("default", "")) for k, v in action.get("inputs", {}).items()}
     unknown = set(inputs) - set(defaults)
     assert not unknown, f"inputs the action does not declare: {unknown}"
-    temp = workspace / "_runner_temp"
+    temp = workspace.parent / "_runner_temp"  # beside the checkout, as the runner's _work/_temp is
     temp.mkdir(parents=True, exist_ok=True)
     context: dict[str, Any] = {
         "inputs": defaults | dict(inputs), "steps": {},
@@ -289,6 +290,8 @@ def _cancel(proc: subprocess.Popen[bytes], run: StepRun) -> None:
     for sig, wait_s in ((signal.SIGINT, SIGINT_WAIT_S), (signal.SIGTERM, SIGTERM_WAIT_S), (signal.SIGKILL, 0.0)):
         if proc.poll() is not None:
             break
+        if sig == signal.SIGINT:
+            run.sigint_unix = time.time()
         os.kill(proc.pid, sig)
         run.signals.append((sig.name, round(time.monotonic() - start, 2)))
         try:

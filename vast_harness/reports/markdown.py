@@ -38,6 +38,16 @@ def md(value: Any, limit: int = MAX_CELL_CHARS) -> str:
     return _SPECIAL.sub(r"\\\1", text)
 
 
+def code_span(value: Any, limit: int = MAX_CELL_CHARS) -> str:
+    """`value` as a code span (a path, an id): masked, one line, cut, fenced by more backticks than it holds."""
+    text = " ".join(mask(str(value)).split())
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _exit_name(code: Any) -> str:
     try:
         return ExitCode(int(code)).name
@@ -80,11 +90,12 @@ def _overview(f: RunFacts | None, result: dict[str, Any]) -> list[str]:
     """The run in a few lines: its id, the money against the cost cap, the time against the time cap, the GPUs,
     the offer, the absence verdict and the receipt."""
     r = f.result if f is not None else {}
-    caps = _dict(r.get("caps"))
+    caps = _dict(r.get("caps")) or (_dict(f.quote.get("caps")) if f is not None else {})  # a killed run: its plan's
     accrued = _number(r.get("accrued_usd", result.get("accrued_usd")))
     max_usd, max_min = _number(caps.get("max_usd")), _number(caps.get("max_minutes"))
     total_s = _number(_dict(r.get("timings")).get("total_s"))
-    rows: list[tuple[str, str]] = [("run", md(r.get("run_id") or result.get("run_id")))]
+    rows: list[tuple[str, str]] = [("run", code_span(r.get("run_id") or result.get("run_id")
+                                                 or (f.dir.name if f is not None else "not known")))]
     if r.get("sim"):
         rows.append(("API", "the simulator: no money moved"))
     cost = md(usd(accrued)) if accrued is not None else "not known"
@@ -102,7 +113,7 @@ def _overview(f: RunFacts | None, result: dict[str, Any]) -> list[str]:
             took += f" of the {max_min:g} min cap{_share(total_s, max_min * 60)}"
         rows.append(("time", md(took)))
     rows.append(("GPUs that ran", md(_gpus(r, result))))
-    offer = _dict(r.get("offer"))
+    offer = f.offer if f is not None else {}
     if offer:
         dph = _number(offer.get("dph_at_disk_usd"))
         rows.append(("offer", md(f"{offer.get('id')}: {offer.get('num_gpus')}x {offer.get('gpu_name')}, "
@@ -303,10 +314,10 @@ def job_summary(f: RunFacts | None, *, result: dict[str, Any] | None = None, rea
     lines += _notifications_section(notifications)
     lines += _reap_section(reap)
     if f is not None:
-        where = md(str(f.dir))
-        lines += ["", f"Evidence: {where}" + (f", uploaded as the artifact **{md(artifact_name)}**"
-                                             if artifact_name else "") + " (open `report.html` in it for the "
-                  "timeline and every file)."]
+        report = ("open `report.html` in it for the timeline and every file" if (f.dir / "report.html").is_file()
+                  else "`vast-e2e report` builds its `report.html` from it")
+        lines += ["", f"Evidence: {code_span(f.dir)}" + (f", uploaded as the artifact **{md(artifact_name)}**"
+                                                   if artifact_name else "") + f" ({report})."]
     page = "\n".join(lines) + "\n"
     if len(page) > MAX_PAGE_CHARS:
         page = page[:MAX_PAGE_CHARS] + "\n\n(cut here: the evidence has the rest)\n"
