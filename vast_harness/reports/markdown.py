@@ -79,7 +79,7 @@ def _share(part: float | None, whole: float | None) -> str:
 
 
 def verdict_line(code: Any, message: Any) -> str:
-    return f"**exit {md(code)} {md(_exit_name(code))}**: {md(message)}"
+    return f"**exit {md(code)} {_exit_name(code)}**: {md(message)}"  # the name: ExitCode's, no markup in it
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -177,20 +177,35 @@ def _check_line(c: dict[str, Any]) -> str:
 
 
 def _receipt_section(r: dict[str, Any]) -> list[str]:
-    receipts = [x for x in [r.get("receipt"), *(r.get("receipts_refused") or [])] if isinstance(x, dict)]
+    """The checks the receipt compared (gated or recorded, passed or failed) of the host that ran and of every host
+    refused on its receipt; the figures only shown (nothing to compare with) are counted, the record has them."""
+    ran = r.get("receipt")
+    refused = [x for x in r.get("receipts_refused") or [] if isinstance(x, dict)]
+    receipts = [x for x in [ran, *refused] if isinstance(x, dict)]
     if not receipts:
         return []
-    rows = []
+    lines = ["", "#### Receipt", ""]
+    for rec in refused:
+        lines.append(f"- instance {md(rec.get('instance_id'))} ({md(rec.get('gpu_name'))}) refused, deleted and "
+                     f"proven gone: {md(_receipt_headline(rec))}")
+    rows, shown = [], 0
     for rec in receipts:
         for c in rec.get("checks") or []:
-            if isinstance(c, dict):
-                rows.append([md(rec.get("instance_id")), md(_check_line(c)), md(c.get("action")),
-                             md(c.get("verdict")), md(c.get("source"))])
-    lines = ["", "#### Receipt", ""]
-    for rec in receipts:
-        lines.append(f"- instance {md(rec.get('instance_id'))} ({md(rec.get('gpu_name'))}): "
-                     f"{md(_receipt_headline(rec))}")
-    return [*lines, "", *_table(["instance", "check", "action", "verdict", "against"], rows, what="checks")]
+            if not isinstance(c, dict):
+                continue
+            if c.get("verdict") not in ("pass", "fail"):
+                shown += 1
+                continue
+            verdict = md(c.get("verdict")) if c.get("verdict") == "pass" else f"**{md(c.get('verdict'))}**"
+            rows.append([md(rec.get("instance_id")), md(_check_line(c)), md(c.get("action")), verdict,
+                         md(c.get("source"))])
+    if refused:
+        lines.append("")
+    lines += _table(["instance", "check", "action", "verdict", "against"], rows, what="checks")
+    if shown:
+        lines += ["", f"{shown} more figure(s) recorded with nothing to compare them with: `harness-result.json` "
+                      "has them."]
+    return lines
 
 
 def _steps_section(f: RunFacts) -> list[str]:
