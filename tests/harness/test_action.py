@@ -7,6 +7,7 @@ The cancellation at each phase: tests/harness/test_action_cancel.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -135,20 +136,25 @@ def test_the_run_step_execs_vast_e2e_and_the_follow_up_steps_run_after_a_cancel(
 def _signal_child(tmp_path: Path, line: str) -> tuple[str, int]:
     """A step script that runs a Python child as `line` says (`exec` or not), cancelled as the runner cancels:
     whether the child saw the SIGINT, and the step's exit status."""
-    marker = tmp_path / f"saw-{abs(hash(line))}"
-    child = (f"{sys.executable} -c \"import signal, sys, time; signal.signal(signal.SIGINT, lambda *a: "
-             f"(open('{marker}', 'w').write('SIGINT'), sys.exit(130))); print('ready', flush=True); time.sleep(60)\"")
+    marker = tmp_path / f"saw-{len(line)}"
+    child = (f"{sys.executable} -c \"import os, signal, sys, time; signal.signal(signal.SIGINT, lambda *a: "
+             f"(open('{marker}', 'w').write('SIGINT'), sys.exit(130))); print('ready', os.getpid(), flush=True); "
+             f"time.sleep(60)\"")
     script = tmp_path / "step.sh"
     script.write_text(line.format(child=child) + "\n")
     proc = subprocess.Popen([*BASH, str(script)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    proc.send_signal(signal.SIGINT)  # the runner: kill(pid, SIGINT), that pid only
-    try:
-        rc = proc.wait(timeout=3)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # as the runner goes on: SIGTERM (the child is then orphaned, still running)
-        rc = proc.wait(timeout=5)
-        subprocess.run(["pkill", "-f", str(marker)], check=False)  # the test's own orphan
+    assert proc.stdout is not None
+    with proc.stdout:
+        word, pid = proc.stdout.readline().split()
+        assert word == "ready"
+        proc.send_signal(signal.SIGINT)  # the runner: kill(pid, SIGINT), that pid only
+        try:
+            rc = proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # as the runner goes on: SIGTERM (the child is then orphaned, still running)
+            rc = proc.wait(timeout=5)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(int(pid), signal.SIGKILL)  # the orphan this test made, by its pid
     return (marker.read_text() if marker.exists() else ""), rc
 
 
