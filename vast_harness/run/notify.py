@@ -17,7 +17,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 from vast_harness.caps.meter import CostMeter
@@ -134,13 +134,20 @@ class RunNotifier:
         self.posted += 1
         self.notifier.post(event)
 
-    def finish(self, ev: RunEvidence | None, wait_s: float = NOTIFY_FLUSH_S) -> None:
+    def finish(self, ev: RunEvidence | None, warn: Callable[[str], None], wait_s: float = NOTIFY_FLUSH_S) -> None:
         """The run is over: its last events get `wait_s` to leave, then what became of each is written to the
-        evidence (`notifications.json`, and the manifest again). Nothing when no event was made."""
+        evidence (`notifications.json`, and the manifest again) and a delivery that failed is said once, in one
+        line (`warn`). Nothing when no event was made."""
         if not self.active or not self.posted:
             self.notifier.close(0.0)
             return
         deliveries = self.notifier.close(wait_s)
+        missed = [d for d in deliveries if d.outcome != "delivered"]
+        if missed:
+            first = missed[0]
+            warn(f"notifications: {len(missed)} of {len(deliveries)} not delivered ({first.event} to {first.target}: "
+                 f"{first.error or first.outcome}{'; ...' if len(missed) > 1 else ''}); "
+                 f"{NOTIFICATIONS_FILE} in the evidence says what became of each")
         if ev is None or not ev.dir.is_dir():
             return
         ev.write_json(NOTIFICATIONS_FILE, {"targets": self.notifier.targets, "events": self.posted,

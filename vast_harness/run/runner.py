@@ -102,7 +102,7 @@ class GuardedRun:
                     t.stuck.finished()
                     if s.registration is not None:
                         s.registration.release()  # the run is over: a reap may now judge what is left
-                    t.notify.finish(t.ev)  # the last events get a moment to leave; what became of each, recorded
+                    t.notify.finish(t.ev, t.out.warn)  # the last events get a moment to leave; each one's fate kept
         return HarnessResult(run_id=s.run_id, exit_code=code, message=message)
 
     def _notify_stop(self, exc: BaseException, code: ExitCode, message: str) -> None:
