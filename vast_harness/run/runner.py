@@ -106,7 +106,10 @@ class GuardedRun:
         return HarnessResult(run_id=s.run_id, exit_code=code, message=message)
 
     def _notify_stop(self, exc: BaseException, code: ExitCode, message: str) -> None:
-        """What stopped the work, when it is a signal or a cap: its event, before the teardown starts."""
+        """What stopped the work, when it is a signal or a cap: its event, before the teardown starts (none before
+        any create: nothing was rented, nothing is said)."""
+        if not self.tools.book.attempts:
+            return
         if isinstance(exc, Interrupted):
             self.tools.notify.interrupted(str(exc))
         elif code == ExitCode.INTERRUPTED:  # a fleet's signal, passed on as a cancel
@@ -153,9 +156,10 @@ class GuardedRun:
                                f"removed; this run's exit is {int(code)}")
                 elif was_written:
                     t.out.warn(f"removed {result_path}: it said exit {int(written)} and could not be rewritten")
-        if code == ExitCode.CAP_REACHED:  # a cap found only now (the meter over it at the end): said first
-            t.notify.cap_reached(message)
-        t.notify.ended(code, message, overall_absence(t.book.teardowns, t.book.unresolved))
+        if t.book.attempts:  # a run that sent no create rented nothing: it says nothing (docs/notifications.md)
+            if code == ExitCode.CAP_REACHED:  # a cap found only now (the meter over it at the end): said first
+                t.notify.cap_reached(message)
+            t.notify.ended(code, message, overall_absence(t.book.teardowns, t.book.unresolved))
         report_path = write_run_report_safely(t.ev.dir, t.out.warn)
         t.out.stop_view()
         t.out.result(s.run_id, code, message, t.ev.dir, self.steps, t.book.teardowns, t.meter.accrued_usd(),
