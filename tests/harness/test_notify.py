@@ -250,3 +250,24 @@ def test_every_milestone_arrives_in_the_documented_schema(milestone, sim, tmp_pa
         assert got[1]["instance"] == got[0]["instance"] and got[2]["instance"] != got[0]["instance"]
         assert any("hbm_copy" in line and "expected" in line for line in got[1]["failed"]), got[1]
     assert not [i for i in sim.state()["instances"] if i["live"]]
+
+
+def test_an_event_that_cannot_be_made_is_recorded_never_raised_into_the_run(tmp_path):
+    from vast_harness.run.notify import RunNotifier
+
+    class BrokenMeter:  # the run's meter failing mid-event: what a bug in an event looks like to the run
+        def accrued_usd(self) -> float:
+            raise ArithmeticError("no figure")
+
+        def elapsed_s(self) -> float:
+            return 1.0
+
+    (tmp_path / "w.py").write_text("print(1)\n")
+    spec = resolve(RunOptions(command=["true"], workdir=str(tmp_path), sim=True, dry_run=True,
+                              notify=["https://relay.example.com/x"]), environ={})
+    notifier = RunNotifier(spec, "r1", BrokenMeter())  # type: ignore[arg-type]
+    notifier.cap_reached("the cost cap")  # no raise: the cap guard's thread goes on to its DELETE
+    notifier.interrupted("SIGINT")
+    deliveries = notifier.notifier.close(0.0)
+    assert [(d.event, d.outcome, d.error) for d in deliveries] == [
+        ("cap_reached", "failed", "not made: ArithmeticError"), ("interrupted", "failed", "not made: ArithmeticError")]

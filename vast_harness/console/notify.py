@@ -164,6 +164,11 @@ class Notifier:
         if dropped:
             self._record(dropped)
 
+    def not_made(self, event: str, exc: BaseException) -> None:
+        """An event the run could not make (a bug in it): recorded for every URL, never raised."""
+        self._record([Delivery(target=t.shown, event=event, sequence=0, outcome="failed",
+                               error=f"not made: {type(exc).__name__}") for t in self._targets])
+
     def close(self, wait_s: float = NOTIFY_FLUSH_S) -> list[Delivery]:
         """Wait at most `wait_s` for every queue to empty, then stop: what is left is recorded as undelivered
         (a request still out is left to its daemon thread and its timeouts). Returns every delivery. A signal

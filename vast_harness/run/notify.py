@@ -13,12 +13,13 @@ what became of each event to `notifications.json` in the evidence.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Literal
+from typing import Any, Literal, TypeVar, cast
 
 from vast_harness.caps.meter import CostMeter
 from vast_harness.console.notification import (
@@ -55,8 +56,24 @@ def ci_context(environ: Mapping[str, str]) -> EventCi | None:
                    run_url=f"{server}/{repo}/actions/runs/{run_id}" if repo and run_id else None)
 
 
+_M = TypeVar("_M", bound=Callable[..., None])
+
+
+def _never_raises(method: _M) -> _M:
+    """A milestone's event is made on the run's path (a create, the cap guard's thread): one that cannot be made
+    is recorded as not sent, never raised into the run."""
+    @functools.wraps(method)
+    def guarded(self: RunNotifier, *args: Any, **kwargs: Any) -> None:
+        try:
+            method(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a notification must not stop a run
+            self.notifier.not_made(method.__name__, exc)
+
+    return cast(_M, guarded)
+
+
 class RunNotifier:
-    """One run's events (the module's docstring). With no `--notify` URL every method does nothing."""
+    """One run's events (the module's docstring). With no `--notify` URL every method does nothing; none raises."""
 
     def __init__(self, spec: RunSpec, run_id: str, meter: CostMeter, *,
                  environ: Mapping[str, str] | None = None, notifier: Notifier | None = None) -> None:
@@ -88,6 +105,7 @@ class RunNotifier:
             self._once.add(name)
             return True
 
+    @_never_raises
     def rented(self, inst: CreatedInstance, *, gpu_name: str | None, num_gpus: int | None) -> None:
         if not self.active:
             return
@@ -97,6 +115,7 @@ class RunNotifier:
             f"rented instance {inst.instance_id} ({what}, ${inst.dph_usd:.3f}/h) as {inst.label}")
             | {"instance": instance}))
 
+    @_never_raises
     def receipt_failed(self, inst: CreatedInstance, failed: list[str], *, gpu_name: str | None,
                        num_gpus: int | None) -> None:
         if not self.active:
@@ -106,15 +125,18 @@ class RunNotifier:
             f"instance {inst.instance_id} refused on its receipt: {'; '.join(failed[:3])}")
             | {"instance": instance, "failed": [clip(line, MESSAGE_CHARS) for line in failed]}))
 
+    @_never_raises
     def cap_reached(self, reason: str) -> None:
         if self.active and self._first("cap_reached"):
             self._post(CapReachedEvent.model_validate(self._common(reason) | {"reason": clip(reason, MESSAGE_CHARS)}))
 
+    @_never_raises
     def interrupted(self, signal_name: str) -> None:
         if self.active and self._first("interrupted"):
             self._post(InterruptedEvent.model_validate(
                 self._common(f"{signal_name}: the run stops and tears down") | {"signal": signal_name}))
 
+    @_never_raises
     def ended(self, code: ExitCode, message: str, absence: AbsenceSummary) -> None:
         """The last event: proven gone, or not (an instance may still bill; the message says reap)."""
         if not self.active or not self._first("ended"):
