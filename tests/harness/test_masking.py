@@ -50,6 +50,7 @@ BASE = {
     "costs": [],
     "status": ["--sim"],
     "machines": ["--sim"],
+    "summary": [],
 }
 TAKES_SECRETS = {"", "run", "fleet"}
 

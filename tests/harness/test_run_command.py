@@ -9,13 +9,10 @@ naming it, with nothing sent to the marketplace and nothing in the ledger. The w
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.harness.clirun import cli, cli_process
 from vast_harness.cli import app as cli_app
@@ -26,7 +23,6 @@ from vast_harness.spec.workdir import ArtifactGlobs, check_glob, select_workdir
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-train"
-WORKFLOW = ROOT / "examples" / "github-workflow.yml"
 SECRET = "tok-SECRET-4be1c9d07a"  # distinctive: any leak into a file or the output is unambiguous
 SIM_OPTIONS = dict(seed=11, rate_scale=0.01, num_offers=50)  # conftest.sim
 
@@ -313,39 +309,7 @@ def test_a_profile_file_declares_a_workdir_and_artifacts_beside_it(tmp_path):
         load_profile(str(tmp_path / "noworkdir.toml"))
 
 
-# ----------------------------------------------------------------------------------------- the CI workflow
-
-
-def test_the_copyable_workflow_runs_the_users_tests_with_a_secret_key_reaps_orphans_and_uploads_evidence():
-    doc = yaml.safe_load(WORKFLOW.read_text())
-    doc["on"] = doc.pop(True, doc.get("on"))
-    steps = [s for job in doc["jobs"].values() for s in job["steps"]]
-    runs = "\n".join(s.get("run", "") for s in steps)
-    assert set(doc["on"]) == {"workflow_dispatch"} and doc["concurrency"]["cancel-in-progress"] is False
-    assert WORKFLOW.read_text().count("secrets.VAST_API_KEY") == 1 and "umask 077" in runs and "chmod 600" in runs
-    run_at = next(i for i, s in enumerate(steps) if "vast-e2e run" in s.get("run", ""))
-    assert '--key-file "$VH_KEY_FILE"' in steps[run_at]["run"] and "-- python -m pytest" in steps[run_at]["run"]
-    assert "--artifact test-results" in steps[run_at]["run"] and "${{" not in runs
-    reap_at = next(i for i, s in enumerate(steps) if "vast-e2e reap" in s.get("run", ""))
-    assert reap_at > run_at and "always()" in steps[reap_at]["if"]
-    assert "--include-live" not in steps[reap_at]["run"] and "--yes" not in steps[reap_at]["run"]
-    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
-    assert "always()" in upload["if"] and ".evidence/" in upload["with"]["path"]
-    assert doc["jobs"]["gpu-tests"]["env"]["VAST_HARNESS_HOME"] == "${{ github.workspace }}/.evidence/vast"
-
-
-def test_actionlint_finds_nothing_in_the_copyable_workflow():
-    import shutil
-
-    tool = shutil.which("actionlint") or shutil.which(
-        "actionlint", path=str(Path(os.environ.get("VH_TOOLS_DIR", Path.home() / ".cache" / "vast-harness-tools"))
-                              / "bin"))
-    if tool is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("actionlint is missing: run `bash .ci/install-actionlint.sh` first")
-        pytest.skip("actionlint is not installed (bash .ci/install-actionlint.sh)")
-    done = subprocess.run([tool, str(WORKFLOW)], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+# The CI workflow example and the action it uses: tests/harness/test_action.py.
 
 
 def test_the_readme_shows_run_on_its_first_screen_below_the_two_set_up_commands():

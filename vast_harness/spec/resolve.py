@@ -15,6 +15,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from vast_harness.console.notify import notify_urls
 from vast_harness.errors import ConfigError, UnwritableDirError
 from vast_harness.masking import ACCOUNT_KEY, MASKER, Masker
 from vast_harness.spec.command import MAX_GPU_RAM_GB, CommandRun, command_profile, with_cap_timeouts
@@ -88,6 +89,7 @@ class RunSpec(BaseModel):
     timings: Timings  # the table for this target (timings.py), the user's flags laid over it
     allow_unarmed_deadman: bool = False  # run even when the dead-man switch cannot prove it can act (recorded)
     image_expect_override: ImageExpect | None = None  # --image-expect: recorded in the evidence and the report
+    notify: list[str] = Field(default_factory=list)  # --notify URLs, checked (console/notify.py); masked as secrets
     # Never uploaded from a workdir, whatever the flags: the key files, the harness's config and state
     never_upload: tuple[NeverUpload, ...] = ()
     hints: tuple[str, ...] = ()  # said before the run or in the dry run: a setting that looks like a secret
@@ -212,6 +214,7 @@ class RunOptions(BaseModel):
     allow_unarmed_deadman: bool = False
     image_expect: str | None = None
     image_expect_ack: bool = False
+    notify: list[str] | None = None  # receivers of the run's events (docs/notifications.md)
     state_dir: Path | None = None  # the ledger's home (default: the user's state dir, by the environment)
     # `vast-e2e run -- CMD` (spec/command.py): the command replaces the profile
     command: list[str] | None = None
@@ -301,7 +304,7 @@ def resolve(
     o = options
     environ = os.environ if environ is None else environ
     teach_inputs(environ=environ, key_file=o.key_file, secret_items=o.remote_secret or [],
-                 secret_file=o.remote_secret_file)
+                 secret_file=o.remote_secret_file, notify_urls=o.notify or [])
     if o.command is not None and o.profile is not None:
         raise ConfigError("run takes a command or a profile, not both: put the steps in the profile file, or drop "
                           "--profile")
@@ -330,6 +333,8 @@ def resolve(
         raise ConfigError(f"--eight-gpu-qualified rents 8 GPUs; --num-gpus {o.num_gpus} contradicts it: give one of "
                           "them")
     max_minutes = o.max_minutes if o.max_minutes is not None else user.max_minutes
+    notify = (notify_urls(o.notify, "--notify") if o.notify
+              else notify_urls(user.notify or [], "notify (config file)"))
     ev_source = "--evidence-dir" if o.evidence_dir is not None else "evidence_dir (config file)"
     evidence_given = o.evidence_dir if o.evidence_dir is not None else user.evidence_dir
     check_number("--max-usd", max_usd, low=0, high=MAX_USD_LIMIT, low_inclusive=False)
@@ -454,6 +459,7 @@ def resolve(
             timings=timings,
             allow_unarmed_deadman=o.allow_unarmed_deadman,
             image_expect_override=override,
+            notify=notify,
             never_upload=never,
             hints=tuple(secret_like_settings(list(given_env))),
         )
