@@ -315,3 +315,41 @@ def test_a_hard_link_to_the_key_file_stays_home_too(tmp_path):
     sel = select_workdir(proj, never_upload=[NeverUpload(path=key, why="the API key file (--key-file)")])
     assert [f.rel for f in sel.files] == ["a.py"]
     assert [(i.path, i.why) for i in sel.left_out] == [("renamed.txt", "the API key file (--key-file)")]
+
+
+# ----------------------------------------------------------------------------------------- the harness's own dirs
+
+
+@pytest.mark.parametrize(("where", "why"), [
+    ("state", "the harness's state directory"),
+    ("state/20261206T095811Z-cad931/artifacts", "the harness's state directory"),
+    ("ev", "the harness's evidence directory"),
+    ("config/vast-harness", "the harness's config directory"),
+])
+def test_a_workdir_that_is_or_is_inside_a_harness_dir_is_refused_before_renting(where, why, sim: SimServer,
+                                                                                tmp_path):
+    """Issue 43 F1: the state dir holds the ledger, the registrations and earlier runs' artifacts (a key among
+    them); a workdir that IS it, or lies inside it, is exit 2 naming the directory, nothing rented."""
+    home = tmp_path / "home"
+    workdir = home / where
+    _private(workdir / "out" / "key.bin", ACCOUNT_KEY)
+    (workdir / "a.py").write_text("1\n")
+    calls_before = len(sim.state()["calls"])
+    for dry in ((), ("--dry-run",)):
+        p = _run("--workdir", str(workdir), "--evidence-dir", str(home / "ev"), *dry, "--", "true",
+                 home=home, sim=sim, key=ACCOUNT_KEY)
+        said = _said(p)
+        assert p.returncode == 2, said[-3000:]
+        owner = home / where.split("/")[0] if where != "config/vast-harness" else workdir
+        assert f"--workdir {workdir.resolve()}: " in said and str(owner) in said and why in said, said
+    assert sim.state()["calls"][calls_before:] == []
+
+
+def test_a_sim_workdir_inside_the_state_dir_is_refused(tmp_path):
+    """With --sim the run's state is <state>/sim: that, and the user's state dir above it, are refused too."""
+    home = tmp_path / "home"
+    for where in (home / "state" / "sim", home / "state"):
+        (where / "x").mkdir(parents=True, exist_ok=True)
+        (where / "x" / "a.py").write_text("1\n")
+        p = cli("run", "--sim", "--workdir", str(where / "x"), "--", "true", home=home)
+        assert p.returncode == 2 and "the harness's state directory" in _said(p), _said(p)[-2000:]

@@ -138,6 +138,18 @@ def left_out_lines(left_out: Sequence[LeftOut]) -> list[str]:
             for item in left_out]
 
 
+def _refuse_inside(root: Path, never: Sequence[NeverUpload], flag: str) -> None:
+    """A workdir that is one of the never-uploaded folders, or lies inside one, would upload it whole (the
+    ledger, earlier runs' artifacts): bad input. Matched by device and inode, as the walk matches them."""
+    places = {ident: place for place in (root, *root.parents) if (ident := _identity(place)) is not None}
+    for item in never:
+        ident = _identity(item.path)
+        if ident is not None and ident in places:
+            where = "is" if places[ident] == root else f"is inside {item.path.expanduser()},"
+            raise ConfigError(f"{flag} {root}: {where} {item.why}; it never leaves this machine (it holds what "
+                              "earlier runs left, keys among them): give your project's folder instead")
+
+
 def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence[str] = (),
                    max_mb: float = DEFAULT_WORKDIR_MAX_MB, skip_dirs: Sequence[Path] = (),
                    never_upload: Sequence[NeverUpload] = (), flag: str = "--workdir") -> WorkdirSelection:
@@ -155,6 +167,7 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
     for item in [*never_upload, *never]:  # the first reason given for a path is the one said
         if (ident := _identity(item.path)) is not None:
             never_by_id.setdefault(ident, item.why)
+    _refuse_inside(root, [*never_upload, *never], flag)
     excludes = {g: pathspec.GitIgnoreSpec.from_lines([g])
                 for g in (check_glob("--exclude", g, anchored_ok=True) for g in exclude)}
     includes = {g: pathspec.GitIgnoreSpec.from_lines([g])
