@@ -353,3 +353,73 @@ def test_a_sim_workdir_inside_the_state_dir_is_refused(tmp_path):
         (where / "x" / "a.py").write_text("1\n")
         p = cli("run", "--sim", "--workdir", str(where / "x"), "--", "true", home=home)
         assert p.returncode == 2 and "the harness's state directory" in _said(p), _said(p)[-2000:]
+
+
+# ----------------------------------------------------------------------------------------- a copy of the key
+
+HOLDS_KEY = "holds the account's API key"
+
+
+def _key_copies(proj: Path) -> Path:
+    (proj / "train.py").parent.mkdir(parents=True, exist_ok=True)
+    (proj / "train.py").write_text("print('trained')\n")
+    (proj / "copy_of_key.txt").write_text(ACCOUNT_KEY + "\n")  # 0644, another name: only its bytes tell
+    (proj / "notes.md").write_text("# notes\nmy key: " + ACCOUNT_KEY + " (do not share)\n")
+    _private(proj / "sub" / "deep" / ".hidden" / "vast_api_key", ACCOUNT_KEY)  # a credential by name as well
+    return proj
+
+
+def test_a_copy_of_the_account_key_under_any_name_stays_home_and_is_named(sim: SimServer, tmp_path):
+    """Issue 43 F2: a file whose bytes hold the account key is left out whatever its name, named in the
+    console and the record, and not offered to --include."""
+    proj = _key_copies(tmp_path / "proj")
+    key = _private(tmp_path / "vast.key", ACCOUNT_KEY + "\n")
+    host, evidence = tmp_path / "host", tmp_path / "ev"
+    p = _run("--key-file", str(key), "--workdir", str(proj), "--remote-env", f"OUT={host}",
+             "--evidence-dir", str(evidence), "--", "sh", "-c", COPY_HOST, sim=sim, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert ACCOUNT_KEY.encode() not in _host_bytes(host)
+    assert (host / "vh" / "work" / "train.py").is_file()
+    left = {item["path"]: item for item in _record(evidence)["workdir"]["left_out"]}
+    for rel in ("copy_of_key.txt", "notes.md", "sub/deep/.hidden/vast_api_key"):
+        assert left[rel] == {"path": rel, "why": HOLDS_KEY, "includable": False}, left
+        assert f"{rel} ({HOLDS_KEY})" in _said(p)
+
+
+def test_include_cannot_take_in_a_copy_of_the_account_key(sim: SimServer, tmp_path):
+    proj = _key_copies(tmp_path / "proj")
+    key = _private(tmp_path / "vast.key", ACCOUNT_KEY)
+    base = ("--key-file", str(key), "--workdir", str(proj))
+    dry = _run(*base, "--dry-run", "--", "true", sim=sim, cwd=tmp_path)
+    assert dry.returncode == 0, _said(dry)[-3000:]
+    assert f"sub/deep/.hidden/vast_api_key ({HOLDS_KEY})" in _said(dry)
+    assert f"copy_of_key.txt ({HOLDS_KEY})" in _said(dry)
+    calls_before = len(sim.state()["calls"])
+    for glob in ("sub/deep/.hidden/vast_api_key", "**/vast_api_key"):
+        refused = _run(*base, "--include", glob, "--", "true", sim=sim, cwd=tmp_path)
+        assert refused.returncode == 2, _said(refused)[-3000:]
+        assert f"--include {glob}: sub/deep/.hidden/vast_api_key in" in _said(refused)
+        assert HOLDS_KEY in _said(refused)
+    assert sim.state()["calls"][calls_before:] == []
+
+
+def test_with_sim_a_copy_of_the_key_the_run_was_given_stays_home(tmp_path):
+    """--sim reads no real key, but the key file it was given is known: a copy of it stays home too."""
+    proj = _key_copies(tmp_path / "proj")
+    key = _private(tmp_path / "vast.key", ACCOUNT_KEY)
+    (tmp_path / "home").mkdir()
+    p = cli("run", "--sim", "--key-file", str(key), "--workdir", str(proj), "--dry-run", "--", "true",
+            home=tmp_path / "home")
+    assert p.returncode == 0, _said(p)[-3000:]
+    assert f"copy_of_key.txt ({HOLDS_KEY})" in _said(p)
+
+
+def test_the_official_cli_key_file_is_never_uploaded_from_either_config_home():
+    """The official CLI reads its key from xdg_config_home() when the `xdg` package imports, else from
+    ~/.config (vast.py APIKEY_FILE): both are listed whatever XDG_CONFIG_HOME says."""
+    from vast_harness.spec.resolve import never_upload
+
+    never = never_upload(key_file=None, config_key_file=None, environ={"HOME": "/h", "XDG_CONFIG_HOME": "/x"},
+                         dirs=[])
+    paths = {str(item.path) for item in never if item.why == "the official CLI's API key file"}
+    assert {"/x/vastai/vast_api_key", "/h/.config/vastai/vast_api_key", "/h/.vast_api_key"} <= paths
