@@ -45,7 +45,12 @@ def pull_artifacts(session: HostSession, remote_dir: str, globs: ArtifactGlobs, 
     pulled: dict[str, str] = {}  # local name -> the host's relative path
     _private_dir(local_dir, local_dir)
 
+    refused = [""]
+
     def work() -> None:
+        if (link := session.symlink_on_the_way(remote_dir)) is not None:  # the evidence pull's rule
+            refused[0] = link
+            return
         listed = session.list_files(remote_dir, max_files=MAX_LISTED_FILES)
         used: set[str] = set()
         for rel, size in listed:
@@ -92,6 +97,9 @@ def pull_artifacts(session: HostSession, remote_dir: str, globs: ArtifactGlobs, 
     record.renamed = dict(names.renamed)
     _witness(record, session, remote_dir, local_dir, pulled, deadline=deadline, link_cut=bool(cut))
     problems = []
+    if refused[0]:
+        record.symlink = refused[0]
+        problems.append(f"{refused[0]} on the host is a symlink: not followed (a pull takes only the host's own tree)")
     if record.unmatched:
         problems.append(f"matched nothing on the host: {', '.join(record.unmatched)}")
     if record.skipped:
