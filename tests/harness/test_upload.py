@@ -423,3 +423,48 @@ def test_the_official_cli_key_file_is_never_uploaded_from_either_config_home():
                          dirs=[])
     paths = {str(item.path) for item in never if item.why == "the official CLI's API key file"}
     assert {"/x/vastai/vast_api_key", "/h/.config/vastai/vast_api_key", "/h/.vast_api_key"} <= paths
+
+
+# ----------------------------------------------------------------------------------------- credential variants
+
+
+@pytest.mark.parametrize(("rel", "family"), [
+    (".ENV", "dotenv file"), (".Env.local", "dotenv file"), (".SSH/ID_RSA", "SSH private key"),
+    ("Id_Ed25519", "SSH private key"), ("server.KEY", "TLS private key"), ("sub/.AWS/Credentials", "cloud credentials"),
+    ("sub/.NETRC", "netrc"), (".env\u200b", "dotenv file"), ("\uff0eenv", "dotenv file"), (".env ", "dotenv file"),
+    (".e\u00adnv", "dotenv file"), (".ENV.EXAMPLE", None), ("Id_Ed25519.PUB", None),
+], ids=ascii)
+def test_a_credential_name_is_matched_whatever_its_case_width_or_invisible_characters(rel, family):
+    """Issue 43 F7: on macOS's case-insensitive disk `.ENV` is the very file the rule names; a zero-width space,
+    a fullwidth dot or a trailing space only hide a name from an exact match."""
+    from vast_harness.spec.credentials import credential_family
+
+    assert credential_family(rel) == family
+
+
+SA = {"type": "service_account", "project_id": "p", "private_key_id": "1",
+      "private_key": "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"}
+
+
+@pytest.mark.parametrize(("name", "body"), [
+    ("bom_notes.txt", b"\xef\xbb\xbf-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----\n"),
+    ("pgp.asc", b"-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBF\n-----END PGP PRIVATE KEY BLOCK-----\n"),
+    ("sa_bom.json", b"\xef\xbb\xbf" + json.dumps(SA).encode()),
+    ("sa_escaped.json", json.dumps(SA).replace("service_account", "service\\u005faccount").encode()),
+])
+def test_a_private_key_is_known_by_its_content_behind_a_bom_an_escape_or_pgp_armour(name, body, tmp_path):
+    from vast_harness.spec.credentials import credential_content
+
+    (tmp_path / "a.py").write_text("1\n")
+    (tmp_path / name).write_bytes(body)
+    assert credential_content(tmp_path / name) is not None
+    assert [f.rel for f in select_workdir(tmp_path).files] == ["a.py"]
+
+
+def test_a_git_folder_in_any_case_is_never_uploaded(tmp_path):
+    """`.GIT/config` holding a remote URL with a token: on a case-insensitive disk that is git's own folder."""
+    (tmp_path / "a.py").write_text("1\n")
+    for git in (".git", ".GIT", "vendor/.Git"):
+        (tmp_path / git).mkdir(parents=True)
+        (tmp_path / git / "config").write_text("[remote]\nurl = https://x:ghp_token@github.com/a/b\n")
+    assert [f.rel for f in select_workdir(tmp_path).files] == ["a.py"]

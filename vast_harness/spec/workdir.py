@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from vast_harness.errors import ConfigError
 from vast_harness.records import WorkdirLeftOut as LeftOut
-from vast_harness.spec.credentials import credential_content, credential_family
+from vast_harness.spec.credentials import credential_content, credential_family, name_key
 
 DEFAULT_WORKDIR_MAX_MB = 100.0  # an upload of source and small data; bigger data belongs in the setup's download
 MAX_WORKDIR_MAX_MB = 10_000.0
@@ -272,7 +272,7 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
                 symlinks.append(rel)
             elif (why := never_why(here / name, rel + "/")) is not None:
                 left_out.append(LeftOut(path=rel + "/", why=why, includable=False))
-            elif ignored(rel, is_dir=True):
+            elif name_key(name) == ".git" or ignored(rel, is_dir=True):  # `.GIT` is git's own on macOS's disk
                 excluded += 1
             else:
                 kept.append(name)
