@@ -458,3 +458,32 @@ def test_pulled_evidence_files_are_private_whatever_their_mode_on_the_host(tmp_p
     assert result.exit_code == ExitCode.PASSED, result.console[-3000:]
     (note,) = ev.rglob("remote/note.txt")
     assert note.stat().st_mode & 0o777 == 0o600
+
+
+def test_artifacts_whose_masked_names_collide_are_each_kept_recorded_and_checked(tmp_path):
+    """Issue 43 F8: `n-$TOK.txt`, `n-$TOK$TOK.txt` and a literal `n-***.txt` mask to names that collide: each
+    is saved under its own name, and the record holds each one's sha256 beside the host's, matching the file on
+    disk."""
+    import hashlib
+
+    from vast_harness import api
+
+    tok = "Tk9xQ2mW7pLz"
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "p.sh").write_text('mkdir -p out\nprintf AAAA > "out/n-$TOK.txt"\nprintf BBBB > "out/n-$TOK$TOK.txt"\n'
+                               "printf CCCC > 'out/n-***.txt'\n")
+    ev = tmp_path / "ev"
+    result = api.run_workload(["sh", "p.sh"], workdir=work, artifacts=["out"], sim=True,
+                              remote_secrets={"TOK": tok}, evidence_dir=ev)
+    assert result.exit_code == ExitCode.PASSED, result.console[-3000:]
+    (run_dir,) = [d for d in ev.iterdir() if d.is_dir()]
+    arts = json.loads((run_dir / "harness-result.json").read_text())["artifacts"]
+    assert len(set(arts["files"])) == 3, arts["files"]
+    contents = set()
+    for name in arts["files"]:
+        data = (run_dir / "artifacts" / name).read_bytes()
+        contents.add(data)
+        assert arts["sha256"][name] == arts["host_sha256"][name] == hashlib.sha256(data).hexdigest(), name
+    assert contents == {b"AAAA", b"BBBB", b"CCCC"} and arts["mismatched"] == []
+    assert not [p for p in run_dir.rglob("*") if tok in p.name]

@@ -67,7 +67,10 @@ def pull_artifacts(session: HostSession, remote_dir: str, globs: ArtifactGlobs, 
                 done.add(rel)
                 continue
             current[0] = rel
-            local = names.local_name(PurePosixPath(rel))
+            # Masked here, not after: two names that mask alike must be saved, recorded and checked apart.
+            local = names.local_name(PurePosixPath(rel), mask=MASKER.text)
+            if MASKER.text(rel) != rel:
+                record.redacted.append(local)
             _private_dir(local_dir, (local_dir / local).parent)
             try:
                 got = session.get(f"{remote_dir}/{rel}", local_dir / local, max_bytes=left, on_bytes=on_bytes)

@@ -96,15 +96,17 @@ class TreePull(BaseModel):
     _listed: list[str] = []
     _taken: set[str] = set()
 
-    def local_name(self, rel: PurePosixPath) -> str:
+    def local_name(self, rel: PurePosixPath, mask: Callable[[str], str] | None = None) -> str:
         """Where `rel` (the host's relative path) goes locally: as is when every character is printable,
-        else escaped (`\\x1b`); a name already taken in this pull gets `~` appended."""
+        else escaped (`\\x1b`); with `mask`, a secret in it masked; a name already taken in this pull (two
+        names that differ only in a secret's value mask alike) gets `~` appended, so each keeps its own."""
         remote = rel.as_posix()
-        local = "/".join(_UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", part) for part in rel.parts)
+        escaped = "/".join(_UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", part) for part in rel.parts)
+        local = mask(escaped) if mask is not None else escaped
         while local in self._taken:
             local += "~"
         self._taken.add(local)
-        if local != remote:
+        if escaped != remote and local == escaped:  # a masked name is the record's `redacted`, never its value
             self.renamed[remote] = local
         return local
 

@@ -388,7 +388,7 @@ class HostWork:
             got = ArtifactPull(globs=list(globs), detail=f"{type(exc).__name__}: {exc}")
         finally:  # a signal too: what arrived is named and recorded before the teardown goes on
             got = got or ArtifactPull(globs=list(globs), detail="interrupted")
-            got.redacted = self._redact_pulled(ARTIFACTS_DIR, contents=False)  # the bytes are the user's
+            got.redacted = sorted({*got.redacted, *self._redact_pulled(ARTIFACTS_DIR, contents=False)})  # bytes: the user's
             self.artifacts = got
         self.out.info(f"pulled {len(got.files)} artifact(s), {got.bytes} bytes, into "
                       f"{self.ev.dir / ARTIFACTS_DIR}" + ("" if got.complete else f"; incomplete: {got.detail}"))
