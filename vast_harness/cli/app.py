@@ -207,7 +207,7 @@ def _plan_or_run(out: Output, spec: RunSpec) -> int:
             from vast_harness.host.bundle import bundle_for
             from vast_harness.market.plan import plan_run
 
-            check_minimum_cap(target.caps.max_minutes, target.timings)  # the run would refuse it: so does the preview
+            check_minimum_cap(target.caps.max_minutes, target.timings, target.profile.receipt)  # the run would refuse it: so does the preview
 
             show_plan(out, plan_run(target, client, drivers, bundle_for(target), explain_requires=True))
             return 0
