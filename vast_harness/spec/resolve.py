@@ -170,6 +170,11 @@ class RunSpec(BaseModel):
         return MASKER
 
     @property
+    def account_keys(self) -> tuple[str, ...]:
+        """The account keys a workdir file must not hold (the one this run uses, and every one read)."""
+        return known_account_keys(self.api_key.get_secret_value() if self.api_key else None)
+
+    @property
     def redactor(self) -> Masker:
         """What masks this run's key and secrets (with every other this process knows) in what it writes."""
         return self.teach_masker()
@@ -230,6 +235,12 @@ class RunOptions(BaseModel):
 
 
 
+def known_account_keys(key: str | None) -> tuple[str, ...]:
+    """`key` and every account key the masker was told (with --sim: the key file or VAST_API_KEY given, read to
+    mask them); a workdir file that holds one stays home, whatever its name."""
+    return tuple(dict.fromkeys([*([key] if key else []), *MASKER.values(ACCOUNT_KEY)]))
+
+
 def never_upload(*, key_file: Path | None, config_key_file: str | None, environ: Mapping[str, str],
                  dirs: list[tuple[Path, str]]) -> tuple[NeverUpload, ...]:
     """What no workdir upload takes: the key file given (read or not: with --sim it is not), the config file's,
@@ -239,6 +250,9 @@ def never_upload(*, key_file: Path | None, config_key_file: str | None, environ:
     found = [(key_file, "the API key file (--key-file)"),
              (Path(config_key_file) if config_key_file else None, "the API key file (the config file's key_file)"),
              (home / OFFICIAL_CLI_KEY_FILE if home else None, "the official CLI's API key file"),
+             # without the `xdg` package the official CLI reads ~/.config whatever XDG_CONFIG_HOME says
+             (Path(environ["HOME"]) / ".config" / OFFICIAL_CLI_KEY_FILE if environ.get("HOME") else None,
+              "the official CLI's API key file"),
              (Path(environ["HOME"]) / ".vast_api_key" if environ.get("HOME") else None,
               "the official CLI's API key file"),
              (home / CONFIG_FILE.parent if home else None, "the harness's config directory"),
@@ -432,7 +446,8 @@ def resolve(
                                (ev_dir, "the harness's evidence directory")])
     if prof.workdir is not None:  # missing, over the size limit, an --exclude that matches nothing: exit 2 now
         select_workdir(Path(prof.workdir.path), exclude=prof.workdir.exclude, include=prof.workdir.include,
-                       max_mb=prof.workdir.max_mb, never_upload=never)
+                       max_mb=prof.workdir.max_mb, never_upload=never,
+                       account_keys=known_account_keys(key.get_secret_value() if key else None))
     # The one place a run's timings are chosen: the simulator's table with --sim, else Vast's; flags win.
     timing_flags = {"proof_interval_s": o.proof_interval_s, "poll_s": o.poll_s, "pacing_scale": o.pacing_scale}
     table = Timings.sim() if o.sim else Timings.real()
