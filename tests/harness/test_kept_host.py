@@ -270,6 +270,7 @@ def test_exec_uploads_by_a_runs_rules_never_the_key_file_a_credential_only_by_in
     key_file.write_text(KEY)
     key_file.chmod(0o600)
     (wd / ".env").write_text("HF_TOKEN=hf_not_for_the_host\n")
+    (wd / "notes.txt").write_text(f"my key: {KEY}\n")  # a copy of the account's key, whatever the file's name
     listing = ("sh", "-c", "echo FILES: $(ls -A)")
 
     def on_host(text: str) -> list[str]:
@@ -281,6 +282,7 @@ def test_exec_uploads_by_a_runs_rules_never_the_key_file_a_credential_only_by_in
     text = p.stdout + p.stderr
     assert p.returncode == 0, text[-2000:]
     assert "left out of the upload" in text and "apikey.txt (" in text and ".env (" in text
+    assert "notes.txt (holds the account's API key" in " ".join(text.split())
     assert on_host(text) == ["data.txt", "old.txt", "train.py"]
     held = record(home, "box")
     assert held is not None and "apikey.txt" not in held.manifest and ".env" not in held.manifest
@@ -292,6 +294,12 @@ def test_exec_uploads_by_a_runs_rules_never_the_key_file_a_credential_only_by_in
     assert p.returncode == 2 and "never uploaded" in " ".join((p.stdout + p.stderr).split()), p.stderr[-2000:]
     held = record(home, "box")
     assert held is not None and ".env" in held.manifest and "apikey.txt" not in held.manifest
+    (wd / "data.txt").write_text(f"now with the key: {KEY}\n")  # a file the host has: its copy goes too
+    p = run_exec(home, "box", sim, *listing, options=("--key-file", str(key_file), "--include", ".env"))
+    text = p.stdout + p.stderr
+    assert p.returncode == 0 and on_host(text) == [".env", "old.txt", "train.py"], text[-2000:]
+    held = record(home, "box")
+    assert held is not None and "data.txt" not in held.manifest
 
 
 def test_ssh_runs_a_command_and_a_shell_with_the_holds_key(sim_hold):
@@ -313,13 +321,13 @@ def test_the_manifest_is_what_was_sent_even_for_a_file_changed_while_it_was_pack
     wd = workdir(tmp_path)
     selection = select_workdir(wd)
     full = bundle_mod.build_workdir_bundle(selection)
-    assert bundle_mod.bundle_manifest(full) == bundle_mod.file_manifest(selection)  # an up's, nothing edited
+    assert bundle_mod.bundle_manifest(full) == bundle_mod.file_manifest(selection)[0]  # an up's, nothing edited
     (wd / "train.py").write_text("print('v2')\n")
     real_pack = bundle_mod._pack
 
-    def edited_meanwhile(root: Path, members: list[tuple[str, Path]], extra: dict[str, bytes] | None = None) -> Any:
+    def edited_meanwhile(root: Path, members: list[tuple[str, Path]], *args: Any, **kwargs: Any) -> Any:
         (wd / "train.py").write_text("print('v3')\n")  # after the hash, before the pack
-        return real_pack(root, members, extra)
+        return real_pack(root, members, *args, **kwargs)
 
     monkeypatch.setattr(bundle_mod, "_pack", edited_meanwhile)
     delta = bundle_mod.build_workdir_delta(selection, bundle_mod.bundle_manifest(full))

@@ -531,7 +531,7 @@ class ExecStages(HoldStages):
         assert selection is not None
         known = self.record.manifest_state == "clean" and not self.full_upload
         self.delta = build_workdir_delta(selection, self.record.manifest if known else {},
-                                         sent_before=self.record.manifest)
+                                         sent_before=self.record.manifest, account_keys=t.spec.account_keys)
         s.workdir = self.delta.workdir
         warn_left_out(t, self.delta.workdir)
         t.cap_guard.start()
