@@ -39,6 +39,7 @@ class RunCost(BaseModel):
     instances: list[int]
     dir: str | None
     fleet: str | None = None
+    held: bool = False  # a kept host still held: its dollars are its last command's figure, so far
 
 
 class Totals(BaseModel):
@@ -67,7 +68,8 @@ def _from_record(path: Path) -> RunCost | None:
                    exit_code=code if isinstance(code, int) else None,
                    instances=[i["instance_id"] for i in insts if isinstance(i, dict)
                               and isinstance(i.get("instance_id"), int)],
-                   dir=str(path), fleet=path.parent.name if path.parent.name.startswith("fleet-") else None)
+                   dir=str(path), fleet=path.parent.name if path.parent.name.startswith("fleet-") else None,
+                   held=isinstance(doc.get("absence"), dict) and doc["absence"].get("verdict") == "held")
 
 
 def ledger_paths(evidence_dir: Path) -> list[Path]:
@@ -207,7 +209,8 @@ def show_costs(out: Output, evidence_dir: Path) -> int:
         t.add_row(*safe_cells(r.run_id, r.day, r.profile or "–", "yes" if r.sim else "no",
                               "–" if r.exit_code is None else r.exit_code,
                               "unrecorded" if r.accrued_usd is None else
-                              f"{r.accrued_usd:.4f}" + (" (estimated)" if r.estimated else ""),
+                              f"{r.accrued_usd:.4f}" + (" (estimated)" if r.estimated else "")
+                              + (" (held: so far)" if r.held else ""),
                               ", ".join(map(str, r.instances)) or "–", r.fleet or ""))
     out.out.print(t)
     for title, key in (("Per day", "per_day"), ("Per profile", "per_profile")):
