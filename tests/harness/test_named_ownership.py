@@ -168,7 +168,9 @@ def test_a_signal_in_an_api_blip_never_deletes_the_named_instance_in_a_real_proc
     assert ours, "the run made no instance"
     if proc.returncode != 3:
         assert not [i["id"] for i in ours if i["live"]], (proc.returncode, err[-2000:])
-    assert proc.returncode in (3, 130), err[-2000:]
+    # 130; 1 when the boot read the decoy's label first (its create unresolved, the run's own found and deleted by
+    # the sweep) and the signal came in the teardown, which it does not change; 3 when something is not settled
+    assert proc.returncode in (1, 3, 130), err[-2000:]
 
 
 def wait_for_create(sim: SimServer, key: str, timeout_s: float = 90.0) -> bool:
