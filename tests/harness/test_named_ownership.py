@@ -276,6 +276,28 @@ def test_reap_reads_the_label_before_deleting_what_a_ledger_line_names(sim, tmp_
     assert_left_alone(sim, decoy)
 
 
+def test_reap_proves_an_id_no_read_ever_showed_absent_by_reads_alone_once_older_than_any_lag(sim, tmp_path):
+    """A ledger line over an hour old names an id no read ever showed (its create answer was wrong, or its instance
+    ended unseen): null reads count now, so reap proves it absent without sending it a DELETE, and settles it."""
+    key = account()
+    spec = spec_for(sim, tmp_path, key)
+    ledger = Ledger.for_spec(spec)
+    run_id = "20261206T010203Z-0a0b0c"
+    label = make_label(run_id, 0, time.time() - 7200, left_s=60)
+    ledger.append(run_id, "intent", label, offer_id=1)
+    line = ledger.append(run_id, "created", label, offer_id=1, instance_id=987_654_321)
+    lines = ledger.path.read_text().splitlines()  # both lines written two hours ago, by both clocks
+    old = [json.loads(text) | {"t_unix": line.t_unix - 7200, "server_unix": (line.server_unix or line.t_unix) - 7200}
+           for text in lines]
+    ledger.path.write_text("".join(json.dumps(entry) + "\n" for entry in old))
+    with VastClient(key, base_url=sim.url, pacing_scale=SCALE) as client:
+        assert reap_all(spec, client, Output(quiet=True)) == 0
+    assert not deletes_of(sim, 987_654_321)
+    absence = [e for e in Ledger.for_spec(spec).entries() if e.event == "absence"]
+    assert [(e.instance_id, e.verdict) for e in absence] == [(987_654_321, "gone")]
+    assert 987_654_321 not in Ledger.for_spec(spec).view().pending
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_kill_9_then_reap_with_a_lagging_named_decoy(sim, tmp_path):
