@@ -98,6 +98,7 @@ def run_workload(
     setup: Sequence[str] = (),
     artifacts: Sequence[str] = (),
     exclude: Sequence[str] = (),
+    include: Sequence[str] = (),
     workdir_max_mb: float | None = None,
     image: str | None = None,
     gpus: Sequence[str] = (),
@@ -119,21 +120,32 @@ def run_workload(
 
     The keyword arguments are `vast-e2e run`'s options (docs/run.md); `remote_secrets` are given by value and
     masked everywhere the harness writes. Raises ConfigError (exit_code 2) for bad input, before renting."""
-    _check_words(command=command, setup=setup, artifacts=artifacts, exclude=exclude, gpus=gpus)
+    _check_words(command=command, setup=setup, artifacts=artifacts, exclude=exclude, gpus=gpus, include=include)
+    _check_scalars(numbers={"max_usd": max_usd, "max_minutes": max_minutes, "workdir_max_mb": workdir_max_mb,
+                            "min_gpu_ram_gb": min_gpu_ram_gb},
+                   whole={"num_gpus": num_gpus, "boot_retries": boot_retries},
+                   flags={"sim": sim, "dry_run": dry_run, "echo": echo},
+                   paths={"key_file": key_file, "evidence_dir": evidence_dir}, workdir=workdir,
+                   texts={"image": image, "api_url": api_url})
     for name, given in (("remote_env", remote_env), ("remote_secrets", remote_secrets)):
         if given is not None and not (isinstance(given, Mapping)
                                       and all(isinstance(k, str) and isinstance(v, str) for k, v in given.items())):
             raise ConfigError(f"run_workload: {name} must map names to strings, got {clip(repr(given), 80)}"
                               if name == "remote_env" else "run_workload: remote_secrets must map names to strings")
-    options = RunOptions(
-        command=list(command), workdir=str(workdir), setup=list(setup) or None, artifact=list(artifacts) or None,
-        exclude=list(exclude) or None, workdir_max_mb=workdir_max_mb, image=image, gpu=list(gpus) or None,
-        num_gpus=num_gpus, min_gpu_ram_gb=min_gpu_ram_gb, max_usd=max_usd, max_minutes=max_minutes,
-        remote_env=[f"{k}={v}" for k, v in (remote_env or {}).items()] or None,
-        remote_secret=[f"{k}={v}" for k, v in (remote_secrets or {}).items()] or None,
-        sim=sim, api_url=api_url, key_file=key_file, evidence_dir=evidence_dir, boot_retries=boot_retries,
-        dry_run=dry_run,
-    )
+    try:
+        options = RunOptions(
+            command=list(command), workdir=os.fspath(workdir), setup=list(setup) or None,
+            artifact=list(artifacts) or None, exclude=list(exclude) or None, include=list(include) or None,
+            workdir_max_mb=workdir_max_mb, image=image, gpu=list(gpus) or None, num_gpus=num_gpus,
+            min_gpu_ram_gb=min_gpu_ram_gb, max_usd=max_usd, max_minutes=max_minutes,
+            remote_env=[f"{k}={v}" for k, v in (remote_env or {}).items()] or None,
+            remote_secret=[f"{k}={v}" for k, v in (remote_secrets or {}).items()] or None,
+            sim=sim, api_url=api_url, key_file=key_file, evidence_dir=evidence_dir, boot_retries=boot_retries,
+            dry_run=dry_run,
+        )
+    except ValidationError as exc:  # a type the checks above let through: still bad input, named
+        first = exc.errors()[0]
+        raise ConfigError(f"run_workload: {'.'.join(str(p) for p in first['loc'])} {first['msg']}") from None
     spec = resolve(options)
     sink = io.StringIO()
     # Output binds its streams when made: without echo the run's output goes to the sink (result.console)
@@ -180,6 +192,27 @@ def _check_words(**given: object) -> None:
                 isinstance(w, str) for w in value):
             raise ConfigError(f"run_workload: {name} must be a list of strings, got {clip(repr(value), 80)}"
                               + (f" (did you mean [{value!r}]?)" if isinstance(value, str) else ""))
+
+
+def _check_scalars(*, numbers: Mapping[str, object], whole: Mapping[str, object], flags: Mapping[str, object],
+                   paths: Mapping[str, object], texts: Mapping[str, object], workdir: object) -> None:
+    """Each argument of the type its flag parses to: pydantic would turn `True` into a $1 cap, "3" into 3, and
+    refuse "abc" with its own ValidationError. ConfigError (exit 2) naming the argument instead, before anything."""
+    for name, value in numbers.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"run_workload: {name} must be a number, got {value!r:.80}")
+    for name, value in whole.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"run_workload: {name} must be a whole number, got {value!r:.80}")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"run_workload: {name} must be True or False, got {value!r:.80}")
+    for name, value in {"workdir": workdir, **paths}.items():
+        if (value is not None or name == "workdir") and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"run_workload: {name} must be a path (str or Path), got {value!r:.80}")
+    for name, value in texts.items():
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"run_workload: {name} must be a string, got {value!r:.80}")
 
 
 def _read_record(path: Path) -> RunRecord | None:

@@ -25,7 +25,8 @@ the only place that ranks codes (a fleet's runs, a run's outcome against its tea
         ├── RunCancelled            a fleet's total cap (6) or a signal the fleet got (130)   exit 6 | 130
         ├── StepFailedError         a step of the plan failed                              exit 1
         ├── BootFailed              the instance never became ready                        exit 1
-        │   └── GpuMismatch         the host's GPUs are not the offer's: deleted, next offer  exit 1
+        │   ├── GpuMismatch         the host's GPUs are not the offer's: deleted, next offer  exit 1
+        │   └── ReceiptFailed       the host delivers less than it must: deleted, next offer  exit 1
         ├── SshConnectError         no SSH endpoint accepted the run's key in time          exit 1
         ├── SshTransferError        an SFTP transfer broke off                              exit 1
         │   ├── TransferAbandoned   ... or ran past its deadline and was cut                exit 1
@@ -262,6 +263,12 @@ class BootFailed(HarnessError):
 class GpuMismatch(BootFailed):
     """The host that arrived is not the one offered (GPU name, count, memory, driver, CUDA) or cannot run the
     profile's [requires]: deleted and proven gone like a host that did not boot, its machine excluded."""
+
+
+class ReceiptFailed(BootFailed):
+    """The host's receipt (what its GPUs deliver, measured before any work) failed a gate of the profile's
+    `[receipt]`: deleted and proven gone like a host that did not boot, its machine excluded and remembered
+    (`vast-e2e machines`). The message names each measure, the measured and the expected value."""
 
 
 class CreateUnresolved(HarnessError):

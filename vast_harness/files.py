@@ -1,17 +1,21 @@
-"""Reading a small file the user or another process controls, without trusting what the path is.
+"""Reading a small file the user or another process controls, and appending to one, without trusting what the
+path is.
 
-A path may name a FIFO (an open blocks until a writer comes), `/dev/zero` or a link to it (a read never ends),
-a directory, a dangling link, or a file of gigabytes. `read_regular_file` opens without blocking, checks the
-opened object is a regular file, and reads at most `max_bytes`: every odd case is an `UnusableFile` naming
-what the path turned out to be, for the caller to say and skip or refuse. Standard library only (a leaf).
+A path may name a FIFO (an open blocks until a writer comes, or a reader), `/dev/zero` or a link to it (a read
+never ends), a directory, a dangling link, or a file of gigabytes. `read_regular_file` and `open_append` open
+without blocking and check the opened object is a regular file (`read_regular_file` reads at most
+`max_bytes`): every odd case is an `UnusableFile` naming what the path turned out to be, for the caller to say
+and skip or refuse. Standard library only (a leaf).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 
 class UnusableFile(OSError):
@@ -61,3 +65,28 @@ def read_regular_file(path: Path, *, max_bytes: int, follow_symlinks: bool = Tru
         return data
     finally:
         os.close(fd)
+
+
+def open_append(path: Path, mode: int = 0o600) -> BinaryIO:
+    """`path` opened to append bytes, created `mode` if missing; `UnusableFile` when it is not a regular file
+    (a FIFO planted in the evidence directory would hold the open, and then every write, until a reader came)
+    or is a symbolic link."""
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO no process reads
+            raise UnusableFile(errno.ENXIO, "a FIFO", str(path)) from None
+        if exc.errno == errno.ELOOP:
+            raise UnusableFile(errno.ELOOP, "a symbolic link (refused: it may point anywhere)", str(path)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnusableFile(errno.EINVAL, kind_of(st.st_mode), str(path))
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class SshEndpoint(BaseModel):
@@ -116,6 +116,7 @@ class StepOutcome(BaseModel):
     timed_out: bool = False
     connection_lost: bool = False
     detail: str = ""
+    output_left_open: bool = False  # it exited, but a background process it started still held its output
 
     @property
     def ok(self) -> bool:
@@ -137,6 +138,7 @@ class StepRecord(BaseModel):
     detail: str = ""
     log_bytes: int = 0  # what the step printed (stdout + stderr)
     log_dropped_bytes: int = 0  # cut from the middle of its log by the size cap
+    output_left_open: bool = False  # ended on its exit status while a background process held its output open
 
 
 class RecordedInstance(BaseModel):
@@ -223,6 +225,86 @@ class HostGpus(BaseModel):
         return self.describe() + (" (simulated: from the offer)" if self.simulated else "")
 
 
+RECEIPT_SCHEMA_VERSION = 1
+ReceiptVerdict = Literal["passed", "failed", "not_measured", "off"]
+CheckVerdict = Literal["pass", "fail", "shown", "not_measured"]
+
+
+class ReceiptCheck(BaseModel):
+    """One comparison the receipt made (run/receipt.py): one measure of one GPU (or of the host) against a
+    reference, the offer, the host's best GPU, or a rule. `expected` is the bound it had to meet (`fraction` of
+    `basis`); a check with nothing to compare with is `shown` (its figure recorded beside whatever is known)."""
+
+    measure: str
+    gpu: int | None = None  # torch's index of the GPU; None: the host as a whole
+    against: Literal["reference", "offer", "best_gpu", "rule"]
+    measured: float | None = None
+    expected: float | None = None
+    basis: float | None = None
+    fraction: float | None = None
+    unit: str = ""
+    source: str = ""  # where `basis` comes from: the reference's source, the offer's field, the rule
+    action: Literal["gate", "record"] = "gate"
+    verdict: CheckVerdict = "shown"
+    at_most: bool = False  # `expected` is a ceiling (errors, a share of throttled samples), not a floor
+    detail: str = ""
+
+    def line(self) -> str:
+        """`GPU 0 matmul 450.1 TFLOP/s, expected >= 620.5 TFLOP/s (90% of the reference 689.4)`: the measure, the
+        measured and the expected value (the record's `source` says where the reference comes from)."""
+        who = f"GPU {self.gpu} " if self.gpu is not None else ""
+        measured = "not measured" if self.measured is None else f"{self.measured:.4g} {self.unit}".rstrip()
+        whose = {"reference": "the reference", "best_gpu": "the best GPU's burn"}.get(self.against, self.source)
+        if self.expected is None:
+            said = f"{whose} {self.basis:.4g}: shown, not compared" if self.basis is not None else self.source
+            return f"{who}{self.measure} {measured} ({self.detail or said})"
+        why = (f"{self.fraction:.0%} of {whose} {self.basis:.4g}" if self.against != "rule" and self.basis is not None
+               and self.fraction is not None else self.source)
+        return (f"{who}{self.measure} {measured}, expected {'<=' if self.at_most else '>='} {self.expected:.4g} "
+                f"{self.unit} ({why})" + (f"; {self.detail}" if self.detail else ""))
+
+
+class Receipt(BaseModel):
+    """What one host delivered before any work, judged (run/receipt.py): in the run's record (the host that ran,
+    and each host refused on it), the console, report.html, the fleet report and the machines' history."""
+
+    schema_version: int = RECEIPT_SCHEMA_VERSION
+    instance_id: int
+    offer_id: int
+    machine_id: int | None = None
+    gpu_name: str = ""
+    num_gpus: int = 0
+    verdict: ReceiptVerdict
+    reason: str = ""  # not measured: why; failed: the failed checks, as lines
+    checks: list[ReceiptCheck] = Field(default_factory=list)
+    budget_s: float = 0.0  # the budget the host was given
+    host_wall_s: float | None = None  # the receipt's own wall time on the host (its record's wall_s)
+    wall_s: float = 0.0  # the whole phase here: the payload's upload, the run, the read back
+    dph_usd: float = 0.0  # the host's price while it ran: every second of it is billed
+    billed_usd: float = 0.0  # wall_s at dph_usd
+    simulated: bool = False  # answered by the simulator from its offer and its faults, not by a GPU
+    file: str | None = None  # the host's receipt as it answered, relative to the run's evidence directory
+    notes: list[str] = Field(default_factory=list)
+    # The sustained burn summed over the GPUs (TFLOP/s): what a fleet ranks by, per dollar
+    burn_tflops_total: float | None = None
+
+    @property
+    def failed(self) -> list[ReceiptCheck]:
+        return [c for c in self.checks if c.verdict == "fail"]
+
+    def headline(self) -> str:
+        """One line: the verdict and what decided it."""
+        if self.verdict == "failed":
+            return f"receipt FAILED: {'; '.join(c.line() for c in self.failed[:4]) or self.reason}"
+        if self.verdict == "not_measured":
+            return f"receipt not measured: {self.reason}"
+        if self.verdict == "off":
+            return "receipt off ([receipt] enabled = false)"
+        gated = sum(c.action == "gate" and c.verdict == "pass" for c in self.checks)
+        return f"receipt passed: {gated} gated check(s) met" + (
+            f", {self.burn_tflops_total:.1f} TFLOP/s sustained" if self.burn_tflops_total else "")
+
+
 class RecordCaps(BaseModel):
     max_usd: float
     max_minutes: float
@@ -266,6 +348,17 @@ class PullRecord(BaseModel):
     max_bytes: float | None = None
 
 
+class WorkdirLeftOut(BaseModel):
+    """A workdir file or folder (`path` ends with `/`) left out of the upload by name: the API key file, the
+    harness's own directories (never uploaded), or a well-known credential file (`includable`: `--include`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str  # relative to the workdir
+    why: str
+    includable: bool
+
+
 class WorkdirRecord(BaseModel):
     """`vast-e2e run`: the workdir as uploaded. `sha256` is the reproducible bundle of exactly these files."""
 
@@ -275,6 +368,8 @@ class WorkdirRecord(BaseModel):
     bytes: int  # the files' total, before compression
     excluded: int = 0  # files and folders left out by .gitignore, --exclude and .git/
     symlinks_skipped: list[str] = Field(default_factory=list)  # never followed, never uploaded
+    left_out: list[WorkdirLeftOut] = Field(default_factory=list)  # keys, credentials, the harness's own: named
+    included: list[str] = Field(default_factory=list)  # credential files --include took in
 
 
 class ArtifactPull(BaseModel):
@@ -335,6 +430,8 @@ class RunRecord(BaseModel):
     artifacts: ArtifactPull | None = None  # `vast-e2e run --artifact`: what came back
     host_gpus: HostGpus | None = None  # the GPUs of the host the work ran on, read after SSH (None: none arrived)
     gpu_refused: list[HostGpus] = Field(default_factory=list)  # hosts deleted as not the offer's, each with why
+    receipt: Receipt | None = None  # what the host the work ran on delivered (None: none got that far)
+    receipts_refused: list[Receipt] = Field(default_factory=list)  # hosts deleted on their receipt, each with why
     exit_code: int
     message: str
     finished_unix: float = Field(default_factory=time.time)

@@ -53,17 +53,28 @@ class Timings(BaseModel):
         "embedded simulator enforces Vast's limits at a tenth of the real intervals (cli.py starts it with "
         "this). --pacing-scale wins."))
 
+    receipt_grace_s: float = Field(ge=0, description=(
+        "Beyond its budget, how long the receipt's command may take on the host (host/receipt.py): unpacking its "
+        "payload, the launcher's look for torch, the interpreter's exit, printing the record. The budget it is "
+        "given is what the cap leaves less this. Vast: 20 s. Simulator: 2 s, its hosts answer the receipt from "
+        "their offer at once."))
+    receipt_min_s: float = Field(ge=0, description=(
+        "The least budget a receipt is started with: less and the cap, not the host, would end it (exit 6, "
+        "run/receipt.py). Vast: 30 s, what remote/receipt needs at its smallest (torch's import ~5 s, the short "
+        "measures at a fifth of their length, its 8 s overhead and 6 s reserve, a 5 s burn). Simulator: 0.5 s."))
+
     @classmethod
     def real(cls) -> Timings:
         """Against Vast (or any API that is not the embedded simulator)."""
         return cls(proof_interval_s=10.0, teardown_margin_s=120.0, poll_s=10.0, deadman_grace_s=600.0,
-                   read_lag_window_s=30.0, min_boot_s=60.0, pacing_scale=1.0)
+                   read_lag_window_s=30.0, min_boot_s=60.0, pacing_scale=1.0, receipt_grace_s=20.0,
+                   receipt_min_s=30.0)
 
     @classmethod
     def sim(cls) -> Timings:
         """Against the embedded simulator (`--sim`)."""
         return cls(proof_interval_s=0.5, teardown_margin_s=15.0, poll_s=0.25, deadman_grace_s=30.0,
-                   read_lag_window_s=1.0, min_boot_s=1.0, pacing_scale=0.1)
+                   read_lag_window_s=1.0, min_boot_s=1.0, pacing_scale=0.1, receipt_grace_s=2.0, receipt_min_s=0.5)
 
     @property
     def teardown_budget(self) -> TeardownBudget:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Chaos suite: `python scripts/bench/chaos.py --scenarios 200 --net 110 --kill9 4 --account 10 --seed 1`.
+"""Chaos suite: `python scripts/bench/chaos.py --scenarios 200 --net 110 --kill9 4 --account 12 --seed 1`.
 
 Three families from one seed, judged by the simulator's own record (vast_harness/chaos/judge.py): in-process
 runs under simulator faults and caps (`sim`), the harness in its own process behind a fault proxy that
@@ -120,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", type=int, default=200, help="in-process scenarios (default 200)")
     parser.add_argument("--net", type=int, default=110, help="network scenarios (default 110)")
     parser.add_argument("--kill9", type=int, default=4, help="kill -9 scenarios of the real CLI (default 4)")
-    parser.add_argument("--account", type=int, default=10, help="account scenarios: two runs and a reap, clock "
+    parser.add_argument("--account", type=int, default=12, help="account scenarios: two runs and a reap, clock "
                         "steps, a failing boot with a failing DELETE, a re-priced fleet, a suspend, a `Date` "
-                        "skew, a decoy instance, a tampered registration (default 10)")
+                        "skew, a decoy instance, a tampered registration, key and credential files in the "
+                        "workdir, a daemonising command (default 12)")
     parser.add_argument("--kinds", default=None, help="families and network kinds to run, comma-separated "
                         "names or patterns (sim, kill9, net, or a network kind); default all")
     parser.add_argument("--list-kinds", action="store_true", help="list the network kinds and exit")

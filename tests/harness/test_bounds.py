@@ -34,6 +34,7 @@ from vast_harness.run.host_work import HostWork
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
+from vast_harness.spec.receipt import ReceiptPolicy
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.timings import TeardownBudget
 from vast_harness.vast.client import VastClient
@@ -224,6 +225,8 @@ def test_slow_upload_is_stopped_at_the_cap(sim, tmp_path):
     # SFTP at 500 B/s: the bundle would take minutes; the upload is stopped at the cap, never billed past it.
     sim.set_faults("slow_sftp:500")
     spec = make_spec(sim, tmp_path, [Step(name="ok", run="true", timeout_s=20)], max_minutes=0.1)
+    # No receipt: its payload would meet the slow link first (that host is replaced: test_receipt_run.py)
+    spec = spec.model_copy(update={"profile": spec.profile.model_copy(update={"receipt": ReceiptPolicy(enabled=False)})})
     start_unix = time.time()
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))

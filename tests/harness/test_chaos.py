@@ -37,8 +37,7 @@ SUITE_SCENARIOS = 200
 SUITE_KILL9 = 4  # one per trigger window: intent (create stalled), created, a random time, delete_ack
 SUITE_WALL_LIMIT_S = 300.0
 SUITE_NET = 110  # with the 200 above and the kill -9 runs: >= 300 scenarios per CI run
-SUITE_ACCOUNT = 11  # one per account kind (chaos/account.py, trust.py, artifacts.py): runs, reaps, state
-# dirs, clocks, a secret in an artifact
+SUITE_ACCOUNT = 13  # one per account kind (chaos/account.py, trust.py, upload.py, artifacts.py): runs, reaps, state dirs, clocks
 SUITE_SEED = int(os.environ.get("VH_CHAOS_SEED", "1"))
 FULL = os.environ.get("VH_CHAOS_FULL", "1") != "0"  # on by default (CI); VH_CHAOS_FULL=0 skips it locally
 FULL_WALL_LIMIT_S = 600.0

@@ -20,12 +20,13 @@ from vast_harness.chaos.engine import SCALE
 from vast_harness.chaos.suite import ACCOUNT_OFFSET
 from vast_harness.sim import SimServer
 
-CASES = [(kind, variant) for kind, variants in VARIANTS.items() if kind in trust.TRUST_SCENARIOS for variant in variants]
+CASES = [(kind, variant) for kind, variants in VARIANTS.items() if kind in trust.TRUST_SCENARIOS
+         for variant in variants]
 
 
 def test_every_trust_kind_is_an_account_kind_and_its_variants_cycle_with_the_seed():
     assert set(VARIANTS) <= set(chaos.ACCOUNT_KINDS)
-    assert set(trust.TRUST_SCENARIOS) == set(VARIANTS) - {"secret_artifact"}  # chaos/artifacts.py's
+    assert set(trust.TRUST_SCENARIOS) | set(chaos.UPLOAD_SCENARIOS) == set(VARIANTS) - {"secret_artifact"}  # the others: test_chaos_upload, test_chaos_artifacts
     drawn = {(p.kind, p.variant) for p in (chaos.draw_account(s) for s in range(400))}
     assert set(CASES) <= drawn, set(CASES) - drawn
     assert chaos.draw_account(123) == chaos.draw_account(123)

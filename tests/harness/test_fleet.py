@@ -126,10 +126,13 @@ def test_three_gpu_types_end_to_end_with_reports(sim, tmp_path):
     rows = result["rows"]
     assert sorted(r["gpu"] for r in rows) == sorted(GPUS)
     costs = [r["usd_per_mtok"] for r in rows]
-    assert all(c > 0 for c in costs) and costs == sorted(costs)  # ranked by $ per million tokens
+    assert all(c > 0 for c in costs)
+    measured = [r["tflops_per_usd_h"] for r in rows]  # ranked by what each host's receipt delivered per $/h
+    assert all(m > 0 for m in measured) and measured == sorted(measured, reverse=True)
     for r in rows:
         assert r["exit_code"] == 0 and r["absence"] == "gone" and r["replay_match"] is True
         assert r["usd_per_mtok"] == pytest.approx(r["dph_usd"] / (r["tokens_per_s"] * 3600 / 1e6))
+        assert r["tflops_per_usd_h"] == pytest.approx(r["receipt_tflops"] / r["dph_usd"], rel=1e-3)
         run_dir = Path(r["evidence_dir"])
         assert run_dir.parent == fleet_dir and (run_dir / "report.html").is_file()
         run_html = (run_dir / "report.html").read_text()  # one measurement: its table, and no one-bar chart

@@ -49,6 +49,7 @@ BASE = {
     "logs": [],
     "costs": [],
     "status": ["--sim"],
+    "machines": ["--sim"],
 }
 TAKES_SECRETS = {"", "run", "fleet"}
 

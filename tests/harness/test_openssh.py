@@ -161,3 +161,18 @@ def test_sftp__put_get_tree_2mb_sha256(session: HostSession, tmp_path: Path) -> 
     (remote_dir / "sub" / "mfu-x.json").write_text("{}")
     pulled = session.get_tree(str(remote_dir), tmp_path / "pulled", pattern="*.json")
     assert pulled == ["sub/mfu-x.json"]
+
+
+def test_run__a_background_child_does_not_hold_the_step_past_its_exit_status(session: HostSession) -> None:
+    """OpenSSH sends the exit status when the command exits; the background `sleep` holds stdout open. The run
+    ends on the status after a bounded drain and says the output was left open; output the command's children
+    write after the status, before they close it, is still read."""
+    seen: list[str] = []
+    started = time.monotonic()
+    outcome = session.run("sleep 30 & echo started; exit 0", on_line=lambda s, line: seen.append(line), timeout_s=60)
+    assert outcome.rc == 0 and outcome.output_left_open and "background process" in outcome.detail
+    assert time.monotonic() - started < 10 and seen == ["started"]
+    seen.clear()
+    outcome = session.run("(sleep 0.5; echo late) & echo early", on_line=lambda s, line: seen.append(line),
+                          timeout_s=60)
+    assert outcome.rc == 0 and not outcome.output_left_open and seen == ["early", "late"]

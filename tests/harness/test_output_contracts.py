@@ -104,6 +104,30 @@ def _sim_args(sim: SimServer) -> list[str]:
     return ["--api-url", sim.url, "--pacing-scale", "0.01", "--proof-interval", "0.05", "--poll-interval", "0.05"]
 
 
+def test_a_step_with_no_exit_status_says_what_happened_instead(sim, tmp_path, monkeypatch):
+    """`rc=None` tells a user nothing: the step's outcome detail (a channel closed by a signal, a command that
+    could not start) is the message."""
+    from vast_harness.host import ssh
+    from vast_harness.host.ssh import StepOutcome
+
+    real_run = ssh.HostSession.run
+
+    def no_status(self, command, **kwargs):
+        if "the-user-step" in command:
+            return StepOutcome(rc=None, seconds=0.1, detail="channel closed without an exit status (killed?)")
+        return real_run(self, command, **kwargs)
+
+    monkeypatch.setattr(ssh.HostSession, "run", no_status)
+    spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=tmp_path, proof_interval_s=0.05), environ={})
+    prof = spec.profile.model_copy(update={"steps": [Step(name="echo", run="echo the-user-step", timeout_s=20)]})
+    spec = spec.model_copy(update={"profile": prof, "api_url": sim.url, "api_key": SecretStr(KEY)})
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        result = GuardedRun(spec, client, load_driver_policy(), Output()).execute()
+    assert result.exit_code == 1
+    assert result.message == ("step echo ended without an exit status: channel closed without an exit status "
+                              "(killed?)")
+
+
 @pytest.mark.slow
 def test_stdout_closed_by_the_reader_does_not_end_the_run(sim, tmp_path):
     """`| head -3`: the reader goes away after three lines; the run carries on, tears down, exits 0."""

@@ -256,7 +256,8 @@ def test_the_upload_honours_gitignore_exclude_and_never_follows_a_symlink(tmp_pa
     sel = select_workdir(work, exclude=["*.tmp"], skip_dirs=[state])
     assert [f.rel for f in sel.files] == [".gitignore", "data/keep.csv", "src/.gitignore", "src/lib.py", "train.py"]
     assert sel.symlinks == ["key", "linked"]
-    assert sel.excluded == 6  # .git/, model.ckpt, data/raw/, src/generated.py, notes.tmp, .state/
+    assert sel.excluded == 5  # .git/, model.ckpt, data/raw/, src/generated.py, notes.tmp
+    assert [(i.path, i.includable) for i in sel.left_out] == [(".state/", False)]  # the harness's own: named
     bundle = build_workdir_bundle(sel)
     assert bundle.workdir is not None and bundle.workdir.sha256 == bundle.sha256
     assert build_workdir_bundle(select_workdir(work, exclude=["*.tmp"], skip_dirs=[state])).sha256 == bundle.sha256

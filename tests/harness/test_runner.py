@@ -20,6 +20,7 @@ from vast_harness.console.output import Output
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim import SimServer
 from vast_harness.spec.profile import Step, load_driver_policy
+from vast_harness.spec.receipt import ReceiptPolicy
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.state.ledger import Ledger
 from vast_harness.vast.client import VastClient
@@ -179,7 +180,9 @@ def test_boot_failure_without_retries_fails_cleanly(sim, tmp_path):
 
 def test_ssh_drop_is_reported_not_retried(sim, tmp_path):
     sim.set_faults("ssh_drop:0.5")
-    r, result = run(sim, make_spec(sim, tmp_path, [Step(name="drop", run="sleep 3; echo done", timeout_s=20)]))
+    # No receipt: the drop must land in the step (one during the receipt replaces the host: test_receipt_run.py)
+    r, result = run(sim, make_spec(sim, tmp_path, [Step(name="drop", run="sleep 3; echo done", timeout_s=20)],
+                                   profile={"receipt": ReceiptPolicy(enabled=False)}))
     assert result.exit_code == 1 and "connection lost" in result.message
     assert r.steps[0].connection_lost and r.steps[0].reconnect_ok is not None
 

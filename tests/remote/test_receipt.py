@@ -123,6 +123,19 @@ def test_the_cpu_receipt_runs_end_to_end_within_its_budget_with_a_gloo_allreduce
     assert ar["backend"] == "gloo" and ar["world"] == 2 and ar["correct"] is True and ar["busbw_gbps"] > 0
 
 
+def test_a_burn_shorter_than_its_windows_still_has_enough_of_them() -> None:
+    """A burn asked for less time than the check's windows take (a loaded CPU's short burn) runs on until it has
+    them, within its overrun."""
+    import torch
+
+    from remote.receipt import measure
+
+    result = measure.burn(torch.device("cpu"), seconds=0.002, shape=(64, 64, 64))
+    assert result.error is None
+    assert len(result.windows_tflops) >= measure.BURN_MIN_WINDOWS > check.MIN_BURN_WINDOWS
+    assert result.seconds < 0.002 * measure.BURN_OVERRUN + 1.0  # the overrun bound, plus setup's first products
+
+
 def test_bad_usage_is_exit_2_naming_the_flag(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "remote.receipt", "--device", "cpu", "--budget-s", "-1",
                            "--out", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -57,6 +57,30 @@ def test_output_streams_as_produced(api: httpx.Client, ssh_key: paramiko.PKey) -
         assert arrivals[2][1] - arrivals[0][1] >= 0.5  # not buffered until the end
 
 
+def test_the_exit_status_comes_when_the_command_exits_not_when_its_output_closes(api: httpx.Client,
+                                                                                 ssh_key: paramiko.PKey) -> None:
+    """As OpenSSH's sshd: a background process the command started holds stdout open, but the exit status is
+    sent when the command exits; output written after it still arrives, then EOF when the last writer closes."""
+    _, instance = rented_host(api, ssh_key)
+    with ssh_connect(direct_port(instance), ssh_key) as client:
+        transport = client.get_transport()
+        assert transport is not None
+        held = transport.open_session()
+        started = time.monotonic()
+        held.exec_command("sleep 30 & echo started; exit 3")
+        wait_for(held.exit_status_ready, timeout_s=5)
+        assert held.recv_exit_status() == 3 and time.monotonic() - started < 5
+        assert held.recv(100) == b"started\n" and not held.eof_received  # the sleep still holds the pipe
+        held.close()
+        late = transport.open_session()
+        late.exec_command("(sleep 0.5; echo late) & echo early")
+        wait_for(late.exit_status_ready, timeout_s=5)
+        got = b""
+        while chunk := late.recv(100):  # to EOF, which comes when the background writer exits
+            got += chunk
+        assert late.recv_exit_status() == 0 and got == b"early\nlate\n"
+
+
 def test_auth_rejects_unknown_keys(api: httpx.Client, ssh_key: paramiko.PKey) -> None:
     _, instance = rented_host(api, ssh_key)
     with pytest.raises(paramiko.AuthenticationException):

@@ -43,6 +43,7 @@ from vast_harness.masking import MASKER
 from vast_harness.records import CreatedInstance
 from vast_harness.run.runner import GuardedRun, HarnessResult
 from vast_harness.spec.profile import DriverPolicy, Step
+from vast_harness.spec.receipt import ReceiptPolicy
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.vast.client import VastClient
 from vast_harness.vast.endpoints import ENDPOINT_PATHS
@@ -270,8 +271,10 @@ def _credit(client: VastClient) -> float | None:
 
 
 def canary_spec(spec: RunSpec) -> RunSpec:
-    """The profile's image, caps and filters, one step (the SSH environment), no boot retries."""
-    profile = spec.profile.model_copy(update={"steps": [ENV_STEP], "image_expect": None})
+    """The profile's image, caps and filters, one step (the SSH environment), no boot retries, no receipt (it
+    measures Vast, not the GPU: a receipt would bill its seconds for nothing the canary reports)."""
+    profile = spec.profile.model_copy(update={"steps": [ENV_STEP], "image_expect": None,
+                                              "receipt": ReceiptPolicy(enabled=False)})
     return spec.model_copy(update={"profile": profile, "boot_retries": 0})
 
 

@@ -7,6 +7,7 @@
     kill9     the real CLI SIGKILLed at a drawn moment, then `reap` from another directory
     account   several runs, reaps, state dirs and clocks on one account
     trust     issue 35's account kinds: a suspend, a Date skew, a decoy instance, a tampered registration
+    upload    issue 43's account kinds: a key file and credential files in the workdir, a daemonising command
     artifacts issue 43's account kind: a secret inside a binary artifact
     judge     the invariants, decided from the simulator's own record
     suite     every family from one seed, concurrently; the report and its JSON summary
@@ -33,6 +34,7 @@ from vast_harness.chaos.kill9 import TRIGGERS, Kill9Outcome, Kill9Plan, draw_kil
 from vast_harness.chaos.network import NET_KINDS, NetOutcome, NetPlan, draw_net, run_net
 from vast_harness.chaos.suite import Selection, SuiteReport, run_suite, select_kinds
 from vast_harness.chaos.trust import TRUST_SCENARIOS  # registers issue 35's account kinds
+from vast_harness.chaos.upload import UPLOAD_SCENARIOS  # registers issue 43's account kinds
 
 __all__ = [
     "ACCOUNT_KINDS", "AccountOutcome", "AccountPlan", "draw_account", "run_account",
@@ -40,5 +42,5 @@ __all__ = [
     "Kill9Plan", "NetOutcome", "NetPlan", "ScenarioOutcome", "ScenarioPlan", "Selection", "SuiteReport",
     "Violation", "check_scenario", "classify", "draw_kill9", "draw_net", "draw_scenario", "exit_mismatches",
     "false_absences", "run_bounded", "run_kill9", "run_net", "run_scenario", "run_suite", "scenario_seed",
-    "select_kinds", "TRUST_SCENARIOS", "run_secret_artifact",
+    "select_kinds", "TRUST_SCENARIOS", "UPLOAD_SCENARIOS", "run_secret_artifact",
 ]

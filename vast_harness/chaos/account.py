@@ -48,13 +48,14 @@ from vast_harness.spec.profile import Step, load_driver_policy
 from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 AccountKind = Literal["two_runs_reap", "clock_ahead", "clock_behind", "boot_fail_delete_fail", "fleet_reprice",
-                      "suspend", "date_skew", "decoy", "registration_tamper", "secret_artifact"]
+                      "suspend", "date_skew", "decoy", "registration_tamper", "credentials_in_workdir",
+                      "daemon_command", "secret_artifact"]
 ACCOUNT_KINDS: tuple[AccountKind, ...] = ("two_runs_reap", "clock_ahead", "two_runs_reap", "boot_fail_delete_fail",
                                           "clock_behind", "fleet_reprice",
                                           # issue 35's families (chaos/trust.py)
                                           "suspend", "date_skew", "decoy", "registration_tamper",
-                                          # issue 43's (chaos/artifacts.py)
-                                          "secret_artifact")
+                                          # issue 43's (chaos/upload.py, chaos/artifacts.py)
+                                          "credentials_in_workdir", "daemon_command", "secret_artifact")
 CHILD_LIMIT_S = 120.0
 STEP_S = 2.5
 READ_LAG_S = 9.0  # past the child's boot timeout and teardown budget: the run cannot see its instance
@@ -89,8 +90,9 @@ class AccountOutcome(BaseModel):
         return f"{self.plan.kind}{f' {self.plan.variant}' if self.plan.variant else ''}: runs {self.exit_codes}, reaps {self.reap_codes}, {self.instances} instance(s); {flags}"
 
 
-# Kinds another module runs with this one's processes (chaos/trust.py adds issue 35's, chaos/artifacts.py issue
-# 43's: each imports this module, so it registers them here rather than being imported), and the variants a kind cycles through with the seed.
+# Kinds another module runs with this one's processes (chaos/trust.py adds issue 35's, chaos/upload.py and chaos/artifacts.py issue 43's:
+# each imports this module, so it registers them here rather than being imported), and the variants a kind cycles
+# through with the seed.
 MORE_KINDS: dict[str, Callable[[AccountPlan, SimServer, Path, AccountOutcome], None]] = {}
 VARIANTS: dict[str, tuple[str, ...]] = {
     "suspend": ("step", "boot", "teardown", "short", "deadman"),

@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     job = ChildJob.model_validate_json(Path(argv[0]).read_text())
     spec = chaos_spec(api_url=job.api_url, evidence_dir=job.evidence_dir, steps=job.steps,
                       max_minutes=job.max_minutes, max_usd=job.max_usd, boot_retries=job.boot_retries,
-                      proof_interval_s=job.proof_interval_s, state_dir=job.state_dir)
+                      proof_interval_s=job.proof_interval_s, state_dir=job.state_dir, command=job.command)
     # The wall clock steps (NTP) right after the create answered: while an instance is live and billing.
     wall_step_s = job.wall_step_s
     if job.suspend_file is not None:

@@ -27,7 +27,15 @@ from pydantic import BaseModel, Field, SecretStr
 from rich.console import Console
 
 from vast_harness.actions.reap import reap_all
-from vast_harness.chaos.judge import Violation, cap_violations, classify, false_absences, gpu_liar_violations, sim_bugs
+from vast_harness.chaos.judge import (
+    Violation,
+    cap_violations,
+    classify,
+    false_absences,
+    gpu_liar_violations,
+    receipt_violations,
+    sim_bugs,
+)
 from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.host.bundle import build_bundle
@@ -107,6 +115,13 @@ SIM_RULES: dict[str, Draw] = {
     + f"date_behind:{r.choice((90, 7200))}",
     "started_earlier": lambda r, n: f"started_earlier:{r.choice((60, 7200, 86400))}",
     "wrong_contract": lambda r, n: "wrong_contract:1",
+    # issue 44: hosts whose receipt lies (slower than the gates allow, well past the ±3% noise): refused after
+    # their receipt, deleted, the next offer rented; the judge's `receipt_failed_used` and `healthy_refused`
+    "pcie_slow": lambda r, n: f"pcie_slow:{r.uniform(0.2, 0.6):.2f}:{r.randint(1, 2)}",
+    "gpu_slow": lambda r, n: f"gpu_slow:{r.uniform(0.3, 0.8):.2f}:{r.randint(1, 2)}",
+    "hbm_slow": lambda r, n: f"hbm_slow:{r.uniform(0.2, 0.6):.2f}:{r.randint(1, 2)}",
+    "throttle": lambda r, n: f"throttle:{r.uniform(0.0, 15.0):.1f}:{r.randint(1, 2)}",
+    "ecc_error": lambda r, n: f"ecc_error:{r.randint(1, 2)}",
 }
 FAULT_KINDS = tuple(SIM_RULES)
 
@@ -196,15 +211,21 @@ def _output(buf: io.StringIO) -> Output:
 
 
 def chaos_spec(*, api_url: str, evidence_dir: Path, steps: list[Step], max_minutes: float, boot_retries: int,
-               proof_interval_s: float, max_usd: float | None = None, state_dir: Path | None = None) -> RunSpec:
-    """The smoke profile with the scenario's steps and every clock scaled down (also built by `child`). The
+               proof_interval_s: float, max_usd: float | None = None, state_dir: Path | None = None,
+               command: CommandJob | None = None) -> RunSpec:
+    """The smoke profile with the scenario's steps and every clock scaled down (also built by `child`), or
+    `vast-e2e run`'s profile for `command` (its workdir, setup and key file, resolved in its environment). The
     ledger and registrations go to `state_dir` (default: the evidence dir, so each scenario has its own)."""
-    base = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=evidence_dir, state_dir=state_dir or evidence_dir,
-                              max_usd=max_usd, proof_interval_s=proof_interval_s, poll_s=0.05,
-                              boot_retries=boot_retries, max_minutes=max_minutes,
-                              dry_run=True),  # the run itself checks its evidence dir (disk kinds)
-                   environ={})
-    profile = base.profile.model_copy(update={"steps": steps, "boot_timeout_s": BOOT_TIMEOUT_S})
+    options = RunOptions(profile=None if command else "smoke", sim=True, evidence_dir=evidence_dir,
+                         state_dir=state_dir or evidence_dir, max_usd=max_usd, proof_interval_s=proof_interval_s,
+                         poll_s=0.05, boot_retries=boot_retries, max_minutes=max_minutes,
+                         dry_run=True)  # the run itself checks its evidence dir (disk kinds)
+    if command is not None:
+        options = options.model_copy(update={"command": command.command, "workdir": command.workdir,
+                                              "setup": command.setup, "key_file": command.key_file})
+    base = resolve(options, environ=command.environ if command else {})
+    profile = base.profile.model_copy(update={"steps": base.profile.steps if command else steps,
+                                              "boot_timeout_s": BOOT_TIMEOUT_S})
     return base.model_copy(update={"profile": profile, "api_url": api_url, "api_key": SecretStr(KEY),
                                    "dry_run": False}).with_timings(teardown_margin_s=TEARDOWN_MARGIN_S)
 
@@ -314,6 +335,7 @@ def check_scenario(plan: ScenarioPlan, spec: RunSpec, outcome: ScenarioOutcome, 
     found += false_absences(instances, spec.evidence_dir)
     found += sim_bugs(state)
     found += gpu_liar_violations(instances, outcome.exit_code)
+    found += receipt_violations(instances, outcome.exit_code, spec.profile.receipt, run.ev.dir if run else None)
     # An instance left live (exit 3 says "may still bill", or a crash) bills on: the caps cannot be judged then.
     if not (outcome.exit_code in (3, None) and live):
         found += cap_violations(instances, state["now"], start_unix, spec.caps.max_usd, spec.max_seconds,
@@ -396,6 +418,18 @@ def decoy_violations(state: dict[str, Any], decoy: int) -> list[Violation]:
     return []
 
 
+class CommandJob(BaseModel):
+    """`vast-e2e run -- CMD` as a child runs it (chaos/upload.py): the command, its workdir and setup, the key file
+    given (with the simulator's clocks the key is not read, but it is never uploaded), and the environment the
+    spec is resolved in (HOME and XDG_CONFIG_HOME: where the official CLI's key file and the config are)."""
+
+    command: list[str]
+    workdir: str
+    setup: list[str] | None = None
+    key_file: str | None = None
+    environ: dict[str, str] = {}
+
+
 class ChildJob(BaseModel):
     """What `child` runs: a guarded run in its own process (the network scenarios)."""
 
@@ -414,6 +448,7 @@ class ChildJob(BaseModel):
     # seconds it was stopped and sets time.monotonic back by them (CLOCK_MONOTONIC does not count a suspend).
     suspend_file: Path | None = None
     suspend_blind: bool = False  # the negative control: the run's own clock (now_s) stops in the suspend too
+    command: CommandJob | None = None  # `vast-e2e run -- CMD` instead of the smoke profile with `steps`
 
 
 def run_bounded(plan: ScenarioPlan, limit_s: float = SCENARIO_WALL_LIMIT_S) -> ScenarioOutcome:

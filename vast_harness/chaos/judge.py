@@ -18,6 +18,14 @@ Every scenario kind (in-process, network, kill -9) ends in the same checks, on t
                  did not test what it meant to
 * gpu_liar_used  a host whose nvidia-smi named another GPU (fault gpu_mismatch) got more than the GPU read
                  (a second command or an upload), or a run whose every host lied exited 0
+* receipt_failed_used  the user's work ran on a host whose receipt failed: a command started on it after its
+                 receipt (the receipt it answered, `/_sim/state`, judged by the profile's [receipt] with the
+                 harness's pure judge), or a run whose every host's receipt failed exited 0
+* healthy_refused  a host with no receipt fault (only the ±3% noise) refused on its receipt
+* secret_on_host the bytes of the account's key file or of a credential file in the workdir found in the
+                 simulated host's sandbox (the uploaded tarball decompressed)
+* not_named      a key or credential file left out of the upload but not named in the record or on the console
+* step_held      a step whose command exited at once, held past its exit status (by a background process)
 * secret_leak    a secret's value (or the account key) in any output of the run but the artifact that holds it:
                  the console, the step logs, the record, the report, the ledger; or that artifact readable by
                  others than its owner
@@ -36,11 +44,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from vast_harness.host.receipt_judge import OfferFigures, judge
+from vast_harness.spec.receipt import ReceiptPolicy
+from vast_harness.spec.references import shipped_references
 from vast_harness.state.ledger import LEDGER_FILE, Ledger
 
 VIOLATION_KINDS = ("leak", "false_absence", "over_cap_usd", "over_cap_time", "exit_mismatch", "reap_failed",
-                   "hang", "crash", "traceback", "sim_bug", "gpu_liar_used", "not_ours", "under_reported",
-                   "secret_leak", "artifact_altered", "secret_unwarned")
+                   "hang", "crash", "traceback", "sim_bug", "gpu_liar_used", "receipt_failed_used", "healthy_refused",
+                   "not_ours", "under_reported", "secret_on_host", "not_named", "step_held", "secret_leak",
+                   "artifact_altered", "secret_unwarned")
 
 
 class Violation(BaseModel):
@@ -135,6 +147,44 @@ def gpu_liar_violations(instances: list[dict[str, Any]], exit_code: int | None) 
              for i in instances if i.get("gpu_lie") and (i.get("execs", 0) > 1 or i.get("bytes_to_host", 0) > 0)]
     if instances and all(i.get("gpu_lie") for i in instances) and exit_code in (0, 4):
         found.append(Violation(kind="gpu_liar_used", detail=f"exit {exit_code} though every host lied"))
+    return found
+
+
+def receipt_violations(instances: list[dict[str, Any]], exit_code: int | None, policy: ReceiptPolicy,
+                       evidence_dir: Path | None) -> list[Violation]:
+    """The user's work never runs on a host whose receipt failed, and no healthy host is refused on it. "Failed"
+    is decided here from the receipt the host answered (`/_sim/state`) and its offer, not from the run's word;
+    "refused" from the run's record (`receipts_refused`)."""
+    found, failed = [], []
+    for inst in instances:
+        doc = inst.get("receipt")
+        if not isinstance(doc, dict) or not isinstance(inst.get("offer_figures"), dict):
+            continue
+        fig = inst["offer_figures"]
+        offer = OfferFigures(gpu_name=str(fig.get("gpu_name") or ""), num_gpus=int(fig.get("num_gpus") or 1),
+                             pcie_bw_gbps=fig.get("pcie_bw"), pci_gen=fig.get("pci_gen"),
+                             gpu_mem_bw_gbps=fig.get("gpu_mem_bw"), total_flops=fig.get("total_flops"),
+                             bw_nvlink_gbps=fig.get("bw_nvlink"))
+        judged = judge(doc, offer, policy, shipped_references())
+        if judged.verdict != "failed":
+            continue
+        failed.append(inst["id"])
+        started = doc.get("started_unix")
+        later = [t for t in inst.get("exec_times", []) if isinstance(started, float | int) and t > started]
+        if later:
+            found.append(Violation(kind="receipt_failed_used", detail=f"instance {inst['id']} failed its receipt "
+                                   f"({judged.reason[:200]}) yet ran {len(later)} command(s) after it"))
+    answered = [i for i in instances if isinstance(i.get("receipt"), dict)]
+    if answered and len(failed) == len(answered) and exit_code in (0, 4):
+        found.append(Violation(kind="receipt_failed_used", detail=f"exit {exit_code} though every host's receipt "
+                               "failed"))
+    healthy = {i["id"] for i in instances if not i.get("receipt_faults")}
+    for path in evidence_dir.glob("harness-result.json") if evidence_dir else []:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            for rec in json.loads(path.read_text()).get("receipts_refused") or []:
+                if rec["instance_id"] in healthy and rec.get("verdict") == "failed":
+                    found.append(Violation(kind="healthy_refused", detail=f"instance {rec['instance_id']} had no "
+                                           f"receipt fault yet was refused: {str(rec.get('reason'))[:300]}"))
     return found
 
 

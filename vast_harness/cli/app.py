@@ -44,6 +44,7 @@ from vast_harness.cli.options import (
     Image,
     ImageExpect,
     ImageExpectAck,
+    Include,
     JsonOutput,
     KeyFile,
     MaxMinutes,
@@ -224,6 +225,7 @@ def run(
     setup: Setup = None,
     artifact: Artifact = None,
     exclude: Exclude = None,
+    include: Include = None,
     workdir_max_mb: WorkdirMaxMb = None,
     image: Image = None,
     gpu: Gpu = None,
@@ -639,6 +641,55 @@ def _status(flags: Flags) -> None:
     _guard(out, body)
 
 
+@app.command()
+def machines(
+    ctx: typer.Context,
+    *,
+    forget: Annotated[list[int] | None, typer.Option("--forget", metavar="ID", help=(
+        "Try this machine again: its failed receipt no longer skips it (the history keeps it). Repeatable."))] = None,
+    forget_all: Annotated[bool, typer.Option("--forget-all", metavar="", help=(
+        "Try every machine of this API (or of --sim) again."))] = False,
+    api_url: ApiUrl = None,
+    sim: Annotated[bool, typer.Option("--sim", metavar="", help=(
+        "The embedded simulator's machines (--sim runs keep their own history); no key, no API call."))] = False,
+    json_output: JsonOutput = False,
+) -> None:
+    """Every machine you rented, with the dates and measures of its receipts; a machine whose last receipt failed
+    is skipped by later runs until --forget."""
+    _machines(Flags.of(ctx), forget=forget or [], forget_all=forget_all)
+
+
+def _machines(flags: Flags, *, forget: list[int], forget_all: bool) -> None:
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.state.dirs import SIM_SUBDIR, state_dir
+        from vast_harness.state.machines import MachineHistory, market_of
+        from vast_harness.vast.url import DEFAULT_API_URL, validate_api_url
+        from vast_harness.views.machines import show_machines
+
+        o = flags.options
+        if o.api_url is not None:
+            url = validate_api_url(o.api_url, environ=os.environ)
+        elif os.environ.get("VAST_URL") is not None:
+            url = validate_api_url(os.environ["VAST_URL"], "VAST_URL", os.environ)
+        else:
+            url = DEFAULT_API_URL
+        market = market_of(url, sim=o.sim)
+        history = MachineHistory(state_dir(os.environ) / SIM_SUBDIR if o.sim else state_dir(os.environ))
+        if forget_all and forget:
+            raise ConfigError("--forget-all forgets every machine; give it or --forget ID, not both")
+        known = history.machines(market)
+        for mid in forget:
+            if mid not in known:
+                raise ConfigError(f"--forget {mid}: no machine {mid} in the history of {market} ({history.path})")
+        targets: list[int | None] = [None] if forget_all else list(forget)
+        for target in targets:
+            history.forget(market, target)
+            out.info("every machine tried again" if target is None else f"machine {target} tried again by later runs")
+        return show_machines(out, history, market)
+
+    _guard(out, body, interrupted="interrupted")
 # The options whose values hold a key or a secret, read from argv before typer parses it (a usage error quotes)
 _SECRET_OPTIONS = ("--key-file", "--remote-secret", "--remote-secret-file")
 

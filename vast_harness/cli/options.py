@@ -95,7 +95,8 @@ ImageExpectAck = Annotated[bool, typer.Option(
 # `vast-e2e run -- CMD` only (docs/run.md)
 Workdir = Annotated[str | None, typer.Option(
     "--workdir", metavar="DIR",
-    help="The folder to upload and run in (default .): .gitignore honoured, .git/ and symlinks left out.")]
+    help="The folder to upload and run in (default .): .gitignore honoured; .git/, symlinks, the API key file, "
+         "the harness's own directories and credential files (see --include) left out, each named.")]
 Setup = Annotated[list[str] | None, typer.Option(
     "--setup", metavar="CMD",
     help="A shell command run in the workdir before CMD (repeatable, in order), e.g. 'pip install -r "
@@ -108,6 +109,11 @@ Exclude = Annotated[list[str] | None, typer.Option(
     "--exclude", metavar="GLOB",
     help="Leave these workdir files out of the upload (repeatable, .gitignore syntax); one that matches nothing "
          "is an error.")]
+Include = Annotated[list[str] | None, typer.Option(
+    "--include", metavar="PATH",
+    help="Upload a credential file the upload leaves out by default (.env, id_rsa, .netrc, cloud and registry "
+         "credentials, ...; repeatable, .gitignore syntax). The API key file and the harness's own directories "
+         "are never uploaded.")]
 WorkdirMaxMb = Annotated[float | None, typer.Option(
     "--workdir-max-mb", metavar="MB", help="The upload's size limit (default 100 MB).")]
 Image = Annotated[str | None, typer.Option(

@@ -14,6 +14,7 @@ from vast_harness.console.money import usd
 from vast_harness.console.output import Output
 from vast_harness.console.terminal import line as _line
 from vast_harness.console.terminal import safe_text as _t
+from vast_harness.spec.workdir import left_out_lines
 
 if TYPE_CHECKING:  # annotations only: `vast-e2e --version` and `-h` start without the API client (httpx)
     from vast_harness.market.offers import OfferChoice
@@ -116,6 +117,11 @@ def show_plan(out: Output, plan: RunPlan) -> None:
     out.out.print(_line(("Worst case", "bold"), f": {q.arithmetic}"))
     if plan.fit is not None:
         show_fit(out, plan.fit, f"{o.num_gpus}x {o.gpu_name}")
+    if plan.receipt is not None:  # within the worst case: the time cap covers every host's boot and receipt
+        out.out.print(_line(("Receipt", "bold"), f": {plan.receipt.line()}"), soft_wrap=True)
+    if plan.skipped_machines:
+        out.out.print(_t(f"{plan.skipped_machines} machine(s) skipped: they failed a receipt before "
+                         "(`vast-e2e machines`)", "yellow"), soft_wrap=True)
     show_dropped(out, plan.requires, plan.dropped)
     env = " ".join(f"{k}={v}" for k, v in plan.remote_env_shown.items()) or "(none)"
     out.out.print(_line(("remote_env", "bold"), f": {env}"))
@@ -123,7 +129,11 @@ def show_plan(out: Output, plan: RunPlan) -> None:
         wd = plan.workdir
         skipped = f", {len(wd.symlinks_skipped)} symlink(s) skipped" if wd.symlinks_skipped else ""
         out.out.print(_line(("workdir", "bold"), f": {wd.path} ({wd.files} files, {wd.bytes} bytes; "
-                             f"{wd.excluded} left out{skipped})"))
+                             f"{wd.excluded} left out by .gitignore and --exclude{skipped})"))
+        for shown in left_out_lines(wd.left_out):  # by name: keys, credentials, the harness's own
+            out.out.print(_t(f"  left out: {shown}", "yellow"), soft_wrap=True)
+        for rel in wd.included:
+            out.out.print(_t(f"  included (--include): {rel}", "yellow"), soft_wrap=True)
         out.out.print(_line(("artifacts", "bold"), f": {', '.join(plan.artifacts) or '(none)'}"))
     out.out.print(_t(f"bundle sha256 {plan.bundle_sha256[:16]}… ({plan.bundle_bytes} bytes); {plan.offers_seen} "
                       f"offers seen in {plan.pages} page(s); nothing was created.", "dim"))

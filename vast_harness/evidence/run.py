@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from vast_harness.files import open_append
 from vast_harness.masking import MASKER, mask
 from vast_harness.records import AbsenceSummary, InstanceTeardown, RunRecord
 
@@ -76,7 +77,7 @@ class StepLog:
         self.dropped_lines = 0
         self._fh: IO[bytes] | None = None
         try:
-            self._fh = path.open("ab")
+            self._fh = open_append(path)  # never held by a FIFO planted where the log goes
         except OSError as exc:
             on_error(f"steps/{path.name}", exc)
 
@@ -170,8 +171,8 @@ class RunEvidence:
 
     def append_step_tsv(self, name: str, rc: int | None, seconds: float) -> None:
         def write() -> None:
-            with (self.dir / "steps.tsv").open("a", encoding="utf-8") as fh:
-                fh.write(mask(f"{name}\t{'NA' if rc is None else rc}\t{seconds:.3f}\n"))
+            with open_append(self.dir / "steps.tsv") as fh:
+                fh.write(mask(f"{name}\t{'NA' if rc is None else rc}\t{seconds:.3f}\n").encode())
 
         self.guarded("steps.tsv", write)
 

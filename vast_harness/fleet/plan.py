@@ -22,6 +22,7 @@ from vast_harness.host.bundle import Bundle
 from vast_harness.market.peaks import load_peaks
 from vast_harness.market.plan import RunPlan, account_credit_usd, plan_run
 from vast_harness.spec.profile import Caps, DriverPolicy, load_profile
+from vast_harness.spec.references import check_gates, shipped_references
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.vast.client import VastClient
 
@@ -124,6 +125,9 @@ def preflight(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
     entries = []
     for gpu in gpus:
         entry = FleetEntry(gpu=gpu, spec=spec_for_gpu(base, gpu, per_run_usd))
+        receipt = entry.spec.profile.receipt
+        if receipt.declared_gates:  # a gate this GPU type cannot report: exit 2 before anything is rented
+            check_gates(receipt, num_gpus=entry.spec.filters.num_gpus, gpu_names=[gpu], refs=shipped_references())
         try:
             entry.plan = plan_run(entry.spec, client, drivers, bundle)
         except NoOfferError as exc:

@@ -297,7 +297,8 @@ def run_fleet(base: RunSpec, gpus: list[str], client: VastClient, drivers: Drive
         except OSError:
             (fleet.dir / FLEET_RESULT_NAME).unlink(missing_ok=True)
             fleet.message = summary["message"] = said("result and report")
-    print_table(out, rows, title=f"Fleet {fleet.fleet_id}: ranked by $ per million training tokens")
+    print_table(out, rows, title=f"Fleet {fleet.fleet_id}: ranked by measured TFLOP/s per $/h (the receipt), "
+                                            "then $ per million training tokens")
     if fleet.message:
         out.error(fleet.message)
     if out.json_mode:

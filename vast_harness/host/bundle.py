@@ -57,9 +57,9 @@ class PayloadMissing(ConfigError):
     """A HOST_PAYLOAD entry is not under the data root: the host would fail mid-run, so nothing is rented."""
 
 
-def _members(root: Path) -> list[Path]:
+def _members(root: Path, entries: tuple[str, ...] = HOST_PAYLOAD) -> list[Path]:
     paths: set[Path] = set()
-    for entry in HOST_PAYLOAD:
+    for entry in entries:
         top = root / entry
         if top.is_file():
             paths.add(Path(entry))
@@ -73,26 +73,29 @@ def _members(root: Path) -> list[Path]:
     return sorted(paths)
 
 
-def build_bundle(root: Path | None = None) -> Bundle:
+def build_bundle(root: Path | None = None, entries: tuple[str, ...] = HOST_PAYLOAD) -> Bundle:
+    """The host payload (or `entries` of it: the receipt's own, host/receipt.py), reproducible."""
     root = root or data_root()
-    return _pack(root, [(str(rel), rel) for rel in _members(root)])
+    return _pack(root, [(str(rel), rel) for rel in _members(root, entries)])
 
 
 def build_workdir_bundle(selection: WorkdirSelection) -> Bundle:
     """The user's selected workdir files under `work/`; its sha256 is the workdir's in the record."""
     bundle = _pack(selection.root, [(f"{WORKDIR_DIR}/{f.rel}", Path(f.rel)) for f in selection.files])
     record = WorkdirRecord(path=str(selection.root), sha256=bundle.sha256, files=bundle.files,
-                           bytes=selection.total_bytes, excluded=selection.excluded, symlinks_skipped=selection.symlinks)
+                           bytes=selection.total_bytes, excluded=selection.excluded, symlinks_skipped=selection.symlinks,
+                           left_out=selection.left_out, included=selection.included)
     return bundle.model_copy(update={"workdir": record})
 
 
 def bundle_for(spec: RunSpec) -> Bundle:
-    """What a run uploads: its profile's `[workdir]` when it has one (the harness's own state and evidence
-    dirs left out), else the harness's own payload."""
+    """What a run uploads: its profile's `[workdir]` when it has one (never the key files or the harness's own
+    directories: `RunSpec.never_upload`), else the harness's own payload."""
     wd = spec.profile.workdir
     if wd is None:
         return build_bundle()
-    return build_workdir_bundle(select_workdir(Path(wd.path), exclude=wd.exclude, max_mb=wd.max_mb,
+    return build_workdir_bundle(select_workdir(Path(wd.path), exclude=wd.exclude, include=wd.include,
+                                               max_mb=wd.max_mb, never_upload=spec.never_upload,
                                                skip_dirs=spec.harness_dirs))
 
 

@@ -57,7 +57,11 @@ KEEPALIVE_INTERVAL_S = 15
 _RECV_CHUNK_BYTES = 32768
 # A flooding command never lets `recv_ready` go false: read at most this much per turn, then look at the clock.
 _DRAIN_TURN_BYTES = 1 << 20
-_FINAL_DRAIN_GRACE_S = 5.0  # reading what is buffered at the exit status (<= the window, 2 MiB)
+# After the exit status, output still on its way is read until the channel's EOF, for at most this long: a
+# background process the command started (a server, a daemon) may hold stdout open for ever, and the step ends
+# on its command's exit status, not on that process (OpenSSH's sshd sends the status when the command exits).
+EXIT_DRAIN_S = 2.0
+_BUFFERED_READ_S = 5.0  # reading what is already here once the EOF came (at most the channel's window, 2 MiB)
 # An abandoned transfer's worker gets this long to notice its closed link before we stop waiting for it.
 _ABANDON_JOIN_S = 2.0
 _POLL_INTERVAL_S = 0.1
@@ -474,10 +478,22 @@ class HostSession:
                 budget -= got
             return False
 
-        def drain_rest() -> bool:
-            """What is already here (at most the channel's window): read whole, not by the turn's byte budget,
-            for a short grace past the deadline; False if even that could not empty it."""
-            return drain(budget=float("inf"), until=max(deadline, self.clock()) + _FINAL_DRAIN_GRACE_S)
+        def drain_to_eof() -> str:
+            """After the exit status: the output still on its way, read until the channel's EOF ("" once read
+            whole) or for EXIT_DRAIN_S at most ("open": something the command left running holds the output)."""
+            until = self.clock() + EXIT_DRAIN_S
+            while True:
+                wake.rearm()
+                if channel.eof_received or channel.closed:  # nothing more comes: what is here is read whole
+                    emptied = drain(budget=float("inf"), until=self.clock() + _BUFFERED_READ_S)
+                    return "" if emptied or link_lost[0] else "unread"
+                drain(budget=float("inf"), until=until)
+                now = self.clock()
+                if link_lost[0] or (stop is not None and stop.is_set()):
+                    return ""  # lost or stopped: nothing is claimed about what the command left running
+                if now >= until:
+                    return "open"
+                wake.wait(min(_POLL_INTERVAL_S, until - now))
 
         def flush() -> None:
             for stream, splitter in splitters.items():
@@ -485,16 +501,23 @@ class HostSession:
                     on_line(stream, line)
 
         unread = ""
+        left_open = False
         while True:
             wake.rearm()  # before the drain: bytes that arrive during it set it again
             emptied = drain()
-            # status_event is set by exit-status and by channel close; data sent before either is
-            # already buffered (one ordered transport), so one more drain gets all of it.
+            # status_event is set by exit-status and by channel close. The command's own output may still be on
+            # its way (sshd sends the status when the command exits, then what its pipes still hold, then EOF).
             if link_lost[0] or channel.exit_status_ready():
-                if not link_lost[0] and not drain_rest():
-                    unread = "output still arriving after the exit status was not read"
+                rest = "" if link_lost[0] else drain_to_eof()
+                left_open = rest == "open"
                 if link_lost[0]:
                     unread = "the link was lost while its output was still being read"
+                elif rest == "unread":
+                    unread = "output still arriving after the exit status was not read"
+                elif left_open:
+                    unread = (f"a background process it started kept its output open; not waited for past "
+                              f"{EXIT_DRAIN_S:g} s (it runs on until the instance is deleted; its later output is "
+                              "not read)")
                 flush()
                 break
             now = self.clock()
@@ -511,7 +534,7 @@ class HostSession:
                 wake.wait(min(_POLL_INTERVAL_S, deadline - now))  # exit status is seen within the poll interval
         seconds = self.clock() - started
         if channel.exit_status != -1:
-            return StepOutcome(rc=channel.exit_status, seconds=seconds, detail=unread)
+            return StepOutcome(rc=channel.exit_status, seconds=seconds, detail=unread, output_left_open=left_open)
         if link_lost[0] or not self.is_active():
             return StepOutcome(
                 rc=None,

@@ -45,6 +45,7 @@ class OfferCriteria(BaseModel):
     upload_bytes: int = 0
     download_bytes: int = 0
     exclude_machine_ids: frozenset[int] = frozenset()
+    skip_machine_ids: frozenset[int] = frozenset()  # failed a receipt before (state/machines.py)
     requires: Requires = Requires()  # the profile's [requires]: what the workload can run on
     fit: WorkloadFit | None = None  # the memory its 1B runs need, from the run's settings (spec/fit.py)
     now_unix: float | None = None  # the API server's clock at the search (its `Date`): an offer's end date against it
@@ -190,6 +191,9 @@ def check_offer(offer: Offer, criteria: OfferCriteria) -> list[str]:
     reasons.extend(non_finite_fields(offer))
     if offer.machine_id is not None and offer.machine_id in criteria.exclude_machine_ids:
         reasons.append(f"machine {offer.machine_id} failed to boot earlier in this run")
+    elif offer.machine_id is not None and offer.machine_id in criteria.skip_machine_ids:
+        reasons.append(f"machine {offer.machine_id} failed its receipt before (`vast-e2e machines`; "
+                       f"--forget {offer.machine_id} tries it again)")
     reasons.extend(requires_reasons(offer, criteria.requires, fit=criteria.fit))
     return reasons
 

@@ -15,12 +15,15 @@ from vast_harness.clock import now_s
 from vast_harness.console.money import usd
 from vast_harness.errors import NoOfferError, TransportError
 from vast_harness.host.bundle import Bundle
+from vast_harness.host.receipt import receipt_payload
 from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
 from vast_harness.market.requires import DroppedFamily, memory_shortfall
 from vast_harness.records import OfferSummary, WorkdirRecord
 from vast_harness.spec.fit import GpuFit
 from vast_harness.spec.profile import DriverPolicy
+from vast_harness.spec.receipt import MEASURES
 from vast_harness.spec.resolve import RunSpec
+from vast_harness.state.machines import MachineHistory, market_of
 from vast_harness.vast.client import VastClient
 
 MB = 1_000_000
@@ -44,6 +47,31 @@ class PlannedStep(BaseModel):
 class PlanCaps(BaseModel):
     max_usd: float
     max_minutes: float
+
+
+class ReceiptPlan(BaseModel):
+    """The receipt as the dry run states it: per host up to `budget_s` on the host (plus its grace), billed at
+    the host's price and counted against both caps; up to `hosts` hosts may take one (--boot-retries)."""
+
+    enabled: bool
+    budget_s: float
+    grace_s: float
+    boot_timeout_s: float
+    hosts: int
+    payload_bytes: int
+    usd_per_host: float  # at the chosen offer's price: (budget + grace) x $/h
+    gates: list[str]  # the measures that gate (per GPU where a reference or offer figure exists)
+    recorded: list[str]
+
+    def line(self) -> str:
+        if not self.enabled:
+            return "off ([receipt] enabled = false): the host's GPUs are not measured before the work"
+        return (f"each of up to {self.hosts} host(s) (--boot-retries {self.hosts - 1}) boots (up to "
+                f"{self.boot_timeout_s:g} s) and takes its receipt (up to {self.budget_s:g} s + {self.grace_s:g} s) "
+                f"before any work, billed at its price (${self.usd_per_host:.4f} a receipt at this offer's) and "
+                f"counted against both caps: inside the worst case, which bills the whole time cap; its payload, "
+                f"{self.payload_bytes} bytes a host, is in the upload. Gates: {', '.join(self.gates) or 'none'}; "
+                f"recorded: {', '.join(self.recorded) or 'none'}")
 
 
 class RunPlan(BaseModel):
@@ -71,6 +99,8 @@ class RunPlan(BaseModel):
     artifacts: list[str] = []  # `vast-e2e run --artifact`: the globs pulled back
     requires: dict[str, Any] = Field(default_factory=dict)  # the profile's [requires], as checked on each offer
     dropped: list[DroppedFamily] = Field(default_factory=list)  # what [requires] dropped, per GPU family
+    receipt: ReceiptPlan | None = None  # the receipt each host takes before the work (run/receipt.py)
+    skipped_machines: int = 0  # machines the history skips: they failed a receipt before (vast-e2e machines)
     fit: GpuFit | None = None  # the profile's 1B runs on the chosen offer's GPU: how each runs, what it needs
 
     def offer_summary(self) -> OfferSummary:
@@ -98,6 +128,8 @@ class RunPlan(BaseModel):
             "warnings": self.warnings,
             "requires": self.requires,
             "dropped_by_requires": [f.model_dump() for f in self.dropped],
+            "receipt": self.receipt.model_dump() if self.receipt else None,
+            "skipped_machines": self.skipped_machines,
             "fit": fit_summary(self.fit) if self.fit is not None else None,
         }
 
@@ -134,12 +166,29 @@ def criteria_for(
         max_usd_source=spec.max_usd_source,
         credit_usd=credit_usd,
         any_driver=spec.any_driver,
-        upload_bytes=bundle.size_bytes + int(prof.transfer.upload_extra_mb * MB),
+        upload_bytes=bundle.size_bytes + int(prof.transfer.upload_extra_mb * MB) + receipt_upload_bytes(spec),
         download_bytes=int(prof.transfer.expected_evidence_mb * MB),
         exclude_machine_ids=frozenset(exclude_machine_ids),
+        skip_machine_ids=frozenset(MachineHistory(spec.state_dir).skipped(market_of(spec.api_url, sim=spec.sim))),
         requires=prof.requires,
         fit=spec.fit,
     )
+
+
+def receipt_upload_bytes(spec: RunSpec) -> int:
+    """The receipt's payload, once per host that may take it: it goes up before the bundle, to every host."""
+    if not spec.profile.receipt.enabled:
+        return 0
+    return receipt_payload().size_bytes * (spec.boot_retries + 1)
+
+
+def receipt_plan(spec: RunSpec, dph_usd: float) -> ReceiptPlan:
+    policy, grace_s = spec.profile.receipt, spec.timings.receipt_grace_s
+    gates = [m for m in MEASURES if policy.rule(m).action == "gate"]
+    return ReceiptPlan(enabled=policy.enabled, budget_s=policy.budget_s, grace_s=grace_s,
+                       boot_timeout_s=spec.profile.boot_timeout_s, hosts=spec.boot_retries + 1, payload_bytes=receipt_payload().size_bytes,
+                       usd_per_host=round((policy.budget_s + grace_s) / 3600.0 * dph_usd, 6), gates=gates,
+                       recorded=[m for m in MEASURES if policy.rule(m).action == "record"])
 
 
 def choose_offers(
@@ -185,7 +234,7 @@ def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: B
             f"{usd(credit)}){': ' + short if short else ''}",
             rejected=choice.closest_rejections(),
         )
-    warnings = []
+    warnings = list(spec.hints)  # a setting that looks like a secret
     if not spec.profile.image_digest_verified:
         warnings.append("the image digest was not verified against the registry here; check it before paying")
     if not choice.ranked[0].driver_qualified:
@@ -213,5 +262,7 @@ def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: B
         artifacts=list(spec.profile.artifacts),
         requires=spec.profile.requires.model_dump(exclude_defaults=True),
         dropped=choice.dropped,
+        receipt=receipt_plan(spec, choice.ranked[0].quote.dph_at_disk_usd),
+        skipped_machines=len(criteria_for(spec, credit_usd=credit, bundle=bundle).skip_machine_ids),
         fit=fit.on(choice.ranked[0].offer.gpu_ram_mb or 0.0) if fit is not None else None,
     )

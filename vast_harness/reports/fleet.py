@@ -1,6 +1,8 @@
-"""The fleet's report: one row per GPU type ranked by dollars per million training tokens, as a rich table,
-`fleet-result.json` and `fleet-report.html` (the table, an MFU vs $/Mtok scatter, and per run its steps, cost
-over time and absence proof). Built from the runs' evidence files only, like a single run's `report.html`.
+"""The fleet's report: one row per GPU type ranked by measured throughput per dollar (the receipt's sustained
+TFLOP/s, summed over the host's GPUs, per $/h: what the host delivered, not what its offer said; then dollars per
+million training tokens), as a rich table, `fleet-result.json` and `fleet-report.html` (the table, an MFU vs
+$/Mtok scatter, and per run its receipt, steps, cost over time and absence proof). Built from the runs' evidence
+files only, like a single run's `report.html`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from rich.text import Text
 from vast_harness.console.output import Output
 from vast_harness.console.terminal import safe_cells
 from vast_harness.errors import ConfigError
-from vast_harness.evidence.host_data import json_safe, read_json, usd_per_mtok
+from vast_harness.evidence.host_data import json_safe, number, read_json, usd_per_mtok
 from vast_harness.evidence.run import write_whole
 from vast_harness.reports import svg as svgplot
 from vast_harness.reports import timeline
@@ -26,8 +28,8 @@ from vast_harness.reports.html import Link, show, usd
 from vast_harness.reports.run import REPORT_NAME, Cell, exit_cell, load_run, page, run_sections, table
 from vast_harness.state.runs import FLEET_LEDGER_NAME, FLEET_RESULT_NAME
 
-__all__ = ["FLEET_REPORT_NAME", "FLEET_RESULT_NAME", "FleetRow", "build_rows", "fleet_html", "print_table",
-           "rebuild_fleet_report", "write_fleet_report", "write_fleet_result"]
+__all__ = ["FLEET_REPORT_NAME", "FLEET_RESULT_NAME", "FleetRow", "build_rows", "fleet_html", "measured_per_usd",
+           "print_table", "rank_key", "rebuild_fleet_report", "write_fleet_report", "write_fleet_result"]
 
 FLEET_REPORT_NAME = "fleet-report.html"
 
@@ -48,14 +50,31 @@ class FleetRow:
     tokens_per_s_per_gpu: float | None = None
     tokens_per_s: float | None = None
     usd_per_mtok: float | None = None
+    receipt_tflops: float | None = None  # the receipt's sustained burn, summed over the GPUs (a passed receipt)
+    tflops_per_usd_h: float | None = None  # receipt_tflops per $/h: what the fleet ranks by
     replay_match: bool | None = None
     accrued_usd: float | None = None
     absence: str | None = None
     workload_source: str = ""
 
 
+def measured_per_usd(receipt: Any, dph_usd: float | None) -> tuple[float | None, float | None]:
+    """(the receipt's sustained TFLOP/s over the host's GPUs, that per $/h) from a record's `receipt`, when it
+    passed and both are positive figures; else (None, None)."""
+    rec = receipt if isinstance(receipt, dict) else {}
+    total = number(rec.get("burn_tflops_total"), low=0.0, high=1e9).value if rec.get("verdict") == "passed" else None
+    dph = number(dph_usd, low=0.0, high=1e6).value
+    return total, (round(total / dph, 3) if total is not None and dph else None)
+
+
+def rank_key(r: FleetRow) -> tuple[bool, float, bool, float, str]:
+    """Measured TFLOP/s per $/h first (highest first), then $/Mtok (lowest first); rows without a figure last."""
+    return (r.tflops_per_usd_h is None, -(r.tflops_per_usd_h or 0.0), r.usd_per_mtok is None, r.usd_per_mtok or 0.0,
+            r.gpu)
+
+
 def build_rows(outcomes: list[Any]) -> list[FleetRow]:
-    """One row per run outcome (`fleet.RunOutcome`), ranked by $/Mtok; rows without a figure last."""
+    """One row per run outcome (`fleet.RunOutcome`), ranked by `rank_key`."""
     rows = []
     for o in outcomes:
         row = FleetRow(gpu=o.gpu, exit_code=o.exit_code, message=o.message, run_id=o.run_id,
@@ -68,10 +87,11 @@ def build_rows(outcomes: list[Any]) -> list[FleetRow]:
             row.mfu, row.tokens_per_s, row.tokens_per_s_per_gpu = w.mfu, w.tokens_per_s, w.tokens_per_s_per_gpu
             row.replay_match, row.workload_source = w.replay_match, w.source
             row.usd_per_mtok = usd_per_mtok(row.dph_usd, row.tokens_per_s)
+            row.receipt_tflops, row.tflops_per_usd_h = measured_per_usd(f.result.get("receipt"), row.dph_usd)
             row.absence = (f.result.get("absence") or {}).get("verdict")
             row.accrued_usd = f.result.get("accrued_usd", row.accrued_usd)
         rows.append(row)
-    return sorted(rows, key=lambda r: (r.usd_per_mtok is None, r.usd_per_mtok or 0.0, r.gpu))
+    return sorted(rows, key=rank_key)
 
 
 def _pct(v: float | None) -> str:
@@ -84,13 +104,14 @@ def _f(v: float | None, fmt: str) -> str:
 
 def print_table(out: Output, rows: list[FleetRow], *, title: str) -> None:
     t = Table(title=title, header_style="bold")
-    for col in ("rank", "GPU", "offer", "$/h", "driver", "MFU", "tok/s/GPU", "tok/s total", "$/Mtok", "replay",
-                "exit", "accrued $", "absence"):
+    for col in ("rank", "GPU", "offer", "$/h", "driver", "TFLOP/s", "TFLOP/s per $/h", "MFU", "tok/s/GPU",
+                "tok/s total", "$/Mtok", "replay", "exit", "accrued $", "absence"):
         t.add_column(col)
     for i, r in enumerate(rows, 1):
         driver = f"{r.driver or '–'}{'' if r.driver_qualified in (True, None) else ' (unqual.)'}"
         replay_cells: dict[bool | None, str | Text] = {True: "yes", False: Text("NO", style="red"), None: "–"}
-        t.add_row(*safe_cells(i, r.gpu, r.offer_id or "–", _f(r.dph_usd, ".4f"), driver, _pct(r.mfu),
+        t.add_row(*safe_cells(i, r.gpu, r.offer_id or "–", _f(r.dph_usd, ".4f"), driver, _f(r.receipt_tflops, ",.1f"),
+                              _f(r.tflops_per_usd_h, ",.1f"), _pct(r.mfu),
                               _f(r.tokens_per_s_per_gpu, ",.0f"), _f(r.tokens_per_s, ",.0f"), _f(r.usd_per_mtok, ".4f"),
                               replay_cells[r.replay_match],
                               Text(str(r.exit_code), style="green" if r.exit_code in (0, 4) else "red"),
@@ -99,8 +120,9 @@ def print_table(out: Output, rows: list[FleetRow], *, title: str) -> None:
 
 
 SIMULATED_NOTE = ("SIMULATED: no GPU was rented. Each run executed the smoke profile's tiny CPU round on a simulated "
-                  "host and its MFU is taken against a nominal peak per GPU type: the figures in grey (MFU, token "
-                  "rates, $ per M tokens) test the harness and rank nothing.")
+                  "host and its MFU is taken against a nominal peak per GPU type; each host's receipt was answered "
+                  "from its offer and the reference table: the figures in grey (receipt TFLOP/s, MFU, token rates, "
+                  "$ per M tokens) test the harness and rank nothing.")
 
 
 def _from_cpu_round(value: Any, simulated: bool) -> Any:
@@ -114,12 +136,14 @@ def fleet_html(fleet_id: str, rows: list[FleetRow], summary: dict[str, Any], *, 
     runs = [(r.gpu, Path(r.evidence_dir)) for r in rows if r.evidence_dir and Path(r.evidence_dir).is_dir()]
     facts = {gpu: load_run(d) for gpu, d in runs}
     simulated = summary.get("sim") is True or any(f.result.get("sim") is True for f in facts.values())
-    headers = ["rank", "GPU", "offer", "GPUs", "$/h", "driver", "MFU %", "tokens/s per GPU", "tokens/s total",
-               "$ per M tokens", "replay match", "exit", "accrued $", "absence", "run"]
+    headers = ["rank", "GPU", "offer", "GPUs", "$/h", "driver", "receipt TFLOP/s (sustained, all GPUs)",
+               "TFLOP/s per $/h", "MFU %", "tokens/s per GPU", "tokens/s total", "$ per M tokens", "replay match",
+               "exit", "accrued $", "absence", "run"]
     body_rows = []
     for i, r in enumerate(rows, 1):
         body_rows.append([i, r.gpu, r.offer_id, r.num_gpus, usd(r.dph_usd),
                           f"{r.driver or '–'} ({'qualified' if r.driver_qualified else 'not qualified'})",
+                          *(_from_cpu_round(v, simulated) for v in (r.receipt_tflops, r.tflops_per_usd_h)),
                           *(_from_cpu_round(v, simulated) for v in (
                               None if r.mfu is None else round(100 * r.mfu, 3), r.tokens_per_s_per_gpu,
                               r.tokens_per_s, usd(r.usd_per_mtok))),
@@ -145,9 +169,10 @@ def fleet_html(fleet_id: str, rows: list[FleetRow], summary: dict[str, Any], *, 
              (f"<p>Exit code <b>{escape(str(summary.get('exit_code')))}</b> · total cap "
               f"{escape(usd(summary.get('total_cap_usd'), 2))} · accrued {escape(usd(summary.get('accrued_usd')))}"
               f" · {escape(str(summary.get('stop_reason') or 'not cancelled'))}</p>"),
-             ("<p>$ per million training tokens = $/h ÷ (tokens/s total × 3600 ÷ 10⁶), with the run's best-MFU "
-              "measurement.</p>"),
-             "<h2>Ranked by $ per million training tokens</h2>", table(headers, body_rows, cls="fleet"), scatter,
+             ("<p>Ranked by measured throughput per dollar: each host's receipt (its sustained burn, summed over its "
+              "GPUs, measured before any work) per $/h; then $ per million training tokens = $/h ÷ (tokens/s total "
+              "× 3600 ÷ 10⁶), with the run's best-MFU measurement.</p>"),
+             "<h2>Ranked by measured TFLOP/s per $/h</h2>", table(headers, body_rows, cls="fleet"), scatter,
              "<h2>Each run's report</h2>", table(["GPU", "run", "exit", "accrued", "report"], links, cls="runs"),
              timeline.fleet_cost_section(list(facts.items()), total_cap)]
     for r in rows:

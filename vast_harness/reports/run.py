@@ -19,7 +19,7 @@ from urllib.parse import quote
 from pydantic import ValidationError
 
 from vast_harness.evidence.host_data import WorkloadFigures, load_workloads, number, read_json, usd_per_mtok
-from vast_harness.records import HostGpus
+from vast_harness.records import HostGpus, Receipt
 from vast_harness.reports import svg as svgplot
 from vast_harness.reports import timeline
 from vast_harness.reports.html import Cell, Link, exit_cell, page, show, table, usd
@@ -70,6 +70,7 @@ def summary_section(f: RunFacts) -> str:
         ["message", r.get("message")],
         ["offer", f"{o.get('id')} · {o.get('num_gpus')}× {o.get('gpu_name')} · {o.get('geolocation')}" if o else None],
         ["host GPUs", host_gpus_cell(r)],
+        ["receipt", receipt_cell(r)],
         ["$/h (at disk)", usd(f.dph_usd)], ["driver", f"{o.get('driver_version')} (qualified: "
                                                       f"{show(r.get('driver_qualified'))})" if o else None],
         ["caps", f"{usd(caps.get('max_usd'), 2)} · {caps.get('max_minutes')} min" if caps else None],
@@ -109,6 +110,64 @@ def host_gpus_cell(r: dict[str, Any]) -> str | Cell | None:
             f"instance {g.instance_id} (offer {g.offer_id}): {g.describe()}: {'; '.join(g.mismatches[:3])}"
             for g in refused), "bad")
     return text
+
+
+def _receipts(r: dict[str, Any]) -> tuple[Receipt | None, list[Receipt]] | None:
+    """The record's receipt (the host the work ran on) and those refused; None when unreadable."""
+    try:
+        ran = Receipt.model_validate(r["receipt"]) if r.get("receipt") else None
+        refused = [Receipt.model_validate(x) for x in r.get("receipts_refused") or []]
+    except (ValidationError, TypeError):
+        return None
+    return ran, refused
+
+
+def receipt_cell(r: dict[str, Any]) -> str | Cell | None:
+    """One line: what the host that ran delivered, and how many were refused on their receipt."""
+    if "receipt" not in r:  # a record from before the receipt
+        return None
+    found = _receipts(r)
+    if found is None:
+        return Cell("unreadable in harness-result.json", "bad")
+    ran, refused = found
+    text = ran.headline() if ran else "none passed" if refused else "none taken"
+    if ran is not None and ran.verdict not in ("off",):
+        text += f" ({ran.wall_s:.1f} s, {usd(ran.billed_usd)} billed at the host's price)"
+    if refused:
+        return Cell(f"{text} · refused on their receipt: " + " | ".join(
+            f"instance {x.instance_id} (machine {x.machine_id}): {x.reason[:300]}" for x in refused), "bad")
+    return Cell(text, "bad") if ran is not None and ran.verdict == "failed" else text
+
+
+def receipt_section(f: RunFacts) -> str:
+    """Every receipt the run took, check by check: the measure, what it was compared with, the bound, the
+    verdict; the host's own record linked."""
+    found = _receipts(f.result)
+    if not found or (found[0] is None and not found[1]):
+        return ""
+    ran, refused = found
+    parts = ["<h3>Receipt</h3><p>What each host's GPUs delivered, measured on the host before any work and "
+             "judged against the reference table (profiles/receipt-references.toml), the offer and the profile's "
+             "[receipt]. Every second of it is billed at the host's price and counted against both caps.</p>"]
+    for rec in [*refused, *([ran] if ran else [])]:
+        link: Any = Link(rec.file, quote(rec.file)) if rec.file and (f.dir / rec.file).is_file() else "–"
+        head: list[list[Any]] = [["instance", f"{rec.instance_id} (offer {rec.offer_id}, machine {rec.machine_id}, {rec.num_gpus}x "
+                             f"{rec.gpu_name})"],
+                ["verdict", Cell(rec.headline(), "ok" if rec.verdict == "passed" else "bad"
+                                 if rec.verdict == "failed" else "")],
+                ["time", f"{rec.wall_s:.1f} s here, {rec.host_wall_s if rec.host_wall_s is not None else '–'} s on "
+                         f"the host, budget {rec.budget_s:g} s"],
+                ["billed", f"{usd(rec.billed_usd)} (all of it, at {usd(rec.dph_usd)}/h)"],
+                ["simulated", rec.simulated], ["the host's record", link]]
+        rows = [[c.gpu if c.gpu is not None else "host", c.measure, c.against, show(c.measured), c.unit,
+                 f"{'<=' if c.at_most else '>='} {c.expected:.4g}" if c.expected is not None else "–",
+                 show(c.basis), c.source,
+                 Cell(c.verdict + (f": {c.detail}" if c.detail else ""),
+                      "ok" if c.verdict == "pass" else "bad" if c.verdict == "fail" else "")] for c in rec.checks]
+        parts.append(table([], head, cls="receipt") + table(
+            ["GPU", "measure", "against", "measured", "unit", "bound", "compared with", "source", "verdict"], rows,
+            cls="receipt-checks"))
+    return "".join(parts)
 
 
 def deadman_line(d: dict[str, Any] | None) -> str | None:
@@ -311,7 +370,8 @@ _RELATIVE_HREF = re.compile(r'href="(?![a-z][a-z0-9+.-]*:|#|/)')
 def run_sections(f: RunFacts, *, link_prefix: str = "") -> str:
     """A run's sections; `link_prefix` makes its links relative to another page (the fleet report)."""
     html = (summary_section(f) + timeline.timeline_section(f) + timeline.cost_section(f) + steps_section(f)
-            + profile_section(f) + workdir_section(f) + absence_section(f) + workload_section(f) + files_section(f))
+            + receipt_section(f) + profile_section(f) + workdir_section(f) + absence_section(f) + workload_section(f)
+            + files_section(f))
     return _RELATIVE_HREF.sub(f'href="{escape(link_prefix)}', html) if link_prefix else html
 
 

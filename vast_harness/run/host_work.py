@@ -55,6 +55,7 @@ class HostWork:
         self.timings = timings
         self._phase = on_phase  # the run's timeline and live view (console/live.py PhaseLog)
         self.steps: list[StepRecord] = []
+        self.step_env: dict[str, str] = {}  # the run's own variables for the steps (VH_RECEIPT: run/receipt.py)
         self.pull: PullRecord | None = None
         self.artifacts: ArtifactPull | None = None  # `run --artifact`: pulled with the evidence
         self.evidence_pulled = False
@@ -154,8 +155,11 @@ class HostWork:
 
     def run_steps(self) -> None:
         """The profile's steps in order; the first that fails, times out or meets the cap ends the work."""
-        # VH_MASKED_ENV names the secrets, whose values host-side evidence must mask; settings are recorded
-        env = self.spec.host_env | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_secrets)}
+        # VH_MASKED_ENV names the secrets, whose values host-side evidence must mask; settings are recorded.
+        # Python's stdout to a pipe is block-buffered: unbuffered, its prints arrive in the order printed
+        # (unless the user's own settings say otherwise).
+        env = ({"PYTHONUNBUFFERED": "1"} | self.spec.host_env | self.step_env
+               | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_secrets)})
         for step in self.spec.profile.steps:
             self._check_cancelled()
             self.meter.check(f"step {step.name}")
@@ -168,8 +172,10 @@ class HostWork:
             cut: CapReachedError | None = None
             interrupted: Interrupted | None = None
             try:
-                outcome = self.session.run(f"cd {self._step_dir} && {step.run}", on_line=on_line, timeout_s=timeout,
-                                           env=env, stop=self.cancelled, on_partial=on_partial)
+                # stderr into stdout on the host: one stream keeps the program's print order (two SSH streams
+                # are read apart and interleave as they arrive); the cost is that stderr is no longer told apart
+                outcome = self.session.run(f"exec 2>&1; cd {self._step_dir} && {step.run}", on_line=on_line,
+                                           timeout_s=timeout, env=env, stop=self.cancelled, on_partial=on_partial)
             except CapReachedError as exc:  # raised from inside the drain: the channel is closed already
                 cut = exc
                 outcome = StepOutcome(rc=None, seconds=self.meter.now() - started, timed_out=True, detail=str(exc))
@@ -188,12 +194,16 @@ class HostWork:
                                 timed_out=outcome.timed_out, connection_lost=outcome.connection_lost,
                                 interrupted=interrupted is not None,
                                 workload=step.workload, detail=outcome.detail, log_bytes=log.total_bytes,
-                                log_dropped_bytes=log.dropped_bytes)
+                                log_dropped_bytes=log.dropped_bytes, output_left_open=outcome.output_left_open)
             if outcome.connection_lost and not self.cancelled.is_set() and interrupted is None:
                 why_not = self.session.reopen()  # for the evidence pull; the step is never re-run
                 record.reconnect_ok = why_not is None
                 if why_not is not None:
                     self.out.warn(f"step {step.name}: {why_not}")
+            if outcome.output_left_open:
+                self.out.warn(f"step {step.name}: a background process it started kept its output open; the step "
+                              f"ended on its exit status (rc {outcome.rc}) and that process runs on until the "
+                              "instance is deleted (its later output is not shown)")
             self.steps.append(record)
             self.t_last_step_end_unix = time.time()
             self.t_last_step_end_mono = self.meter.now()
@@ -211,6 +221,9 @@ class HostWork:
             if outcome.connection_lost:
                 raise StepFailedError(f"step {step.name}: connection lost ({outcome.detail}); reconnect "
                                       f"{'succeeded' if record.reconnect_ok else 'failed'}; not re-run",
+                                      step=step.name)
+            if outcome.rc is None:  # no exit status: what happened instead is the user's only lead
+                raise StepFailedError(f"step {step.name} ended without an exit status: {outcome.detail or 'no detail'}",
                                       step=step.name)
             if outcome.rc != 0:
                 raise StepFailedError(f"step {step.name} failed with rc={outcome.rc}", step=step.name, rc=outcome.rc)

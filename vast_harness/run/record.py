@@ -60,6 +60,7 @@ def build_record(t: RunTools, s: RunState, code: int, message: str) -> RunRecord
         image_expect_override=spec.image_expect_override.model_dump() if spec.image_expect_override else None,
         workdir=s.workdir, artifacts=s.work.artifacts if s.work else None,
         host_gpus=s.host_gpus, gpu_refused=[g.model_copy() for g in s.gpu_refused],
+        receipt=s.receipt, receipts_refused=[r.model_copy() for r in s.receipts_refused],
         exit_code=code, message=message,
         harness={"python": sys.version.split()[0], "platform": platform.platform()},
     )

@@ -1,5 +1,6 @@
 """The stages before the work: PREFLIGHT (nothing rented until it passes), RENT (create -> boot -> SSH
-connect, the next offer after a host that does not come up) and DEADMAN (the switch proven able to act).
+connect -> arrival), DEADMAN (the switch proven able to act) and RECEIPT (what the host delivers, run/receipt.py),
+per host: the next offer after a host that does not come up or fails its receipt.
 
 Every create is written down (the ledger, the book) before its PUT; a host that does not come up is deleted
 and proven gone before the next offer is rented: never two instances at once.
@@ -22,6 +23,7 @@ from vast_harness.errors import (
     GpuMismatch,
     LedgerWriteError,
     NoOfferError,
+    ReceiptFailed,
     SshConnectError,
     TeardownUnproven,
 )
@@ -35,11 +37,13 @@ from vast_harness.market.plan import account_credit_usd, choose_offers, plan_run
 from vast_harness.records import CreatedInstance
 from vast_harness.run.arrival import check_arrival
 from vast_harness.run.key_attach import attach_run_key
+from vast_harness.run.receipt import take_receipt
 from vast_harness.run.rent_book import CreateOutcome, NotRented, Rented
 from vast_harness.run.state import RunState, Stage
 from vast_harness.run.teardown import teardown_one
 from vast_harness.run.tools import RunTools
 from vast_harness.spec.values import check_evidence_dir
+from vast_harness.spec.workdir import left_out_lines
 from vast_harness.state.registry import Registration, RunRegistry, make_label, this_host
 from vast_harness.timings import TeardownBudget
 from vast_harness.vast.models import Instance, Offer
@@ -72,6 +76,10 @@ def preflight(t: RunTools, s: RunState, key_dir: Path) -> Bundle:
     register(t, s)  # before anything is rented: from now on a reap sees this run as live
     bundle = bundle_for(t.spec)  # a `run`'s workdir, else the harness's own payload
     s.workdir = bundle.workdir
+    for hint in t.spec.hints:
+        t.out.warn(hint)
+    if bundle.workdir is not None and bundle.workdir.left_out:
+        t.out.warn("left out of the upload: " + "; ".join(left_out_lines(bundle.workdir.left_out)))
     s.plan = plan = timed(t, s, "plan", lambda: plan_run(t.spec, t.client, t.drivers, bundle))
     t.ev.write_json("offer-quote.json", plan.summary())
     if t.ev.write_failures:  # a full or read-only evidence dir: rent nothing
@@ -123,14 +131,16 @@ def candidates(t: RunTools, s: RunState) -> Iterator[Candidate]:
 
 
 def rent_and_connect(t: RunTools, s: RunState) -> None:
-    """Rent offers in turn until one host boots and takes SSH; a host that does not is deleted and proven
-    gone first. Raises BootFailed / NoOfferError (by whether anything was rented) when none is left."""
+    """Rent offers in turn until one host boots, takes SSH, is the offer's, has its dead-man switch armed and
+    passes its receipt; a host that does not is deleted and proven gone first (a dead-man switch that cannot act
+    stops the run instead). Raises BootFailed / NoOfferError (by whether anything was rented) when none is left."""
     s.stage = Stage.RENT
     boots_left = t.spec.boot_retries + 1
     repicks_left = MAX_UNAVAILABLE_REPICKS
     tried: set[int] = set()
     start = t.clock()
     book = t.book
+    last_failure: Exception | None = None
     for cand in candidates(t, s):
         if cand.offer.id in tried or cand.offer.machine_id in book.excluded_machines:
             continue
@@ -157,12 +167,32 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
                 boot(t, s, inst, offer=cand.offer)
             s.candidate = cand
             s.timings["rent_and_connect_s"] = round(t.clock() - start, 3)
+            qualify(t, s, inst, cand.offer)
             return
         except (BootFailed, SshConnectError) as exc:
+            last_failure = exc
+            drop_host(s)
             boots_left = _after_failed_boot(t, s, inst, exc, boots_left)
+    if isinstance(last_failure, ReceiptFailed):  # the user's question is which measure failed: name it again
+        raise BootFailed(f"no further offer to try; the last host failed its receipt: {last_failure}")
     if book.created:  # something was rented (and deleted): "nothing rented" (exit 5) would be untrue
         raise BootFailed("no further offer to try after boot failures")
     raise NoOfferError("no further offer to try after boot failures")
+
+
+def qualify(t: RunTools, s: RunState, inst: CreatedInstance, offer: Offer) -> None:
+    """Before any of the user's work on a host that came up: its dead-man switch proven armed (Stage.DEADMAN),
+    then its receipt (Stage.RECEIPT), both while its price is watched. ReceiptFailed: the next offer."""
+    with t.reads.watch_prices(inst):
+        timed(t, s, "deadman_check", lambda: check_deadman(t, s))
+        take_receipt(t, s, inst, offer)
+
+
+def drop_host(s: RunState) -> None:
+    """Forget a host that is being deleted (its session closed): the next one's work starts afresh."""
+    if s.session is not None:
+        s.session.close()
+    s.session, s.work, s.candidate, s.host_gpus, s.deadman = None, None, None, None, None
 
 
 def next_label(t: RunTools, s: RunState) -> str:
@@ -178,8 +208,9 @@ def next_label(t: RunTools, s: RunState) -> str:
 
 
 def _after_failed_boot(t: RunTools, s: RunState, inst: CreatedInstance, exc: Exception, boots_left: int) -> int:
-    """Delete the host that did not come up and prove it gone; exclude its machine; one boot retry spent."""
-    t.out.warn(f"instance {inst.instance_id} did not come up: {exc}" if not isinstance(exc, GpuMismatch)
+    """Delete the host that did not come up (or failed its receipt) and prove it gone; exclude its machine; one
+    boot retry spent."""
+    t.out.warn(f"instance {inst.instance_id} did not come up: {exc}" if not isinstance(exc, GpuMismatch | ReceiptFailed)
                else f"{exc}; deleting it")
     report = teardown_one(t, s, inst, owner_until=t.clock() + s.teardown_budget_s)
     if report is None:  # not proven the run's: never deleted as ours, and the create's outcome is unknown again
@@ -197,7 +228,8 @@ def _after_failed_boot(t: RunTools, s: RunState, inst: CreatedInstance, exc: Exc
         t.book.excluded_machines.add(inst.machine_id)
     boots_left -= 1
     if boots_left <= 0:
-        raise BootFailed(f"no host came up after {t.spec.boot_retries + 1} attempt(s): {exc}") from None
+        what = "passed its receipt" if isinstance(exc, ReceiptFailed) else "came up"
+        raise BootFailed(f"no host {what} after {t.spec.boot_retries + 1} attempt(s): {exc}") from None
     return boots_left
 
 

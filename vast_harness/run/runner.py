@@ -24,7 +24,7 @@ from vast_harness.records import CreatedInstance, InstanceTeardown, PullRecord, 
 from vast_harness.reports.run import write_run_report_safely
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.record import build_record, exit_facts
-from vast_harness.run.rent import check_deadman, preflight, rent_and_connect, timed
+from vast_harness.run.rent import preflight, rent_and_connect, timed
 from vast_harness.run.rent_book import RentBook
 from vast_harness.run.state import RunState, Stage, new_state
 from vast_harness.run.teardown import delete_all, prelude, pull_evidence
@@ -81,10 +81,9 @@ class GuardedRun:
             try:
                 t.out.start_view(lambda: snapshot(t))  # inside: a Ctrl-C here too is exit 130, not a traceback
                 bundle = preflight(t, s, Path(key_dir))  # Stage.PREFLIGHT: nothing rented until it passes
-                rent_and_connect(t, s)  # Stage.RENT
+                rent_and_connect(t, s)  # Stage.RENT, DEADMAN, RECEIPT: the next offer after a host that fails
                 # The host may re-price while anything runs on it, a slow upload or pull as much as a step.
                 with t.reads.watch_prices(t.book.latest()):
-                    timed(t, s, "deadman_check", lambda: check_deadman(t, s))  # Stage.DEADMAN
                     timed(t, s, "upload", lambda: self._work(Stage.UPLOAD).upload(bundle))
                     self._work(Stage.STEPS).run_steps()
                     pull_evidence(t, s, in_teardown=False)  # Stage.PULL

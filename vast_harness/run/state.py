@@ -14,7 +14,7 @@ from vast_harness.host.deadman import DeadmanStatus
 from vast_harness.host.ssh import HostSession, RunKey
 from vast_harness.market.offers import Candidate
 from vast_harness.market.plan import RunPlan
-from vast_harness.records import HostGpus, WorkdirRecord
+from vast_harness.records import HostGpus, Receipt, WorkdirRecord
 from vast_harness.run.host_work import HostWork
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.registry import HeldRegistration
@@ -25,8 +25,9 @@ class Stage(enum.Enum):
     a signal), TEARDOWN and VERDICT run."""
 
     PREFLIGHT = "preflight"  # caps, evidence dir, registration, the plan and its quote, the run's key
-    RENT = "rent"  # create -> boot -> SSH connect; the next offer after a host that does not come up
+    RENT = "rent"  # create -> boot -> SSH connect -> arrival; the next offer after a host that does not come up
     DEADMAN = "deadman"  # the dead-man switch proven able to act before any workload minute
+    RECEIPT = "receipt"  # what the host delivers, measured and judged; the next offer after a host that fails
     UPLOAD = "upload"  # the bundle, unpacked on the host
     STEPS = "steps"  # the profile's steps, in order
     PULL = "pull"  # the host's evidence, back under the meter's deadline
@@ -56,6 +57,8 @@ class RunState:
     workdir: WorkdirRecord | None = None  # a `run`'s uploaded workdir (its sha256), from the bundle
     host_gpus: HostGpus | None = None  # the GPUs of the host that came up, read and matched after SSH
     gpu_refused: list[HostGpus] = field(default_factory=list)  # hosts deleted as not what was offered
+    receipt: Receipt | None = None  # what the host the work runs on delivered, judged (run/receipt.py)
+    receipts_refused: list[Receipt] = field(default_factory=list)  # hosts deleted on their receipt
     # Set by `cancel` from another thread; checked wherever the cap deadline is, and by a running step.
     cancelled: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = ""

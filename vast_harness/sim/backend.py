@@ -22,10 +22,10 @@ from typing import Any, TypeGuard
 import paramiko
 
 from vast_harness.sim import errors, transitions
-from vast_harness.sim.faults import FaultPlan, FaultRule
-from vast_harness.sim.gpus import install_nvidia_smi
+from vast_harness.sim.faults import RECEIPT_KINDS, FaultPlan, FaultRule
+from vast_harness.sim.gpus import install_nvidia_smi, install_receipt
 from vast_harness.sim.hostpython import RefusingPort, make_host_python
-from vast_harness.sim.instances import INCREASE_FIELDS, Instance, PriceIncrease, list_page, render
+from vast_harness.sim.instances import INCREASE_FIELDS, MAX_EXEC_TIMES, Instance, PriceIncrease, list_page, render
 from vast_harness.sim.market import generate_offers, priced, search
 from vast_harness.sim.ratelimit import RateLimiter
 from vast_harness.sim.sandbox import (
@@ -262,6 +262,12 @@ class Backend:
                 inst.boot_error = MANIFEST_MSG.format(image=req.image)
             inst.container_key_refused = self.faults.take("container_key_refused") is not None
             inst.gpu_lie = self.faults.take("gpu_mismatch") is not None
+            for kind in RECEIPT_KINDS:  # what its receipt will lie about (sim/host_receipt.py)
+                rule = self.faults.take(kind)
+                if rule is not None:
+                    inst.receipt_faults[kind] = (rule.seconds or 0.0) if kind == "throttle" else (rule.factor or 1.0)
+            # its receipt's noise: replayable from the simulator's seed, without a draw that moves later ones
+            inst.receipt_seed = random.Random(f"{self.seed}-{inst.id}").getrandbits(32)
             scheduling = self.faults.take("scheduling")
             inst.scheduling_s = scheduling.seconds or 0.0 if scheduling is not None else 0.0
             earlier = self.faults.take("started_earlier")
@@ -313,6 +319,9 @@ class Backend:
         sandbox = Sandbox(home, container_env(home, marker, vast_vars, inst.extra_env, image_env),
                           ssh_session_env(home, marker, image_env))
         gpu_bin = install_nvidia_smi(home, inst.offer, lie=inst.gpu_lie)  # answers from the offer (sim/gpus.py)
+        inst.receipt_report = self.host_root / f"receipt-{inst.id}.json"  # outside the sandbox a destroy removes
+        install_receipt(home, inst.offer, faults=inst.receipt_faults, seed=inst.receipt_seed,
+                        report=inst.receipt_report, torch="torch" in inst.image.lower())
         for env in (sandbox.env, sandbox.ssh_env):
             env["PATH"] = f"{gpu_bin}{os.pathsep}{env['PATH']}"
         host = SshHost(inst.id, sandbox, self.host_key, lambda blob: self._authorized(inst.id, blob),
@@ -531,6 +540,8 @@ class Backend:
     def _on_exec(self, inst: Instance) -> None:
         with self.lock:
             inst.execs += 1
+            if len(inst.exec_times) < MAX_EXEC_TIMES:
+                inst.exec_times.append(time.time())
 
     def _readable(self, inst: Instance | None, now: float) -> TypeGuard[Instance]:
         """Whether reads show `inst` now: live and past its read lag, or destroyed and still lingering."""

@@ -104,6 +104,15 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
     gpu_mismatch[:COUNT]                    the next COUNT instances' nvidia-smi reports another GPU than the
                                             offer's (a lying host: the harness must refuse and delete it)
     slow_sftp:BYTES_PER_S[:COUNT]           SFTP reads and writes are throttled (COUNT sessions, default *)
+    pcie_slow:FACTOR[:COUNT]                the next COUNT instances' receipt (their `vh-receipt`,
+                                            sim/host_receipt.py) reports host<->device copies at FACTOR of
+                                            the offer's pcie_bw (a link that is slower than advertised)
+    gpu_slow:FACTOR[:COUNT]                 ... its matmul and sustained burn at FACTOR
+    hbm_slow:FACTOR[:COUNT]                 ... its HBM copy at FACTOR
+    throttle:SECONDS[:COUNT]                ... its clocks drop SECONDS into the burn (a HW thermal slowdown
+                                            active from then on; a burn shorter than SECONDS shows nothing)
+    ecc_error[:COUNT]                       ... an uncorrectable ECC error during the burn (a GPU that
+                                            reports ECC: not a GeForce)
 
     ENDPOINT := search | create | show | list | destroy | user | ssh | price_increase | any
 
@@ -127,14 +136,16 @@ Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_
                "container_key_refused", "v0_deprecated",
                "scheduling", "negative_balance", "started_earlier", "wrong_contract", "show_list",
                "show_no_ports", "error_status", "key_reset", "delete_noop", "gpu_mismatch", "date_ahead",
-               "date_behind"]
+               "date_behind", "pcie_slow", "gpu_slow", "hbm_slow", "throttle", "ecc_error"]
 ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "price_increase", "any")
 GATEWAY_STATUSES = (502, 503, 504)
 _NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
 _NEEDS_SECONDS = frozenset({"hang", "read_lag", "offline", "ssh_drop", "create_hold", "linger", "exit",
                             "credit_zero", "reprice", "reprice_silent", "contract_end", "scheduling",
-                            "negative_balance", "started_earlier", "key_reset", "date_ahead", "date_behind"})
-_NEEDS_FACTOR = frozenset({"reprice_offer", "reprice", "reprice_silent"})
+                            "negative_balance", "started_earlier", "key_reset", "date_ahead", "date_behind",
+                            "throttle"})
+_NEEDS_FACTOR = frozenset({"reprice_offer", "reprice", "reprice_silent", "pcie_slow", "gpu_slow", "hbm_slow"})
+RECEIPT_KINDS = ("pcie_slow", "gpu_slow", "hbm_slow", "throttle", "ecc_error")  # what a host's receipt lies about
 _UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp", "v0_deprecated", "show_list", "show_no_ports",
                                    "date_ahead", "date_behind"})
 # Positional ARGs per kind, in SPEC order (after the kind, and after the endpoint where there is one).
@@ -153,6 +164,8 @@ _POSITIONAL: dict[str, tuple[str, ...]] = {
     "wrong_contract": ("count",), "show_list": ("count",), "show_no_ports": ("count",), "error_status": ("count",),
     "key_reset": ("seconds", "count"), "delete_noop": ("count",),
     "gpu_mismatch": ("count",),
+    "pcie_slow": ("factor", "count"), "gpu_slow": ("factor", "count"), "hbm_slow": ("factor", "count"),
+    "throttle": ("seconds", "count"), "ecc_error": ("count",),
     "date_ahead": ("seconds", "count"), "date_behind": ("seconds", "count"),
 }
 

@@ -1,17 +1,27 @@
-"""A simulated host's GPUs: an `nvidia-smi` on its PATH that answers from the instance's offer.
+"""A simulated host's GPUs: an `nvidia-smi` and a `vh-receipt` on its PATH that answer from the instance's offer.
 
 The simulator's hosts have no GPU (or the machine's own, which is not the offer's), so each host gets a small
 `nvidia-smi` program that reports the offer's GPUs as a real one would: `--query-gpu=FIELDS --format=csv[,
 noheader][,nounits]` for the fields the harness and the workload ask for, and the plain table's header with
 the driver and CUDA version. The `gpu_mismatch` fault makes it lie: it reports another GPU than the offer's.
+Its `vh-receipt` (sim/host_receipt.py) answers the harness's receipt the same way, from the offer, the receipt's
+reference table and the receipt faults (`pcie_slow`, `gpu_slow`, `hbm_slow`, `throttle`, `ecc_error`).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
+
+# resources is a stdlib-only leaf: the simulator imports nothing else of the harness
+from vast_harness.resources import profiles_dir
+
+REFERENCES_PATH = profiles_dir() / "receipt-references.toml"
+HOST_RECEIPT = Path(__file__).with_name("host_receipt.py")
 
 # How nvidia-smi names each GPU of the simulated catalog (sim/market.py CATALOG), from NVIDIA's drivers.
 SMI_NAMES = {
@@ -35,6 +45,7 @@ _PROGRAM = '''#!{python}
 import sys
 GPUS = {gpus}
 DRIVER, CUDA = {driver!r}, {cuda!r}
+LINK = {link!r}
 args = sys.argv[1:]
 query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), None)
 if query is None:
@@ -54,7 +65,7 @@ def value(i, g, field):
     table = {{"index": str(i), "name": g["name"], "uuid": f"GPU-{{g['uuid']}}",
              "memory.total": f"{{g['memory_mib']}} MiB" if units else str(g["memory_mib"]),
              "driver_version": DRIVER, "compute_cap": g["compute_cap"], "pci.bus_id": f"00000000:{{i + 1:02X}}:00.0",
-             "pcie.link.gen.max": "4", "pcie.link.width.max": "16"}}
+             "pcie.link.gen.max": LINK[0], "pcie.link.width.max": LINK[1]}}
     if field not in table:
         sys.stderr.write(f'Field "{{field}}" is not a valid field to query.\\n')
         sys.exit(2)
@@ -84,8 +95,45 @@ def install_nvidia_smi(home: Path, offer: dict[str, Any], *, lie: bool) -> Path:
     bin_dir = home / BIN_DIR
     bin_dir.mkdir(parents=True, exist_ok=True)
     program = _PROGRAM.format(python=sys.executable, gpus=json.dumps(host_gpus(offer, lie=lie)),
-                              driver=str(offer.get("driver_version") or ""), cuda=f"{offer.get('cuda_max_good')}")
+                              driver=str(offer.get("driver_version") or ""), cuda=f"{offer.get('cuda_max_good')}",
+                              link=(str(int(float(offer.get("pci_gen") or 4))), str(int(offer.get("gpu_lanes") or 16))))
     path = bin_dir / "nvidia-smi"
     path.write_text(program)
+    path.chmod(0o755)
+    return bin_dir
+
+
+def receipt_references(gpu_name: str, path: Path = REFERENCES_PATH) -> tuple[dict[str, float], bool]:
+    """What the reference table says this receipt's method reaches on `gpu_name` (matmul, burn, hbm_copy; empty
+    for a GPU it has no figure for) and whether the GPU reports ECC (a name it does not know: not a GeForce)."""
+    try:
+        table = tomllib.loads(path.read_text()).get("gpu", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        table = {}
+    want = " ".join(gpu_name.lower().split())
+    row = next((r for name, r in table.items() if " ".join(name.lower().split()) == want), None)
+    if row is None:
+        return {}, "rtx" not in want and "geforce" not in want
+    figures = {m: float(row[m]["value"]) for m in ("matmul", "burn", "hbm_copy")
+               if isinstance(row.get(m), dict) and row[m].get("value")}
+    return figures, bool(row.get("ecc"))
+
+
+def install_receipt(home: Path, offer: dict[str, Any], *, faults: dict[str, float], seed: int,
+                    report: Path | None = None, torch: bool = True) -> Path:
+    """Write the host's `vh-receipt` (sim/host_receipt.py with this host's config) beside its `nvidia-smi`."""
+    bin_dir = home / BIN_DIR
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    reference, ecc = receipt_references(str(offer.get("gpu_name") or ""))
+    config = {"gpus": host_gpus(offer, lie=False), "offer": {k: offer.get(k) for k in (
+        "gpu_name", "num_gpus", "pcie_bw", "pci_gen", "gpu_lanes", "gpu_mem_bw", "total_flops", "bw_nvlink")},
+        "reference": reference, "ecc": ecc, "faults": faults, "seed": seed,
+        "driver": offer.get("driver_version"), "cuda": offer.get("cuda_max_good"),
+        "report": str(report) if report else None, "torch": torch}
+    config_path = bin_dir / "vh-receipt.json"
+    config_path.write_text(json.dumps(config))
+    path = bin_dir / "vh-receipt"
+    path.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(HOST_RECEIPT))} "
+                    f"{shlex.quote(str(config_path))} \"$@\"\n")
     path.chmod(0o755)
     return bin_dir

@@ -20,6 +20,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from vast_harness.sim import transitions
@@ -30,6 +31,7 @@ BYTES_PER_GB = 1_000_000_000
 SECONDS_PER_HOUR = 3600.0
 LIST_MAX_LIMIT = 25
 LIST_NONPOSITIVE_LIMIT = 5  # show_instances.yaml: "Values <= 0 are treated as 5"
+MAX_EXEC_TIMES = 1000  # a judge's record of when each command started; more is not kept
 # Columns stored on the contract record: filterable (show_instances.yaml); computed ones give 400.
 FILTERABLE = frozenset({"id", "label", "actual_status", "intended_status", "cur_state", "next_state",
                         "gpu_name", "verification", "machine_id", "host_id", "image_uuid", "status_msg",
@@ -94,6 +96,10 @@ class Instance:
     container_key_refused: bool = False  # its CONTAINER_API_KEY answers 401 everywhere
     gpu_lie: bool = False  # its nvidia-smi reports another GPU than the offer's (fault gpu_mismatch)
     execs: int = 0  # commands run over SSH (a judge's count: no command text, which may carry settings)
+    exec_times: list[float] = field(default_factory=list)  # when each started (the first MAX_EXEC_TIMES)
+    receipt_faults: dict[str, float] = field(default_factory=dict)  # what its `vh-receipt` lies about (faults)
+    receipt_report: Path | None = None  # where its `vh-receipt` leaves a copy of its answer (sim/host_receipt.py)
+    receipt_seed: int = 0  # its receipt's noise, drawn from the simulator's seeded RNG at create
     scheduling_s: float = 0.0  # extra seconds in `scheduling` before the boot path starts
     started_earlier_s: float = 0.0  # the row's start_date is this much older than the create (fault)
     end_date: float = 0.0  # the contract's end (epoch): its price holds until then, and the instance stops then
@@ -170,11 +176,25 @@ class Instance:
             "bytes_to_host": self.bytes_to_host, "bytes_from_host": self.bytes_from_host,
             "bandwidth_usd": self.bandwidth_usd, "direct_port": self.direct_port,
             "proxy_port": self.proxy_port, "gpu_lie": self.gpu_lie, "execs": self.execs,
+            "exec_times": list(self.exec_times), "receipt_faults": dict(self.receipt_faults),
+            "offer_figures": {k: self.offer.get(k) for k in ("gpu_name", "num_gpus", "pcie_bw", "pci_gen",
+                                                             "gpu_mem_bw", "total_flops", "bw_nvlink")},
+            "receipt": self.receipt_answer(),
             "end_date": self.end_date, "expired": self.expired,
             "price_increase": None if self.increase is None else {"id": self.increase.id, "factor": self.increase.factor,
                                                                   "accepted": self.increase.accepted},
             "live_pids": self.sandbox.live_pids() if self.sandbox is not None else [],
         }
+
+
+    def receipt_answer(self) -> Any:
+        """The receipt its `vh-receipt` gave, as it gave it (None: none yet, or unreadable)."""
+        if self.receipt_report is None:
+            return None
+        try:
+            return json.loads(self.receipt_report.read_text())
+        except (OSError, ValueError):
+            return None
 
 
 def render(inst: Instance, now: float, boot_s: float) -> dict[str, Any]:

@@ -137,10 +137,13 @@ class SshHost:
             pump.start()
         threading.Thread(target=_feed_stdin, args=(channel, proc.stdin), daemon=True).start()
         rc = proc.wait()
+        # As OpenSSH's sshd: the exit status when the command exits, then what its pipes still hold, then EOF.
+        # A background process it started may hold the pipes open for ever; the client decides how long to read.
+        with contextlib.suppress(Exception):
+            channel.send_exit_status(rc if rc >= 0 else 128 - rc)  # signal N -> 128+N, as a shell reports
         for pump in pumps:
             pump.join()
         with contextlib.suppress(Exception):
-            channel.send_exit_status(rc if rc >= 0 else 128 - rc)  # signal N -> 128+N, as a shell reports
             channel.shutdown_write()
             channel.close()
 

@@ -38,6 +38,7 @@ class CommandRun(BaseModel):
     setup: list[str] = []
     artifacts: list[str] = []
     exclude: list[str] = []
+    include: list[str] = []
     workdir_max_mb: float | None = None
     image: str | None = None
 
@@ -51,12 +52,14 @@ def command_profile(run: CommandRun, *, profiles_dir: Path = PROFILES_DIR) -> Ha
     """The profile `run` executes; ConfigError naming the flag for anything wrong, before any network call."""
     if not run.command or not run.command[0].strip():
         raise ConfigError("run: no command given; put it after --: vast-e2e run [OPTIONS] -- CMD [ARGS...]")
+    if not run.workdir.strip():  # not the current directory by accident: that is "."
+        raise ConfigError("--workdir is empty: give a folder ('.' for the current one)")
     for i, line in enumerate(run.setup, 1):
         if not line.strip():
             raise ConfigError(f"--setup #{i} is empty; give a shell command such as 'pip install -r requirements.txt'")
     if run.workdir_max_mb is not None and not 0 < run.workdir_max_mb <= MAX_WORKDIR_MAX_MB:
         raise ConfigError(f"--workdir-max-mb must be > 0 and at most {MAX_WORKDIR_MAX_MB:g}, got {run.workdir_max_mb:g}")
-    for flag, globs in (("--artifact", run.artifacts), ("--exclude", run.exclude)):
+    for flag, globs in (("--artifact", run.artifacts), ("--exclude", run.exclude), ("--include", run.include)):
         for glob in globs:
             check_glob(flag, glob)
     smoke = load_profile("smoke", profiles_dir)  # its image, and whether its digest was checked, by default
@@ -82,7 +85,7 @@ def command_profile(run: CommandRun, *, profiles_dir: Path = PROFILES_DIR) -> Ha
             caps=Caps(max_usd=RUN_DEFAULT_MAX_USD, max_minutes=RUN_DEFAULT_MAX_MINUTES),
             filters=Filters(),
             steps=steps,
-            workdir=Workdir(path=run.workdir, exclude=run.exclude,
+            workdir=Workdir(path=run.workdir, exclude=run.exclude, include=run.include,
                             max_mb=run.workdir_max_mb if run.workdir_max_mb is not None else DEFAULT_WORKDIR_MAX_MB),
             artifacts=run.artifacts,
             require_gpu=False,  # the user's command decides what it needs; `fleet --sim` swaps nothing in
@@ -90,7 +93,7 @@ def command_profile(run: CommandRun, *, profiles_dir: Path = PROFILES_DIR) -> Ha
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        flag = {"artifacts": "--artifact", "workdir": "--workdir/--exclude"}.get(where.split(".")[0], where)
+        flag = {"artifacts": "--artifact", "workdir": "--workdir/--exclude/--include"}.get(where.split(".")[0], where)
         raise ConfigError(f"{flag}: {first['msg'].removeprefix('Value error, ')}") from None
 
 

@@ -12,12 +12,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from vast_harness.errors import ConfigError
 from vast_harness.files import UnusableFile, read_regular_file
 from vast_harness.resources import profiles_dir as _profiles_dir
 from vast_harness.spec.fit import FitKind
+from vast_harness.spec.receipt import ReceiptPolicy
 from vast_harness.spec.requires import Requires
 from vast_harness.spec.values import ENV_KEY_RE, env_value, path_flag
 from vast_harness.spec.workdir import DEFAULT_WORKDIR_MAX_MB, MAX_WORKDIR_MAX_MB, check_glob
@@ -91,14 +92,22 @@ class Workdir(StrictModel):
     """`[workdir]`: the user's folder the run uploads (instead of the harness's own bundle); the steps run in
     it on the host. The selection rules are spec/workdir.py's (docs/run.md)."""
 
-    path: str  # in a profile file: relative to the file's folder
+    path: str  # in a profile file: relative to the file's folder; "." for that folder
     exclude: list[str] = Field(default_factory=list)  # globs left out beside .gitignore
+    include: list[str] = Field(default_factory=list)  # credential files taken in (spec/credentials.py)
     max_mb: float = Field(gt=0, le=MAX_WORKDIR_MAX_MB, default=DEFAULT_WORKDIR_MAX_MB)
 
-    @field_validator("exclude")
+    @field_validator("path")
     @classmethod
-    def _globs(cls, globs: list[str]) -> list[str]:
-        return [_glob("exclude", g) for g in globs]
+    def _path(cls, path: str) -> str:
+        if not path.strip():  # never the current directory by accident
+            raise ValueError("the workdir path is empty: give a folder ('.' for the one the profile file is in)")
+        return path
+
+    @field_validator("exclude", "include")
+    @classmethod
+    def _globs(cls, globs: list[str], info: ValidationInfo) -> list[str]:
+        return [_glob(str(info.field_name), g) for g in globs]
 
 
 def _glob(field: str, glob: str) -> str:
@@ -193,6 +202,7 @@ class HarnessProfile(StrictModel):
     caps: Caps
     filters: Filters = Filters()
     requires: Requires = Requires()  # what it can run on: checked per offer and on the host (spec/requires.py)
+    receipt: ReceiptPolicy = ReceiptPolicy()  # what the host must deliver before any work (spec/receipt.py)
     transfer: Transfer = Transfer()
     remote_env: dict[str, str] = Field(default_factory=dict)
     steps: list[Step]

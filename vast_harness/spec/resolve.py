@@ -32,8 +32,9 @@ from vast_harness.spec.profile import (
     validation_message,
     with_image_expect,
 )
+from vast_harness.spec.references import check_gates, load_references
 from vast_harness.spec.requires import MAX_GPU_RAM_GIB, MIB_PER_GIB
-from vast_harness.spec.user import UserConfig, read_api_key
+from vast_harness.spec.user import CONFIG_FILE, OFFICIAL_CLI_KEY_FILE, UserConfig, config_home, read_api_key
 from vast_harness.spec.values import (
     MAX_BOOT_RETRIES,
     MAX_INTERVAL_S,
@@ -47,8 +48,9 @@ from vast_harness.spec.values import (
     parse_remote_env,
     path_flag,
     read_secret_file,
+    secret_like_settings,
 )
-from vast_harness.spec.workdir import select_workdir
+from vast_harness.spec.workdir import NeverUpload, select_workdir
 from vast_harness.state.dirs import SIM_SUBDIR, STATE_ENV
 from vast_harness.state.dirs import state_dir as user_state_dir
 from vast_harness.timings import MAX_MINUTES_LIMIT, Timings
@@ -85,6 +87,9 @@ class RunSpec(BaseModel):
     timings: Timings  # the table for this target (timings.py), the user's flags laid over it
     allow_unarmed_deadman: bool = False  # run even when the dead-man switch cannot prove it can act (recorded)
     image_expect_override: ImageExpect | None = None  # --image-expect: recorded in the evidence and the report
+    # Never uploaded from a workdir, whatever the flags: the key files, the harness's config and state
+    never_upload: tuple[NeverUpload, ...] = ()
+    hints: tuple[str, ...] = ()  # said before the run or in the dry run: a setting that looks like a secret
 
     @property
     def harness_dirs(self) -> tuple[Path, ...]:
@@ -213,11 +218,28 @@ class RunOptions(BaseModel):
     setup: list[str] | None = None
     artifact: list[str] | None = None
     exclude: list[str] | None = None
+    include: list[str] | None = None
     workdir_max_mb: float | None = None
     image: str | None = None
     gpu: list[str] | None = None
     min_gpu_ram_gb: float | None = None
 
+
+
+def never_upload(*, key_file: Path | None, config_key_file: str | None, environ: Mapping[str, str],
+                 dirs: list[tuple[Path, str]]) -> tuple[NeverUpload, ...]:
+    """What no workdir upload takes: the key file given (read or not: with --sim it is not), the config file's,
+    the official CLI's (where `vastai set api-key` writes it, and its older place in $HOME), the harness's config
+    directory, and `dirs` (the state and evidence directories)."""
+    home = config_home(environ)
+    found = [(key_file, "the API key file (--key-file)"),
+             (Path(config_key_file) if config_key_file else None, "the API key file (the config file's key_file)"),
+             (home / OFFICIAL_CLI_KEY_FILE if home else None, "the official CLI's API key file"),
+             (Path(environ["HOME"]) / ".vast_api_key" if environ.get("HOME") else None,
+              "the official CLI's API key file"),
+             (home / CONFIG_FILE.parent if home else None, "the harness's config directory"),
+             *dirs]
+    return tuple(NeverUpload(path=path.expanduser(), why=why) for path, why in found if path is not None)
 
 
 def profile_fit(prof: HarnessProfile, env: Mapping[str, str], num_gpus: int) -> WorkloadFit | None:
@@ -286,11 +308,12 @@ def resolve(
         raise ConfigError("a profile is required (mfu, proofs, smoke or a profile file)")
     user, _ = UserConfig.load(environ)
     if o.command is not None:
-        prof = command_profile(CommandRun(command=o.command, workdir=o.workdir or ".", setup=o.setup or [],
-                                          artifacts=o.artifact or [], exclude=o.exclude or [],
-                                          workdir_max_mb=o.workdir_max_mb, image=o.image), profiles_dir=profiles_dir)
+        prof = command_profile(CommandRun(command=o.command, workdir="." if o.workdir is None else o.workdir,
+                                          setup=o.setup or [], artifacts=o.artifact or [], exclude=o.exclude or [],
+                                          include=o.include or [], workdir_max_mb=o.workdir_max_mb, image=o.image),
+                               profiles_dir=profiles_dir)
     else:
-        run_only = [f for f in ("workdir", "setup", "artifact", "exclude", "workdir_max_mb", "image")
+        run_only = [f for f in ("workdir", "setup", "artifact", "exclude", "include", "workdir_max_mb", "image")
                     if getattr(o, f) is not None]
         if run_only:
             raise ConfigError(f"--{run_only[0].replace('_', '-')} applies to `vast-e2e run -- CMD` only; a profile "
@@ -373,6 +396,9 @@ def resolve(
         prof = with_image_expect(prof, override)
     elif o.image_expect_ack:
         raise ConfigError("--image-expect-ack acknowledges an --image-expect override; none was given")
+    if prof.receipt.declared_gates:  # a gate the GPUs to be rented cannot report: exit 2 now, not after renting
+        check_gates(prof.receipt, num_gpus=filters.num_gpus, gpu_names=filters.gpu_names or prof.requires.gpu_names,
+                    refs=load_references(profiles_dir))
     key = None if o.sim else read_api_key(key_file, environ, path_flag("key_file (config file)", user.key_file),
                                           **({"hint": no_key_hint} if no_key_hint else {}))
     # --sim runs keep their own state: the embedded simulator's account dies with the process, so its ledger
@@ -394,9 +420,13 @@ def resolve(
                 if on_unwritable is None:
                     raise
                 on_unwritable(str(exc))
+    never = never_upload(key_file=key_file, config_key_file=user.key_file, environ=environ,
+                         dirs=[(state, "the harness's state directory"),
+                               (user_state_dir(environ).expanduser(), "the harness's state directory"),
+                               (ev_dir, "the harness's evidence directory")])
     if prof.workdir is not None:  # missing, over the size limit, an --exclude that matches nothing: exit 2 now
-        select_workdir(Path(prof.workdir.path), exclude=prof.workdir.exclude, max_mb=prof.workdir.max_mb,
-                       skip_dirs=(state, ev_dir, user_state_dir(environ).expanduser()))
+        select_workdir(Path(prof.workdir.path), exclude=prof.workdir.exclude, include=prof.workdir.include,
+                       max_mb=prof.workdir.max_mb, never_upload=never)
     # The one place a run's timings are chosen: the simulator's table with --sim, else Vast's; flags win.
     timing_flags = {"proof_interval_s": o.proof_interval_s, "poll_s": o.poll_s, "pacing_scale": o.pacing_scale}
     table = Timings.sim() if o.sim else Timings.real()
@@ -422,6 +452,8 @@ def resolve(
             timings=timings,
             allow_unarmed_deadman=o.allow_unarmed_deadman,
             image_expect_override=override,
+            never_upload=never,
+            hints=tuple(secret_like_settings(list(given_env))),
         )
     except ValidationError as exc:
         raise ConfigError(validation_message("run spec", exc)) from None

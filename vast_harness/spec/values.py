@@ -70,8 +70,22 @@ def parse_remote_env(items: list[str], flag: str = "--remote-env",
             if key not in environ:
                 raise ConfigError(f"{flag} {key}: no value given and {key} is not set in this environment")
             value = environ[key]
+        if secret and not value:  # masking nothing protects nothing: an empty secret is a mistake
+            raise ConfigError(f"{flag} {key}: the value is empty; give the secret's value (or leave the name out)")
         env[key] = env_value(flag, key, value)
     return env
+
+
+# A setting named like a credential is shown and stored as given: most likely it should be a secret.
+_SECRET_LIKE_NAME = re.compile(r"(^|_)(TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re.IGNORECASE)
+
+
+def secret_like_settings(names: list[str]) -> list[str]:
+    """The `--remote-env` names that look like a credential (`*_TOKEN`, `*_KEY`, `*_SECRET`, `PASSWORD`), each
+    with the hint to pass it as a secret instead."""
+    return [f"--remote-env {name} looks like a secret: pass it as --remote-secret {name} to have it masked (a "
+            "setting is shown and stored as given: console, record, report)"
+            for name in names if _SECRET_LIKE_NAME.search(name)]
 
 
 def read_secret_file(path: Path) -> dict[str, str]:

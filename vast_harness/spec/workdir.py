@@ -1,10 +1,14 @@
 """The user's workdir as `vast-e2e run` uploads it, and the artifact globs it pulls back (docs/run.md).
 
 What is uploaded: every regular file under the workdir except `.git/`, what the workdir's `.gitignore` files
-ignore (read with `pathspec`, git's own rules, nested files included) and what `--exclude` names. Symlinks are
-never followed or uploaded: one could point the upload at a key outside the workdir. The total is held to a size
-limit, and a workdir over it is bad input (exit 2, nothing rented) that names the limit, the size and the largest
-files. Artifact globs are checked here too, before renting: relative to the workdir, no `..`, balanced brackets.
+ignore (read with `pathspec`, git's own rules, nested files included) and what `--exclude` names. Never the API
+key file the run was given, the official CLI's key file, or the harness's own config, state and evidence
+directories (`NeverUpload`, matched by device and inode, so another path to them does not get them up either);
+and not well-known credential files (`spec/credentials.py`) unless `--include` takes one in. Each of these is
+named (`LeftOut`), for the dry run, the console and the record. Symlinks are never followed or uploaded: one
+could point the upload at a key outside the workdir. The total is held to a size limit, and a workdir over it is
+bad input (exit 2, nothing rented) that names the limit, the size and the largest files. Artifact globs are
+checked here too, before renting: relative to the workdir, no `..`, balanced brackets.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import pathspec
 from pydantic import BaseModel, ConfigDict
 
 from vast_harness.errors import ConfigError
+from vast_harness.records import WorkdirLeftOut as LeftOut
+from vast_harness.spec.credentials import credential_content, credential_family
 
 DEFAULT_WORKDIR_MAX_MB = 100.0  # an upload of source and small data; bigger data belongs in the setup's download
 MAX_WORKDIR_MAX_MB = 10_000.0
@@ -35,8 +41,20 @@ class WorkdirFile(BaseModel):
     bytes: int
 
 
+class NeverUpload(BaseModel):
+    """A file or folder of the user's that no upload takes, whatever the flags say: the API key file, the
+    harness's own config and state. `why` names it to the user."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    why: str
+
+
 class WorkdirSelection(BaseModel):
-    """The files `run` uploads from a workdir, and how many were left out (ignored, excluded, symlinks)."""
+    """The files `run` uploads from a workdir; how many were left out by .gitignore and --exclude; and, by name,
+    what was left out for being a key, a credential or the harness's own (`left_out`), the credential files
+    `--include` took in (`included`), and the symlinks skipped."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -44,6 +62,8 @@ class WorkdirSelection(BaseModel):
     files: list[WorkdirFile]
     excluded: int = 0
     symlinks: list[str] = []
+    left_out: list[LeftOut] = []
+    included: list[str] = []
 
     @property
     def total_bytes(self) -> int:
@@ -104,22 +124,49 @@ def _largest(files: Iterable[WorkdirFile]) -> str:
     return ", ".join(f"{f.rel} ({size_text(f.bytes)})" for f in top)
 
 
-def select_workdir(root: Path, *, exclude: Sequence[str] = (), max_mb: float = DEFAULT_WORKDIR_MAX_MB,
-                   skip_dirs: Sequence[Path] = (), flag: str = "--workdir") -> WorkdirSelection:
-    """The files to upload, sorted; ConfigError naming the problem (missing, not a folder, over the limit).
-    `skip_dirs`: the harness's own state and evidence dirs, never uploaded when they sit inside the workdir."""
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.expanduser().stat()
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def left_out_lines(left_out: Sequence[LeftOut]) -> list[str]:
+    """What the console and the dry run say about the files left out by name, one line each."""
+    return [f"{item.path} ({item.why}" + ("; --include PATH to upload it)" if item.includable else ")")
+            for item in left_out]
+
+
+def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence[str] = (),
+                   max_mb: float = DEFAULT_WORKDIR_MAX_MB, skip_dirs: Sequence[Path] = (),
+                   never_upload: Sequence[NeverUpload] = (), flag: str = "--workdir") -> WorkdirSelection:
+    """The files to upload, sorted; ConfigError naming the problem (missing, not a folder, over the limit, an
+    --exclude or --include that matches nothing, an --include of what is never uploaded). `skip_dirs`: the
+    harness's own state and evidence dirs; `never_upload`: those and the key files, each with its reason."""
+    if not str(root).strip():
+        raise ConfigError(f"{flag} is empty: give a folder ('.' for the current one)")
     root = root.expanduser()
     if not root.is_dir():
         raise ConfigError(f"{flag} {root}: no such folder" if not root.exists() else f"{flag} {root}: not a folder")
     root = root.resolve()
-    skipped = {d.expanduser().resolve() for d in skip_dirs}
+    never = [NeverUpload(path=d, why="the harness's own state or evidence directory") for d in skip_dirs]
+    never_by_id: dict[tuple[int, int], str] = {}
+    for item in [*never_upload, *never]:  # the first reason given for a path is the one said
+        if (ident := _identity(item.path)) is not None:
+            never_by_id.setdefault(ident, item.why)
     excludes = {g: pathspec.GitIgnoreSpec.from_lines([g])
                 for g in (check_glob("--exclude", g, anchored_ok=True) for g in exclude)}
+    includes = {g: pathspec.GitIgnoreSpec.from_lines([g])
+                for g in (check_glob("--include", g, anchored_ok=True) for g in include)}
     excludes_used: set[str] = set()
+    includes_used: set[str] = set()
     # .gitignore files apply to the folder they sit in; --exclude and .git/ to the whole workdir.
     ignores: list[tuple[str, pathspec.GitIgnoreSpec]] = [("", pathspec.GitIgnoreSpec.from_lines(_ALWAYS_EXCLUDED))]
     files: list[WorkdirFile] = []
     symlinks: list[str] = []
+    left_out: list[LeftOut] = []
+    included: list[str] = []
     excluded = 0
 
     def ignored(rel: str, is_dir: bool) -> bool:
@@ -127,6 +174,26 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), max_mb: float = D
         hits = {g for g, spec in excludes.items() if spec.match_file(path)}
         excludes_used.update(hits)
         return bool(hits) or any(spec.match_file(path[len(base):]) for base, spec in ignores if path.startswith(base))
+
+    def never_why(path: Path, rel: str) -> str | None:
+        why = never_by_id.get(st) if (st := _identity(path)) is not None else None
+        if why is not None:
+            refused = [g for g, spec in includes.items() if spec.match_file(rel)]
+            if refused:
+                raise ConfigError(f"--include {refused[0]}: {rel} in {root} is {why}; it is never uploaded (put "
+                                  "what the host needs in a --remote-secret instead)")
+        return why
+
+    def credential(path: Path, rel: str) -> str | None:
+        why = credential_family(rel) or credential_content(path)
+        if why is None:
+            return None
+        taken = {g for g, spec in includes.items() if spec.match_file(rel)}
+        if taken:
+            includes_used.update(taken)
+            included.append(rel)
+            return None
+        return why
 
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
@@ -144,8 +211,8 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), max_mb: float = D
             rel = base + name
             if (here / name).is_symlink():
                 symlinks.append(rel)
-            elif (here / name) in skipped:
-                excluded += 1
+            elif (why := never_why(here / name, rel + "/")) is not None:
+                left_out.append(LeftOut(path=rel + "/", why=why, includable=False))
             elif ignored(rel, is_dir=True):
                 excluded += 1
             else:
@@ -156,9 +223,15 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), max_mb: float = D
             path = here / name
             if path.is_symlink():
                 symlinks.append(rel)
+            elif not path.is_file():
+                continue  # a FIFO, a socket, a device: nothing to upload
+            elif (why := never_why(path, rel)) is not None:
+                left_out.append(LeftOut(path=rel, why=why, includable=False))
             elif ignored(rel, is_dir=False):
                 excluded += 1
-            elif path.is_file():
+            elif (why := credential(path, rel)) is not None:
+                left_out.append(LeftOut(path=rel, why=why, includable=True))
+            else:
                 files.append(WorkdirFile(rel=rel, bytes=path.stat().st_size))
                 if len(files) > MAX_WORKDIR_FILES:
                     raise ConfigError(f"{flag} {root}: more than {MAX_WORKDIR_FILES} files to upload (a virtualenv or "
@@ -167,8 +240,14 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), max_mb: float = D
     if unused:  # checkable before renting, unlike an artifact: most likely a typo
         raise ConfigError(f"--exclude {unused[0]!r} matches nothing in {root}; check the glob (relative to the "
                           "workdir, e.g. 'data/' or '*.ckpt')")
+    unused = [g for g in includes if g not in includes_used]
+    if unused:
+        raise ConfigError(f"--include {unused[0]!r} matches no file left out as a credential in {root} (it takes "
+                          "in a credential file the upload leaves out by default, e.g. '.env'; .gitignore and "
+                          "--exclude are yours to change)")
     selection = WorkdirSelection(root=root, files=sorted(files, key=lambda f: f.rel), excluded=excluded,
-                                 symlinks=sorted(symlinks))
+                                 symlinks=sorted(symlinks), left_out=sorted(left_out, key=lambda i: i.path),
+                                 included=sorted(included))
     if selection.total_bytes > max_mb * MB:
         raise ConfigError(f"{flag} {root}: {size_text(selection.total_bytes)} to upload is over the "
                           f"{max_mb:g} MB limit (--workdir-max-mb); largest: {_largest(selection.files)}. Leave "

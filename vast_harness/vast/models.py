@@ -121,6 +121,11 @@ class Offer(_VastModel):
     pci_gen: float | None = None
     pcie_bw_gbps: float | None = Field(default=None, alias="pcie_bw")
     gpu_lanes: int | None = None
+    # What the host advertises it delivers (the receipt compares, run/receipt.py): GB/s of GPU memory, TFLOP/s
+    # summed over the GPUs (Vast does not document the precision), GB/s of NVLink.
+    gpu_mem_bw_gbps: float | None = Field(default=None, alias="gpu_mem_bw")
+    total_flops: float | None = None
+    bw_nvlink_gbps: float | None = Field(default=None, alias="bw_nvlink")
     dph_base: float | None = None
     dph_total: float | None = None
     storage_cost_usd_per_gb_month: float | None = Field(default=None, alias="storage_cost")

@@ -1,0 +1,317 @@
+"""What goes up to the rented host (issue 43, items 1, 4 and 7): never the account key, the official CLI's key file
+or the harness's own directories; well-known credential files only when the user takes one in (`--include`),
+each left-out path named in the dry run, on the console and in the record; and inputs that would have uploaded
+the wrong thing or run with the wrong cap refused as bad input (exit 2, `ConfigError`) naming the field.
+
+The runs go through the embedded simulator's hosts over real SSH; the host's copy of what it received (the
+unpacked workdir and the uploaded tarball, decompressed) is searched for every secret's bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.harness.clirun import SIM_PACING_SCALE, cli
+from vast_harness.errors import ConfigError, ExitCode
+from vast_harness.sim import SimServer
+from vast_harness.spec.workdir import select_workdir
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "tiny-train"
+SIM_OPTIONS = dict(seed=43, rate_scale=0.01, num_offers=50)  # conftest.sim
+ACCOUNT_KEY = "c0ffee43" * 8  # a 64-hex API key: its bytes must never be on the host
+# Copies what the host holds (its home: the tarball and the unpacked workdir) out, for the test to search.
+COPY_HOST = 'mkdir -p "$OUT" && cp -r ~/vh ~/vh-bundle.tar.gz "$OUT"/'
+
+# One file per well-known credential family (issue 43 item 4), each with bytes found nowhere else.
+CREDENTIALS = {
+    ".env": "dotenv file",
+    "config/.env.production": "dotenv file",
+    ".envrc": "dotenv file",
+    "id_rsa": "SSH private key",
+    ".ssh/id_ed25519": "SSH private key",
+    "certs/server.key": "TLS private key",
+    "deploy_key": "private key (by its content)",
+    ".netrc": "netrc",
+    ".aws/credentials": "cloud credentials",
+    ".config/gcloud/application_default_credentials.json": "cloud credentials",
+    "gcp-sa.json": "cloud credentials (by its content)",
+    ".docker/config.json": "registry credentials",
+    ".npmrc": "registry credentials",
+    ".pypirc": "registry credentials",
+    ".git-credentials": "git credentials",
+    ".kube/config": "kube config",
+}
+KEPT = [".env.example", "train.py", "keys.py", "server.pub"]  # look-alikes that are not credentials
+
+
+def _secret(rel: str) -> str:
+    return f"SECRET-{rel.replace('/', '_')}-91d3"
+
+
+def _credential_workdir(root: Path) -> Path:
+    for rel in CREDENTIALS:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = _secret(rel)
+        if rel == "deploy_key":
+            body = f"-----BEGIN OPENSSH PRIVATE KEY-----\n{body}\n-----END OPENSSH PRIVATE KEY-----\n"
+        elif rel == "gcp-sa.json":
+            body = json.dumps({"type": "service_account", "project_id": "p", "private_key_id": "1",
+                               "private_key": f"-----BEGIN PRIVATE KEY-----\n{body}\n-----END PRIVATE KEY-----\n"})
+        path.write_text(body)
+    for rel in KEPT:
+        (root / rel).write_text(f"kept {rel}\n")
+    return root
+
+
+def _host_bytes(copy: Path) -> bytes:
+    """Every byte the host held: its files, and the uploaded tarball decompressed."""
+    blobs = []
+    for path in sorted(p for p in copy.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        blobs.append(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+    return b"\n".join(blobs)
+
+
+def _record(evidence: Path) -> dict:
+    (run_dir,) = [d for d in evidence.iterdir() if d.is_dir() and (d / "harness-result.json").exists()]
+    return json.loads((run_dir / "harness-result.json").read_text())
+
+
+def _run(*args: str, sim: SimServer, **kwargs) -> subprocess.CompletedProcess[str]:
+    """`vast-e2e run ARGS` against the module's simulator: its flags go before the `--` that starts the command."""
+    at = args.index("--")
+    return cli("run", *args[:at], "--api-url", sim.url, "--pacing-scale", SIM_PACING_SCALE, *args[at:], **kwargs)
+
+
+def _said(p: subprocess.CompletedProcess[str]) -> str:
+    """What the command printed, as one line: the console wraps at its width."""
+    return " ".join((p.stdout + p.stderr).split())
+
+
+def _private(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+# ----------------------------------------------------------------------------------------- the account key
+
+
+def test_the_key_file_in_the_workdir_is_never_uploaded_and_is_named(sim: SimServer, tmp_path):
+    """`--key-file proj/vast.key --workdir proj`: the key the run was given never reaches the host (not in the
+    tarball, not unpacked, so `--artifact vast.key` has nothing to bring back) and the run says so by name."""
+    proj = tmp_path / "proj"
+    (proj / "train.py").parent.mkdir(parents=True)
+    (proj / "train.py").write_text("print('trained')\n")
+    _private(proj / "vast.key", ACCOUNT_KEY + "\n")
+    host = tmp_path / "host"
+    evidence = tmp_path / "ev"
+    p = _run("--key-file", str(proj / "vast.key"), "--workdir", str(proj), "--artifact", "vast.key",
+            "--remote-env", f"OUT={host}", "--evidence-dir", str(evidence), "--", "sh", "-c", COPY_HOST,
+            sim=sim, cwd=tmp_path)
+    assert p.returncode == ExitCode.FAILED, p.stderr[-3000:]  # the artifact glob matched nothing on the host
+    assert ACCOUNT_KEY.encode() not in _host_bytes(host)
+    assert (host / "vh" / "work" / "train.py").is_file()
+    assert "left out of the upload: vast.key (the API key file (--key-file))" in _said(p)
+    record = _record(evidence)
+    assert {"path": "vast.key", "why": "the API key file (--key-file)", "includable": False} in \
+        record["workdir"]["left_out"]
+    assert record["artifacts"]["unmatched"] == ["vast.key"]
+    assert not list(evidence.rglob("artifacts/vast.key"))
+
+
+def test_the_official_cli_key_file_and_the_harness_dirs_stay_home_when_the_workdir_is_home(sim: SimServer,
+                                                                                            tmp_path):
+    """The workdir is $HOME, the key comes from the official CLI's ~/.config/vastai/vast_api_key: neither it nor
+    the harness's own config and state directories go up, each named."""
+    home = tmp_path / "home"
+    official = _private(home / "config" / "vastai" / "vast_api_key", ACCOUNT_KEY)
+    _private(home / "config" / "vast-harness" / "config.toml", "max_minutes = 20\n")
+    (home / "project.py").write_text("print(1)\n")
+    host = tmp_path / "host"
+    p = _run("--workdir", str(home), "--remote-env", f"OUT={host}", "--", "sh", "-c", COPY_HOST,
+            home=home, sim=sim)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert ACCOUNT_KEY.encode() not in _host_bytes(host)
+    assert (host / "vh" / "work" / "project.py").is_file() and not (host / "vh" / "work" / "config").exists()
+    record = _record(home / "state")
+    left = {item["path"]: item for item in record["workdir"]["left_out"]}
+    assert left["config/vastai/vast_api_key"]["why"] == "the official CLI's API key file"
+    assert left["config/vast-harness/"]["why"] == "the harness's config directory"
+    assert left["state/"]["why"] == "the harness's state directory"
+    assert not any(item["includable"] for item in left.values())
+    for name in ("config/vastai/vast_api_key", "config/vast-harness/", "state/"):
+        assert f"{name} (" in _said(p), name
+    assert official.exists()
+
+
+def test_include_never_takes_in_the_key_file_and_must_match_a_left_out_file(sim: SimServer, tmp_path):
+    proj = _credential_workdir(tmp_path / "proj")
+    _private(proj / "vast.key", ACCOUNT_KEY)
+    base = ("--key-file", str(proj / "vast.key"), "--workdir", str(proj), "--dry-run")
+    refused = _run(*base, "--include", "vast.key", "--", "true", sim=sim, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "--include vast.key: vast.key in" in _said(refused)
+    assert "is the API key file (--key-file); it is never uploaded" in _said(refused)
+    unused = _run(*base, "--include", "train.py", "--", "true", sim=sim, cwd=tmp_path)
+    assert unused.returncode == 2 and "--include 'train.py' matches no file left out" in _said(unused)
+
+
+# ----------------------------------------------------------------------------------------- credential files
+
+
+def test_credential_files_are_left_out_by_family_and_named_in_the_dry_run(sim: SimServer, tmp_path):
+    proj = _credential_workdir(tmp_path / "proj")
+    sel = select_workdir(proj)
+    assert {item.path: item.why for item in sel.left_out} == CREDENTIALS
+    assert all(item.includable for item in sel.left_out)
+    assert sorted(f.rel for f in sel.files) == sorted(KEPT)
+    p = _run("--workdir", str(proj), "--dry-run", "--", "python", "train.py", sim=sim, cwd=tmp_path,
+             key="0123456789abcdef")
+    assert p.returncode == 0, p.stderr
+    shown = _said(p)
+    for rel, why in CREDENTIALS.items():
+        assert f"{rel} ({why}" in shown, (rel, shown)
+    assert "--include PATH" in shown
+    js = _run("--workdir", str(proj), "--dry-run", "--json", "--", "true", sim=sim, cwd=tmp_path,
+              key="0123456789abcdef")
+    left = json.loads(js.stdout)["workdir"]["left_out"]
+    assert {item["path"] for item in left} == set(CREDENTIALS)
+
+
+@pytest.mark.parametrize(("rel", "family"), [
+    (".env", "dotenv file"), ("deploy/prod.env", "dotenv file"), ("a/.env.local", "dotenv file"),
+    (".env.example", None), (".env/lib/python3.12/site.py", None),  # a virtualenv called .env is not a dotenv file
+    ("home/.ssh/id_ed25519", "SSH private key"), ("home/.ssh/id_ed25519.pub", None),
+    ("x/.config/gcloud/credentials.db", "cloud credentials"), ("gcloud/credentials.db", None),
+    ("x/.aws/credentials", "cloud credentials"), ("x/.aws/config", None), ("aws/credentials", None),
+    ("x/.kube/config", "kube config"), ("prod.kubeconfig", "kube config"), ("src/config.py", None),
+    (".cache/huggingface/token", "Hugging Face token"), ("token", None), ("tls/site.key", "TLS private key"),
+])
+def test_a_credential_is_known_by_its_name_its_path_end_or_its_folder(rel, family):
+    from vast_harness.spec.credentials import credential_family
+
+    assert credential_family(rel) == family
+
+
+def test_credential_files_stay_home_in_a_run_and_include_takes_one_in(sim: SimServer, tmp_path):
+    """A real run: no credential's bytes on the host but the one taken in with --include; the console and the
+    record name every one left out."""
+    proj = _credential_workdir(tmp_path / "proj")
+    host = tmp_path / "host"
+    evidence = tmp_path / "ev"
+    p = cli("run", "--sim", "--workdir", str(proj), "--include", ".netrc", "--remote-env", f"OUT={host}",
+            "--remote-env", "HF_TOKEN=hf_x", "--evidence-dir", str(evidence), "--", "sh", "-c", COPY_HOST,
+            cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    on_host = _host_bytes(host)
+    for rel in CREDENTIALS:
+        assert (_secret(rel).encode() in on_host) == (rel == ".netrc"), rel
+    for rel in KEPT:
+        assert (host / "vh" / "work" / rel).is_file(), rel
+    record = _record(evidence)
+    assert {item["path"] for item in record["workdir"]["left_out"]} == set(CREDENTIALS) - {".netrc"}
+    assert record["workdir"]["included"] == [".netrc"]
+    for rel in set(CREDENTIALS) - {".netrc"}:
+        assert f"{rel} ({CREDENTIALS[rel]}" in _said(p), rel
+    assert "--remote-env HF_TOKEN looks like a secret: pass it as --remote-secret HF_TOKEN" in _said(p)
+
+
+def test_a_profile_workdir_takes_credentials_in_with_its_include_field(tmp_path):
+    from vast_harness.spec.profile import load_profile
+
+    smoke = (ROOT / "profiles" / "harness" / "smoke.toml").read_text()
+    image = next(line for line in smoke.splitlines() if line.startswith("image ="))
+    _credential_workdir(tmp_path / "proj")
+    (tmp_path / "mine.toml").write_text(
+        f'name = "mine"\n{image}\nimage_cuda = 12.8\n[caps]\nmax_usd = 1\nmax_minutes = 20\n'
+        '[workdir]\npath = "proj"\ninclude = [".npmrc"]\n[[steps]]\nname = "t"\nrun = "true"\n')
+    prof = load_profile(str(tmp_path / "mine.toml"))
+    assert prof.workdir is not None and prof.workdir.include == [".npmrc"]
+    sel = select_workdir(Path(prof.workdir.path), include=prof.workdir.include)
+    assert ".npmrc" in [f.rel for f in sel.files] and sel.included == [".npmrc"]
+    (tmp_path / "empty.toml").write_text((tmp_path / "mine.toml").read_text().replace('path = "proj"', 'path = ""'))
+    with pytest.raises(ConfigError, match="the workdir path is empty"):
+        load_profile(str(tmp_path / "empty.toml"))
+
+
+# ----------------------------------------------------------------------------------------- settings and secrets
+
+
+@pytest.mark.parametrize("name", ["GITHUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET", "PASSWORD", "db_password"])
+def test_a_token_like_remote_env_name_gets_a_hint_to_use_remote_secret(name, sim: SimServer, tmp_path):
+    p = _run("--workdir", str(EXAMPLE), "--dry-run", "--remote-env", f"{name}=x", "--remote-env", "EPOCHS=2",
+            "--", "true", sim=sim, cwd=tmp_path, key="0123456789abcdef")
+    assert p.returncode == 0, p.stderr
+    said = _said(p)
+    assert f"--remote-env {name} looks like a secret: pass it as --remote-secret {name}" in said
+    assert "--remote-env EPOCHS" not in said
+
+
+def test_an_empty_secret_is_bad_input(sim: SimServer, tmp_path):
+    base = ("--workdir", str(EXAMPLE), "--dry-run")
+    given = _run(*base, "--remote-secret", "K=", "--", "true", sim=sim, cwd=tmp_path, key="0123456789abcdef")
+    assert given.returncode == 2 and "--remote-secret K: the value is empty" in _said(given)
+    from_env = _run(*base, "--remote-secret", "K", "--", "true", sim=sim, cwd=tmp_path, key="0123456789abcdef",
+                   env={"K": ""})
+    assert from_env.returncode == 2 and "--remote-secret K: the value is empty" in _said(from_env)
+    secrets = _private(tmp_path / "secrets", "A=1\nK=\n")
+    from_file = _run(*base, "--remote-secret-file", str(secrets), "--", "true", sim=sim, cwd=tmp_path,
+                    key="0123456789abcdef")
+    assert from_file.returncode == 2 and "K: the value is empty" in _said(from_file)
+    assert _run(*base, "--remote-env", "K=", "--", "true", sim=sim, cwd=tmp_path,
+               key="0123456789abcdef").returncode == 0  # a setting may be empty
+
+
+def test_an_empty_workdir_is_bad_input_not_the_current_directory(sim: SimServer, tmp_path):
+    from vast_harness import api
+
+    (tmp_path / ".env").write_text("SECRET=1\n")
+    p = _run("--workdir", "", "--dry-run", "--", "true", sim=sim, cwd=tmp_path, key="0123456789abcdef")
+    assert p.returncode == 2 and "--workdir is empty" in _said(p)
+    with pytest.raises(ConfigError, match="workdir is empty"):
+        api.run_workload(["true"], workdir="", sim=True, dry_run=True)
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"max_usd": "abc"}, "max_usd"), ({"max_usd": True}, "max_usd"), ({"num_gpus": 1.7}, "num_gpus"),
+    ({"max_minutes": "ten"}, "max_minutes"), ({"num_gpus": True}, "num_gpus"), ({"boot_retries": 0.5}, "boot_retries"),
+    ({"workdir_max_mb": "big"}, "workdir_max_mb"), ({"min_gpu_ram_gb": [1]}, "min_gpu_ram_gb"),
+    ({"dry_run": "yes"}, "dry_run"), ({"key_file": 3}, "key_file"),
+], ids=lambda v: repr(v) if not isinstance(v, str) else v)
+def test_run_workload_refuses_a_wrong_type_as_config_error_naming_the_argument(kwargs, field, sim: SimServer,
+                                                                              monkeypatch):
+    from vast_harness import api
+
+    monkeypatch.setenv("VAST_API_KEY", "0123456789abcdef")
+    calls_before = len(sim.state()["calls"])
+    with pytest.raises(ConfigError, match=f"run_workload: {field} ") as refused:
+        api.run_workload(["true"], workdir=EXAMPLE, api_url=sim.url, **kwargs)
+    assert refused.value.exit_code == 2
+    assert sim.state()["calls"][calls_before:] == []
+
+
+def test_a_hard_link_to_the_key_file_stays_home_too(tmp_path):
+    """The key file is left out by what it is (device and inode), not by its spelling: a second path to it
+    (a hard link) stays home too."""
+    from vast_harness.spec.workdir import NeverUpload
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "a.py").write_text("1\n")
+    key = _private(tmp_path / "outside.key", ACCOUNT_KEY)
+    os.link(key, proj / "renamed.txt")
+    assert stat.S_IMODE((proj / "renamed.txt").stat().st_mode) == 0o600
+    sel = select_workdir(proj, never_upload=[NeverUpload(path=key, why="the API key file (--key-file)")])
+    assert [f.rel for f in sel.files] == ["a.py"]
+    assert [(i.path, i.why) for i in sel.left_out] == [("renamed.txt", "the API key file (--key-file)")]
