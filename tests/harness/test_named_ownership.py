@@ -322,11 +322,13 @@ def test_kill_9_then_reap_with_a_lagging_named_decoy(sim, tmp_path):
     ours = [i for i in sim.state()["instances"] if (i["label"] or "").startswith("vh-")]
     assert ours
     assert code == 3 or not any(i["live"] for i in ours), code
-    time.sleep(max(0.0, row(sim, decoy)["created_at"] + 9 - time.time()))
+    time.sleep(max(0.0, max(i["created_at"] for i in ours) + 9 - time.time()))  # every lag is over
+    out = Said()
     with VastClient(key, base_url=sim.url, pacing_scale=SCALE) as client:
-        reap_all(spec, client, Output(quiet=True))
+        code = reap_all(spec, client, out)
     assert_left_alone(sim, decoy)
-    assert not any(i["live"] for i in sim.state()["instances"] if (i["label"] or "").startswith("vh-"))
+    assert not [i["id"] for i in sim.state()["instances"] if (i["label"] or "").startswith("vh-") and i["live"]], \
+        (code, out.said)
 
 
 class Said(Output):

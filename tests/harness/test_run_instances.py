@@ -157,7 +157,7 @@ def test_the_guard_forgets_a_disowned_instance_it_was_told_of(owner):
     """A create's answer named it, so the guard was told (`named`); its row then showed another label. When the
     guard fires it deletes the run's instances and not that one: it is not even among what it names."""
     theirs, ours = owner.rent("prod-database"), owner.rent(owner.label)
-    owner.instances.named(theirs)
+    owner.instances.named(theirs, owner.label)
     inst = owner.booked(theirs)
     owner.booked(ours, seen=True)
     with pytest.raises(CreateUnresolved):

@@ -79,6 +79,7 @@ class RunInstances:
         self.book = book if book is not None else RentBook()
         self._disowning = threading.Lock()  # the guard's thread and the run's may find one instance at once
         self._label_ids: set[int] = set()  # rows the guard's reads showed with one of the run's labels
+        self._named_labels: dict[int, str] = {}  # what each create answer named -> the label that create sent
         self.guard = CapGuard(meter=meter, live=self.live_ids, delete=self._guard_delete, on_fire=on_guard_fired,
                               describe_now=describe_now, owned=self.guard_may_delete)
 
@@ -87,9 +88,10 @@ class RunInstances:
         return self.meter.now
 
     # ------------------------------------------------------------------------------------ the cap guard's
-    def named(self, instance_id: int) -> None:
-        """A create's answer named `instance_id`: it bills from now, booked or not, so the guard asks about it too
-        (and deletes it once a read has shown the run's label on it)."""
+    def named(self, instance_id: int, label: str) -> None:
+        """A create's answer for `label` named `instance_id`: it bills from now, booked or not, so the guard asks
+        about it too (and deletes it once a read has shown `label` on its row)."""
+        self._named_labels[instance_id] = label
         self.guard.note(instance_id)
 
     def live_ids(self) -> list[int]:
@@ -106,12 +108,19 @@ class RunInstances:
             return "not_ours"
         if instance_id in self._label_ids:  # a row with the run's label, found by the guard's own read
             return "ours"
+        within_s = max(MIN_GUARD_READ_S, min(OWNERSHIP_GUARD_READ_S, (self.meter.hard_deadline() - self.clock()) / 3))
         inst = next((i for i in self.book.created if i.instance_id == instance_id), None)
-        if inst is None:  # named a moment ago and not booked yet: which label it must carry is not known here
-            return "unproven"
+        if inst is None:  # named a moment ago, not booked yet (its ledger line is being written): its row decides
+            label = self._named_labels.get(instance_id)
+            if label is None:
+                return "unproven"
+            unbooked = read_owner(self.client, instance_id, label, within_s=within_s, clock=self.clock)
+            if unbooked.kind == "ours":
+                self._label_ids.add(instance_id)
+                return "ours"
+            return "not_ours" if unbooked.kind == "theirs" else "unproven"  # the teardown disowns it once booked
         if not _unread(inst):
             return "ours"
-        within_s = max(MIN_GUARD_READ_S, min(OWNERSHIP_GUARD_READ_S, (self.meter.hard_deadline() - self.clock()) / 3))
         owner = read_owner(self.client, instance_id, inst.label, within_s=within_s, clock=self.clock)
         if owner.kind == "ours":
             self._own_row(inst, owner, record=False)

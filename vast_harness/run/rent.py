@@ -252,7 +252,8 @@ def create_one(t: RunTools, s: RunState, cand: Candidate, label: str) -> CreateO
     try:
         outcome = create(t.client, t.ledger, run_id=s.run_id, offer_id=cand.offer.id,
                          request=request, lag_wait_s=max(spec.poll_s, 0.2),
-                         lag_window_s=s.read_lag_window_s, clock=t.clock, on_named=t.instances.named,
+                         lag_window_s=s.read_lag_window_s, clock=t.clock,
+                         on_named=lambda instance_id: t.instances.named(instance_id, label),
                          dph_usd=cand.quote.dph_at_disk_usd)
     except LedgerWriteError as exc:  # the intent never reached the disk, so no PUT was sent: nothing to look for
         book.withdraw(label)

@@ -16,6 +16,7 @@ from vast_harness.host.deadman import read_log
 from vast_harness.instance.lifecycle import find_by_label, teardown_instance
 from vast_harness.records import CreatedInstance, DeleteAck, InstanceTeardown, ProofRound
 from vast_harness.run.instance_reads import LAST_PRICE_READ_RETRY_S
+from vast_harness.run.instances import NotOurs
 from vast_harness.run.state import RunState, Stage
 from vast_harness.run.tools import RunTools, signalled
 
@@ -110,16 +111,12 @@ def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance, *,
     claim = t.instances.claim(inst)  # from here the guard leaves it to us
     if not claim.ours:
         return None
-    while True:
-        not_ours = t.instances.check_before_delete(inst)  # a create answer may have named another's
-        if not_ours is None or not_ours.row_label is not None or inst.instance_id in t.book.left_alone \
-                or owner_until is None or t.clock() + t.spec.proof_interval_s > owner_until:
-            break
-        time.sleep(t.spec.proof_interval_s)
-    if not_ours is not None:
-        for instance_id in not_ours.label_rows:  # the run's own, whatever the create answered: deleted now
-            _delete_stray(t, s, inst.label, instance_id)
-        return None
+    if claim.ack is None:  # the guard's DELETE goes only to a row a read showed with the run's label: no re-read
+        not_ours = _ask_owner(t, inst, owner_until)  # a create answer may have named another's
+        if not_ours is not None:
+            for instance_id in not_ours.label_rows:  # the run's own, whatever the create answered: deleted now
+                _delete_stray(t, s, inst.label, instance_id)
+            return None
     guard_ack = claim.ack
     deadline = t.clock() + s.teardown_budget_s
     # A full disk must not stop a DELETE or its proof: the ledger records a failed write and goes on.
@@ -149,6 +146,17 @@ def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance, *,
     inst.absence = report.verdict
     t.book.torn_down(report)
     return report
+
+
+def _ask_owner(t: RunTools, inst: CreatedInstance, until: float | None) -> NotOurs | None:
+    """Whose `inst` is (`RunInstances.check_before_delete`), asked again every proof interval until `until` while
+    no read can show its row."""
+    while True:
+        not_ours = t.instances.check_before_delete(inst)
+        if not_ours is None or not_ours.row_label is not None or inst.instance_id in t.book.left_alone \
+                or until is None or t.clock() + t.spec.proof_interval_s > until:
+            return not_ours
+        time.sleep(t.spec.proof_interval_s)
 
 
 def stop_billing_at(t: RunTools, inst: CreatedInstance, ack: DeleteAck) -> None:
