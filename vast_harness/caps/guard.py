@@ -135,7 +135,12 @@ class CapGuard:
         ours: list[int] = []
         unproven: list[int] = []
         for instance_id in targets:  # whose each is, before any DELETE: a create answer can name another's
-            answer = self._owned(instance_id)
+            try:
+                answer = self._owned(instance_id)
+            except RuntimeError:  # httpx: the run ended and closed its client under this read
+                if not self._stop.is_set():
+                    raise
+                answer = "unproven"
             if answer == "ours":
                 ours.append(instance_id)
                 continue

@@ -170,6 +170,9 @@ class RunInstances:
             self._own_row(inst, owner)
             return None
         label_rows = tuple(i for i in owner.label_rows if i not in self.book.known_ids())
+        for row_id in label_rows:  # the run's: the guard deletes them by the cap if the teardown is not there yet
+            self._label_ids.add(row_id)
+            self.guard.note(row_id)
         if owner.kind == "theirs":
             self._disown(inst, owner.row_label, warning=(
                 f"instance {inst.instance_id}, which the create answer named, carries {_carries(owner.row_label)}, "
