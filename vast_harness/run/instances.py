@@ -78,7 +78,7 @@ class RunInstances:
         self.client, self.ledger, self.run_id, self.meter, self.out = client, ledger, run_id, meter, out
         self.book = book if book is not None else RentBook()
         self._disowning = threading.Lock()  # the guard's thread and the run's may find one instance at once
-        self._label_ids: set[int] = set()  # rows the guard's reads showed with one of the run's labels
+        self._label_ids: set[int] = set()  # rows an ownership read showed with one of the run's labels: the run's
         self._named_labels: dict[int, str] = {}  # what each create answer named -> the label that create sent
         self.guard = CapGuard(meter=meter, live=self.live_ids, delete=self._guard_delete, on_fire=on_guard_fired,
                               describe_now=describe_now, owned=self.guard_may_delete)
@@ -106,7 +106,7 @@ class RunInstances:
         rows that carry the run's label are noted: the guard deletes them in its next pass."""
         if instance_id in self.book.disowned or instance_id in self.book.left_alone:
             return "not_ours"
-        if instance_id in self._label_ids:  # a row with the run's label, found by the guard's own read
+        if instance_id in self._label_ids:  # a row with the run's label, found by an ownership read
             return "ours"
         within_s = max(MIN_GUARD_READ_S, min(OWNERSHIP_GUARD_READ_S, (self.meter.hard_deadline() - self.clock()) / 3))
         inst = next((i for i in self.book.created if i.instance_id == instance_id), None)
