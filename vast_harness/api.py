@@ -167,7 +167,7 @@ def run_workload(
                 from vast_harness.host.bundle import bundle_for
                 from vast_harness.market.plan import plan_run
 
-                check_minimum_cap(target.caps.max_minutes, target.timings)
+                check_minimum_cap(target.caps.max_minutes, target.timings, target.profile.receipt)
                 try:
                     plan = plan_run(target, client, drivers, bundle_for(target))
                 except NoOfferError as exc:  # the run would exit 5 here: so does its preview, with the reasons

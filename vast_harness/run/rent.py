@@ -71,7 +71,7 @@ def preflight(t: RunTools, s: RunState, key_dir: Path) -> Bundle:
     """Refuse what cannot be kept before anything is rented; then register, plan, and make the run's key."""
     s.stage = Stage.PREFLIGHT
     t.phases.start("plan")
-    check_minimum_cap(t.spec.caps.max_minutes, t.spec.timings)
+    check_minimum_cap(t.spec.caps.max_minutes, t.spec.timings, t.spec.profile.receipt)
     check_evidence_dir(t.spec.evidence_dir, "the evidence dir")  # full or read-only: rent nothing
     register(t, s)  # before anything is rented: from now on a reap sees this run as live
     bundle = bundle_for(t.spec)  # a `run`'s workdir, else the harness's own payload

@@ -32,6 +32,7 @@ from vast_harness.spec.profile import (
     validation_message,
     with_image_expect,
 )
+from vast_harness.spec.receipt import check_receipt_budget
 from vast_harness.spec.references import check_gates, load_references
 from vast_harness.spec.requires import MAX_GPU_RAM_GIB, MIB_PER_GIB
 from vast_harness.spec.user import CONFIG_FILE, OFFICIAL_CLI_KEY_FILE, UserConfig, config_home, read_api_key
@@ -432,6 +433,7 @@ def resolve(
     table = Timings.sim() if o.sim else Timings.real()
     try:
         timings = Timings.model_validate(table.model_dump() | {k: v for k, v in timing_flags.items() if v is not None})
+        check_receipt_budget(prof.receipt, timings)
         return RunSpec(
             profile=prof,
             filters=filters,
