@@ -308,7 +308,7 @@ def test_kill_9_then_reap_with_a_lagging_named_decoy(sim, tmp_path):
     sim.set_faults("read_lag:8")
     decoy = rent_decoy(sim, key)
     sim.set_faults("read_lag:8;wrong_contract")
-    proc = spawn("--profile", "smoke", "--max-usd", "0.5", "--max-minutes", "3", "--proof-interval", "0.5",
+    proc = spawn("--profile", "smoke", "--max-usd", "0.5", "--max-minutes", "5", "--proof-interval", "0.5",
                  "--poll-interval", "0.25", "--api-url", sim.url, "--pacing-scale", str(SCALE),
                  home=tmp_path, key=key, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert wait_for_create(sim, key), "the run never sent its create"

@@ -105,7 +105,7 @@ def owner(sim: SimServer, tmp_path: Path):
     try:
         yield o
     finally:
-        o.instances.guard.stop()
+        o.instances.guard.stop(wait_s=5.0)  # a read it has in flight ends before the client closes
         o.client.close()
 
 

@@ -75,9 +75,12 @@ class CapGuard:
             self._thread = threading.Thread(target=self._watch, name="vh-cap-guard", daemon=True)
             self._thread.start()
 
-    def stop(self) -> None:
-        """The teardown is over: nothing is left for the guard. A DELETE it has in flight finishes on its own."""
+    def stop(self, *, wait_s: float = 0.0) -> None:
+        """The teardown is over: nothing is left for the guard. A DELETE or a read it has in flight finishes on its
+        own; `wait_s`: wait that long for it (whoever closes the client next)."""
         self._stop.set()
+        if wait_s > 0 and self._thread is not None:
+            self._thread.join(wait_s)
 
     @property
     def fired(self) -> bool:
