@@ -271,6 +271,7 @@ def create_one(t: RunTools, s: RunState, cand: Candidate, label: str) -> CreateO
                            seen=outcome.status == "found_after_unknown")  # found in the list by label
     book.rented(inst)
     start_meter(t, inst, cand)  # the money clock starts now, at this offer's price
+    t.notify.rented(inst, gpu_name=cand.offer.gpu_name, num_gpus=cand.offer.num_gpus)
     if t.on_created is not None:
         t.on_created(inst)
     return Rented(inst)
