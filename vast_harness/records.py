@@ -328,6 +328,9 @@ class AbsenceSummary(BaseModel):
     per_instance: dict[int, str]
     # creates whose outcome no read settled: an instance may exist that no teardown knows of (never "nothing")
     unresolved_labels: list[str] = Field(default_factory=list)
+    # instances a create answer named that are not (proven) the run's, and why: never deleted, billed or listed
+    # as the run's (`instances` holds none of them)
+    not_ours: dict[int, str] = Field(default_factory=dict)
 
 
 class PullRecord(BaseModel):

@@ -88,14 +88,16 @@ def test_an_instance_no_read_ever_showed_is_never_proven_gone_by_null_reads(sim,
     # Found from outside: `read_lag:200` on a 3-minute run → the DELETE answered 404 (the lag hides it from
     # DELETE too), the reads said null after the 30 s window, and the run said "gone" (exit 6) while the
     # instance ran on and billed. A create's id that no read ever showed is not proven gone by null reads
-    # while a longer lag is possible: the run exits 3 and reap keeps it until a read or a DELETE sees it.
+    # while a longer lag is possible: the run exits 3 and reap keeps it until a read sees it. No read showed its
+    # label either, so no DELETE goes to it (red team 42: the id may be another's): it is left alone, said.
     sim.set_faults("read_lag:6")
     spec = make_spec(sim, tmp_path, OK)
     r = guarded(sim, spec, on_created=_ctrl_c_after_create, read_lag_window_s=0.5, teardown_budget_s=2.0)
     result = execute(r)
     assert [i["live"] for i in of_run(sim, r)] == [True]  # the truth: it runs, hidden by the lag
     assert result.exit_code == 3, result.message
-    assert r.teardowns[0].verdict != "gone"
+    assert not r.teardowns and list(r.book.left_alone) == [of_run(sim, r)[0]["id"]]
+    assert "left alone (not proven ours)" in result.message
     with monkeypatch.context() as m, VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         m.setattr("vast_harness.caps.meter.TEARDOWN_MIN_S", 1.0)  # a reap that ends while the lag still hides it
         assert reap_all(spec, client, Output(quiet=True)) == 3  # not proven, never "all absent"

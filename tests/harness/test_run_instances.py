@@ -105,7 +105,7 @@ def owner(sim: SimServer, tmp_path: Path):
     try:
         yield o
     finally:
-        o.instances.guard.stop()
+        o.instances.guard.stop(wait_s=5.0)  # a read it has in flight ends before the client closes
         o.client.close()
 
 
@@ -136,7 +136,7 @@ def test_a_row_with_another_label_or_none_is_disowned_once_whichever_moment_find
         assert raised.value.label == owner.label
 
     def guard() -> None:
-        assert owner.instances.guard_may_delete(theirs) is False
+        assert owner.instances.guard_may_delete(theirs) == "not_ours"
 
     def teardown() -> None:
         assert owner.instances.check_before_delete(inst) == NotOurs(row_label=decoy_label or "")
@@ -157,7 +157,7 @@ def test_the_guard_forgets_a_disowned_instance_it_was_told_of(owner):
     """A create's answer named it, so the guard was told (`named`); its row then showed another label. When the
     guard fires it deletes the run's instances and not that one: it is not even among what it names."""
     theirs, ours = owner.rent("prod-database"), owner.rent(owner.label)
-    owner.instances.named(theirs)
+    owner.instances.named(theirs, owner.label)
     inst = owner.booked(theirs)
     owner.booked(ours, seen=True)
     with pytest.raises(CreateUnresolved):
@@ -169,31 +169,76 @@ def test_the_guard_forgets_a_disowned_instance_it_was_told_of(owner):
 
 
 @pytest.mark.parametrize("faults", [None, "5xx:list:*;5xx:show:*"], ids=["no row", "reads fail"])
-def test_a_row_that_cannot_be_read_decides_nothing(owner, faults):
-    """No row (reads lag creates), or reads that fail: the instance stays the run's and is deleted as before."""
+def test_a_row_that_cannot_be_read_is_never_deleted(owner, faults):
+    """No row (reads lag creates), or reads that fail: only the create's answer says the instance is the run's, and
+    that answer is what a wrong `new_contract` corrupts. Neither the teardown nor the guard deletes it; it stays
+    booked (the label sweep asks again), and a teardown that ends so leaves it alone, said."""
     theirs = owner.rent("prod-database")
     inst = owner.booked(theirs + 10_000 if faults is None else theirs)  # no such instance, or one we cannot read
     owner.sim.set_faults(faults)
-    assert owner.instances.check_before_delete(inst) is None
-    assert owner.instances.guard_may_delete(inst.instance_id) is True
+    assert owner.instances.check_before_delete(inst, within_s=0.5) == NotOurs(row_label=None)
+    assert owner.instances.guard_may_delete(inst.instance_id) == "unproven"
     assert owner.instances.book.created == [inst] and not owner.instances.book.disowned
     assert not owner.disowned_lines() and not owner.out.warnings
+    owner.fire_guard()
+    assert not owner.deletes_of(inst.instance_id), "the guard deleted an instance no read has shown as the run's"
+    assert len(owner.fired) == 1 and "sent no DELETE" in owner.fired[0] and "not proven ours" in owner.fired[0]
+    owner.instances.leave_alone(inst)
+    assert inst not in owner.instances.book.created and owner.label in owner.instances.book.unresolved
+    assert f"instance {inst.instance_id} named by the create answer; its label could not be read; left alone " \
+           "(not proven ours)" in owner.out.warnings[-1]
+    assert owner.live() >= {theirs}
+
+
+def test_the_guard_asks_again_and_deletes_once_a_read_shows_the_runs_label(owner):
+    """The guard fired while reads failed: it sent nothing. Reads come back: its next pass reads the run's label
+    on the row and deletes it, before the cap."""
+    ours = owner.rent(owner.label)
+    inst = owner.booked(ours)
+    owner.sim.set_faults("5xx:list:*;5xx:show:*")
+    owner.instances.guard.start()
+    owner.clock.now_s = T0 + MAX_S - 4.0
+    end = time.monotonic() + 5.0
+    while not owner.fired and time.monotonic() < end:
+        time.sleep(0.05)
+    assert owner.fired and not owner.deletes_of(ours)
+    owner.sim.set_faults(None)
+    end = time.monotonic() + 10.0
+    while not owner.deletes_of(ours) and time.monotonic() < end:
+        time.sleep(0.05)
+    owner.instances.guard.stop()
+    assert owner.deletes_of(ours) and ours not in owner.live() and inst.label_seen
+    claim = owner.instances.claim(inst)
+    assert claim.ours and claim.ack is not None and claim.ack.acknowledged
+
+
+def test_an_unread_instance_is_left_alone_at_once_when_the_runs_label_is_on_another(owner):
+    """No read shows the named row, but the run's label is on another instance: that one is what the create made.
+    The named one is left alone (a `disowned` line settles it for reap), the other comes back to be deleted."""
+    ours = owner.rent(owner.label)
+    inst = owner.booked(ours + 10_000)  # no such row
+    assert owner.instances.check_before_delete(inst, within_s=1.0) == NotOurs(row_label=None, label_rows=(ours,))
+    assert inst.instance_id in owner.instances.book.left_alone and inst not in owner.instances.book.created
+    assert owner.label not in owner.instances.book.unresolved, "the run's label was found: the create is settled"
+    assert [i for i, _ in owner.disowned_lines()] == [inst.instance_id]
+    assert f"is on instance {ours}" in owner.out.warnings[-1]
 
 
 def test_what_the_guard_may_delete(owner):
-    """Without a read: what a create named a moment ago (not booked yet) and what a read showed with the run's
-    label. After a read: not what carries another label; and what carries the run's label, which no create
-    named, is noted for the guard, which then deletes it."""
+    """Without a read: what a read showed with the run's label (what a create named a moment ago and the run has not
+    booked yet is not proven: asked again). After a read: not what carries another label; and what carries the
+    run's label, which no create named, is noted for the guard, which then deletes it."""
     theirs, ours = owner.rent("prod-database"), owner.rent(owner.label)
     shown = owner.booked(owner.rent(owner.label), seen=True)
     listed = owner.booked(owner.rent(owner.label), label_seen=True)
     before = owner.calls()
-    assert owner.instances.guard_may_delete(theirs), "a create named it a moment ago: not booked, not read"
-    assert owner.instances.guard_may_delete(shown.instance_id) and owner.instances.guard_may_delete(listed.instance_id)
+    assert owner.instances.guard_may_delete(theirs) == "unproven", "a create named it a moment ago: not booked"
+    assert owner.instances.guard_may_delete(shown.instance_id) == "ours"
+    assert owner.instances.guard_may_delete(listed.instance_id) == "ours"
     assert owner.calls() == before, "none of them needed a read"
     owner.booked(theirs)
-    assert owner.instances.guard_may_delete(theirs) is False
-    assert owner.instances.guard_may_delete(theirs) is False, "once disowned, it stays so"
+    assert owner.instances.guard_may_delete(theirs) == "not_ours"
+    assert owner.instances.guard_may_delete(theirs) == "not_ours", "once disowned, it stays so"
     assert len(owner.disowned_lines()) == 1
     assert sorted(owner.instances.live_ids()) == sorted([shown.instance_id, listed.instance_id])
     owner.fire_guard()
@@ -218,10 +263,13 @@ def test_without_a_row_of_the_runs_label_the_create_stays_unknown(owner):
     assert owner.label in owner.instances.book.unresolved, "the label sweep looks for it"
 
 
-def test_the_teardown_leaves_an_instance_the_guards_delete_is_out_for(owner):
-    """The guard claimed it (its own ownership read came first): the teardown takes its answer, no second read."""
-    inst = owner.booked(owner.rent("prod-database"))
-    owner.instances.guard.claim(inst.instance_id)
+def test_an_instance_the_guard_read_as_the_runs_needs_no_second_read(owner):
+    """The guard read the unread row, found the run's label and deleted it: the teardown takes its answer, and its
+    own ownership check makes no second read."""
+    ours = owner.rent(owner.label)
+    inst = owner.booked(ours)
+    owner.fire_guard()
+    assert owner.deletes_of(ours) and inst.label_seen
     before = owner.calls()
     assert owner.instances.check_before_delete(inst) is None
     assert owner.calls() == before and not owner.disowned_lines()
@@ -236,8 +284,7 @@ def test_an_instance_the_guard_found_not_ours_is_not_deleted_by_the_teardown_tha
     owner.fire_guard()
     assert theirs in owner.instances.book.disowned and owner.deletes_of(theirs) == []
     claim = owner.instances.claim(inst)
-    assert not claim.ours and claim.ack is None
-    assert owner.instances.check_before_delete(inst) is None, "claimed: the teardown asks no second read"
+    assert not claim.ours and claim.ack is None  # the teardown stops there: no read, no DELETE
     assert theirs in owner.live()
 
 

@@ -10,6 +10,12 @@ confirmation). Only instances of this reap's own target (API URL and account) ar
 account's key a per-id `null` means "not visible to this key", not "gone", so those are reported as
 unproven, and so are ledger lines that carry no target. Exit 0 when every orphan is proven gone and every
 scan answered, whatever live runs it left. Also removes the one-time SSH keys that killed runs left behind.
+
+A ledger's id is deleted only once a read has shown its row with the label the ledger gives it (a run's own read,
+recorded as `seen`, or this reap's: the list, else a look at the row until the teardown budget ends,
+instance/ownership.py): a create answer can name another's instance, and a row no read can show proves nothing.
+One whose row carries another label, or that stays unread, is left alone, and the label is looked for instead: an
+instance that carries it is the create's own, and is deleted.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ from vast_harness.console.terminal import terminal_safe
 from vast_harness.errors import AuthError, ExitCode, VastError
 from vast_harness.evidence.run import RunEvidence
 from vast_harness.host.ssh import RUN_KEY_DIR_GLOB, run_key_dir_pid
-from vast_harness.instance.absence import UNSEEN_TRUST_AFTER_S, is_lingering
+from vast_harness.instance.absence import UNSEEN_TRUST_AFTER_S, is_lingering, prove_absent
 from vast_harness.instance.lifecycle import teardown_instance
+from vast_harness.instance.ownership import Owner, await_owner
 from vast_harness.records import InstanceTeardown
 from vast_harness.run.hold import close_hold_record, finish_hold, switch_ended_unix
 from vast_harness.spec.resolve import RunSpec
@@ -50,6 +57,7 @@ from vast_harness.views.orphans import LiveInstance, judge
 LABEL_SWEEP_AFTER_S = UNSEEN_TRUST_AFTER_S
 # Key dirs of runs from before the pid was in the name: removed once older than any run can last.
 LEGACY_KEY_DIR_AGE_S = 8 * 24 * 3600.0
+OWNERSHIP_LOOK_S = 3.0  # one look at an unread ledger id's row and its label's rows (await_owner)
 
 
 class ReapOutcome(BaseModel):
@@ -58,7 +66,10 @@ class ReapOutcome(BaseModel):
     not_proven: list[str] = Field(default_factory=list)  # one line per thing reap could not prove
     foreign: list[int] = Field(default_factory=list)
     unresolved_labels: list[str] = Field(default_factory=list)  # creates of unknown outcome, no instance seen yet
-    unseen: dict[int, float] = Field(default_factory=dict)  # ledger ids no read has shown -> their create's age (s)
+    # ledger ids no read has shown (their label unread: read before any DELETE) -> their create's age (s)
+    unseen: dict[int, float] = Field(default_factory=dict)
+    # ledger ids whose row carries another label -> (the ledger's label, the row's, the ledger's run): never deleted
+    foreign_rows: dict[int, tuple[str, str, str]] = Field(default_factory=dict)
     live: list[LiveInstance] = Field(default_factory=list)
     orphan_why: dict[int, str] = Field(default_factory=dict)
     listed_dph_usd: dict[int, float] = Field(default_factory=dict)  # an orphan's $/h as its list row states it
@@ -237,10 +248,9 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
                 continue
             if row is not None and (row.label or "") != entry.label:
                 # Only what carries the run's own label is deleted as the run's: a forged or mistaken ledger
-                # line (or a create answer that named another instance) must not delete the user's own.
-                result.not_proven.append(
-                    f"instance {instance_id} is named by the ledger as {entry.label!r} but its row carries the label "
-                    f"{row.label!r}: not deleted (it is not this run's); if it is yours to delete, delete it by hand")
+                # line (or a create answer that named another instance) must not delete the user's own. The
+                # label is looked for below: an instance that carries it is the create's own.
+                result.foreign_rows[instance_id] = (entry.label, row.label or "", entry.run_id)
                 continue
             if not decide(instance_id, entry.label, entry.run_id):
                 continue
@@ -281,12 +291,94 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
                 result.not_proven.append(f"label {label}: a create {age_s:.0f} s ago has an unknown outcome and no "
                                          f"instance carries the label yet; run reap again later (it keeps looking "
                                          f"until {LABEL_SWEEP_AFTER_S / 3600:g} h after the create)")
+    for instance_id, (label, row_label, owner_run) in sorted(result.foreign_rows.items()):
+        on_label = _label_instances(client, label) or []
+        for other in on_label:
+            if other not in result.labels and decide(other, label, owner_run):
+                result.labels[other] = label
+        if not on_label:
+            result.not_proven.append(
+                f"instance {instance_id} is named by the ledger as {label!r} but its row carries the label "
+                f"{row_label!r}: not deleted (it is not this run's); if it is yours to delete, delete it by hand")
+            continue
+        _disown(src, run_id, instance_id, label, f"its row carries the label {row_label!r}; the run's label is on "
+                f"instance {', '.join(str(i) for i in on_label)}", out)
     if listed:
         for inst in rows.values():
             label = inst.label or ""
             if label.startswith(LABEL_PREFIX) and inst.id not in result.labels and not is_lingering(inst) \
                     and decide(inst.id, label, None):
                 result.labels[inst.id] = label
+
+
+def _label_instances(client: VastClient, label: str) -> list[int] | None:
+    """The live instances whose rows carry `label` (None when the list cannot be read)."""
+    try:
+        return [i.id for i in client.list_instances(label=label) if not is_lingering(i) and i.label == label]
+    except VastError:
+        return None
+
+
+def _disown(src: _Sources, run_id: str, instance_id: int, label: str, why: str, out: Output) -> None:
+    """A ledger id that is not the create's (the label is on another instance): never deleted, and a `disowned`
+    line settles it, so no later reap asks again."""
+    _FanOut(src.where(instance_id=instance_id, label=label)).append(run_id, "disowned", label,
+                                                                    instance_id=instance_id, detail=why)
+    out.warn(f"instance {instance_id}, which the ledger names as {label!r}, is not that create's: {why}; left alone")
+
+
+def _unread_line(instance_id: int, label: str, age_s: float) -> str:
+    return (f"instance {instance_id} ({label}) named by the create answer; its label could not be read; left alone "
+            f"(not proven ours): its create was {age_s:.0f} s ago and reads may lag a create, so no DELETE went to "
+            f"it and no instance carries the label yet; run `vast-e2e reap` again later")
+
+
+def _settle_unread(client: VastClient, spec: RunSpec, src: _Sources, result: ReapOutcome, run_id: str,
+                   instance_id: int, label: str, age_s: float, out: Output) -> tuple[bool, list[int]]:
+    """Before any DELETE of a ledger id no read has shown: look at its row and its label's rows until the teardown
+    budget ends (one look when the create is older than any read lag). (True, []) when a read shows it with its
+    label: the caller deletes it. Otherwise it is left alone and said (off `result.labels`; one older than any
+    read lag that still shows no row is proven absent by reads alone), and the instances that carry its label
+    (the create's own) come back to be deleted."""
+    patient = age_s <= UNSEEN_TRUST_AFTER_S
+    until = now_s() + (teardown_budget_s(spec.proof_interval_s) if patient else 0.0)
+    owner: Owner = await_owner(client, instance_id, label, until_mono=until, interval_s=spec.proof_interval_s,
+                               look_s=OWNERSHIP_LOOK_S)
+    ledgers = _FanOut(src.where(instance_id=instance_id, label=label))
+    result.unseen.pop(instance_id, None)
+    if owner.kind == "ours":
+        ledgers.append(run_id, "seen", label, instance_id=instance_id, detail="in the reap's ownership read")
+        return True, []
+    result.labels.pop(instance_id, None)
+    if owner.label_rows:  # the label is on another instance: that one is the create's own, this one is not
+        why = (f"its row carries the label {owner.row_label!r}" if owner.kind == "theirs"
+               else "its label could not be read")
+        _disown(src, run_id, instance_id, label, f"{why}; the run's label is on instance "
+                f"{', '.join(str(i) for i in owner.label_rows)}", out)
+        for other in owner.label_rows:
+            result.orphan_why.setdefault(other, result.orphan_why.get(instance_id, "orphan"))
+        return False, list(owner.label_rows)
+    if owner.kind == "theirs":
+        result.not_proven.append(
+            f"instance {instance_id} is named by the ledger as {label!r} but its row carries the label "
+            f"{owner.row_label!r}: not deleted (it is not this run's); if it is yours to delete, delete it by hand")
+    elif not patient:  # older than any read lag and still no row: absent, proven by reads alone (no DELETE)
+        result.reports.append(_prove_unread(client, spec, ledgers, run_id, instance_id, label))
+        result.labels[instance_id] = label
+    else:
+        result.not_proven.append(_unread_line(instance_id, label, age_s))
+    return False, []
+
+
+def _prove_unread(client: VastClient, spec: RunSpec, ledgers: _FanOut, run_id: str, instance_id: int,
+                  label: str) -> InstanceTeardown:
+    """An id its create named over `UNSEEN_TRUST_AFTER_S` ago that no read has ever shown: its null reads count
+    now, so it is proven absent without a DELETE (which could only go to an instance not proven ours)."""
+    proof = prove_absent(client, instance_id, label, interval_s=spec.proof_interval_s,
+                         deadline=now_s() + teardown_budget_s(spec.proof_interval_s))
+    ledgers.append(run_id, "absence", label, instance_id=instance_id, verdict=proof.verdict,
+                   detail="no read ever showed it and no DELETE was sent: proven absent by reads alone")
+    return InstanceTeardown(instance_id=instance_id, proof=proof, seen=False)
 
 
 def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bool = False,
@@ -321,10 +413,20 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
         scanned = True
         for live in result.live:
             out.info(live.line())
-        for instance_id, label in sorted(result.labels.items()):
+        todo = sorted(result.labels.items())
+        while todo:
+            instance_id, label = todo.pop(0)
+            age_s = result.unseen.get(instance_id)
+            if age_s is not None:  # no read has shown its label: read it before any DELETE
+                ours, found = _settle_unread(client, spec, src, result, run_id, instance_id, label, age_s, out)
+                for other in found:  # the create's own, found by its label
+                    if other not in result.labels:
+                        result.labels[other] = label
+                        todo.append((other, label))
+                if not ours:
+                    continue
             out.info(f"deleting instance {instance_id} ({label}): {result.orphan_why.get(instance_id, 'orphan')}")
             deadline = now_s() + teardown_budget_s(spec.proof_interval_s)
-            age_s = result.unseen.get(instance_id)
             if instance_id in result.listed_dph_usd:  # a killed run may never have read it: `costs` estimates at it
                 _FanOut(src.where(instance_id=instance_id, label=label)).append(
                     run_id, "repriced", label, instance_id=instance_id, dph_usd=result.listed_dph_usd[instance_id],
@@ -334,15 +436,8 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
                                            run_id=run_id, label=label, instance_id=instance_id,
                                            interval_s=spec.proof_interval_s, deadline=deadline,
                                            lag_window_s=spec.timings.read_lag_window_s,
-                                           created_mono=None if age_s is None else now_s() - age_s,
-                                           seen=age_s is None, freeze=freeze)
+                                           seen=True, freeze=freeze)  # a read has shown it with its label
             result.reports.append(report)
-            if not report.seen and report.verdict != "gone" and age_s is not None:
-                result.not_proven.append(
-                    f"instance {instance_id} ({label}): its create named it {age_s:.0f} s ago (API server's clock) "
-                    f"but no read has shown it and every DELETE answered not found; reads may lag a create, so "
-                    f"this is not proof it is gone: run reap again later (null reads count once it is "
-                    f"{UNSEEN_TRUST_AFTER_S / 3600:g} h old)")
     except KeyboardInterrupt:
         result.interrupted = True
         if not scanned:

@@ -8,7 +8,8 @@ library call that ignores its timeout, a bug. The guard does not depend on any o
 deadline is `TeardownBudget.guard_s` away, it cancels the run (exit 6) and sends the DELETE
 itself, for every instance of the run whose teardown has not claimed it; the teardown, when it gets there,
 takes the guard's answer as its first DELETE and proves absence as usual. The guard writes nothing to disk
-before its DELETE, and only ever deletes instances of this run.
+before its DELETE, and only ever deletes instances a read has shown to be this run's: one that is not proven so
+(a create answer named it, no read could show its label yet) is asked about again at its next pass.
 
 A teardown claims an instance (`claim`) before its own DELETE, so the two never race: what the guard has
 claimed the teardown waits for, and what the teardown has claimed the guard leaves alone.
@@ -19,23 +20,29 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
+from typing import Literal
 
 from vast_harness.caps.meter import CostMeter
 from vast_harness.records import DeleteAck
 
 GUARD_POLL_S = 0.25  # how often the deadline is re-read (a re-price moves it earlier)
 CLAIM_WAIT_S = 5.0  # beyond the DELETE's own bounds: how long a teardown waits for the guard's answer
+# Whose an instance is, as the guard asks before its DELETE: "ours" (a read showed the run's label: deleted),
+# "not_ours" (its row carries another label: never deleted), "unproven" (no read has shown its label: not now,
+# asked again at the next pass).
+Owned = Literal["ours", "not_ours", "unproven"]
 
 
 class CapGuard:
     def __init__(self, *, meter: CostMeter, live: Callable[[], list[int]],
                  delete: Callable[[int, float], DeleteAck], on_fire: Callable[[str], None],
-                 describe_now: Callable[[], str] = lambda: "", owned: Callable[[int], bool] = lambda _i: True) -> None:
+                 describe_now: Callable[[], str] = lambda: "",
+                 owned: Callable[[int], Owned] = lambda _i: "ours") -> None:
         """`live()`: ids of the run's instances that still bill; `delete(instance_id, land_by_mono)`: one DELETE
         of it (never raises); `on_fire(reason)`: told before the first DELETE (the run cancels itself, exit 6);
-        `describe_now()`: what the run is doing, for the reason; `owned(instance_id)`: False for an instance whose
-        row turned out to carry another label (never deleted). `note(instance_id)` adds an instance a create
-        answer named before the run has booked it."""
+        `describe_now()`: what the run is doing, for the reason; `owned(instance_id)`: whose it is (`Owned`): only
+        "ours" is deleted. `note(instance_id)` adds an instance a create answer named before the run has booked
+        it."""
         self.meter, self._live, self._delete, self._on_fire = meter, live, delete, on_fire
         self._describe_now = describe_now
         self._owned = owned
@@ -68,9 +75,12 @@ class CapGuard:
             self._thread = threading.Thread(target=self._watch, name="vh-cap-guard", daemon=True)
             self._thread.start()
 
-    def stop(self) -> None:
-        """The teardown is over: nothing is left for the guard. A DELETE it has in flight finishes on its own."""
+    def stop(self, *, wait_s: float = 0.0) -> None:
+        """The teardown is over: nothing is left for the guard. A DELETE or a read it has in flight finishes on its
+        own; `wait_s`: wait that long for it (whoever closes the client next)."""
         self._stop.set()
+        if wait_s > 0 and self._thread is not None:
+            self._thread.join(wait_s)
 
     @property
     def fired(self) -> bool:
@@ -102,6 +112,7 @@ class CapGuard:
         if done is not None:
             done.wait(CLAIM_WAIT_S + max(0.0, self.meter.hard_deadline() - self.meter.now()))
         with self._lock:
+            self._claimed.add(instance_id)  # the teardown's from here, whatever the guard decided meanwhile
             return self._acks.get(instance_id)
 
     def _watch(self) -> None:
@@ -124,27 +135,30 @@ class CapGuard:
                 return
 
     def _act(self, targets: list[int]) -> None:
+        ours: list[int] = []
+        unproven: list[int] = []
+        for instance_id in targets:  # whose each is, before any DELETE: a create answer can name another's
+            try:
+                answer = self._owned(instance_id)
+            except RuntimeError:  # httpx: the run ended and closed its client under this read
+                if not self._stop.is_set():
+                    raise
+                answer = "unproven"
+            if answer == "ours":
+                ours.append(instance_id)
+                continue
+            with self._lock:
+                self._noted.discard(instance_id)
+                if answer == "unproven":  # asked again at the next pass (a read may show its label by then)
+                    unproven.append(instance_id)
+                    self._claimed.discard(instance_id)
+                done = self._done.pop(instance_id)
+            done.set()
         if self.fired_reason is None:
-            doing = self._describe_now()
-            now = self.meter.now()
-            left_s = self.meter.hard_deadline() - now
-            if now < self._cap_point() and self._early_why:
-                when = self._early_why
-            elif left_s >= 0:
-                when = f"the {self.meter.binding_cap()} cap is {left_s:.1f} s away"
-            else:  # the process was stopped past it (SIGSTOP, a suspended machine): nothing ran until now
-                when = f"the {self.meter.binding_cap()} cap passed {-left_s:.1f} s ago"
-            self.fired_reason = (
-                f"{when} and the run had not sent its own DELETE" + (f" (it was in {doing})" if doing else "")
-                + f": the cap guard sent the DELETE for instance(s) {', '.join(str(i) for i in targets)}")
-            self._on_fire(self.fired_reason)
-        for instance_id in targets:
+            self._fire(ours, unproven)
+        for instance_id in ours:
             ack: DeleteAck | None = None
             try:
-                if not self._owned(instance_id):  # a create answer named another instance of the account
-                    with self._lock:
-                        self._noted.discard(instance_id)
-                    continue
                 ack = self._delete(instance_id, self.meter.hard_deadline())
             finally:
                 with self._lock:
@@ -155,6 +169,27 @@ class CapGuard:
                 # Billing ends at the acknowledged DELETE, whenever the run's own teardown gets to it (its main
                 # thread may be stuck on a disk that does not answer).
                 self.meter.stop_instance(instance_id, ack.t_ack_mono)
+
+    def _fire(self, ours: list[int], unproven: list[int]) -> None:
+        """The run told (cancelled, exit 6) before the guard's first DELETE, with what the guard deletes and what
+        it may not."""
+        doing = self._describe_now()
+        now = self.meter.now()
+        left_s = self.meter.hard_deadline() - now
+        if now < self._cap_point() and self._early_why:
+            when = self._early_why
+        elif left_s >= 0:
+            when = f"the {self.meter.binding_cap()} cap is {left_s:.1f} s away"
+        else:  # the process was stopped past it (SIGSTOP, a suspended machine): nothing ran until now
+            when = f"the {self.meter.binding_cap()} cap passed {-left_s:.1f} s ago"
+        sent = (f"the cap guard sent the DELETE for instance(s) {', '.join(str(i) for i in ours)}" if ours
+                else "the cap guard sent no DELETE")
+        if unproven:
+            sent += (f"; none to instance(s) {', '.join(str(i) for i in unproven)}, which a create answer named but "
+                     "no read has shown with the run's label (not proven ours)")
+        self.fired_reason = (f"{when} and the run had not sent its own DELETE" + (f" (it was in {doing})" if doing else "")
+                             + f": {sent}")
+        self._on_fire(self.fired_reason)
 
     def acknowledged(self) -> dict[int, DeleteAck]:
         """The guard's own DELETEs that the API acknowledged, by instance id."""
@@ -167,4 +202,4 @@ class CapGuard:
             return set(self._done)
 
 
-__all__ = ["CapGuard"]
+__all__ = ["CapGuard", "Owned"]

@@ -165,6 +165,12 @@ class CostMeter:
         with self._lock:
             self._instances[key] = _Accrual(dph_usd, self.clock() if t_start is None else t_start)
 
+    def forget_instance(self, key: int) -> None:
+        """Instance `key` was never the run's (a create answer named another's): what its create billed is now
+        counted on the instance that carries the run's label, from the same PUT."""
+        with self._lock:
+            self._instances.pop(key, None)
+
     def stop_instance(self, key: int, t_end: float) -> None:
         with self._lock:
             acc = self._instances.get(key)

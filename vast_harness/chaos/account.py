@@ -58,7 +58,9 @@ ACCOUNT_KINDS: tuple[AccountKind, ...] = ("two_runs_reap", "clock_ahead", "two_r
                                           "credentials_in_workdir", "daemon_command", "secret_artifact")
 CHILD_LIMIT_S = 120.0
 STEP_S = 2.5
-READ_LAG_S = 9.0  # past the child's boot timeout and teardown budget: the run cannot see its instance
+# Past all the run waits for a row it cannot read (its 3 s boot timeout, the failed boot's wait for the label, its
+# teardown's look and the label sweep, each bounded by its 4 s budget: about 12 s): the run cannot see its instance
+READ_LAG_S = 24.0
 CLOCK_STEP_S = 7200.0
 
 

@@ -53,14 +53,16 @@ def manifest_line(digest: str, name: str) -> str:
     return f"\\{digest}  {escaped}"
 
 
-def overall_absence(teardowns: list[InstanceTeardown], unresolved_labels: Iterable[str] = ()) -> AbsenceSummary:
+def overall_absence(teardowns: list[InstanceTeardown], unresolved_labels: Iterable[str] = (),
+                    not_ours: dict[int, str] | None = None) -> AbsenceSummary:
     verdicts: dict[int, str] = {t.instance_id: t.verdict for t in teardowns}
     unresolved = sorted(unresolved_labels)
     if unresolved or any(v != "gone" for v in verdicts.values()):
         verdict = "unproven"  # a create of unknown outcome may have made an instance that bills
     else:
         verdict = "gone" if verdicts else "nothing-created"
-    return AbsenceSummary(verdict=verdict, per_instance=verdicts, unresolved_labels=unresolved)
+    return AbsenceSummary(verdict=verdict, per_instance=verdicts, unresolved_labels=unresolved,
+                          not_ours=dict(not_ours or {}))
 
 
 class StepLog:
@@ -181,6 +183,7 @@ class RunEvidence:
             "instances": [t.model_dump() for t in teardowns],
             "verdict": record.absence.verdict,
             "unresolved_labels": record.absence.unresolved_labels,
+            "not_ours": {str(i): why for i, why in record.absence.not_ours.items()},
         })
         self.write_json("harness-result.json", record.model_dump(mode="json"))
         self.write_manifest()

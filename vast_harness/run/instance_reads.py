@@ -105,6 +105,8 @@ class InstanceReads:
     def on_read(self, inst: CreatedInstance, read: Instance | None) -> None:
         """Every per-id read of the rented instance: the first that shows it is recorded, and its own price
         replaces the search's when higher. Raises CapReachedError when that price breaks the cap."""
+        if read is not None and read.label != inst.label and not (inst.seen or inst.label_seen):
+            return  # a row not proven the run's (run/instances.py decides whose it is): not seen, not priced
         if read is not None and read.label == inst.label:
             inst.label_seen = True
         if read is not None and not inst.seen:
@@ -171,10 +173,15 @@ class InstanceReads:
     def on_row(self, inst: CreatedInstance, body: Any, *, source: str) -> None:
         """Every row of `inst` in a read's parsed body other than the per-id reads `on_read` takes (the v1 list
         by id, an absence-proof round's reads): a higher price re-prices the meter from the instance's start,
-        an unreadable one is recorded and the last good price kept. Bookkeeping: never raises."""
+        an unreadable one is recorded and the last good price kept. Until a read has shown the instance as the
+        run's, a row with another label, or none, counts for nothing: a create answer can name another's instance,
+        whose price is not the run's. Bookkeeping: never raises."""
+        proven = inst.seen or inst.label_seen
         for row in rows_of(body, inst.instance_id):
             if row.get("label") == inst.label:
                 inst.label_seen = True  # the run's: its DELETE needs no ownership read first
+            elif not proven:
+                continue
             price = row_price(row)
             _took(self.meter, self.out, inst, self.meter.observe_price(
                 inst.instance_id, price.dph_usd, source=source, reason=price.reason), source)

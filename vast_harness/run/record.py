@@ -18,6 +18,7 @@ from vast_harness.run.verdict import ExitFacts
 def exit_facts(t: RunTools) -> ExitFacts:
     """What the exit-code decision reads, read now (a write that fails later is named by a later read)."""
     return ExitFacts(unproven=t.book.unproven(), unresolved=sorted(t.book.unresolved), vanished=dict(t.book.vanished),
+                     left_alone=dict(t.book.left_alone),
                      over_cap=t.meter.over_cap(), write_failures=write_failures(t),
                      unqualified_ok=t.spec.unqualified_ok)
 
@@ -51,7 +52,8 @@ def build_record(t: RunTools, s: RunState, code: int, message: str) -> RunRecord
         steps=steps, pull=s.work.pull if s.work else None,
         timings=s.timings | {"workload_steps_s": round(workload_s, 3)},
         phases=[r.model_copy() for r in t.phases.records],
-        absence=overall_absence(t.book.teardowns, t.book.unresolved), api_calls=dataclasses.asdict(t.client.stats),
+        absence=overall_absence(t.book.teardowns, t.book.unresolved, not_ours=_not_ours(t)),
+        api_calls=dataclasses.asdict(t.client.stats),
         evidence_write_failures=write_failures(t),
         deadman=s.deadman.model_dump() if s.deadman else None,
         image_sent=spec.profile.image_ref.create_form,
@@ -62,3 +64,10 @@ def build_record(t: RunTools, s: RunState, code: int, message: str) -> RunRecord
         exit_code=code, message=message,
         harness={"python": sys.version.split()[0], "platform": platform.platform()},
     )
+
+
+def _not_ours(t: RunTools) -> dict[int, str]:
+    """What a create answer named that the run never took for its own, and why (it was never deleted as ours)."""
+    book = t.book
+    out = {i: f"its row carries {f'the label {lab!r}' if lab else 'no label'}" for i, lab in book.disowned.items()}
+    return out | dict(book.left_alone)

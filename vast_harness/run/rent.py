@@ -217,10 +217,12 @@ def _after_failed_boot(t: RunTools, s: RunState, inst: CreatedInstance, exc: Exc
     boot retry spent."""
     t.out.warn(f"instance {inst.instance_id} did not come up: {exc}" if not isinstance(exc, GpuMismatch | ReceiptFailed)
                else f"{exc}; deleting it")
-    report = teardown_one(t, s, inst)
-    if report is None:  # the cap guard found its row carries another label: the create's outcome is unknown again
-        raise CreateUnresolved(f"instance {inst.instance_id}, which the create answer named, is not this run's: "
-                               "whether the create made an instance of ours is unknown", label=inst.label) from None
+    report = teardown_one(t, s, inst, owner_until=t.clock() + s.teardown_budget_s)
+    if report is None:  # not proven the run's: never deleted as ours, and the create's outcome is unknown again
+        why = ("is not this run's" if inst.instance_id in t.book.disowned or inst.instance_id in t.book.left_alone
+               else "is not proven this run's (its label could not be read) and no DELETE went to it")
+        raise CreateUnresolved(f"instance {inst.instance_id}, which the create answer named, {why}; whether the "
+                               "create made an instance of ours is unknown", label=inst.label) from None
     if report.verdict != "gone":  # never two instances at once: the next create waits for a proof
         raise TeardownUnproven(
             f"instance {inst.instance_id} did not come up ({exc}) and its teardown is not proven "
@@ -257,7 +259,8 @@ def create_one(t: RunTools, s: RunState, cand: Candidate, label: str) -> CreateO
     try:
         outcome = create(t.client, t.ledger, run_id=s.run_id, offer_id=cand.offer.id,
                          request=request, lag_wait_s=max(spec.poll_s, 0.2),
-                         lag_window_s=s.read_lag_window_s, clock=t.clock, on_named=t.instances.named,
+                         lag_window_s=s.read_lag_window_s, clock=t.clock,
+                         on_named=lambda instance_id: t.instances.named(instance_id, label),
                          dph_usd=cand.quote.dph_at_disk_usd)
     except LedgerWriteError as exc:  # the intent never reached the disk, so no PUT was sent: nothing to look for
         book.withdraw(label)

@@ -40,6 +40,9 @@ class RentBook:
     vanished: dict[int, str] = field(default_factory=dict)  # instance id -> how we learnt someone else deleted it
     excluded_machines: set[int] = field(default_factory=set)  # machines that failed to boot in this run
     disowned: dict[int, str] = field(default_factory=dict)  # instance id -> the label its row carried (not ours)
+    # instance id -> why no DELETE of ours went to it: a create answer named it, no read ever showed its label
+    left_alone: dict[int, str] = field(default_factory=dict)
+    named_for: dict[int, str] = field(default_factory=dict)  # disowned or left alone -> the label whose create named it
 
     # ------------------------------------------------------------------------------------ creates
     def attempt(self, label: str, t_sent: float, offer: tuple[int, float] | None = None) -> None:
@@ -70,7 +73,23 @@ class RentBook:
             return  # the boot's read, the teardown's check and the cap guard may each find it: once is enough
         self.created = [i for i in self.created if i.instance_id != inst.instance_id]
         self.disowned[inst.instance_id] = row_label
+        self.named_for[inst.instance_id] = inst.label
         self.unresolved.add(inst.label)
+
+    def leave_alone(self, inst: CreatedInstance, why: str) -> None:
+        """A create's answer named an instance whose row no read could show: it is not proven this run's, so it
+        leaves the book like a disowned one (never deleted, billed or recorded as ours), and the create's outcome
+        is unknown again unless the run's label was found on another instance (the caller settles it then)."""
+        if inst.instance_id in self.left_alone or inst.instance_id in self.disowned:
+            return
+        self.created = [i for i in self.created if i.instance_id != inst.instance_id]
+        self.left_alone[inst.instance_id] = why
+        self.named_for[inst.instance_id] = inst.label
+        self.unresolved.add(inst.label)
+
+    def not_ours(self, label: str) -> list[int]:
+        """What `label`'s create answer named that turned out not the run's (disowned or left alone)."""
+        return [i for i, lab in self.named_for.items() if lab == label]
 
     def latest(self) -> CreatedInstance | None:
         return self.created[-1] if self.created else None

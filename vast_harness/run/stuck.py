@@ -81,6 +81,11 @@ class StuckRunWatch:
                                  clock=self._clock)
             proven = proven and proof.verdict == "gone"
             lines.append(f"instance {instance_id}: {proof.verdict} ({len(proof.rounds)} proof rounds)")
+        for inst in self._book.live():  # named by a create answer, its label never read: the guard sent nothing
+            if inst.instance_id not in self._guard.deleted_ids():
+                proven = False
+                lines.append(f"instance {inst.instance_id}: no DELETE sent (not proven the run's: no read showed "
+                             "its label)")
         if self._finished.is_set():
             return  # it came back meanwhile: its own verdict stands
         code = ExitCode.CAP_REACHED if proven else ExitCode.NOT_PROVEN_GONE

@@ -16,6 +16,7 @@ from vast_harness.host.deadman import read_log
 from vast_harness.instance.lifecycle import find_by_label, teardown_instance
 from vast_harness.records import CreatedInstance, DeleteAck, InstanceTeardown, ProofRound
 from vast_harness.run.instance_reads import LAST_PRICE_READ_RETRY_S
+from vast_harness.run.instances import NotOurs
 from vast_harness.run.state import RunState, Stage
 from vast_harness.run.tools import RunTools, signalled
 
@@ -84,13 +85,8 @@ def delete_all(t: RunTools, s: RunState, t_last_step_end: float) -> None:
     if s.registration is not None:  # a second terminal's `status` says so, with the instances and proof rounds
         s.registration.update(phase="tearing down", instance_ids=sorted(i.instance_id for i in t.book.created))
     for inst in t.book.pending():
-        not_ours = t.instances.check_before_delete(inst)  # a create answer may have named another's
-        if not_ours is not None:
-            for instance_id in not_ours.label_rows:  # the run's own, whatever the create answered: deleted now
-                _delete_stray(t, s, inst.label, instance_id)
-            continue
         report = teardown_one(t, s, inst)
-        if report is None:  # the cap guard found it is another's as it let go: disowned, never deleted
+        if report is None:  # not proven the run's: no DELETE of ours (the label sweep asks again if unread)
             continue
         acks = [d.t_ack_mono for d in report.deletes if d.acknowledged and d.t_ack_mono]
         if acks:  # to the DELETE's acknowledgement, not to the end of the absence proof
@@ -104,12 +100,23 @@ def delete_all(t: RunTools, s: RunState, t_last_step_end: float) -> None:
         s.key.delete()
 
 
-def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTeardown | None:
-    """DELETE one instance (taking the cap guard's answer as the first, if it sent one) and prove it absent; None
-    when the guard, deciding before it let go, found it is not the run's (no DELETE of ours goes to it)."""
+def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance, *,
+                 owner_until: float | None = None) -> InstanceTeardown | None:
+    """DELETE one instance (taking the cap guard's answer as the first, if it sent one) and prove it absent. None
+    when it is not proven the run's, and no DELETE of ours goes to it: the guard, deciding before it let go, or
+    the ownership check found another label (disowned), or no read could show its row (it stays booked: the
+    label sweep asks again). `owner_until`: an unread row is asked about every proof interval until then (a
+    host that failed to boot, whose reads lag its create, is deleted before the next offer is rented). The
+    instances that carry the run's label instead are deleted at once."""
     claim = t.instances.claim(inst)  # from here the guard leaves it to us
     if not claim.ours:
         return None
+    if claim.ack is None:  # the guard's DELETE goes only to a row a read showed with the run's label: no re-read
+        not_ours = _ask_owner(t, inst, owner_until)  # a create answer may have named another's
+        if not_ours is not None:
+            for instance_id in not_ours.label_rows:  # the run's own, whatever the create answered: deleted now
+                _delete_stray(t, s, inst.label, instance_id)
+            return None
     guard_ack = claim.ack
     deadline = t.clock() + s.teardown_budget_s
     # A full disk must not stop a DELETE or its proof: the ledger records a failed write and goes on.
@@ -141,6 +148,17 @@ def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance) -> InstanceTea
     return report
 
 
+def _ask_owner(t: RunTools, inst: CreatedInstance, until: float | None) -> NotOurs | None:
+    """Whose `inst` is (`RunInstances.check_before_delete`), asked again every proof interval until `until` while
+    no read can show its row."""
+    while True:
+        not_ours = t.instances.check_before_delete(inst)
+        if not_ours is None or not_ours.row_label is not None or inst.instance_id in t.book.left_alone \
+                or until is None or t.clock() + t.spec.proof_interval_s > until:
+            return not_ours
+        time.sleep(t.spec.proof_interval_s)
+
+
 def stop_billing_at(t: RunTools, inst: CreatedInstance, ack: DeleteAck) -> None:
     """The meter stops at the DELETE that deleted the instance as soon as it is answered, not after the
     proof: the live view's dollars stop rising there. The same moment `teardown_one` settles on afterwards
@@ -165,22 +183,53 @@ def sweep_labels(t: RunTools, s: RunState) -> None:
     that created, an instance that appeared late): every label this run sent, listed at once and every proof
     interval until the read-lag window after its create has passed (bounded by the teardown budget); what
     appears is deleted as soon as it does (red team r10: sleeping out the window first left a create a signal
-    cut short billing 30 s, at 200x, 10x the cap)."""
+    cut short billing 30 s, at 200x, 10x the cap). A label whose create answer named an instance not proven the
+    run's is looked for until the budget ends, its named instance asked about again each time (`_await_label`):
+    its own instance may lag longer than the window."""
     book = t.book
     known = book.known_ids()
     sent = book.attempts
     # Only labels a PUT was sent for (each attempt is recorded before its PUT): none sent, nothing to find.
     give_up = t.clock() + s.teardown_budget_s
     for label in sorted(book.labels()):
-        ready_at = min(sent.get(label, 0.0) + s.read_lag_window_s, give_up)
-        found = find_by_label(t.client, label, attempts=2, wait_s=t.spec.proof_interval_s, sleep=time.sleep,
-                              until_mono=ready_at, clock=t.clock, give_up_mono=give_up)
+        if _awaiting(t, label) or (label in book.unresolved and book.not_ours(label)):
+            found = _await_label(t, s, label, give_up)
+        else:
+            ready_at = min(sent.get(label, 0.0) + s.read_lag_window_s, give_up)
+            found = find_by_label(t.client, label, attempts=2, wait_s=t.spec.proof_interval_s, sleep=time.sleep,
+                                  until_mono=ready_at, clock=t.clock, give_up_mono=give_up)
         if found:
             book.settle(label)
+        known |= book.known_ids()
         for instance_id in found:
             if instance_id not in known:
                 _delete_stray(t, s, label, instance_id)
                 known.add(instance_id)
+
+
+def _awaiting(t: RunTools, label: str) -> list[CreatedInstance]:
+    """`label`'s instances that a create answer named and no read has shown as the run's: no DELETE yet."""
+    return [i for i in t.book.pending() if i.label == label and not (i.seen or i.label_seen)]
+
+
+def _await_label(t: RunTools, s: RunState, label: str, give_up: float) -> list[int]:
+    """Until `give_up`: the instance `label`'s create answer named asked about again (deleted once a read shows
+    the run's label on it; left alone on another's), and the label listed, every proof interval, until an
+    instance with the label is found and nothing named is still unread. What is still unread then is left alone
+    (not proven the run's): said, and the create's outcome stays unknown (exit 3)."""
+    found: list[int] = []
+    while True:
+        for inst in _awaiting(t, label):
+            teardown_one(t, s, inst)  # ours: deleted and proven; not ours: disowned, the label's rows deleted
+        found = find_by_label(t.client, label, attempts=1, wait_s=0.0, sleep=time.sleep, clock=t.clock,
+                              give_up_mono=give_up)
+        settled = bool(found) or label not in t.book.unresolved
+        if (settled and not _awaiting(t, label)) or t.clock() + t.spec.proof_interval_s > give_up:
+            break
+        time.sleep(t.spec.proof_interval_s)
+    for inst in _awaiting(t, label):
+        t.instances.leave_alone(inst)
+    return found
 
 
 def _delete_stray(t: RunTools, s: RunState, label: str, instance_id: int) -> None:
@@ -199,4 +248,6 @@ def _delete_stray(t: RunTools, s: RunState, label: str, instance_id: int) -> Non
                             status="found by label", seen=True)
     book.rented(stray)
     t.meter.start_instance(instance_id, dph_usd, stray.t_created_mono)
+    for named in book.not_ours(label):  # the create's bill is this one's from its PUT, not the one its answer named
+        t.meter.forget_instance(named)
     teardown_one(t, s, stray)

@@ -25,6 +25,8 @@ class ExitFacts(BaseModel):
     unproven: list[int] = Field(default_factory=list)  # instances whose teardown did not prove them gone
     unresolved: list[str] = Field(default_factory=list)  # labels whose create no answer or read settled (sorted)
     vanished: dict[int, str] = Field(default_factory=dict)  # instance -> how we learnt someone else deleted it
+    # instance -> why: a create answer named it, no read showed its label, and no DELETE of the run's went to it
+    left_alone: dict[int, str] = Field(default_factory=dict)
     over_cap: str | None = None  # why the run went over a cap (CostMeter.over_cap)
     write_failures: list[str] = Field(default_factory=list)  # evidence or ledger writes that missed the disk
     unqualified_ok: bool = False  # --unqualified-ok: a pass on an unqualified driver exits 0
@@ -58,6 +60,10 @@ def decide_exit(code: ExitCode, message: str, facts: ExitFacts) -> Outcome:
     """The exit code from what is known: unproven teardown beats a cap overrun beats lost evidence."""
     # exit 3 outranks a cap overrun, but never hides it: the message says both
     over = f"; and over the cap: {facts.over_cap}" if facts.over_cap and facts.over_cap not in message else ""
+    # Said whatever the code: an instance the run did not delete because it is not proven the run's.
+    alone = "; ".join(why for _, why in sorted(facts.left_alone.items()) if why not in message)
+    if alone:
+        message = f"{message}; {alone}" if message else alone
     if facts.unproven:
         if code != ExitCode.NOT_PROVEN_GONE:
             message = (f"teardown NOT proven for instance(s) {facts.unproven}: they may still bill. "
