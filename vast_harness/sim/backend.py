@@ -22,6 +22,7 @@ from typing import Any, TypeGuard
 import paramiko
 
 from vast_harness.sim import errors, transitions
+from vast_harness.sim.copyd import CopyDaemon
 from vast_harness.sim.faults import RECEIPT_KINDS, FaultPlan, FaultRule
 from vast_harness.sim.gpus import install_nvidia_smi, install_receipt
 from vast_harness.sim.hostpython import RefusingPort, make_host_python
@@ -131,6 +132,7 @@ class Backend:
         self._next_instance_id = self.rng.randint(20_000_000, 30_000_000)
         self._next_key_id = 1000
         self._next_increase_id = 5_000  # counted, not drawn: a fault firing must not shift the seeded ids
+        self._copyd: CopyDaemon | None = None  # made at the first copy asked for
         for key in self.api_keys or []:
             self._account(key)
 
@@ -274,10 +276,13 @@ class Backend:
             inst.started_earlier_s = earlier.seconds or 0.0 if earlier is not None else 0.0
             lag = self.faults.take("read_lag")
             inst.read_lag_until = now + (lag.seconds or 0.0) if lag else 0.0
+            early_outbid = self.faults.take("outbid_boot") if inst.is_bid and inst.status_override is None else None
             self.rented[offer_id] = (account.index, inst.id)
             self.instances[inst.id] = inst
             self.container_keys[inst.api_key] = inst.id
         self._start_host(inst)
+        if early_outbid is not None:  # outbid before it runs: paused while it loads
+            self._schedule(inst, early_outbid.seconds or 0.0, self._outbid)
         gateway = self.faults.take("create_5xx")
         if gateway is not None:  # created, then the gateway in front answers an error page
             raise errors.gateway_error(self.faults.draw_status(gateway))
@@ -366,6 +371,8 @@ class Backend:
                 ("reprice", lambda r: functools.partial(self._raise_listing, factor=r.factor or 1.0)),
                 ("reprice_silent", lambda r: functools.partial(self._reprice, factor=r.factor or 1.0)),
                 ("negative_balance", lambda r: self._negative_balance), ("key_reset", lambda r: self._reset_keys)]
+            if inst.is_bid:  # the bid book: only interruptible instances are outbid
+                actions.append(("outbid", lambda r: self._outbid))
             later = []
             for kind, make in actions:
                 rule = self.faults.take(kind) or (self._every_instance_key_reset() if kind == "key_reset" else None)
@@ -387,6 +394,30 @@ class Backend:
             inst.status_override = status
         inst.host.close()
         inst.sandbox.close()
+
+    def _outbid(self, inst: Instance) -> None:
+        """Another renter's higher bid takes the GPU: the instance is paused (stopped, all states `stopped`, as
+        dstack reads an outbid), its processes killed and SSH closed; the disk stays and storage bills. A rule
+        `outbid_resume` resumes it by itself later."""
+        with self.lock:
+            if not inst.live or inst.outbid:
+                return
+            inst.outbid, inst.outbids = True, inst.outbids + 1
+            resume = self.faults.take("outbid_resume")
+        self._halt(inst, transitions.STOPPED)
+        if resume is not None:
+            self._schedule(inst, resume.seconds or 0.0, self._resume)
+
+    def _resume(self, inst: Instance) -> None:
+        """The price fell: a paused instance resumes by itself (its container re-boots: onstart runs again, GPU
+        bills from running). One deleted meanwhile stays gone."""
+        with self.lock:
+            if not inst.live or not inst.outbid:
+                return
+            inst.settle(time.time())
+            inst.outbid, inst.status_override, inst.booted_at = False, None, None
+            inst.resumes += 1
+        self._start_host(inst)
 
     def _go_offline(self, inst: Instance) -> None:
         self._halt(inst, transitions.OFFLINE)
@@ -533,6 +564,35 @@ class Backend:
                 inst.increase = None  # tombstoned: no cutover follows
             return {"success": True, "pending_price_increase_id": pending_id, "contract_id": inst.id}
 
+    def copy(self, account: Account, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT /api/v0/commands/rsync/: a copy with one side local (the official CLI's `copy`, vast-cli
+        `vastai/api/storage.py`). The body is the CLI's `{"client_id", "src_id", "dst_id", "src_path",
+        "dst_path"}`; an instance side is an id or `C.<id>` of the caller's, stopped or running. The answer
+        carries where the client's rsync connects (`src_addr`/`src_port` when copying off an instance,
+        `dst_addr`/`dst_port` onto one), as the CLI reads it: sim/copyd.py serves it."""
+        src, dst = body.get("src_id"), body.get("dst_id")
+        remote = [side for side in (src, dst) if side not in (None, "local")]
+        if len(remote) != 1 or not isinstance(body.get("src_path"), str) or not isinstance(body.get("dst_path"), str):
+            raise errors.vast_error(400, "invalid_args", "one of src_id, dst_id must be an instance and the other "
+                                    "local; src_path and dst_path are strings")
+        raw = str(remote[0])
+        try:
+            instance_id = int(raw[2:] if raw.startswith("C.") else raw)
+        except ValueError:
+            raise errors.vast_error(400, "invalid_args", f"not an instance id: {raw!r}") from None
+        refuse = self.faults.take("copy_fail") is not None
+        with self.lock:
+            inst = self._owned(account, instance_id)
+            if inst is None or not inst.live:
+                raise errors.no_such_instance()
+            inst.copies += 1
+            if self._copyd is None:
+                self._copyd = CopyDaemon(self.host_key, on_bytes=lambda iid, n: self._on_bytes(iid, 0, n))
+            copyd = self._copyd
+        copyd.grant(instance_id, lambda blob: self._authorized(instance_id, blob), refuse=refuse)
+        side = "src" if remote[0] == src else "dst"
+        return {"success": True, "msg": "rsync endpoint ready", f"{side}_addr": "127.0.0.1", f"{side}_port": copyd.port}
+
     def _on_bytes(self, instance_id: int, to_host: int, from_host: int) -> None:
         with self.lock:
             self.instances[instance_id].add_bandwidth(to_host, from_host)
@@ -595,6 +655,8 @@ class Backend:
 
     def _teardown(self, inst: Instance, *, remove: bool = True) -> None:
         """Stop the host's timers, SSH endpoints and processes; `remove` also deletes its sandbox."""
+        if self._copyd is not None and not inst.live:
+            self._copyd.revoke(inst.id)
         for timer in inst.timers:
             timer.cancel()
         if inst.host is not None:
@@ -659,6 +721,8 @@ class Backend:
 
     def cleanup_root(self) -> None:
         self.refusing_port.close()
+        if self._copyd is not None:
+            self._copyd.close()
         if self._own_root is not None:
             self._own_root.remove()
 
