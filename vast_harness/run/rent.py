@@ -36,6 +36,14 @@ from vast_harness.market.offers import Candidate
 from vast_harness.market.plan import account_credit_usd, choose_offers, plan_run
 from vast_harness.records import CreatedInstance
 from vast_harness.run.arrival import check_arrival
+from vast_harness.run.interrupt import (
+    Outbid,
+    boot_outbid,
+    close_attempt,
+    open_attempt,
+    outbid_of,
+    record_host_home,
+)
 from vast_harness.run.key_attach import attach_run_key
 from vast_harness.run.receipt import take_receipt
 from vast_harness.run.rent_book import CreateOutcome, NotRented, Rented
@@ -116,13 +124,17 @@ def register(t: RunTools, s: RunState) -> None:
 def candidates(t: RunTools, s: RunState) -> Iterator[Candidate]:
     """The plan's offers, then a fresh search that excludes the machines that failed to boot in this run."""
     assert s.plan is not None
+    # An interruptible run's every host bills at most the $/h its worst case assumed (market/quote.py)
+    max_dph = s.plan.chosen.quote.ceiling_dph_usd if t.spec.interruptible is not None else None
     for cand in [s.plan.chosen, *s.plan.alternatives]:
+        if max_dph is not None and cand.quote.dph_at_disk_usd > max_dph + 1e-9:
+            continue
         t.meter.check("renting")  # each create asks the clock first
         yield cand
     try:
         credit = account_credit_usd(t.client)
         choice = choose_offers(t.spec, t.client, t.drivers, bundle_for(t.spec), credit_usd=credit,
-                               exclude_machine_ids=t.book.excluded_machines)
+                               exclude_machine_ids=t.book.excluded_machines, max_dph_usd=max_dph)
     except NoOfferError:
         return
     for cand in choice.ranked:
@@ -155,6 +167,7 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
                 raise error(f"{what} taken or refused before it could be rented ({outcome.why})")
             continue
         inst = outcome.instance
+        open_attempt(t, s, inst)
         if s.registration is not None:  # `status` names the instance while reads may not list it yet
             s.registration.update(instance_ids=sorted({*s.registration.reg.instance_ids, inst.instance_id}))
         try:
@@ -167,11 +180,32 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
                 boot(t, s, inst, offer=cand.offer)
             s.candidate = cand
             s.timings["rent_and_connect_s"] = round(t.clock() - start, 3)
-            qualify(t, s, inst, cand.offer)
+            try:
+                qualify(t, s, inst, cand.offer)
+                record_host_home(t, s)
+                if s.outbid_reason is not None:
+                    raise BootFailed(f"outbid before any work: {s.outbid_reason}")
+            except Exception as exc:  # an outbid while the switch or the receipt was checked is a boot's
+                why = outbid_of(t, s, exc)
+                if why is None:
+                    raise
+                raise BootFailed(f"outbid before any work: {why} (stopped)") from exc
             return
         except (BootFailed, SshConnectError) as exc:
             last_failure = exc
             drop_host(s)
+            if boot_outbid(t, exc):  # an outbid, not the host: counted against --max-interruptions instead
+                close_attempt(t, s, inst.instance_id, f"outbid during boot ({exc})")
+                boots_left += 1
+                s.recovered()
+                interrupted = sum(1 for a in s.attempts if a.ended.startswith("outbid"))
+                assert t.spec.interruptible is not None
+                if interrupted > t.spec.interruptible.max_interruptions:
+                    _after_failed_boot(t, s, inst, exc, boots_left)
+                    raise Outbid(f"outbid {interrupted} times, more than --max-interruptions "
+                                 f"{t.spec.interruptible.max_interruptions}") from None
+            else:
+                close_attempt(t, s, inst.instance_id, f"did not come up: {exc}")
             boots_left = _after_failed_boot(t, s, inst, exc, boots_left)
     if isinstance(last_failure, ReceiptFailed):  # the user's question is which measure failed: name it again
         raise BootFailed(f"no further offer to try; the last host failed its receipt: {last_failure}")
@@ -240,6 +274,7 @@ def create_one(t: RunTools, s: RunState, cand: Candidate, label: str) -> CreateO
     request = CreateRequest(
         image=spec.profile.image_ref.create_form, disk=spec.profile.disk_gb, label=label,
         onstart=build_onstart(public_key=s.key.public_openssh, api_url=spec.api_url, deadman_after_s=deadman_s),
+        price=cand.offer.bid_usd_per_h if spec.interruptible is not None else None,
     )
     t.phases.start("create")
     t.out.info(f"renting offer {cand.offer.id} ({cand.offer.num_gpus}x {cand.offer.gpu_name}, "

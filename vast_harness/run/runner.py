@@ -22,7 +22,9 @@ from vast_harness.evidence.run import RunEvidence
 from vast_harness.host.ssh import run_key_dir_prefix
 from vast_harness.records import CreatedInstance, InstanceTeardown, PullRecord, StepRecord
 from vast_harness.reports.run import write_run_report_safely
+from vast_harness.host.bundle import Bundle
 from vast_harness.run.host_work import HostWork
+from vast_harness.run.interrupt import close_attempt, outbid_of, recover, restore, resume_steps
 from vast_harness.run.record import build_record, exit_facts
 from vast_harness.run.rent import preflight, rent_and_connect, timed
 from vast_harness.run.rent_book import RentBook
@@ -82,11 +84,22 @@ class GuardedRun:
                 t.out.start_view(lambda: snapshot(t))  # inside: a Ctrl-C here too is exit 130, not a traceback
                 bundle = preflight(t, s, Path(key_dir))  # Stage.PREFLIGHT: nothing rented until it passes
                 rent_and_connect(t, s)  # Stage.RENT, DEADMAN, RECEIPT: the next offer after a host that fails
-                # The host may re-price while anything runs on it, a slow upload or pull as much as a step.
-                with t.reads.watch_prices(t.book.latest()):
-                    timed(t, s, "upload", lambda: self._work(Stage.UPLOAD).upload(bundle))
-                    self._work(Stage.STEPS).run_steps()
-                    pull_evidence(t, s, in_teardown=False)  # Stage.PULL
+                salvaged: Path | None = None
+                while True:  # once, unless an interruptible run's host is outbid (run/interrupt.py)
+                    try:
+                        self._work_on_host(bundle, salvaged)
+                        break
+                    except (Exception, Interrupted) as exc:
+                        why = outbid_of(t, s, exc)
+                        if why is None:
+                            raise
+                        s.steps_before.extend(s.work.steps if s.work else [])
+                        salvaged = recover(t, s, why)  # the husk salvaged, deleted and proven gone
+                        s.recovered()
+                        s.stage = Stage.RENT
+                        rent_and_connect(t, s)
+                if s.attempts and (latest := t.book.latest()) is not None:
+                    close_attempt(t, s, latest.instance_id, "finished")
                 qualified = s.candidate.driver_qualified if s.candidate else False
                 code, message = with_guard(*work_outcome(qualified), t.cap_guard.fired_reason)
             except (Exception, Interrupted) as exc:  # a bug too must end in teardown and an exit code
@@ -103,6 +116,20 @@ class GuardedRun:
                         s.registration.release()  # the run is over: a reap may now judge what is left
         return HarnessResult(run_id=s.run_id, exit_code=code, message=message)
 
+    def _work_on_host(self, bundle: Bundle, salvaged: Path | None) -> None:
+        """Upload, the steps (a replacement host's: the resume, after its checkpoint is restored) and the pull."""
+        t, s = self.tools, self.state
+        # The host may re-price while anything runs on it, a slow upload or pull as much as a step.
+        with t.reads.watch_prices(t.book.latest()):
+            timed(t, s, "upload", lambda: self._work(Stage.UPLOAD).upload(bundle))
+            if salvaged is not None:
+                restore(t, s, salvaged)
+                self._work(Stage.UPLOAD).steps_to_run = resume_steps(t)
+            elif s.steps_before:  # a replacement with no checkpoint to restore: the command again
+                self._work(Stage.UPLOAD).steps_to_run = resume_steps(t)
+            self._work(Stage.STEPS).run_steps()
+            pull_evidence(t, s, in_teardown=False)  # Stage.PULL
+
     def _work(self, stage: Stage) -> HostWork:
         assert self.state.work is not None
         self.state.stage = stage
@@ -118,6 +145,9 @@ class GuardedRun:
         t_last_step_end = (s.work and s.work.t_last_step_end_mono) or t.clock()
         prelude(t, s)  # Stage.TEARDOWN
         delete_all(t, s, t_last_step_end)
+        for attempt in s.attempts:  # an interruptible run's host still open ends with the run
+            if attempt.ended_unix is None:
+                close_attempt(t, s, attempt.instance_id, f"the run ended: {message or code.name.lower()}")
         s.stage = Stage.VERDICT
         outcome = with_guard(code, message, t.cap_guard.fired_reason, after_outcome=True)  # fired in the prelude?
         code, message = decide_exit(*outcome, exit_facts(t))  # the run's own outcome, then what teardown says
@@ -179,7 +209,7 @@ class GuardedRun:
 
     @property
     def steps(self) -> list[StepRecord]:
-        return self.state.work.steps if self.state.work else []
+        return self.state.steps_before + (self.state.work.steps if self.state.work else [])
 
     @property
     def pull(self) -> PullRecord | None:

@@ -114,7 +114,9 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
     guard_fired.stuck = stuck
     reads = InstanceReads(client=client, ledger=ledger, run_id=state.run_id, meter=meter, book=book, out=out,
                           poll_s=spec.poll_s, cancel=state.cancel, deleting=cap_guard.is_claimed,
-                          switch_allowance_s=spec.deadman_allowance_s)
+                          switch_allowance_s=spec.deadman_allowance_s,
+                          on_outbid=(lambda inst, why: state.outbid(f"instance {inst.instance_id} {why}"))
+                          if spec.interruptible is not None else None)
     within_s = TeardownBudget.SIGNAL_DELETE_WITHIN_S
     signals = SignalGuard(out, on_signal=lambda name: cap_guard.fire_by(meter.now() + within_s,
                                                                         f"{name} arrived {within_s:g} s ago"))

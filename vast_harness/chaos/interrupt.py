@@ -1,0 +1,154 @@
+"""The interruptible family: whole `vast-e2e run --interruptible` runs under the bid book's faults, judged.
+
+Each scenario runs a checkpointing command (it resumes from `ckpt/step.txt` when the folder is there) on the
+simulator with one of the families of docs/interruptible.md: outbid while running, during boot, twice in a row,
+during the copy of the checkpoint, a husk that resumes by itself after it was deleted. The judge's rules:
+
+- never two live instances of the run at once (the simulator's create and destroy times, per instance);
+- no husk left: every instance of the run destroyed;
+- the resumed step >= the last checkpoint: each resume starts from the step the salvaged folder holds;
+- the total billed (the simulator's) <= the cap and <= the dry run's worst case, and the run's own figure is an
+  upper bound of it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from vast_harness.chaos.engine import BOOT_TIMEOUT_S, KEY, SCALE, TEARDOWN_MARGIN_S, _client, _output
+from vast_harness.errors import ExitCode
+from vast_harness.host.bundle import bundle_for
+from vast_harness.market.plan import plan_run
+from vast_harness.run.runner import GuardedRun
+from vast_harness.sim.server import SimServer
+from vast_harness.spec.profile import load_driver_policy
+from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
+
+# The user's command: N steps, a checkpoint after each, resuming from the folder when it is there.
+TRAIN = """\
+import os, sys, time
+os.makedirs("ckpt", exist_ok=True)
+path = os.path.join("ckpt", "step.txt")
+start = int(open(path).read()) if os.path.exists(path) else 0
+print(f"start step {start}", flush=True)
+for step in range(start + 1, int(sys.argv[1]) + 1):
+    time.sleep(float(sys.argv[2]))
+    with open(path + ".tmp", "w") as fh:
+        fh.write(str(step))
+    os.replace(path + ".tmp", path)
+    print(f"step {step}", flush=True)
+"""
+
+FAMILIES: dict[str, str] = {
+    "outbid_running": "outbid:2.0",
+    "outbid_boot": "outbid_boot:0.02",
+    "outbid_twice": "outbid:2.0:2",
+    "outbid_during_copy": "outbid:2.0;outbid:0.3",  # the replacement is outbid while the checkpoint goes up
+    "husk_resumes_after_delete": "outbid:2.0;outbid_resume:0.3;delete_noop",
+    "outbid_past_the_limit": "outbid:2.0:4",
+}
+
+
+@dataclass
+class InterruptOutcome:
+    family: str
+    seed: int
+    exit_code: ExitCode
+    message: str
+    violations: list[str] = field(default_factory=list)
+    worst_case_usd: float = 0.0
+    billed_usd: float = 0.0
+    accrued_usd: float = 0.0
+    instances: int = 0
+    resumes: list[tuple[int, int]] = field(default_factory=list)  # (salvaged step, step the resume started at)
+    output: str = ""
+
+
+def interrupt_spec(url: str, work: Path, *, steps: int, step_s: float, max_interruptions: int,
+                   max_usd: float | None = None) -> RunSpec:
+    """`vast-e2e run --interruptible --checkpoint ckpt -- python train.py` with every clock scaled down."""
+    wd = work / "wd"
+    wd.mkdir(parents=True, exist_ok=True)
+    (wd / "train.py").write_text(TRAIN)
+    options = RunOptions(sim=True, evidence_dir=work / "ev", state_dir=work / "ev", max_usd=max_usd,
+                         proof_interval_s=0.1, poll_s=0.05, boot_retries=1, max_minutes=2.0, dry_run=True,
+                         command=["python3", "train.py", str(steps), str(step_s)], workdir=str(wd),
+                         artifact=["ckpt"], interruptible=True, max_interruptions=max_interruptions,
+                         checkpoint="ckpt")
+    base = resolve(options, environ={"HOME": str(work)})
+    profile = base.profile.model_copy(update={"boot_timeout_s": BOOT_TIMEOUT_S})
+    return base.model_copy(update={"profile": profile, "api_url": url, "api_key": SecretStr(KEY),
+                                   "dry_run": False}).with_timings(teardown_margin_s=TEARDOWN_MARGIN_S)
+
+
+def run_family(family: str, work: Path, *, seed: int = 0, steps: int = 30, step_s: float = 0.1,
+               max_interruptions: int = 2) -> InterruptOutcome:
+    """One run under `family`'s faults, then the judge's rules."""
+    buf = io.StringIO()
+    with SimServer(seed=seed, rate_scale=SCALE, boot_seconds=0.1, num_offers=300) as sim:
+        spec = interrupt_spec(sim.url, work, steps=steps, step_s=step_s, max_interruptions=max_interruptions)
+        with _client(sim.url) as client:
+            worst = plan_run(spec, client, load_driver_policy(), bundle_for(spec)).chosen.quote.worst_case_usd
+        sim.reset()
+        sim.set_faults(f"{FAMILIES[family]};seed={seed}")
+        run = GuardedRun(spec, _client(sim.url), load_driver_policy(), _output(buf))
+        result = run.execute()
+        state = sim.state()
+    outcome = InterruptOutcome(family=family, seed=seed, exit_code=result.exit_code, message=result.message,
+                               worst_case_usd=worst, accrued_usd=run.accrued_usd(), output=buf.getvalue())
+    mine = [i for i in state["instances"] if i["label"] and run.run_id in i["label"]]
+    outcome.instances = len(mine)
+    outcome.billed_usd = sum(i["billed_usd"] for i in mine)
+    outcome.violations = judge(outcome, mine, run.ev.dir, spec)
+    return outcome
+
+
+def judge(outcome: InterruptOutcome, mine: list[dict[str, object]], run_dir: Path, spec: RunSpec) -> list[str]:
+    found: list[str] = []
+    spans = sorted((float(str(i["created_at"])), float(str(i["destroyed_at"] or 1e18)), int(str(i["id"])))
+                   for i in mine)
+    for (_, end_a, a), (start_b, _, b) in zip(spans, spans[1:], strict=False):
+        if start_b < end_a:
+            found.append(f"two live instances at once: {b} was created before {a} was destroyed")
+    for inst in mine:
+        if inst["live"]:
+            found.append(f"husk left: instance {inst['id']} is still live ({inst['actual_status']})")
+    if outcome.billed_usd > spec.caps.max_usd + 1e-9:
+        found.append(f"billed ${outcome.billed_usd:.6f} over the cap ${spec.caps.max_usd:.6f}")
+    if outcome.billed_usd > outcome.worst_case_usd + 1e-9:
+        found.append(f"billed ${outcome.billed_usd:.6f} over the dry run's worst case ${outcome.worst_case_usd:.6f}")
+    if outcome.accrued_usd + 1e-9 < outcome.billed_usd:
+        found.append(f"under-reported: the run says ${outcome.accrued_usd:.6f}, the simulator billed "
+                     f"${outcome.billed_usd:.6f}")
+    salvaged = sorted((run_dir / "salvaged").glob("*/step.txt"), key=lambda p: int(p.parent.name))
+    logs = "".join(_read(p) for p in sorted((run_dir / "steps").glob("*.log")))
+    starts = [int(m) for m in re.findall(r"start step (\d+)", logs)][1:]  # the first start is the fresh one
+    for path, started in zip(salvaged, starts, strict=False):
+        step = int(path.read_text().strip() or 0)
+        outcome.resumes.append((step, started))
+        if started < step:
+            found.append(f"resumed at step {started}, behind the last checkpoint {step}")
+    record = json.loads(_read(run_dir / "harness-result.json") or "{}")
+    if record and len(record.get("attempts", [])) != len(mine):
+        found.append(f"the record lists {len(record.get('attempts', []))} attempt(s) of {len(mine)} instance(s)")
+    return found
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+if __name__ == "__main__":  # a quick look: python -m vast_harness.chaos.interrupt FAMILY DIR
+    result = run_family(sys.argv[1], Path(sys.argv[2]))
+    print(result.output)
+    print(result.exit_code, result.message, result.violations, result.resumes)

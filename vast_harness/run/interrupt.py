@@ -1,0 +1,228 @@
+"""An interruptible run's outbids (docs/interruptible.md): detect, salvage, delete the husk, replace, resume.
+
+An outbid shows as a read of the instance paused (`Instance.paused`: every stopped, paused or scheduling shape the
+sources name, since what Vast shows is UNCONFIRMED); the price watch sees it within one poll while anything runs
+on the host, and a phase that fails on a host whose link dropped asks one read before it is called a failure.
+Then, within the caps: the checkpoint folder is copied off the stopped husk the way `vastai copy` does it
+(`PUT /commands/rsync/`, then rsync's daemon over SSH), the husk is deleted and proven gone (never two instances
+of the run at once: a husk not proven gone stops the run, exit 3), its machine excluded, another host rented,
+the folder uploaded into the workdir and the resume command run. Each host is an `Attempt` of the record.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from vast_harness.errors import BootFailed, HarnessError, Interrupted, TeardownUnproven, VastError
+from vast_harness.host.bundle import WORKDIR_DIR
+from vast_harness.records import Attempt, CreatedInstance
+from vast_harness.run.host_work import REMOTE_DIR
+from vast_harness.run.state import RunState
+from vast_harness.run.teardown import teardown_one
+from vast_harness.run.tools import RunTools
+from vast_harness.spec.profile import Step
+
+OUTBID_READ_S = 5.0  # the one read that tells a dropped link from an outbid
+SALVAGE_DIR = "salvaged"  # <evidence>/<run>/salvaged/<n>/: each husk's checkpoint folder as copied off it
+COPY_POLL_S = 0.2
+RSYNC_PARTIAL = 23  # rsync's "some files were not transferred": the folder itself missing is one such
+
+
+class Outbid(HarnessError):
+    """The run's host was outbid (paused) and the run recovers from it, or says why it could not."""
+
+
+def open_attempt(t: RunTools, s: RunState, inst: CreatedInstance) -> None:
+    if t.spec.interruptible is not None:
+        s.attempts.append(Attempt(instance_id=inst.instance_id, machine_id=inst.machine_id, dph_usd=inst.dph_usd,
+                                  started_unix=time.time()))
+
+
+def close_attempt(t: RunTools, s: RunState, instance_id: int, why: str) -> None:
+    for attempt in s.attempts:
+        if attempt.instance_id == instance_id and attempt.ended_unix is None:
+            attempt.ended_unix, attempt.ended = time.time(), why
+            attempt.accrued_usd = round(t.meter.instance_accrued_usd(instance_id), 6)
+
+
+def outbid_of(t: RunTools, s: RunState, exc: BaseException) -> str | None:
+    """Why `exc` (what stopped the work) is an outbid of the run's host, or None. The price watch may have seen
+    it already; else, for an error of the link or the host (a step that lost its connection), one read decides.
+    A signal or a cap is never an outbid."""
+    if t.spec.interruptible is None or isinstance(exc, Interrupted):
+        return None
+    if s.outbid_reason is not None:
+        return s.outbid_reason
+    if s.cancelled.is_set():  # a cap, a fleet's total, someone else's delete: not ours to recover from
+        return None
+    inst = t.book.latest()
+    if inst is None:
+        return None
+    try:
+        read = t.client.get_instance(inst.instance_id, max_retry_s=0.0, within_s=OUTBID_READ_S)
+    except VastError:
+        return None
+    if read is not None and read.paused is not None:
+        return f"instance {inst.instance_id} {read.paused}"
+    return None
+
+
+def record_host_home(t: RunTools, s: RunState) -> None:
+    """The host's $HOME, where the checkpoint folder will be copied from (the copy names absolute paths)."""
+    if t.spec.interruptible is None or t.spec.interruptible.checkpoint is None or s.session is None:
+        return
+    lines: list[str] = []
+    outcome = s.session.run('printf "%s\\n" "$HOME"', on_line=lambda _stream, line: lines.append(line),
+                            timeout_s=max(0.5, min(15.0, t.meter.deadline() - t.clock())))
+    if outcome.ok and lines and lines[0].startswith("/"):
+        s.host_home = lines[0].strip()
+
+
+def recover(t: RunTools, s: RunState, why: str) -> Path | None:
+    """Salvage the husk's checkpoint, delete it and prove it gone, exclude its machine: what the next host needs.
+    Raises Outbid (exit 1) past --max-interruptions or when the salvage fails, TeardownUnproven (exit 3) when the
+    husk is not proven gone (nothing more is rented beside it)."""
+    terms = t.spec.interruptible
+    assert terms is not None
+    inst = t.book.latest()
+    assert inst is not None
+    n = sum(1 for a in s.attempts if a.ended.startswith("outbid")) + 1
+    t.out.warn(f"outbid ({n} of at most {terms.max_interruptions}): {why}")
+    t.ledger.append(s.run_id, "outbid", inst.label, instance_id=inst.instance_id, detail=why[:300])
+    salvaged: Path | None = None
+    failure: str | None = None
+    if terms.checkpoint is not None:
+        try:
+            salvaged = salvage(t, s, inst, n)
+        except HarnessError as exc:
+            failure = f"the checkpoint could not be copied off instance {inst.instance_id}: {exc}"
+    if s.session is not None:  # the husk's session is dead: the next host's work starts afresh
+        s.session.close()
+    s.session, s.work, s.candidate, s.host_gpus, s.deadman = None, None, None, None, None
+    close_attempt(t, s, inst.instance_id, f"outbid ({why})")
+    report = teardown_one(t, s, inst)
+    if report is None or report.verdict != "gone":
+        raise TeardownUnproven(f"outbid instance {inst.instance_id} is not proven gone "
+                               f"({'not ours' if report is None else report.verdict}): no other host is rented "
+                               "while it may still bill")
+    if s.registration is not None:
+        s.registration.update(instance_ids=[i for i in s.registration.reg.instance_ids if i != inst.instance_id])
+    if inst.machine_id is not None:
+        t.book.excluded_machines.add(inst.machine_id)
+    if failure is not None:
+        raise Outbid(f"{failure}; the run stops rather than resume behind its last checkpoint")
+    if n > terms.max_interruptions:
+        raise Outbid(f"outbid {n} times, more than --max-interruptions {terms.max_interruptions}: the worst case "
+                     "covered no more")
+    return salvaged
+
+
+def salvage(t: RunTools, s: RunState, inst: CreatedInstance, n: int) -> Path | None:
+    """The checkpoint folder copied off the stopped husk into <evidence>/salvaged/<n>/, as `vastai copy
+    C.<id>:PATH LOCAL` does it: the copy endpoint names where rsync connects, rsync's daemon over SSH brings the
+    folder. Bounded by the meter's deadline and the checkpoint's byte budget; the bytes are billed. None: the
+    command had written no checkpoint yet (the next host starts from scratch, which is behind nothing)."""
+    terms = t.spec.interruptible
+    assert terms is not None and terms.checkpoint is not None and s.key is not None
+    if s.host_home is None:
+        raise HarnessError("the host's home was never read: nothing to copy from")
+    if shutil.which("rsync") is None:
+        raise HarnessError("rsync is not installed here")
+    src = f"{s.host_home}/{REMOTE_DIR}/{WORKDIR_DIR}/{terms.checkpoint}/"
+    dst = t.ev.dir / SALVAGE_DIR / str(n)
+    dst.mkdir(parents=True, exist_ok=True)
+    deadline = t.meter.work_deadline(t.clock())
+    t.phases.start("salvage")
+    start = t.clock()
+    try:
+        where = t.client.copy_to_local(inst.instance_id, src, str(dst), within_s=max(1.0, deadline - t.clock()))
+    except VastError as exc:
+        raise HarnessError(f"the copy endpoint refused: {exc}") from exc
+    if not where.success or not where.src_addr or not where.src_port:
+        raise HarnessError(f"the copy endpoint answered no source to copy from ({where.msg or 'no message'})")
+    ssh = shlex.join(["ssh", "-F", "/dev/null", "-i", str(s.key.path), "-p", str(where.src_port),
+                      "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
+                      "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10"])
+    argv = ["rsync", "-a", "-e", ssh, f"vastai_kaalia@{where.src_addr.strip()}::{inst.instance_id}/{src}", f"{dst}/"]
+    t.out.info(f"copying the checkpoint {terms.checkpoint}/ off instance {inst.instance_id} (stopped)")
+    with tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
+                                start_new_session=True)
+        budget = terms.checkpoint_max_bytes
+        cut = ""
+        while proc.poll() is None:
+            if t.clock() >= deadline:
+                cut = "the caps left no more time for it"
+            elif _size(dst) > budget:
+                cut = f"it passed the checkpoint's {budget}-byte budget"
+            if cut:
+                proc.kill()
+                proc.wait()
+                break
+            time.sleep(COPY_POLL_S)
+        errors.seek(0)
+        said = errors.read()[-500:].decode(errors="replace").strip()
+    got = _size(dst)
+    t.meter.add_bytes(down=got)
+    s.timings[f"salvage_{n}_s"] = round(t.clock() - start, 3)
+    if cut:
+        raise HarnessError(f"the copy was cut: {cut} ({got} bytes copied)")
+    if proc.returncode == RSYNC_PARTIAL and "change_dir" in said and "No such file" in said and got == 0:
+        t.out.info(f"instance {inst.instance_id} had no {terms.checkpoint}/ yet: the next host starts from scratch")
+        return None
+    if proc.returncode != 0:
+        raise HarnessError(f"rsync exited {proc.returncode}: {t.spec.redactor.text(said) or 'no message'}")
+    for attempt in s.attempts:
+        if attempt.instance_id == inst.instance_id:
+            attempt.salvaged_bytes = got
+    t.out.info(f"salvaged {got} bytes of {terms.checkpoint}/ off instance {inst.instance_id}")
+    return dst
+
+
+def restore(t: RunTools, s: RunState, folder: Path) -> None:
+    """Upload the salvaged folder into the new host's workdir, where the resume command finds it."""
+    terms = t.spec.interruptible
+    assert terms is not None and terms.checkpoint is not None and s.session is not None
+    with tempfile.NamedTemporaryFile(suffix=".tar.gz") as fh:
+        with tarfile.open(fileobj=fh, mode="w:gz") as tar:
+            tar.add(folder, arcname=".")
+        fh.flush()
+        size = Path(fh.name).stat().st_size
+        sent = s.session.put(Path(fh.name), "vh-checkpoint.tar.gz", deadline=t.meter.deadline())
+    t.meter.add_bytes(up=sent)
+    target = f"~/{REMOTE_DIR}/{WORKDIR_DIR}/{terms.checkpoint}"
+    outcome = s.session.run(f"mkdir -p {target} && tar -xzf ~/vh-checkpoint.tar.gz -C {target}",
+                            on_line=lambda _stream, _line: None,
+                            timeout_s=max(0.5, min(120.0, t.meter.deadline() - t.clock())), stop=s.cancelled)
+    if not outcome.ok:
+        raise HarnessError(f"the checkpoint could not be unpacked on the new host: rc={outcome.rc} {outcome.detail}")
+    inst = t.book.latest()
+    for attempt in s.attempts:
+        if inst is not None and attempt.instance_id == inst.instance_id:
+            attempt.restored_bytes = size
+    t.out.info(f"restored {terms.checkpoint}/ ({size} bytes) on instance {inst.instance_id if inst else '?'}")
+
+
+def resume_steps(t: RunTools) -> list[Step]:
+    """The steps a replacement host runs: the setup steps again, then the resume command (or the run's own)."""
+    terms = t.spec.interruptible
+    steps = list(t.spec.profile.steps)
+    if terms is None or terms.resume is None or not steps:
+        return steps
+    last = steps[-1]
+    return [*steps[:-1], last.model_copy(update={"run": terms.resume, "name": "resume"})]
+
+
+def boot_outbid(t: RunTools, exc: BaseException) -> bool:
+    """A boot that failed because the instance was paused (outbid before it ran)."""
+    return t.spec.interruptible is not None and isinstance(exc, BootFailed) and "stopped" in str(exc)
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
