@@ -17,9 +17,9 @@ from pydantic import BaseModel, Field
 from vast_harness.console.money import usd
 from vast_harness.console.when import utc
 from vast_harness.market.quote import Quote, quote_offer, worst_case_usd
-from vast_harness.spec.interruptible import Interruptible
 from vast_harness.market.requires import DroppedFamily, dropped_families, requires_query, requires_reasons
 from vast_harness.spec.fit import WorkloadFit
+from vast_harness.spec.interruptible import Interruptible
 from vast_harness.spec.profile import DriverPolicy, Filters
 from vast_harness.spec.requires import Requires
 from vast_harness.vast.models import Offer

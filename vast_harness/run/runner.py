@@ -19,10 +19,10 @@ from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.errors import ExitCode, Interrupted, NoOfferError, describe, exit_code_for
 from vast_harness.evidence.run import RunEvidence
+from vast_harness.host.bundle import Bundle
 from vast_harness.host.ssh import run_key_dir_prefix
 from vast_harness.records import CreatedInstance, InstanceTeardown, PullRecord, StepRecord
 from vast_harness.reports.run import write_run_report_safely
-from vast_harness.host.bundle import Bundle
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.interrupt import close_attempt, outbid_of, recover, restore, resume_steps
 from vast_harness.run.record import build_record, exit_facts

@@ -1,0 +1,85 @@
+"""`--interruptible` (docs/interruptible.md): bad input refused before renting, the worst case over k
+interruptions, and whole runs on the simulator under the bid book's faults, judged by the chaos family's rules
+(never two live instances at once, no husk left, the resume at or after the last checkpoint, the bill under the
+caps and under the dry run's worst case)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.harness.clirun import cli
+from vast_harness.chaos.interrupt import run_family
+from vast_harness.errors import ExitCode
+
+needs_rsync = pytest.mark.skipif(shutil.which("rsync") is None, reason="the copy off a husk is rsync's")
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "train.py").write_text("print('hi')\n")
+    return wd
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--resume", "python r.py"], "only with --interruptible"),
+    (["--interruptible", "--resume", "python r.py"], "--resume needs --checkpoint"),
+    (["--interruptible", "--checkpoint", "../elsewhere"], "outside the workdir"),
+    (["--interruptible", "--checkpoint", "/abs"], "outside the workdir"),
+    (["--interruptible", "--bid", "200"], "outside Vast's bid range"),
+    (["--interruptible", "--bid", "cheap"], "'auto' or a price"),
+    (["--interruptible", "--bid", "0.001"], "below the min_bid of every offer"),
+])
+def test_bad_input_is_exit_2_before_anything_is_rented(workdir: Path, tmp_path: Path, flags: list[str],
+                                                       said: str) -> None:
+    result = cli("run", "--sim", "--workdir", str(workdir), "--evidence-dir", str(tmp_path / "ev"), *flags,
+                 "--", "python", "train.py", home=tmp_path)
+    assert result.returncode == ExitCode.BAD_INPUT, result.stderr
+    assert said in " ".join((result.stdout + result.stderr).split())
+    assert not list((tmp_path / "ev").rglob("ledger.jsonl")) or "intent" not in "".join(
+        p.read_text() for p in (tmp_path / "ev").rglob("ledger.jsonl"))
+
+
+def test_the_dry_run_quotes_k_interruptions_at_the_bid(workdir: Path, tmp_path: Path) -> None:
+    base = ["run", "--sim", "--dry-run", "--workdir", str(workdir), "--evidence-dir", str(tmp_path / "ev")]
+    none = cli(*base, "--", "python", "train.py", home=tmp_path)
+    two = cli(*base, "--interruptible", "--checkpoint", "ckpt", "--", "python", "train.py", home=tmp_path)
+    four = cli(*base, "--interruptible", "--checkpoint", "ckpt", "--max-interruptions", "4", "--", "python",
+               "train.py", home=tmp_path)
+    for result in (none, two, four):
+        assert result.returncode == 0, result.stderr
+    text = {name: " ".join((r.stdout + r.stderr).split()) for name, r in (("none", none), ("two", two), ("four", four))}
+    assert "bid $" in text["two"] and "min_bid $" in text["two"] and "2 interruption(s)" in text["two"]
+    assert "4 interruption(s)" in text["four"] and "interruption" not in text["none"]
+
+    def worst(words: str) -> float:
+        return float(words.split("-> worst case $")[1].split(";")[0].split()[0])
+
+    assert worst(text["four"]) > worst(text["two"]) > worst(text["none"])
+
+
+@needs_rsync
+@pytest.mark.parametrize("family", ["outbid_running", "outbid_boot", "outbid_twice", "outbid_during_copy",
+                                    "husk_resumes_after_delete"])
+def test_an_outbid_run_is_salvaged_replaced_and_resumed_within_the_judges_rules(family: str, tmp_path: Path) -> None:
+    got = run_family(family, tmp_path, seed=1)
+    assert got.violations == [], got.output
+    assert got.exit_code == ExitCode.PASSED, got.output
+    assert got.instances >= 2  # the husk and its replacement, one after the other
+    if family == "outbid_boot":  # paused before it ran: deleted and replaced like a host that did not boot
+        assert "stopped" in got.output
+    else:
+        assert got.resumes and all(started >= step for step, started in got.resumes), got.output
+        assert "outbid (" in got.output
+
+
+@needs_rsync
+def test_outbids_past_the_limit_stop_the_run_with_every_husk_gone(tmp_path: Path) -> None:
+    got = run_family("outbid_past_the_limit", tmp_path, seed=1, max_interruptions=0)
+    assert got.violations == [], got.output
+    assert got.exit_code == ExitCode.FAILED and "--max-interruptions 0" in got.message, got.output
+    assert got.instances == 1
