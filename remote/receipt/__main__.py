@@ -222,8 +222,11 @@ def run_cuda(budget_s: float, burn_cap_s: float, notes: list[str], phases: Phase
 
 
 def run_cpu(budget_s: float, burn_cap_s: float, world: int, notes: list[str], phases: Phases) -> dict[str, Any]:
-    """The same record from the CPU: what the tests and a GPU-less host exercise. No link, clocks or ECC."""
+    """The same record from the CPU: what the tests and a GPU-less host exercise. No link, clocks or ECC. One
+    thread: on a shared machine a thread pool's spin-waits stall whole windows, and the record is a stand-in."""
     dev = torch.device("cpu")
+    torch.set_num_threads(1)
+    notes.append("cpu: one thread (torch.set_num_threads(1))")
     shapes = []
     for m, n, k in measure.CPU_SHAPES:
         t = measure.matmul(dev, (m, n, k), seconds=0.3)

@@ -161,3 +161,20 @@ def test_the_simulators_answer_is_a_valid_receipt(tmp_path):
     path = tmp_path / "r.json"
     path.write_text("\n".join(GOOD))
     assert host_check.check(path) == []
+
+
+REAL = ROOT / ".evidence/receipt-2026-12-06/h100-call4-payload"
+
+
+def test_a_real_h100_hosts_answer_to_the_receipt_command_is_read_and_passes_like_for_like():
+    """What a lent H100 printed for `receipt_command(90)` (the payload and launcher shipped, run by bash as a
+    host runs it) reads as the run reads it and passes the default policy against an H100 offer's figures."""
+    from tests.harness.test_receipt_judge import OFFERS, POLICY, REFS
+    from vast_harness.host.receipt_judge import judge
+
+    assert "vh-receipt --out" in (REAL / "receipt_cmd.sh").read_text()  # receipt_command(90) at commit 115a52a
+    read, _ = _read(_Host((REAL / "host-answer.txt").read_text().splitlines()))
+    assert read.problem == "" and read.rc == 0 and read.doc == json.loads((REAL / "receipt.json").read_text())
+    judged = judge(read.doc, OFFERS["H100 SXM"], POLICY, REFS)
+    assert judged.verdict == "passed", judged.reason
+    assert judged.host_wall_s is not None and judged.host_wall_s <= 90

@@ -30,8 +30,9 @@ def test_bench_runs_interleaved_arms_and_verifies_on_and_off(tmp_path, monkeypat
     assert all(d["stop"]["daemon_gone"] for d in on_daemons)
     assert [(r["size"], r["helpers"]) for r in data["summary"]] == [(256, 1), (256, 2)]
     row = data["summary"][1]
-    # sleeping workers do not contend: each runs at its alone rate, so 1 learner + 2 helpers ~ 3.0
-    assert 2.0 < row["combined_norm_off"] < 3.5 and 2.0 < row["combined_norm_on"] < 3.5
+    # sleeping workers do not contend: each runs at its alone rate, so 1 learner + 2 helpers ~ 3.0 (the bounds
+    # leave room for a loaded machine's scheduling: CI's slow set ran at a load of 6 on 2 cores and read 5.3)
+    assert 1.8 < row["combined_norm_off"] < 4.2 and 1.8 < row["combined_norm_on"] < 4.2
     assert "combined (norm.) off/on" in capsys.readouterr().out
 
 

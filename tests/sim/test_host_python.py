@@ -93,3 +93,20 @@ def test_with_the_network_allowed_pip_is_not_pointed_at_nothing(tmp_path: Path, 
         with ssh_connect(direct_port(instance), ssh_key) as client:
             out = run(client, f"env | grep ^PIP_ ; echo ${DESCRIPTION_VAR}")[1]
     assert NO_NETWORK_PATH not in out and "PIP_INDEX_URL" not in out and "network on" in out, out
+
+
+def test_packages_a_pth_file_borrowed_are_the_images_too_but_a_source_checkout_is_not(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    """An installed wheel's venv that takes its packages from another venv through a `.pth` line (as the wheel
+    test's does): torch lives only there, so the host must see that folder; an editable install's checkout on
+    the path is source, not the image's packages."""
+    from vast_harness.sim import hostpython
+
+    borrowed = tmp_path / "other-venv" / "lib" / "python3" / "site-packages"
+    checkout = tmp_path / "checkout"
+    borrowed.mkdir(parents=True)
+    checkout.mkdir()
+    monkeypatch.setattr(sys, "path", [*sys.path, str(borrowed), str(checkout)])
+    dirs = hostpython._image_site_dirs()
+    assert os.path.realpath(borrowed) in dirs and os.path.realpath(checkout) not in dirs
+    assert not set(dirs) & {os.path.realpath(p) for p in site.getsitepackages([sys.base_prefix])}

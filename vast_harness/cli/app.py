@@ -729,13 +729,15 @@ def _masked_streams() -> Iterator[None]:
     """stdout and stderr masked while the command runs: what reaches them past `Output` (a traceback, a thread's
     error, a warning, a library's print) too."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = MaskingStream(saved[0]), MaskingStream(saved[1])
+    # A stream the process started without (its fd closed: Python makes it None) stays None: nothing to mask
+    sys.stdout, sys.stderr = (saved[0] and MaskingStream(saved[0])), (saved[1] and MaskingStream(saved[1]))
     try:
         yield
     finally:
         for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                if stream is not None:
+                    stream.flush()
         sys.stdout, sys.stderr = saved
 
 

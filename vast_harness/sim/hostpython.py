@@ -58,10 +58,18 @@ class RefusingPort:
 
 
 def _image_site_dirs() -> list[str]:
-    """The simulator interpreter's site-packages that the venv's own system site would not show (its venv's)."""
+    """The simulator interpreter's site-packages that the venv's own system site would not show: its venv's, and
+    any another `.pth` put on its path (a venv that borrows its packages that way: a `.pth` line of ours adds a
+    folder without reading the `.pth` files inside it). Source folders on the path (an editable install's
+    checkout) are not an image's packages and stay out."""
     base = {os.path.realpath(p) for p in site.getsitepackages([sys.base_prefix])}
-    mine = [p for p in site.getsitepackages() if os.path.isdir(p)]
-    return [p for p in mine if os.path.realpath(p) not in base]
+    found: list[str] = []
+    for p in [*site.getsitepackages(), *sys.path]:
+        real = os.path.realpath(p)
+        if (os.path.basename(real) in ("site-packages", "dist-packages") and os.path.isdir(real)
+                and real not in base and real not in found):
+            found.append(real)
+    return found
 
 
 def _pip_visible(dirs: list[str]) -> bool:

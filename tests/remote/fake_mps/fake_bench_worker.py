@@ -22,7 +22,8 @@ class SleepWork:
         self.role, self.mode = role, mode
 
     def step(self, size: int, kernels: int) -> float:
-        time.sleep(0.004 if self.role == "learner" else 0.001 * size / 256)
+        # milliseconds, not fractions of one: a loaded machine's wake-up lag would swamp a shorter sleep
+        time.sleep(0.01 if self.role == "learner" else 0.005 * size / 256)
         return 1.0 if self.role == "learner" else float(kernels)
 
 
