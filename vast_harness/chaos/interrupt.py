@@ -19,6 +19,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import SecretStr
 
@@ -26,6 +27,7 @@ from vast_harness.chaos.engine import BOOT_TIMEOUT_S, KEY, SCALE, TEARDOWN_MARGI
 from vast_harness.errors import ExitCode
 from vast_harness.host.bundle import bundle_for
 from vast_harness.market.plan import plan_run
+from vast_harness.run.interrupt import SALVAGE_DIR
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim.server import SimServer
 from vast_harness.spec.profile import load_driver_policy
@@ -127,17 +129,34 @@ def judge(outcome: InterruptOutcome, mine: list[dict[str, object]], run_dir: Pat
     if outcome.accrued_usd + 1e-9 < outcome.billed_usd:
         found.append(f"under-reported: the run says ${outcome.accrued_usd:.6f}, the simulator billed "
                      f"${outcome.billed_usd:.6f}")
-    salvaged = sorted((run_dir / "salvaged").glob("*/step.txt"), key=lambda p: int(p.parent.name))
-    logs = "".join(_read(p) for p in sorted((run_dir / "steps").glob("*.log")))
-    starts = [int(m) for m in re.findall(r"start step (\d+)", logs)][1:]  # the first start is the fresh one
-    for path, started in zip(salvaged, starts, strict=False):
-        step = int(path.read_text().strip() or 0)
-        outcome.resumes.append((step, started))
-        if started < step:
-            found.append(f"resumed at step {started}, behind the last checkpoint {step}")
     record = json.loads(_read(run_dir / "harness-result.json") or "{}")
+    found += judge_resumes(outcome, run_dir, record)
     if record and len(record.get("attempts", [])) != len(mine):
         found.append(f"the record lists {len(record.get('attempts', []))} attempt(s) of {len(mine)} instance(s)")
+    return found
+
+
+def judge_resumes(outcome: InterruptOutcome, run_dir: Path, record: dict[str, Any]) -> list[str]:
+    """The resumed step >= the last checkpoint. Each salvage holds a step; each host's command says where it
+    started, in the order the hosts ran (the step logs in the record's order: the first command, then `resume`,
+    appended host after host). A start is never behind an earlier start (a checkpoint only moves on), and the
+    last host's start, when the run ended on it rather than on an outbid, is at or after every salvaged step."""
+    found: list[str] = []
+    names = list(dict.fromkeys(str(step["name"]) for step in record.get("steps", [])))
+    logs = "".join(_read(run_dir / "steps" / f"{name}.log") for name in names)
+    starts = [int(m) for m in re.findall(r"start step (\d+)", logs)][1:]  # the first start is the fresh one
+    salvaged = sorted((run_dir / SALVAGE_DIR).glob("*/step.txt"), key=lambda p: int(p.parent.name))
+    steps = [int(p.read_text().strip() or 0) for p in salvaged]
+    outcome.resumes = list(zip(steps, starts, strict=False))
+    for earlier, later in zip(starts, starts[1:], strict=False):
+        if later < earlier:
+            found.append(f"a later host started at step {later}, behind an earlier one's start {earlier}")
+    attempts = record.get("attempts", [])
+    ended_on_a_host = bool(attempts) and not str(attempts[-1].get("ended", "")).startswith("outbid")
+    if starts and steps and ended_on_a_host and starts[-1] < max(steps):
+        found.append(f"resumed at step {starts[-1]}, behind the last checkpoint {max(steps)}")
+    if steps and not starts and ended_on_a_host:
+        found.append(f"a checkpoint (step {max(steps)}) was salvaged but no host resumed from it")
     return found
 
 

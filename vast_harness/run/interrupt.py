@@ -84,8 +84,9 @@ def record_host_home(t: RunTools, s: RunState) -> None:
         s.host_home = lines[0].strip()
 
 
-def recover(t: RunTools, s: RunState, why: str) -> Path | None:
-    """Salvage the husk's checkpoint, delete it and prove it gone, exclude its machine: what the next host needs.
+def recover(t: RunTools, s: RunState, why: str, previous: Path | None = None) -> Path | None:
+    """Salvage the husk's checkpoint, delete it and prove it gone, exclude its machine: what the next host needs
+    (the folder salvaged off it, or `previous`, the one salvaged before, when the husk holds nothing newer).
     Raises Outbid (exit 1) past --max-interruptions or when the salvage fails, TeardownUnproven (exit 3) when the
     husk is not proven gone (nothing more is rented beside it)."""
     terms = t.spec.interruptible
@@ -97,9 +98,15 @@ def recover(t: RunTools, s: RunState, why: str) -> Path | None:
     t.ledger.append(s.run_id, "outbid", inst.label, instance_id=inst.instance_id, detail=why[:300])
     salvaged: Path | None = None
     failure: str | None = None
-    if terms.checkpoint is not None:
+    if terms.checkpoint is not None and previous is not None and not _restored(s, inst.instance_id):
+        # Outbid before the folder it was given was restored: it ran nothing, so it holds nothing newer (and a
+        # copy of a half-unpacked folder would be worse than the one already here).
+        t.out.info(f"instance {inst.instance_id} was outbid before its checkpoint was restored: the one salvaged "
+                   "before stands")
+        salvaged = previous
+    elif terms.checkpoint is not None:
         try:
-            salvaged = salvage(t, s, inst, n)
+            salvaged = salvage(t, s, inst, n) or previous
         except HarnessError as exc:
             failure = f"the checkpoint could not be copied off instance {inst.instance_id}: {exc}"
     if s.session is not None:  # the husk's session is dead: the next host's work starts afresh
@@ -222,6 +229,10 @@ def resume_steps(t: RunTools) -> list[Step]:
 def boot_outbid(t: RunTools, exc: BaseException) -> bool:
     """A boot that failed because the instance was paused (outbid before it ran)."""
     return t.spec.interruptible is not None and isinstance(exc, BootFailed) and "stopped" in str(exc)
+
+
+def _restored(s: RunState, instance_id: int) -> bool:
+    return any(a.instance_id == instance_id and a.restored_bytes > 0 for a in s.attempts)
 
 
 def _size(folder: Path) -> int:

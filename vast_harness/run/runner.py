@@ -94,7 +94,7 @@ class GuardedRun:
                         if why is None:
                             raise
                         s.steps_before.extend(s.work.steps if s.work else [])
-                        salvaged = recover(t, s, why)  # the husk salvaged, deleted and proven gone
+                        salvaged = recover(t, s, why, salvaged)  # the husk salvaged, deleted and proven gone
                         s.recovered()
                         s.stage = Stage.RENT
                         rent_and_connect(t, s)
