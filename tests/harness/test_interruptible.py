@@ -5,13 +5,14 @@ caps and under the dry run's worst case)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.harness.clirun import cli
-from vast_harness.chaos.interrupt import run_family
+from vast_harness.chaos.interrupt import InterruptOutcome, run_family
 from vast_harness.errors import ExitCode
 
 needs_rsync = pytest.mark.skipif(shutil.which("rsync") is None, reason="the copy off a husk is rsync's")
@@ -75,6 +76,27 @@ def test_an_outbid_run_is_salvaged_replaced_and_resumed_within_the_judges_rules(
     else:
         assert got.resumes, got.output  # the judge checked each start against the checkpoints
         assert "outbid (" in got.output
+    assert_costs_and_report_list_every_host(got, tmp_path)
+
+
+def assert_costs_and_report_list_every_host(got: InterruptOutcome, work: Path) -> None:
+    """`costs` and report.html name every host of the run, why it ended, and the total against the caps."""
+    assert got.run_dir is not None
+    answer = cli("costs", "--evidence-dir", str(work / "ev"), "--json", home=work)
+    assert answer.returncode == 0, answer.stderr
+    run = next(r for r in json.loads(answer.stdout)["runs"] if r["dir"] == str(got.run_dir))
+    assert len(run["attempts"]) == got.instances
+    assert all(a["ended"] for a in run["attempts"]), run["attempts"]
+    assert any(a["ended"].startswith("outbid") for a in run["attempts"]), run["attempts"]
+    assert run["max_usd"] > 0 and run["worst_case_usd"] >= run["accrued_usd"] > 0
+    assert sum(a["accrued_usd"] for a in run["attempts"]) <= run["accrued_usd"] + 1e-6
+    table = cli("costs", "--evidence-dir", str(work / "ev"), home=work)
+    words = " ".join(table.stdout.split())
+    assert f"{got.instances} host(s)" in words and "of the cap $" in words, table.stdout
+    report = (got.run_dir / "report.html").read_text()
+    hosts = report.split('<table class="attempts">')[1].split("</table>")[0]
+    assert hosts.count("<tr>") == got.instances + 1  # the header's row and one per host
+    assert 'class="bad">outbid' in hosts and "of the cap $" in report
 
 
 @needs_rsync
@@ -83,3 +105,4 @@ def test_outbids_past_the_limit_stop_the_run_with_every_husk_gone(tmp_path: Path
     assert got.violations == [], got.output
     assert got.exit_code == ExitCode.FAILED and "--max-interruptions 0" in got.message, got.output
     assert got.instances == 1
+    assert_costs_and_report_list_every_host(got, tmp_path)

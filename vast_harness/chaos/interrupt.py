@@ -71,6 +71,7 @@ class InterruptOutcome:
     instances: int = 0
     resumes: list[tuple[int, int]] = field(default_factory=list)  # (salvaged step, step the resume started at)
     output: str = ""
+    run_dir: Path | None = None  # the run's evidence (harness-result.json, report.html, salvaged/)
 
 
 def interrupt_spec(url: str, work: Path, *, steps: int, step_s: float, max_interruptions: int,
@@ -104,7 +105,8 @@ def run_family(family: str, work: Path, *, seed: int = 0, steps: int = 30, step_
         result = run.execute()
         state = sim.state()
     outcome = InterruptOutcome(family=family, seed=seed, exit_code=result.exit_code, message=result.message,
-                               worst_case_usd=worst, accrued_usd=run.accrued_usd(), output=buf.getvalue())
+                               worst_case_usd=worst, accrued_usd=run.accrued_usd(), output=buf.getvalue(),
+                               run_dir=run.ev.dir)
     mine = [i for i in state["instances"] if i["label"] and run.run_id in i["label"]]
     outcome.instances = len(mine)
     outcome.billed_usd = sum(i["billed_usd"] for i in mine)

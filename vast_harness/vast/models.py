@@ -224,6 +224,7 @@ class Instance(_VastModel):
     dph_total: float | None = None
     start_date: float | None = None
     end_date_unix: float | None = Field(default=None, alias="end_date")  # the contract's end: its price holds till then
+    is_bid: bool | None = None  # created with a bid (interruptible): show_instance.yaml "created via bidding"
 
     @field_validator("end_date_unix", mode="before")
     @classmethod
