@@ -6,16 +6,21 @@ caps and under the dry run's worst case)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.harness.clirun import cli
+from tests.tools import require_rsync
 from vast_harness.chaos.interrupt import InterruptOutcome, run_family
 from vast_harness.errors import ExitCode
 
-needs_rsync = pytest.mark.skipif(shutil.which("rsync") is None, reason="the copy off a husk is rsync's")
+needs_rsync = pytest.mark.usefixtures("rsync")
+
+
+@pytest.fixture
+def rsync() -> str:
+    return require_rsync()
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ protocol over SSH to the `src_addr`/`src_port` that `PUT /commands/rsync/` answe
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -15,9 +14,8 @@ import httpx
 import pytest
 
 from tests.sim.conftest import cheapest_offer
+from tests.tools import require_rsync
 from vast_harness.sim import SimServer
-
-pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="the copy is rsync's, as `vastai copy` runs it")
 
 
 def create_bid(api: httpx.Client, offer: dict[str, Any], price: float, label: str = "vh-bid") -> tuple[int, dict[str, Any]]:
@@ -110,6 +108,7 @@ def test_an_underbid_create_errs_and_leaves_a_stopped_instance(fresh: SimServer,
 
 def _copy_off(api: httpx.Client, iid: int, src: str, dst: Path, key_file: Path) -> subprocess.CompletedProcess[bytes]:
     """`vastai copy C.<id>:SRC DST` as the official CLI runs it (vast-cli cli/commands/storage.py::copy)."""
+    rsync = require_rsync()
     answer = api.put("/api/v0/commands/rsync/", json={"client_id": "me", "src_id": iid, "dst_id": None,
                                                       "src_path": src, "dst_path": str(dst)})
     assert answer.status_code == 200, answer.text
@@ -118,7 +117,7 @@ def _copy_off(api: httpx.Client, iid: int, src: str, dst: Path, key_file: Path) 
     ssh = (f"ssh -F /dev/null -i {key_file} -p {rj['src_port']} -o StrictHostKeyChecking=no "
            "-o UserKnownHostsFile=/dev/null -o BatchMode=yes -o IdentitiesOnly=yes -o LogLevel=ERROR")
     dst.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["rsync", "-arz", "-e", ssh, f"vastai_kaalia@{rj['src_addr']}::{iid}/{src}", str(dst)],
+    return subprocess.run([rsync, "-arz", "-e", ssh, f"vastai_kaalia@{rj['src_addr']}::{iid}/{src}", str(dst)],
                           capture_output=True, timeout=60)
 
 
