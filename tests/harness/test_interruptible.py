@@ -6,13 +6,14 @@ caps and under the dry run's worst case)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.harness.clirun import cli
 from tests.tools import require_rsync
-from vast_harness.chaos.interrupt import InterruptOutcome, run_family
+from vast_harness.chaos.interrupt import InterruptOutcome, run_family, run_seeded
 from vast_harness.errors import ExitCode
 
 needs_rsync = pytest.mark.usefixtures("rsync")
@@ -111,3 +112,20 @@ def test_outbids_past_the_limit_stop_the_run_with_every_husk_gone(tmp_path: Path
     assert got.exit_code == ExitCode.FAILED and "--max-interruptions 0" in got.message, got.output
     assert got.instances == 1
     assert_costs_and_report_list_every_host(got, tmp_path)
+
+
+PROPERTY_SEEDS = int(os.environ.get("VH_INTERRUPT_SEEDS", "8"))
+
+
+@needs_rsync
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(PROPERTY_SEEDS))
+def test_the_dry_runs_worst_case_bounds_every_simulated_bill_over_seeded_outbids(seed: int, tmp_path: Path) -> None:
+    """The property: over seeded random outbid timings and counts (during boot, after running, twice, a husk
+    that resumes by itself after a DELETE that deleted nothing) and a random --max-interruptions, whatever the
+    run's outcome, the simulator's bill (/_sim/state) is under the cap and the dry run's worst case, the run's
+    own figure is between the two, no husk is left and no two instances of the run lived at once."""
+    got = run_seeded(seed, tmp_path)
+    assert got.violations == [], f"{got.family}\n{got.output}"
+    assert got.exit_code in (ExitCode.PASSED, ExitCode.FAILED, ExitCode.CAP_REACHED), f"{got.family}: {got.message}"
+    assert 0 < got.billed_usd <= got.accrued_usd <= got.worst_case_usd, got.family

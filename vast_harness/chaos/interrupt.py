@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import re
 import sys
 from dataclasses import dataclass, field
@@ -75,13 +76,13 @@ class InterruptOutcome:
 
 
 def interrupt_spec(url: str, work: Path, *, steps: int, step_s: float, max_interruptions: int,
-                   max_usd: float | None = None) -> RunSpec:
+                   max_usd: float | None = None, max_minutes: float = 2.0) -> RunSpec:
     """`vast-e2e run --interruptible --checkpoint ckpt -- python train.py` with every clock scaled down."""
     wd = work / "wd"
     wd.mkdir(parents=True, exist_ok=True)
     (wd / "train.py").write_text(TRAIN)
     options = RunOptions(sim=True, evidence_dir=work / "ev", state_dir=work / "ev", max_usd=max_usd,
-                         proof_interval_s=0.1, poll_s=0.05, boot_retries=1, max_minutes=2.0, dry_run=True,
+                         proof_interval_s=0.1, poll_s=0.05, boot_retries=1, max_minutes=max_minutes, dry_run=True,
                          command=["python3", "train.py", str(steps), str(step_s)], workdir=str(wd),
                          artifact=["ckpt"], interruptible=True, max_interruptions=max_interruptions,
                          checkpoint="ckpt")
@@ -91,16 +92,47 @@ def interrupt_spec(url: str, work: Path, *, steps: int, step_s: float, max_inter
                                    "dry_run": False}).with_timings(teardown_margin_s=TEARDOWN_MARGIN_S)
 
 
+def random_faults(seed: int) -> tuple[str, int]:
+    """A seeded draw of the bid book's faults (outbid timings and counts, during boot or after running, a husk
+    that resumes, a DELETE that deleted nothing) and the --max-interruptions asked: the property's inputs."""
+    rng = random.Random(seed)
+    rules = [f"outbid:{rng.uniform(0.2, 3.0):.2f}:{rng.randint(1, 3)}"]
+    if rng.random() < 0.5:
+        rules.append(f"outbid:{rng.uniform(0.0, 1.5):.2f}")
+    if rng.random() < 0.3:
+        rules.append(f"outbid_boot:{rng.uniform(0.0, 0.3):.2f}")
+    if rng.random() < 0.3:
+        rules += [f"outbid_resume:{rng.uniform(0.1, 1.0):.2f}", "delete_noop"]
+    return ";".join(rules), rng.randint(0, 3)
+
+
 def run_family(family: str, work: Path, *, seed: int = 0, steps: int = 30, step_s: float = 0.1,
                max_interruptions: int = 2) -> InterruptOutcome:
     """One run under `family`'s faults, then the judge's rules."""
+    return run_faults(family, FAMILIES[family], work, seed=seed, steps=steps, step_s=step_s,
+                      max_interruptions=max_interruptions)
+
+
+def run_seeded(seed: int, work: Path, *, steps: int = 600, step_s: float = 0.1,
+               max_minutes: float = 0.3) -> InterruptOutcome:
+    """One run under `random_faults(seed)`, judged: the property that the dry run's worst case bounds the bill.
+    The command outlasts the 18 s cap by default, so a run that survives its outbids bills up to the cap."""
+    faults, k = random_faults(seed)
+    return run_faults(f"seed {seed}: {faults}, --max-interruptions {k}", faults, work, seed=seed, steps=steps,
+                      step_s=step_s, max_interruptions=k, max_minutes=max_minutes)
+
+
+def run_faults(family: str, faults: str, work: Path, *, seed: int = 0, steps: int = 30, step_s: float = 0.1,
+               max_interruptions: int = 2, max_minutes: float = 2.0) -> InterruptOutcome:
+    """One run under `faults`, then the judge's rules."""
     buf = io.StringIO()
     with SimServer(seed=seed, rate_scale=SCALE, boot_seconds=0.1, num_offers=300) as sim:
-        spec = interrupt_spec(sim.url, work, steps=steps, step_s=step_s, max_interruptions=max_interruptions)
+        spec = interrupt_spec(sim.url, work, steps=steps, step_s=step_s, max_interruptions=max_interruptions,
+                              max_minutes=max_minutes)
         with _client(sim.url) as client:
             worst = plan_run(spec, client, load_driver_policy(), bundle_for(spec)).chosen.quote.worst_case_usd
         sim.reset()
-        sim.set_faults(f"{FAMILIES[family]};seed={seed}")
+        sim.set_faults(f"{faults};seed={seed}")
         run = GuardedRun(spec, _client(sim.url), load_driver_policy(), _output(buf))
         result = run.execute()
         state = sim.state()
@@ -128,6 +160,9 @@ def judge(outcome: InterruptOutcome, mine: list[dict[str, object]], run_dir: Pat
         found.append(f"billed ${outcome.billed_usd:.6f} over the cap ${spec.caps.max_usd:.6f}")
     if outcome.billed_usd > outcome.worst_case_usd + 1e-9:
         found.append(f"billed ${outcome.billed_usd:.6f} over the dry run's worst case ${outcome.worst_case_usd:.6f}")
+    if outcome.accrued_usd > outcome.worst_case_usd + 1e-9:
+        found.append(f"the run's own figure ${outcome.accrued_usd:.6f} is over the dry run's worst case "
+                     f"${outcome.worst_case_usd:.6f}")
     if outcome.accrued_usd + 1e-9 < outcome.billed_usd:
         found.append(f"under-reported: the run says ${outcome.accrued_usd:.6f}, the simulator billed "
                      f"${outcome.billed_usd:.6f}")

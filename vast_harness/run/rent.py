@@ -194,7 +194,9 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
         except (BootFailed, SshConnectError) as exc:
             last_failure = exc
             drop_host(s)
-            if boot_outbid(t, exc):  # an outbid, not the host: counted against --max-interruptions instead
+            if boot_outbid(t, exc) or outbid_of(t, s, exc) is not None:
+                # an outbid (its boot, its arrival check, its switch or receipt stopped because the instance was
+                # paused), not the host: counted against --max-interruptions instead
                 close_attempt(t, s, inst.instance_id, f"outbid during boot ({exc})")
                 boots_left += 1
                 s.recovered()
@@ -209,9 +211,12 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
             boots_left = _after_failed_boot(t, s, inst, exc, boots_left)
     if isinstance(last_failure, ReceiptFailed):  # the user's question is which measure failed: name it again
         raise BootFailed(f"no further offer to try; the last host failed its receipt: {last_failure}")
+    ceiling = ("" if t.spec.interruptible is None or s.plan is None or s.plan.chosen.quote.ceiling_dph_usd is None
+               else f" (an interruptible run rents no host above ${s.plan.chosen.quote.ceiling_dph_usd:.4f}/h, the "
+                    "most its worst case allowed for)")
     if book.created:  # something was rented (and deleted): "nothing rented" (exit 5) would be untrue
-        raise BootFailed("no further offer to try after boot failures")
-    raise NoOfferError("no further offer to try after boot failures")
+        raise BootFailed(f"no further offer to try after boot failures{ceiling}")
+    raise NoOfferError(f"no further offer to try after boot failures{ceiling}")
 
 
 def qualify(t: RunTools, s: RunState, inst: CreatedInstance, offer: Offer) -> None:
