@@ -13,7 +13,7 @@ import pytest
 
 from tests.harness.clirun import cli
 from tests.tools import require_rsync
-from vast_harness.chaos.interrupt import InterruptOutcome, run_family, run_seeded
+from vast_harness.chaos.interrupt import SWITCH_FAMILIES, InterruptOutcome, run_family, run_seeded, run_switch_family
 from vast_harness.errors import ExitCode
 
 needs_rsync = pytest.mark.usefixtures("rsync")
@@ -129,3 +129,32 @@ def test_the_dry_runs_worst_case_bounds_every_simulated_bill_over_seeded_outbids
     assert got.violations == [], f"{got.family}\n{got.output}"
     assert got.exit_code in (ExitCode.PASSED, ExitCode.FAILED, ExitCode.CAP_REACHED), f"{got.family}: {got.message}"
     assert 0 < got.billed_usd <= got.accrued_usd <= got.worst_case_usd, got.family
+
+
+@pytest.mark.parametrize("family", ["outbid_during_delete", "outbid_during_delete_then_resume"])
+def test_an_outbid_during_the_final_delete_is_deleted_again_and_proven_not_recovered(family: str,
+                                                                                     tmp_path: Path) -> None:
+    # The teardown's DELETE races the outbid: answered 200, nothing deleted, the instance paused (and, in the
+    # second, resuming by itself). The proof reads it still there and deletes it again; the finished run is not
+    # "recovered" onto another host.
+    got = run_family(family, tmp_path, seed=1)
+    assert got.violations == [], got.output
+    assert got.exit_code == ExitCode.PASSED, got.output
+    assert got.instances == 1 and got.outbids == 1 and got.deletes >= 2, got
+    if family.endswith("resume"):
+        assert got.resumed == 1, got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(SWITCH_FAMILIES))
+def test_an_outbid_during_the_switch_countdown_leaves_no_husk(family: str, tmp_path: Path) -> None:
+    # The harness is gone; the outbid kills the switch with its container. A husk that stays paused is reap's
+    # (named a husk, deleted, proven); one that resumes after the deadline is deleted by its switch at once, from
+    # the deadline it wrote on its disk (a switch counting afresh is a violation).
+    got = run_switch_family(family, tmp_path, seed=1)
+    assert got.violations == [], got.output
+    assert got.outbids == 1 and got.instances == 1, got
+    if family.endswith("resumes_late"):
+        assert got.resumed == 1, got
+    else:
+        assert got.exit_code == ExitCode.PASSED and "husk" in got.output, got.output

@@ -18,21 +18,27 @@ import json
 import random
 import re
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
 
+from vast_harness.actions.reap import reap_all
 from vast_harness.chaos.engine import BOOT_TIMEOUT_S, KEY, SCALE, TEARDOWN_MARGIN_S, _client, _output
 from vast_harness.errors import ExitCode
 from vast_harness.host.bundle import bundle_for
+from vast_harness.host.onstart import build_onstart
 from vast_harness.market.plan import plan_run
 from vast_harness.run.interrupt import SALVAGE_DIR
 from vast_harness.run.runner import GuardedRun
 from vast_harness.sim.server import SimServer
 from vast_harness.spec.profile import load_driver_policy
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
+from vast_harness.state.ledger import Ledger
+from vast_harness.state.registry import make_label
 
 # The user's command: N steps, a checkpoint after each, resuming from the folder when it is there.
 TRAIN = """\
@@ -56,6 +62,9 @@ FAMILIES: dict[str, str] = {
     "outbid_during_copy": "outbid:2.0;outbid:0.3",  # the replacement is outbid while the checkpoint goes up
     "husk_resumes_after_delete": "outbid:2.0;outbid_resume:0.3;delete_noop",
     "outbid_past_the_limit": "outbid:2.0:4",
+    # the final teardown's DELETE races an outbid: answered 200, the instance paused and still there
+    "outbid_during_delete": "outbid_delete",
+    "outbid_during_delete_then_resume": "outbid_delete;outbid_resume:0.0",
 }
 
 
@@ -70,6 +79,9 @@ class InterruptOutcome:
     billed_usd: float = 0.0
     accrued_usd: float = 0.0
     instances: int = 0
+    outbids: int = 0  # times the simulator paused one of the run's instances
+    resumed: int = 0  # times a paused one resumed by itself
+    deletes: int = 0  # DELETE calls the simulator answered
     resumes: list[tuple[int, int]] = field(default_factory=list)  # (salvaged step, step the resume started at)
     output: str = ""
     run_dir: Path | None = None  # the run's evidence (harness-result.json, report.html, salvaged/)
@@ -142,6 +154,9 @@ def run_faults(family: str, faults: str, work: Path, *, seed: int = 0, steps: in
     mine = [i for i in state["instances"] if i["label"] and run.run_id in i["label"]]
     outcome.instances = len(mine)
     outcome.billed_usd = sum(i["billed_usd"] for i in mine)
+    outcome.outbids = sum(int(i["outbids"]) for i in mine)
+    outcome.resumed = sum(int(i["resumes"]) for i in mine)
+    outcome.deletes = sum(1 for c in state["calls"] if c["method"] == "DELETE")
     outcome.violations = judge(outcome, mine, run.ev.dir, spec)
     return outcome
 
@@ -195,6 +210,95 @@ def judge_resumes(outcome: InterruptOutcome, run_dir: Path, record: dict[str, An
     if steps and not starts and ended_on_a_host:
         found.append(f"a checkpoint (step {max(steps)}) was salvaged but no host resumed from it")
     return found
+
+
+# An outbid during the dead-man switch's countdown, the harness gone (killed -9): the switch's process dies with
+# the paused container, so it cannot delete its instance at its deadline. Either the husk stays paused (reap
+# must find it, name it a husk and delete it with proof) or it resumes after the deadline (onstart runs again,
+# reads the deadline it wrote on the disk, and deletes the instance at once).
+SWITCH_FAMILIES: dict[str, str] = {
+    "outbid_in_switch_countdown_stays_paused": "outbid:{outbid_s}",
+    "outbid_in_switch_countdown_resumes_late": "outbid:{outbid_s};outbid_resume:{resume_s}",
+}
+SWITCH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOf5m0example vh-switch"  # never used: no SSH in this family
+
+
+def run_switch_family(family: str, work: Path, *, seed: int = 0, allowance_s: int = 4,
+                      outbid_s: float = 0.5) -> InterruptOutcome:
+    """A bid instance created as a run creates it (its label, its ledger lines, its onstart with the switch at
+    `allowance_s`), whose run is gone; outbid `outbid_s` after it runs, inside the countdown; then the judge."""
+    resume_s = allowance_s + 1.5  # after the deadline the switch could not keep
+    buf = io.StringIO()
+    outcome = InterruptOutcome(family=family, seed=seed, exit_code=ExitCode.PASSED, message="")
+    with SimServer(seed=seed, rate_scale=SCALE, boot_seconds=0.1, num_offers=300) as sim, _client(sim.url) as client:
+        spec = resolve(RunOptions(profile="smoke", sim=True, evidence_dir=work / "ev", state_dir=work / "ev",
+                                  proof_interval_s=0.1), environ={"HOME": str(work)})
+        spec = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr(KEY)})
+        offer = next(o for o in client.search_offers({"limit": 50}) if o.min_bid_usd_per_h)
+        assert offer.min_bid_usd_per_h is not None
+        run_id = f"switch{seed}"
+        label = make_label(run_id, 0, time.time() + 3600, left_s=3600)
+        ledger = Ledger.for_spec(spec)
+        ledger.append(run_id, "intent", label, offer_id=offer.id, dph_usd=offer.dph_total)
+        sim.set_faults(SWITCH_FAMILIES[family].format(outbid_s=outbid_s, resume_s=resume_s) + f";seed={seed}")
+        created = client.create_instance(offer.id, {
+            "client_id": "me", "image": "x@sha256:" + "0" * 64, "disk": 10, "label": label,
+            "price": round(offer.min_bid_usd_per_h * 1.1, 4),
+            "onstart": build_onstart(public_key=SWITCH_KEY, api_url=sim.url, deadman_after_s=allowance_s)})
+        iid = created.new_contract
+        ledger.append(run_id, "created", label, offer_id=offer.id, instance_id=iid)  # then the run was killed
+        row = _wait(lambda: _row(sim, iid), lambda r: bool(r["outbids"]), 10.0)
+        outcome.outbids = int(row["outbids"])
+        time.sleep(allowance_s + 0.5)  # the deadline passes while it is paused
+        row = _row(sim, iid)
+        if not row["live"] and not row["resumes"]:
+            outcome.violations.append("a paused instance was deleted at its deadline: the simulator ran the switch "
+                                      "of a stopped container")
+        if family.endswith("resumes_late"):
+            row = _wait(lambda: _row(sim, iid), lambda r: not r["live"], resume_s + 15.0)
+            outcome.resumed = int(row["resumes"])
+            if not outcome.resumed:
+                outcome.violations.append("the husk never resumed: the family did not happen")
+            elif row["live"]:
+                outcome.violations.append(f"husk left: instance {iid} resumed after its switch's deadline and its "
+                                          "switch did not delete it")
+            elif row["destroyed_by"] != "api":
+                outcome.violations.append(f"instance {iid} ended by {row['destroyed_by']}, not the switch's DELETE")
+            elif row["booted_at"] and float(row["destroyed_at"]) - float(row["booted_at"]) >= allowance_s / 2:
+                outcome.violations.append(
+                    f"the resumed switch deleted instance {iid} {float(row['destroyed_at']) - float(row['booted_at']):.1f}"
+                    f" s after its re-boot: it counted afresh instead of keeping the deadline it wrote")
+        else:
+            out = _output(buf)
+            outcome.exit_code = reap_all(spec, client, out)
+            row = _row(sim, iid)
+            if row["live"]:
+                outcome.violations.append(f"husk left: reap did not delete the paused instance {iid}")
+            if "husk" not in buf.getvalue():
+                outcome.violations.append(f"reap did not name instance {iid} a husk")
+            if outcome.exit_code != ExitCode.PASSED:
+                outcome.violations.append(f"reap exited {int(outcome.exit_code)}")
+        state = sim.state()
+    mine = [i for i in state["instances"] if i["label"] and run_id in i["label"]]
+    outcome.instances = len(mine)
+    outcome.billed_usd = sum(i["billed_usd"] for i in mine)
+    outcome.deletes = sum(1 for c in state["calls"] if c["method"] == "DELETE")
+    outcome.output = buf.getvalue()
+    return outcome
+
+
+def _row(sim: SimServer, instance_id: int) -> dict[str, Any]:
+    return next(dict(i) for i in sim.state()["instances"] if i["id"] == instance_id)
+
+
+def _wait(read: Callable[[], dict[str, Any]], done: Callable[[dict[str, Any]], bool],
+          timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    row = read()
+    while not done(row) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        row = read()
+    return row
 
 
 def _read(path: Path) -> str:

@@ -644,13 +644,18 @@ class Backend:
                 raise errors.no_such_instance()
             if self.faults.take("delete_noop") is not None:
                 return  # answered 200 success, nothing deleted: only a later read shows it still there
-            inst.settle(now)
-            inst.destroyed_at, inst.destroyed_by = now, "api"
-            linger = self.faults.take("linger")
-            inst.linger_until = now + (linger.seconds if linger is not None and linger.seconds is not None
-                                       else self.linger_s)
-            if self.rented.get(inst.offer["id"], (None, None))[1] == inst.id:
-                del self.rented[inst.offer["id"]]
+            raced = inst.is_bid and not inst.outbid and self.faults.take("outbid_delete") is not None
+            if not raced:
+                inst.settle(now)
+                inst.destroyed_at, inst.destroyed_by = now, "api"
+                linger = self.faults.take("linger")
+                inst.linger_until = now + (linger.seconds if linger is not None and linger.seconds is not None
+                                           else self.linger_s)
+                if self.rented.get(inst.offer["id"], (None, None))[1] == inst.id:
+                    del self.rented[inst.offer["id"]]
+        if raced:  # the bid book paused it as the DELETE came: answered 200 success, nothing deleted
+            self._outbid(inst)
+            return
         self._teardown(inst)
 
     def _teardown(self, inst: Instance, *, remove: bool = True) -> None:

@@ -83,6 +83,9 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
     outbid_resume:SECONDS[:COUNT]           the price falls: a paused (outbid) instance resumes by itself SECONDS
                                             after it was paused (re-boots, GPU bills again, onstart runs again);
                                             one already deleted stays gone
+    outbid_delete[:COUNT]                   the next COUNT DELETEs of a running interruptible instance race an
+                                            outbid: it is paused as above and the DELETE answers 200 success
+                                            having deleted nothing (only a later read shows the husk)
     copy_fail[:COUNT]                       the copy off a stopped instance (PUT /commands/rsync/) answers
                                             success, but its daemon refuses the transfer (rsync exits non-zero)
     boot_stall[:COUNT]                      the next COUNT instances never leave `loading`
@@ -149,7 +152,7 @@ Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_
                "scheduling", "negative_balance", "started_earlier", "wrong_contract", "show_list",
                "show_no_ports", "error_status", "key_reset", "delete_noop", "gpu_mismatch", "date_ahead",
                "date_behind", "pcie_slow", "gpu_slow", "hbm_slow", "throttle", "ecc_error", "outbid", "outbid_boot",
-               "outbid_resume", "copy_fail"]
+               "outbid_resume", "copy_fail", "outbid_delete"]
 ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "price_increase", "copy", "any")
 GATEWAY_STATUSES = (502, 503, 504)
 _NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
@@ -181,7 +184,7 @@ _POSITIONAL: dict[str, tuple[str, ...]] = {
     "throttle": ("seconds", "count"), "ecc_error": ("count",),
     "date_ahead": ("seconds", "count"), "date_behind": ("seconds", "count"),
     "outbid": ("seconds", "count"), "outbid_boot": ("seconds", "count"), "outbid_resume": ("seconds", "count"),
-    "copy_fail": ("count",),
+    "copy_fail": ("count",), "outbid_delete": ("count",),
 }
 
 
