@@ -403,6 +403,8 @@ class Attempt(BaseModel):
     ended: str = ""
     salvaged_bytes: int = 0  # the checkpoint copied off it after its outbid
     restored_bytes: int = 0  # the checkpoint uploaded to it before its resume
+    pauses: int = 0  # outbids it resumed from by itself while the run waited (--on-outbid wait:MINUTES)
+    paused_s: float = 0.0  # the seconds those waits took (storage billing, the GPU not)
 
 
 class RunRecord(BaseModel):

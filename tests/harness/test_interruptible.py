@@ -40,6 +40,10 @@ def workdir(tmp_path: Path) -> Path:
     (["--interruptible", "--bid", "200"], "outside Vast's bid range"),
     (["--interruptible", "--bid", "cheap"], "'auto' or a price"),
     (["--interruptible", "--bid", "0.001"], "below the min_bid of every offer"),
+    (["--on-outbid", "wait:5"], "only with --interruptible"),
+    (["--interruptible", "--on-outbid", "wait:0"], "minutes must be > 0"),
+    (["--interruptible", "--on-outbid", "wait:soon"], "'replace' or 'wait:MINUTES'"),
+    (["--interruptible", "--on-outbid", "later"], "'replace' or 'wait:MINUTES'"),
 ])
 def test_bad_input_is_exit_2_before_anything_is_rented(workdir: Path, tmp_path: Path, flags: list[str],
                                                        said: str) -> None:
@@ -158,3 +162,26 @@ def test_an_outbid_during_the_switch_countdown_leaves_no_husk(family: str, tmp_p
         assert got.resumed == 1, got
     else:
         assert got.exit_code == ExitCode.PASSED and "husk" in got.output, got.output
+
+
+def test_on_outbid_wait_goes_on_on_the_same_host_when_it_resumes(tmp_path: Path) -> None:
+    # --on-outbid wait:1: the husk resumes by itself 0.5 s after its pause; the run reconnects, its disk as it
+    # was (no upload, which would wipe the checkpoint), and the command resumes from its own folder there.
+    got = run_family("outbid_wait_resumes", tmp_path, seed=1)
+    assert got.violations == [], got.output
+    assert got.exit_code == ExitCode.PASSED, got.output
+    assert got.instances == 1 and got.outbids == 1 and got.resumed == 1, got
+    assert got.starts and got.starts[0] > 0, got.output  # from the checkpoint, not from scratch
+    assert got.run_dir is not None
+    record = json.loads((got.run_dir / "harness-result.json").read_text())
+    (host,) = record["attempts"]
+    assert host["pauses"] == 1 and host["paused_s"] > 0 and host["ended"] == "finished", host
+
+
+@needs_rsync
+def test_on_outbid_wait_that_runs_out_salvages_and_replaces(tmp_path: Path) -> None:
+    got = run_family("outbid_wait_runs_out", tmp_path, seed=1)
+    assert got.violations == [], got.output
+    assert got.exit_code == ExitCode.PASSED, got.output
+    assert got.instances == 2 and got.outbids == 1 and got.resumed == 0, got
+    assert "did not resume within" in got.output and got.starts and got.starts[0] > 0, got.output

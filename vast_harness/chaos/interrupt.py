@@ -65,7 +65,11 @@ FAMILIES: dict[str, str] = {
     # the final teardown's DELETE races an outbid: answered 200, the instance paused and still there
     "outbid_during_delete": "outbid_delete",
     "outbid_during_delete_then_resume": "outbid_delete;outbid_resume:0.0",
+    # --on-outbid wait: the husk resumes within the wait (the run goes on there), or does not (replaced)
+    "outbid_wait_resumes": "outbid:2.0;outbid_resume:0.5",
+    "outbid_wait_runs_out": "outbid:2.0",
 }
+ON_OUTBID: dict[str, str] = {"outbid_wait_resumes": "wait:1", "outbid_wait_runs_out": "wait:0.02"}
 
 
 @dataclass
@@ -83,12 +87,13 @@ class InterruptOutcome:
     resumed: int = 0  # times a paused one resumed by itself
     deletes: int = 0  # DELETE calls the simulator answered
     resumes: list[tuple[int, int]] = field(default_factory=list)  # (salvaged step, step the resume started at)
+    starts: list[int] = field(default_factory=list)  # the step each later host (or the same, resumed) started at
     output: str = ""
     run_dir: Path | None = None  # the run's evidence (harness-result.json, report.html, salvaged/)
 
 
 def interrupt_spec(url: str, work: Path, *, steps: int, step_s: float, max_interruptions: int,
-                   max_usd: float | None = None, max_minutes: float = 2.0) -> RunSpec:
+                   max_usd: float | None = None, max_minutes: float = 2.0, on_outbid: str | None = None) -> RunSpec:
     """`vast-e2e run --interruptible --checkpoint ckpt -- python train.py` with every clock scaled down."""
     wd = work / "wd"
     wd.mkdir(parents=True, exist_ok=True)
@@ -97,7 +102,7 @@ def interrupt_spec(url: str, work: Path, *, steps: int, step_s: float, max_inter
                          proof_interval_s=0.1, poll_s=0.05, boot_retries=1, max_minutes=max_minutes, dry_run=True,
                          command=["python3", "train.py", str(steps), str(step_s)], workdir=str(wd),
                          artifact=["ckpt"], interruptible=True, max_interruptions=max_interruptions,
-                         checkpoint="ckpt")
+                         checkpoint="ckpt", on_outbid=on_outbid)
     base = resolve(options, environ={"HOME": str(work)})
     profile = base.profile.model_copy(update={"boot_timeout_s": BOOT_TIMEOUT_S})
     return base.model_copy(update={"profile": profile, "api_url": url, "api_key": SecretStr(KEY),
@@ -122,7 +127,7 @@ def run_family(family: str, work: Path, *, seed: int = 0, steps: int = 30, step_
                max_interruptions: int = 2) -> InterruptOutcome:
     """One run under `family`'s faults, then the judge's rules."""
     return run_faults(family, FAMILIES[family], work, seed=seed, steps=steps, step_s=step_s,
-                      max_interruptions=max_interruptions)
+                      max_interruptions=max_interruptions, on_outbid=ON_OUTBID.get(family))
 
 
 def run_seeded(seed: int, work: Path, *, steps: int = 600, step_s: float = 0.1,
@@ -135,12 +140,13 @@ def run_seeded(seed: int, work: Path, *, steps: int = 600, step_s: float = 0.1,
 
 
 def run_faults(family: str, faults: str, work: Path, *, seed: int = 0, steps: int = 30, step_s: float = 0.1,
-               max_interruptions: int = 2, max_minutes: float = 2.0) -> InterruptOutcome:
+               max_interruptions: int = 2, max_minutes: float = 2.0,
+               on_outbid: str | None = None) -> InterruptOutcome:
     """One run under `faults`, then the judge's rules."""
     buf = io.StringIO()
     with SimServer(seed=seed, rate_scale=SCALE, boot_seconds=0.1, num_offers=300) as sim:
         spec = interrupt_spec(sim.url, work, steps=steps, step_s=step_s, max_interruptions=max_interruptions,
-                              max_minutes=max_minutes)
+                              max_minutes=max_minutes, on_outbid=on_outbid)
         with _client(sim.url) as client:
             worst = plan_run(spec, client, load_driver_policy(), bundle_for(spec)).chosen.quote.worst_case_usd
         sim.reset()
@@ -200,6 +206,13 @@ def judge_resumes(outcome: InterruptOutcome, run_dir: Path, record: dict[str, An
     salvaged = sorted((run_dir / SALVAGE_DIR).glob("*/step.txt"), key=lambda p: int(p.parent.name))
     steps = [int(p.read_text().strip() or 0) for p in salvaged]
     outcome.resumes = list(zip(steps, starts, strict=False))
+    outcome.starts = starts
+    printed = 0  # the command prints a step after its checkpoint is on the disk: no start may be behind one
+    for m in re.finditer(r"(start step|step) (\d+)", logs):
+        step = int(m.group(2))
+        if m.group(1) == "start step" and m.start() > 0 and step < printed:
+            found.append(f"a host started at step {step}, behind step {printed} checkpointed before it")
+        printed = max(printed, step)
     for earlier, later in zip(starts, starts[1:], strict=False):
         if later < earlier:
             found.append(f"a later host started at step {later}, behind an earlier one's start {earlier}")

@@ -147,8 +147,8 @@ Resume = Annotated[str | None, typer.Option(
     help="With --checkpoint: the shell command that resumes from the restored folder (default: CMD again).")]
 OnOutbid = Annotated[str | None, typer.Option(
     "--on-outbid", metavar="replace|wait:MINUTES",
-    help="With --interruptible: rent another host at once (replace, the default), or wait for the outbid one to "
-         "resume (within the caps), then replace it.")]
+    help="With --interruptible: rent another host at once (replace, the default), or wait up to MINUTES (within "
+         "the caps) for the outbid one to resume by itself and go on there; one that does not is replaced.")]
 
 # --max-usd as two commands word it: the fleet's is its total (and required), the canary's has its own default.
 FleetMaxUsd = Annotated[float, typer.Option(

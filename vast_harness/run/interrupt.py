@@ -84,7 +84,7 @@ def record_host_home(t: RunTools, s: RunState) -> None:
         s.host_home = lines[0].strip()
 
 
-def recover(t: RunTools, s: RunState, why: str, previous: Path | None = None) -> Path | None:
+def recover(t: RunTools, s: RunState, why: str, previous: Path | None = None, *, waited: bool = False) -> Path | None:
     """Salvage the husk's checkpoint, delete it and prove it gone, exclude its machine: what the next host needs
     (the folder salvaged off it, or `previous`, the one salvaged before, when the husk holds nothing newer).
     Raises Outbid (exit 1) past --max-interruptions or when the salvage fails, TeardownUnproven (exit 3) when the
@@ -93,9 +93,10 @@ def recover(t: RunTools, s: RunState, why: str, previous: Path | None = None) ->
     assert terms is not None
     inst = t.book.latest()
     assert inst is not None
-    n = sum(1 for a in s.attempts if a.ended.startswith("outbid")) + 1
-    t.out.warn(f"outbid ({n} of at most {terms.max_interruptions}): {why}")
-    t.ledger.append(s.run_id, "outbid", inst.label, instance_id=inst.instance_id, detail=why[:300])
+    n = interruptions(s) + 1
+    if not waited:  # a wait that ran out said both already
+        t.out.warn(f"outbid ({n} of at most {terms.max_interruptions}): {why}")
+        t.ledger.append(s.run_id, "outbid", inst.label, instance_id=inst.instance_id, detail=why[:300])
     salvaged: Path | None = None
     failure: str | None = None
     if terms.checkpoint is not None and previous is not None and not _restored(s, inst.instance_id):
@@ -128,6 +129,63 @@ def recover(t: RunTools, s: RunState, why: str, previous: Path | None = None) ->
         raise Outbid(f"outbid {n} times, more than --max-interruptions {terms.max_interruptions}: the worst case "
                      "covered no more")
     return salvaged
+
+
+def interruptions(s: RunState) -> int:
+    """The outbids the run has met so far: hosts that ended outbid, and pauses a host resumed from."""
+    return sum(a.ended.startswith("outbid") for a in s.attempts) + sum(a.pauses for a in s.attempts)
+
+
+def wait_for_resume(t: RunTools, s: RunState, why: str) -> bool:
+    """`--on-outbid wait:MINUTES`: wait for the outbid host to resume by itself (Vast resumes a paused bid
+    instance when its bid regains priority), reading it every poll, for at most MINUTES and never past the
+    caps' work deadline. True: it runs again (the caller reconnects and resumes the command on it, its disk and
+    checkpoint folder as they were). False: no wait asked, past --max-interruptions, the wait ran out, or the
+    instance went away; the caller salvages and replaces it. A cap or a signal meanwhile raises as anywhere."""
+    terms = t.spec.interruptible
+    inst = t.book.latest()
+    if terms is None or terms.wait_minutes is None or inst is None:
+        return False
+    n = interruptions(s) + 1
+    t.out.warn(f"outbid ({n} of at most {terms.max_interruptions}): {why}")
+    t.ledger.append(s.run_id, "outbid", inst.label, instance_id=inst.instance_id, detail=f"waiting: {why}"[:300])
+    if n > terms.max_interruptions:
+        return False
+    if s.session is not None:  # the paused container's session is dead; a resume is a re-boot
+        s.session.close()
+    s.session, s.work, s.deadman = None, None, None
+    s.recovered()  # from here a cap or a signal cancels as usual
+    start = t.clock()
+    until = min(start + terms.wait_minutes * 60.0, t.meter.work_deadline(start))
+    t.phases.start("outbid wait")
+    t.out.info(f"waiting up to {max(0.0, until - start):.0f} s for instance {inst.instance_id} to resume "
+               "(--on-outbid wait)")
+    resumed = False
+    while t.clock() < until:
+        s.check_cancelled()
+        t.meter.check("waiting for the outbid host to resume")
+        try:
+            read = t.client.get_instance(inst.instance_id, max_retry_s=0.0, within_s=OUTBID_READ_S)
+        except VastError:
+            pass  # one failed read decides nothing: the next poll asks again
+        else:
+            if read is None:  # gone: nothing to wait for; the teardown proves it
+                break
+            if read.paused is None and read.actual_status == "running":
+                resumed = True
+                break
+        time.sleep(min(t.spec.poll_s, max(0.0, until - t.clock())))
+    waited_s = round(t.clock() - start, 3)
+    s.timings[f"outbid_wait_{n}_s"] = waited_s
+    if not resumed:
+        t.out.warn(f"instance {inst.instance_id} did not resume within {waited_s:.0f} s: salvaging and replacing it")
+        return False
+    for attempt in s.attempts:
+        if attempt.instance_id == inst.instance_id:
+            attempt.pauses += 1
+            attempt.paused_s = round(attempt.paused_s + waited_s, 3)
+    t.out.info(f"instance {inst.instance_id} resumed after {waited_s:.1f} s: reconnecting")
+    return True
 
 
 def salvage(t: RunTools, s: RunState, inst: CreatedInstance, n: int) -> Path | None:

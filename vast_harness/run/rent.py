@@ -40,6 +40,7 @@ from vast_harness.run.interrupt import (
     Outbid,
     boot_outbid,
     close_attempt,
+    interruptions,
     open_attempt,
     outbid_of,
     record_host_home,
@@ -200,7 +201,7 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
                 close_attempt(t, s, inst.instance_id, f"outbid during boot ({exc})")
                 boots_left += 1
                 s.recovered()
-                interrupted = sum(1 for a in s.attempts if a.ended.startswith("outbid"))
+                interrupted = interruptions(s)
                 assert t.spec.interruptible is not None
                 if interrupted > t.spec.interruptible.max_interruptions:
                     _after_failed_boot(t, s, inst, exc, boots_left)
@@ -217,6 +218,20 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
     if book.created:  # something was rented (and deleted): "nothing rented" (exit 5) would be untrue
         raise BootFailed(f"no further offer to try after boot failures{ceiling}")
     raise NoOfferError(f"no further offer to try after boot failures{ceiling}")
+
+
+def reconnect(t: RunTools, s: RunState) -> None:
+    """The run's host resumed after an outbid it waited out (`--on-outbid wait`): its container re-booted, so
+    connect again and prove its dead-man switch armed again (its onstart re-ran, its deadline kept on the disk).
+    The same machine: no arrival check or receipt again."""
+    inst = t.book.latest()
+    assert inst is not None
+    s.stage = Stage.RENT
+    boot(t, s, inst)
+    s.stage = Stage.DEADMAN
+    with t.reads.watch_prices(inst):
+        timed(t, s, "deadman_check", lambda: check_deadman(t, s))
+    record_host_home(t, s)
 
 
 def qualify(t: RunTools, s: RunState, inst: CreatedInstance, offer: Offer) -> None:

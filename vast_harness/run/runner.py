@@ -24,9 +24,9 @@ from vast_harness.host.ssh import run_key_dir_prefix
 from vast_harness.records import CreatedInstance, InstanceTeardown, PullRecord, StepRecord
 from vast_harness.reports.run import write_run_report_safely
 from vast_harness.run.host_work import HostWork
-from vast_harness.run.interrupt import close_attempt, outbid_of, recover, restore, resume_steps
+from vast_harness.run.interrupt import close_attempt, outbid_of, recover, restore, resume_steps, wait_for_resume
 from vast_harness.run.record import build_record, exit_facts
-from vast_harness.run.rent import preflight, rent_and_connect, timed
+from vast_harness.run.rent import preflight, reconnect, rent_and_connect, timed
 from vast_harness.run.rent_book import RentBook
 from vast_harness.run.state import RunState, Stage, new_state
 from vast_harness.run.teardown import delete_all, prelude, pull_evidence
@@ -85,16 +85,26 @@ class GuardedRun:
                 bundle = preflight(t, s, Path(key_dir))  # Stage.PREFLIGHT: nothing rented until it passes
                 rent_and_connect(t, s)  # Stage.RENT, DEADMAN, RECEIPT: the next offer after a host that fails
                 salvaged: Path | None = None
+                in_place = False  # the host resumed after an outbid it waited out: its disk is as it was
                 while True:  # once, unless an interruptible run's host is outbid (run/interrupt.py)
                     try:
-                        self._work_on_host(bundle, salvaged)
+                        if in_place:
+                            reconnect(t, s)
+                        self._work_on_host(bundle, salvaged, in_place=in_place)
                         break
                     except (Exception, Interrupted) as exc:
                         why = outbid_of(t, s, exc)
                         if why is None:
                             raise
                         s.steps_before.extend(s.work.steps if s.work else [])
-                        salvaged = recover(t, s, why, salvaged)  # the husk salvaged, deleted and proven gone
+                        s.work = None
+                        if wait_for_resume(t, s, why):  # --on-outbid wait: the same host, resumed
+                            in_place = True
+                            continue
+                        # the husk salvaged (or the folder salvaged before kept), deleted and proven gone
+                        salvaged = recover(t, s, why, salvaged, waited=t.spec.interruptible is not None
+                                           and t.spec.interruptible.wait_minutes is not None)
+                        in_place = False
                         s.recovered()
                         s.stage = Stage.RENT
                         rent_and_connect(t, s)
@@ -116,17 +126,21 @@ class GuardedRun:
                         s.registration.release()  # the run is over: a reap may now judge what is left
         return HarnessResult(run_id=s.run_id, exit_code=code, message=message)
 
-    def _work_on_host(self, bundle: Bundle, salvaged: Path | None) -> None:
-        """Upload, the steps (a replacement host's: the resume, after its checkpoint is restored) and the pull."""
+    def _work_on_host(self, bundle: Bundle, salvaged: Path | None, *, in_place: bool = False) -> None:
+        """Upload, the steps (a replacement host's: the resume, after its checkpoint is restored) and the pull.
+        `in_place`: the same host after a pause: its workdir and checkpoint are on its disk (an upload would wipe
+        them), so only the resume."""
         t, s = self.tools, self.state
         # The host may re-price while anything runs on it, a slow upload or pull as much as a step.
         with t.reads.watch_prices(t.book.latest()):
-            timed(t, s, "upload", lambda: self._work(Stage.UPLOAD).upload(bundle))
-            if salvaged is not None:
-                restore(t, s, salvaged)
+            if in_place:
                 self._work(Stage.UPLOAD).steps_to_run = resume_steps(t)
-            elif s.steps_before:  # a replacement with no checkpoint to restore: the command again
-                self._work(Stage.UPLOAD).steps_to_run = resume_steps(t)
+            else:
+                timed(t, s, "upload", lambda: self._work(Stage.UPLOAD).upload(bundle))
+                if salvaged is not None:
+                    restore(t, s, salvaged)
+                if salvaged is not None or s.steps_before:  # a replacement: the resume (or the command again)
+                    self._work(Stage.UPLOAD).steps_to_run = resume_steps(t)
             self._work(Stage.STEPS).run_steps()
             pull_evidence(t, s, in_teardown=False)  # Stage.PULL
 

@@ -87,9 +87,6 @@ def parse_interruptible(*, interruptible: bool, bid: str | None, max_interruptio
     if checkpoint is not None:
         checkpoint = checked_checkpoint(checkpoint, workdir)
     wait = None
-    if on_outbid is not None and on_outbid != "replace":
-        raise ConfigError("--on-outbid wait:MINUTES is not implemented yet: an outbid host is replaced "
-                          "(docs/interruptible.md)")
     if on_outbid is not None:
         kind, _, minutes = on_outbid.partition(":")
         if kind == "replace" and not minutes:
