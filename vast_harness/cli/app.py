@@ -371,6 +371,10 @@ def fleet(
     allow_unarmed_deadman: AllowUnarmedDeadman = False,
     image_expect: ImageExpect = None,
     image_expect_ack: ImageExpectAck = False,
+    interruptible: InterruptibleFlag = False,
+    bid: Bid = None,
+    max_interruptions: MaxInterruptions = None,
+    on_outbid: OnOutbid = None,
 ) -> None:
     """One guarded run per GPU type, K at once, under one total cap; ranked by $ per million training tokens."""
     _fleet(Flags.of(ctx), gpus=gpus, per_run_usd=per_run_usd, parallel=parallel, allow_overcommit=allow_overcommit)
