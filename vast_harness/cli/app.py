@@ -451,9 +451,12 @@ def canary(
     proof_interval_s: ProofInterval = None,
     pacing_scale: PacingScale = None,
     poll_s: PollInterval = None,
+    interruptible: InterruptibleFlag = False,
+    bid: Bid = None,
 ) -> None:
     """Rent the cheapest qualified offer under the usual guards and measure read lag, boot, the image reference,
-    the dead-man switch, SSH environment, linger and a repeat DELETE; writes canary.json."""
+    the dead-man switch, SSH environment, linger and a repeat DELETE; writes canary.json. With --interruptible: a
+    bid instance, stopped after its steps to see what a paused one shows, and a file copied off it."""
     _canary(Flags.of(ctx), out_file)
 
 

@@ -17,6 +17,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from vast_harness.errors import BootFailed, HarnessError, Interrupted, TeardownUnproven, VastError
@@ -27,6 +28,7 @@ from vast_harness.run.state import RunState
 from vast_harness.run.teardown import teardown_one
 from vast_harness.run.tools import RunTools
 from vast_harness.spec.profile import Step
+from vast_harness.vast.models import CopyEndpoint
 
 OUTBID_READ_S = 5.0  # the one read that tells a dropped link from an outbid
 SALVAGE_DIR = "salvaged"  # <evidence>/<run>/salvaged/<n>/: each husk's checkpoint folder as copied off it
@@ -189,43 +191,78 @@ def wait_for_resume(t: RunTools, s: RunState, why: str) -> bool:
 
 
 def salvage(t: RunTools, s: RunState, inst: CreatedInstance, n: int) -> Path | None:
-    """The checkpoint folder copied off the stopped husk into <evidence>/salvaged/<n>/, as `vastai copy
-    C.<id>:PATH LOCAL` does it: the copy endpoint names where rsync connects, rsync's daemon over SSH brings the
-    folder. Bounded by the meter's deadline and the checkpoint's byte budget; the bytes are billed. None: the
+    """The checkpoint folder copied off the stopped husk into <evidence>/salvaged/<n>/ (`copy_off`). None: the
     command had written no checkpoint yet (the next host starts from scratch, which is behind nothing)."""
     terms = t.spec.interruptible
     assert terms is not None and terms.checkpoint is not None and s.key is not None
     if s.host_home is None:
         raise HarnessError("the host's home was never read: nothing to copy from")
-    if shutil.which("rsync") is None:
-        raise HarnessError("rsync is not installed here")
     src = f"{s.host_home}/{REMOTE_DIR}/{WORKDIR_DIR}/{terms.checkpoint}/"
     dst = t.ev.dir / SALVAGE_DIR / str(n)
+    t.phases.start("salvage")
+    t.out.info(f"copying the checkpoint {terms.checkpoint}/ off instance {inst.instance_id} (stopped)")
+    copied = copy_off(t, s, inst.instance_id, src, dst, max_bytes=terms.checkpoint_max_bytes)
+    s.timings[f"salvage_{n}_s"] = copied.seconds
+    got = copied.bytes
+    if copied.cut:
+        raise HarnessError(f"the copy was cut: {copied.cut} ({got} bytes copied)")
+    if copied.rc == RSYNC_PARTIAL and "change_dir" in copied.said and "No such file" in copied.said and got == 0:
+        t.out.info(f"instance {inst.instance_id} had no {terms.checkpoint}/ yet: the next host starts from scratch")
+        return None
+    if copied.rc != 0:
+        raise HarnessError(f"rsync exited {copied.rc}: {t.spec.redactor.text(copied.said) or 'no message'}")
+    for attempt in s.attempts:
+        if attempt.instance_id == inst.instance_id:
+            attempt.salvaged_bytes = got
+    t.out.info(f"salvaged {got} bytes of {terms.checkpoint}/ off instance {inst.instance_id}")
+    return dst
+
+
+@dataclass
+class Copied:
+    """One copy off an instance: what came, how long it took, how rsync ended, and why it was cut (if it was)."""
+
+    bytes: int
+    seconds: float
+    rc: int | None
+    said: str  # the end of rsync's stderr
+    cut: str = ""
+    answer_s: float = 0.0  # the copy endpoint's answer time
+    endpoint: CopyEndpoint | None = None
+
+
+def copy_off(t: RunTools, s: RunState, instance_id: int, src: str, dst: Path, *, max_bytes: int) -> Copied:
+    """`vastai copy C.<id>:SRC DST` as the official CLI runs it (cli/commands/storage.py::copy): the copy
+    endpoint names where rsync's daemon for the instance's disk listens, then rsync over SSH as vastai_kaalia
+    brings SRC (an absolute path on the host) into DST. Works on a stopped instance. Bounded by the meter's
+    work deadline and `max_bytes`; the bytes are billed. HarnessError when the endpoint refuses or names no
+    source."""
+    assert s.key is not None
+    if shutil.which("rsync") is None:
+        raise HarnessError("rsync is not installed here")
     dst.mkdir(parents=True, exist_ok=True)
     deadline = t.meter.work_deadline(t.clock())
-    t.phases.start("salvage")
     start = t.clock()
     try:
-        where = t.client.copy_to_local(inst.instance_id, src, str(dst), within_s=max(1.0, deadline - t.clock()))
+        where = t.client.copy_to_local(instance_id, src, str(dst), within_s=max(1.0, deadline - t.clock()))
     except VastError as exc:
         raise HarnessError(f"the copy endpoint refused: {exc}") from exc
+    answer_s = round(t.clock() - start, 3)
     if not where.success or not where.src_addr or not where.src_port:
         raise HarnessError(f"the copy endpoint answered no source to copy from ({where.msg or 'no message'})")
     ssh = shlex.join(["ssh", "-F", "/dev/null", "-i", str(s.key.path), "-p", str(where.src_port),
                       "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
                       "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10"])
-    argv = ["rsync", "-a", "-e", ssh, f"vastai_kaalia@{where.src_addr.strip()}::{inst.instance_id}/{src}", f"{dst}/"]
-    t.out.info(f"copying the checkpoint {terms.checkpoint}/ off instance {inst.instance_id} (stopped)")
+    argv = ["rsync", "-a", "-e", ssh, f"vastai_kaalia@{where.src_addr.strip()}::{instance_id}/{src}", f"{dst}/"]
     with tempfile.TemporaryFile() as errors:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
                                 start_new_session=True)
-        budget = terms.checkpoint_max_bytes
         cut = ""
         while proc.poll() is None:
             if t.clock() >= deadline:
                 cut = "the caps left no more time for it"
-            elif _size(dst) > budget:
-                cut = f"it passed the checkpoint's {budget}-byte budget"
+            elif _size(dst) > max_bytes:
+                cut = f"it passed the checkpoint's {max_bytes}-byte budget"
             if cut:
                 proc.kill()
                 proc.wait()
@@ -235,19 +272,8 @@ def salvage(t: RunTools, s: RunState, inst: CreatedInstance, n: int) -> Path | N
         said = errors.read()[-500:].decode(errors="replace").strip()
     got = _size(dst)
     t.meter.add_bytes(down=got)
-    s.timings[f"salvage_{n}_s"] = round(t.clock() - start, 3)
-    if cut:
-        raise HarnessError(f"the copy was cut: {cut} ({got} bytes copied)")
-    if proc.returncode == RSYNC_PARTIAL and "change_dir" in said and "No such file" in said and got == 0:
-        t.out.info(f"instance {inst.instance_id} had no {terms.checkpoint}/ yet: the next host starts from scratch")
-        return None
-    if proc.returncode != 0:
-        raise HarnessError(f"rsync exited {proc.returncode}: {t.spec.redactor.text(said) or 'no message'}")
-    for attempt in s.attempts:
-        if attempt.instance_id == inst.instance_id:
-            attempt.salvaged_bytes = got
-    t.out.info(f"salvaged {got} bytes of {terms.checkpoint}/ off instance {inst.instance_id}")
-    return dst
+    return Copied(bytes=got, seconds=round(t.clock() - start, 3), rc=proc.returncode, said=said, cut=cut,
+                  answer_s=answer_s, endpoint=where)
 
 
 def restore(t: RunTools, s: RunState, folder: Path) -> None:

@@ -91,13 +91,14 @@ class Backend:
                  rate_scale: float = 1.0, api_keys: list[str] | None = None, credit_usd: float = 100.0,
                  host_root: str | Path | None = None, linger_seconds: float = DEFAULT_LINGER_S,
                  show_shape: str = "object", card_saved: bool = False, key_reset_s: float | None = None,
-                 host_network: bool = False) -> None:
+                 host_network: bool = False, copy_bytes_per_s: float | None = None) -> None:
         """`show_shape`: "object" (`{"instances": {...}}` with ports: the docs, dstack) or "list"
         (`{"instances": [{...}]}` without ports: base-image test_template.py). `card_saved`: the account has a card
         on file, so a negative balance stops its instances but Vast never destroys them. `key_reset_s`: every
         instance's authorized keys are refreshed this long after it runs (Vast: "between 9 and 18 hours in";
         scale it down), as the `key_reset` fault does for chosen instances. `host_network`: the hosts' pip may
-        download (off by default: sim/hostpython.py)."""
+        download (off by default: sim/hostpython.py). `copy_bytes_per_s`: the copy off an instance's rate (None:
+        unthrottled; a canary measures it)."""
         if show_shape not in SHOW_SHAPES:
             raise ValueError(f"show_shape must be one of {SHOW_SHAPES}, got {show_shape!r}")
         self.seed, self.boot_s, self.credit_usd = seed, max(0.0, boot_seconds), credit_usd
@@ -105,6 +106,7 @@ class Backend:
         self.show_shape, self.card_saved = show_shape, card_saved
         self.key_reset_s = key_reset_s
         self.host_network = host_network
+        self.copy_bytes_per_s = copy_bytes_per_s if copy_bytes_per_s and copy_bytes_per_s > 0 else None
         self.refusing_port = RefusingPort()  # where an offline host's pip is sent: refused at once
         self.rng = random.Random(seed)
         self.lock = threading.RLock()
@@ -408,6 +410,28 @@ class Backend:
         if resume is not None:
             self._schedule(inst, resume.seconds or 0.0, self._resume)
 
+    def manage(self, account: Account, instance_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT /api/v0/instances/{id}/ (manage_instance.yaml, `vastai stop|start instance`): `state` stopped or
+        running. A stop halts the container as an outbid does (every state `stopped`, the disk kept, storage
+        billing: what Vast shows for either is UNCONFIRMED); a start re-boots a stopped one (onstart again)."""
+        state = body.get("state")
+        if state not in ("stopped", "running"):
+            raise errors.vast_error(400, "invalid_args", "state must be 'stopped' or 'running'")
+        with self.lock:
+            inst = self._owned(account, instance_id)
+            if inst is None or not inst.live:
+                raise errors.no_such_instance()
+            stopped = inst.status_override is not None
+        if state == "stopped" and not stopped:
+            inst.user_stopped = True
+            self._halt(inst, transitions.STOPPED)
+        elif state == "running" and stopped:
+            with self.lock:
+                inst.settle(time.time())
+                inst.outbid, inst.user_stopped, inst.status_override, inst.booted_at = False, False, None, None
+            self._start_host(inst)
+        return {"success": True}
+
     def _resume(self, inst: Instance) -> None:
         """The price fell: a paused instance resumes by itself (its container re-boots: onstart runs again, GPU
         bills from running). One deleted meanwhile stays gone."""
@@ -587,7 +611,8 @@ class Backend:
                 raise errors.no_such_instance()
             inst.copies += 1
             if self._copyd is None:
-                self._copyd = CopyDaemon(self.host_key, on_bytes=lambda iid, n: self._on_bytes(iid, 0, n))
+                self._copyd = CopyDaemon(self.host_key, on_bytes=lambda iid, n: self._on_bytes(iid, 0, n),
+                                         bytes_per_s=self.copy_bytes_per_s)
             copyd = self._copyd
         copyd.grant(instance_id, lambda blob: self._authorized(instance_id, blob), refuse=refuse)
         side = "src" if remote[0] == src else "dst"

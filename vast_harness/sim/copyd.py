@@ -23,6 +23,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,11 @@ DAEMON_COMMAND = "rsync --server --daemon"
 class CopyDaemon:
     """Serves `grants`: instance id -> (the keys that may copy from it, its module root, refused by a fault)."""
 
-    def __init__(self, host_key: paramiko.PKey, *, on_bytes: Callable[[int, int], None]) -> None:
+    def __init__(self, host_key: paramiko.PKey, *, on_bytes: Callable[[int, int], None],
+                 bytes_per_s: float | None = None) -> None:
         self.host_key = host_key
         self.on_bytes = on_bytes  # (instance id, bytes sent to the client)
+        self.bytes_per_s = bytes_per_s  # the copy's rate (a canary's measure, sim/calibrate.py); None: as fast as it goes
         self._grants: dict[int, tuple[Callable[[str], bool], bool]] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -116,6 +119,8 @@ class CopyDaemon:
         def send(chunk: bytes) -> Any:
             if billed is not None:
                 self.on_bytes(billed, len(chunk))
+            if self.bytes_per_s:
+                time.sleep(len(chunk) / self.bytes_per_s)
             return channel.sendall(chunk)
 
         pumps = [threading.Thread(target=_pump, args=(proc.stdout, send), daemon=True),

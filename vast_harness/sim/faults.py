@@ -129,7 +129,7 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
     ecc_error[:COUNT]                       ... an uncorrectable ECC error during the burn (a GPU that
                                             reports ECC: not a GeForce)
 
-    ENDPOINT := search | create | show | list | destroy | user | ssh | price_increase | copy | any
+    ENDPOINT := search | create | show | list | destroy | user | ssh | price_increase | copy | manage | any
 
 Example: `429:search:3;5xx:destroy:2;create_timeout;ssh_refuse:2;seed=7`. The JSON form is a list of
 rule objects (`{"kind": "5xx", "endpoint": "destroy", "count": 2}`), or `{"seed": 7, "rules": [...]}`.
@@ -153,7 +153,8 @@ Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_
                "show_no_ports", "error_status", "key_reset", "delete_noop", "gpu_mismatch", "date_ahead",
                "date_behind", "pcie_slow", "gpu_slow", "hbm_slow", "throttle", "ecc_error", "outbid", "outbid_boot",
                "outbid_resume", "copy_fail", "outbid_delete"]
-ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "price_increase", "copy", "any")
+ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "price_increase", "copy", "manage",
+             "any")
 GATEWAY_STATUSES = (502, 503, 504)
 _NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
 _NEEDS_SECONDS = frozenset({"hang", "read_lag", "offline", "ssh_drop", "create_hold", "linger", "exit",
@@ -199,7 +200,7 @@ class FaultRule(BaseModel):
 
     kind: Kind
     endpoint: Literal["search", "create", "show", "list", "destroy", "user", "ssh", "price_increase", "copy",
-                      "any"] | None = None
+                      "manage", "any"] | None = None
     count: int | None = Field(default=1, ge=1)
     prob: float | None = Field(default=None, gt=0.0, le=1.0)
     status: int | None = None

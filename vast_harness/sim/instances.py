@@ -109,6 +109,7 @@ class Instance:
     outbids: int = 0  # times it was paused so far
     resumes: int = 0  # times it resumed by itself
     copies: int = 0  # copies asked off it (PUT /commands/rsync/)
+    user_stopped: bool = False  # stopped by its renter (PUT /instances/{id}/ state stopped)
     ssh_keys: list[dict[str, Any]] = field(default_factory=list)
     direct_port: int = 0
     proxy_port: int = 0
@@ -257,6 +258,8 @@ def _status_msg(inst: Instance, status: str | None) -> str | None:
         return inst.boot_error
     if status == transitions.STOPPED and inst.scheduling_now(time.time()):
         return "Scheduling: waiting for the GPU to be available"
+    if status == transitions.STOPPED and inst.user_stopped:
+        return "Instance stopped by the user"
     if status == transitions.STOPPED and inst.outbid:
         return "Instance paused: outbid; it resumes when its bid regains priority"
     if status == transitions.STOPPED and inst.expired:

@@ -157,6 +157,10 @@ def _reject_increase(backend: Backend, req: Request, ident: Identity) -> Respons
     return Response(200, backend.answer_increase(_account(ident), req.json_object(), accept=False))
 
 
+def _manage(backend: Backend, req: Request, ident: Identity) -> Response:
+    return Response(200, backend.manage(_account(ident), req.int_arg("id"), req.json_object()))
+
+
 def _copy(backend: Backend, req: Request, ident: Identity) -> Response:
     return Response(200, backend.copy(_account(ident), req.json_object()))
 
@@ -176,6 +180,8 @@ ROUTES: list[tuple[str, re.Pattern[str], str, Handler, str]] = [
     ("PUT", re.compile(rf"/api/v0/asks/{_ID}/?"), "create", _create, "account"),
     ("GET", re.compile(rf"/api/v0/instances/{_ID}/?"), "show", _show, "container"),
     ("DELETE", re.compile(rf"/api/v0/instances/{_ID}/?"), "destroy", _destroy, "container"),
+    # stop or start (manage_instance.yaml: `vastai stop|start instance`); the canary stops its own bid instance
+    ("PUT", re.compile(rf"/api/v0/instances/{_ID}/?"), "manage", _manage, "account"),
     ("GET", re.compile(r"/api/v0/instances/?"), "list", _legacy_list, "account"),
     ("GET", re.compile(r"/api/v1/instances/?"), "list", _list, "account"),
     ("GET", re.compile(r"/api/v0/users/current/?"), "user", _user, "account"),

@@ -438,6 +438,14 @@ class VastClient:
         data = self._call("PUT", path, json=body, retry=True, within_s=within_s)
         return self._model(CopyEndpoint, data, "PUT", path)
 
+    def set_instance_state(self, instance_id: int, state: str, *, within_s: float | None = None) -> None:
+        """`PUT /api/v0/instances/{id}/` with `{"state": "stopped"|"running"}` (manage_instance.yaml). Asking
+        the same state twice is harmless, so it is retried like a read."""
+        if state not in ("stopped", "running"):
+            raise ValueError(f"state must be 'stopped' or 'running', got {state!r}")
+        path = ENDPOINT_PATHS["set_instance_state"].format(id=int(instance_id))
+        self._call("PUT", path, json={"state": state}, retry=True, within_s=within_s)
+
     def pending_price_increases(self, *, within_s: float | None = None) -> list[PendingPriceIncrease]:
         """The account's pending price increases (a host's raise on a running contract: it applies from the
         contract's end date if the renter accepts it). Read only: the harness never accepts one."""

@@ -26,6 +26,9 @@ ENDPOINT_PATHS = {
     # a copy with one side local, as `vastai copy` sends it (vast-cli vastai/api/storage.py::copy): the answer
     # names where rsync connects; it works on a stopped instance (data-movement.mdx)
     "copy_to_local": "/api/v0/commands/rsync/",
+    # stop or start an instance (manage_instance.yaml, `vastai stop|start instance`): the interruptible canary
+    # stops its own bid instance to see what a paused one shows and copy off it
+    "set_instance_state": INSTANCE,
 }
 # The collection Vast already retired (410 deprecated_endpoint: skypilot issue 10517); `check` asks it only to
 # see that it still says so, never for data.
