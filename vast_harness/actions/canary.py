@@ -209,10 +209,10 @@ class CanaryRun(GuardedRun):
         if s.session is not None:  # the container stops: its session with it
             s.session.close()
             s.session = None
-        stopped = time.monotonic()
+        stopped = now_s()
         until = min(stopped + PAUSE_WATCH_S, self.meter.work_deadline())
         seen: set[tuple[str | None, ...]] = set()
-        while time.monotonic() < until:
+        while now_s() < until:
             s.check_cancelled()
             with contextlib.suppress(VastError):
                 row = t.client.get_instance(inst.instance_id, max_retry_s=0.0)
@@ -220,11 +220,11 @@ class CanaryRun(GuardedRun):
                     shape = (row.actual_status, row.intended_status, row.cur_state, row.next_state, row.status_msg)
                     if shape not in seen:
                         seen.add(shape)
-                        probe.reads.append(PausedRead(t_s=round(time.monotonic() - stopped, 3), **dict(zip(
+                        probe.reads.append(PausedRead(t_s=round(now_s() - stopped, 3), **dict(zip(
                             ("actual_status", "intended_status", "cur_state", "next_state", "status_msg"), shape,
                             strict=True))))
                     if row.paused is not None:
-                        probe.paused_after_s = round(time.monotonic() - stopped, 3)
+                        probe.paused_after_s = round(now_s() - stopped, 3)
                         probe.detector = row.paused
                         break
             time.sleep(min(self.spec.poll_s, 2.0))

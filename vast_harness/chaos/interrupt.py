@@ -28,6 +28,7 @@ from pydantic import SecretStr
 
 from vast_harness.actions.reap import reap_all
 from vast_harness.chaos.engine import BOOT_TIMEOUT_S, KEY, SCALE, TEARDOWN_MARGIN_S, _client, _output
+from vast_harness.clock import now_s
 from vast_harness.errors import ExitCode
 from vast_harness.host.bundle import bundle_for
 from vast_harness.host.onstart import build_onstart
@@ -306,9 +307,9 @@ def _row(sim: SimServer, instance_id: int) -> dict[str, Any]:
 
 def _wait(read: Callable[[], dict[str, Any]], done: Callable[[dict[str, Any]], bool],
           timeout_s: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
+    deadline = now_s() + timeout_s
     row = read()
-    while not done(row) and time.monotonic() < deadline:
+    while not done(row) and now_s() < deadline:
         time.sleep(0.1)
         row = read()
     return row
