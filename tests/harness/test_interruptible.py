@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -90,8 +91,11 @@ def test_an_outbid_run_is_salvaged_replaced_and_resumed_within_the_judges_rules(
 
 
 def assert_costs_and_report_list_every_host(got: InterruptOutcome, work: Path) -> None:
-    """`costs` and report.html name every host of the run, why it ended, and the total against the caps."""
+    """The console, `costs` and report.html name every host of the run, why it ended, and the total against the
+    caps."""
     assert got.run_dir is not None
+    said = [line for line in got.output.splitlines() if re.match(r"host \d+ \(machine ", line)]
+    assert len(said) == got.instances and f"{got.instances} host(s): $" in got.output, got.output
     answer = cli("costs", "--evidence-dir", str(work / "ev"), "--json", home=work)
     assert answer.returncode == 0, answer.stderr
     run = next(r for r in json.loads(answer.stdout)["runs"] if r["dir"] == str(got.run_dir))

@@ -53,6 +53,23 @@ def close_attempt(t: RunTools, s: RunState, instance_id: int, why: str) -> None:
             attempt.accrued_usd = round(t.meter.instance_accrued_usd(instance_id), 6)
 
 
+def hosts_lines(t: RunTools, s: RunState) -> list[str]:
+    """The console's account of an interruptible run's hosts: one line each (where, how long, what it accrued,
+    why it ended), then the run's total against its cap and its worst case. Empty for any other run."""
+    if not s.attempts:
+        return []
+    lines = []
+    for a in s.attempts:
+        seconds = max(0.0, (a.ended_unix or a.started_unix) - a.started_unix)
+        paused = f", resumed from {a.pauses} pause(s) ({a.paused_s:.0f} s)" if a.pauses else ""
+        lines.append(f"host {a.instance_id} (machine {a.machine_id if a.machine_id is not None else '?'}, "
+                     f"${a.dph_usd:.4f}/h): {seconds:.0f} s, ${a.accrued_usd:.4f}{paused}; {a.ended or 'open'}")
+    worst = s.plan.chosen.quote.worst_case_usd if s.plan is not None else None
+    lines.append(f"{len(s.attempts)} host(s): ${t.meter.accrued_usd():.4f} of the cap ${t.spec.caps.max_usd:.4f}"
+                 + (f" (worst case ${worst:.4f})" if worst is not None else ""))
+    return lines
+
+
 def outbid_of(t: RunTools, s: RunState, exc: BaseException) -> str | None:
     """Why `exc` (what stopped the work) is an outbid of the run's host, or None. The price watch may have seen
     it already; else, for an error of the link or the host (a step that lost its connection), one read decides.

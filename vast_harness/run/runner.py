@@ -24,7 +24,15 @@ from vast_harness.host.ssh import run_key_dir_prefix
 from vast_harness.records import CreatedInstance, InstanceTeardown, PullRecord, StepRecord
 from vast_harness.reports.run import write_run_report_safely
 from vast_harness.run.host_work import HostWork
-from vast_harness.run.interrupt import close_attempt, outbid_of, recover, restore, resume_steps, wait_for_resume
+from vast_harness.run.interrupt import (
+    close_attempt,
+    hosts_lines,
+    outbid_of,
+    recover,
+    restore,
+    resume_steps,
+    wait_for_resume,
+)
 from vast_harness.run.record import build_record, exit_facts
 from vast_harness.run.rent import preflight, reconnect, rent_and_connect, timed
 from vast_harness.run.rent_book import RentBook
@@ -189,7 +197,8 @@ class GuardedRun:
         report_path = write_run_report_safely(t.ev.dir, t.out.warn)
         t.out.stop_view()
         t.out.result(s.run_id, code, message, t.ev.dir, self.steps, t.book.teardowns, t.meter.accrued_usd(),
-                     report=report_path, gpu=s.host_gpus.shown() if s.host_gpus else None)
+                     report=report_path, gpu=s.host_gpus.shown() if s.host_gpus else None,
+                     hosts=hosts_lines(t, s))
         return code, message
 
     def cancel(self, reason: str, *, exit_code: ExitCode = ExitCode.CAP_REACHED) -> None:
