@@ -80,8 +80,10 @@ def _masked(run: Callable[P, WorkloadResult]) -> Callable[P, WorkloadResult]:
         with MASKER.scoped():
             key_file, given = kwargs.get("key_file"), kwargs.get("remote_secrets")
             items = given.items() if isinstance(given, Mapping) else ()
+            urls = kwargs.get("notify")
             teach_inputs(environ=os.environ, key_file=key_file if isinstance(key_file, (str, Path)) else None,
-                         secret_items=[f"{k}={v}" for k, v in items if isinstance(k, str) and isinstance(v, str)])
+                         secret_items=[f"{k}={v}" for k, v in items if isinstance(k, str) and isinstance(v, str)],
+                         notify_urls=[u for u in urls if isinstance(u, str)] if isinstance(urls, (list, tuple)) else ())
             try:
                 return run(*args, **kwargs)
             except ValidationError as exc:  # pydantic's text quotes the value given: a ConfigError says it without
@@ -113,6 +115,7 @@ def run_workload(
     key_file: str | Path | None = None,
     evidence_dir: str | Path | None = None,
     boot_retries: int | None = None,
+    notify: Sequence[str] = (),
     dry_run: bool = False,
     echo: bool = False,
 ) -> WorkloadResult:
@@ -120,7 +123,8 @@ def run_workload(
 
     The keyword arguments are `vast-e2e run`'s options (docs/run.md); `remote_secrets` are given by value and
     masked everywhere the harness writes. Raises ConfigError (exit_code 2) for bad input, before renting."""
-    _check_words(command=command, setup=setup, artifacts=artifacts, exclude=exclude, gpus=gpus, include=include)
+    _check_words(command=command, setup=setup, artifacts=artifacts, exclude=exclude, gpus=gpus, include=include,
+                 notify=notify)
     _check_scalars(numbers={"max_usd": max_usd, "max_minutes": max_minutes, "workdir_max_mb": workdir_max_mb,
                             "min_gpu_ram_gb": min_gpu_ram_gb},
                    whole={"num_gpus": num_gpus, "boot_retries": boot_retries},
@@ -141,7 +145,7 @@ def run_workload(
             remote_env=[f"{k}={v}" for k, v in (remote_env or {}).items()] or None,
             remote_secret=[f"{k}={v}" for k, v in (remote_secrets or {}).items()] or None,
             sim=sim, api_url=api_url, key_file=key_file, evidence_dir=evidence_dir, boot_retries=boot_retries,
-            dry_run=dry_run,
+            notify=list(notify) or None, dry_run=dry_run,
         )
     except ValidationError as exc:  # a type the checks above let through: still bad input, named
         first = exc.errors()[0]
@@ -167,7 +171,7 @@ def run_workload(
                 from vast_harness.host.bundle import bundle_for
                 from vast_harness.market.plan import plan_run
 
-                check_minimum_cap(target.caps.max_minutes, target.timings)
+                check_minimum_cap(target.caps.max_minutes, target.timings, target.profile.receipt)
                 try:
                     plan = plan_run(target, client, drivers, bundle_for(target))
                 except NoOfferError as exc:  # the run would exit 5 here: so does its preview, with the reasons

@@ -88,6 +88,11 @@ class Masker:
         redactor, names = self._redactor, list(self._names.values())
         return sorted({names[i] for i in redactor.found(path)})
 
+    def values(self, name: str) -> list[str]:
+        """The values known under `name` (ACCOUNT_KEY: every account key read), for what must refuse them
+        (a workdir file that holds one is never uploaded: spec/workdir.py)."""
+        return [value for value, named in self._names.items() if named == name]
+
     def names_in(self, text: str) -> list[str]:
         """The names of the values `text` holds as they are (not in an escaped form)."""
         return sorted({name for value, name in self._names.items() if value in text})

@@ -339,6 +339,7 @@ class PullRecord(BaseModel):
     left: list[str] = Field(default_factory=list)  # a cut pull: the file being copied, then those not reached
     redacted: list[str] = Field(default_factory=list)  # files in which a secret's value was masked
     renamed: dict[str, str] = Field(default_factory=dict)  # host name with control characters -> local name
+    symlink: str = ""  # the host's evidence folder (or one on the way) was a symlink: not followed, nothing pulled
     complete: bool = False
     detail: str = ""
     deadline_s: float | None = None
@@ -386,6 +387,7 @@ class ArtifactPull(BaseModel):
     secrets_found: dict[str, list[str]] = Field(default_factory=dict)  # file -> names of the secrets it holds
     redacted: list[str] = Field(default_factory=list)  # files whose name held a secret (the name masked)
     renamed: dict[str, str] = Field(default_factory=dict)
+    symlink: str = ""  # the host's workdir (or a folder on the way) was a symlink: not followed, nothing pulled
     complete: bool = False
     detail: str = ""
 

@@ -14,22 +14,34 @@ import html
 import json
 import os
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Literal
 
 MASK = "***"
 # what a terminal does not show: CSI sequences (colour, erase line, cursor moves) and a lone ESC pair
 _STYLE_CODES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]")
 _CHUNK_BYTES = 4 * 1024 * 1024
+_NORMAL_FORMS: tuple[Literal["NFC", "NFD", "NFKC", "NFKD"], ...] = ("NFC", "NFD", "NFKC", "NFKD")
+_OVERSTRIKE = re.compile(r"[^\b]\x08")  # a character struck over by a backspace: the next one is what shows
+# Unicode's format characters (category Cf: zero-width space, soft hyphen, word joiner, bidi marks, tags), which
+# draw nothing; listed rather than looked up per character (tests/harness/test_masking.py checks the list)
+_FORMAT_CHARS = re.compile("[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
+                           "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+                           "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
+                           "\U000e0020-\U000e007f]")
 
 
 def written_forms(value: str) -> set[str]:
-    """`value` and each of its lines, each as it is written raw, by json.dumps (ASCII or not), by `repr`, by
-    `unicode_escape` and by HTML escaping."""
+    """`value` and each of its lines, in each Unicode normal form (a program may print `ü` decomposed), each as
+    it is written raw, by json.dumps (ASCII or not), by `repr`, by `unicode_escape` and by HTML escaping."""
     forms: set[str] = set()
-    for part in [value, *(p for p in value.splitlines() if p.strip())]:
-        forms |= {part, json.dumps(part)[1:-1], json.dumps(part, ensure_ascii=False)[1:-1], repr(part)[1:-1],
-                  part.encode("unicode_escape").decode("ascii"), html.escape(part), html.escape(part, quote=False)}
+    for line in [value, *(p for p in value.splitlines() if p.strip())]:
+        for part in {unicodedata.normalize(nf, line) for nf in _NORMAL_FORMS} | {line}:
+            forms |= {part, json.dumps(part)[1:-1], json.dumps(part, ensure_ascii=False)[1:-1], repr(part)[1:-1],
+                      part.encode("unicode_escape").decode("ascii"), html.escape(part),
+                      html.escape(part, quote=False)}
     return forms
 
 
@@ -61,9 +73,10 @@ class Redactor:
         (`Zq9\\e[0mTop`) or drawn over itself with carriage returns (`xxxTop\\rZq9`) is whole only on a
         screen or after escapes are dropped. Such a line is kept as that view, masked; others byte for byte."""
         masked = self.text(line)
-        if not self._text or ("\x1b" not in masked and "\r" not in masked):
+        if not self._text or (masked.isascii() and "\x1b" not in masked and "\r" not in masked
+                              and "\b" not in masked):
             return masked
-        view = _as_drawn(_STYLE_CODES.sub("", masked))
+        view = _as_read(_as_drawn(_STYLE_CODES.sub("", masked)))
         shown = self.text(view)
         return shown if shown != view else masked
 
@@ -119,6 +132,17 @@ class Redactor:
             return changed
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _as_read(line: str) -> str:
+    """A line as a person reads it: a backspace overstrike (`s\\bs`, a pager's bold) as the one letter, the
+    characters that draw nothing (zero-width space, soft hyphen, word joiner: Unicode's format category)
+    dropped, compatibility forms (fullwidth `ｈｆ`) as their plain letters."""
+    if "\b" in line:
+        line = _OVERSTRIKE.sub("", line)
+    if not line.isascii():
+        line = unicodedata.normalize("NFKC", _FORMAT_CHARS.sub("", line))
+    return line
 
 
 def _as_drawn(line: str) -> str:

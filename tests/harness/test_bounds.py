@@ -403,7 +403,7 @@ def test_time_cap_below_boot_plus_teardown_is_refused_before_renting(sim, tmp_pa
     with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
         run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
         result = execute(run, within_s=20)
-    minimum_s = minimum_cap_s(spec.timings)
+    minimum_s = minimum_cap_s(spec.timings, spec.profile.receipt)
     assert result.exit_code == 2 and "minimum" in result.message and f"{minimum_s / 60:.3g} min" in result.message
     assert len(sim.state()["instances"]) == before and not run.created
 

@@ -55,7 +55,7 @@ def test_a_dry_run_refuses_the_time_cap_the_run_would_refuse(sim):
     # The preview refuses a cap (here 0.5 min) the run would refuse: exit 2 in both, no plan shown.
     p = cli("--profile", "smoke", "--max-minutes", "0.5", "--dry-run", sim=sim)
     assert p.returncode == 2, (p.stdout, p.stderr)
-    assert "--max-minutes 0.5 cannot cover boot and teardown" in p.stderr and "Chosen offer" not in p.stdout
+    assert "--max-minutes 0.5 cannot cover boot, the receipt and teardown" in p.stderr and "Chosen offer" not in p.stdout
 
 
 def test_offers_subcommand_ranks_and_explains(sim):

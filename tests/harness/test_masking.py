@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import typer.main
 
 from tests.harness.clirun import ROOT, cli, cli_env, cli_process
 from vast_harness.cli.app import app
+from vast_harness.redact import Redactor
 
 # Realistic shapes: a Vast key is 64 hex characters (this one starts with a letter, so it also passes for an
 # environment variable's name); the secret is a Hugging Face token.
@@ -50,6 +52,7 @@ BASE = {
     "costs": [],
     "status": ["--sim"],
     "machines": ["--sim"],
+    "summary": [],
 }
 TAKES_SECRETS = {"", "run", "fleet"}
 
@@ -372,3 +375,43 @@ def test_every_writer_masks_what_it_is_handed(tmp_path):
     captured = out.stdout._stream  # type: ignore[attr-defined]
     out.emit_json({"path": tmp_path / KEY, SECRET: 1})
     assert json.loads(captured.getvalue()) == {"path": str(tmp_path / "***"), "***": 1}
+
+
+SECRET_UNICODE = "hf_Zürich9xKq2Lm7Pw"
+
+
+@pytest.mark.parametrize("shown", [
+    unicodedata.normalize("NFD", SECRET_UNICODE),                                   # ü decomposed
+    "\u200b".join(SECRET_UNICODE),                                                  # zero-width spaces
+    "\u00ad".join(SECRET_UNICODE),                                                  # soft hyphens
+    "\u2060".join(SECRET_UNICODE),                                                  # word joiners
+    "".join(f"{c}\b{c}" for c in SECRET_UNICODE),                                   # a pager's bold
+    "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in SECRET_UNICODE),  # fullwidth
+])
+def test_a_secret_shown_in_another_unicode_form_is_masked_in_a_hosts_line(shown):
+    """Red team r43: each of these reads as the secret on a screen or in an editor and was kept in clear."""
+    line = f"token: {shown} done"
+    masked = Redactor([SECRET_UNICODE]).line(line)
+    assert "***" in masked and "rich9xKq" not in unicodedata.normalize("NFKC", masked.replace("\b", "")), masked
+
+
+def test_a_decomposed_secret_is_masked_in_bytes_and_found_in_a_kept_file(tmp_path):
+    redactor = Redactor([SECRET_UNICODE])
+    nfd = unicodedata.normalize("NFD", SECRET_UNICODE).encode()
+    assert redactor.data(b"x " + nfd + b" y") == b"x *** y"
+    (tmp_path / "f.bin").write_bytes(b"\0" * 10 + nfd)
+    assert redactor.found(tmp_path / "f.bin") == {0}
+
+
+def test_the_format_characters_dropped_are_unicodes_whole_format_category():
+    from vast_harness.redact import _FORMAT_CHARS
+
+    listed = {c for c in range(0x110000) if _FORMAT_CHARS.match(chr(c))}
+    cf = {c for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf"}
+    assert cf <= listed  # a newer Unicode's additions (listed) are unassigned in an older Python's tables
+    assert all(unicodedata.category(chr(c)) in ("Cf", "Cn") for c in listed - cf)
+
+
+def test_a_line_without_the_secret_comes_back_as_it_was_even_with_odd_characters():
+    for line in ("plain\tascii line  ", "progress █████▌ 57%", "ｆｕｌｌｗｉｄｔｈ and a\u200bzero-width", "bold\bd"):
+        assert Redactor([SECRET_UNICODE]).line(line) == line

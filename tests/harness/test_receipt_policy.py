@@ -71,6 +71,28 @@ def test_a_gate_on_a_measure_the_gpu_cannot_report_is_exit_2(tmp_path, receipt, 
     assert says in str(err.value)
 
 
+def test_a_gate_on_the_offer_is_how_a_gpu_with_no_reference_opts_in(tmp_path):
+    """Red team r43: an RTX 5090 at 10% of its offered TFLOP/s passed (no reference row); `matmul = { min_of_offer
+    = 0.5 }` was exit 2, its advice (drop min_of_reference) impossible: the default merges it back in."""
+    from tests.harness.sim_receipts import sim_offer, sim_receipt
+    from vast_harness.host.receipt_judge import OfferFigures, judge
+    from vast_harness.spec.references import load_references
+
+    spec = resolve(RunOptions(profile=str(profile_with(tmp_path, "matmul = { min_of_offer = 0.5 }", gpus=["RTX 5090"])),
+                              sim=True, dry_run=True, state_dir=tmp_path), environ={})
+    policy = spec.profile.receipt
+    offer = sim_offer(__import__("random").Random(3), "RTX 5090") | {"num_gpus": 1}
+    figures = OfferFigures(gpu_name="RTX 5090", num_gpus=1, total_flops=offer["total_flops"],
+                           pcie_bw_gbps=offer.get("pcie_bw"), gpu_mem_bw_gbps=offer.get("gpu_mem_bw"))
+    slow = judge(sim_receipt(offer, 1, {"gpu_slow": 0.1}), figures, policy, load_references())
+    assert slow.verdict == "failed" and "matmul" in slow.reason, slow.reason
+    healthy = judge(sim_receipt(offer, 1, {}), figures, policy, load_references())
+    assert healthy.verdict == "passed", healthy.reason
+    with pytest.raises(ConfigError, match=r"gate it on the offer's figure instead \(matmul = \{ min_of_offer"):
+        resolve(RunOptions(profile=str(profile_with(tmp_path, 'matmul = "gate"', gpus=["RTX 5090"])), sim=True,
+                           dry_run=True, state_dir=tmp_path), environ={})
+
+
 def test_the_same_gates_pass_where_the_gpus_can_report_them(tmp_path):
     spec = resolve(RunOptions(profile=str(profile_with(tmp_path, 'ecc = "gate"\nmatmul = "gate"\nspread = "gate"',
                                                        gpus=["H100 SXM", "H200"], num_gpus=2)),

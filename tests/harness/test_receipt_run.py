@@ -178,9 +178,31 @@ def test_with_the_receipt_off_no_host_is_measured(sim, tmp_path):
     assert record(guarded)["receipt"]["verdict"] == "off"
 
 
-def test_a_cap_that_leaves_no_room_for_the_receipt_stops_the_run_at_the_cap(sim, tmp_path):
+def test_a_cap_too_short_for_boot_receipt_and_teardown_is_exit_2_before_renting(sim, tmp_path):
+    """Red team r43: a cap that could never fit the receipt rented, paid, and ended at exit 6 before any work."""
     guarded, result = run(make_spec(sim, tmp_path).with_timings(receipt_min_s=10_000.0))
-    assert result.exit_code == 6 and "before the receipt of instance" in result.message
+    assert result.exit_code == 2 and "the least receipt" in result.message, result.message
+    assert mine(sim, guarded) == []
+
+
+def test_a_receipt_budget_below_its_least_is_exit_2_naming_it():
+    from vast_harness.errors import ConfigError
+    from vast_harness.spec.receipt import check_receipt_budget
+    from vast_harness.timings import Timings
+
+    with pytest.raises(ConfigError, match=r"budget_s = 20 is below the least a receipt runs in here \(30 s"):
+        check_receipt_budget(ReceiptPolicy.model_validate({"budget_s": 20}), Timings.real())
+    check_receipt_budget(ReceiptPolicy.model_validate({"budget_s": 20, "enabled": False}), Timings.real())
+
+
+def test_a_boot_that_eats_the_receipts_room_stops_the_run_at_the_cap(sim, tmp_path):
+    """The cap fits boot, the least receipt and teardown on paper; a 5 s scheduling wait leaves the receipt less
+    than its least: exit 6 before the receipt, the host deleted and proven gone."""
+    sim.set_faults("scheduling:5")
+    spec = make_spec(sim, tmp_path, receipt=ReceiptPolicy.model_validate({"budget_s": 600}))
+    spec = spec.with_timings(min_boot_s=0.0, receipt_grace_s=0.0, receipt_min_s=293.0)  # the cap: 300 s, margin 2
+    guarded, result = run(spec)
+    assert result.exit_code == 6 and "before the receipt of instance" in result.message, result.message
     assert [i["live"] for i in mine(sim, guarded)] == [False] and record(guarded)["absence"]["verdict"] == "gone"
 
 

@@ -9,13 +9,10 @@ naming it, with nothing sent to the marketplace and nothing in the ledger. The w
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.harness.clirun import cli, cli_process
 from vast_harness.cli import app as cli_app
@@ -26,7 +23,6 @@ from vast_harness.spec.workdir import ArtifactGlobs, check_glob, select_workdir
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-train"
-WORKFLOW = ROOT / "examples" / "github-workflow.yml"
 SECRET = "tok-SECRET-4be1c9d07a"  # distinctive: any leak into a file or the output is unambiguous
 SIM_OPTIONS = dict(seed=11, rate_scale=0.01, num_offers=50)  # conftest.sim
 
@@ -313,39 +309,7 @@ def test_a_profile_file_declares_a_workdir_and_artifacts_beside_it(tmp_path):
         load_profile(str(tmp_path / "noworkdir.toml"))
 
 
-# ----------------------------------------------------------------------------------------- the CI workflow
-
-
-def test_the_copyable_workflow_runs_the_users_tests_with_a_secret_key_reaps_orphans_and_uploads_evidence():
-    doc = yaml.safe_load(WORKFLOW.read_text())
-    doc["on"] = doc.pop(True, doc.get("on"))
-    steps = [s for job in doc["jobs"].values() for s in job["steps"]]
-    runs = "\n".join(s.get("run", "") for s in steps)
-    assert set(doc["on"]) == {"workflow_dispatch"} and doc["concurrency"]["cancel-in-progress"] is False
-    assert WORKFLOW.read_text().count("secrets.VAST_API_KEY") == 1 and "umask 077" in runs and "chmod 600" in runs
-    run_at = next(i for i, s in enumerate(steps) if "vast-e2e run" in s.get("run", ""))
-    assert '--key-file "$VH_KEY_FILE"' in steps[run_at]["run"] and "-- python -m pytest" in steps[run_at]["run"]
-    assert "--artifact test-results" in steps[run_at]["run"] and "${{" not in runs
-    reap_at = next(i for i, s in enumerate(steps) if "vast-e2e reap" in s.get("run", ""))
-    assert reap_at > run_at and "always()" in steps[reap_at]["if"]
-    assert "--include-live" not in steps[reap_at]["run"] and "--yes" not in steps[reap_at]["run"]
-    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
-    assert "always()" in upload["if"] and ".evidence/" in upload["with"]["path"]
-    assert doc["jobs"]["gpu-tests"]["env"]["VAST_HARNESS_HOME"] == "${{ github.workspace }}/.evidence/vast"
-
-
-def test_actionlint_finds_nothing_in_the_copyable_workflow():
-    import shutil
-
-    tool = shutil.which("actionlint") or shutil.which(
-        "actionlint", path=str(Path(os.environ.get("VH_TOOLS_DIR", Path.home() / ".cache" / "vast-harness-tools"))
-                              / "bin"))
-    if tool is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("actionlint is missing: run `bash .ci/install-actionlint.sh` first")
-        pytest.skip("actionlint is not installed (bash .ci/install-actionlint.sh)")
-    done = subprocess.run([tool, str(WORKFLOW)], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+# The CI workflow example and the action it uses: tests/harness/test_action.py.
 
 
 def test_the_readme_shows_run_on_its_first_screen_below_the_two_set_up_commands():
@@ -410,3 +374,80 @@ def test_a_secret_in_a_command_a_host_file_name_or_split_by_escapes_is_in_no_fil
     assert (run_dir / "artifacts" / "out" / "n-***").is_file()
     logs = cli("logs", "--evidence-dir", str(evidence), env={"S": secret}, cwd=tmp_path)
     assert logs.returncode == 0 and "==> step run" in logs.stdout and secret not in logs.stdout + logs.stderr
+
+
+PRIVATE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Bl-secretbody-5e1f\n-----END OPENSSH PRIVATE KEY-----\n"
+
+
+@pytest.mark.parametrize(("root", "swap"), [
+    ("vh/evidence", "rm -rf ~/vh/evidence; ln -s {target} ~/vh/evidence"),
+    ("vh/work", "cd ~/vh && mv work work.real && ln -s {target} work"),
+])
+def test_a_pull_root_that_is_a_symlink_on_the_host_is_never_followed(root, swap, tmp_path):
+    """Issue 43 F3: the host's evidence folder (or the workdir the artifacts come from) replaced by a symlink to
+    a folder outside the host: on --sim that is the user's own disk, a private key in it. Nothing of it comes
+    back; the record and a warning name the link, and the run fails as an incomplete pull does."""
+    from vast_harness import api
+
+    target = tmp_path / "target"
+    (target / ".ssh").mkdir(parents=True)
+    (target / ".ssh" / "id_ed25519").write_text(PRIVATE_KEY)
+    (target / "a.txt").write_text("outside the host\n")
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "a.txt").write_text("the host's own\n")
+    ev = tmp_path / "ev"
+    result = api.run_workload(["sh", "-c", swap.format(target=target)], workdir=work, artifacts=["a.txt"], sim=True,
+                              evidence_dir=ev)
+    assert result.exit_code == ExitCode.FAILED, result.console[-3000:]
+    leaked = [str(p) for p in ev.rglob("*") if p.is_file() and b"secretbody" in p.read_bytes()]
+    assert leaked == []
+    assert not [p for p in ev.rglob("*") if p.is_file() and p.read_bytes() == b"outside the host\n"]
+    assert result.record is not None
+    refused = result.record.pull.symlink if root == "vh/evidence" else result.record.artifacts.symlink
+    assert refused == root
+    assert f"{root} on the host is a symlink: not followed" in result.console
+    assert result.record.absence.verdict == "gone"
+
+
+def test_pulled_evidence_files_are_private_whatever_their_mode_on_the_host(tmp_path):
+    from vast_harness import api
+
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "a.txt").write_text("1\n")
+    ev = tmp_path / "ev"
+    result = api.run_workload(["sh", "-c", "echo note > ~/vh/evidence/note.txt; chmod 644 ~/vh/evidence/note.txt"],
+                              workdir=work, sim=True, evidence_dir=ev)
+    assert result.exit_code == ExitCode.PASSED, result.console[-3000:]
+    (note,) = ev.rglob("remote/note.txt")
+    assert note.stat().st_mode & 0o777 == 0o600
+
+
+def test_artifacts_whose_masked_names_collide_are_each_kept_recorded_and_checked(tmp_path):
+    """Issue 43 F8: `n-$TOK.txt`, `n-$TOK$TOK.txt` and a literal `n-***.txt` mask to names that collide: each
+    is saved under its own name, and the record holds each one's sha256 beside the host's, matching the file on
+    disk."""
+    import hashlib
+
+    from vast_harness import api
+
+    tok = "Tk9xQ2mW7pLz"
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "p.sh").write_text('mkdir -p out\nprintf AAAA > "out/n-$TOK.txt"\nprintf BBBB > "out/n-$TOK$TOK.txt"\n'
+                               "printf CCCC > 'out/n-***.txt'\n")
+    ev = tmp_path / "ev"
+    result = api.run_workload(["sh", "p.sh"], workdir=work, artifacts=["out"], sim=True,
+                              remote_secrets={"TOK": tok}, evidence_dir=ev)
+    assert result.exit_code == ExitCode.PASSED, result.console[-3000:]
+    (run_dir,) = [d for d in ev.iterdir() if d.is_dir()]
+    arts = json.loads((run_dir / "harness-result.json").read_text())["artifacts"]
+    assert len(set(arts["files"])) == 3, arts["files"]
+    contents = set()
+    for name in arts["files"]:
+        data = (run_dir / "artifacts" / name).read_bytes()
+        contents.add(data)
+        assert arts["sha256"][name] == arts["host_sha256"][name] == hashlib.sha256(data).hexdigest(), name
+    assert contents == {b"AAAA", b"BBBB", b"CCCC"} and arts["mismatched"] == []
+    assert not [p for p in run_dir.rglob("*") if tok in p.name]

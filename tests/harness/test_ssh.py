@@ -784,14 +784,14 @@ def test_pull_tree__a_full_local_disk_stops_the_pull_and_says_so_not_over_budget
     out.mkdir()
     for name in ("a.json", "b.json"):
         (out / name).write_text("x" * 100)
-    real_open = open
+    real_open = os.open
 
-    def full_open(file, mode="r", *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 - builtins.open's shape
-        if str(file).startswith(str(tmp_path / "local")) and "w" in mode:
+    def full_open(file, flags, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 - os.open's shape
+        if str(file).startswith(str(tmp_path / "local")) and flags & (os.O_WRONLY | os.O_RDWR):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
-        return real_open(file, mode, *args, **kwargs)
+        return real_open(file, flags, *args, **kwargs)
 
-    monkeypatch.setattr("builtins.open", full_open)
+    monkeypatch.setattr("os.open", full_open)  # a download's .part is created with os.open (0600, no link)
     pulled = session.pull_tree("evidence", tmp_path / "local", deadline=time.monotonic() + 10, max_bytes=10_000)
     assert not pulled.complete and not pulled.skipped and not pulled.files
     assert "No space left on device" in pulled.detail and "cannot write" in pulled.detail, pulled.detail

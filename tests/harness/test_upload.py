@@ -315,3 +315,156 @@ def test_a_hard_link_to_the_key_file_stays_home_too(tmp_path):
     sel = select_workdir(proj, never_upload=[NeverUpload(path=key, why="the API key file (--key-file)")])
     assert [f.rel for f in sel.files] == ["a.py"]
     assert [(i.path, i.why) for i in sel.left_out] == [("renamed.txt", "the API key file (--key-file)")]
+
+
+# ----------------------------------------------------------------------------------------- the harness's own dirs
+
+
+@pytest.mark.parametrize(("where", "why"), [
+    ("state", "the harness's state directory"),
+    ("state/20261206T095811Z-cad931/artifacts", "the harness's state directory"),
+    ("ev", "the harness's evidence directory"),
+    ("config/vast-harness", "the harness's config directory"),
+])
+def test_a_workdir_that_is_or_is_inside_a_harness_dir_is_refused_before_renting(where, why, sim: SimServer,
+                                                                                tmp_path):
+    """Issue 43 F1: the state dir holds the ledger, the registrations and earlier runs' artifacts (a key among
+    them); a workdir that IS it, or lies inside it, is exit 2 naming the directory, nothing rented."""
+    home = tmp_path / "home"
+    workdir = home / where
+    _private(workdir / "out" / "key.bin", ACCOUNT_KEY)
+    (workdir / "a.py").write_text("1\n")
+    calls_before = len(sim.state()["calls"])
+    for dry in ((), ("--dry-run",)):
+        p = _run("--workdir", str(workdir), "--evidence-dir", str(home / "ev"), *dry, "--", "true",
+                 home=home, sim=sim, key=ACCOUNT_KEY)
+        said = _said(p)
+        assert p.returncode == 2, said[-3000:]
+        owner = home / where.split("/")[0] if where != "config/vast-harness" else workdir
+        assert f"--workdir {workdir.resolve()}: " in said and str(owner) in said and why in said, said
+    assert sim.state()["calls"][calls_before:] == []
+
+
+def test_a_sim_workdir_inside_the_state_dir_is_refused(tmp_path):
+    """With --sim the run's state is <state>/sim: that, and the user's state dir above it, are refused too."""
+    home = tmp_path / "home"
+    for where in (home / "state" / "sim", home / "state"):
+        (where / "x").mkdir(parents=True, exist_ok=True)
+        (where / "x" / "a.py").write_text("1\n")
+        p = cli("run", "--sim", "--workdir", str(where / "x"), "--", "true", home=home)
+        assert p.returncode == 2 and "the harness's state directory" in _said(p), _said(p)[-2000:]
+
+
+# ----------------------------------------------------------------------------------------- a copy of the key
+
+HOLDS_KEY = "holds the account's API key"
+
+
+def _key_copies(proj: Path) -> Path:
+    (proj / "train.py").parent.mkdir(parents=True, exist_ok=True)
+    (proj / "train.py").write_text("print('trained')\n")
+    (proj / "copy_of_key.txt").write_text(ACCOUNT_KEY + "\n")  # 0644, another name: only its bytes tell
+    (proj / "notes.md").write_text("# notes\nmy key: " + ACCOUNT_KEY + " (do not share)\n")
+    _private(proj / "sub" / "deep" / ".hidden" / "vast_api_key", ACCOUNT_KEY)  # a credential by name as well
+    return proj
+
+
+def test_a_copy_of_the_account_key_under_any_name_stays_home_and_is_named(sim: SimServer, tmp_path):
+    """Issue 43 F2: a file whose bytes hold the account key is left out whatever its name, named in the
+    console and the record, and not offered to --include."""
+    proj = _key_copies(tmp_path / "proj")
+    key = _private(tmp_path / "vast.key", ACCOUNT_KEY + "\n")
+    host, evidence = tmp_path / "host", tmp_path / "ev"
+    p = _run("--key-file", str(key), "--workdir", str(proj), "--remote-env", f"OUT={host}",
+             "--evidence-dir", str(evidence), "--", "sh", "-c", COPY_HOST, sim=sim, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert ACCOUNT_KEY.encode() not in _host_bytes(host)
+    assert (host / "vh" / "work" / "train.py").is_file()
+    left = {item["path"]: item for item in _record(evidence)["workdir"]["left_out"]}
+    for rel in ("copy_of_key.txt", "notes.md", "sub/deep/.hidden/vast_api_key"):
+        assert left[rel] == {"path": rel, "why": HOLDS_KEY, "includable": False}, left
+        assert f"{rel} ({HOLDS_KEY})" in _said(p)
+
+
+def test_include_cannot_take_in_a_copy_of_the_account_key(sim: SimServer, tmp_path):
+    proj = _key_copies(tmp_path / "proj")
+    key = _private(tmp_path / "vast.key", ACCOUNT_KEY)
+    base = ("--key-file", str(key), "--workdir", str(proj))
+    dry = _run(*base, "--dry-run", "--", "true", sim=sim, cwd=tmp_path)
+    assert dry.returncode == 0, _said(dry)[-3000:]
+    assert f"sub/deep/.hidden/vast_api_key ({HOLDS_KEY})" in _said(dry)
+    assert f"copy_of_key.txt ({HOLDS_KEY})" in _said(dry)
+    calls_before = len(sim.state()["calls"])
+    for glob in ("sub/deep/.hidden/vast_api_key", "**/vast_api_key"):
+        refused = _run(*base, "--include", glob, "--", "true", sim=sim, cwd=tmp_path)
+        assert refused.returncode == 2, _said(refused)[-3000:]
+        assert f"--include {glob}: sub/deep/.hidden/vast_api_key in" in _said(refused)
+        assert HOLDS_KEY in _said(refused)
+    assert sim.state()["calls"][calls_before:] == []
+
+
+def test_with_sim_a_copy_of_the_key_the_run_was_given_stays_home(tmp_path):
+    """--sim reads no real key, but the key file it was given is known: a copy of it stays home too."""
+    proj = _key_copies(tmp_path / "proj")
+    key = _private(tmp_path / "vast.key", ACCOUNT_KEY)
+    (tmp_path / "home").mkdir()
+    p = cli("run", "--sim", "--key-file", str(key), "--workdir", str(proj), "--dry-run", "--", "true",
+            home=tmp_path / "home")
+    assert p.returncode == 0, _said(p)[-3000:]
+    assert f"copy_of_key.txt ({HOLDS_KEY})" in _said(p)
+
+
+def test_the_official_cli_key_file_is_never_uploaded_from_either_config_home():
+    """The official CLI reads its key from xdg_config_home() when the `xdg` package imports, else from
+    ~/.config (vast.py APIKEY_FILE): both are listed whatever XDG_CONFIG_HOME says."""
+    from vast_harness.spec.resolve import never_upload
+
+    never = never_upload(key_file=None, config_key_file=None, environ={"HOME": "/h", "XDG_CONFIG_HOME": "/x"},
+                         dirs=[])
+    paths = {str(item.path) for item in never if item.why == "the official CLI's API key file"}
+    assert {"/x/vastai/vast_api_key", "/h/.config/vastai/vast_api_key", "/h/.vast_api_key"} <= paths
+
+
+# ----------------------------------------------------------------------------------------- credential variants
+
+
+@pytest.mark.parametrize(("rel", "family"), [
+    (".ENV", "dotenv file"), (".Env.local", "dotenv file"), (".SSH/ID_RSA", "SSH private key"),
+    ("Id_Ed25519", "SSH private key"), ("server.KEY", "TLS private key"), ("sub/.AWS/Credentials", "cloud credentials"),
+    ("sub/.NETRC", "netrc"), (".env\u200b", "dotenv file"), ("\uff0eenv", "dotenv file"), (".env ", "dotenv file"),
+    (".e\u00adnv", "dotenv file"), (".ENV.EXAMPLE", None), ("Id_Ed25519.PUB", None),
+], ids=ascii)
+def test_a_credential_name_is_matched_whatever_its_case_width_or_invisible_characters(rel, family):
+    """Issue 43 F7: on macOS's case-insensitive disk `.ENV` is the very file the rule names; a zero-width space,
+    a fullwidth dot or a trailing space only hide a name from an exact match."""
+    from vast_harness.spec.credentials import credential_family
+
+    assert credential_family(rel) == family
+
+
+SA = {"type": "service_account", "project_id": "p", "private_key_id": "1",
+      "private_key": "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"}
+
+
+@pytest.mark.parametrize(("name", "body"), [
+    ("bom_notes.txt", b"\xef\xbb\xbf-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----\n"),
+    ("pgp.asc", b"-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBF\n-----END PGP PRIVATE KEY BLOCK-----\n"),
+    ("sa_bom.json", b"\xef\xbb\xbf" + json.dumps(SA).encode()),
+    ("sa_escaped.json", json.dumps(SA).replace("service_account", "service\\u005faccount").encode()),
+])
+def test_a_private_key_is_known_by_its_content_behind_a_bom_an_escape_or_pgp_armour(name, body, tmp_path):
+    from vast_harness.spec.credentials import credential_content
+
+    (tmp_path / "a.py").write_text("1\n")
+    (tmp_path / name).write_bytes(body)
+    assert credential_content(tmp_path / name) is not None
+    assert [f.rel for f in select_workdir(tmp_path).files] == ["a.py"]
+
+
+def test_a_git_folder_in_any_case_is_never_uploaded(tmp_path):
+    """`.GIT/config` holding a remote URL with a token: on a case-insensitive disk that is git's own folder."""
+    (tmp_path / "a.py").write_text("1\n")
+    for git in (".git", ".GIT", "vendor/.Git"):
+        (tmp_path / git).mkdir(parents=True)
+        (tmp_path / git / "config").write_text("[remote]\nurl = https://x:ghp_token@github.com/a/b\n")
+    assert [f.rel for f in select_workdir(tmp_path).files] == ["a.py"]

@@ -94,55 +94,45 @@ def test_proofs_is_dispatched_by_hand_with_the_caps_and_gpu_count():
     assert doc["concurrency"]["cancel-in-progress"] is False  # never cancel a paid run to start another
 
 
-def test_proofs_key_comes_from_the_secret_into_a_0600_file_and_is_never_shown():
+def _proofs_run() -> dict[str, Any]:
+    return next(s for s in _steps(_load(PROOFS)) if s.get("id") == "run")
+
+
+def test_proofs_runs_the_profile_through_this_repositorys_action_with_the_inputs():
+    """The action (.github/actions/run, tests/harness/test_action.py) is what makes a cancel safe: its run step
+    execs vast-e2e, so GitHub's SIGINT reaches it, and its reap, summary and upload run after a cancel too."""
+    run = _proofs_run()
+    assert run["uses"] == "./.github/actions/run"
+    assert run["with"] == {"profile": "proofs", "max-usd": "${{ inputs.max_usd }}",
+                           "max-minutes": "${{ inputs.max_minutes }}", "num-gpus": "${{ inputs.num_gpus }}",
+                           "api-key": "${{ secrets.VAST_API_KEY }}", "artifact-name": "proofs-evidence-${{ github.run_id }}",
+                           "retention-days": "90"}
+    assert "reap" not in run["with"] and "upload" not in run["with"]  # the action's defaults: both on
+    steps = _steps(_load(PROOFS))
+    assert steps.index(run) == len(steps) - 1 and "always()" not in str(run.get("if", ""))
+
+
+def test_proofs_key_comes_from_the_secret_into_the_action_only_and_is_never_shown():
     doc = _load(PROOFS)
     text = PROOFS.read_text()
-    assert text.count("secrets.VAST_API_KEY") == 1
-    holders = [s for s in _steps(doc) if "secrets.VAST_API_KEY" in str(s.get("env", {}))]
-    assert len(holders) == 1 and "secrets" not in holders[0]["run"]  # only via the step's env
-    script = holders[0]["run"]
-    assert "umask 077" in script and "chmod 600" in script
-    # The value is only tested for emptiness and written to the file: no echo, no trace, no argv.
-    uses = [line.strip() for line in _runs(doc).splitlines() if re.search(r"\$\{?VAST_API_KEY", line)]
-    allowed = (r'\[ -n "\$VAST_API_KEY" \] \|\| \{ echo "::error::[^$]*"; exit 2; \}',
-               r"printf '%s' \"\$VAST_API_KEY\" > \"\$key_file\"")
-    assert uses and all(any(re.fullmatch(a, line) for a in allowed) for line in uses), uses
-    assert "set -x" not in _runs(doc) and "printenv" not in _runs(doc)
+    assert text.count("secrets.VAST_API_KEY") == 1 and _proofs_run()["with"]["api-key"] == "${{ secrets.VAST_API_KEY }}"
+    assert "secrets" not in _runs(doc) and "set -x" not in _runs(doc) and "printenv" not in _runs(doc)
     assert "secrets" not in str(doc.get("env", {})) and all("secrets" not in str(j.get("env", {}))
                                                           for j in doc["jobs"].values())
-
-
-def test_proofs_runs_the_profile_with_the_inputs_through_env_not_inline():
-    doc = _load(PROOFS)
-    run = next(s for s in _steps(doc) if s.get("id") == "run")
-    assert re.search(r"uv run --locked vast-e2e --profile proofs --key-file \"\$VH_KEY_FILE\" --max-usd \"\$MAX_USD\" \\\n"
-                     r"\s+--max-minutes \"\$MAX_MINUTES\" --num-gpus \"\$NUM_GPUS\" --json", run["run"])
-    assert run["env"] == {"MAX_USD": "${{ inputs.max_usd }}", "MAX_MINUTES": "${{ inputs.max_minutes }}",
-                          "NUM_GPUS": "${{ inputs.num_gpus }}"}
-    assert "exit_code=$code" in run["run"] and "GITHUB_OUTPUT" in run["run"]
     assert "${{" not in _runs(doc), "no expression inside a script: inputs travel through env"
 
 
-def test_proofs_reaps_orphans_after_exit_3_then_uploads_the_evidence_with_the_reap_result():
-    doc = _load(PROOFS)
-    steps = _steps(doc)
-    upload_at = next(i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/upload-artifact@"))
-    upload = steps[upload_at]
-    assert "always()" in upload["if"]
-    assert ".evidence/" in upload["with"]["path"] and upload["with"]["include-hidden-files"] is True
-    reap_at = next(i for i, s in enumerate(steps) if "vast-e2e reap" in s.get("run", ""))
-    reap = steps[reap_at]
-    assert reap_at < upload_at and "reap-result.json" in upload["with"]["path"]  # the reap's result is uploaded
-    assert "--include-live" not in reap["run"] and "--yes" not in reap["run"]  # orphans only: never a laptop's run
-    assert "always()" in reap["if"] and "steps.run.outputs.exit_code == '3'" in reap["if"]
-    # the state dir (ledger, registrations, evidence) is in the workspace, so it is uploaded too
-    assert doc["jobs"]["proofs"]["env"]["VAST_HARNESS_HOME"] == "${{ github.workspace }}/.evidence/vast"
+def test_proofs_checks_its_time_cap_before_the_action_rents():
+    steps = _steps(_load(PROOFS))
+    check = next(i for i, s in enumerate(steps) if "max_minutes must be in (0, 180]" in s.get("run", ""))
+    assert check < steps.index(_proofs_run())
+    assert steps[check]["env"] == {"MAX_MINUTES": "${{ inputs.max_minutes }}"}
 
 
-def test_proofs_pins_uv_and_runs_locked():
-    runs = _runs(_load(PROOFS))
-    assert re.search(r'pip install "uv==\d+\.\d+\.\d+"', runs)
-    assert all("uv run --locked" in line for line in runs.splitlines() if "uv run" in line)
+def test_the_action_pins_uv_and_installs_locked():
+    action = (REPO / ".github" / "actions" / "run" / "action.yml").read_text()
+    assert re.search(r'pip install [^\n]*"uv==\d+\.\d+\.\d+"', action)
+    assert re.search(r"uv\" sync --project \"\$root\" --locked", action)
 
 
 def test_ci_lints_with_ruff_before_the_tests():

@@ -35,6 +35,7 @@ from vast_harness.clock import now_s
 from vast_harness.console.when import utc
 from vast_harness.errors import CapReachedError, ConfigError
 from vast_harness.records import PriceChange
+from vast_harness.spec.receipt import ReceiptPolicy
 from vast_harness.timings import TeardownBudget, Timings
 
 BYTES_PER_GB = 1e9
@@ -46,20 +47,30 @@ MAX_PLAUSIBLE_DPH_USD = 1_000_000.0
 CAP_CUT_SLACK_S = 0.05
 
 
-def minimum_cap_s(timings: Timings) -> float:
-    """The shortest time cap a run can keep: boot allowance + teardown margin. The one place it is computed."""
-    return timings.min_boot_s + timings.teardown_margin_s
+def minimum_cap_s(timings: Timings, receipt: ReceiptPolicy | None = None) -> float:
+    """The shortest time cap a run can keep: boot allowance + the least receipt (when one is taken) + teardown
+    margin. The one place it is computed."""
+    return timings.min_boot_s + receipt_min_total_s(timings, receipt) + timings.teardown_margin_s
 
 
-def check_minimum_cap(max_minutes: float, timings: Timings) -> None:
-    """Refuse (ConfigError, exit 2) a time cap that cannot cover boot and teardown: before any rent, and in a
-    --dry-run too, so the preview never shows a plan the run would refuse."""
-    minimum_s = minimum_cap_s(timings)
+def receipt_min_total_s(timings: Timings, receipt: ReceiptPolicy | None) -> float:
+    """The least a receipt takes on the host, its grace included; 0 when none is taken."""
+    return timings.receipt_min_s + timings.receipt_grace_s if receipt is not None and receipt.enabled else 0.0
+
+
+def check_minimum_cap(max_minutes: float, timings: Timings, receipt: ReceiptPolicy | None = None) -> None:
+    """Refuse (ConfigError, exit 2) a time cap that cannot cover boot, the receipt and teardown: before any rent,
+    and in a --dry-run too, so the preview never shows a plan the run would refuse (a cap that leaves no time
+    for the receipt would rent, pay, and end at exit 6 before any work)."""
+    minimum_s = minimum_cap_s(timings, receipt)
     if max_minutes * 60.0 < minimum_s:
+        receipt_s = receipt_min_total_s(timings, receipt)
+        parts = (f"{timings.min_boot_s:g} s to boot + "
+                 + (f"{receipt_s:g} s for the least receipt ([receipt] enabled = false skips it) + " if receipt_s
+                    else "") + f"{timings.teardown_margin_s:g} s teardown margin")
         raise ConfigError(
-            f"--max-minutes {max_minutes:g} cannot cover boot and teardown: the minimum is "
-            f"{minimum_s / 60:.3g} min ({timings.min_boot_s:g} s to boot + {timings.teardown_margin_s:g} s "
-            "teardown margin); nothing rented")
+            f"--max-minutes {max_minutes:g} cannot cover boot{', the receipt' if receipt_s else ''} and teardown: "
+            f"the minimum is {minimum_s / 60:.3g} min ({parts}); nothing rented")
 
 
 def teardown_budget_s(proof_interval_s: float) -> float:

@@ -227,7 +227,10 @@ def chaos_spec(*, api_url: str, evidence_dir: Path, steps: list[Step], max_minut
     profile = base.profile.model_copy(update={"steps": base.profile.steps if command else steps,
                                               "boot_timeout_s": BOOT_TIMEOUT_S})
     return base.model_copy(update={"profile": profile, "api_url": api_url, "api_key": SecretStr(KEY),
-                                   "dry_run": False}).with_timings(teardown_margin_s=TEARDOWN_MARGIN_S)
+                                   "dry_run": False}).with_timings(
+        # The simulated host answers its receipt at once: no least budget or grace of seconds, so a time cap of a
+        # few seconds (cap_mode "time") still reaches boot and the steps rather than being refused as too short
+        teardown_margin_s=TEARDOWN_MARGIN_S, receipt_min_s=0.0, receipt_grace_s=0.0)
 
 
 def quote_cap_usd(spec: RunSpec, sim: SimServer, usd_factor: float) -> float:

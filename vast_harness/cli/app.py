@@ -55,6 +55,7 @@ from vast_harness.cli.options import (
     MaxUsd,
     MinGpuRamGb,
     MinPcieBw,
+    Notify,
     NumGpus,
     OnOutbid,
     PacingScale,
@@ -182,6 +183,7 @@ def main_command(
     allow_unarmed_deadman: AllowUnarmedDeadman = False,
     image_expect: ImageExpect = None,
     image_expect_ack: ImageExpectAck = False,
+    notify: Notify = None,
 ) -> None:
     """Run a profile end to end (or --dry-run to see the offer, the plan and the worst-case cost).
 
@@ -213,7 +215,7 @@ def _plan_or_run(out: Output, spec: RunSpec) -> int:
             from vast_harness.host.bundle import bundle_for
             from vast_harness.market.plan import plan_run
 
-            check_minimum_cap(target.caps.max_minutes, target.timings)  # the run would refuse it: so does the preview
+            check_minimum_cap(target.caps.max_minutes, target.timings, target.profile.receipt)  # the run would refuse it: so does the preview
 
             show_plan(out, plan_run(target, client, drivers, bundle_for(target), explain_requires=True))
             return 0
@@ -262,6 +264,7 @@ def run(
     checkpoint: Checkpoint = None,
     resume: Resume = None,
     on_outbid: OnOutbid = None,
+    notify: Notify = None,
 ) -> None:
     """Run your own command on a rented host: upload the workdir, run --setup then CMD there, pull the
     --artifact files, delete the instance and prove it gone, under the same caps and guarantees as a profile.
@@ -375,6 +378,7 @@ def fleet(
     bid: Bid = None,
     max_interruptions: MaxInterruptions = None,
     on_outbid: OnOutbid = None,
+    notify: Notify = None,
 ) -> None:
     """One guarded run per GPU type, K at once, under one total cap; ranked by $ per million training tokens."""
     _fleet(Flags.of(ctx), gpus=gpus, per_run_usd=per_run_usd, parallel=parallel, allow_overcommit=allow_overcommit)
@@ -568,6 +572,45 @@ def _report(flags: Flags, run: str | None) -> None:
 
 
 @app.command()
+def summary(
+    ctx: typer.Context,
+    *,
+    run: Annotated[str | None, typer.Argument(metavar="RUN", autocompletion=complete_run, show_default=False, help=(
+        "A run id, part of one, or its directory (default: the run --result names, else the latest run)."))]
+    = None,
+    result: Annotated[str | None, typer.Option("--result", metavar="FILE", help=(
+        "The run command's --json output: its verdict (a refused run has no other; missing or empty: the run was "
+        "killed before it printed one)."))] = None,
+    reap_result: Annotated[str | None, typer.Option("--reap-result", metavar="FILE", help=(
+        "A follow-up `reap --json` output, shown under the run."))] = None,
+    outputs: Annotated[str | None, typer.Option("--outputs", metavar="FILE", help=(
+        "Append exit-code, accrued-usd, run-id, evidence-dir and absence as name=value lines (GitHub's "
+        "$GITHUB_OUTPUT)."))] = None,
+    artifact_name: Annotated[str | None, typer.Option("--artifact-name", metavar="NAME", help=(
+        "The name the evidence is uploaded under, said on the page."))] = None,
+    evidence_dir: EvidenceDir = None,
+) -> None:
+    """A run as the Markdown a CI job summary shows ($GITHUB_STEP_SUMMARY): verdict, cost against the caps, the
+    GPUs, the steps, the absence proof; from the evidence only."""
+    _summary(Flags.of(ctx), run, result=result, reap_result=reap_result, outputs=outputs,
+             artifact_name=artifact_name)
+
+
+def _summary(flags: Flags, run: str | None, *, result: str | None, reap_result: str | None, outputs: str | None,
+             artifact_name: str | None) -> None:
+    out = Output()
+
+    def body() -> int:
+        from vast_harness.views.summary import show_summary
+
+        return show_summary(out, _evidence_dir(flags), run, result_file=path_flag("--result", result),
+                            reap_file=path_flag("--reap-result", reap_result),
+                            outputs_file=path_flag("--outputs", outputs), artifact_name=artifact_name)
+
+    _guard(out, body, interrupted="interrupted")
+
+
+@app.command()
 def logs(
     ctx: typer.Context,
     *,
@@ -709,8 +752,11 @@ def _machines(flags: Flags, *, forget: list[int], forget_all: bool) -> None:
         return show_machines(out, history, market)
 
     _guard(out, body, interrupted="interrupted")
-# The options whose values hold a key or a secret, read from argv before typer parses it (a usage error quotes)
-_SECRET_OPTIONS = ("--key-file", "--remote-secret", "--remote-secret-file")
+
+
+# The options whose values hold a key or a secret (a webhook's URL is its token), read from argv before typer
+# parses it (a usage error quotes)
+_SECRET_OPTIONS = ("--key-file", "--remote-secret", "--remote-secret-file", "--notify")
 
 
 def _teach_masker(argv: Sequence[str]) -> None:
@@ -724,7 +770,7 @@ def _teach_masker(argv: Sequence[str]) -> None:
                 given[name].append(value)
             elif i + 1 < len(words):
                 given[name].append(words[i + 1])
-    teach_inputs(environ=os.environ, secret_items=given["--remote-secret"])
+    teach_inputs(environ=os.environ, secret_items=given["--remote-secret"], notify_urls=given["--notify"])
     for key_file in given["--key-file"]:
         teach_inputs(environ=os.environ, key_file=key_file)
     for secret_file in given["--remote-secret-file"]:

@@ -89,6 +89,10 @@ ImageExpect = Annotated[str | None, typer.Option(
     "--image-expect", metavar="torch=V,cuda=V,cudnn=V",
     help="Override the host image check (any subset), e.g. torch=2.11.0,cuda=13.0: recorded as an override in "
          "the evidence and the report.")]
+Notify = Annotated[list[str] | None, typer.Option(
+    "--notify", metavar="URL",
+    help="Post the run's events (rented, cap reached, interrupted, proven gone, ...) as JSON to this https URL "
+         "(repeatable; http only to this machine). Never waited on; the URL is masked as a secret.")]
 ImageExpectAck = Annotated[bool, typer.Option(
     "--image-expect-ack", metavar="", help="Allow --image-expect against a real (non-loopback) API.")]
 

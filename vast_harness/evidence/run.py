@@ -1,7 +1,7 @@
 """A run's evidence directory: the files, their layout, the typed run record, and the closing manifest.
 
 harness-result.json (a `RunRecord`, versioned), offer-quote.json, steps.tsv, steps/<name>.log, remote/,
-absence-proof.json, and manifest.sha256 (sha256 of every file above). Nothing here ever holds the API key or
+absence-proof.json, notifications.json (with `--notify`), and manifest.sha256 (sha256 of every file above). Nothing here ever holds the API key or
 a `--remote-secret` value: every text this module writes goes through the process's masker (masking.py), a JSON
 document's strings before it is serialised (settings, `--remote-env`, are recorded as given, a key or a secret
 in one masked). Artifacts (`artifacts/`) are the user's files and are not written here: they stay byte for byte.
@@ -25,6 +25,7 @@ from vast_harness.files import open_append
 from vast_harness.masking import MASKER, mask
 from vast_harness.records import AbsenceSummary, InstanceTeardown, RunRecord
 
+NOTIFICATIONS_FILE = "notifications.json"  # what became of each --notify event (run/notify.py)
 STEP_LOG_HEAD_BYTES = 8 * 1024 * 1024
 STEP_LOG_TAIL_BYTES = 2 * 1024 * 1024
 _T = TypeVar("_T")

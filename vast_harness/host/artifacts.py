@@ -45,7 +45,12 @@ def pull_artifacts(session: HostSession, remote_dir: str, globs: ArtifactGlobs, 
     pulled: dict[str, str] = {}  # local name -> the host's relative path
     _private_dir(local_dir, local_dir)
 
+    refused = [""]
+
     def work() -> None:
+        if (link := session.symlink_on_the_way(remote_dir)) is not None:  # the evidence pull's rule
+            refused[0] = link
+            return
         listed = session.list_files(remote_dir, max_files=MAX_LISTED_FILES)
         used: set[str] = set()
         for rel, size in listed:
@@ -62,7 +67,10 @@ def pull_artifacts(session: HostSession, remote_dir: str, globs: ArtifactGlobs, 
                 done.add(rel)
                 continue
             current[0] = rel
-            local = names.local_name(PurePosixPath(rel))
+            # Masked here, not after: two names that mask alike must be saved, recorded and checked apart.
+            local = names.local_name(PurePosixPath(rel), mask=MASKER.text)
+            if MASKER.text(rel) != rel:
+                record.redacted.append(local)
             _private_dir(local_dir, (local_dir / local).parent)
             try:
                 got = session.get(f"{remote_dir}/{rel}", local_dir / local, max_bytes=left, on_bytes=on_bytes)
@@ -92,6 +100,9 @@ def pull_artifacts(session: HostSession, remote_dir: str, globs: ArtifactGlobs, 
     record.renamed = dict(names.renamed)
     _witness(record, session, remote_dir, local_dir, pulled, deadline=deadline, link_cut=bool(cut))
     problems = []
+    if refused[0]:
+        record.symlink = refused[0]
+        problems.append(f"{refused[0]} on the host is a symlink: not followed (a pull takes only the host's own tree)")
     if record.unmatched:
         problems.append(f"matched nothing on the host: {', '.join(record.unmatched)}")
     if record.skipped:

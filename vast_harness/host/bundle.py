@@ -10,15 +10,17 @@ import gzip
 import hashlib
 import io
 import tarfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from vast_harness.errors import ConfigError
+from vast_harness.records import WorkdirLeftOut as LeftOut
 from vast_harness.records import WorkdirRecord
 from vast_harness.resources import data_root
 from vast_harness.spec.resolve import RunSpec
-from vast_harness.spec.workdir import WorkdirSelection, select_workdir
+from vast_harness.spec.workdir import KEY_COPY, WorkdirSelection, holds_key, key_needles, select_workdir
 
 # What goes to the host, relative to data_root(), read off the profiles' step commands; local-only tools
 # (chaos, benchmarks, the CLI script) stay here. A directory ships whole. The wheel packages the same paths
@@ -79,12 +81,28 @@ def build_bundle(root: Path | None = None, entries: tuple[str, ...] = HOST_PAYLO
     return _pack(root, [(str(rel), rel) for rel in _members(root, entries)])
 
 
-def build_workdir_bundle(selection: WorkdirSelection) -> Bundle:
-    """The user's selected workdir files under `work/`; its sha256 is the workdir's in the record."""
-    bundle = _pack(selection.root, [(f"{WORKDIR_DIR}/{f.rel}", Path(f.rel)) for f in selection.files])
+def build_workdir_bundle(selection: WorkdirSelection, account_keys: Sequence[str] = ()) -> Bundle:
+    """The user's selected workdir files under `work/`; its sha256 is the workdir's in the record. A file whose
+    bytes hold an account key is left out and named (its bytes are read here anyway: not twice)."""
+    needles = key_needles(account_keys)
+    held: set[str] = set()
+
+    def keep(rel: Path, data: bytes) -> bool:
+        if holds_key(data, needles):
+            held.add(rel.as_posix())
+            return False
+        return True
+
+    bundle = _pack(selection.root, [(f"{WORKDIR_DIR}/{f.rel}", Path(f.rel)) for f in selection.files], keep)
+    kept = [f for f in selection.files if f.rel not in held]
+    if not kept:
+        raise ConfigError(f"--workdir {selection.root}: nothing to upload (every file left is a copy of the "
+                          "account's API key)")
+    left_out = sorted([*selection.left_out, *(LeftOut(path=rel, why=KEY_COPY, includable=False) for rel in held)],
+                      key=lambda i: i.path)
     record = WorkdirRecord(path=str(selection.root), sha256=bundle.sha256, files=bundle.files,
-                           bytes=selection.total_bytes, excluded=selection.excluded, symlinks_skipped=selection.symlinks,
-                           left_out=selection.left_out, included=selection.included)
+                           bytes=sum(f.bytes for f in kept), excluded=selection.excluded,
+                           symlinks_skipped=selection.symlinks, left_out=left_out, included=selection.included)
     return bundle.model_copy(update={"workdir": record})
 
 
@@ -94,19 +112,26 @@ def bundle_for(spec: RunSpec) -> Bundle:
     wd = spec.profile.workdir
     if wd is None:
         return build_bundle()
+    keys = spec.account_keys
     return build_workdir_bundle(select_workdir(Path(wd.path), exclude=wd.exclude, include=wd.include,
                                                max_mb=wd.max_mb, never_upload=spec.never_upload,
-                                               skip_dirs=spec.harness_dirs))
+                                               skip_dirs=spec.harness_dirs, account_keys=keys), keys)
 
 
-def _pack(root: Path, members: list[tuple[str, Path]]) -> Bundle:
+def _pack(root: Path, members: list[tuple[str, Path]],
+          keep: Callable[[Path, bytes], bool] = lambda rel, data: True) -> Bundle:
+    """The members, read once each; `keep` sees each file's bytes and may leave it out."""
     raw = io.BytesIO()
+    count = 0
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, rel in members:
             try:
                 data = (root / rel).read_bytes()
             except OSError as exc:  # a workdir file removed or unreadable since it was listed
                 raise ConfigError(f"cannot read {root / rel} for the upload: {exc.strerror or exc}") from None
+            if not keep(rel, data):
+                continue
+            count += 1
             info = tarfile.TarInfo(name)
             info.size = len(data)
             info.mode = 0o755 if (root / rel).stat().st_mode & 0o111 else 0o644
@@ -118,4 +143,4 @@ def _pack(root: Path, members: list[tuple[str, Path]]) -> Bundle:
     with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, filename="") as gz:
         gz.write(raw.getvalue())
     data = out.getvalue()
-    return Bundle(data=data, sha256=hashlib.sha256(data).hexdigest(), files=len(members))
+    return Bundle(data=data, sha256=hashlib.sha256(data).hexdigest(), files=count)

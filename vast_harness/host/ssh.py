@@ -91,19 +91,22 @@ class TreePull(BaseModel):
     # A host's file name with control characters is saved under an escaped name (remote -> local here):
     # written as sent, `ls` or `cat manifest.sha256` of the evidence would play it to the user's terminal.
     renamed: dict[str, str] = {}
+    symlink: str = ""  # the root (or a folder on the way to it) was a symlink on the host: nothing pulled
     _current: str = ""
     _listed: list[str] = []
     _taken: set[str] = set()
 
-    def local_name(self, rel: PurePosixPath) -> str:
+    def local_name(self, rel: PurePosixPath, mask: Callable[[str], str] | None = None) -> str:
         """Where `rel` (the host's relative path) goes locally: as is when every character is printable,
-        else escaped (`\\x1b`); a name already taken in this pull gets `~` appended."""
+        else escaped (`\\x1b`); with `mask`, a secret in it masked; a name already taken in this pull (two
+        names that differ only in a secret's value mask alike) gets `~` appended, so each keeps its own."""
         remote = rel.as_posix()
-        local = "/".join(_UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", part) for part in rel.parts)
+        escaped = "/".join(_UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", part) for part in rel.parts)
+        local = mask(escaped) if mask is not None else escaped
         while local in self._taken:
             local += "~"
         self._taken.add(local)
-        if local != remote:
+        if escaped != remote and local == escaped:  # a masked name is the record's `redacted`, never its value
             self.renamed[remote] = local
         return local
 
@@ -632,7 +635,13 @@ class HostSession:
                 raise _OverBudget(f"{remote} passed the {max_bytes:.0f}-byte budget")
 
         try:
-            self._sftp_client().get(remote, str(partial), callback=progress)
+            # 0600 from creation on (the host's files may be anything: a key among them), never through a link
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                os.fchmod(fd, 0o600)
+                size = self._sftp_client().getfo(remote, fh, callback=progress)
+            if partial.stat().st_size != size:
+                raise SshTransferError(f"download of {remote}: {partial.stat().st_size} bytes written of {size}")
             partial.replace(local)
         except FileNotFoundError:
             raise
@@ -706,10 +715,35 @@ class HostSession:
         return [e for e in sorted(entries, key=lambda e: e.filename)
                 if e.filename not in (".", "..") and "/" not in e.filename and e.st_mode is not None]
 
+    def symlink_on_the_way(self, remote_dir: str) -> str | None:
+        """The first folder of `remote_dir` (each part, from the login folder) that is a symlink on the host,
+        else None: a pull follows none, its root included (`rm -rf ~/vh/evidence; ln -s / ~/vh/evidence` must
+        not bring the host's, or on --sim the user's, other files back). A part that is missing is not a link."""
+        sftp = self._sftp_client()
+        parts = PurePosixPath(remote_dir).parts
+        for i in range(len(parts)):
+            here = PurePosixPath(*parts[: i + 1])
+            if here.as_posix() == "/":
+                continue
+            try:
+                st = sftp.lstat(here.as_posix())
+            except FileNotFoundError:
+                return None
+            except TimeoutError:
+                raise self._stalled(f"checking {here}") from None
+            if stat.S_ISLNK(st.st_mode or 0):
+                return here.as_posix()
+        return None
+
     def _walk_pull(self, remote_dir: str, local_dir: Path, pattern: str, result: TreePull,
                    max_bytes: float | None, on_bytes: Callable[[int], None] | None) -> TreePull:
         """Files that vanish between listing and copying are skipped. Symlinks and special files are skipped
-        too: a host's link could point the copy at a path it should not read."""
+        too: a host's link could point the copy at a path it should not read; a root that is one (or lies
+        under one) is not walked at all."""
+        if (link := self.symlink_on_the_way(remote_dir)) is not None:
+            result.symlink, result.complete = link, False
+            result.detail = f"{link} on the host is a symlink: not followed (a pull takes only the host's own tree)"
+            return result
         sftp = self._sftp_client()
         pending: list[tuple[PurePosixPath, int]] = [(PurePosixPath("."), 0)]
         while pending:

@@ -340,8 +340,10 @@ class HostWork:
                 self.pull.redacted = masked
         self.pull = self.pull.model_copy(update={"files": len(pulled.files), "bytes": pulled.bytes,
                                                  "skipped": pulled.skipped, "left": pulled.left,
-                                                 "renamed": pulled.renamed,
+                                                 "renamed": pulled.renamed, "symlink": pulled.symlink,
                                                  "complete": pulled.complete, "detail": pulled.detail})
+        if pulled.symlink:
+            self.out.warn(f"the host's evidence was not pulled: {pulled.detail}")
         self._pull_artifacts(deadline=deadline, max_bytes=budget - pulled.bytes, abandon=abandon)
         if pulled.renamed:
             self.out.warn(f"{len(pulled.renamed)} host file name(s) held control characters: saved under escaped "
@@ -354,6 +356,8 @@ class HostWork:
             self._check_artifacts(deadline, affordable)
             return
         self._check_cancelled()  # cut by a cancel: its reason is the run's
+        if pulled.symlink:
+            raise HarnessError(f"the host's evidence is incomplete: {pulled.detail}")
         got = f"{len(pulled.files)} file(s), {pulled.bytes} bytes pulled"
         if self.meter.cut_by_cap(deadline) and own_bound_first:
             # e.g. a host file appended to for ever: the pull's bound ended it with money and time to spare
@@ -386,10 +390,12 @@ class HostWork:
             got = ArtifactPull(globs=list(globs), detail=f"{type(exc).__name__}: {exc}")
         finally:  # a signal too: what arrived is named and recorded before the teardown goes on
             got = got or ArtifactPull(globs=list(globs), detail="interrupted")
-            got.redacted = self._redact_pulled(ARTIFACTS_DIR, contents=False)  # the bytes are the user's
+            got.redacted = sorted({*got.redacted, *self._redact_pulled(ARTIFACTS_DIR, contents=False)})  # bytes: the user's
             self.artifacts = got
         self.out.info(f"pulled {len(got.files)} artifact(s), {got.bytes} bytes, into "
                       f"{self.ev.dir / ARTIFACTS_DIR}" + ("" if got.complete else f"; incomplete: {got.detail}"))
+        if got.symlink:
+            self.out.warn(f"the artifacts were not pulled: {got.detail}")
         for name, secrets in got.secrets_found.items():
             self.out.warn(f"artifact {name} holds {' and '.join(spoken(s) for s in secrets)}: kept byte for byte and private (0600); "
                           "do not share it as it is")

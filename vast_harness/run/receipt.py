@@ -78,6 +78,8 @@ def take_receipt(t: RunTools, s: RunState, inst: CreatedInstance, offer: Offer) 
     _remember(t, s, receipt)
     if receipt.verdict == "failed":
         s.receipts_refused.append(receipt)
+        t.notify.receipt_failed(inst, [c.line() for c in receipt.failed] or [receipt.reason],
+                                gpu_name=offer.gpu_name, num_gpus=offer.num_gpus)  # queued, not waited on
         raise ReceiptFailed(f"instance {inst.instance_id} (offer {offer.id}, machine {offer.machine_id}, "
                             f"{offer.num_gpus}x {offer.gpu_name}) failed its receipt: {receipt.reason}")
     s.receipt = receipt

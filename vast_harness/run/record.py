@@ -38,7 +38,7 @@ def build_record(t: RunTools, s: RunState, code: int, message: str) -> RunRecord
         driver_qualified=cand.driver_qualified if cand else None, any_driver=spec.any_driver,
         caps=RecordCaps(max_usd=spec.caps.max_usd, max_minutes=spec.caps.max_minutes,
                         teardown_margin_s=spec.teardown_margin_s,
-                        minimum_cap_s=minimum_cap_s(spec.timings)),
+                        minimum_cap_s=minimum_cap_s(spec.timings, spec.profile.receipt)),
         worst_case_usd=cand.quote.worst_case_usd if cand else None,
         accrued_usd=usd_up(meter.accrued_usd()), over_cap=meter.over_cap(),
         bytes=ByteCounts(uploaded=meter.bytes_up, downloaded=meter.bytes_down),

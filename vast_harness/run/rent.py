@@ -80,7 +80,7 @@ def preflight(t: RunTools, s: RunState, key_dir: Path) -> Bundle:
     """Refuse what cannot be kept before anything is rented; then register, plan, and make the run's key."""
     s.stage = Stage.PREFLIGHT
     t.phases.start("plan")
-    check_minimum_cap(t.spec.caps.max_minutes, t.spec.timings)
+    check_minimum_cap(t.spec.caps.max_minutes, t.spec.timings, t.spec.profile.receipt)
     check_evidence_dir(t.spec.evidence_dir, "the evidence dir")  # full or read-only: rent nothing
     register(t, s)  # before anything is rented: from now on a reap sees this run as live
     bundle = bundle_for(t.spec)  # a `run`'s workdir, else the harness's own payload
@@ -323,6 +323,7 @@ def create_one(t: RunTools, s: RunState, cand: Candidate, label: str) -> CreateO
                            seen=outcome.status == "found_after_unknown")  # found in the list by label
     book.rented(inst)
     start_meter(t, inst, cand)  # the money clock starts now, at this offer's price
+    t.notify.rented(inst, gpu_name=cand.offer.gpu_name, num_gpus=cand.offer.num_gpus)
     if t.on_created is not None:
         t.on_created(inst)
     return Rented(inst)

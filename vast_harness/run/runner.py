@@ -18,7 +18,7 @@ from vast_harness.caps.meter import CostMeter
 from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.errors import ExitCode, Interrupted, NoOfferError, describe, exit_code_for
-from vast_harness.evidence.run import RunEvidence
+from vast_harness.evidence.run import RunEvidence, overall_absence
 from vast_harness.host.bundle import Bundle
 from vast_harness.host.ssh import run_key_dir_prefix
 from vast_harness.records import CreatedInstance, InstanceTeardown, PullRecord, StepRecord
@@ -122,6 +122,7 @@ class GuardedRun:
                 code, message = with_guard(*work_outcome(qualified), t.cap_guard.fired_reason)
             except (Exception, Interrupted) as exc:  # a bug too must end in teardown and an exit code
                 code, message = with_guard(exit_code_for(exc), describe(exc), t.cap_guard.fired_reason)
+                self._notify_stop(exc, code, message)  # queued, never waited on: the teardown comes next
                 if isinstance(exc, NoOfferError) and exc.rejected:
                     t.out.rejections([r.row() for r in exc.rejected], title="Closest offers and why each was rejected")
             finally:
@@ -132,6 +133,7 @@ class GuardedRun:
                     t.stuck.finished()
                     if s.registration is not None:
                         s.registration.release()  # the run is over: a reap may now judge what is left
+                    t.notify.finish(t.ev, t.out.warn)  # the last events get a moment to leave; each one's fate kept
         return HarnessResult(run_id=s.run_id, exit_code=code, message=message)
 
     def _work_on_host(self, bundle: Bundle, salvaged: Path | None, *, in_place: bool = False) -> None:
@@ -151,6 +153,18 @@ class GuardedRun:
                     self._work(Stage.UPLOAD).steps_to_run = resume_steps(t)
             self._work(Stage.STEPS).run_steps()
             pull_evidence(t, s, in_teardown=False)  # Stage.PULL
+
+    def _notify_stop(self, exc: BaseException, code: ExitCode, message: str) -> None:
+        """What stopped the work, when it is a signal or a cap: its event, before the teardown starts (none before
+        any create: nothing was rented, nothing is said)."""
+        if not self.tools.book.attempts:
+            return
+        if isinstance(exc, Interrupted):
+            self.tools.notify.interrupted(str(exc))
+        elif code == ExitCode.INTERRUPTED:  # a fleet's signal, passed on as a cancel
+            self.tools.notify.interrupted(message.removeprefix("cancelled: "))
+        elif code == ExitCode.CAP_REACHED:
+            self.tools.notify.cap_reached(message)
 
     def _work(self, stage: Stage) -> HostWork:
         assert self.state.work is not None
@@ -194,6 +208,10 @@ class GuardedRun:
                                f"removed; this run's exit is {int(code)}")
                 elif was_written:
                     t.out.warn(f"removed {result_path}: it said exit {int(written)} and could not be rewritten")
+        if t.book.attempts:  # a run that sent no create rented nothing: it says nothing (docs/notifications.md)
+            if code == ExitCode.CAP_REACHED:  # a cap found only now (the meter over it at the end): said first
+                t.notify.cap_reached(message)
+            t.notify.ended(code, message, overall_absence(t.book.teardowns, t.book.unresolved))
         report_path = write_run_report_safely(t.ev.dir, t.out.warn)
         t.out.stop_view()
         t.out.result(s.run_id, code, message, t.ev.dir, self.steps, t.book.teardowns, t.meter.accrued_usd(),

@@ -18,6 +18,7 @@ from vast_harness.records import CreatedInstance
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.instance_reads import InstanceReads
 from vast_harness.run.instances import RunInstances
+from vast_harness.run.notify import RunNotifier
 from vast_harness.run.rent_book import RentBook
 from vast_harness.run.signals import SignalGuard
 from vast_harness.run.state import RunState
@@ -57,6 +58,7 @@ class RunTools:
     on_created: Callable[[CreatedInstance], None] | None
     around_boot: AroundBoot | None
     stuck: StuckRunWatch  # ends a run whose main thread does not come back after the guard's DELETE
+    notify: RunNotifier  # the run's events to its --notify URLs: posted, never waited on
 
     def clock(self) -> float:
         """The run's monotonic clock (the meter's): every deadline of every stage is on it."""
@@ -78,14 +80,15 @@ class GuardFired:
     cancelled (exit 6), the user told, and the stuck-run watch armed: from then on the run has a whole teardown's
     time to finish."""
 
-    def __init__(self, state: RunState, out: Output, meter: CostMeter) -> None:
-        self._state, self._out, self._meter = state, out, meter
+    def __init__(self, state: RunState, out: Output, meter: CostMeter, notify: RunNotifier) -> None:
+        self._state, self._out, self._meter, self._notify = state, out, meter, notify
         self.stuck: StuckRunWatch | None = None  # it watches the guard that calls this, so it is made after it
 
     def __call__(self, reason: str) -> None:
         self._state.timings["cap_guard_fired_s"] = round(self._meter.now() - self._meter.t0, 3)
         self._state.cancel(reason, ExitCode.CAP_REACHED)
         self._out.warn(reason)
+        self._notify.cap_reached(reason)  # queued: the guard's DELETE does not wait for it
         if self.stuck is not None:
             self.stuck.arm()
 
@@ -103,7 +106,8 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
                       on_raise=lambda change: reads.record_raise(change))
     state.t0_unix = time.time()
     phases = PhaseLog(meter.accrued_usd, clock=meter.now)
-    guard_fired = GuardFired(state, out, meter)
+    notify = RunNotifier(spec, state.run_id, meter)
+    guard_fired = GuardFired(state, out, meter, notify)
     instances = RunInstances(client=client, ledger=ledger, run_id=state.run_id, meter=meter, out=out,
                              on_guard_fired=guard_fired, describe_now=lambda: phases.current)
     book, cap_guard = instances.book, instances.guard
@@ -123,7 +127,8 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
     return RunTools(spec=spec, client=client, drivers=drivers, out=out, ledger=ledger,
                     ev=ev, meter=meter, budget=meter.budget, instances=instances,
                     phases=phases, reads=reads, signals=signals, server_clock=server_clock,
-                    host_work=host_work, on_created=on_created, around_boot=around_boot, stuck=stuck)
+                    host_work=host_work, on_created=on_created, around_boot=around_boot, stuck=stuck,
+                    notify=notify)
 
 
 def snapshot(t: RunTools) -> Snapshot:

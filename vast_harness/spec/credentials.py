@@ -4,14 +4,18 @@ A workdir is often a project folder or a home directory, and a `.gitignore` that
 would put it on a stranger's host. A family is known by the file's name (shell patterns: `*.key`), by the end of
 its path (`.aws/credentials`), or by a folder it sits in (`.config/gcloud/`); a name pattern never matches a
 folder, so a virtualenv called `.env/` is not taken for a dotenv file. Two more are recognised by their first
-bytes, whatever their name: a PEM, OpenSSH or PuTTY private key, and a cloud service-account key (JSON holding a
-private key).
+bytes, whatever their name: a PEM, OpenSSH, PGP or PuTTY private key, and a cloud service-account key (JSON holding
+a private key). Names are compared casefolded and NFKC-normalised, without invisible characters; contents after
+a BOM.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
+import re
+import unicodedata
 from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict
@@ -29,6 +33,7 @@ class Family(BaseModel):
     folders: tuple[str, ...] = ()
 
     def matches(self, rel: str) -> bool:
+        """`rel` as `credential_family` normalised it (casefolded, NFKC, invisible characters gone)."""
         path = PurePosixPath(rel)
         if any(fnmatch.fnmatchcase(path.name, p) for p in self.names) and \
                 not any(fnmatch.fnmatchcase(path.name, k) for k in self.keep):
@@ -64,11 +69,34 @@ FAMILIES: dict[str, Family] = {
 }
 _HEAD_BYTES = 4096  # where a key file says what it is
 _PEM_SCAN_BYTES = 65536  # a PEM bundle may put its key after a certificate chain
+_JSON_SCAN_BYTES = 65536  # a service-account key is about 2.3 kB
+_BOM = b"\xef\xbb\xbf"
+# Any private key armour: PKCS#8, RSA, EC, OpenSSH, ENCRYPTED, and PGP's `PRIVATE KEY BLOCK`
+_PRIVATE_ARMOUR = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----")
+
+
+def _service_account(data: bytes) -> bool:
+    """JSON holding `"type": "service_account"` and a `private_key`, parsed (a `\\u005f` escape is the same
+    text); a document too big or broken is judged by its bytes."""
+    try:
+        doc = json.loads(data.decode("utf-8-sig"))
+    except (UnicodeDecodeError, ValueError):
+        return b'"service_account"' in data and b'"private_key"' in data
+    return isinstance(doc, dict) and doc.get("type") == "service_account" and "private_key" in doc
+
+
+def name_key(name: str) -> str:
+    """A path part as a rule compares it: NFKC (a fullwidth `．env` is `.env`), without format characters (a
+    zero-width space, a soft hyphen), surrounding spaces gone, casefolded (`.ENV`, `Id_Ed25519`: on a
+    case-insensitive disk, macOS's default, they are the very files the rules name)."""
+    text = unicodedata.normalize("NFKC", name)
+    return "".join(c for c in text if unicodedata.category(c) != "Cf").strip().casefold()
 
 
 def credential_family(rel: str) -> str | None:
     """The family a file is by its name or place (`rel`: its posix path relative to the workdir), else None."""
-    return next((name for name, family in FAMILIES.items() if family.matches(rel)), None)
+    key = "/".join(name_key(part) for part in PurePosixPath(rel).parts)
+    return next((name for name, family in FAMILIES.items() if family.matches(key)), None)
 
 
 def credential_content(path: Path) -> str | None:
@@ -80,14 +108,14 @@ def credential_content(path: Path) -> str | None:
         return None
     try:
         head = os.read(fd, _HEAD_BYTES)
-        text = head.lstrip()
+        text = head.removeprefix(_BOM).lstrip()  # OpenSSL and json readers skip a BOM: so does the check
         if text.startswith(b"-----BEGIN "):
             body = head + os.read(fd, _PEM_SCAN_BYTES - len(head))
-            if b"PRIVATE KEY-----" in body:
+            if _PRIVATE_ARMOUR.search(body):
                 return "private key (by its content)"
         elif text.startswith(b"PuTTY-User-Key-File-"):
             return "private key (by its content)"
-        elif text.startswith(b"{") and b'"service_account"' in head and b'"private_key"' in head:
+        elif text.startswith(b"{") and _service_account(head + os.read(fd, _JSON_SCAN_BYTES - len(head))):
             return "cloud credentials (by its content)"
     except OSError:
         return None

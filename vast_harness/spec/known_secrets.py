@@ -4,7 +4,8 @@ An error may quote any input (a URL, a path, a profile name, a `KEY=VALUE`), and
 pasted into any of them; validation runs in an order of its own. So the values are found first, raw and
 unchecked, wherever they can come from: the account key from `--key-file`, `VAST_API_KEY`, the config file's
 `key_file` and the official CLI's key file; secrets from `--remote-secret` (`KEY=VALUE`, or `KEY` taking the
-environment's value) and `--remote-secret-file`. Finding them never raises and never refuses anything (a file
+environment's value) and `--remote-secret-file`; every `--notify` URL (the flag's and the config file's: a
+webhook's URL is its token). Finding them never raises and never refuses anything (a file
 that cannot be read teaches nothing): refusing is `resolve`'s job, later, in its own words. Reading a key file
 here only masks it: with `--sim` it is still not used.
 """
@@ -15,6 +16,7 @@ import contextlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from vast_harness.console.notify import teach_notify_urls
 from vast_harness.files import read_regular_file
 from vast_harness.masking import ACCOUNT_KEY, MASKER
 from vast_harness.spec.user import MAX_KEY_FILE_BYTES, OFFICIAL_CLI_KEY_FILE, UserConfig, config_home
@@ -47,12 +49,16 @@ def teach_secret_items(items: Iterable[str], environ: Mapping[str, str], name: s
 
 
 def teach_inputs(*, environ: Mapping[str, str], key_file: Path | str | None = None,
-                 secret_items: Iterable[str] = (), secret_file: Path | str | None = None) -> None:
+                 secret_items: Iterable[str] = (), secret_file: Path | str | None = None,
+                 notify_urls: Iterable[str] = ()) -> None:
     """Tell the masker every key and secret these inputs and `environ` hold (the module's docstring)."""
     MASKER.add(environ.get("VAST_API_KEY", "").strip(), ACCOUNT_KEY)
     key_files: list[Path | str | None] = [key_file]
+    teach_notify_urls(notify_urls)
     with contextlib.suppress(Exception):  # a config file that does not parse is refused later, by resolve
-        key_files.append(UserConfig.load(environ)[0].key_file)
+        user = UserConfig.load(environ)[0]
+        key_files.append(user.key_file)
+        teach_notify_urls(user.notify or [])
     home = config_home(environ)
     if home is not None:
         key_files.append(home / OFFICIAL_CLI_KEY_FILE)

@@ -24,6 +24,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from vast_harness.errors import ConfigError
+from vast_harness.timings import Timings
+
 Action = Literal["gate", "record", "off"]
 ACTIONS = ("gate", "record", "off")
 THRESHOLDS = ("min_of_reference", "min_of_offer", "min_of_best", "max_share")
@@ -111,6 +114,8 @@ class ReceiptPolicy(BaseModel):
     budget_s: float = Field(default=DEFAULT_BUDGET_S, gt=0, le=MAX_BUDGET_S)
     rules: dict[str, MeasureRule] = Field(default_factory=lambda: dict(DEFAULT_RULES))
     declared_gates: tuple[str, ...] = ()  # measures the profile itself named as gates (see the module doc)
+    # the thresholds the profile itself gave, per measure (a default merged in is not the profile's to answer for)
+    declared_thresholds: dict[str, tuple[str, ...]] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -122,6 +127,7 @@ class ReceiptPolicy(BaseModel):
         top = {"enabled", "budget_s"}
         rules = dict(DEFAULT_RULES)
         declared = []
+        thresholds: dict[str, tuple[str, ...]] = {}
         for key, given in data.items():
             if key in top:
                 continue
@@ -139,13 +145,15 @@ class ReceiptPolicy(BaseModel):
                     raise ValueError(f"{key}.{name}: {key} has no such comparison (its thresholds: {takes})")
                 if name in THRESHOLDS and not _positive(fields[name]):
                     raise ValueError(f"{key}.{name}: {fields[name]!r} is not a positive number")
+            thresholds[key] = tuple(name for name in fields if name in THRESHOLDS)
             merged = {**DEFAULT_RULES[key].model_dump(), **fields}
             if "action" not in fields:
                 merged["action"] = "gate"
             rules[key] = MeasureRule.model_validate(merged)
             if rules[key].action == "gate":
                 declared.append(key)
-        return {**{k: v for k, v in data.items() if k in top}, "rules": rules, "declared_gates": tuple(declared)}
+        return {**{k: v for k, v in data.items() if k in top}, "rules": rules, "declared_gates": tuple(declared),
+                "declared_thresholds": thresholds}
 
     def rule(self, measure: str) -> MeasureRule:
         return self.rules.get(measure, DEFAULT_RULES[measure])
@@ -154,6 +162,15 @@ class ReceiptPolicy(BaseModel):
     def gates_declared(self) -> bool:
         """The profile itself gates on some measure: a host that cannot measure is refused, not just recorded."""
         return bool(self.declared_gates)
+
+
+def check_receipt_budget(policy: ReceiptPolicy, timings: Timings) -> None:
+    """A `budget_s` below the least a receipt can run in would rent a host and end at exit 6 before any work, with
+    the whole cap left: exit 2 naming it, before anything is rented."""
+    if policy.enabled and policy.budget_s < timings.receipt_min_s:
+        raise ConfigError(f"[receipt] budget_s = {policy.budget_s:g} is below the least a receipt runs in here "
+                          f"({timings.receipt_min_s:g} s: torch's import and the shortest measures); raise it, or "
+                          "set enabled = false to take no receipt")
 
 
 def _positive(value: Any) -> bool:

@@ -119,7 +119,7 @@ def check_gates(policy: ReceiptPolicy, *, num_gpus: int, gpu_names: list[str], r
     if not policy.enabled:
         return
     for measure in policy.declared_gates:
-        info, rule = MEASURES[measure], policy.rule(measure)
+        info = MEASURES[measure]
         where = f"[receipt] {measure}"
         if info.several_gpus and num_gpus < 2:
             raise ConfigError(f"{where} is a gate, but a 1-GPU host cannot report it ({info.what}): set it to "
@@ -129,7 +129,16 @@ def check_gates(policy: ReceiptPolicy, *, num_gpus: int, gpu_names: list[str], r
             if info.needs_ecc and row is not None and not row.ecc:
                 raise ConfigError(f"{where} is a gate, but {gpu} reports no ECC ({REFERENCES_FILE}): set it to "
                                   "\"record\" or \"off\"")
-            if rule.min_of_reference is not None and measure in GPU_MEASURES and refs.gpu_value(gpu, measure) is None:
+            # Refused when the profile asked for the reference (min_of_reference given), or gated with nothing
+            # else this GPU can be compared with; a profile that gates on the offer (min_of_offer) over the
+            # default's min_of_reference has that recorded where the GPU has no reference, never refused.
+            rule = policy.rule(measure)
+            asked = "min_of_reference" in policy.declared_thresholds.get(measure, ())
+            other = [n for n in info.thresholds if n != "min_of_reference" and rule.threshold(n) is not None]
+            if (rule.min_of_reference is not None and measure in GPU_MEASURES and (asked or not other)
+                    and refs.gpu_value(gpu, measure) is None):
+                instead = (f"gate it on the offer's figure instead ({measure} = {{ min_of_offer = 0.9 }}), "
+                           if "min_of_offer" in info.thresholds else "")
                 raise ConfigError(f"{where} gates on the reference (min_of_reference), but {gpu} has no reference "
-                                  f"figure for it in {REFERENCES_FILE}: it can only be recorded there; drop "
-                                  "min_of_reference or the GPU")
+                                  f"figure for it in {REFERENCES_FILE}: it can only be recorded there; "
+                                  f"{instead}set it to \"record\", or drop the GPU")

@@ -16,6 +16,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from vast_harness.console.notify import notify_urls
 from vast_harness.errors import ConfigError, UnwritableDirError
 from vast_harness.masking import ACCOUNT_KEY, MASKER, Masker
 from vast_harness.spec.command import MAX_GPU_RAM_GB, CommandRun, command_profile, with_cap_timeouts
@@ -34,6 +35,7 @@ from vast_harness.spec.profile import (
     validation_message,
     with_image_expect,
 )
+from vast_harness.spec.receipt import check_receipt_budget
 from vast_harness.spec.references import check_gates, load_references
 from vast_harness.spec.requires import MAX_GPU_RAM_GIB, MIB_PER_GIB
 from vast_harness.spec.user import CONFIG_FILE, OFFICIAL_CLI_KEY_FILE, UserConfig, config_home, read_api_key
@@ -89,6 +91,7 @@ class RunSpec(BaseModel):
     timings: Timings  # the table for this target (timings.py), the user's flags laid over it
     allow_unarmed_deadman: bool = False  # run even when the dead-man switch cannot prove it can act (recorded)
     image_expect_override: ImageExpect | None = None  # --image-expect: recorded in the evidence and the report
+    notify: list[str] = Field(default_factory=list)  # --notify URLs, checked (console/notify.py); masked as secrets
     # Never uploaded from a workdir, whatever the flags: the key files, the harness's config and state
     never_upload: tuple[NeverUpload, ...] = ()
     hints: tuple[str, ...] = ()  # said before the run or in the dry run: a setting that looks like a secret
@@ -170,6 +173,11 @@ class RunSpec(BaseModel):
         return MASKER
 
     @property
+    def account_keys(self) -> tuple[str, ...]:
+        """The account keys a workdir file must not hold (the one this run uses, and every one read)."""
+        return known_account_keys(self.api_key.get_secret_value() if self.api_key else None)
+
+    @property
     def redactor(self) -> Masker:
         """What masks this run's key and secrets (with every other this process knows) in what it writes."""
         return self.teach_masker()
@@ -214,6 +222,7 @@ class RunOptions(BaseModel):
     allow_unarmed_deadman: bool = False
     image_expect: str | None = None
     image_expect_ack: bool = False
+    notify: list[str] | None = None  # receivers of the run's events (docs/notifications.md)
     state_dir: Path | None = None  # the ledger's home (default: the user's state dir, by the environment)
     # `vast-e2e run -- CMD` (spec/command.py): the command replaces the profile
     command: list[str] | None = None
@@ -236,6 +245,12 @@ class RunOptions(BaseModel):
 
 
 
+def known_account_keys(key: str | None) -> tuple[str, ...]:
+    """`key` and every account key the masker was told (with --sim: the key file or VAST_API_KEY given, read to
+    mask them); a workdir file that holds one stays home, whatever its name."""
+    return tuple(dict.fromkeys([*([key] if key else []), *MASKER.values(ACCOUNT_KEY)]))
+
+
 def never_upload(*, key_file: Path | None, config_key_file: str | None, environ: Mapping[str, str],
                  dirs: list[tuple[Path, str]]) -> tuple[NeverUpload, ...]:
     """What no workdir upload takes: the key file given (read or not: with --sim it is not), the config file's,
@@ -245,6 +260,9 @@ def never_upload(*, key_file: Path | None, config_key_file: str | None, environ:
     found = [(key_file, "the API key file (--key-file)"),
              (Path(config_key_file) if config_key_file else None, "the API key file (the config file's key_file)"),
              (home / OFFICIAL_CLI_KEY_FILE if home else None, "the official CLI's API key file"),
+             # without the `xdg` package the official CLI reads ~/.config whatever XDG_CONFIG_HOME says
+             (Path(environ["HOME"]) / ".config" / OFFICIAL_CLI_KEY_FILE if environ.get("HOME") else None,
+              "the official CLI's API key file"),
              (Path(environ["HOME"]) / ".vast_api_key" if environ.get("HOME") else None,
               "the official CLI's API key file"),
              (home / CONFIG_FILE.parent if home else None, "the harness's config directory"),
@@ -310,7 +328,7 @@ def resolve(
     o = options
     environ = os.environ if environ is None else environ
     teach_inputs(environ=environ, key_file=o.key_file, secret_items=o.remote_secret or [],
-                 secret_file=o.remote_secret_file)
+                 secret_file=o.remote_secret_file, notify_urls=o.notify or [])
     if o.command is not None and o.profile is not None:
         raise ConfigError("run takes a command or a profile, not both: put the steps in the profile file, or drop "
                           "--profile")
@@ -339,6 +357,8 @@ def resolve(
         raise ConfigError(f"--eight-gpu-qualified rents 8 GPUs; --num-gpus {o.num_gpus} contradicts it: give one of "
                           "them")
     max_minutes = o.max_minutes if o.max_minutes is not None else user.max_minutes
+    notify = (notify_urls(o.notify, "--notify") if o.notify
+              else notify_urls(user.notify or [], "notify (config file)"))
     ev_source = "--evidence-dir" if o.evidence_dir is not None else "evidence_dir (config file)"
     evidence_given = o.evidence_dir if o.evidence_dir is not None else user.evidence_dir
     check_number("--max-usd", max_usd, low=0, high=MAX_USD_LIMIT, low_inclusive=False)
@@ -441,12 +461,14 @@ def resolve(
                                (ev_dir, "the harness's evidence directory")])
     if prof.workdir is not None:  # missing, over the size limit, an --exclude that matches nothing: exit 2 now
         select_workdir(Path(prof.workdir.path), exclude=prof.workdir.exclude, include=prof.workdir.include,
-                       max_mb=prof.workdir.max_mb, never_upload=never)
+                       max_mb=prof.workdir.max_mb, never_upload=never,
+                       account_keys=known_account_keys(key.get_secret_value() if key else None))
     # The one place a run's timings are chosen: the simulator's table with --sim, else Vast's; flags win.
     timing_flags = {"proof_interval_s": o.proof_interval_s, "poll_s": o.poll_s, "pacing_scale": o.pacing_scale}
     table = Timings.sim() if o.sim else Timings.real()
     try:
         timings = Timings.model_validate(table.model_dump() | {k: v for k, v in timing_flags.items() if v is not None})
+        check_receipt_budget(prof.receipt, timings)
         return RunSpec(
             profile=prof,
             filters=filters,
@@ -467,6 +489,7 @@ def resolve(
             timings=timings,
             allow_unarmed_deadman=o.allow_unarmed_deadman,
             image_expect_override=override,
+            notify=notify,
             never_upload=never,
             hints=tuple(secret_like_settings(list(given_env))),
             interruptible=bid_terms,

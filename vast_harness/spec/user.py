@@ -53,6 +53,7 @@ class UserConfig(StrictModel):
     evidence_dir: str | None = None
     max_usd: float | None = Field(default=None, gt=0, le=MAX_USD_LIMIT)
     max_minutes: float | None = Field(default=None, gt=0, le=MAX_MINUTES_LIMIT)
+    notify: list[str] | None = None  # receivers of every run's events (--notify replaces the list)
 
     @classmethod
     def load(cls, environ: Mapping[str, str]) -> tuple[UserConfig, Path | None]:

@@ -5,8 +5,9 @@ ignore (read with `pathspec`, git's own rules, nested files included) and what `
 key file the run was given, the official CLI's key file, or the harness's own config, state and evidence
 directories (`NeverUpload`, matched by device and inode, so another path to them does not get them up either);
 and not well-known credential files (`spec/credentials.py`) unless `--include` takes one in. Each of these is
-named (`LeftOut`), for the dry run, the console and the record. Symlinks are never followed or uploaded: one
-could point the upload at a key outside the workdir. The total is held to a size limit, and a workdir over it is
+named (`LeftOut`), for the dry run, the console and the record. Nor a file whose bytes hold the account key,
+whatever its name (a copy of the key file): found as the upload reads it, and named the same way. Symlinks are
+never followed or uploaded: one could point the upload at a key outside the workdir. The total is held to a size limit, and a workdir over it is
 bad input (exit 2, nothing rented) that names the limit, the size and the largest files. Artifact globs are
 checked here too, before renting: relative to the workdir, no `..`, balanced brackets.
 """
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from vast_harness.errors import ConfigError
 from vast_harness.records import WorkdirLeftOut as LeftOut
-from vast_harness.spec.credentials import credential_content, credential_family
+from vast_harness.spec.credentials import credential_content, credential_family, name_key
 
 DEFAULT_WORKDIR_MAX_MB = 100.0  # an upload of source and small data; bigger data belongs in the setup's download
 MAX_WORKDIR_MAX_MB = 10_000.0
@@ -32,6 +33,9 @@ MAX_WORKDIR_FILES = 50_000  # a workdir with more is almost surely a virtualenv 
 _ALWAYS_EXCLUDED = (".git/",)
 _LARGEST_SHOWN = 5
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+KEY_COPY = "holds the account's API key"  # a file whose bytes hold it, whatever its name: never uploaded
+_MIN_KEY_CHARS = 8  # a shorter "key" (a test's, a typo) would match ordinary files; a Vast key is 64
+_SCAN_CHUNK = 1 << 20
 
 
 class WorkdirFile(BaseModel):
@@ -132,18 +136,65 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def key_needles(account_keys: Iterable[str]) -> list[bytes]:
+    """The account keys as the bytes a file holding one would have."""
+    return [k.encode() for k in dict.fromkeys(account_keys) if len(k) >= _MIN_KEY_CHARS]
+
+
+def holds_key(data: bytes, needles: Sequence[bytes]) -> bool:
+    return any(n in data for n in needles)
+
+
+def file_holds_key(path: Path, needles: Sequence[bytes]) -> bool:
+    """Whether the file's bytes hold an account key, read in chunks (a key across two is found); a file that
+    cannot be read is not (the upload reads it again, and says so)."""
+    if not needles:
+        return False
+    overlap = max(len(n) for n in needles) - 1
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        tail = b""
+        while chunk := os.read(fd, _SCAN_CHUNK):
+            if holds_key(tail + chunk, needles):
+                return True
+            tail = (tail + chunk)[-overlap:] if overlap else b""
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
 def left_out_lines(left_out: Sequence[LeftOut]) -> list[str]:
     """What the console and the dry run say about the files left out by name, one line each."""
     return [f"{item.path} ({item.why}" + ("; --include PATH to upload it)" if item.includable else ")")
             for item in left_out]
 
 
+def _refuse_inside(root: Path, never: Sequence[NeverUpload], flag: str) -> None:
+    """A workdir that is one of the never-uploaded folders, or lies inside one, would upload it whole (the
+    ledger, earlier runs' artifacts): bad input. Matched by device and inode, as the walk matches them."""
+    places = {ident: place for place in (root, *root.parents) if (ident := _identity(place)) is not None}
+    for item in never:
+        ident = _identity(item.path)
+        if ident is not None and ident in places:
+            where = "is" if places[ident] == root else f"is inside {item.path.expanduser()},"
+            raise ConfigError(f"{flag} {root}: {where} {item.why}; it never leaves this machine (it holds what "
+                              "earlier runs left, keys among them): give your project's folder instead")
+
+
 def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence[str] = (),
                    max_mb: float = DEFAULT_WORKDIR_MAX_MB, skip_dirs: Sequence[Path] = (),
-                   never_upload: Sequence[NeverUpload] = (), flag: str = "--workdir") -> WorkdirSelection:
+                   never_upload: Sequence[NeverUpload] = (), account_keys: Sequence[str] = (),
+                   flag: str = "--workdir") -> WorkdirSelection:
     """The files to upload, sorted; ConfigError naming the problem (missing, not a folder, over the limit, an
     --exclude or --include that matches nothing, an --include of what is never uploaded). `skip_dirs`: the
-    harness's own state and evidence dirs; `never_upload`: those and the key files, each with its reason."""
+    harness's own state and evidence dirs; `never_upload`: those and the key files, each with its reason;
+    `account_keys`: a credential file that holds one is never uploaded (other files are scanned as the
+    upload reads them: `host/bundle.py`)."""
     if not str(root).strip():
         raise ConfigError(f"{flag} is empty: give a folder ('.' for the current one)")
     root = root.expanduser()
@@ -155,6 +206,7 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
     for item in [*never_upload, *never]:  # the first reason given for a path is the one said
         if (ident := _identity(item.path)) is not None:
             never_by_id.setdefault(ident, item.why)
+    _refuse_inside(root, [*never_upload, *never], flag)
     excludes = {g: pathspec.GitIgnoreSpec.from_lines([g])
                 for g in (check_glob("--exclude", g, anchored_ok=True) for g in exclude)}
     includes = {g: pathspec.GitIgnoreSpec.from_lines([g])
@@ -184,16 +236,23 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
                                   "what the host needs in a --remote-secret instead)")
         return why
 
-    def credential(path: Path, rel: str) -> str | None:
+    needles = key_needles(account_keys)
+
+    def credential(path: Path, rel: str) -> tuple[str, bool] | None:
         why = credential_family(rel) or credential_content(path)
         if why is None:
             return None
         taken = {g for g, spec in includes.items() if spec.match_file(rel)}
+        if file_holds_key(path, needles):
+            if taken:
+                raise ConfigError(f"--include {sorted(taken)[0]}: {rel} in {root} {KEY_COPY}; it is never uploaded "
+                                  "(put what the host needs in a --remote-secret instead)")
+            return KEY_COPY, False
         if taken:
             includes_used.update(taken)
             included.append(rel)
             return None
-        return why
+        return why, True
 
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
@@ -213,7 +272,7 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
                 symlinks.append(rel)
             elif (why := never_why(here / name, rel + "/")) is not None:
                 left_out.append(LeftOut(path=rel + "/", why=why, includable=False))
-            elif ignored(rel, is_dir=True):
+            elif name_key(name) == ".git" or ignored(rel, is_dir=True):  # `.GIT` is git's own on macOS's disk
                 excluded += 1
             else:
                 kept.append(name)
@@ -229,8 +288,8 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
                 left_out.append(LeftOut(path=rel, why=why, includable=False))
             elif ignored(rel, is_dir=False):
                 excluded += 1
-            elif (why := credential(path, rel)) is not None:
-                left_out.append(LeftOut(path=rel, why=why, includable=True))
+            elif (cred := credential(path, rel)) is not None:
+                left_out.append(LeftOut(path=rel, why=cred[0], includable=cred[1]))
             else:
                 files.append(WorkdirFile(rel=rel, bytes=path.stat().st_size))
                 if len(files) > MAX_WORKDIR_FILES:
