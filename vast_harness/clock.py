@@ -34,6 +34,24 @@ def now_s() -> float:
     return time.clock_gettime(_CLOCK) if _CLOCK is not None else time.monotonic()
 
 
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id() -> str | None:
+    """Which boot of this machine `now_s` counts from (Linux: a fresh random id per boot), None where unknown.
+
+    `now_s` is one clock for every process of a boot: a deadline one process wrote in it (a kept host's) is
+    read back by the next, whatever the wall clock did meanwhile. After a reboot the reading means nothing,
+    and the id says so."""
+    if _CLOCK is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open(BOOT_ID_PATH, encoding="ascii") as fh:
+            return fh.read(64).strip() or None
+    except OSError:
+        return None
+
+
 class FreezeWatch:
     """`with FreezeWatch(clock) as watch:` ... `watch.frozen_s()`: the seconds this process did not run.
 

@@ -100,6 +100,7 @@ class TeardownBudget(BaseModel):
     PRELUDE_SHARE: ClassVar[float] = 0.5
     GUARD_SHARE: ClassVar[float] = 0.25
     PULL_GRACE_SHARE: ClassVar[float] = 0.25
+    SWITCH_SHARE: ClassVar[float] = 0.125
     PULL_GRACE_MAX_S: ClassVar[float] = 30.0
     SFTP_STALL_MIN_S: ClassVar[float] = 1.0
     SFTP_STALL_MAX_S: ClassVar[float] = 30.0
@@ -131,6 +132,13 @@ class TeardownBudget(BaseModel):
         """The cap guard fires when the hard deadline is this close: after the prelude's half (so a teardown on
         time never meets it) and early enough for a DELETE to land (sim 3.75 s, Vast 30 s)."""
         return self.GUARD_SHARE * self.margin_s
+
+    @property
+    def switch_s(self) -> float:
+        """A kept host's dead-man switch deletes it this long before the hard deadline (the cap): after the cap
+        guard's point, so a command's own teardown is never raced, and early enough for the switch's DELETE to
+        land by the cap (sim 1.9 s, Vast 15 s; between commands nothing else acts at the cap)."""
+        return self.SWITCH_SHARE * self.margin_s
 
     @property
     def pull_grace_s(self) -> float:

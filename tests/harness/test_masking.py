@@ -38,6 +38,7 @@ SHAPES = {
     "url": f"http://h/{KEY}/{SECRET}.toml",
     "pair": f"{KEY}={SECRET}",
 }
+HELD = "box"  # a kept host's NAME that no hold has: each command refuses it (exit 2) once it has read its input
 # How each command is run around the planted value: on the simulator, as a preview, wherever it can be.
 BASE = {
     "": ["--profile", "smoke", "--sim", "--dry-run"],
@@ -53,8 +54,14 @@ BASE = {
     "status": ["--sim"],
     "machines": ["--sim"],
     "summary": [],
+    "up": [HELD, "--sim", "--dry-run"],
+    "exec": [HELD],
+    "keep": [HELD],
+    "down": [HELD],
+    "ssh": [HELD],
 }
-TAKES_SECRETS = {"", "run", "fleet"}
+TAKES_SECRETS = {"", "run", "fleet", "up", "exec"}
+TAKES_COMMAND = {"run", "exec"}  # CMD after `--`
 
 
 def _value_params() -> list[tuple[str, str, bool, bool]]:
@@ -78,6 +85,8 @@ CASES = [pytest.param(cmd, opt, is_arg, id=f"{cmd or 'vast-e2e'} {opt}") for cmd
 
 def _argv(command: str, option: str, is_arg: bool, value: str, *, json_output: bool) -> list[str]:
     base = list(BASE[command])
+    if is_arg and option == "name":  # the planted value is the kept host's NAME
+        base.remove(HELD)
     if not is_arg and option in base:  # the planted value replaces the base's own
         i = base.index(option)
         del base[i:i + 2]
@@ -89,9 +98,11 @@ def _argv(command: str, option: str, is_arg: bool, value: str, *, json_output: b
         argv.append("--json")
     if is_arg:
         before = ["nope"] if option == "step" else []  # STEP comes after RUN
-        return [*argv, "--", value] if command == "run" else [*argv, *before, value]
+        if command in TAKES_COMMAND:
+            return [*argv, "--", value] if option == "command" else [*argv, value, "--", "true"]
+        return [*argv, *before, value]
     argv += [option, value]
-    if command == "run":
+    if command in TAKES_COMMAND:
         argv += ["--", "true"]
     return argv
 

@@ -40,12 +40,14 @@ from vast_harness.caps.meter import BYTES_PER_GB, usd_up
 from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.errors import BootFailed, HarnessError, VastError
-from vast_harness.host.bundle import Bundle
 from vast_harness.instance.absence import is_lingering
 from vast_harness.masking import MASKER
 from vast_harness.records import CreatedInstance
 from vast_harness.run.interrupt import copy_off
-from vast_harness.run.runner import GuardedRun, HarnessResult
+from vast_harness.run.runner import GuardedRun, HarnessResult, RunStages
+from vast_harness.run.state import RunState
+from vast_harness.run.tools import RunTools
+from vast_harness.run.verdict import Outcome
 from vast_harness.spec.profile import DriverPolicy, Step
 from vast_harness.spec.receipt import ReceiptPolicy
 from vast_harness.spec.resolve import RunSpec
@@ -169,22 +171,30 @@ class CanaryReport(BaseModel):
     measured_unix: float = Field(default_factory=time.time)
 
 
+class _ProbeStages(RunStages):
+    """A run's stages, and `canary --interruptible`'s probe once the work succeeded: after the price watch has
+    ended (the stop the probe makes must not read as an outbid of the run), before the teardown."""
+
+    def __init__(self, probe: Callable[[], None]) -> None:
+        self._probe = probe
+
+    def outcome(self, t: RunTools, s: RunState) -> Outcome:
+        self._probe()
+        return super().outcome(t, s)
+
+
 class CanaryRun(GuardedRun):
     """The guarded run, with the observations above. Nothing here rents, deletes or waits on its own, except
     that `--interruptible` stops its own bid instance after the steps to see it paused and copy off it."""
 
     def __init__(self, spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output) -> None:
-        super().__init__(spec, client, drivers, out, around_boot=self._observe_boot)
+        super().__init__(spec, client, drivers, out, around_boot=self._observe_boot,
+                         stages=_ProbeStages(self._pause_probe) if spec.interruptible is not None else None)
         self.visibility = Visibility()
         self.boot_s: float | None = None
         self.image_accepted: bool | None = None
         self.per_id_ports: bool | None = None
         self.probe: InterruptibleProbe | None = None
-
-    def _work_on_host(self, bundle: Bundle, salvaged: Path | None, *, in_place: bool = False) -> None:
-        super()._work_on_host(bundle, salvaged, in_place=in_place)
-        if self.spec.interruptible is not None:  # after the steps and their pull, before the teardown
-            self._pause_probe()
 
     def _pause_probe(self) -> None:
         t, s = self.tools, self.state

@@ -34,10 +34,12 @@ from vast_harness.host.ssh import RUN_KEY_DIR_GLOB, run_key_dir_pid
 from vast_harness.instance.absence import UNSEEN_TRUST_AFTER_S, is_lingering
 from vast_harness.instance.lifecycle import teardown_instance
 from vast_harness.records import InstanceTeardown
+from vast_harness.run.hold import close_hold_record, finish_hold, switch_ended_unix
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.dirs import legacy_ledgers
+from vast_harness.state.held import HeldHost, HeldStore
 from vast_harness.state.ledger import EntryFields, Event, Ledger, LedgerEntry, LedgerView, new_run_id, target_of
-from vast_harness.state.process import ProcessId, pid_exists
+from vast_harness.state.process import ProcessId, pid_exists, this_host
 from vast_harness.state.registry import LABEL_PREFIX, LiveRun, RunRegistry, parse_label
 from vast_harness.state.runs import REAP_PREFIX
 from vast_harness.vast.client import VastClient
@@ -190,7 +192,7 @@ def _describe(entry: LedgerEntry) -> str:
 
 
 def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome, run_id: str, *,
-             runs: dict[str, LiveRun], include_live: bool) -> None:
+             runs: dict[str, LiveRun], include_live: bool, held: dict[str, HeldHost] | None = None) -> None:
     """Fill `result.labels` (instance id -> label) with every orphan this key must delete; `result.live` with
     the live runs' instances it leaves alone."""
     for ledger, view in src.views:
@@ -220,7 +222,7 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
     def decide(instance_id: int, label: str, owner_run: str | None) -> bool:
         """True when reap deletes it; records a live one."""
         kind, why = judge(owner_run, label, rows.get(instance_id), runs=runs, known_runs=known_runs,
-                          server_now=server_now, processes=processes)
+                          server_now=server_now, processes=processes, held=held)
         if kind == "live" and not include_live:
             if not any(li.instance_id == instance_id for li in result.live):
                 result.live.append(_live_instance(instance_id, label, owner_run, why, rows.get(instance_id), runs,
@@ -320,6 +322,10 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
     runs = registry.scan()
     for skipped in registry.skipped:
         out.warn(skipped)
+    store = HeldStore(spec.state_dir)  # kept hosts: live until their own deadline, whatever process holds them
+    held = {record.hold_id: record for record in store.all()}
+    for skipped in store.skipped:
+        out.warn(skipped)
     result.key_dirs_removed = [str(p) for p in remove_stale_key_dirs()]
     if result.key_dirs_removed:
         out.info(f"removed {len(result.key_dirs_removed)} one-time SSH key dir(s) left by killed runs")
@@ -327,11 +333,12 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
     try:
         if include_live:
             probe = ReapOutcome()
-            _collect(client, src, Output(quiet=True, json_mode=True), probe, run_id, runs=runs, include_live=False)
+            _collect(client, src, Output(quiet=True, json_mode=True), probe, run_id, runs=runs, include_live=False,
+                     held=held)
             if probe.live and not (confirm is not None and confirm(probe.live)):
                 out.warn("--include-live not confirmed: live runs are left alone")
                 include_live = False
-        _collect(client, src, out, result, run_id, runs=runs, include_live=include_live)
+        _collect(client, src, out, result, run_id, runs=runs, include_live=include_live, held=held)
         scanned = True
         for live in result.live:
             out.info(live.line())
@@ -368,6 +375,7 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
             result.not_proven.append(f"reap interrupted while deleting: instance(s) {left} not proven absent; "
                                      "run `vast-e2e reap` again")
         result.reports = [r for r in result.reports if r.proof]
+    _end_holds(store, held, result, out)
     if result.ok:
         _forget_dead(registry, runs, result)
     # Nothing to delete, nothing unproven, no live run seen: no evidence directory (an empty one per reap would
@@ -391,6 +399,28 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
     if result.live and not out.json_mode:
         out.info(f"{len(result.live)} live run instance(s) left alone (see above)")
     return _code(result)
+
+
+def _end_holds(store: HeldStore, held: dict[str, HeldHost], result: ReapOutcome, out: Output) -> None:
+    """A kept host this reap proved gone (past its deadline, its switch or this reap deleted it): its hold ends,
+    its record billed to when it went (`close_hold_record`). A hold that never got an instance ends once past its
+    deadline with no create of it left unknown."""
+    reports = {r.instance_id: r for r in result.reports if r.verdict == "gone"}
+    for record in held.values():
+        if record.machine != this_host() or store.busy(record.name) is not None:
+            continue  # another machine's, or a command of the hold is at work on it
+        report = reports.get(record.instance_id) if record.instance_id is not None else None
+        if report is not None:
+            ours = next((d for d in report.deletes if d.acknowledged and d.outcome == "deleted"), None)
+            ended = ours.t_ack_unix if ours and ours.t_ack_unix else switch_ended_unix(record)
+            how = ("deleted by reap" if ours else "deleted by its dead-man switch") + ", proven absent by reap"
+            close_hold_record(record, ended_unix=ended, how=how)
+            finish_hold(store, record, proven=True, message=how)
+            out.info(f"kept host {record.name}: the hold ended ({how})")
+        elif record.instance_id is None and (record.expired() or record.state == "ending") and \
+                not set(record.labels) & set(result.unresolved_labels):
+            finish_hold(store, record, proven=True, message="its up never rented an instance")
+            out.info(f"kept host {record.name}: the hold ended (its up never got an instance)")
 
 
 def _forget_dead(registry: RunRegistry, runs: dict[str, LiveRun], result: ReapOutcome) -> None:

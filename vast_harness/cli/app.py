@@ -42,7 +42,10 @@ from vast_harness.cli.options import (
     Exclude,
     Flags,
     FleetMaxUsd,
+    FullUpload,
     Gpu,
+    HeldName,
+    IdleMinutes,
     Image,
     ImageExpect,
     ImageExpectAck,
@@ -62,6 +65,7 @@ from vast_harness.cli.options import (
     PollInterval,
     Profile,
     ProofInterval,
+    RemoteCommand,
     RemoteEnv,
     RemoteSecret,
     RemoteSecretFile,
@@ -86,7 +90,7 @@ from vast_harness.errors import (
 from vast_harness.masking import MASKER, MaskingStream, mask
 from vast_harness.spec.known_secrets import teach_inputs
 from vast_harness.spec.profile import load_driver_policy
-from vast_harness.spec.resolve import RunSpec
+from vast_harness.spec.resolve import RunOptions, RunSpec
 from vast_harness.spec.values import MAX_USD_LIMIT, check_number, path_flag
 
 if TYPE_CHECKING:  # the client (httpx, tenacity) is imported when a command needs it, not at startup
@@ -282,6 +286,195 @@ def _run_command(flags: Flags) -> None:
         return _plan_or_run(out, flags.spec())
 
     _guard(out, body)
+
+
+@app.command()
+def up(
+    ctx: typer.Context,
+    name: HeldName,
+    *,
+    idle_minutes: IdleMinutes = None,
+    workdir: Workdir = None,
+    setup: Setup = None,
+    exclude: Exclude = None,
+    include: Include = None,
+    workdir_max_mb: WorkdirMaxMb = None,
+    image: Image = None,
+    gpu: Gpu = None,
+    num_gpus: NumGpus = None,
+    min_gpu_ram_gb: MinGpuRamGb = None,
+    min_pcie_bw: MinPcieBw = None,
+    key_file: KeyFile = None,
+    max_usd: MaxUsd = None,
+    max_minutes: MaxMinutes = None,
+    remote_env: RemoteEnv = None,
+    remote_secret: RemoteSecret = None,
+    remote_secret_file: RemoteSecretFile = None,
+    dry_run: DryRun = False,
+    any_driver: AnyDriver = False,
+    unqualified_ok: UnqualifiedOk = False,
+    boot_retries: BootRetries = None,
+    evidence_dir: EvidenceDir = None,
+    api_url: ApiUrl = None,
+    sim: Sim = False,
+    json_output: JsonOutput = False,
+    proof_interval_s: ProofInterval = None,
+    pacing_scale: PacingScale = None,
+    poll_s: PollInterval = None,
+    allow_unarmed_deadman: AllowUnarmedDeadman = False,
+    interruptible: InterruptibleFlag = False,
+) -> None:
+    """Rent a host and keep it: upload the workdir, run --setup once, and leave it held for `exec` (the caps
+    cover the whole hold; its switch deletes it after --idle-minutes without an exec, or at the cap)."""
+    _up(Flags.of(ctx), name, idle_minutes)
+
+
+UP_INTERRUPTIBLE = ("--interruptible is not yet supported with up: an outbid kept host is neither salvaged nor "
+                    "replaced yet, so the next exec would find it paused (docs/interruptible.md); "
+                    "`vast-e2e run --interruptible --checkpoint DIR -- CMD` rents interruptible hosts")
+
+
+def _up(flags: Flags, name: str, idle_minutes: float | None) -> None:
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.kept.up import idle_minutes_for, up_host, up_spec
+        from vast_harness.state.held import check_name
+
+        check_name(name)
+        if flags.options.interruptible:  # before anything is rented: an outbid held host is not yet recovered
+            raise ConfigError(UP_INTERRUPTIBLE)
+        spec = up_spec(flags.spec(command=["true"]), name)
+        idle = idle_minutes_for(spec, idle_minutes)
+        if spec.dry_run:
+            code = _plan_or_run(out, spec)
+            out.info(f"kept host {name}: the worst case above covers the whole hold (its caps: ${spec.caps.max_usd:g}, "
+                     f"{spec.caps.max_minutes:g} min); each exec's upload is metered against the same cap; its "
+                     f"switch deletes it after {idle:g} min without an exec")
+            return code
+        return up_host(spec, name, idle_minutes=idle, out=out)
+
+    _guard(out, body)
+
+
+@app.command("exec")
+def exec_command(
+    ctx: typer.Context,
+    name: HeldName,
+    command: Command = None,
+    *,
+    workdir: Workdir = None,
+    artifact: Artifact = None,
+    exclude: Exclude = None,
+    include: Include = None,
+    workdir_max_mb: WorkdirMaxMb = None,
+    full_upload: FullUpload = False,
+    remote_env: RemoteEnv = None,
+    remote_secret: RemoteSecret = None,
+    remote_secret_file: RemoteSecretFile = None,
+    key_file: KeyFile = None,
+    api_url: ApiUrl = None,
+    json_output: JsonOutput = False,
+    proof_interval_s: ProofInterval = None,
+    pacing_scale: PacingScale = None,
+    poll_s: PollInterval = None,
+) -> None:
+    """Run a command on a kept host: upload what changed in the workdir (by content; deletions too), run CMD,
+    pull the --artifact files; the host stays held (exit codes as a run's step).
+
+    vast-e2e exec NAME [OPTIONS] -- CMD [ARGS...]"""
+    _exec(Flags.of(ctx), name, full_upload)
+
+
+def _exec(flags: Flags, name: str, full_upload: bool) -> None:
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.kept.execute import exec_on
+
+        if not flags.options.command:
+            raise ConfigError(f"exec: no command given; put it after --: vast-e2e exec {name} -- CMD [ARGS...]")
+        return exec_on(name, _held_options(flags), full_upload=full_upload, out=out)
+
+    _guard(out, body, interrupted="interrupted before the command started; the kept host stays held")
+
+
+def _held_options(flags: Flags) -> RunOptions:
+    """A kept host command's options, the key file checked as every command's is."""
+    return flags.options.model_copy(update={"key_file": path_flag("--key-file", flags.options.key_file)})
+
+
+@app.command()
+def keep(
+    ctx: typer.Context,
+    name: HeldName,
+    *,
+    key_file: KeyFile = None,
+    api_url: ApiUrl = None,
+    json_output: JsonOutput = False,
+    pacing_scale: PacingScale = None,
+    poll_s: PollInterval = None,
+) -> None:
+    """Push a kept host's idle deadline from now (never its cap's)."""
+    flags = Flags.of(ctx)
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.kept.keep import keep_host
+
+        return keep_host(name, _held_options(flags), out=out)
+
+    _guard(out, body, interrupted="interrupted; the kept host stays held")
+
+
+@app.command()
+def down(
+    ctx: typer.Context,
+    name: HeldName,
+    *,
+    key_file: KeyFile = None,
+    api_url: ApiUrl = None,
+    json_output: JsonOutput = False,
+    proof_interval_s: ProofInterval = None,
+    pacing_scale: PacingScale = None,
+    poll_s: PollInterval = None,
+) -> None:
+    """Delete a kept host and prove it absent; the hold ends."""
+    flags = Flags.of(ctx)
+    out = Output(json_mode=flags.json_output)
+
+    def body() -> int:
+        from vast_harness.kept.keep import down_host
+
+        return down_host(name, _held_options(flags), out=out)
+
+    _guard(out, body, interrupted="interrupted; run `vast-e2e down` again (or `reap` after the hold's deadline)")
+
+
+@app.command()
+def ssh(
+    ctx: typer.Context,
+    name: HeldName,
+    command: RemoteCommand = None,
+    *,
+    key_file: KeyFile = None,
+    api_url: ApiUrl = None,
+    pacing_scale: PacingScale = None,
+    poll_s: PollInterval = None,
+) -> None:
+    """Open a shell on a kept host (OpenSSH's ssh, the hold's key), or run one command there; under the same
+    caps, the idle deadline pushed while it is open.
+
+    vast-e2e ssh NAME [-- CMD [ARGS...]]"""
+    flags = Flags.of(ctx)
+    out = Output(progress=False)  # the shell owns the terminal: no live view over it
+
+    def body() -> int:
+        from vast_harness.kept.shell import ssh_host
+
+        return ssh_host(name, list(command or []), _held_options(flags), out=out)
+
+    _guard(out, body, interrupted="interrupted; the kept host stays held")
 
 
 @app.command()

@@ -154,6 +154,20 @@ OnOutbid = Annotated[str | None, typer.Option(
     help="With --interruptible: rent another host at once (replace, the default), or wait up to MINUTES (within "
          "the caps) for the outbid one to resume by itself and go on there; one that does not is replaced.")]
 
+# Kept hosts (`up`, `exec`, `keep`, `down`, `ssh`; docs/kept-host.md)
+HeldName = Annotated[str, typer.Argument(
+    metavar="NAME", show_default=False,
+    help="The kept host's name: 1-32 lowercase letters, digits and dashes (`vast-e2e status` lists them).")]
+IdleMinutes = Annotated[float | None, typer.Option(
+    "--idle-minutes", metavar="MIN",
+    help="The host's switch deletes it after this long without an exec or keep (default 10, at most the time "
+         "cap); each exec and keep pushes it, never the cap's.")]
+FullUpload = Annotated[bool, typer.Option(
+    "--full-upload", metavar="", help="Send every workdir file again, not only what changed since the last upload.")]
+RemoteCommand = Annotated[list[str] | None, typer.Argument(
+    metavar="[-- CMD [ARGS...]]", show_default=False,
+    help="One command instead of a shell, after -- (as ssh runs it).")]
+
 # --max-usd as two commands word it: the fleet's is its total (and required), the canary's has its own default.
 FleetMaxUsd = Annotated[float, typer.Option(
     "--max-usd", metavar="USD",

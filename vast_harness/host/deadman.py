@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel
 
 from vast_harness.errors import HarnessError
-from vast_harness.host.onstart import ARMED_FILE, DEADLINE_FILE, LOG_FILE
+from vast_harness.host.onstart import ARMED_FILE, DEADLINE_FILE, IDLE_FILE, LOG_FILE, PID_FILE
 from vast_harness.host.ssh import HostSession
 from vast_harness.records import StepOutcome
 from vast_harness.vast.endpoints import ENDPOINT_PATHS
@@ -149,3 +149,59 @@ def _int_after(lines: list[str], mark: str) -> int | None:
         if line.startswith(mark + " "):
             return _int(line.split(" ", 1)[1].strip())
     return None
+
+
+class SwitchStatus(BaseModel):
+    """A kept host's switch as a later command finds it (`push_deadlines`): its deadlines on the host's clock,
+    whether it still runs, and the host's clock against this machine's."""
+
+    host_now: int | None = None
+    cap_epoch: int | None = None  # the switch's cap deadline (host clock), after tightening
+    idle_epoch: int | None = None  # its idle deadline (host clock), after the push
+    alive: bool = False
+    host_clock_skew_s: float | None = None  # host minus this machine
+    problem: str | None = None  # why the push or the check failed (None: pushed, and the switch runs)
+
+    def fires_in_s(self) -> float | None:
+        """Seconds until the switch deletes the host, on its own clock (None: unknown)."""
+        ends = [e for e in (self.cap_epoch, self.idle_epoch) if e is not None]
+        return min(ends) - self.host_now if ends and self.host_now is not None else None
+
+
+def _push_script(cap_left_s: int, idle_s: int | None) -> str:
+    """Tighten the cap file (never later), write the idle file (when given), print both, the host's clock and
+    whether the process named by the switch's pid file is the switch."""
+    idle = (f"g=~/{IDLE_FILE}; echo $((n+{idle_s})) > $g.t && mv $g.t $g; " if idle_s is not None else "")
+    return (f"n=$(date +%s); f=~/{DEADLINE_FILE}; d=$((n+{cap_left_s})); o=$(cat $f 2>/dev/null); "
+            f"case \"$o\" in ''|*[!0-9]*) o=;; esac; "
+            f"if [ -z \"$o\" ] || [ $d -lt $o ]; then echo $d > $f.t && mv $f.t $f; fi; {idle}"
+            f"echo VHCLOCK $n; echo VHDEADLINE $(cat $f 2>/dev/null); echo VHIDLE $(cat ~/{IDLE_FILE} 2>/dev/null); "
+            f"p=$(cat ~/{PID_FILE} 2>/dev/null); "
+            f"if [ -n \"$p\" ] && grep -q vh-deadman /proc/$p/cmdline 2>/dev/null; then echo VHSWITCH alive; "
+            f"else echo VHSWITCH dead; fi")
+
+
+def push_deadlines(session: HostSession, *, cap_left_s: float, idle_s: float | None, timeout_s: float) -> SwitchStatus:
+    """A kept host's deadlines, from a later command: the switch's cap tightened to what is left of the hold's
+    caps (`cap_left_s`, never later than it was), its idle deadline set to host now + `idle_s` (moved later or
+    earlier: it is the idle deadline; the cap bounds it on the host), and whether the switch still runs. One
+    bounded host command; `problem` says what went wrong."""
+    lines: list[str] = []
+    t_before = _user_clock()
+    outcome = session.run(_push_script(max(0, int(cap_left_s)), None if idle_s is None else max(0, int(idle_s))),
+                          on_line=lambda s, line: lines.append(line), timeout_s=max(1.0, timeout_s))
+    t_after = _user_clock()
+    status = SwitchStatus(host_now=_int_after(lines, "VHCLOCK"), cap_epoch=_int_after(lines, "VHDEADLINE"),
+                          idle_epoch=_int_after(lines, "VHIDLE"),
+                          alive=any(line.strip() == "VHSWITCH alive" for line in lines))
+    if status.host_now is not None:
+        status.host_clock_skew_s = round(status.host_now - (t_before + t_after) / 2, 1)
+    if not outcome.ok or status.host_now is None:
+        status.problem = f"the deadline push did not run on the host ({outcome.detail or f'rc={outcome.rc}'})"
+    elif status.cap_epoch is None:
+        status.problem = "the switch's deadline file is missing on the host"
+    elif idle_s is not None and status.idle_epoch is None:
+        status.problem = "the idle deadline could not be written on the host"
+    elif not status.alive:
+        status.problem = "the dead-man switch no longer runs on the host (its process is gone)"
+    return status

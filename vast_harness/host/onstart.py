@@ -18,6 +18,11 @@ destroy that specific instance", and read it: docs `hello-world.mdx`, `docker-en
   container key; only `{"instances": null}` (or `[]`) or a 404 `not_found` ends it. A row still there, or any
   other answer, means DELETE again. Anything else is retried with a capped backoff, forever (the host exists
   as long as the loop does; `curl -s` alone exits 0 on every status).
+* **A kept host's idle deadline** (`vast-e2e up`): a second file, `~/.vh-deadman.idle`, that the harness
+  moves later at each `exec` and `keep` (`deadman.push_idle`); the switch fires at the earlier of the two
+  files, so the idle deadline can move later but never past the cap's. The onstart writes its first value
+  (host now + `idle_after_s`) only for a kept host; a run never has one. A missing or odd idle file keeps the
+  last good value. The switch writes its pid to `~/.vh-deadman.pid`: a later command checks it still runs.
 * **It finds its variables**: an empty `CONTAINER_ID` / `CONTAINER_API_KEY` is read from `/proc/1/environ` (the
   container's first process) before the switch fails closed.
 * **It cannot act while the container is stopped** (Vast stops instances at a $0 balance; storage bills until
@@ -44,6 +49,8 @@ DEADMAN_SLEEP_MAX_S = 30  # the switch re-reads its deadline file this often (th
 DEADLINE_FILE = ".vh-deadman.deadline"
 ARMED_FILE = ".vh-deadman.armed"
 LOG_FILE = ".vh-deadman.log"
+IDLE_FILE = ".vh-deadman.idle"  # a kept host's idle deadline (host epoch seconds): pushed later by exec and keep
+PID_FILE = ".vh-deadman.pid"  # the switch's own pid
 # The arm probe retries a 429/5xx/no answer, and a 200 that does not show the instance yet (reads lag creates:
 # Timings.real().read_lag_window_s is 30 s), this often, 2 s apart.
 ARM_PROBE_ATTEMPTS = 20
@@ -60,7 +67,8 @@ touch ~/.no_auto_tmux
 mkdir -p ~/.ssh && chmod 700 ~/.ssh
 echo @PUBKEY@ >> ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys
 [ -s ~/@DFILE@ ] || echo $(($(date +%s)+@ALLOW_S@)) > ~/@DFILE@
-cat > ~/.vh-deadman.sh <<'VHEOF'
+@IDLE_INIT@cat > ~/.vh-deadman.sh <<'VHEOF'
+echo $$ > ~/@PFILE@
 e() { tr '\\000' '\\n' < @ENVIRON@ 2>/dev/null | sed -n "s/^$1=//p" | head -n 1; }
 [ -n "$CONTAINER_ID" ] || CONTAINER_ID=$(e CONTAINER_ID)
 [ -n "$CONTAINER_API_KEY" ] || CONTAINER_API_KEY=$(e CONTAINER_API_KEY)
@@ -104,9 +112,12 @@ w=missing; grep -Eq '"id": *'"$CONTAINER_ID"'([^0-9]|$)' $o && w=shows
 { echo $c; echo $w; head -c 1000 $o; } > ~/@AFILE@.t && mv ~/@AFILE@.t ~/@AFILE@
 echo "$(date +%s) armed: deletes at host epoch $(cat $f) (never later; a missing or odd file keeps the last)"
 n=$(date +%s); D0=$(cat $f 2>/dev/null); case "$D0" in ''|*[!0-9]*) D0=$((n+@ALLOW_S@));; esac
+I0=
 while :; do
   n=$(date +%s); D=$(cat $f 2>/dev/null); case "$D" in ''|*[!0-9]*) D=$D0;; esac
   [ "$D" -lt "$D0" ] && D0=$D; D=$D0
+  I=$(cat ~/@IFILE@ 2>/dev/null); case "$I" in ''|*[!0-9]*) I=$I0;; esac; I0=$I
+  [ -n "$I" ] && [ "$I" -lt "$D" ] && D=$I
   [ "$n" -ge "$D" ] && break
   s=$((D-n)); [ $s -gt @SLEEP_MAX@ ] && s=@SLEEP_MAX@; sleep $s
 done
@@ -133,17 +144,26 @@ echo "vh onstart done: dead-man switch armed for host epoch $(cat ~/@DFILE@)"
 
 
 def build_onstart(*, public_key: str, api_url: str, deadman_after_s: int, verify_after_s: int = DEADMAN_VERIFY_S,
-                  environ_path: str = PID1_ENVIRON) -> str:
+                  environ_path: str = PID1_ENVIRON, idle_after_s: int | None = None,
+                  recheck_s: int = DEADMAN_SLEEP_MAX_S) -> str:
     """The onstart for a create: the switch fires `deadman_after_s` after the host first runs it (on the
-    host's clock), however often onstart runs, unless the harness tightens it. `verify_after_s` and
-    `environ_path` are seams for tests (a short re-read, a fake `/proc/1/environ`)."""
+    host's clock), however often onstart runs, unless the harness tightens it. `idle_after_s` (a kept host):
+    the first idle deadline, that long after the host first runs it; the harness pushes it later. `recheck_s`:
+    how often the switch re-reads its files at most (a kept host's idle deadline may move earlier than the
+    wake-up the switch planned: it fires at most this late). `verify_after_s` and `environ_path` are seams for
+    tests (a short re-read, a fake `/proc/1/environ`)."""
     if deadman_after_s < 0:
         raise ConfigError(f"the dead-man allowance must be >= 0 s, got {deadman_after_s}")
+    if idle_after_s is not None and idle_after_s < 0:
+        raise ConfigError(f"the idle allowance must be >= 0 s, got {idle_after_s}")
+    idle_init = (f"[ -s ~/{IDLE_FILE} ] || echo $(($(date +%s)+{int(idle_after_s)})) > ~/{IDLE_FILE}\n"
+                 if idle_after_s is not None else "")
     values = {"PUBKEY": shlex.quote(public_key.strip()), "API_URL": shlex.quote(api_url.rstrip("/")),
               "ALLOW_S": str(int(deadman_after_s)), "BACKOFF_FIRST": str(DEADMAN_BACKOFF_FIRST_S),
-              "BACKOFF_MAX": str(DEADMAN_BACKOFF_MAX_S), "SLEEP_MAX": str(DEADMAN_SLEEP_MAX_S),
+              "BACKOFF_MAX": str(DEADMAN_BACKOFF_MAX_S), "SLEEP_MAX": str(max(1, min(DEADMAN_SLEEP_MAX_S, int(recheck_s)))),
               "INSTANCE_PATH": ENDPOINT_PATHS["destroy_instance"].replace("{id}", "$CONTAINER_ID"), "DFILE": DEADLINE_FILE, "AFILE": ARMED_FILE, "LFILE": LOG_FILE, "ARM_TRIES": str(ARM_PROBE_ATTEMPTS),
-              "VERIFY_S": str(int(verify_after_s)), "ENVIRON": shlex.quote(environ_path)}
+              "VERIFY_S": str(int(verify_after_s)), "ENVIRON": shlex.quote(environ_path), "IDLE_INIT": idle_init,
+              "IFILE": IDLE_FILE, "PFILE": PID_FILE}
     script = re.sub(r"@([A-Z_]+)@", lambda m: values[m.group(1)], _TEMPLATE)  # one pass: a key cannot inject
     if len(script) > ONSTART_LIMIT_CHARS:
         raise ConfigError(f"onstart is {len(script)} characters; Vast allows {ONSTART_LIMIT_CHARS}")

@@ -331,6 +331,7 @@ class HostSession:
         server_key = self._transport.get_remote_server_key()
         self.host_key_type: str = server_key.get_name()
         self.host_key_fingerprint: str = server_key.fingerprint  # "SHA256:<base64>", as ssh-keygen -l
+        self.host_key_base64: str = server_key.get_base64()  # a known_hosts line's key (a kept host's `ssh`)
 
     @classmethod
     def connect(

@@ -66,6 +66,12 @@ class HostWork:
 
     def upload(self, bundle: Bundle) -> None:
         """Send the bundle (cut at the cap) and unpack it under ~/vh on the host."""
+        self.send(bundle, "vh-bundle.tar.gz")
+        self.unpack(f"rm -rf ~/{REMOTE_DIR} && mkdir -p ~/{REMOTE_DIR}/evidence && tar -xzf ~/vh-bundle.tar.gz -C "
+                    f"~/{REMOTE_DIR} && echo \"bundle sha256 $(sha256sum ~/vh-bundle.tar.gz | cut -c1-64)\"")
+
+    def send(self, bundle: Bundle, remote_name: str) -> None:
+        """Send `bundle` to `~/remote_name` on the host, its bytes metered, cut at the cap."""
         self._check_cancelled()
         self._phase("upload")
         self.meter.check("the upload")
@@ -82,18 +88,19 @@ class HostWork:
             fh.write(bundle.data)
             fh.flush()
             try:  # abandoned too when the run is cancelled (a re-price that breaks the cap, a fleet's total)
-                sent = self.session.put(Path(fh.name), "vh-bundle.tar.gz", on_progress=progress, deadline=deadline,
+                sent = self.session.put(Path(fh.name), remote_name, on_progress=progress, deadline=deadline,
                                         abandon=self.cancelled.is_set)
             except TransferAbandoned as exc:
                 self._check_cancelled()
                 raise CapReachedError(f"cap reached during the upload ({reported[0]} of {bundle.size_bytes} "
                                       f"bytes sent): {exc}") from exc
         self.meter.add_bytes(up=max(0, sent - reported[0]))
+
+    def unpack(self, command: str) -> None:
+        """Run the host command that unpacks what `send` sent (its lines shown as [setup]); bounded by the cap."""
         self.meter.check("unpacking the bundle")
         outcome = self.session.run(
-            f"rm -rf ~/{REMOTE_DIR} && mkdir -p ~/{REMOTE_DIR}/evidence && tar -xzf ~/vh-bundle.tar.gz -C ~/{REMOTE_DIR}"
-            f" && echo \"bundle sha256 $(sha256sum ~/vh-bundle.tar.gz | cut -c1-64)\"",
-            on_line=lambda stream, line: self.out.info(f"[setup] {self.spec.redactor.line(line)}"),
+            command, on_line=lambda stream, line: self.out.info(f"[setup] {self.spec.redactor.line(line)}"),
             timeout_s=max(0.05, self.meter.deadline(120.0) - self.meter.now()), stop=self.cancelled,
         )
         self._check_cancelled()

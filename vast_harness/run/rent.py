@@ -29,12 +29,12 @@ from vast_harness.errors import (
 )
 from vast_harness.host.bundle import Bundle, bundle_for
 from vast_harness.host.deadman import DeadmanUnarmed, check_armed
-from vast_harness.host.onstart import build_onstart
+from vast_harness.host.onstart import DEADMAN_SLEEP_MAX_S, build_onstart
 from vast_harness.host.ssh import HostSession, endpoints_for, generate_run_key
 from vast_harness.instance.lifecycle import CreateRequest, create, wait_ready
 from vast_harness.market.offers import Candidate
 from vast_harness.market.plan import account_credit_usd, choose_offers, plan_run
-from vast_harness.records import CreatedInstance
+from vast_harness.records import CreatedInstance, WorkdirRecord
 from vast_harness.run.arrival import check_arrival
 from vast_harness.run.interrupt import (
     Outbid,
@@ -87,8 +87,7 @@ def preflight(t: RunTools, s: RunState, key_dir: Path) -> Bundle:
     s.workdir = bundle.workdir
     for hint in t.spec.hints:
         t.out.warn(hint)
-    if bundle.workdir is not None and bundle.workdir.left_out:
-        t.out.warn("left out of the upload: " + "; ".join(left_out_lines(bundle.workdir.left_out)))
+    warn_left_out(t, bundle.workdir)
     s.plan = plan = timed(t, s, "plan", lambda: plan_run(t.spec, t.client, t.drivers, bundle))
     t.ev.write_json("offer-quote.json", plan.summary())
     if t.ev.write_failures:  # a full or read-only evidence dir: rent nothing
@@ -98,6 +97,12 @@ def preflight(t: RunTools, s: RunState, key_dir: Path) -> Bundle:
     s.key = generate_run_key(key_dir)
     t.cap_guard.start()
     return bundle
+
+
+def warn_left_out(t: RunTools, workdir: WorkdirRecord | None) -> None:
+    """The files an upload left out by name (a key, a credential, the harness's own), said before it goes."""
+    if workdir is not None and workdir.left_out:
+        t.out.warn("left out of the upload: " + "; ".join(left_out_lines(workdir.left_out)))
 
 
 def cap_deadline_unix(t: RunTools) -> tuple[float, str]:
@@ -290,10 +295,12 @@ def create_one(t: RunTools, s: RunState, cand: Candidate, label: str) -> CreateO
     that no read settles raises CreateUnresolved (exit 3 unless the final sweep finds it)."""
     spec, book = t.spec, t.book
     assert s.key is not None
-    deadman_s = spec.deadman_allowance_s
+    deadman_s = t.hold.switch_allowance_s if t.hold else spec.deadman_allowance_s
     request = CreateRequest(
         image=spec.profile.image_ref.create_form, disk=spec.profile.disk_gb, label=label,
-        onstart=build_onstart(public_key=s.key.public_openssh, api_url=spec.api_url, deadman_after_s=deadman_s),
+        onstart=build_onstart(public_key=s.key.public_openssh, api_url=spec.api_url, deadman_after_s=deadman_s,
+                              idle_after_s=t.hold.idle_first_s if t.hold else None,
+                              recheck_s=t.hold.switch_recheck_s if t.hold else DEADMAN_SLEEP_MAX_S),
         price=cand.offer.bid_usd_per_h if spec.interruptible is not None else None,
     )
     t.phases.start("create")
@@ -405,7 +412,7 @@ def check_deadman(t: RunTools, s: RunState) -> None:
     timeout_s = min(DEADMAN_CHECK_MAX_S, t.meter.deadline() - t.clock())
     if timeout_s <= 1.0:
         raise CapReachedError("cap reached before the dead-man switch could be checked")
-    allowance_s = t.spec.deadman_allowance_s
+    allowance_s = t.hold.switch_allowance_s if t.hold else t.spec.deadman_allowance_s
     status = check_armed(s.session, instance_id=inst.instance_id, allowance_s=allowance_s,
                          elapsed_s=t.clock() - inst.t_created_mono, timeout_s=timeout_s,
                          allow_unarmed=t.spec.allow_unarmed_deadman)

@@ -21,7 +21,7 @@ from vast_harness.errors import ExitCode, Interrupted, NoOfferError, describe, e
 from vast_harness.evidence.run import RunEvidence, overall_absence
 from vast_harness.host.bundle import Bundle
 from vast_harness.host.ssh import run_key_dir_prefix
-from vast_harness.records import CreatedInstance, InstanceTeardown, PullRecord, StepRecord
+from vast_harness.records import AbsenceSummary, CreatedInstance, InstanceTeardown, PullRecord, StepRecord
 from vast_harness.reports.run import write_run_report_safely
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.interrupt import (
@@ -38,7 +38,7 @@ from vast_harness.run.rent import preflight, reconnect, rent_and_connect, timed
 from vast_harness.run.rent_book import RentBook
 from vast_harness.run.state import RunState, Stage, new_state
 from vast_harness.run.teardown import delete_all, prelude, pull_evidence
-from vast_harness.run.tools import AroundBoot, Clock, RunTools, build_tools, snapshot
+from vast_harness.run.tools import AroundBoot, Clock, HoldTerms, RunTools, build_tools, snapshot
 from vast_harness.run.verdict import Outcome, decide_exit, with_guard, work_outcome
 from vast_harness.spec.profile import DriverPolicy
 from vast_harness.spec.resolve import RunSpec
@@ -61,44 +61,102 @@ class HarnessResult(BaseModel):
     message: str = ""
 
 
+def work_at(s: RunState, stage: Stage) -> HostWork:
+    """The host's phases (made once SSH is up), as `stage` begins."""
+    assert s.work is not None
+    s.stage = stage
+    return s.work
+
+
+class RunStages:
+    """What the run does between its start and its end, in `Stage` order: today's run, rent to pull. A kept
+    host's commands (`run/hold.py`) replace some of it (adopt the held instance instead of renting one, push its
+    deadlines instead of arming a fresh switch) and may keep the instance instead of deleting it; the skeleton
+    around (signals, the cap guard, the teardown, the verdict) is `GuardedRun.execute`'s, the same for all."""
+
+    def prepare(self, t: RunTools, s: RunState, key_dir: Path) -> Bundle | None:
+        """Stage.PREFLIGHT: nothing rented until it passes; what to upload (None: no work on the host)."""
+        return preflight(t, s, key_dir)
+
+    def connect(self, t: RunTools, s: RunState) -> None:
+        """Stage.RENT, DEADMAN, RECEIPT: an instance booted, SSH up (`s.session`, `s.work`), its dead-man switch
+        proven able to act and its receipt passed (`rent.qualify`), the next offer after a host that fails."""
+        rent_and_connect(t, s)
+
+    def arm(self, t: RunTools, s: RunState) -> None:
+        """After `connect`, before the work, the host's price watched: a kept host's deadlines pushed and its
+        switch checked; nothing for a run (its switch was proven in `connect`)."""
+
+    def work(self, t: RunTools, s: RunState, bundle: Bundle | None) -> None:
+        """Stage.UPLOAD, Stage.STEPS, Stage.PULL."""
+        if bundle is None:
+            return
+        timed(t, s, "upload", lambda: work_at(s, Stage.UPLOAD).upload(bundle))
+        work_at(s, Stage.STEPS).run_steps()
+        pull_evidence(t, s, in_teardown=False)  # Stage.PULL
+
+    def outcome(self, t: RunTools, s: RunState) -> Outcome:
+        """The outcome of work that all succeeded."""
+        return work_outcome(s.candidate.driver_qualified if s.candidate else False)
+
+    def keeps(self, t: RunTools, s: RunState, code: ExitCode) -> bool:
+        """Whether the instance outlives the run (a kept host's): never, for a run."""
+        return False
+
+    def hand_over(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
+        """The instance is kept (`keeps`): leave it to the next command; the outcome to report."""
+        raise NotImplementedError("a run keeps nothing")
+
+    def ended(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> None:
+        """After the teardown and the verdict (the instance deleted, proven or not)."""
+
+
 class GuardedRun:
     """One guarded run: `tools` built once, `state` learnt as it goes, the stages in `Stage` order.
 
     Hooks (tests and the canary swap these rather than override private methods): `clock`, the run's
     monotonic clock (every deadline is on it); `host_work`, the host's phases once SSH is up; `on_created`,
     told of each instance as soon as its create answered (the chaos suite steps the wall clock there);
-    `around_boot`, wraps each instance's boot (the canary watches reads around it)."""
+    `around_boot`, wraps each instance's boot (the canary watches reads around it); `stages`, what the run
+    does between its start and its teardown (a kept host's commands: `run/hold.py`); `hold`, the kept host
+    whose instance the tools adopt or keep (`tools.HoldTerms`)."""
 
     def __init__(self, spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output, *,
                  run_id: str | None = None, clock: Clock = now_s,
                  host_work: type[HostWork] = HostWork,
                  on_created: Callable[[CreatedInstance], None] | None = None,
-                 around_boot: AroundBoot | None = None, discard_if_refused: bool = False) -> None:
+                 around_boot: AroundBoot | None = None, discard_if_refused: bool = False,
+                 stages: RunStages | None = None, hold: HoldTerms | None = None) -> None:
         """`discard_if_refused` (the command line's single run): a run refused before any create was sent
         (exit 2 or 5) leaves no evidence directory, report or steps table, only its message: `logs` and
         `costs` list runs that rented (or tried to)."""
         self.spec = spec
         self.discard_if_refused = discard_if_refused
+        self.stages = stages if stages is not None else RunStages()
         self.state: RunState = new_state(spec, run_id or new_run_id())
         self.tools: RunTools = build_tools(spec, client, drivers, out, self.state, clock=clock,
-                                           host_work=host_work, on_created=on_created, around_boot=around_boot)
+                                           host_work=host_work, on_created=on_created, around_boot=around_boot,
+                                           hold=hold)
         self.run_id = self.state.run_id
 
     def execute(self) -> HarnessResult:
-        t, s = self.tools, self.state
+        t, s, stages = self.tools, self.state, self.stages
         code, message = ExitCode.FAILED, ""
         with t.signals, tempfile.TemporaryDirectory(prefix=run_key_dir_prefix(s.run_id)) as key_dir:
             try:
                 t.out.start_view(lambda: snapshot(t))  # inside: a Ctrl-C here too is exit 130, not a traceback
-                bundle = preflight(t, s, Path(key_dir))  # Stage.PREFLIGHT: nothing rented until it passes
-                rent_and_connect(t, s)  # Stage.RENT, DEADMAN, RECEIPT: the next offer after a host that fails
+                bundle = stages.prepare(t, s, Path(key_dir))  # Stage.PREFLIGHT: nothing rented until it passes
+                stages.connect(t, s)  # Stage.RENT, DEADMAN, RECEIPT: the next offer after a host that fails
                 salvaged: Path | None = None
                 in_place = False  # the host resumed after an outbid it waited out: its disk is as it was
                 while True:  # once, unless an interruptible run's host is outbid (run/interrupt.py)
                     try:
                         if in_place:
                             reconnect(t, s)
-                        self._work_on_host(bundle, salvaged, in_place=in_place)
+                        # The host may re-price while anything runs on it, a slow upload or pull as a step.
+                        with t.reads.watch_prices(t.book.latest()):
+                            stages.arm(t, s)  # a kept host's deadlines pushed (a run's switch: in connect)
+                            self._work_on_host(bundle, salvaged, in_place=in_place)  # UPLOAD, STEPS, PULL
                         break
                     except (Exception, Interrupted) as exc:
                         why = outbid_of(t, s, exc)
@@ -115,11 +173,10 @@ class GuardedRun:
                         in_place = False
                         s.recovered()
                         s.stage = Stage.RENT
-                        rent_and_connect(t, s)
+                        stages.connect(t, s)
                 if s.attempts and (latest := t.book.latest()) is not None:
                     close_attempt(t, s, latest.instance_id, "finished")
-                qualified = s.candidate.driver_qualified if s.candidate else False
-                code, message = with_guard(*work_outcome(qualified), t.cap_guard.fired_reason)
+                code, message = with_guard(*stages.outcome(t, s), t.cap_guard.fired_reason)
             except (Exception, Interrupted) as exc:  # a bug too must end in teardown and an exit code
                 code, message = with_guard(exit_code_for(exc), describe(exc), t.cap_guard.fired_reason)
                 self._notify_stop(exc, code, message)  # queued, never waited on: the teardown comes next
@@ -128,7 +185,11 @@ class GuardedRun:
             finally:
                 t.signals.in_teardown = True
                 try:
-                    code, message = self._teardown_and_verdict(code, message)  # Stage.TEARDOWN, Stage.VERDICT
+                    if self._keeps(code):
+                        code, message = self._hand_over(code, message)
+                    else:
+                        code, message = self._teardown_and_verdict(code, message)  # Stage.TEARDOWN, VERDICT
+                        stages.ended(t, s, code, message)
                 finally:
                     t.stuck.finished()
                     if s.registration is not None:
@@ -136,23 +197,55 @@ class GuardedRun:
                     t.notify.finish(t.ev, t.out.warn)  # the last events get a moment to leave; each one's fate kept
         return HarnessResult(run_id=s.run_id, exit_code=code, message=message)
 
-    def _work_on_host(self, bundle: Bundle, salvaged: Path | None, *, in_place: bool = False) -> None:
-        """Upload, the steps (a replacement host's: the resume, after its checkpoint is restored) and the pull.
-        `in_place`: the same host after a pause: its workdir and checkpoint are on its disk (an upload would wipe
-        them), so only the resume."""
+    def _work_on_host(self, bundle: Bundle | None, salvaged: Path | None, *, in_place: bool = False) -> None:
+        """The stages' work (upload, steps, pull); on an interruptible run's replacement host, the upload, the
+        salvaged checkpoint restored and the resume instead; `in_place`: the same host after a pause, its
+        workdir and checkpoint on its disk (an upload would wipe them), so only the resume."""
         t, s = self.tools, self.state
-        # The host may re-price while anything runs on it, a slow upload or pull as much as a step.
-        with t.reads.watch_prices(t.book.latest()):
-            if in_place:
-                self._work(Stage.UPLOAD).steps_to_run = resume_steps(t)
-            else:
-                timed(t, s, "upload", lambda: self._work(Stage.UPLOAD).upload(bundle))
-                if salvaged is not None:
-                    restore(t, s, salvaged)
-                if salvaged is not None or s.steps_before:  # a replacement: the resume (or the command again)
-                    self._work(Stage.UPLOAD).steps_to_run = resume_steps(t)
-            self._work(Stage.STEPS).run_steps()
-            pull_evidence(t, s, in_teardown=False)  # Stage.PULL
+        if not in_place and salvaged is None and not s.steps_before:
+            self.stages.work(t, s, bundle)
+            return
+        if bundle is None:
+            return
+        if not in_place:
+            timed(t, s, "upload", lambda: work_at(s, Stage.UPLOAD).upload(bundle))
+            if salvaged is not None:
+                restore(t, s, salvaged)
+        work_at(s, Stage.UPLOAD).steps_to_run = resume_steps(t)  # the resume (or the command again)
+        work_at(s, Stage.STEPS).run_steps()
+        pull_evidence(t, s, in_teardown=False)  # Stage.PULL
+
+    def _keeps(self, code: ExitCode) -> bool:
+        """The stages keep the instance, and the cap guard never took it: claimed here, the guard leaves it alone
+        from now on; one it took already (its DELETE sent) goes through the teardown like any."""
+        t, s = self.tools, self.state
+        inst = t.book.latest()
+        if inst is None or not self.stages.keeps(t, s, code) or t.meter.over_cap():
+            return False
+        t.instances.claim(inst)
+        return inst.instance_id not in t.cap_guard.deleted_ids()
+
+    def _hand_over(self, code: ExitCode, message: str) -> Outcome:
+        """The instance outlives the run: no teardown; the stages leave it to the next command, then the verdict
+        and the record, as a teardown's would be written."""
+        t, s = self.tools, self.state
+        t.cap_guard.stop()
+        code, message = self.stages.hand_over(t, s, code, message)
+        s.stage = Stage.VERDICT
+        code, message = decide_exit(code, message, exit_facts(t))
+        t.phases.end()
+        s.timings["total_s"] = round(t.clock() - t.meter.t0, 3)
+        record = build_record(t, s, code, message)
+        held = {i.instance_id: "held" for i in record.instances}  # not deleted: neither gone nor unproven
+        record = record.model_copy(update={
+            "instances": [i.model_copy(update={"absence": "held"}) for i in record.instances],
+            "absence": AbsenceSummary(verdict="held", per_instance=held)})
+        t.ev.write_result(record, t.book.teardowns, t.spec.proof_interval_s)
+        report_path = write_run_report_safely(t.ev.dir, t.out.warn)
+        t.out.stop_view()
+        t.out.result(s.run_id, code, message, t.ev.dir, self.steps, t.book.teardowns, t.meter.accrued_usd(),
+                     report=report_path, gpu=s.host_gpus.shown() if s.host_gpus else None)
+        return code, message
 
     def _notify_stop(self, exc: BaseException, code: ExitCode, message: str) -> None:
         """What stopped the work, when it is a signal or a cap: its event, before the teardown starts (none before
@@ -165,11 +258,6 @@ class GuardedRun:
             self.tools.notify.interrupted(message.removeprefix("cancelled: "))
         elif code == ExitCode.CAP_REACHED:
             self.tools.notify.cap_reached(message)
-
-    def _work(self, stage: Stage) -> HostWork:
-        assert self.state.work is not None
-        self.state.stage = stage
-        return self.state.work
 
     def _teardown_and_verdict(self, code: ExitCode, message: str) -> Outcome:
         t, s = self.tools, self.state

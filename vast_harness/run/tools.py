@@ -36,6 +36,42 @@ AroundBoot = Callable[[CreatedInstance, Callable[[], None]], None]
 
 
 @dataclass(frozen=True)
+class Adopted:
+    """A kept host's instance as a later command takes it over (`run/hold.py` reads it from the held record):
+    the instance (its create on this process's clock), and where the hold's meter stands: its start, the price
+    it bills, the transfer rate and the bytes moved so far. The command's meter goes on from there, not from 0."""
+
+    instance: CreatedInstance | None  # None: the `up` was killed before a create named one
+    labels: dict[str, float]  # every label a create of the hold sent -> when (this clock): the label sweep's
+    t0_mono: float  # the hold's start on this process's clock: the time cap counts from here
+    t0_unix: float
+    dph_usd: float
+    usd_per_gb: float  # transfers, both ways
+    bytes_up: int
+    bytes_down: int
+
+
+@dataclass(frozen=True)
+class HoldTerms:
+    """What a kept host changes in a run's tools (`vast-e2e up` and the commands after it; `run/hold.py`). Its
+    run id is the hold's, so is its evidence directory: every command of a hold writes into one run's.
+
+    * `switch_allowance_s`: the dead-man switch's cap: the time cap, less `TeardownBudget.switch_s` (no grace:
+      between commands no teardown is waited for, the switch is the cap, and its DELETE lands before it);
+    * `switch_recheck_s`: how often the switch re-reads its deadlines (the idle one may move earlier);
+    * `idle_first_s`: `up`'s first idle allowance, written by the onstart (the `up` pushes it at its first SSH);
+    * `adopt`: the held instance a later command takes over, instead of renting one;
+    * `signal_deletes`: whether a signal makes the cap guard delete within a second (an `up`: yes; a later
+      command: no, Ctrl-C stops the command, the host stays held)."""
+
+    switch_allowance_s: int
+    switch_recheck_s: int
+    idle_first_s: int | None = None
+    adopt: Adopted | None = None
+    signal_deletes: bool = True
+
+
+@dataclass(frozen=True)
 class RunTools:
     """What the run works with, built once by `build_tools`. The hooks are how tests and the canary reach in:
     `host_work` makes the host's phases once SSH is up, `on_created` is told of each instance as soon as its
@@ -59,6 +95,7 @@ class RunTools:
     around_boot: AroundBoot | None
     stuck: StuckRunWatch  # ends a run whose main thread does not come back after the guard's DELETE
     notify: RunNotifier  # the run's events to its --notify URLs: posted, never waited on
+    hold: HoldTerms | None = None  # a kept host's command (run/hold.py)
 
     def clock(self) -> float:
         """The run's monotonic clock (the meter's): every deadline of every stage is on it."""
@@ -95,21 +132,28 @@ class GuardFired:
 
 def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output, state: RunState, *,
                 clock: Clock, host_work: type[HostWork], on_created: Callable[[CreatedInstance], None] | None,
-                around_boot: AroundBoot | None) -> RunTools:
+                around_boot: AroundBoot | None, hold: HoldTerms | None = None) -> RunTools:
     spec.teach_masker()  # the key this run uses (the simulator's too) and its secrets, before anything is written
     server_clock: ServerClock | None = getattr(client, "server_clock", None)
     ledger = Ledger.for_spec(spec, server_clock.now if server_clock else None,
                              evidence_dir=spec.evidence_dir / state.run_id)
     ev = RunEvidence(spec.evidence_dir / state.run_id)
+    adopt = hold.adopt if hold else None
     meter = CostMeter(max_usd=spec.caps.max_usd, max_seconds=spec.max_seconds,
                       teardown_margin_s=spec.teardown_margin_s, clock=clock,
-                      on_raise=lambda change: reads.record_raise(change))
-    state.t0_unix = time.time()
+                      t0=adopt.t0_mono if adopt else None, on_raise=lambda change: reads.record_raise(change))
+    state.t0_unix = adopt.t0_unix if adopt else time.time()
     phases = PhaseLog(meter.accrued_usd, clock=meter.now)
     notify = RunNotifier(spec, state.run_id, meter)
     guard_fired = GuardFired(state, out, meter, notify)
     instances = RunInstances(client=client, ledger=ledger, run_id=state.run_id, meter=meter, out=out,
-                             on_guard_fired=guard_fired, describe_now=lambda: phases.current)
+                             on_guard_fired=guard_fired, describe_now=lambda: phases.current,
+                             book=_adopted_book(adopt) if adopt else None)
+    if adopt is not None:  # the hold's meter goes on: its price from the create, the bytes moved so far
+        meter.set_transfer(inet_down_cost_usd_per_gb=adopt.usd_per_gb, inet_up_cost_usd_per_gb=adopt.usd_per_gb)
+        if adopt.instance is not None:
+            meter.start_instance(adopt.instance.instance_id, adopt.dph_usd, adopt.instance.t_created_mono)
+        meter.add_bytes(up=adopt.bytes_up, down=adopt.bytes_down)
     book, cap_guard = instances.book, instances.guard
     stuck = StuckRunWatch(guard=cap_guard, client=client, book=book, clock=meter.now,
                           bound_s=lambda: (len(book.created) + 2) * state.teardown_budget_s + STUCK_GRACE_S,
@@ -118,17 +162,30 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
     guard_fired.stuck = stuck
     reads = InstanceReads(client=client, ledger=ledger, run_id=state.run_id, meter=meter, book=book, out=out,
                           poll_s=spec.poll_s, cancel=state.cancel, deleting=cap_guard.is_claimed,
-                          switch_allowance_s=spec.deadman_allowance_s,
+                          switch_allowance_s=hold.switch_allowance_s if hold else spec.deadman_allowance_s,
                           on_outbid=(lambda inst, why: state.outbid(f"instance {inst.instance_id} {why}"))
                           if spec.interruptible is not None else None)
     within_s = TeardownBudget.SIGNAL_DELETE_WITHIN_S
-    signals = SignalGuard(out, on_signal=lambda name: cap_guard.fire_by(meter.now() + within_s,
-                                                                        f"{name} arrived {within_s:g} s ago"))
+
+    def on_signal(name: str) -> None:
+        if hold is None or hold.signal_deletes:
+            cap_guard.fire_by(meter.now() + within_s, f"{name} arrived {within_s:g} s ago")
+
+    signals = SignalGuard(out, on_signal=on_signal)
     return RunTools(spec=spec, client=client, drivers=drivers, out=out, ledger=ledger,
                     ev=ev, meter=meter, budget=meter.budget, instances=instances,
                     phases=phases, reads=reads, signals=signals, server_clock=server_clock,
                     host_work=host_work, on_created=on_created, around_boot=around_boot, stuck=stuck,
-                    notify=notify)
+                    notify=notify, hold=hold)
+
+
+def _adopted_book(adopt: Adopted) -> RentBook:
+    """A held instance's book, as the `up` that rented it left it: the instance (read as the hold's: it carries
+    the label), and the labels its creates sent (settled: the label sweep still looks for each)."""
+    book = RentBook(attempts=dict(adopt.labels))
+    if adopt.instance is not None:
+        book.rented(adopt.instance)
+    return book
 
 
 def snapshot(t: RunTools) -> Snapshot:

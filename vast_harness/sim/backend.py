@@ -726,6 +726,12 @@ class Backend:
                 "offers_total": len(self.offers), "server_errors": list(self.server_errors),
             }
 
+    def live_count(self) -> tuple[int, int, float | None]:
+        """(instances ever created, instances live now, the time of the last API call): cheap to ask often."""
+        with self.lock:
+            last = self.calls[-1]["time"] if self.calls else None
+            return len(self.instances), sum(1 for i in self.instances.values() if i.live), last
+
     def reset(self) -> None:
         """Forget instances, calls and rentals (ending any live host first); accounts and market stay."""
         self.shutdown_hosts()

@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from vast_harness.sim import calibrate
@@ -51,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="boot time, read lag, linger and the copy's rate from `vast-e2e canary`'s canary.json "
                              "(flags win)")
     parser.add_argument("--host-root", default=None, help="where host sandboxes live (default a temp dir)")
+    parser.add_argument("--exit-when-empty", type=float, default=None, metavar="S",
+                        help="stop once an instance was created, and for S seconds none has been live and no "
+                             "call came (a kept host's simulator: its last host is gone, no command runs)")
+    parser.add_argument("--max-lifetime", type=float, default=None, metavar="S",
+                        help="stop S seconds after starting, whatever is live (hosts' processes end with it)")
     parser.add_argument("--host-network", action="store_true",
                         help="let the hosts' pip download (off by default: pip installs from local files only)")
     return parser
@@ -100,7 +106,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"vast sim listening on {sim.url}", flush=True)
     print(f"hosts: {describe(network=args.host_network)}", flush=True)
     try:
-        stop.wait()
+        _serve(sim, stop, exit_when_empty_s=args.exit_when_empty, max_lifetime_s=args.max_lifetime)
     finally:
         sim.stop()
     return 0
+
+
+def _serve(sim: SimServer, stop: threading.Event, *, exit_when_empty_s: float | None,
+           max_lifetime_s: float | None) -> None:
+    """Until a signal, or `--exit-when-empty` / `--max-lifetime` says the simulator has served its purpose."""
+    started = time.monotonic()
+    empty_since: float | None = None
+    while not stop.wait(0.5):
+        now = time.monotonic()
+        if max_lifetime_s is not None and now - started >= max_lifetime_s:
+            print(f"vast sim: stopping after its --max-lifetime of {max_lifetime_s:g} s", flush=True)
+            return
+        if exit_when_empty_s is None:
+            continue
+        created, live, last_call = sim.backend.live_count()
+        quiet = last_call is None or time.time() - last_call >= exit_when_empty_s
+        empty_since = (empty_since or now) if created and not live else None
+        if empty_since is not None and now - empty_since >= exit_when_empty_s and quiet:
+            print(f"vast sim: stopping, no instance live for {exit_when_empty_s:g} s (--exit-when-empty)", flush=True)
+            return

@@ -4,7 +4,8 @@ The host listens on loopback twice, like a Vast host: a "direct" port (published
 and a "proxy" port (`ssh_host`/`ssh_port`). Both serve the same sandbox. Connections are accepted only
 while the instance is running. Auth accepts the account's keys, the instance's attached keys, and any
 key in the sandbox's $HOME/.ssh/authorized_keys (how an onstart installs a per-run key on real Vast).
-Each exec runs `bash -c CMD` in its own process group; stdout and stderr are forwarded as produced.
+Each exec runs `bash -c CMD` in its own process group (a shell request: bash reading the channel); stdout and
+stderr are forwarded as produced.
 """
 
 from __future__ import annotations
@@ -202,6 +203,13 @@ class _Session(paramiko.ServerInterface):
         threading.Thread(target=self.host.run_exec,
                          args=(channel, command.decode(errors="replace"), self.transport),
                          daemon=True, name=f"sim-exec-{self.host.instance_id}").start()
+        return True
+
+    def check_channel_shell_request(self, channel: paramiko.Channel) -> bool:
+        """A login shell (`ssh HOST` with no command): bash reading its commands from the channel, without a
+        terminal (the pty request is ignored), in the sandbox like any command."""
+        threading.Thread(target=self.host.run_exec, args=(channel, "exec bash", self.transport),
+                         daemon=True, name=f"sim-shell-{self.host.instance_id}").start()
         return True
 
     def check_channel_pty_request(self, *args: Any) -> bool:

@@ -40,6 +40,7 @@ class RunCost(BaseModel):
     instances: list[int]
     dir: str | None
     fleet: str | None = None
+    held: bool = False  # a kept host still held: its dollars are its last command's figure, so far
     # An interruptible run's hosts (the record's `attempts`), and the caps its total is held against
     attempts: list[Attempt] = []
     max_usd: float | None = None
@@ -102,7 +103,8 @@ def _from_record(path: Path) -> RunCost | None:
                               and isinstance(i.get("instance_id"), int)],
                    dir=str(path), fleet=path.parent.name if path.parent.name.startswith("fleet-") else None,
                    attempts=_attempts(doc), max_usd=number(caps.get("max_usd"), low=0, high=1e9).value,
-                   worst_case_usd=number(doc.get("worst_case_usd"), low=0, high=1e9, low_inclusive=True).value)
+                   worst_case_usd=number(doc.get("worst_case_usd"), low=0, high=1e9, low_inclusive=True).value,
+                   held=isinstance(doc.get("absence"), dict) and doc["absence"].get("verdict") == "held")
 
 
 def ledger_paths(evidence_dir: Path) -> list[Path]:
@@ -242,7 +244,8 @@ def show_costs(out: Output, evidence_dir: Path) -> int:
         t.add_row(*safe_cells(r.run_id, r.day, r.profile or "–", "yes" if r.sim else "no",
                               "–" if r.exit_code is None else r.exit_code,
                               "unrecorded" if r.accrued_usd is None else
-                              f"{r.accrued_usd:.4f}" + (" (estimated)" if r.estimated else ""),
+                              f"{r.accrued_usd:.4f}" + (" (estimated)" if r.estimated else "")
+                              + (" (held: so far)" if r.held else ""),
                               ", ".join(map(str, r.instances)) or "–", r.fleet or ""))
     out.out.print(t)
     hosts = [r for r in runs if r.attempts]

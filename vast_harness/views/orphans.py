@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from vast_harness.caps.meter import teardown_budget_s
+from vast_harness.state.held import HeldHost
 from vast_harness.state.process import ProcessId, this_host, this_process
 from vast_harness.state.registry import MAX_RUN_S, LiveRun, parse_label
 from vast_harness.timings import Timings
@@ -77,19 +78,31 @@ def _pid_text(run: LiveRun, process: ProcessId | None) -> str:
 
 
 def judge(run_id: str | None, label: str, row: Instance | None, *, runs: dict[str, LiveRun], known_runs: set[str],
-          server_now: float | None, processes: Mapping[str, ProcessId] | None = None) -> Judgement:
+          server_now: float | None, processes: Mapping[str, ProcessId] | None = None,
+          held: Mapping[str, HeldHost] | None = None) -> Judgement:
     """Is this instance an orphan (its run is dead, or past its own cap deadline) or a live run's?
 
     The label's deadline is compared with the API server's clock (never this machine's wall clock alone) and
     checked against the instance's own start (`label_deadline`); a registration on this machine is judged by its
     lock, then by its process; a run this user's ledger knows but that holds no registration has ended unless its
-    process (recorded on its ledger lines) still runs here. What cannot be judged is treated as live: deleting a
-    live run's host is the harm this avoids, and the dead-man switch still ends it."""
+    process (recorded on its ledger lines) still runs here. A kept host (`held`, by hold id: no process holds it
+    between commands) is live until its own deadline (the earliest of its caps and its idle deadline, on this
+    machine's boot clock), an orphan after, or once its hold is ending. What cannot be judged is treated as live:
+    deleting a live run's host is the harm this avoids, and the dead-man switch still ends it."""
     info = parse_label(label)
     run_id = run_id or (info.run_id if info else None)
     deadline, note = label_deadline(label, row)
     if deadline is not None and server_now is not None and server_now > deadline + DEADLINE_GRACE_S:
         return "orphan", f"its cap deadline passed {server_now - deadline:.0f} s ago (API server's clock){note}"
+    hold = (held or {}).get(run_id or "")
+    if hold is not None and hold.machine == this_host():
+        if hold.state == "ending":
+            return "orphan", f"kept host {hold.name}'s hold is ending, its instance not proven gone ({hold.message})"
+        left_s = hold.left_s()
+        if left_s > 0:
+            return "live", (f"kept host {hold.name}, held: its {hold.why_deadline()} deadline is {left_s:.0f} s "
+                            "ahead (this machine's clock)")
+        return "orphan", f"kept host {hold.name}: its {hold.why_deadline()} deadline passed {-left_s:.0f} s ago"
     run = runs.get(run_id or "")
     process = (processes or {}).get(run_id or "")
     if run is not None:

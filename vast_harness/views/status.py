@@ -16,11 +16,13 @@ import time
 from pydantic import BaseModel
 from rich.table import Table
 
+from vast_harness.clock import now_s
 from vast_harness.console.output import Output
 from vast_harness.console.terminal import safe_cells, safe_text, terminal_safe
 from vast_harness.errors import AuthError, ExitCode, VastError
 from vast_harness.instance.absence import is_lingering
 from vast_harness.spec.resolve import RunSpec
+from vast_harness.state.held import HeldHost, HeldStore
 from vast_harness.state.ledger import Ledger
 from vast_harness.state.registry import LABEL_PREFIX, LiveRun, Registration, RunRegistry, parse_label
 from vast_harness.state.runs import refuse_file_on_path
@@ -41,8 +43,9 @@ class StatusRow(BaseModel):
     max_minutes: float | None = None
     deadline_unix: float | None = None
     owner: str  # this machine | elsewhere
-    state: str  # starting | running | orphan | tearing down
+    state: str  # starting | running | orphan | tearing down | held | busy | expired | ending (a kept host's)
     why: str = ""
+    held: str | None = None  # the kept host's name (`vast-e2e up NAME`)
 
 
 def collect(spec: RunSpec, client: VastClient | None) -> tuple[list[StatusRow], list[str]]:
@@ -53,9 +56,16 @@ def collect(spec: RunSpec, client: VastClient | None) -> tuple[list[StatusRow], 
     registry = RunRegistry(spec.state_dir)
     runs = registry.scan()
     problems.extend(registry.skipped)
+    store = HeldStore(spec.state_dir)
+    holds = store.all()
+    problems.extend(store.skipped)
+    held_rows = [_held_row(store, record) for record in holds]
+    held_ids = {r.hold_id for r in holds}
     if client is None:
-        return [_registered_only(run, instance_id) for run_id, run in sorted(runs.items()) if run.liveness == "live"
-                for instance_id in (run.reg.instance_ids if run.reg and run.reg.instance_ids else [None])], problems
+        return held_rows + [_registered_only(run, instance_id) for run_id, run in sorted(runs.items())
+                            if run.liveness == "live" and run_id not in held_ids
+                            for instance_id in (run.reg.instance_ids if run.reg and run.reg.instance_ids else [None])
+                            ], problems
     try:
         instances = [i for i in client.list_instances() if (i.label or "").startswith(LABEL_PREFIX)]
     except AuthError:
@@ -68,10 +78,12 @@ def collect(spec: RunSpec, client: VastClient | None) -> tuple[list[StatusRow], 
     entries = Ledger.for_spec(spec).entries()
     known = {e.run_id for e in entries}
     processes = {e.run_id: e.process for e in entries if e.process is not None}
-    rows: list[StatusRow] = []
+    rows: list[StatusRow] = list(held_rows)
     for inst in instances:
         info = parse_label(inst.label)
         run_id = info.run_id if info else None
+        if run_id in held_ids:  # a kept host's: its row above says more (idle deadline, last exec)
+            continue
         run = runs.get(run_id or "")
         reg = run.reg if run else None
         kind, why = judge(None, inst.label or "", inst, runs=runs, known_runs=known, server_now=server_now,
@@ -90,7 +102,7 @@ def collect(spec: RunSpec, client: VastClient | None) -> tuple[list[StatusRow], 
             state=state, why=why))
     listed = {(r.run_id, r.instance_id) for r in rows}
     for run_id, run in sorted(runs.items()):
-        if run.liveness != "live":
+        if run.liveness != "live" or run_id in held_ids:
             continue
         # A live run's instances the list does not show: not listed yet, or deleted and being proven absent.
         ids = run.reg.instance_ids if run.reg and run.reg.instance_ids else []
@@ -98,6 +110,37 @@ def collect(spec: RunSpec, client: VastClient | None) -> tuple[list[StatusRow], 
         if not ids and not any(r[0] == run_id for r in listed):
             rows.append(_registered_only(run, None))
     return rows, problems
+
+
+def _held_row(store: HeldStore, record: HeldHost) -> StatusRow:
+    """A kept host: its accrued dollars against its caps now (its price since the create, and the bytes), the
+    deadline that ends it, the idle deadline and the last exec, and who is at work on it."""
+    left_s = record.left_s()
+    busy = store.busy(record.name)
+    if record.state == "ending":
+        state = "ending"
+    elif left_s <= 0:
+        state = "expired"
+    elif busy is not None:
+        state = f"busy: {busy.command}"
+    else:
+        state = record.state  # starting | held
+    idle = (f"idle deadline in {record.idle_deadline.left_s():.0f} s" if record.idle_deadline is not None
+            and record.idle_deadline.left_s() > 0 else "idle deadline passed" if record.idle_deadline else "")
+    last = (f"last exec {time.time() - record.last_exec_unix:.0f} s ago "
+            + ("(it did not end: killed? its command may still run there; the next exec stops it)"
+               if record.exec_unfinished and busy is None else f"(rc {record.last_exec_rc})")
+            if record.last_exec_unix else "no exec yet")
+    why = {"expired": f"its {record.why_deadline()} deadline passed {-left_s:.0f} s ago: its switch deletes it, "
+                      "`vast-e2e reap` proves it gone",
+           "ending": record.message or "ending"}.get(state, f"{idle}; {last}; ends by its {record.why_deadline()} "
+                                                            "deadline")
+    created = record.created.to_mono() if record.created else None
+    return StatusRow(run_id=record.hold_id, instance_id=record.instance_id, label=record.label, profile="kept",
+                     gpu=record.gpu, age_s=now_s() - created if created is not None else None,
+                     dph_usd=record.dph_usd, accrued_usd=record.accrued_now_usd(), max_usd=record.max_usd,
+                     max_minutes=record.max_minutes, deadline_unix=time.time() + left_s, owner="this machine",
+                     state=state, why=why, held=record.name)
 
 
 def _proof_progress(reg: Registration) -> str:
@@ -149,9 +192,11 @@ def show_status(spec: RunSpec, client: VastClient | None, out: Output) -> int:
             t.add_column(col, overflow="fold")
         for r in rows:
             caps = f"${r.max_usd:g} / {r.max_minutes:g} min" if r.max_usd is not None and r.max_minutes else "?"
-            style = {"orphan": "red", "tearing down": "yellow"}.get(r.state, "")
+            style = {"orphan": "red", "tearing down": "yellow", "expired": "red", "ending": "yellow",
+                     "held": "green"}.get(r.state, "")
             # every cell may carry what the API sent (a label, a GPU name): control characters shown escaped
-            t.add_row(*safe_cells(r.run_id or "?", str(r.instance_id or "-"), r.profile or "?", r.gpu or "?",
+            run = f"{r.held} ({r.run_id})" if r.held else r.run_id or "?"
+            t.add_row(*safe_cells(run, str(r.instance_id or "-"), r.profile or "?", r.gpu or "?",
                                   f"{r.age_s:.0f} s" if r.age_s is not None else "?", _money(r.dph_usd),
                                   _money(r.accrued_usd), caps, _when(r.deadline_unix), r.owner),
                       safe_text(r.state, style=style), safe_text(r.why))
