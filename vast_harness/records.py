@@ -395,10 +395,28 @@ class ArtifactPull(BaseModel):
     detail: str = ""
 
 
+class Attempt(BaseModel):
+    """One host of an interruptible run (docs/interruptible.md): where it ran, for how long, what it billed by the
+    meter, and why it ended (`outbid during boot`, `outbid during step run`, `finished`, ...)."""
+
+    instance_id: int
+    machine_id: int | None = None
+    dph_usd: float
+    started_unix: float
+    ended_unix: float | None = None
+    accrued_usd: float = 0.0
+    ended: str = ""
+    salvaged_bytes: int = 0  # the checkpoint copied off it after its outbid
+    restored_bytes: int = 0  # the checkpoint uploaded to it before its resume
+    pauses: int = 0  # outbids it resumed from by itself while the run waited (--on-outbid wait:MINUTES)
+    paused_s: float = 0.0  # the seconds those waits took (storage billing, the GPU not)
+
+
 class RunRecord(BaseModel):
     """harness-result.json. Built by the run, serialised here; readers check `schema_version`."""
 
     schema_version: int = RESULT_SCHEMA_VERSION
+    attempts: list[Attempt] = []  # an interruptible run's hosts, in order (empty for an on-demand run)
     run_id: str
     profile: str
     image: str

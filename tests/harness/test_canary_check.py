@@ -134,3 +134,34 @@ def test_the_canary_records_the_read_shape_the_key_attachment_and_the_bandwidth_
         assert bw.credit_before_usd is not None and bw.credit_after_usd is not None
         assert "per_id_shapes" in json.loads((tmp_path / "canary.json").read_text())
         assert not [i for i in sim.state()["instances"] if i["live"]]
+
+
+@pytest.mark.slow
+def test_the_interruptible_canary_stops_its_bid_host_copies_off_it_and_calibrates_the_copy_rate(tmp_path):
+    # canary --interruptible on the simulator (it was never run against Vast): a bid instance, a probe file, the
+    # instance stopped by the canary itself, its paused reads, the detector's verdict, the file copied off it the
+    # way `vastai copy` does at the simulator's copy rate; the rate calibrates the next simulator.
+    rate = 400_000.0
+    with SimServer(seed=21, rate_scale=SCALE, boot_seconds=0.2, copy_bytes_per_s=rate) as sim, \
+            VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        spec = _spec(sim, tmp_path, interruptible=True)
+        rep, _run = run_canary(spec, client, load_driver_policy(), Output(quiet=True), tmp_path / "canary.json")
+        assert rep.exit_code == 0, rep.message
+        assert not [i for i in sim.state()["instances"] if i["live"]] and rep.absence == "gone"
+        (inst,) = sim.state()["instances"]
+        assert inst["is_bid"] and inst["copies"] == 1
+    p = rep.interruptible
+    assert p is not None and p.is_bid and p.bid_usd_per_h and p.min_bid_usd_per_h
+    assert p.bid_usd_per_h >= p.min_bid_usd_per_h
+    assert p.stop == "answered" and p.reads and p.reads[-1].actual_status == "stopped"
+    assert p.detector and p.paused_after_s is not None
+    assert {"success", "src_addr", "src_port"} <= set(p.copy_answer_keys)
+    assert p.copy_rc == 0 and p.copy_bytes == 1_000_000 and p.copy_matches is True, p
+    assert p.copy_bytes_per_s is not None and 0.3 * rate <= p.copy_bytes_per_s <= 1.2 * rate, p.copy_bytes_per_s
+    cal = load(tmp_path / "canary.json")
+    assert cal.copy_bytes_per_s == p.copy_bytes_per_s
+    kwargs = sim_cli.server_kwargs(sim_cli.build_parser().parse_args(["--calibrate", str(tmp_path / "canary.json")]))
+    assert kwargs["copy_bytes_per_s"] == p.copy_bytes_per_s
+    kwargs.pop("calibration")  # what main() prints
+    with SimServer(**{**kwargs, "port": 0}) as calibrated:
+        assert calibrated.backend.copy_bytes_per_s == p.copy_bytes_per_s

@@ -450,3 +450,29 @@ def test_a_fleet_result_that_cannot_be_written_is_said_and_never_a_traceback(sim
         on_disk = json.loads(result.read_text())
         assert on_disk["exit_code"] == 1 and on_disk["message"] == summary["message"]
         assert "the fleet's report could not be written" in on_disk["message"]
+
+
+def test_an_interruptible_fleet_replaces_an_outbid_run_host_within_its_total(sim, tmp_path):
+    # `fleet --interruptible`: every run bids; one host is outbid while it works, and its run deletes the husk,
+    # proves it gone and replays its profile on another host. The simulator's bill stays under the summed
+    # worst cases (each covering its run's --max-interruptions) and the fleet's total.
+    spec = base_spec(sim, tmp_path, interruptible=True, max_interruptions=1)
+    out = Output(json_mode=True, quiet=True)
+    sim.set_faults("outbid:0.3")
+    try:
+        with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+            code = run_fleet(spec, GPUS[:2], client, load_driver_policy(), out, total_usd=2.0, per_run_usd=0.6,
+                             parallel=2)
+    finally:
+        sim.set_faults(None)
+    assert code == 0
+    fleet_dir = next((tmp_path / "ev").glob("fleet-*"))
+    result, mine = _fleet_rows_and_instances(sim, fleet_dir)
+    assert not [i for i in mine if i["live"]]
+    assert all(i["is_bid"] for i in mine) and sum(i["outbids"] for i in mine) == 1
+    assert len(mine) == 3  # two runs, one of them on a replacement
+    records = [json.loads(p.read_text()) for p in fleet_dir.rglob("harness-result.json")]
+    hosts = sorted(len(r["attempts"]) for r in records)
+    assert hosts == [1, 2], hosts
+    worst = sum(r["worst_case_usd"] for r in records)  # each run's dry-run worst case, k interruptions included
+    assert sum(i["billed_usd"] for i in mine) <= min(result["total_cap_usd"], worst)

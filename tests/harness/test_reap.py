@@ -195,3 +195,59 @@ def test_a_reap_records_the_price_its_list_shows_so_costs_estimates_a_killed_run
     assert any(e.event == "repriced" and e.dph_usd == pytest.approx(50 * searched) for e in lines), lines
     estimate = estimate_usd(lines)
     assert estimate is not None and estimate >= billed > 0
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_an_outbid_husk_of_a_dead_run_is_named_a_husk_and_deleted_with_proof(sim, tmp_path, capsys, recorded):
+    # A run killed while its interruptible host was outbid leaves a husk: stopped, storage billing, and it may
+    # resume by itself. Reap names it as one (the row is a bid and reads paused; or the run's ledger says outbid)
+    # and deletes it with a proof of absence.
+    import json
+    import time
+
+    from vast_harness.state.registry import make_label
+
+    spec = spec_for(sim, tmp_path)
+    label = make_label("deadbid", 0, time.time() + 3600, left_s=3600)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        offer = client.search_offers({"limit": 5})[0]
+        body = {"image": "img", "disk": 10, "label": label}
+        if not recorded:
+            body["price"] = offer.min_bid_usd_per_h or 0.05
+        iid = client.create_instance(offer.id, body).new_contract
+        sim.backend._outbid(sim.backend.instances[iid])  # the bid book, at once (on-demand too, for the ledger case)
+        row = client.get_instance(iid)
+        assert row is not None and row.paused is not None and row.is_bid is (not recorded)
+    ledger = Ledger.for_spec(spec)
+    ledger.append("deadbid", "created", label, offer_id=offer.id, instance_id=iid)
+    if recorded:
+        ledger.append("deadbid", "outbid", label, instance_id=iid, detail="reads stopped")
+    capsys.readouterr()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        code = reap_all(spec, client, Output(json_mode=True))
+    answer = json.loads(capsys.readouterr().out)
+    assert code == 0, answer
+    assert answer["husks"] == [iid] and answer["reaped"] == {str(iid): "gone"}, answer
+    assert iid not in live(sim)
+    proof = json.loads((Path(answer["evidence_dir"]) / "absence-proof.json").read_text())
+    assert proof["husks"] == [iid] and proof["orphans"][str(iid)].startswith("husk: ")
+
+
+def test_a_stopped_on_demand_instance_is_not_called_a_husk(sim, tmp_path, capsys):
+    import json
+    import time
+
+    from vast_harness.state.registry import make_label
+
+    spec = spec_for(sim, tmp_path)
+    label = make_label("deadstop", 0, time.time() + 3600, left_s=3600)
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        offer = client.search_offers({"limit": 5})[0]
+        iid = client.create_instance(offer.id, {"image": "img", "disk": 10, "label": label,
+                                                "target_state": "stopped"}).new_contract
+    Ledger.for_spec(spec).append("deadstop", "created", label, offer_id=offer.id, instance_id=iid)
+    capsys.readouterr()
+    with VastClient(KEY, base_url=sim.url, pacing_scale=SCALE) as client:
+        assert reap_all(spec, client, Output(json_mode=True)) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["husks"] == [] and answer["reaped"] == {str(iid): "gone"}, answer

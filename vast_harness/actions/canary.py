@@ -24,7 +24,9 @@ It writes `canary.json` (the run's evidence directory and `--out`) and prints a 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,11 +39,15 @@ from rich.text import Text
 from vast_harness.caps.meter import BYTES_PER_GB, usd_up
 from vast_harness.clock import now_s
 from vast_harness.console.output import Output
-from vast_harness.errors import BootFailed, VastError
+from vast_harness.errors import BootFailed, HarnessError, VastError
 from vast_harness.instance.absence import is_lingering
 from vast_harness.masking import MASKER
 from vast_harness.records import CreatedInstance
-from vast_harness.run.runner import GuardedRun, HarnessResult
+from vast_harness.run.interrupt import copy_off
+from vast_harness.run.runner import GuardedRun, HarnessResult, RunStages
+from vast_harness.run.state import RunState
+from vast_harness.run.tools import RunTools
+from vast_harness.run.verdict import Outcome
 from vast_harness.spec.profile import DriverPolicy, Step
 from vast_harness.spec.receipt import ReceiptPolicy
 from vast_harness.spec.resolve import RunSpec
@@ -56,6 +62,16 @@ _VARS = ("CONTAINER_ID", "CONTAINER_API_KEY", "VAST_CONTAINERLABEL", "PUBLIC_IPA
 ENV_STEP = Step(name="ssh-env", workload=False, timeout_s=60, run="; ".join(
     [*(f'echo "VHCANARY ssh {v} ${{{v}:+set}}"' for v in _VARS),
      *(f'echo "VHCANARY etc {v} $(grep -sc "^{v}=" /etc/environment)"' for v in _VARS)]))
+
+
+# canary --interruptible: a file of known bytes the probe copies off the stopped instance, and how long it watches
+# the stopped instance's reads for the shape the detector calls paused
+PROBE_DIR = "vh-canary-probe"
+PROBE_BYTES = 1_000_000
+PAUSE_WATCH_S = 120.0
+PROBE_STEP = Step(name="probe-file", workload=False, timeout_s=60, run=(
+    f"mkdir -p ~/{PROBE_DIR} && head -c {PROBE_BYTES} /dev/urandom > ~/{PROBE_DIR}/probe.bin"
+    f' && echo "VHCANARY probe $(sha256sum ~/{PROBE_DIR}/probe.bin | cut -c1-64)" && echo "VHCANARY home $HOME"'))
 
 
 class Visibility(BaseModel):
@@ -79,6 +95,42 @@ class Bandwidth(BaseModel):
     harness_usd: float  # both at the higher rate: what the meter counted
     credit_before_usd: float | None = None
     credit_after_usd: float | None = None
+
+
+class PausedRead(BaseModel):
+    """One shape a stopped bid instance's per-id read showed, and when (seconds after the stop was answered)."""
+
+    t_s: float
+    actual_status: str | None = None
+    intended_status: str | None = None
+    cur_state: str | None = None
+    next_state: str | None = None
+    status_msg: str | None = None
+
+
+class InterruptibleProbe(BaseModel):
+    """`canary --interruptible`: a bid instance, stopped by the canary itself (`PUT /instances/{id}/` state
+    stopped, manage_instance.yaml) as the nearest thing to an outbid it can cause; what its reads show while
+    paused, whether the harness's outbid detector calls it paused, and the copy off it (`vastai copy`'s way)
+    of a known file: the endpoint's answer, time, bytes and rate. An outbid by another renter is not caused:
+    that its states are the same as a stop's stays UNCONFIRMED (docs/limits.md)."""
+
+    bid_usd_per_h: float | None = None
+    min_bid_usd_per_h: float | None = None
+    is_bid: bool | None = None  # the running instance's own row
+    stop: str = "not sent"  # "answered", or why not
+    reads: list[PausedRead] = Field(default_factory=list)  # each distinct shape, in order
+    paused_after_s: float | None = None  # stop answered -> the first read the detector calls paused
+    detector: str | None = None  # what `Instance.paused` says of it
+    outbid_during_run: str | None = None  # a real outbid the run met (then the probe is of the replacement)
+    copy_answer_keys: list[str] = Field(default_factory=list)
+    copy_answer_s: float | None = None
+    copy_s: float | None = None
+    copy_bytes: int | None = None
+    copy_rc: int | None = None
+    copy_bytes_per_s: float | None = None
+    copy_matches: bool | None = None  # the copied file's sha256 is the one the host computed
+    copy_detail: str = ""
 
 
 class CanaryReport(BaseModel):
@@ -115,18 +167,113 @@ class CanaryReport(BaseModel):
     key_attached: bool | None = None  # the run key attached through POST /api/v0/instances/{id}/ssh/
     key_attach_detail: str = ""
     bandwidth: Bandwidth | None = None
+    interruptible: InterruptibleProbe | None = None  # `canary --interruptible`
     measured_unix: float = Field(default_factory=time.time)
 
 
+class _ProbeStages(RunStages):
+    """A run's stages, and `canary --interruptible`'s probe once the work succeeded: after the price watch has
+    ended (the stop the probe makes must not read as an outbid of the run), before the teardown."""
+
+    def __init__(self, probe: Callable[[], None]) -> None:
+        self._probe = probe
+
+    def outcome(self, t: RunTools, s: RunState) -> Outcome:
+        self._probe()
+        return super().outcome(t, s)
+
+
 class CanaryRun(GuardedRun):
-    """The guarded run, with the observations above. Nothing here rents, deletes or waits on its own."""
+    """The guarded run, with the observations above. Nothing here rents, deletes or waits on its own, except
+    that `--interruptible` stops its own bid instance after the steps to see it paused and copy off it."""
 
     def __init__(self, spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: Output) -> None:
-        super().__init__(spec, client, drivers, out, around_boot=self._observe_boot)
+        super().__init__(spec, client, drivers, out, around_boot=self._observe_boot,
+                         stages=_ProbeStages(self._pause_probe) if spec.interruptible is not None else None)
         self.visibility = Visibility()
         self.boot_s: float | None = None
         self.image_accepted: bool | None = None
         self.per_id_ports: bool | None = None
+        self.probe: InterruptibleProbe | None = None
+
+    def _pause_probe(self) -> None:
+        t, s = self.tools, self.state
+        inst = self.book.latest()
+        cand = s.candidate
+        probe = self.probe = InterruptibleProbe(
+            bid_usd_per_h=cand.offer.bid_usd_per_h if cand else None,
+            min_bid_usd_per_h=cand.offer.min_bid_usd_per_h if cand else None,
+            outbid_during_run=next((a.ended for a in s.attempts if a.ended.startswith("outbid")), None))
+        if inst is None:
+            return
+        with contextlib.suppress(VastError):
+            row = t.client.get_instance(inst.instance_id, max_retry_s=5.0)
+            probe.is_bid = row.is_bid if row is not None else None
+        sha, home = self._probe_file()
+        try:
+            t.client.set_instance_state(inst.instance_id, "stopped", within_s=30.0)
+        except VastError as exc:
+            probe.stop = f"refused: {exc}"[:300]
+            return
+        probe.stop = "answered"
+        if s.session is not None:  # the container stops: its session with it
+            s.session.close()
+            s.session = None
+        stopped = now_s()
+        until = min(stopped + PAUSE_WATCH_S, self.meter.work_deadline())
+        seen: set[tuple[str | None, ...]] = set()
+        while now_s() < until:
+            s.check_cancelled()
+            with contextlib.suppress(VastError):
+                row = t.client.get_instance(inst.instance_id, max_retry_s=0.0)
+                if row is not None:
+                    shape = (row.actual_status, row.intended_status, row.cur_state, row.next_state, row.status_msg)
+                    if shape not in seen:
+                        seen.add(shape)
+                        probe.reads.append(PausedRead(t_s=round(now_s() - stopped, 3), **dict(zip(
+                            ("actual_status", "intended_status", "cur_state", "next_state", "status_msg"), shape,
+                            strict=True))))
+                    if row.paused is not None:
+                        probe.paused_after_s = round(now_s() - stopped, 3)
+                        probe.detector = row.paused
+                        break
+            time.sleep(min(self.spec.poll_s, 2.0))
+        if probe.paused_after_s is None:
+            probe.copy_detail = "the instance never read as paused: no copy tried"
+            return
+        if home is None or shutil.which("rsync") is None:
+            probe.copy_detail = "no copy: " + ("rsync is not installed here" if home else "the host's home unread")
+            return
+        dst = self.ev.dir / "canary-copy"
+        try:
+            copied = copy_off(t, s, inst.instance_id, f"{home}/{PROBE_DIR}/", dst, max_bytes=4 * PROBE_BYTES)
+        except HarnessError as exc:
+            probe.copy_detail = str(exc)[:300]
+            return
+        probe.copy_answer_keys = sorted((copied.endpoint.model_extra or {}).keys()
+                                        | copied.endpoint.model_fields_set) if copied.endpoint else []
+        probe.copy_answer_s, probe.copy_s, probe.copy_bytes = copied.answer_s, copied.seconds, copied.bytes
+        probe.copy_rc = copied.rc
+        transfer_s = max(1e-3, copied.seconds - copied.answer_s)
+        probe.copy_bytes_per_s = round(copied.bytes / transfer_s, 1) if copied.bytes else None
+        got = dst / "probe.bin"
+        probe.copy_matches = (hashlib.sha256(got.read_bytes()).hexdigest() == sha) if got.is_file() and sha else None
+        probe.copy_detail = (copied.cut or (t.spec.redactor.text(copied.said) if copied.rc else ""))[:300]
+
+    def _probe_file(self) -> tuple[str | None, str | None]:
+        """The probe file's sha256 and the host's $HOME, as the probe step printed them."""
+        sha = home = None
+        try:
+            lines = (self.ev.dir / "steps" / f"{PROBE_STEP.name}.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return None, None
+        for line in lines:
+            parts = line.split()
+            if len(parts) == 3 and parts[:2] == ["VHCANARY", "probe"]:
+                sha = parts[2]
+            elif len(parts) == 3 and parts[:2] == ["VHCANARY", "home"] and parts[2].startswith("/"):
+                home = parts[2]
+        return sha, home
 
     def _observe_boot(self, inst: CreatedInstance, boot: Callable[[], None]) -> None:
         """Around each boot: reads until they show the instance, then the boot; its time and the image's fate."""
@@ -186,6 +333,7 @@ class CanaryRun(GuardedRun):
             rep.bandwidth = bandwidth_figures(self.meter.bytes_up, self.meter.bytes_down,
                                               up_usd_per_gb=cand.offer.inet_up_cost_usd_per_gb,
                                               down_usd_per_gb=cand.offer.inet_down_cost_usd_per_gb)
+        rep.interruptible = self.probe
         self._read_env(rep)
         teardown = next((t for t in self.teardowns if inst and t.instance_id == inst.instance_id), None)
         if teardown is not None:
@@ -271,9 +419,11 @@ def _credit(client: VastClient) -> float | None:
 
 
 def canary_spec(spec: RunSpec) -> RunSpec:
-    """The profile's image, caps and filters, one step (the SSH environment), no boot retries, no receipt (it
-    measures Vast, not the GPU: a receipt would bill its seconds for nothing the canary reports)."""
-    profile = spec.profile.model_copy(update={"steps": [ENV_STEP], "image_expect": None,
+    """The profile's image, caps and filters, one step (the SSH environment; with --interruptible a second that
+    writes the probe file), no boot retries, no receipt (it measures Vast, not the GPU: a receipt would bill its
+    seconds for nothing the canary reports)."""
+    steps = [ENV_STEP, PROBE_STEP] if spec.interruptible is not None else [ENV_STEP]
+    profile = spec.profile.model_copy(update={"steps": steps, "image_expect": None,
                                               "receipt": ReceiptPolicy(enabled=False)})
     return spec.model_copy(update={"profile": profile, "boot_retries": 0})
 
@@ -322,6 +472,7 @@ def print_canary(out: Output, rep: CanaryReport, out_path: Path | None) -> None:
         ("per-id read carries ports", _show(rep.per_id_ports)),
         ("run key attached (POST .../ssh/)", f"{_show(rep.key_attached)} {rep.key_attach_detail[:80]}".strip()),
         ("bandwidth (host's 'up' / renter's 'up' / harness)", _bandwidth(rep.bandwidth)),
+        *_probe_rows(rep.interruptible),
     ]
     table = Table(title=Text(f"vast-e2e canary: {rep.api_url}"))
     table.add_column("measured")
@@ -332,6 +483,25 @@ def print_canary(out: Output, rep: CanaryReport, out_path: Path | None) -> None:
     if out_path is not None:
         out.info(f"wrote {out_path}; `python -m vast_harness.sim --calibrate {out_path}` runs the simulator on these "
                  "figures")
+
+
+def _probe_rows(p: InterruptibleProbe | None) -> list[tuple[str, str]]:
+    if p is None:
+        return []
+    shapes = "; ".join(f"+{r.t_s:g} s: actual {r.actual_status}, intended {r.intended_status}, cur {r.cur_state}, "
+                       f"next {r.next_state}, msg {r.status_msg!r}" for r in p.reads) or "-"
+    return [
+        ("bid placed / min_bid ($/h)", f"{p.bid_usd_per_h} / {p.min_bid_usd_per_h}; the row says is_bid "
+                                       f"{_show(p.is_bid)}"),
+        ("stop (PUT state stopped)", p.stop),
+        ("reads while stopped", shapes),
+        ("detector calls it paused after", f"{_s(p.paused_after_s)} ({p.detector or 'never'})"),
+        ("copy endpoint answer (keys, time)", f"{', '.join(p.copy_answer_keys) or '-'} ({_s(p.copy_answer_s)})"),
+        ("copy off the stopped instance", f"{p.copy_bytes} B in {_s(p.copy_s)}, rsync rc {p.copy_rc}, "
+                                          f"{p.copy_bytes_per_s or '-'} B/s, sha256 same {_show(p.copy_matches)} "
+                                          f"{p.copy_detail}".strip()),
+        ("a real outbid met", p.outbid_during_run or "none"),
+    ]
 
 
 def _bandwidth(bw: Bandwidth | None) -> str:

@@ -72,6 +72,7 @@ class ReapOutcome(BaseModel):
     foreign_rows: dict[int, tuple[str, str, str]] = Field(default_factory=dict)
     live: list[LiveInstance] = Field(default_factory=list)
     orphan_why: dict[int, str] = Field(default_factory=dict)
+    husks: list[int] = Field(default_factory=list)  # orphans that are outbid interruptible instances, paused
     listed_dph_usd: dict[int, float] = Field(default_factory=dict)  # an orphan's $/h as its list row states it
     ledgers_read: list[str] = Field(default_factory=list)
     key_dirs_removed: list[str] = Field(default_factory=list)
@@ -128,6 +129,11 @@ class _Sources:
                 out.append(ledger)
         return out
 
+    def outbid_ids(self) -> set[int]:
+        """Instances a run recorded as outbid (`outbid` lines): a husk if still there."""
+        return {e.instance_id for ledger in self.ledgers for e in ledger.entries()
+                if e.event == "outbid" and e.instance_id is not None}
+
     def run_ids(self) -> set[str]:
         """Runs this user's ledgers know: runs of this machine (or of this state dir)."""
         return {e.run_id for ledger in self.ledgers for e in ledger.entries()}
@@ -182,6 +188,16 @@ def _live_instance(instance_id: int, label: str, run_id: str | None, why: str, r
                         (run.reg.deadline_unix if run and run.reg else None))
 
 
+def husk_of(row: Instance | None, *, outbid_by_its_run: bool) -> str | None:
+    """What makes an instance a husk, or None: an interruptible (bid) instance that reads paused (outbid: its
+    disk kept, storage billing, and it may resume by itself), or one its run recorded as outbid and still reads
+    paused. docs/interruptible.md."""
+    if row is None or row.paused is None or not (row.is_bid or outbid_by_its_run):
+        return None
+    return (f"husk: an {'interruptible' if row.is_bid else 'outbid'} instance paused ({row.paused}), its storage "
+            "billing, and it may resume by itself")
+
+
 def _describe(entry: LedgerEntry) -> str:
     return entry.target.describe() if entry.target else "an unrecorded target (a line without an API/account stamp)"
 
@@ -212,6 +228,7 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
     server_now = None if server_now is None else min(server_now, time.time())
     known_runs = src.run_ids()
     processes = src.processes()
+    outbid = src.outbid_ids()
 
     def decide(instance_id: int, label: str, owner_run: str | None) -> bool:
         """True when reap deletes it; records a live one."""
@@ -224,6 +241,10 @@ def _collect(client: VastClient, src: _Sources, out: Output, result: ReapOutcome
             return False
         result.orphan_why[instance_id] = why if kind == "orphan" else f"live, deleted by --include-live: {why}"
         row = rows.get(instance_id)
+        husk = husk_of(row, outbid_by_its_run=instance_id in outbid)
+        if husk is not None and instance_id not in result.husks:
+            result.husks.append(instance_id)
+            result.orphan_why[instance_id] = f"{husk}; {result.orphan_why[instance_id]}"
         if row is not None and finite_positive(row.dph_total):
             assert row.dph_total is not None
             result.listed_dph_usd[instance_id] = plausible_dph(row.dph_total)
@@ -425,7 +446,8 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
                         todo.append((other, label))
                 if not ours:
                     continue
-            out.info(f"deleting instance {instance_id} ({label}): {result.orphan_why.get(instance_id, 'orphan')}")
+            what = "husk" if instance_id in result.husks else "instance"
+            out.info(f"deleting {what} {instance_id} ({label}): {result.orphan_why.get(instance_id, 'orphan')}")
             deadline = now_s() + teardown_budget_s(spec.proof_interval_s)
             if instance_id in result.listed_dph_usd:  # a killed run may never have read it: `costs` estimates at it
                 _FanOut(src.where(instance_id=instance_id, label=label)).append(
@@ -458,13 +480,15 @@ def reap_all(spec: RunSpec, client: VastClient, out: Output, *, include_live: bo
     if out.json_mode:
         out.emit_json({"reaped": {r.instance_id: r.verdict for r in result.reports}, "unproven": result.unproven_ids,
                        "not_proven": result.not_proven, "live": [li.model_dump() for li in result.live],
+                       "husks": sorted(result.husks),
                        "ledgers_read": result.ledgers_read, "key_dirs_removed": result.key_dirs_removed,
                        "evidence_dir": evidence_dir, "exit_code": _code(result)})
     elif nothing:  # a sentence, not an empty table
         out.out.print(terminal_safe(f"nothing to reap: no orphan in the {len(result.ledgers_read)} ledger(s) read or "
                                     "among the account's vh- instances"))
     else:
-        rows = [(r.instance_id, result.labels.get(r.instance_id, ""), len(r.deletes), r.verdict)
+        rows = [(r.instance_id, result.labels.get(r.instance_id, "") + (" (husk)" if r.instance_id in result.husks
+                                                                          else ""), len(r.deletes), r.verdict)
                 for r in result.reports]
         out.reap_report(rows, result.not_proven, ok=result.ok)
     if result.live and not out.json_mode:
@@ -507,6 +531,7 @@ def _write_evidence(spec: RunSpec, run_id: str, result: ReapOutcome, out: Output
         ev.write_json("absence-proof.json", {"interval_s": spec.proof_interval_s,
                                              "instances": [r.model_dump() for r in result.reports],
                                              "orphans": {str(k): v for k, v in result.orphan_why.items()},
+                                             "husks": sorted(result.husks),
                                              "live": [li.model_dump() for li in result.live],
                                              "ledgers_read": result.ledgers_read,
                                              "not_proven": result.not_proven})

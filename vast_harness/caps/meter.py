@@ -300,6 +300,13 @@ class CostMeter:
             compute = sum(a.usd(now) for a in self._instances.values())
             return compute + self.bytes_up * self.usd_per_byte_up + self.bytes_down * self.usd_per_byte_down
 
+    def instance_accrued_usd(self, key: int, now: float | None = None) -> float:
+        """One instance's compute so far (an interruptible run's attempt), 0 for one never started."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            accrual = self._instances.get(key)
+            return accrual.usd(now) if accrual is not None else 0.0
+
     def _reserved_usd(self) -> float:
         return (max(0, self.expected_up - self.bytes_up) * self.usd_per_byte_up
                 + max(0, self.expected_down - self.bytes_down) * self.usd_per_byte_down)

@@ -31,8 +31,10 @@ from vast_harness.cli.options import (
     AnyDriver,
     ApiUrl,
     Artifact,
+    Bid,
     BootRetries,
     CanaryMaxUsd,
+    Checkpoint,
     Command,
     DryRun,
     EightGpuQualified,
@@ -48,14 +50,17 @@ from vast_harness.cli.options import (
     ImageExpect,
     ImageExpectAck,
     Include,
+    InterruptibleFlag,
     JsonOutput,
     KeyFile,
+    MaxInterruptions,
     MaxMinutes,
     MaxUsd,
     MinGpuRamGb,
     MinPcieBw,
     Notify,
     NumGpus,
+    OnOutbid,
     PacingScale,
     PollInterval,
     Profile,
@@ -64,6 +69,7 @@ from vast_harness.cli.options import (
     RemoteEnv,
     RemoteSecret,
     RemoteSecretFile,
+    Resume,
     Setup,
     Sim,
     UnqualifiedOk,
@@ -256,6 +262,12 @@ def run(
     pacing_scale: PacingScale = None,
     poll_s: PollInterval = None,
     allow_unarmed_deadman: AllowUnarmedDeadman = False,
+    interruptible: InterruptibleFlag = False,
+    bid: Bid = None,
+    max_interruptions: MaxInterruptions = None,
+    checkpoint: Checkpoint = None,
+    resume: Resume = None,
+    on_outbid: OnOutbid = None,
     notify: Notify = None,
 ) -> None:
     """Run your own command on a rented host: upload the workdir, run --setup then CMD there, pull the
@@ -310,10 +322,16 @@ def up(
     pacing_scale: PacingScale = None,
     poll_s: PollInterval = None,
     allow_unarmed_deadman: AllowUnarmedDeadman = False,
+    interruptible: InterruptibleFlag = False,
 ) -> None:
     """Rent a host and keep it: upload the workdir, run --setup once, and leave it held for `exec` (the caps
     cover the whole hold; its switch deletes it after --idle-minutes without an exec, or at the cap)."""
     _up(Flags.of(ctx), name, idle_minutes)
+
+
+UP_INTERRUPTIBLE = ("--interruptible is not yet supported with up: an outbid kept host is neither salvaged nor "
+                    "replaced yet, so the next exec would find it paused (docs/interruptible.md); "
+                    "`vast-e2e run --interruptible --checkpoint DIR -- CMD` rents interruptible hosts")
 
 
 def _up(flags: Flags, name: str, idle_minutes: float | None) -> None:
@@ -324,6 +342,8 @@ def _up(flags: Flags, name: str, idle_minutes: float | None) -> None:
         from vast_harness.state.held import check_name
 
         check_name(name)
+        if flags.options.interruptible:  # before anything is rented: an outbid held host is not yet recovered
+            raise ConfigError(UP_INTERRUPTIBLE)
         spec = up_spec(flags.spec(command=["true"]), name)
         idle = idle_minutes_for(spec, idle_minutes)
         if spec.dry_run:
@@ -547,6 +567,10 @@ def fleet(
     allow_unarmed_deadman: AllowUnarmedDeadman = False,
     image_expect: ImageExpect = None,
     image_expect_ack: ImageExpectAck = False,
+    interruptible: InterruptibleFlag = False,
+    bid: Bid = None,
+    max_interruptions: MaxInterruptions = None,
+    on_outbid: OnOutbid = None,
     notify: Notify = None,
 ) -> None:
     """One guarded run per GPU type, K at once, under one total cap; ranked by $ per million training tokens."""
@@ -624,9 +648,12 @@ def canary(
     proof_interval_s: ProofInterval = None,
     pacing_scale: PacingScale = None,
     poll_s: PollInterval = None,
+    interruptible: InterruptibleFlag = False,
+    bid: Bid = None,
 ) -> None:
     """Rent the cheapest qualified offer under the usual guards and measure read lag, boot, the image reference,
-    the dead-man switch, SSH environment, linger and a repeat DELETE; writes canary.json."""
+    the dead-man switch, SSH environment, linger and a repeat DELETE; writes canary.json. With --interruptible: a
+    bid instance, stopped after its steps to see what a paused one shows, and a file copied off it."""
     _canary(Flags.of(ctx), out_file)
 
 

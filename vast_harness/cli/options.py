@@ -131,6 +131,29 @@ Command = Annotated[list[str] | None, typer.Argument(
     metavar="-- CMD [ARGS...]", show_default=False,
     help="The command, after --, run in the workdir as given (each word quoted; use sh -c '...' for shell syntax).")]
 
+# --interruptible (docs/interruptible.md)
+InterruptibleFlag = Annotated[bool, typer.Option(
+    "--interruptible", metavar="",
+    help="Rent an interruptible (bid) instance: cheaper, and it may be outbid; an outbid host is salvaged "
+         "(--checkpoint), deleted, proven gone and replaced, within the caps.")]
+Bid = Annotated[str | None, typer.Option(
+    "--bid", metavar="auto|USD_PER_H",
+    help="With --interruptible: the bid, $/h for the GPU (auto: the offer's min_bid plus 10%; default auto).")]
+MaxInterruptions = Annotated[int | None, typer.Option(
+    "--max-interruptions", metavar="K",
+    help="With --interruptible: the outbids the worst case covers and the run survives (default 2).")]
+Checkpoint = Annotated[str | None, typer.Option(
+    "--checkpoint", metavar="DIR",
+    help="With --interruptible: the workdir folder the command checkpoints into; copied off an outbid host "
+         "(as `vastai copy` does) and uploaded to the next one.")]
+Resume = Annotated[str | None, typer.Option(
+    "--resume", metavar="CMD",
+    help="With --checkpoint: the shell command that resumes from the restored folder (default: CMD again).")]
+OnOutbid = Annotated[str | None, typer.Option(
+    "--on-outbid", metavar="replace|wait:MINUTES",
+    help="With --interruptible: rent another host at once (replace, the default), or wait up to MINUTES (within "
+         "the caps) for the outbid one to resume by itself and go on there; one that does not is replaced.")]
+
 # Kept hosts (`up`, `exec`, `keep`, `down`, `ssh`; docs/kept-host.md)
 HeldName = Annotated[str, typer.Argument(
     metavar="NAME", show_default=False,

@@ -238,13 +238,15 @@ class Output:
 
     def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
                teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None,
-               gpu: str | None = None) -> None:
+               gpu: str | None = None, hosts: Sequence[str] = ()) -> None:
+        """`hosts`: an interruptible run's hosts, a line each, and its total against the caps."""
         if self.json_mode:
             self.emit_json({"run_id": run_id, "exit_code": code, "message": message,
                             "evidence_dir": str(evidence_dir), "accrued_usd": round(accrued_usd, 6),
                             "report": str(report) if report else None,
                             "steps": [s.model_dump() for s in steps], "gpu": gpu,
-                            "absence": {t.instance_id: t.verdict for t in teardowns}})
+                            "absence": {t.instance_id: t.verdict for t in teardowns}}
+                           | ({"hosts": list(hosts)} if hosts else {}))
             return
         t = Table(title=_t(f"Run {run_id}"), header_style="bold")
         for col in ("step", "rc", "seconds", "note"):
@@ -258,6 +260,8 @@ class Output:
             color = "green" if td.verdict == "gone" else "bold red"
             self.out.print(_line(f"instance {td.instance_id}: ", (str(td.verdict), color),
                                  f" ({len(td.proof.rounds) if td.proof else 0} proof rounds)"))
+        for host in hosts:
+            self.out.print(_t(host))
         if gpu is not None:  # the GPUs the host reported after SSH, matched with its offer (run/arrival.py)
             self.out.print(_line(("ran on", "bold"), f" {gpu}"))
         color = "green" if code in (0, 4) else "red"
@@ -323,7 +327,9 @@ class RunOutput(Output):
 
     def result(self, run_id: str, code: int, message: str, evidence_dir: Path, steps: Sequence[StepRecord],
                teardowns: Sequence[InstanceTeardown], accrued_usd: float, report: Path | None = None,
-               gpu: str | None = None) -> None:
+               gpu: str | None = None, hosts: Sequence[str] = ()) -> None:
+        for host in hosts:  # a fleet's run: its hosts, tagged like its other lines
+            self.err.print(_line((self.tag, "cyan"), " ", host))
         # exit 3 with no teardown: a create of unknown outcome, so "nothing rented" would be a claim it cannot make
         verdicts = ", ".join(f"{t.instance_id} {t.verdict}" for t in teardowns) or (
             "no instance seen yet" if code == ExitCode.NOT_PROVEN_GONE else "nothing rented")

@@ -84,6 +84,7 @@ class CreateRequest(BaseModel):
     client_id: Literal["me"] = "me"
     cancel_unavail: bool = True  # an offer taken meanwhile fails the create instead of renting it stopped
     target_state: Literal["running"] = "running"
+    price: float | None = None  # a bid in $/h: an interruptible instance (create_instance.yaml); omitted on demand
 
 
 def create(
@@ -120,7 +121,7 @@ def create(
         return CreateOutcome(status="not_created", detail=str(exc))
 
     try:
-        result = client.create_instance(offer_id, request.model_dump())
+        result = client.create_instance(offer_id, request.model_dump(exclude_none=True))
     except OfferUnavailable as exc:  # refused, not queued (cancel_unavail): nothing to look for later
         ledger.append(run_id, "create_failed", label, offer_id=offer_id, verdict=NOTHING_CREATED, detail=str(exc)[:300])
         return CreateOutcome(status="unavailable", detail=str(exc))

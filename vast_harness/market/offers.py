@@ -19,6 +19,7 @@ from vast_harness.console.when import utc
 from vast_harness.market.quote import Quote, quote_offer, worst_case_usd
 from vast_harness.market.requires import DroppedFamily, dropped_families, requires_query, requires_reasons
 from vast_harness.spec.fit import WorkloadFit
+from vast_harness.spec.interruptible import Interruptible
 from vast_harness.spec.profile import DriverPolicy, Filters
 from vast_harness.spec.requires import Requires
 from vast_harness.vast.models import Offer
@@ -49,6 +50,8 @@ class OfferCriteria(BaseModel):
     requires: Requires = Requires()  # the profile's [requires]: what the workload can run on
     fit: WorkloadFit | None = None  # the memory its 1B runs need, from the run's settings (spec/fit.py)
     now_unix: float | None = None  # the API server's clock at the search (its `Date`): an offer's end date against it
+    bid: Interruptible | None = None  # --interruptible: bid offers, priced at the bid placed (spec/interruptible.py)
+    max_dph_usd: float | None = None  # a replacement host may not bill more per hour than the plan's worst case assumed
 
 
 class Candidate(BaseModel):
@@ -125,7 +128,7 @@ def build_query(
         "gpu_name": {"in": list(f.gpu_names)} if f.gpu_names else None,
         "id": {"notin": sorted(set(exclude_ids))} if exclude_ids else None,
         "order": [["dph_total", "asc"]],
-        "type": "on-demand",
+        "type": "bid" if criteria.bid is not None else "on-demand",
         "allocated_storage": criteria.disk_gb,
         "limit": limit,
     }
@@ -232,14 +235,19 @@ def choose(offers: Iterable[Offer], criteria: OfferCriteria, drivers: DriverPoli
     choice = OfferChoice()
     for offer in offers:
         choice.offers_seen += 1
-        reasons = check_offer(offer, criteria)
+        offer, bid_reasons = with_bid(offer, criteria.bid)
+        reasons = check_offer(offer, criteria) + bid_reasons
         qualified = drivers.qualifies(offer.driver_version)
         if not qualified and not criteria.any_driver:
             reasons.append(f"driver {offer.driver_version} not qualified (--any-driver to allow)")
         worst = None
         if (offer.dph_base is not None or offer.dph_total is not None) and not price_faults(offer):
             worst = worst_case_usd(offer, max_minutes=criteria.max_minutes, disk_gb=criteria.disk_gb,
-                                   upload_bytes=criteria.upload_bytes, download_bytes=criteria.download_bytes)
+                                   upload_bytes=criteria.upload_bytes, download_bytes=criteria.download_bytes,
+                                   terms=criteria.bid)
+            if criteria.max_dph_usd is not None and offer.dph_at_disk(criteria.disk_gb) > criteria.max_dph_usd + 1e-9:
+                reasons.append(f"{offer.dph_at_disk(criteria.disk_gb):.4f} $/h > the {criteria.max_dph_usd:.4f} $/h "
+                               "the plan's worst case assumed for every host of the run")
             if worst > criteria.max_usd:
                 reasons.append(f"worst case {usd(worst)} > the cost cap {usd(criteria.max_usd)} "
                                f"({criteria.max_usd_source})")
@@ -249,11 +257,29 @@ def choose(offers: Iterable[Offer], criteria: OfferCriteria, drivers: DriverPoli
             choice.rejected.append(Rejection(offer=offer, worst_case_usd=worst, reasons=reasons))
         else:
             quote = quote_offer(offer, max_minutes=criteria.max_minutes, disk_gb=criteria.disk_gb,
-                                upload_bytes=criteria.upload_bytes, download_bytes=criteria.download_bytes)
+                                upload_bytes=criteria.upload_bytes, download_bytes=criteria.download_bytes,
+                                terms=criteria.bid)
             choice.ranked.append(Candidate.model_construct(offer=offer, quote=quote, driver_qualified=qualified))
     # Cheapest worst case first; among equals the more reliable host; then id for a stable order.
     choice.ranked.sort(key=lambda c: (round(c.quote.worst_case_usd, 6), -c.offer.reliability_score, c.offer.id))
     return choice
+
+
+NO_BID_REASON = "no min_bid: not offered as interruptible"
+
+
+def with_bid(offer: Offer, terms: Interruptible | None) -> tuple[Offer, list[str]]:
+    """An interruptible run's view of `offer`: its GPU priced at the bid placed (what the create's `price` says
+    and the host bills), with why it cannot be bid on (no `min_bid`, or a fixed bid below it). Unchanged for an
+    on-demand run."""
+    if terms is None:
+        return offer, []
+    floor = offer.min_bid_usd_per_h
+    if floor is None or not math.isfinite(floor) or floor < 0:
+        return offer, [NO_BID_REASON]
+    bid = terms.bid_for(floor)
+    reasons = [] if bid >= floor else [f"bid ${bid:.4f}/h < min_bid ${floor:.4f}/h"]
+    return offer.model_copy(update={"dph_base": bid, "dph_total": None, "bid_usd_per_h": bid}), reasons
 
 
 def search_ranked(

@@ -13,10 +13,17 @@ from pydantic import BaseModel, Field
 
 from vast_harness.clock import now_s
 from vast_harness.console.money import usd
-from vast_harness.errors import NoOfferError, TransportError
+from vast_harness.errors import ConfigError, NoOfferError, TransportError
 from vast_harness.host.bundle import Bundle
 from vast_harness.host.receipt import receipt_payload
-from vast_harness.market.offers import Candidate, OfferChoice, OfferCriteria, Rejection, search_ranked
+from vast_harness.market.offers import (
+    NO_BID_REASON,
+    Candidate,
+    OfferChoice,
+    OfferCriteria,
+    Rejection,
+    search_ranked,
+)
 from vast_harness.market.requires import DroppedFamily, memory_shortfall
 from vast_harness.records import OfferSummary, WorkdirRecord
 from vast_harness.spec.fit import GpuFit
@@ -152,7 +159,7 @@ def offer_summary(cand: Candidate) -> OfferSummary:
 
 def criteria_for(
     spec: RunSpec, *, credit_usd: float | None, bundle: Bundle, exclude_machine_ids: Iterable[int] = (),
-    now_unix: float | None = None,
+    now_unix: float | None = None, max_dph_usd: float | None = None,
 ) -> OfferCriteria:
     prof = spec.profile
     return OfferCriteria(
@@ -172,6 +179,8 @@ def criteria_for(
         skip_machine_ids=frozenset(MachineHistory(spec.state_dir).skipped(market_of(spec.api_url, sim=spec.sim))),
         requires=prof.requires,
         fit=spec.fit,
+        bid=spec.interruptible,
+        max_dph_usd=max_dph_usd,
     )
 
 
@@ -193,10 +202,11 @@ def receipt_plan(spec: RunSpec, dph_usd: float) -> ReceiptPlan:
 
 def choose_offers(
     spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle, *, credit_usd: float | None,
-    exclude_machine_ids: Iterable[int] = (), explain_requires: bool = False,
+    exclude_machine_ids: Iterable[int] = (), explain_requires: bool = False, max_dph_usd: float | None = None,
 ) -> OfferChoice:
     criteria = criteria_for(spec, credit_usd=credit_usd, bundle=bundle, exclude_machine_ids=exclude_machine_ids,
-                            now_unix=client.server_clock.now())  # the credit read heard the server's Date
+                            now_unix=client.server_clock.now(),  # the credit read heard the server's Date
+                            max_dph_usd=max_dph_usd)
     search = partial(client.search_offers, max_retry_s=PREFLIGHT_RETRY_S, min_attempts=PREFLIGHT_MIN_ATTEMPTS)
     return _preflight(client, lambda: search_ranked(search, criteria, drivers, explain_requires=explain_requires))
 
@@ -218,6 +228,22 @@ def _preflight(client: VastClient, call: Callable[[], _T]) -> _T:
                              method=exc.method, path=exc.path) from exc
 
 
+def refuse_bid(spec: RunSpec, rejected: list[Rejection]) -> None:
+    """Exit 2 before renting when the interruptible terms, not the market, left no offer: no offer has a
+    `min_bid` (none is interruptible), or a fixed `--bid` is below the `min_bid` of every offer it alone kept out."""
+    terms = spec.interruptible
+    if terms is None or not rejected:
+        return
+    if all(NO_BID_REASON in r.reasons for r in rejected):
+        raise ConfigError(f"--interruptible: none of the {len(rejected)} offers seen is offered as interruptible "
+                          "(no min_bid): rent on demand instead (drop --interruptible)")
+    underbid = [r for r in rejected if len(r.reasons) == 1 and r.reasons[0].startswith("bid $")]
+    if terms.bid_usd_per_h is not None and underbid:
+        lowest = min(r.offer.min_bid_usd_per_h or 0.0 for r in underbid)
+        raise ConfigError(f"--bid ${terms.bid_usd_per_h:.4f}/h is below the min_bid of every offer it would "
+                          f"otherwise rent (lowest ${lowest:.4f}/h): raise it or use --bid auto")
+
+
 def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: Bundle, *,
              explain_requires: bool = False) -> RunPlan:
     """Preflight (credit) and offer choice. Raises NoOfferError (exit 5) with the closest rejects.
@@ -225,6 +251,8 @@ def plan_run(spec: RunSpec, client: VastClient, drivers: DriverPolicy, bundle: B
     credit = account_credit_usd(client)
     choice = choose_offers(spec, client, drivers, bundle, credit_usd=credit, explain_requires=explain_requires)
     fit = spec.fit
+    if not choice.ranked and spec.interruptible is not None:
+        refuse_bid(spec, choice.rejected)
     if not choice.ranked:
         seen = [*choice.largest_gpus, *(r.offer for r in choice.rejected)]
         short = memory_shortfall(fit, seen) if fit is not None else None

@@ -88,6 +88,36 @@ def summary_section(f: RunFacts) -> str:
     return table([], [[k, v] for k, v in rows], cls="summary")
 
 
+def attempts_section(f: RunFacts) -> str:
+    """An interruptible run's hosts, one after another (docs/interruptible.md): where each ran, how long, what the
+    meter accrued for it, the checkpoint moved, why it ended; and the run's total against its caps. Nothing for a
+    run with no attempts (on demand)."""
+    rows: list[list[Any]] = []
+    spent = 0.0
+    for a in f.result.get("attempts") or []:
+        if not isinstance(a, dict):
+            continue
+        start = number(a.get("started_unix"), low=0, high=1e11).value
+        end = number(a.get("ended_unix"), low=0, high=1e11).value
+        accrued = number(a.get("accrued_usd"), low=0, high=1e9, low_inclusive=True).value
+        spent += accrued or 0.0
+        ended = str(a.get("ended") or "open")
+        rows.append([a.get("instance_id"), a.get("machine_id"), usd(a.get("dph_usd")),
+                     time.strftime("%H:%M:%SZ", time.gmtime(start)) if start else None,
+                     round(end - start, 1) if start and end else None, usd(accrued), a.get("salvaged_bytes"),
+                     a.get("restored_bytes"), Cell(ended, "bad" if ended.startswith("outbid") else "")])
+    if not rows:
+        return ""
+    caps = _dict(f.result.get("caps"))
+    total = (f"{len(rows)} host(s); the hosts accrued {usd(spent)}, the run {usd(f.result.get('accrued_usd'))} in all "
+             f"(bytes moved included), of the cap {usd(caps.get('max_usd'), 2)} and the worst case "
+             f"{usd(f.result.get('worst_case_usd'))}")
+    return ("<h3>Hosts (interruptible)</h3>"
+            + table(["instance", "machine", "$/h", "started", "seconds", "accrued", "salvaged B", "restored B",
+                     "ended"], rows, cls="attempts")
+            + f'<p class="attempts-total">{escape(total)}</p>')
+
+
 def _accrued_cell(accrued: Any) -> str:
     """The meter's figure is an upper bound: it bills from the create's answer, Vast bills the GPU from
     `running` (storage only while loading), so a real invoice is at most this."""
@@ -369,7 +399,7 @@ _RELATIVE_HREF = re.compile(r'href="(?![a-z][a-z0-9+.-]*:|#|/)')
 
 def run_sections(f: RunFacts, *, link_prefix: str = "") -> str:
     """A run's sections; `link_prefix` makes its links relative to another page (the fleet report)."""
-    html = (summary_section(f) + timeline.timeline_section(f) + timeline.cost_section(f) + steps_section(f)
+    html = (summary_section(f) + attempts_section(f) + timeline.timeline_section(f) + timeline.cost_section(f) + steps_section(f)
             + receipt_section(f) + profile_section(f) + workdir_section(f) + absence_section(f) + workload_section(f)
             + files_section(f))
     return _RELATIVE_HREF.sub(f'href="{escape(link_prefix)}', html) if link_prefix else html

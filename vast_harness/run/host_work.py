@@ -24,6 +24,7 @@ from vast_harness.host.bundle import WORKDIR_DIR, Bundle
 from vast_harness.host.ssh import HostSession, TreePull
 from vast_harness.masking import spoken
 from vast_harness.records import ArtifactPull, PullRecord, StepOutcome, StepRecord
+from vast_harness.spec.profile import Step
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.spec.workdir import ArtifactGlobs
 
@@ -56,6 +57,7 @@ class HostWork:
         self._phase = on_phase  # the run's timeline and live view (console/live.py PhaseLog)
         self.steps: list[StepRecord] = []
         self.step_env: dict[str, str] = {}  # the run's own variables for the steps (VH_RECEIPT: run/receipt.py)
+        self.steps_to_run: list[Step] | None = None  # instead of the profile's (a replacement host's resume)
         self.pull: PullRecord | None = None
         self.artifacts: ArtifactPull | None = None  # `run --artifact`: pulled with the evidence
         self.evidence_pulled = False
@@ -167,7 +169,7 @@ class HostWork:
         # (unless the user's own settings say otherwise).
         env = ({"PYTHONUNBUFFERED": "1"} | self.spec.host_env | self.step_env
                | {"VH_RUN_ID": self.run_id, "VH_MASKED_ENV": " ".join(self.spec.remote_secrets)})
-        for step in self.spec.profile.steps:
+        for step in self.steps_to_run if self.steps_to_run is not None else self.spec.profile.steps:
             self._check_cancelled()
             self.meter.check(f"step {step.name}")
             started = self.meter.now()

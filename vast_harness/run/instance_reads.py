@@ -72,7 +72,8 @@ class InstanceReads:
     def __init__(self, *, client: VastClient, ledger: Ledger, run_id: str, meter: CostMeter, book: RentBook,
                  out: Output, cancel: Cancel, poll_s: float,
                  deleting: Callable[[int], bool] = lambda _id: False,
-                 switch_allowance_s: float | None = None) -> None:
+                 switch_allowance_s: float | None = None,
+                 on_outbid: Callable[[CreatedInstance, str], None] | None = None) -> None:
         self.client, self.ledger, self.run_id, self.meter, self.book, self.out = client, ledger, run_id, meter, book, out
         # Whether a DELETE of ours (the teardown's or the cap guard's) is on its way for an instance: a read
         # that then no longer shows it, even one sent before, says nothing about anyone else.
@@ -88,6 +89,8 @@ class InstanceReads:
         # The host's dead-man switch deletes the instance this long after it boots (cap + grace): past it, an
         # instance gone with no DELETE of ours was most likely deleted by the switch (the run was stopped)
         self.switch_allowance_s = switch_allowance_s
+        # --interruptible: a read that shows the instance paused (outbid) stops the work within one poll
+        self.on_outbid = on_outbid
         # instance -> the contract's end a row last showed (epoch), on the run's clock when inside the time cap,
         # and the pending increase's factor known for past it
         self._contract_ends: dict[int, tuple[float, float | None, float | None]] = {}
@@ -256,6 +259,9 @@ class InstanceReads:
                 if inst.seen and (read is None or is_lingering(read)):
                     self.vanished(inst, "a read of it no longer shows it running" if read is None
                                   else "a read shows it destroyed")
+                    return
+                if self.on_outbid is not None and read is not None and read.paused is not None:
+                    self.on_outbid(inst, read.paused)
                     return
                 try:
                     self.on_read(inst, read)

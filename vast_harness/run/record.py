@@ -31,7 +31,7 @@ def write_failures(t: RunTools) -> list[str]:
 def build_record(t: RunTools, s: RunState, code: int, message: str) -> RunRecord:
     spec, plan, meter, session = t.spec, s.plan, t.meter, s.session
     cand = s.candidate or (plan.chosen if plan else None)
-    steps = s.work.steps if s.work else []
+    steps = s.steps_before + (s.work.steps if s.work else [])
     workload_s = sum(step.seconds for step in steps if step.workload)
     return RunRecord(
         run_id=s.run_id, profile=spec.profile.name, image=spec.profile.image, api_url=spec.api_url,
@@ -61,6 +61,7 @@ def build_record(t: RunTools, s: RunState, code: int, message: str) -> RunRecord
         workdir=s.workdir, artifacts=s.work.artifacts if s.work else None,
         host_gpus=s.host_gpus, gpu_refused=[g.model_copy() for g in s.gpu_refused],
         receipt=s.receipt, receipts_refused=[r.model_copy() for r in s.receipts_refused],
+        attempts=[a.model_copy() for a in s.attempts],
         exit_code=code, message=message,
         harness={"python": sys.version.split()[0], "platform": platform.platform()},
     )

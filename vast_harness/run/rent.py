@@ -36,6 +36,15 @@ from vast_harness.market.offers import Candidate
 from vast_harness.market.plan import account_credit_usd, choose_offers, plan_run
 from vast_harness.records import CreatedInstance, WorkdirRecord
 from vast_harness.run.arrival import check_arrival
+from vast_harness.run.interrupt import (
+    Outbid,
+    boot_outbid,
+    close_attempt,
+    interruptions,
+    open_attempt,
+    outbid_of,
+    record_host_home,
+)
 from vast_harness.run.key_attach import attach_run_key
 from vast_harness.run.receipt import take_receipt
 from vast_harness.run.rent_book import CreateOutcome, NotRented, Rented
@@ -121,13 +130,17 @@ def register(t: RunTools, s: RunState) -> None:
 def candidates(t: RunTools, s: RunState) -> Iterator[Candidate]:
     """The plan's offers, then a fresh search that excludes the machines that failed to boot in this run."""
     assert s.plan is not None
+    # An interruptible run's every host bills at most the $/h its worst case assumed (market/quote.py)
+    max_dph = s.plan.chosen.quote.ceiling_dph_usd if t.spec.interruptible is not None else None
     for cand in [s.plan.chosen, *s.plan.alternatives]:
+        if max_dph is not None and cand.quote.dph_at_disk_usd > max_dph + 1e-9:
+            continue
         t.meter.check("renting")  # each create asks the clock first
         yield cand
     try:
         credit = account_credit_usd(t.client)
         choice = choose_offers(t.spec, t.client, t.drivers, bundle_for(t.spec), credit_usd=credit,
-                               exclude_machine_ids=t.book.excluded_machines)
+                               exclude_machine_ids=t.book.excluded_machines, max_dph_usd=max_dph)
     except NoOfferError:
         return
     for cand in choice.ranked:
@@ -160,6 +173,7 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
                 raise error(f"{what} taken or refused before it could be rented ({outcome.why})")
             continue
         inst = outcome.instance
+        open_attempt(t, s, inst)
         if s.registration is not None:  # `status` names the instance while reads may not list it yet
             s.registration.update(instance_ids=sorted({*s.registration.reg.instance_ids, inst.instance_id}))
         try:
@@ -172,17 +186,57 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
                 boot(t, s, inst, offer=cand.offer)
             s.candidate = cand
             s.timings["rent_and_connect_s"] = round(t.clock() - start, 3)
-            qualify(t, s, inst, cand.offer)
+            try:
+                qualify(t, s, inst, cand.offer)
+                record_host_home(t, s)
+                if s.outbid_reason is not None:
+                    raise BootFailed(f"outbid before any work: {s.outbid_reason}")
+            except Exception as exc:  # an outbid while the switch or the receipt was checked is a boot's
+                why = outbid_of(t, s, exc)
+                if why is None:
+                    raise
+                raise BootFailed(f"outbid before any work: {why} (stopped)") from exc
             return
         except (BootFailed, SshConnectError) as exc:
             last_failure = exc
             drop_host(s)
+            if boot_outbid(t, exc) or outbid_of(t, s, exc) is not None:
+                # an outbid (its boot, its arrival check, its switch or receipt stopped because the instance was
+                # paused), not the host: counted against --max-interruptions instead
+                close_attempt(t, s, inst.instance_id, f"outbid during boot ({exc})")
+                boots_left += 1
+                s.recovered()
+                interrupted = interruptions(s)
+                assert t.spec.interruptible is not None
+                if interrupted > t.spec.interruptible.max_interruptions:
+                    _after_failed_boot(t, s, inst, exc, boots_left)
+                    raise Outbid(f"outbid {interrupted} times, more than --max-interruptions "
+                                 f"{t.spec.interruptible.max_interruptions}") from None
+            else:
+                close_attempt(t, s, inst.instance_id, f"did not come up: {exc}")
             boots_left = _after_failed_boot(t, s, inst, exc, boots_left)
     if isinstance(last_failure, ReceiptFailed):  # the user's question is which measure failed: name it again
         raise BootFailed(f"no further offer to try; the last host failed its receipt: {last_failure}")
+    ceiling = ("" if t.spec.interruptible is None or s.plan is None or s.plan.chosen.quote.ceiling_dph_usd is None
+               else f" (an interruptible run rents no host above ${s.plan.chosen.quote.ceiling_dph_usd:.4f}/h, the "
+                    "most its worst case allowed for)")
     if book.created:  # something was rented (and deleted): "nothing rented" (exit 5) would be untrue
-        raise BootFailed("no further offer to try after boot failures")
-    raise NoOfferError("no further offer to try after boot failures")
+        raise BootFailed(f"no further offer to try after boot failures{ceiling}")
+    raise NoOfferError(f"no further offer to try after boot failures{ceiling}")
+
+
+def reconnect(t: RunTools, s: RunState) -> None:
+    """The run's host resumed after an outbid it waited out (`--on-outbid wait`): its container re-booted, so
+    connect again and prove its dead-man switch armed again (its onstart re-ran, its deadline kept on the disk).
+    The same machine: no arrival check or receipt again."""
+    inst = t.book.latest()
+    assert inst is not None
+    s.stage = Stage.RENT
+    boot(t, s, inst)
+    s.stage = Stage.DEADMAN
+    with t.reads.watch_prices(inst):
+        timed(t, s, "deadman_check", lambda: check_deadman(t, s))
+    record_host_home(t, s)
 
 
 def qualify(t: RunTools, s: RunState, inst: CreatedInstance, offer: Offer) -> None:
@@ -249,6 +303,7 @@ def create_one(t: RunTools, s: RunState, cand: Candidate, label: str) -> CreateO
         onstart=build_onstart(public_key=s.key.public_openssh, api_url=spec.api_url, deadman_after_s=deadman_s,
                               idle_after_s=t.hold.idle_first_s if t.hold else None,
                               recheck_s=t.hold.switch_recheck_s if t.hold else DEADMAN_SLEEP_MAX_S),
+        price=cand.offer.bid_usd_per_h if spec.interruptible is not None else None,
     )
     t.phases.start("create")
     t.out.info(f"renting offer {cand.offer.id} ({cand.offer.num_gpus}x {cand.offer.gpu_name}, "

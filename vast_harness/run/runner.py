@@ -24,8 +24,17 @@ from vast_harness.host.ssh import run_key_dir_prefix
 from vast_harness.records import AbsenceSummary, CreatedInstance, InstanceTeardown, PullRecord, StepRecord
 from vast_harness.reports.run import write_run_report_safely
 from vast_harness.run.host_work import HostWork
+from vast_harness.run.interrupt import (
+    close_attempt,
+    hosts_lines,
+    outbid_of,
+    recover,
+    restore,
+    resume_steps,
+    wait_for_resume,
+)
 from vast_harness.run.record import build_record, exit_facts
-from vast_harness.run.rent import preflight, rent_and_connect, timed
+from vast_harness.run.rent import preflight, reconnect, rent_and_connect, timed
 from vast_harness.run.rent_book import RentBook
 from vast_harness.run.state import RunState, Stage, new_state
 from vast_harness.run.teardown import delete_all, prelude, pull_evidence
@@ -138,10 +147,35 @@ class GuardedRun:
                 t.out.start_view(lambda: snapshot(t))  # inside: a Ctrl-C here too is exit 130, not a traceback
                 bundle = stages.prepare(t, s, Path(key_dir))  # Stage.PREFLIGHT: nothing rented until it passes
                 stages.connect(t, s)  # Stage.RENT, DEADMAN, RECEIPT: the next offer after a host that fails
-                # The host may re-price while anything runs on it, a slow upload or pull as much as a step.
-                with t.reads.watch_prices(t.book.latest()):
-                    stages.arm(t, s)  # a kept host's deadlines pushed (a run's switch is proven in connect)
-                    stages.work(t, s, bundle)  # Stage.UPLOAD, Stage.STEPS, Stage.PULL
+                salvaged: Path | None = None
+                in_place = False  # the host resumed after an outbid it waited out: its disk is as it was
+                while True:  # once, unless an interruptible run's host is outbid (run/interrupt.py)
+                    try:
+                        if in_place:
+                            reconnect(t, s)
+                        # The host may re-price while anything runs on it, a slow upload or pull as a step.
+                        with t.reads.watch_prices(t.book.latest()):
+                            stages.arm(t, s)  # a kept host's deadlines pushed (a run's switch: in connect)
+                            self._work_on_host(bundle, salvaged, in_place=in_place)  # UPLOAD, STEPS, PULL
+                        break
+                    except (Exception, Interrupted) as exc:
+                        why = outbid_of(t, s, exc)
+                        if why is None:
+                            raise
+                        s.steps_before.extend(s.work.steps if s.work else [])
+                        s.work = None
+                        if wait_for_resume(t, s, why):  # --on-outbid wait: the same host, resumed
+                            in_place = True
+                            continue
+                        # the husk salvaged (or the folder salvaged before kept), deleted and proven gone
+                        salvaged = recover(t, s, why, salvaged, waited=t.spec.interruptible is not None
+                                           and t.spec.interruptible.wait_minutes is not None)
+                        in_place = False
+                        s.recovered()
+                        s.stage = Stage.RENT
+                        stages.connect(t, s)
+                if s.attempts and (latest := t.book.latest()) is not None:
+                    close_attempt(t, s, latest.instance_id, "finished")
                 code, message = with_guard(*stages.outcome(t, s), t.cap_guard.fired_reason)
             except (Exception, Interrupted) as exc:  # a bug too must end in teardown and an exit code
                 code, message = with_guard(exit_code_for(exc), describe(exc), t.cap_guard.fired_reason)
@@ -162,6 +196,24 @@ class GuardedRun:
                         s.registration.release()  # the run is over: a reap may now judge what is left
                     t.notify.finish(t.ev, t.out.warn)  # the last events get a moment to leave; each one's fate kept
         return HarnessResult(run_id=s.run_id, exit_code=code, message=message)
+
+    def _work_on_host(self, bundle: Bundle | None, salvaged: Path | None, *, in_place: bool = False) -> None:
+        """The stages' work (upload, steps, pull); on an interruptible run's replacement host, the upload, the
+        salvaged checkpoint restored and the resume instead; `in_place`: the same host after a pause, its
+        workdir and checkpoint on its disk (an upload would wipe them), so only the resume."""
+        t, s = self.tools, self.state
+        if not in_place and salvaged is None and not s.steps_before:
+            self.stages.work(t, s, bundle)
+            return
+        if bundle is None:
+            return
+        if not in_place:
+            timed(t, s, "upload", lambda: work_at(s, Stage.UPLOAD).upload(bundle))
+            if salvaged is not None:
+                restore(t, s, salvaged)
+        work_at(s, Stage.UPLOAD).steps_to_run = resume_steps(t)  # the resume (or the command again)
+        work_at(s, Stage.STEPS).run_steps()
+        pull_evidence(t, s, in_teardown=False)  # Stage.PULL
 
     def _keeps(self, code: ExitCode) -> bool:
         """The stages keep the instance, and the cap guard never took it: claimed here, the guard leaves it alone
@@ -217,6 +269,9 @@ class GuardedRun:
         t_last_step_end = (s.work and s.work.t_last_step_end_mono) or t.clock()
         prelude(t, s)  # Stage.TEARDOWN
         delete_all(t, s, t_last_step_end)
+        for attempt in s.attempts:  # an interruptible run's host still open ends with the run
+            if attempt.ended_unix is None:
+                close_attempt(t, s, attempt.instance_id, f"the run ended: {message or code.name.lower()}")
         s.stage = Stage.VERDICT
         outcome = with_guard(code, message, t.cap_guard.fired_reason, after_outcome=True)  # fired in the prelude?
         code, message = decide_exit(*outcome, exit_facts(t))  # the run's own outcome, then what teardown says
@@ -248,7 +303,8 @@ class GuardedRun:
         report_path = write_run_report_safely(t.ev.dir, t.out.warn)
         t.out.stop_view()
         t.out.result(s.run_id, code, message, t.ev.dir, self.steps, t.book.teardowns, t.meter.accrued_usd(),
-                     report=report_path, gpu=s.host_gpus.shown() if s.host_gpus else None)
+                     report=report_path, gpu=s.host_gpus.shown() if s.host_gpus else None,
+                     hosts=hosts_lines(t, s))
         return code, message
 
     def cancel(self, reason: str, *, exit_code: ExitCode = ExitCode.CAP_REACHED) -> None:
@@ -282,7 +338,7 @@ class GuardedRun:
 
     @property
     def steps(self) -> list[StepRecord]:
-        return self.state.work.steps if self.state.work else []
+        return self.state.steps_before + (self.state.work.steps if self.state.work else [])
 
     @property
     def pull(self) -> PullRecord | None:

@@ -14,7 +14,7 @@ from vast_harness.host.deadman import DeadmanStatus
 from vast_harness.host.ssh import HostSession, RunKey
 from vast_harness.market.offers import Candidate
 from vast_harness.market.plan import RunPlan
-from vast_harness.records import HostGpus, Receipt, WorkdirRecord
+from vast_harness.records import Attempt, HostGpus, Receipt, StepRecord, WorkdirRecord
 from vast_harness.run.host_work import HostWork
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.state.registry import HeldRegistration
@@ -63,12 +63,36 @@ class RunState:
     cancelled: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = ""
     cancel_exit_code: ExitCode = ExitCode.CAP_REACHED
+    # --interruptible (run/interrupt.py): an outbid stops the work like a cancel, but one the run recovers from
+    outbid_reason: str | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    host_home: str | None = None  # the host's $HOME, where the checkpoint folder is copied from
+    steps_before: list[StepRecord] = field(default_factory=list)  # earlier hosts' steps
+    _cancel_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def cancel(self, reason: str, exit_code: ExitCode = ExitCode.CAP_REACHED) -> None:
-        """Thread-safe: stop at the next stage boundary; the first reason stands."""
-        if not self.cancelled.is_set():
-            self.cancel_reason, self.cancel_exit_code = reason, exit_code
-            self.cancelled.set()
+        """Thread-safe: stop at the next stage boundary; the first reason stands, except over an outbid's (a cap
+        or a signal then replaces it: the run does not recover from those)."""
+        with self._cancel_lock:
+            if not self.cancelled.is_set() or self.outbid_reason is not None:
+                self.outbid_reason = None
+                self.cancel_reason, self.cancel_exit_code = reason, exit_code
+                self.cancelled.set()
+
+    def outbid(self, reason: str) -> None:
+        """Thread-safe: the host was outbid; the work stops at the next boundary (a running step at once)."""
+        with self._cancel_lock:
+            if not self.cancelled.is_set():
+                self.outbid_reason = reason
+                self.cancel_reason, self.cancel_exit_code = f"outbid: {reason}", ExitCode.FAILED
+                self.cancelled.set()
+
+    def recovered(self) -> None:
+        """The outbid was handled (salvaged, deleted, replaced): the work may go on, unless a real cancel came."""
+        with self._cancel_lock:
+            if self.outbid_reason is not None:
+                self.outbid_reason, self.cancel_reason = None, ""
+                self.cancelled.clear()
 
     def check_cancelled(self, *_: object) -> None:
         if self.cancelled.is_set():

@@ -162,7 +162,9 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
     guard_fired.stuck = stuck
     reads = InstanceReads(client=client, ledger=ledger, run_id=state.run_id, meter=meter, book=book, out=out,
                           poll_s=spec.poll_s, cancel=state.cancel, deleting=cap_guard.is_claimed,
-                          switch_allowance_s=hold.switch_allowance_s if hold else spec.deadman_allowance_s)
+                          switch_allowance_s=hold.switch_allowance_s if hold else spec.deadman_allowance_s,
+                          on_outbid=(lambda inst, why: state.outbid(f"instance {inst.instance_id} {why}"))
+                          if spec.interruptible is not None else None)
     within_s = TeardownBudget.SIGNAL_DELETE_WITHIN_S
 
     def on_signal(name: str) -> None:

@@ -22,6 +22,7 @@ from typing import Any, TypeGuard
 import paramiko
 
 from vast_harness.sim import errors, transitions
+from vast_harness.sim.copyd import CopyDaemon
 from vast_harness.sim.faults import RECEIPT_KINDS, FaultPlan, FaultRule
 from vast_harness.sim.gpus import install_nvidia_smi, install_receipt
 from vast_harness.sim.hostpython import RefusingPort, make_host_python
@@ -90,13 +91,14 @@ class Backend:
                  rate_scale: float = 1.0, api_keys: list[str] | None = None, credit_usd: float = 100.0,
                  host_root: str | Path | None = None, linger_seconds: float = DEFAULT_LINGER_S,
                  show_shape: str = "object", card_saved: bool = False, key_reset_s: float | None = None,
-                 host_network: bool = False) -> None:
+                 host_network: bool = False, copy_bytes_per_s: float | None = None) -> None:
         """`show_shape`: "object" (`{"instances": {...}}` with ports: the docs, dstack) or "list"
         (`{"instances": [{...}]}` without ports: base-image test_template.py). `card_saved`: the account has a card
         on file, so a negative balance stops its instances but Vast never destroys them. `key_reset_s`: every
         instance's authorized keys are refreshed this long after it runs (Vast: "between 9 and 18 hours in";
         scale it down), as the `key_reset` fault does for chosen instances. `host_network`: the hosts' pip may
-        download (off by default: sim/hostpython.py)."""
+        download (off by default: sim/hostpython.py). `copy_bytes_per_s`: the copy off an instance's rate (None:
+        unthrottled; a canary measures it)."""
         if show_shape not in SHOW_SHAPES:
             raise ValueError(f"show_shape must be one of {SHOW_SHAPES}, got {show_shape!r}")
         self.seed, self.boot_s, self.credit_usd = seed, max(0.0, boot_seconds), credit_usd
@@ -104,6 +106,7 @@ class Backend:
         self.show_shape, self.card_saved = show_shape, card_saved
         self.key_reset_s = key_reset_s
         self.host_network = host_network
+        self.copy_bytes_per_s = copy_bytes_per_s if copy_bytes_per_s and copy_bytes_per_s > 0 else None
         self.refusing_port = RefusingPort()  # where an offline host's pip is sent: refused at once
         self.rng = random.Random(seed)
         self.lock = threading.RLock()
@@ -131,6 +134,7 @@ class Backend:
         self._next_instance_id = self.rng.randint(20_000_000, 30_000_000)
         self._next_key_id = 1000
         self._next_increase_id = 5_000  # counted, not drawn: a fault firing must not shift the seeded ids
+        self._copyd: CopyDaemon | None = None  # made at the first copy asked for
         for key in self.api_keys or []:
             self._account(key)
 
@@ -274,10 +278,13 @@ class Backend:
             inst.started_earlier_s = earlier.seconds or 0.0 if earlier is not None else 0.0
             lag = self.faults.take("read_lag")
             inst.read_lag_until = now + (lag.seconds or 0.0) if lag else 0.0
+            early_outbid = self.faults.take("outbid_boot") if inst.is_bid and inst.status_override is None else None
             self.rented[offer_id] = (account.index, inst.id)
             self.instances[inst.id] = inst
             self.container_keys[inst.api_key] = inst.id
         self._start_host(inst)
+        if early_outbid is not None:  # outbid before it runs: paused while it loads
+            self._schedule(inst, early_outbid.seconds or 0.0, self._outbid)
         gateway = self.faults.take("create_5xx")
         if gateway is not None:  # created, then the gateway in front answers an error page
             raise errors.gateway_error(self.faults.draw_status(gateway))
@@ -366,6 +373,8 @@ class Backend:
                 ("reprice", lambda r: functools.partial(self._raise_listing, factor=r.factor or 1.0)),
                 ("reprice_silent", lambda r: functools.partial(self._reprice, factor=r.factor or 1.0)),
                 ("negative_balance", lambda r: self._negative_balance), ("key_reset", lambda r: self._reset_keys)]
+            if inst.is_bid:  # the bid book: only interruptible instances are outbid
+                actions.append(("outbid", lambda r: self._outbid))
             later = []
             for kind, make in actions:
                 rule = self.faults.take(kind) or (self._every_instance_key_reset() if kind == "key_reset" else None)
@@ -387,6 +396,52 @@ class Backend:
             inst.status_override = status
         inst.host.close()
         inst.sandbox.close()
+
+    def _outbid(self, inst: Instance) -> None:
+        """Another renter's higher bid takes the GPU: the instance is paused (stopped, all states `stopped`, as
+        dstack reads an outbid), its processes killed and SSH closed; the disk stays and storage bills. A rule
+        `outbid_resume` resumes it by itself later."""
+        with self.lock:
+            if not inst.live or inst.outbid:
+                return
+            inst.outbid, inst.outbids = True, inst.outbids + 1
+            resume = self.faults.take("outbid_resume")
+        self._halt(inst, transitions.STOPPED)
+        if resume is not None:
+            self._schedule(inst, resume.seconds or 0.0, self._resume)
+
+    def manage(self, account: Account, instance_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT /api/v0/instances/{id}/ (manage_instance.yaml, `vastai stop|start instance`): `state` stopped or
+        running. A stop halts the container as an outbid does (every state `stopped`, the disk kept, storage
+        billing: what Vast shows for either is UNCONFIRMED); a start re-boots a stopped one (onstart again)."""
+        state = body.get("state")
+        if state not in ("stopped", "running"):
+            raise errors.vast_error(400, "invalid_args", "state must be 'stopped' or 'running'")
+        with self.lock:
+            inst = self._owned(account, instance_id)
+            if inst is None or not inst.live:
+                raise errors.no_such_instance()
+            stopped = inst.status_override is not None
+        if state == "stopped" and not stopped:
+            inst.user_stopped = True
+            self._halt(inst, transitions.STOPPED)
+        elif state == "running" and stopped:
+            with self.lock:
+                inst.settle(time.time())
+                inst.outbid, inst.user_stopped, inst.status_override, inst.booted_at = False, False, None, None
+            self._start_host(inst)
+        return {"success": True}
+
+    def _resume(self, inst: Instance) -> None:
+        """The price fell: a paused instance resumes by itself (its container re-boots: onstart runs again, GPU
+        bills from running). One deleted meanwhile stays gone."""
+        with self.lock:
+            if not inst.live or not inst.outbid:
+                return
+            inst.settle(time.time())
+            inst.outbid, inst.status_override, inst.booted_at = False, None, None
+            inst.resumes += 1
+        self._start_host(inst)
 
     def _go_offline(self, inst: Instance) -> None:
         self._halt(inst, transitions.OFFLINE)
@@ -533,6 +588,36 @@ class Backend:
                 inst.increase = None  # tombstoned: no cutover follows
             return {"success": True, "pending_price_increase_id": pending_id, "contract_id": inst.id}
 
+    def copy(self, account: Account, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT /api/v0/commands/rsync/: a copy with one side local (the official CLI's `copy`, vast-cli
+        `vastai/api/storage.py`). The body is the CLI's `{"client_id", "src_id", "dst_id", "src_path",
+        "dst_path"}`; an instance side is an id or `C.<id>` of the caller's, stopped or running. The answer
+        carries where the client's rsync connects (`src_addr`/`src_port` when copying off an instance,
+        `dst_addr`/`dst_port` onto one), as the CLI reads it: sim/copyd.py serves it."""
+        src, dst = body.get("src_id"), body.get("dst_id")
+        remote = [side for side in (src, dst) if side not in (None, "local")]
+        if len(remote) != 1 or not isinstance(body.get("src_path"), str) or not isinstance(body.get("dst_path"), str):
+            raise errors.vast_error(400, "invalid_args", "one of src_id, dst_id must be an instance and the other "
+                                    "local; src_path and dst_path are strings")
+        raw = str(remote[0])
+        try:
+            instance_id = int(raw[2:] if raw.startswith("C.") else raw)
+        except ValueError:
+            raise errors.vast_error(400, "invalid_args", f"not an instance id: {raw!r}") from None
+        refuse = self.faults.take("copy_fail") is not None
+        with self.lock:
+            inst = self._owned(account, instance_id)
+            if inst is None or not inst.live:
+                raise errors.no_such_instance()
+            inst.copies += 1
+            if self._copyd is None:
+                self._copyd = CopyDaemon(self.host_key, on_bytes=lambda iid, n: self._on_bytes(iid, 0, n),
+                                         bytes_per_s=self.copy_bytes_per_s)
+            copyd = self._copyd
+        copyd.grant(instance_id, lambda blob: self._authorized(instance_id, blob), refuse=refuse)
+        side = "src" if remote[0] == src else "dst"
+        return {"success": True, "msg": "rsync endpoint ready", f"{side}_addr": "127.0.0.1", f"{side}_port": copyd.port}
+
     def _on_bytes(self, instance_id: int, to_host: int, from_host: int) -> None:
         with self.lock:
             self.instances[instance_id].add_bandwidth(to_host, from_host)
@@ -584,17 +669,24 @@ class Backend:
                 raise errors.no_such_instance()
             if self.faults.take("delete_noop") is not None:
                 return  # answered 200 success, nothing deleted: only a later read shows it still there
-            inst.settle(now)
-            inst.destroyed_at, inst.destroyed_by = now, "api"
-            linger = self.faults.take("linger")
-            inst.linger_until = now + (linger.seconds if linger is not None and linger.seconds is not None
-                                       else self.linger_s)
-            if self.rented.get(inst.offer["id"], (None, None))[1] == inst.id:
-                del self.rented[inst.offer["id"]]
+            raced = inst.is_bid and not inst.outbid and self.faults.take("outbid_delete") is not None
+            if not raced:
+                inst.settle(now)
+                inst.destroyed_at, inst.destroyed_by = now, "api"
+                linger = self.faults.take("linger")
+                inst.linger_until = now + (linger.seconds if linger is not None and linger.seconds is not None
+                                           else self.linger_s)
+                if self.rented.get(inst.offer["id"], (None, None))[1] == inst.id:
+                    del self.rented[inst.offer["id"]]
+        if raced:  # the bid book paused it as the DELETE came: answered 200 success, nothing deleted
+            self._outbid(inst)
+            return
         self._teardown(inst)
 
     def _teardown(self, inst: Instance, *, remove: bool = True) -> None:
         """Stop the host's timers, SSH endpoints and processes; `remove` also deletes its sandbox."""
+        if self._copyd is not None and not inst.live:
+            self._copyd.revoke(inst.id)
         for timer in inst.timers:
             timer.cancel()
         if inst.host is not None:
@@ -665,6 +757,8 @@ class Backend:
 
     def cleanup_root(self) -> None:
         self.refusing_port.close()
+        if self._copyd is not None:
+            self._copyd.close()
         if self._own_root is not None:
             self._own_root.remove()
 

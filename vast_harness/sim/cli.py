@@ -46,8 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--key-reset-seconds", type=float, default=None, metavar="S",
                         help="S after running, every host's authorized keys are refreshed: keys onstart appended "
                              "stop working, attached ones keep working (Vast: 9-18 h in)")
+    parser.add_argument("--copy-bytes-per-s", type=float, default=None, metavar="B",
+                        help="the copy off a stopped instance's rate (default: unthrottled)")
     parser.add_argument("--calibrate", default=None, metavar="CANARY_JSON",
-                        help="boot time, read lag and linger from `vast-e2e canary`'s canary.json (flags win)")
+                        help="boot time, read lag, linger and the copy's rate from `vast-e2e canary`'s canary.json "
+                             "(flags win)")
     parser.add_argument("--host-root", default=None, help="where host sandboxes live (default a temp dir)")
     parser.add_argument("--exit-when-empty", type=float, default=None, metavar="S",
                         help="stop once an instance was created, and for S seconds none has been live and no "
@@ -68,13 +71,15 @@ def server_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         items += cal.fault_items()
     boot = args.boot_seconds if args.boot_seconds is not None else (cal.boot_seconds if cal else None)
     linger = args.linger_seconds if args.linger_seconds is not None else (cal.linger_seconds if cal else None)
+    copy_rate = args.copy_bytes_per_s if args.copy_bytes_per_s is not None else (cal.copy_bytes_per_s if cal else None)
     spec = ";".join(items)
     return {"seed": args.seed, "boot_seconds": boot or 0.0, "faults": FaultPlan.parse(spec) if spec else None,
             "num_offers": args.offers, "rate_scale": args.rate_scale, "api_keys": args.api_keys,
             "credit_usd": args.credit_usd, "host_root": args.host_root, "port": args.port,
             "linger_seconds": DEFAULT_LINGER_S if linger is None else linger,
             "show_shape": args.show_shape, "card_saved": args.card_saved, "key_reset_s": args.key_reset_seconds,
-            "host_network": args.host_network, "calibration": cal.describe() if cal else None}
+            "host_network": args.host_network, "copy_bytes_per_s": copy_rate,
+            "calibration": cal.describe() if cal else None}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,6 +73,21 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
     contract_end:SECONDS[:COUNT]            the next COUNT contracts end SECONDS after their create (the
                                             host shortened the offer's end date after the search): the
                                             instance stops then unless a pending increase was accepted
+    outbid:SECONDS[:COUNT]                  the bid book: SECONDS after running another renter outbids the next
+                                            COUNT interruptible instances (`@PROB`: each with that probability):
+                                            paused as dstack reads an outbid (actual_status, intended_status,
+                                            cur_state, next_state all `stopped`), processes killed, SSH closed,
+                                            the disk kept and storage billing; it resumes only by a later
+                                            `outbid_resume` (on-demand instances are never outbid)
+    outbid_boot:SECONDS[:COUNT]             the same, SECONDS after create, before the instance runs
+    outbid_resume:SECONDS[:COUNT]           the price falls: a paused (outbid) instance resumes by itself SECONDS
+                                            after it was paused (re-boots, GPU bills again, onstart runs again);
+                                            one already deleted stays gone
+    outbid_delete[:COUNT]                   the next COUNT DELETEs of a running interruptible instance race an
+                                            outbid: it is paused as above and the DELETE answers 200 success
+                                            having deleted nothing (only a later read shows the husk)
+    copy_fail[:COUNT]                       the copy off a stopped instance (PUT /commands/rsync/) answers
+                                            success, but its daemon refuses the transfer (rsync exits non-zero)
     boot_stall[:COUNT]                      the next COUNT instances never leave `loading`
     wrong_contract[:COUNT]                  the create makes its instance but its answer's new_contract
                                             names another live instance of the same account (the oldest)
@@ -114,7 +129,7 @@ SPEC grammar (`--faults`, or `{"spec": "..."}` to `PUT /_sim/faults`)::
     ecc_error[:COUNT]                       ... an uncorrectable ECC error during the burn (a GPU that
                                             reports ECC: not a GeForce)
 
-    ENDPOINT := search | create | show | list | destroy | user | ssh | price_increase | any
+    ENDPOINT := search | create | show | list | destroy | user | ssh | price_increase | copy | manage | any
 
 Example: `429:search:3;5xx:destroy:2;create_timeout;ssh_refuse:2;seed=7`. The JSON form is a list of
 rule objects (`{"kind": "5xx", "endpoint": "destroy", "count": 2}`), or `{"seed": 7, "rules": [...]}`.
@@ -136,14 +151,16 @@ Kind = Literal["429", "5xx", "hang", "create_timeout", "create_stopped", "offer_
                "container_key_refused", "v0_deprecated",
                "scheduling", "negative_balance", "started_earlier", "wrong_contract", "show_list",
                "show_no_ports", "error_status", "key_reset", "delete_noop", "gpu_mismatch", "date_ahead",
-               "date_behind", "pcie_slow", "gpu_slow", "hbm_slow", "throttle", "ecc_error"]
-ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "price_increase", "any")
+               "date_behind", "pcie_slow", "gpu_slow", "hbm_slow", "throttle", "ecc_error", "outbid", "outbid_boot",
+               "outbid_resume", "copy_fail", "outbid_delete"]
+ENDPOINTS = ("search", "create", "show", "list", "destroy", "user", "ssh", "price_increase", "copy", "manage",
+             "any")
 GATEWAY_STATUSES = (502, 503, 504)
 _NEEDS_ENDPOINT = frozenset({"429", "5xx", "hang"})
 _NEEDS_SECONDS = frozenset({"hang", "read_lag", "offline", "ssh_drop", "create_hold", "linger", "exit",
                             "credit_zero", "reprice", "reprice_silent", "contract_end", "scheduling",
                             "negative_balance", "started_earlier", "key_reset", "date_ahead", "date_behind",
-                            "throttle"})
+                            "throttle", "outbid", "outbid_boot", "outbid_resume"})
 _NEEDS_FACTOR = frozenset({"reprice_offer", "reprice", "reprice_silent", "pcie_slow", "gpu_slow", "hbm_slow"})
 RECEIPT_KINDS = ("pcie_slow", "gpu_slow", "hbm_slow", "throttle", "ecc_error")  # what a host's receipt lies about
 _UNLIMITED_BY_DEFAULT = frozenset({"read_lag", "slow_sftp", "v0_deprecated", "show_list", "show_no_ports",
@@ -167,6 +184,8 @@ _POSITIONAL: dict[str, tuple[str, ...]] = {
     "pcie_slow": ("factor", "count"), "gpu_slow": ("factor", "count"), "hbm_slow": ("factor", "count"),
     "throttle": ("seconds", "count"), "ecc_error": ("count",),
     "date_ahead": ("seconds", "count"), "date_behind": ("seconds", "count"),
+    "outbid": ("seconds", "count"), "outbid_boot": ("seconds", "count"), "outbid_resume": ("seconds", "count"),
+    "copy_fail": ("count",), "outbid_delete": ("count",),
 }
 
 
@@ -180,8 +199,8 @@ class FaultRule(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Kind
-    endpoint: Literal["search", "create", "show", "list", "destroy", "user", "ssh", "price_increase",
-                      "any"] | None = None
+    endpoint: Literal["search", "create", "show", "list", "destroy", "user", "ssh", "price_increase", "copy",
+                      "manage", "any"] | None = None
     count: int | None = Field(default=1, ge=1)
     prob: float | None = Field(default=None, gt=0.0, le=1.0)
     status: int | None = None

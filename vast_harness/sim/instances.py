@@ -105,6 +105,11 @@ class Instance:
     end_date: float = 0.0  # the contract's end (epoch): its price holds until then, and the instance stops then
     increase: PriceIncrease | None = None  # a host's raise, pending the renter's answer (or accepted)
     expired: bool = False  # the contract reached its end_date unextended: stopped, storage bills
+    outbid: bool = False  # paused by a higher bid (the bid book): stopped, storage bills, resumes by itself
+    outbids: int = 0  # times it was paused so far
+    resumes: int = 0  # times it resumed by itself
+    copies: int = 0  # copies asked off it (PUT /commands/rsync/)
+    user_stopped: bool = False  # stopped by its renter (PUT /instances/{id}/ state stopped)
     ssh_keys: list[dict[str, Any]] = field(default_factory=list)
     direct_port: int = 0
     proxy_port: int = 0
@@ -180,7 +185,8 @@ class Instance:
             "offer_figures": {k: self.offer.get(k) for k in ("gpu_name", "num_gpus", "pcie_bw", "pci_gen",
                                                              "gpu_mem_bw", "total_flops", "bw_nvlink")},
             "receipt": self.receipt_answer(),
-            "end_date": self.end_date, "expired": self.expired,
+            "end_date": self.end_date, "expired": self.expired, "is_bid": self.is_bid, "outbid": self.outbid,
+            "outbids": self.outbids, "resumes": self.resumes, "copies": self.copies,
             "price_increase": None if self.increase is None else {"id": self.increase.id, "factor": self.increase.factor,
                                                                   "accepted": self.increase.accepted},
             "live_pids": self.sandbox.live_pids() if self.sandbox is not None else [],
@@ -252,6 +258,10 @@ def _status_msg(inst: Instance, status: str | None) -> str | None:
         return inst.boot_error
     if status == transitions.STOPPED and inst.scheduling_now(time.time()):
         return "Scheduling: waiting for the GPU to be available"
+    if status == transitions.STOPPED and inst.user_stopped:
+        return "Instance stopped by the user"
+    if status == transitions.STOPPED and inst.outbid:
+        return "Instance paused: outbid; it resumes when its bid regains priority"
     if status == transitions.STOPPED and inst.expired:
         return "Instance stopped: its rental contract expired (end date reached)"
     if status == transitions.STOPPED:

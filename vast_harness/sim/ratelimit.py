@@ -11,7 +11,7 @@ import threading
 from collections import deque
 
 # endpoint -> minimum interval in seconds between accepted calls of one identity.
-MIN_INTERVAL_S = {"create": 4.5, "show": 2.0, "list": 1.0, "destroy": 3.0, "ssh_key_post": 1.0}
+MIN_INTERVAL_S = {"create": 4.5, "show": 2.0, "list": 1.0, "destroy": 3.0, "ssh_key_post": 1.0, "copy": 3.5}
 SEARCH_WINDOW_REQUESTS = 10
 SEARCH_WINDOW_S = 60.0
 

@@ -157,6 +157,14 @@ def _reject_increase(backend: Backend, req: Request, ident: Identity) -> Respons
     return Response(200, backend.answer_increase(_account(ident), req.json_object(), accept=False))
 
 
+def _manage(backend: Backend, req: Request, ident: Identity) -> Response:
+    return Response(200, backend.manage(_account(ident), req.int_arg("id"), req.json_object()))
+
+
+def _copy(backend: Backend, req: Request, ident: Identity) -> Response:
+    return Response(200, backend.copy(_account(ident), req.json_object()))
+
+
 def _account(ident: Identity) -> Any:
     if ident.account is None:  # anonymous or a container key on an account endpoint
         raise errors.auth_error() if ident.container_of is None else errors.not_allowed(
@@ -172,6 +180,8 @@ ROUTES: list[tuple[str, re.Pattern[str], str, Handler, str]] = [
     ("PUT", re.compile(rf"/api/v0/asks/{_ID}/?"), "create", _create, "account"),
     ("GET", re.compile(rf"/api/v0/instances/{_ID}/?"), "show", _show, "container"),
     ("DELETE", re.compile(rf"/api/v0/instances/{_ID}/?"), "destroy", _destroy, "container"),
+    # stop or start (manage_instance.yaml: `vastai stop|start instance`); the canary stops its own bid instance
+    ("PUT", re.compile(rf"/api/v0/instances/{_ID}/?"), "manage", _manage, "account"),
     ("GET", re.compile(r"/api/v0/instances/?"), "list", _legacy_list, "account"),
     ("GET", re.compile(r"/api/v1/instances/?"), "list", _list, "account"),
     ("GET", re.compile(r"/api/v0/users/current/?"), "user", _user, "account"),
@@ -184,6 +194,8 @@ ROUTES: list[tuple[str, re.Pattern[str], str, Handler, str]] = [
      "account"),
     ("PUT", re.compile(r"/api/v0/instances/accept-price-increase/?"), "price_increase", _accept_increase, "account"),
     ("PUT", re.compile(r"/api/v0/instances/reject-price-increase/?"), "price_increase", _reject_increase, "account"),
+    # a copy with one side local (vast-cli `vastai/api/storage.py::copy`): sim/copyd.py serves the transfer
+    ("PUT", re.compile(r"/api/v0/commands/rsync/?"), "copy", _copy, "account"),
 ]
 
 

@@ -95,11 +95,13 @@ class SimServer:
                  num_offers: int = 300, rate_scale: float = 1.0, api_keys: list[str] | None = None,
                  credit_usd: float = 100.0, host_root: str | Path | None = None, port: int = 0,
                  linger_seconds: float = DEFAULT_LINGER_S, show_shape: str = "object",
-                 card_saved: bool = False, key_reset_s: float | None = None, host_network: bool = False) -> None:
+                 card_saved: bool = False, key_reset_s: float | None = None, host_network: bool = False,
+                 copy_bytes_per_s: float | None = None) -> None:
         self.backend = Backend(seed=seed, boot_seconds=boot_seconds, faults=faults, num_offers=num_offers,
                                rate_scale=rate_scale, api_keys=api_keys, credit_usd=credit_usd,
                                host_root=host_root, linger_seconds=linger_seconds, show_shape=show_shape,
-                               card_saved=card_saved, key_reset_s=key_reset_s, host_network=host_network)
+                               card_saved=card_saved, key_reset_s=key_reset_s, host_network=host_network,
+                               copy_bytes_per_s=copy_bytes_per_s)
         self._port = port
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None

@@ -9,6 +9,7 @@ secret the inputs hold is told to the process's masker (`known_secrets`), so no 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Self
@@ -20,6 +21,7 @@ from vast_harness.errors import ConfigError, UnwritableDirError
 from vast_harness.masking import ACCOUNT_KEY, MASKER, Masker
 from vast_harness.spec.command import MAX_GPU_RAM_GB, CommandRun, command_profile, with_cap_timeouts
 from vast_harness.spec.fit import FIT_SETTINGS, HOST_VAR, WorkloadFit, workload_fit
+from vast_harness.spec.interruptible import RSYNC_MISSING, Interruptible, parse_interruptible
 from vast_harness.spec.known_secrets import teach_inputs
 from vast_harness.spec.profile import (
     NUM_GPUS_PLACEHOLDER,
@@ -93,6 +95,7 @@ class RunSpec(BaseModel):
     # Never uploaded from a workdir, whatever the flags: the key files, the harness's config and state
     never_upload: tuple[NeverUpload, ...] = ()
     hints: tuple[str, ...] = ()  # said before the run or in the dry run: a setting that looks like a secret
+    interruptible: Interruptible | None = None  # --interruptible: bid instances, outbids salvaged and replaced
 
     @property
     def harness_dirs(self) -> tuple[Path, ...]:
@@ -232,6 +235,13 @@ class RunOptions(BaseModel):
     image: str | None = None
     gpu: list[str] | None = None
     min_gpu_ram_gb: float | None = None
+    # --interruptible (spec/interruptible.py)
+    interruptible: bool = False
+    bid: str | None = None
+    max_interruptions: int | None = None
+    checkpoint: str | None = None
+    resume: str | None = None
+    on_outbid: str | None = None
 
 
 
@@ -365,6 +375,11 @@ def resolve(
     check_number("--pacing-scale", o.pacing_scale, low=0, high=MAX_PACING_SCALE)
     evidence_dir = path_flag("--evidence-dir", evidence_given)
     key_file = path_flag("--key-file", o.key_file)
+    bid_terms = parse_interruptible(interruptible=o.interruptible, bid=o.bid, max_interruptions=o.max_interruptions,
+                                    checkpoint=o.checkpoint, resume=o.resume, on_outbid=o.on_outbid,
+                                    workdir=(o.workdir or ".") if o.command is not None else None)
+    if bid_terms is not None and bid_terms.checkpoint is not None and shutil.which("rsync") is None:
+        raise ConfigError(RSYNC_MISSING)
 
     prof = with_flag_requires(prof, [n.strip() for n in o.gpu or []], o.min_gpu_ram_gb)
     filters = prof.filters.model_copy(
@@ -477,6 +492,7 @@ def resolve(
             notify=notify,
             never_upload=never,
             hints=tuple(secret_like_settings(list(given_env))),
+            interruptible=bid_terms,
         )
     except ValidationError as exc:
         raise ConfigError(validation_message("run spec", exc)) from None

@@ -49,7 +49,7 @@ class LedgerSpec(Protocol):
     def api_key(self) -> SecretStr | None: ...
 
 Event = Literal["intent", "created", "create_unknown", "create_unresolved", "create_failed", "delete_ack",
-                "absence", "label_swept", "seen", "disowned", "repriced"]
+                "absence", "label_swept", "seen", "disowned", "repriced", "outbid"]
 REQUIRED_EVENTS = frozenset({"intent"})  # no PUT without it on disk
 OUTCOME_EVENTS = ("created", "create_failed", "delete_ack")  # events that name an instance a run owned
 # `create_failed` verdict for an answer that says nothing was created (410 no_such_ask, 429): the label is settled,

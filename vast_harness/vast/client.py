@@ -57,6 +57,7 @@ from vast_harness.timings import TeardownBudget
 from vast_harness.vast.answer_bound import AnswerBound
 from vast_harness.vast.endpoints import ENDPOINT_PATHS
 from vast_harness.vast.models import (
+    CopyEndpoint,
     CreateResult,
     Instance,
     InstancePage,
@@ -425,6 +426,25 @@ class VastClient:
         "between 9 and 18 hours in": skypilot PR 10730). Retried like a read: attaching a key twice is harmless."""
         path = ENDPOINT_PATHS["attach_ssh_key"].format(id=int(instance_id))
         self._call("POST", path, json={"ssh_key": public_key.strip()}, retry=True, within_s=within_s)
+
+    def copy_to_local(self, instance_id: int, src_path: str, dst_path: str, *,
+                      within_s: float | None = None) -> CopyEndpoint:
+        """`PUT /api/v0/commands/rsync/` with the official CLI's body (vast-cli `vastai/api/storage.py::copy`, one
+        side local): where rsync's daemon for `instance_id`'s disk listens (`src_addr`, `src_port`). It copies
+        nothing itself; asking twice is harmless, so it is retried like a read."""
+        path = ENDPOINT_PATHS["copy_to_local"]
+        body = {"client_id": "me", "src_id": int(instance_id), "dst_id": None, "src_path": src_path,
+                "dst_path": dst_path}
+        data = self._call("PUT", path, json=body, retry=True, within_s=within_s)
+        return self._model(CopyEndpoint, data, "PUT", path)
+
+    def set_instance_state(self, instance_id: int, state: str, *, within_s: float | None = None) -> None:
+        """`PUT /api/v0/instances/{id}/` with `{"state": "stopped"|"running"}` (manage_instance.yaml). Asking
+        the same state twice is harmless, so it is retried like a read."""
+        if state not in ("stopped", "running"):
+            raise ValueError(f"state must be 'stopped' or 'running', got {state!r}")
+        path = ENDPOINT_PATHS["set_instance_state"].format(id=int(instance_id))
+        self._call("PUT", path, json={"state": state}, retry=True, within_s=within_s)
 
     def pending_price_increases(self, *, within_s: float | None = None) -> list[PendingPriceIncrease]:
         """The account's pending price increases (a host's raise on a running contract: it applies from the

@@ -23,6 +23,12 @@ ENDPOINT_PATHS = {
     "attach_ssh_key": "/api/v0/instances/{id}/ssh/",  # attach_ssh.yaml: a key Vast keeps in the instance's set
     # a host's raises on the account's running contracts (vast-cli vastai/api/price_increase.py); read, never answered
     "pending_price_increases": "/api/v0/instances/pending-price-increases/",
+    # a copy with one side local, as `vastai copy` sends it (vast-cli vastai/api/storage.py::copy): the answer
+    # names where rsync connects; it works on a stopped instance (data-movement.mdx)
+    "copy_to_local": "/api/v0/commands/rsync/",
+    # stop or start an instance (manage_instance.yaml, `vastai stop|start instance`): the interruptible canary
+    # stops its own bid instance to see what a paused one shows and copy off it
+    "set_instance_state": INSTANCE,
 }
 # The collection Vast already retired (410 deprecated_endpoint: skypilot issue 10517); `check` asks it only to
 # see that it still says so, never for data.

@@ -128,6 +128,9 @@ class Offer(_VastModel):
     bw_nvlink_gbps: float | None = Field(default=None, alias="bw_nvlink")
     dph_base: float | None = None
     dph_total: float | None = None
+    min_bid_usd_per_h: float | None = Field(default=None, alias="min_bid")  # interruptible: the lowest bid now
+    # The bid the harness places on this offer ($/h for the GPU), set by market/offers.py, never read from an answer
+    bid_usd_per_h: float | None = Field(default=None, exclude=True)
     storage_cost_usd_per_gb_month: float | None = Field(default=None, alias="storage_cost")
     inet_up_cost_usd_per_gb: float | None = Field(default=None, alias="inet_up_cost")
     inet_down_cost_usd_per_gb: float | None = Field(default=None, alias="inet_down_cost")
@@ -221,6 +224,7 @@ class Instance(_VastModel):
     dph_total: float | None = None
     start_date: float | None = None
     end_date_unix: float | None = Field(default=None, alias="end_date")  # the contract's end: its price holds till then
+    is_bid: bool | None = None  # created with a bid (interruptible): show_instance.yaml "created via bidding"
 
     @field_validator("end_date_unix", mode="before")
     @classmethod
@@ -287,6 +291,16 @@ class Instance(_VastModel):
         return None
 
     @property
+    def paused(self) -> str | None:
+        """Why an interruptible instance reads as outbid or paused, or None. What an outbid shows is UNCONFIRMED
+        (docs/limits.md): every stopped, paused or scheduling shape the sources name counts (dstack: all three
+        states `stopped`; SkyPilot: stopped, exited, frozen; the console's Scheduling and Inactive)."""
+        states = {self.actual_status, self.cur_state, self.intended_status, self.next_state}
+        shapes = {"stopped", "exited", "frozen", "paused", "inactive", "scheduling"}
+        hit = sorted(s for s in states if isinstance(s, str) and s.lower() in shapes)
+        return None if not hit else f"reads {', '.join(hit)} (actual_status={self.actual_status})"
+
+    @property
     def is_ready(self) -> bool:
         return self.actual_status == READY_STATUS and (self.direct_ssh or self.proxy_ssh) is not None
 
@@ -323,6 +337,19 @@ class CreateResult(_VastModel):
     success: bool = True
     new_contract: int = Field(gt=0)  # an emptied or zero id is an unreadable answer, never "instance 0"
     instance_api_key: str | None = Field(default=None, exclude=True, repr=False)
+
+
+class CopyEndpoint(_VastModel):
+    """`PUT /api/v0/commands/rsync/`'s answer, the fields the official CLI reads (cli/commands/storage.py::copy):
+    off an instance `src_addr`/`src_port`, onto one `dst_addr`/`dst_port`. Their exact shape on Vast is
+    UNCONFIRMED (the canary records it)."""
+
+    success: bool = False
+    msg: str | None = None
+    src_addr: str | None = None
+    src_port: int | None = None
+    dst_addr: str | None = None
+    dst_port: int | None = None
 
 
 class PendingPriceIncrease(_VastModel):

@@ -39,6 +39,7 @@ RATE_RULES: dict[str, RateRule] = {
     f"GET {ENDPOINT_PATHS['get_instance']}": RateRule.interval(2.0),
     f"DELETE {ENDPOINT_PATHS['destroy_instance']}": RateRule.interval(3.0),
     f"GET {ENDPOINT_PATHS['list_instances']}": RateRule.interval(1.0),
+    f"PUT {ENDPOINT_PATHS['copy_to_local']}": RateRule.interval(3.5),  # copy.yaml's threshold (vast-api.md)
 }
 DEFAULT_RATE_RULE = RateRule.interval(1.0)
 

@@ -16,12 +16,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from vast_harness.caps.meter import usd_up
 from vast_harness.console.output import Output
-from vast_harness.console.terminal import line, safe_cells
+from vast_harness.console.terminal import line, safe_cells, terminal_safe
 from vast_harness.evidence.host_data import number, read_json
+from vast_harness.records import Attempt
 from vast_harness.state.dirs import state_dir
 from vast_harness.state.ledger import Ledger, LedgerEntry
 from vast_harness.state.runs import RESULT_NAME, ledger_files, refuse_file_on_path, run_dirs, runs_elsewhere
@@ -40,6 +41,21 @@ class RunCost(BaseModel):
     dir: str | None
     fleet: str | None = None
     held: bool = False  # a kept host still held: its dollars are its last command's figure, so far
+    # An interruptible run's hosts (the record's `attempts`), and the caps its total is held against
+    attempts: list[Attempt] = []
+    max_usd: float | None = None
+    worst_case_usd: float | None = None
+
+    def attempts_line(self) -> str:
+        """The run's total against its caps, host by host (an interruptible run's); '' for any other run."""
+        if not self.attempts:
+            return ""
+        parts = [f"{a.instance_id} ({_span_s(a):.0f} s, ${a.accrued_usd:.4f}, {a.ended or 'open'})"
+                 for a in self.attempts]
+        caps = "".join([f" of the cap ${self.max_usd:.4f}" if self.max_usd is not None else "",
+                        f" (worst case ${self.worst_case_usd:.4f})" if self.worst_case_usd is not None else ""])
+        total = "unrecorded" if self.accrued_usd is None else f"${self.accrued_usd:.4f}"
+        return f"run {self.run_id}: {len(self.attempts)} host(s), {total}{caps}: " + "; ".join(parts)
 
 
 class Totals(BaseModel):
@@ -47,6 +63,22 @@ class Totals(BaseModel):
     accrued_usd: float = 0.0
     unrecorded_runs: int = 0
     estimated_runs: int = 0  # in accrued_usd, as estimates
+
+
+def _span_s(attempt: Attempt) -> float:
+    return max(0.0, (attempt.ended_unix or attempt.started_unix) - attempt.started_unix)
+
+
+def _attempts(doc: dict[str, Any]) -> list[Attempt]:
+    """The record's hosts; a row that does not read as one is left out rather than failing `costs`."""
+    rows: list[Any] = doc["attempts"] if isinstance(doc.get("attempts"), list) else []
+    out: list[Attempt] = []
+    for row in rows:
+        try:
+            out.append(Attempt.model_validate(row))
+        except ValidationError:
+            continue
+    return out
 
 
 def _day(t_unix: float | None) -> str:
@@ -61,6 +93,7 @@ def _from_record(path: Path) -> RunCost | None:
     started = next((p.get("t_start_unix") for p in phases if isinstance(p, dict)), None) or doc.get("finished_unix")
     insts: list[Any] = doc["instances"] if isinstance(doc.get("instances"), list) else []
     code = doc.get("exit_code")
+    caps: dict[str, Any] = doc["caps"] if isinstance(doc.get("caps"), dict) else {}
     return RunCost(run_id=str(doc.get("run_id") or path.name), day=_day(number(started, low=0, high=1e11).value),
                    profile=doc.get("profile") if isinstance(doc.get("profile"), str) else None,
                    sim=bool(doc.get("sim")) or is_loopback_url(str(doc.get("api_url") or "")),
@@ -69,6 +102,8 @@ def _from_record(path: Path) -> RunCost | None:
                    instances=[i["instance_id"] for i in insts if isinstance(i, dict)
                               and isinstance(i.get("instance_id"), int)],
                    dir=str(path), fleet=path.parent.name if path.parent.name.startswith("fleet-") else None,
+                   attempts=_attempts(doc), max_usd=number(caps.get("max_usd"), low=0, high=1e9).value,
+                   worst_case_usd=number(doc.get("worst_case_usd"), low=0, high=1e9, low_inclusive=True).value,
                    held=isinstance(doc.get("absence"), dict) and doc["absence"].get("verdict") == "held")
 
 
@@ -213,6 +248,19 @@ def show_costs(out: Output, evidence_dir: Path) -> int:
                               + (" (held: so far)" if r.held else ""),
                               ", ".join(map(str, r.instances)) or "–", r.fleet or ""))
     out.out.print(t)
+    hosts = [r for r in runs if r.attempts]
+    if hosts:  # an interruptible run's every host: where, how long, what it billed, why it ended
+        a = Table(title="Interruptible runs, host by host", header_style="bold")
+        for col in ("run", "instance", "machine", "$/h", "seconds", "accrued $", "salvaged B", "ended"):
+            a.add_column(col, overflow="fold")
+        for r in hosts:
+            for at in r.attempts:
+                a.add_row(*safe_cells(r.run_id, at.instance_id, "–" if at.machine_id is None else at.machine_id,
+                                      f"{at.dph_usd:.4f}", f"{_span_s(at):.0f}", f"{at.accrued_usd:.4f}",
+                                      at.salvaged_bytes, at.ended or "open"))
+        out.out.print(a)
+        for r in hosts:
+            out.out.print(terminal_safe(r.attempts_line()))
     for title, key in (("Per day", "per_day"), ("Per profile", "per_profile")):
         g = Table(title=title, header_style="bold")
         for col in (title.split()[1], "market", "runs", "accrued $", "unrecorded runs"):
