@@ -92,6 +92,12 @@ def _run(*args: str, sim: SimServer, **kwargs) -> subprocess.CompletedProcess[st
     return cli("run", *args[:at], "--api-url", sim.url, "--pacing-scale", SIM_PACING_SCALE, *args[at:], **kwargs)
 
 
+def _sim_run(*args: str, **kwargs) -> subprocess.CompletedProcess[str]:
+    """`vast-e2e run --sim ARGS`: a real run on the embedded simulator, whose clocks are scaled. Against the
+    module's simulator (`--api-url`) a run keeps Vast's 30 s read-lag window, which its absence proof waits out."""
+    return cli("run", "--sim", *args, **kwargs)
+
+
 def _said(p: subprocess.CompletedProcess[str]) -> str:
     """What the command printed, as one line: the console wraps at its width."""
     return " ".join((p.stdout + p.stderr).split())
@@ -107,7 +113,7 @@ def _private(path: Path, text: str) -> Path:
 # ----------------------------------------------------------------------------------------- the account key
 
 
-def test_the_key_file_in_the_workdir_is_never_uploaded_and_is_named(sim: SimServer, tmp_path):
+def test_the_key_file_in_the_workdir_is_never_uploaded_and_is_named(tmp_path):
     """`--key-file proj/vast.key --workdir proj`: the key the run was given never reaches the host (not in the
     tarball, not unpacked, so `--artifact vast.key` has nothing to bring back) and the run says so by name."""
     proj = tmp_path / "proj"
@@ -116,9 +122,9 @@ def test_the_key_file_in_the_workdir_is_never_uploaded_and_is_named(sim: SimServ
     _private(proj / "vast.key", ACCOUNT_KEY + "\n")
     host = tmp_path / "host"
     evidence = tmp_path / "ev"
-    p = _run("--key-file", str(proj / "vast.key"), "--workdir", str(proj), "--artifact", "vast.key",
-            "--remote-env", f"OUT={host}", "--evidence-dir", str(evidence), "--", "sh", "-c", COPY_HOST,
-            sim=sim, cwd=tmp_path)
+    p = _sim_run("--key-file", str(proj / "vast.key"), "--workdir", str(proj), "--artifact", "vast.key",
+                 "--remote-env", f"OUT={host}", "--evidence-dir", str(evidence), "--", "sh", "-c", COPY_HOST,
+                 cwd=tmp_path)
     assert p.returncode == ExitCode.FAILED, p.stderr[-3000:]  # the artifact glob matched nothing on the host
     assert ACCOUNT_KEY.encode() not in _host_bytes(host)
     assert (host / "vh" / "work" / "train.py").is_file()
@@ -130,8 +136,7 @@ def test_the_key_file_in_the_workdir_is_never_uploaded_and_is_named(sim: SimServ
     assert not list(evidence.rglob("artifacts/vast.key"))
 
 
-def test_the_official_cli_key_file_and_the_harness_dirs_stay_home_when_the_workdir_is_home(sim: SimServer,
-                                                                                            tmp_path):
+def test_the_official_cli_key_file_and_the_harness_dirs_stay_home_when_the_workdir_is_home(tmp_path):
     """The workdir is $HOME, the key comes from the official CLI's ~/.config/vastai/vast_api_key: neither it nor
     the harness's own config and state directories go up, each named."""
     home = tmp_path / "home"
@@ -139,12 +144,11 @@ def test_the_official_cli_key_file_and_the_harness_dirs_stay_home_when_the_workd
     _private(home / "config" / "vast-harness" / "config.toml", "max_minutes = 20\n")
     (home / "project.py").write_text("print(1)\n")
     host = tmp_path / "host"
-    p = _run("--workdir", str(home), "--remote-env", f"OUT={host}", "--", "sh", "-c", COPY_HOST,
-            home=home, sim=sim)
+    p = _sim_run("--workdir", str(home), "--remote-env", f"OUT={host}", "--", "sh", "-c", COPY_HOST, home=home)
     assert p.returncode == 0, p.stderr[-3000:]
     assert ACCOUNT_KEY.encode() not in _host_bytes(host)
     assert (host / "vh" / "work" / "project.py").is_file() and not (host / "vh" / "work" / "config").exists()
-    record = _record(home / "state")
+    record = _record(home / "state" / "sim")  # --sim keeps its state and evidence apart from a real run's
     left = {item["path"]: item for item in record["workdir"]["left_out"]}
     assert left["config/vastai/vast_api_key"]["why"] == "the official CLI's API key file"
     assert left["config/vast-harness/"]["why"] == "the harness's config directory"
@@ -369,14 +373,14 @@ def _key_copies(proj: Path) -> Path:
     return proj
 
 
-def test_a_copy_of_the_account_key_under_any_name_stays_home_and_is_named(sim: SimServer, tmp_path):
+def test_a_copy_of_the_account_key_under_any_name_stays_home_and_is_named(tmp_path):
     """Issue 43 F2: a file whose bytes hold the account key is left out whatever its name, named in the
     console and the record, and not offered to --include."""
     proj = _key_copies(tmp_path / "proj")
     key = _private(tmp_path / "vast.key", ACCOUNT_KEY + "\n")
     host, evidence = tmp_path / "host", tmp_path / "ev"
-    p = _run("--key-file", str(key), "--workdir", str(proj), "--remote-env", f"OUT={host}",
-             "--evidence-dir", str(evidence), "--", "sh", "-c", COPY_HOST, sim=sim, cwd=tmp_path)
+    p = _sim_run("--key-file", str(key), "--workdir", str(proj), "--remote-env", f"OUT={host}",
+                 "--evidence-dir", str(evidence), "--", "sh", "-c", COPY_HOST, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     assert ACCOUNT_KEY.encode() not in _host_bytes(host)
     assert (host / "vh" / "work" / "train.py").is_file()
