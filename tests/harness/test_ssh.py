@@ -123,7 +123,10 @@ class _Server(paramiko.ServerInterface):
         return False  # like most sshd configs: the harness must export inline
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
-        self.host.spawn(self.host.run_exec, channel, command.decode())
+        if self.host.finish_before_answering_exec:
+            self.host.run_exec(channel, command.decode())  # output, exit status and close, then the answer
+        else:
+            self.host.spawn(self.host.run_exec, channel, command.decode())
         return True
 
 
@@ -135,6 +138,9 @@ class FakeHost:
         self.fail_auth_connections = 0
         self.banner_delay_s = 0.0  # before the server's banner (a slow or loaded host)
         self.auth_delay_s = 0.0  # inside the publickey check
+        # A command that ends before its exec request is answered (the simulator's host runs it on its own
+        # thread, which a loaded machine may let finish before the transport thread sends the answer).
+        self.finish_before_answering_exec = False
         self.connections = 0
         self.usernames: list[str] = []
         self._transports: list[paramiko.Transport] = []
@@ -707,6 +713,20 @@ def test_run__a_link_that_dies_as_the_channel_closes_still_returns_the_outcome(
     assert outcome.timed_out and outcome.rc is None
     done = session.run("echo hi", on_line=lambda s, line: None, timeout_s=5)
     assert done.rc == 0
+
+
+def test_run__a_command_that_ends_before_its_exec_request_is_answered_still_returns_its_outcome(
+    host: FakeHost, session: HostSession
+) -> None:
+    # The host's exit status and close arrive before its answer to the exec request: paramiko's exec_command
+    # raises "Channel closed", yet the command ran and its output and status are in the channel (seen in CI as
+    # "step ok ended without an exit status: could not start the command: SSHException: Channel closed").
+    host.finish_before_answering_exec = True
+    lines: list[tuple[str, str]] = []
+    outcome = session.run("echo out; echo err >&2; exit 3", on_line=lambda s, line: lines.append((s, line)),
+                          timeout_s=5)
+    assert outcome.rc == 3 and not outcome.connection_lost, outcome
+    assert ("stdout", "out") in lines and ("stderr", "err") in lines
 
 
 @pytest.fixture

@@ -420,7 +420,14 @@ class HostSession:
 
         def start() -> paramiko.Channel:
             chan = self._transport.open_session(timeout=start_limit_s)
-            chan.exec_command(full_command)  # waits for the host's answer with no timeout of its own
+            try:
+                chan.exec_command(full_command)  # waits for the host's answer with no timeout of its own
+            except paramiko.SSHException:
+                # A host may end a short command before it answers the request (paramiko's server does, when
+                # the command runs on its own thread): the exit status came first, the output is in the
+                # channel, and the command ran. Without a status, it may not have: a failure to start.
+                if not chan.status_event.is_set():
+                    raise
             return chan
 
         try:
