@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
+import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +43,29 @@ SLOW_SET_WORKERS = 2  # torchrun worlds and the whole chaos suite (its caps time
 # the cores themselves: on two cores four workers of them put runs past their caps
 
 
+def cache_bytecode(environ: dict[str, str] | os._Environ[str]) -> Path | None:
+    """Under PYTHONDONTWRITEBYTECODE (set on this project's machines) nothing is cached: every xdist worker
+    rewrote every test module's asserts (about 8 s of CPU each) and every CLI process a test starts compiled the
+    package again. The session caches bytecode outside the checkout instead, in a directory of this user's own
+    (0700: a shared temp directory must not hand us another user's bytecode), kept between sessions, for this
+    process and every one it starts. Returns the directory, or None where nothing changed."""
+    if not environ.get("PYTHONDONTWRITEBYTECODE") or environ.get("PYTHONPYCACHEPREFIX"):
+        return None
+    prefix = Path(tempfile.gettempdir()) / f"vast-harness-test-pycache-{os.getuid()}"
+    try:
+        prefix.mkdir(mode=0o700, exist_ok=True)
+        st = prefix.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None  # not ours alone: no cache rather than a planted one
+    environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    environ["PYTHONPYCACHEPREFIX"] = str(prefix)
+    sys.dont_write_bytecode = False
+    sys.pycache_prefix = str(prefix)
+    return prefix
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (pyproject.toml addopts): four workers when the slow tests are left out, two when any run
     (`-m slow`, `-m ""`); PYTEST_XDIST_AUTO_NUM_WORKERS, or `-n N` on the command line, still wins."""
@@ -50,6 +76,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    cache_bytecode(os.environ)
     home = isolation.isolate_session(os.environ)
     if home is not None:  # the controller (or the one process of -n 0): it checks and cleans up at the end
         _session.update(home=home, user_files=isolation.file_times(isolation.guarded_dirs(os.environ)),
