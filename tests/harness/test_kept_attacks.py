@@ -311,6 +311,7 @@ def _stepped(home: Path, step_s: float, *args: str) -> subprocess.CompletedProce
                           env=cli_env(home=home))
 
 
+@pytest.mark.slow  # five CLI processes and a reap, 6 s of CPU
 def test_a_wall_clock_that_jumps_extends_nothing(tmp_path, stop_sims):
     home = tmp_path
     up(home, idle="1")

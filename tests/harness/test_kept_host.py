@@ -69,6 +69,7 @@ def wait_gone(sim: SimServer, instance_id: int, within_s: float) -> dict[str, An
     raise AssertionError(f"instance {instance_id} still live after {within_s} s: {instance(sim, instance_id)}")
 
 
+@pytest.mark.slow  # waits for the host's 15 s idle switch
 def test_up_three_execs_then_the_idle_switch_deletes_it_and_reap_proves_it(tmp_path, sim):
     """Done when (1): up, exec x3, idle autostop; every host proven absent within the caps."""
     home, wd = tmp_path, workdir(tmp_path)
@@ -236,6 +237,7 @@ def test_exec_with_a_key_of_another_account_is_refused(tmp_path, sim):
     assert instance(sim, held.instance_id or 0)["live"]
 
 
+@pytest.mark.slow  # the liar's absence proof waits out Vast's 30 s read-lag window
 def test_up_takes_a_runs_receipt_and_replaces_a_lying_host_then_each_exec_finds_it(tmp_path, clean_sim):
     """The same rent as a run's: a host that fails its receipt is deleted and the next offer held; the host's
     first idle deadline leaves the receipt its budget; every exec's record and steps have the up's receipt."""

@@ -423,6 +423,7 @@ def test_a_row_the_ownership_read_shows_re_prices_the_run(sim, tmp_path):
     assert run.meter.accrued_usd() >= billed_usd(sim, run)
 
 
+@pytest.mark.slow  # Vast's own pacing
 def test_the_last_price_read_is_the_last_call_before_the_delete_at_real_pacing(sim, tmp_path):
     # Red team r9 B1: at Vast's pacing the DELETE waited 3 s behind the last per-id read (GET and DELETE of one
     # instance share a pacing history): a price changed in those 3 s was billed unseen and the run exited 0
@@ -476,6 +477,7 @@ def test_the_delete_follows_the_read_that_broke_the_cap_at_once_at_real_pacing(s
     assert billed_usd(sim, run) <= spec.caps.max_usd
 
 
+@pytest.mark.slow  # a create answer held back for seconds
 def test_a_create_a_signal_cut_short_is_found_by_its_label_as_soon_as_it_lands(sim, tmp_path):
     # Red team r10 B: a signal while the create was held by the API: the PUT's answer never reached the run,
     # and its label sweep slept out the whole read-lag window (30 s on Vast) before its first list, while the

@@ -13,6 +13,8 @@ import site
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.harness.clirun import cli
 from tests.sim.localpkg import write_local_package
 
@@ -36,6 +38,7 @@ def _outside() -> dict[str, dict[str, float]]:
     return found
 
 
+@pytest.mark.slow  # builds and installs a package
 def test_pip_on_a_sim_host_installs_into_the_sandbox_and_nothing_outside_changes(tmp_path):
     work = tmp_path / "proj"
     (work / "pkgs").mkdir(parents=True)  # not at the top: `import` from the workdir would find their sources

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.usefixtures("clean_sim")
 TEARDOWN_BUDGET_S = 2.0
 
 
+@pytest.mark.slow  # a 9 s cap, then the stuck grace
 def test_a_run_stuck_on_a_hung_evidence_disk_ends_a_bound_after_the_guards_delete(sim: SimServer, tmp_path: Path,
                                                                                   monkeypatch: pytest.MonkeyPatch):
     hung, release = threading.Event(), threading.Event()

@@ -107,6 +107,7 @@ def test_no_nvidia_smi_is_an_error_not_a_guess(monkeypatch: pytest.MonkeyPatch, 
     assert sampler.samples == [] and sampler.error
 
 
+@pytest.mark.slow  # a 10 s CPU burn
 def test_the_cpu_receipt_runs_end_to_end_within_its_budget_with_a_gloo_allreduce(tmp_path: Path) -> None:
     out = tmp_path / "receipt.json"
     proc = subprocess.run([sys.executable, "-m", "remote.receipt", "--device", "cpu", "--budget-s", "60",
