@@ -20,19 +20,7 @@ log() { echo "start-sshd: $*" >&2; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-install_sshd() {
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || { log "sshd missing and not root (no sudo): install openssh-server"; exit 1; }
-    sudo="sudo"
-  fi
-  log "installing openssh-server"
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    openssh-server >&2
-}
-
-[ -x "$SSHD" ] || install_sshd
+bash "$(dirname "$0")/apt-install.sh" "openssh-server:$SSHD"
 
 mkdir -p "$DIR"
 chmod 700 "$DIR"

@@ -19,4 +19,4 @@ def require(tool: str, installer: str, why: str) -> str:
 
 
 def require_rsync() -> str:
-    return require("rsync", ".ci/install-rsync.sh", "the copy off a stopped instance is rsync's, as `vastai copy` runs it")
+    return require("rsync", ".ci/apt-install.sh rsync", "the copy off a stopped instance is rsync's, as `vastai copy` runs it")

@@ -346,3 +346,33 @@ class Said(Output):
 
     def reap_report(self, rows: Any, not_proven: list[str], *, ok: bool) -> None:
         self.said.extend(not_proven)
+
+
+# ------------------------------------------------------------------------------------------------- what is shown
+def test_the_report_and_the_notify_end_event_name_the_instance_that_was_not_the_runs(sim, tmp_path):
+    """The create answer names the decoy; the boot's read shows its row with another label, so it is disowned. The
+    record's `not_ours` is shown: a notice in report.html (summary and absence proof) and a field of the end event."""
+    import jsonschema
+
+    from tests.harness.receiver import Receiver
+
+    key = account()
+    decoy = rent_decoy(sim, key)
+    sim.set_faults("wrong_contract")
+    with Receiver() as rx:
+        spec = spec_for(sim, tmp_path, key).model_copy(update={"notify": [rx.url("/ok/own")]})
+        r, _result = run(sim, spec, key)
+        bodies = rx.bodies("/ok")
+    assert_left_alone(sim, decoy)
+    why = record(r)["absence"]["not_ours"][str(decoy)]
+    assert PROD in why, why
+    end = bodies[-1]
+    schema = json.loads((Path(__file__).resolve().parents[2] / "docs" / "notification.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(end)
+    assert end["event"] in ("proven_gone", "not_proven_gone"), bodies
+    assert end["outcome"]["not_ours"] == {str(decoy): why}, end["outcome"]
+    report = (r.ev.dir / "report.html").read_text()
+    summary = report.split('<table class="summary">')[1].split("</table>")[0]
+    assert "not the run&#x27;s" in summary and f"instance {decoy}: " in summary, summary
+    notice = report.split('<table class="not-ours">')[1].split("</table>")[0]
+    assert f"<td>{decoy}</td>" in notice and "the user&#x27;s prod database" in notice, notice

@@ -271,3 +271,59 @@ def test_an_event_that_cannot_be_made_is_recorded_never_raised_into_the_run(tmp_
     deliveries = notifier.notifier.close(0.0)
     assert [(d.event, d.outcome, d.error) for d in deliveries] == [
         ("cap_reached", "failed", "not made: ArithmeticError"), ("interrupted", "failed", "not made: ArithmeticError")]
+
+
+# ------------------------------------------------------------------------------------------ an interruptible run
+OUTBIDS = {  # family (chaos/interrupt.py), --max-interruptions -> the events, in order, and the run's exit
+    "outbid_running": (2, ["rented", "outbid", "rented", "replaced", "proven_gone"], ExitCode.PASSED),
+    "outbid_boot": (2, ["rented", "outbid", "rented", "replaced", "proven_gone"], ExitCode.PASSED),
+    "outbid_wait_resumes": (2, ["rented", "outbid", "resumed", "proven_gone"], ExitCode.PASSED),
+    "outbid_past_the_limit": (0, ["rented", "outbid", "proven_gone"], ExitCode.FAILED),
+}
+
+
+@pytest.mark.parametrize("family", sorted(OUTBIDS))
+def test_an_outbid_and_how_the_run_goes_on_arrive_in_the_documented_schema(family, sim, tmp_path):
+    """The simulator's `outbid` faults (docs/interruptible.md): each outbid says the host, its machine, the stage it
+    was seen at, its number of --max-interruptions and what happens next; the run going on says where."""
+    from tests.tools import require_rsync
+    from vast_harness.chaos.engine import _client
+    from vast_harness.chaos.interrupt import FAMILIES, ON_OUTBID, interrupt_spec
+
+    require_rsync()
+    limit, expected, exit_code = OUTBIDS[family]
+    with Receiver() as rx:
+        spec = interrupt_spec(sim.url, tmp_path, steps=30, step_s=0.1, max_interruptions=limit,
+                              on_outbid=ON_OUTBID.get(family))
+        spec = spec.model_copy(update={"notify": [rx.url("/ok/outbid-tok-9a8b")]})
+        sim.set_faults(f"{FAMILIES[family]};seed=1")
+        with _client(sim.url) as client:
+            run = GuardedRun(spec, client, load_driver_policy(), Output(quiet=True))
+            result = run.execute()
+        got = events(rx, "/ok")
+    assert result.exit_code == exit_code, result.message
+    assert [e["event"] for e in got] == expected, [(e["event"], e["message"]) for e in got]
+    assert [e["sequence"] for e in got] == list(range(1, len(expected) + 1))
+    first = run.created[0]
+    outbid = got[1]
+    assert outbid["instance"] == got[0]["instance"]  # the host as rented: id, machine, GPU
+    assert outbid["instance"]["instance_id"] == first.instance_id and outbid["instance"]["machine_id"] == first.machine_id
+    assert outbid["interruption"] == 1 and outbid["max_interruptions"] == limit
+    assert f"instance {first.instance_id}" in outbid["reason"] and "(1 of at most" in outbid["message"]
+    if family == "outbid_running":
+        assert (outbid["next"], outbid["stage"]) == ("salvage_and_replace", "steps"), outbid
+        replaced = got[3]
+        assert replaced["instance"] == got[2]["instance"] and replaced["replaces"] == first.instance_id
+        assert replaced["instance"]["machine_id"] != first.machine_id  # the outbid machine is excluded
+        record = json.loads((run.ev.dir / "harness-result.json").read_text())
+        assert replaced["checkpoint_bytes"] == record["attempts"][0]["salvaged_bytes"] > 0
+    elif family == "outbid_boot":  # paused before it ran: nothing to salvage
+        assert (outbid["next"], outbid["stage"]) == ("replace", "rent"), outbid
+        assert got[3]["replaces"] == first.instance_id and got[3]["checkpoint_bytes"] == 0
+    elif family == "outbid_wait_resumes":
+        assert outbid["next"] == "wait" and got[2]["instance"] == outbid["instance"]
+        assert got[2]["paused_s"] > 0 and got[2]["interruption"] == 1
+    else:
+        assert outbid["next"] == "stop" and got[-1]["outcome"]["exit_code"] == int(ExitCode.FAILED)
+    assert b"outbid-tok-9a8b" not in b"".join(g.body for g in rx.got)
+    assert not [i for i in sim.state()["instances"] if i["live"]]

@@ -2,7 +2,7 @@
 every table has rows and every chart decodes (an embedded SVG that is not valid loads with naturalWidth 0).
 
 The reports are built from committed GPU evidence (a one-GPU and a two-GPU mfu run end to end) and from an
-empty run. Without chromium the tests skip with a message, except in CI (`.ci/install-chromium.sh` installs it).
+empty run. Without chromium the tests skip with a message, except in CI (`.ci/apt-install.sh` installs it).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def browser():
     paths = _browser_paths()
     if paths is None:
         if os.environ.get("CI"):
-            pytest.fail("chromium/chromedriver missing in CI: .ci/install-chromium.sh should have installed them")
+            pytest.fail("chromium/chromedriver missing in CI: .ci/apt-install.sh should have installed them")
         pytest.skip("no chromium + chromedriver here (apt-get install -y chromium chromium-driver)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service

@@ -169,3 +169,40 @@ def test_ci_uploads_the_smoke_evidence_from_where_a_sim_run_writes_it():
     upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
     assert upload["with"]["path"] == f".evidence/vast/{SIM_SUBDIR}/"  # --sim runs keep their own state there
     assert "always()" in upload["if"]
+
+
+def test_the_apt_installer_installs_only_what_is_missing_in_one_call_and_then_nothing(tmp_path: Path):
+    """`.ci/apt-install.sh PKG[:COMMAND]...` (what .ci/run and ci.yml install with): apt-get here is a stand-in on
+    PATH that records its calls and "installs" a package as a command of that name."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    fake_apt = bin_dir / "apt-get"
+    fake_apt.write_text(f"""#!/usr/bin/env bash
+echo "$*" >> {calls}
+if [ "$1" = install ]; then
+  for arg in "$@"; do
+    case "$arg" in -*|install) ;; *) printf '#!/bin/sh\\n' > "{bin_dir}/$arg"; chmod +x "{bin_dir}/$arg";; esac
+  done
+fi
+""")
+    (bin_dir / "sudo").write_text('#!/usr/bin/env bash\nexec "$@"\n')
+    for tool in (fake_apt, bin_dir / "sudo"):
+        tool.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def install(*packages: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(REPO / ".ci" / "apt-install.sh"), *packages], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    wanted = ("vh-fake-tool-a", "vh-fake-pkg-b:vh-fake-cmd-b", "bash:/bin/bash")
+    first = install(*wanted)
+    assert first.returncode == 1, first.stderr  # vh-fake-pkg-b "installed" no vh-fake-cmd-b: said, not passed
+    assert "vh-fake-cmd-b is still missing" in first.stderr
+    assert calls.read_text().splitlines() == [
+        "update -qq", "install -y -qq --no-install-recommends vh-fake-tool-a vh-fake-pkg-b"]  # bash: present
+    (bin_dir / "vh-fake-cmd-b").write_text("#!/bin/sh\n")
+    (bin_dir / "vh-fake-cmd-b").chmod(0o755)
+    calls.unlink()
+    again = install(*wanted)
+    assert again.returncode == 0 and not calls.exists(), again.stderr  # everything answers: no apt at all
+    assert install().returncode == 2

@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 SCHEMA_VERSION: Literal[1] = 1
-EVENTS = ("rented", "receipt_failed", "cap_reached", "interrupted", "proven_gone", "not_proven_gone")
+EVENTS = ("rented", "receipt_failed", "outbid", "replaced", "resumed", "cap_reached", "interrupted", "proven_gone",
+          "not_proven_gone")
 
 
 class _Strict(BaseModel):
@@ -64,6 +65,10 @@ class EventOutcome(_Strict):
                     "unproven: an instance may still bill (run `vast-e2e reap`)")
     instances: dict[str, str] = Field(description="instance id -> its absence verdict (gone, present, unknown)")
     unresolved_labels: list[str] = Field(description="labels of creates whose outcome stayed unknown")
+    not_ours: dict[str, str] = Field(
+        description="instance id -> why it is not the run's: a create answer named it but no read showed it with "
+                    "the run's label (another label, or none read), so it was never deleted, billed or proven as "
+                    "the run's; whose it is, the account's owner decides")
 
 
 class _EventBase(_Strict):
@@ -95,6 +100,44 @@ class ReceiptFailedEvent(_EventBase):
     failed: list[str] = Field(description="each failed check: the measure, the measured and the expected value")
 
 
+class OutbidEvent(_EventBase):
+    """An interruptible run's host was outbid (paused): what happens next (docs/interruptible.md)."""
+
+    event: Literal["outbid"] = "outbid"
+    instance: EventInstance
+    reason: str = Field(description="what the read of the instance showed")
+    stage: str = Field(description="the run's stage when it was seen: rent, deadman, receipt, upload, steps, pull")
+    interruption: int = Field(ge=1, description="this outbid's number in the run: 1, 2, ...")
+    max_interruptions: int = Field(description="--max-interruptions: the outbids the run survives")
+    next: Literal["salvage_and_replace", "replace", "wait", "stop"] = Field(
+        description="salvage_and_replace: the checkpoint copied off, the host deleted and proven gone, another "
+                    "rented; replace: the same without a checkpoint to copy; wait: --on-outbid wait, for the host "
+                    "to resume; stop: past --max-interruptions, the run stops (exit 1)")
+
+
+class ReplacedEvent(_EventBase):
+    """Another host came up in place of an outbid one (deleted and proven gone): the run goes on there."""
+
+    event: Literal["replaced"] = "replaced"
+    instance: EventInstance
+    replaces: int = Field(description="the instance id of the outbid host it replaces")
+    interruption: int = Field(ge=1, description="the outbids the run has met so far")
+    max_interruptions: int = Field(description="--max-interruptions: the outbids the run survives")
+    checkpoint_bytes: int | None = Field(
+        description="bytes of the checkpoint salvaged off an outbid host that the new host resumes from; 0: it "
+                    "starts from scratch; null: the run has no --checkpoint")
+
+
+class ResumedEvent(_EventBase):
+    """The outbid host resumed by itself within --on-outbid wait: the run goes on there, its disk as it was."""
+
+    event: Literal["resumed"] = "resumed"
+    instance: EventInstance
+    paused_s: float = Field(description="seconds the run waited for it")
+    interruption: int = Field(ge=1, description="the outbids the run has met so far")
+    max_interruptions: int = Field(description="--max-interruptions: the outbids the run survives")
+
+
 class CapReachedEvent(_EventBase):
     """A cap (dollars or time) was reached: the run stops and tears down (exit 6)."""
 
@@ -123,8 +166,9 @@ class NotProvenGoneEvent(_EventBase):
     outcome: EventOutcome
 
 
-Notification = Annotated[RentedEvent | ReceiptFailedEvent | CapReachedEvent | InterruptedEvent | ProvenGoneEvent
-                         | NotProvenGoneEvent, Field(discriminator="event")]
+Notification = Annotated[RentedEvent | ReceiptFailedEvent | OutbidEvent | ReplacedEvent | ResumedEvent
+                         | CapReachedEvent | InterruptedEvent | ProvenGoneEvent | NotProvenGoneEvent,
+                         Field(discriminator="event")]
 NOTIFICATION = TypeAdapter(Notification)
 
 

@@ -78,6 +78,12 @@ def summary_section(f: RunFacts) -> str:
         ["absence", (r.get("absence") or {}).get("verdict")], ["simulated", r.get("sim")],
         ["dead-man", deadman_line(r.get("deadman"))], ["image sent", r.get("image_sent")],
     ]
+    found = not_ours(f)
+    if found:
+        rows.insert(next(n for n, row in enumerate(rows) if row[0] == "absence") + 1,
+                    ["not the run's", Cell("; ".join(f"instance {i}: {why}" for i, why in found.items())
+                                           + " (named by a create answer, never deleted or billed as the run's)",
+                                           "bad")])
     if "harness-result.json" in f.missing:
         rows.insert(0, ["record", Cell("harness-result.json is missing (the run could not write it): its outcome "
                                        "is not known from this directory; the ledger says what it rented", "bad")])
@@ -282,6 +288,24 @@ def steps_section(f: RunFacts) -> str:
             + "<h3>Timings</h3>" + table(["phase", "seconds"], [[k, v] for k, v in timings.items()], cls="timings"))
 
 
+def not_ours(f: RunFacts) -> dict[str, str]:
+    """Instances a create answer named that were not (proven) the run's, and why (absence-proof.json, else the
+    record): never deleted, billed or proven as the run's, so whose they are is for the account's owner to say."""
+    found = _dict(f.absence.get("not_ours")) or _dict(_dict(f.result.get("absence")).get("not_ours"))
+    return {str(i): str(why) for i, why in found.items()}
+
+
+def _not_ours_notice(f: RunFacts) -> str:
+    found = not_ours(f)
+    if not found:
+        return ""
+    return ('<p class="bad not-ours">Not the run\'s: a create answer named these instances, but no read showed them '
+            "carrying the run's label. They were left alone: never deleted, billed or proven gone as the run's "
+            "(and <code>vast-e2e reap</code> leaves them alone too). Check in the account whose they are.</p>"
+            + table(["instance", "why it is not the run's"], [[i, why] for i, why in found.items()],
+                    cls="not-ours"))
+
+
 def absence_section(f: RunFacts) -> str:
     rows = []
     for td in f.absence.get("instances") or []:
@@ -300,6 +324,7 @@ def absence_section(f: RunFacts) -> str:
         "not known (absence-proof.json is missing)" if "absence-proof.json" in f.missing else "nothing-created")
     return (f"<h3>Absence proof</h3><p>verdict: <b class={'ok' if verdict in ('gone', 'nothing-created') else 'bad'}>"
             f"{escape(str(verdict))}</b> (interval {escape(str(f.absence.get('interval_s')))} s)</p>"
+            + _not_ours_notice(f)
             + table(["instance", "DELETE", "round", "time (UTC)", "GET by id", "list by id", "list by label",
                      "verdict"], rows, cls="absence"))
 

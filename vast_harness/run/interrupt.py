@@ -116,6 +116,8 @@ def recover(t: RunTools, s: RunState, why: str, previous: Path | None = None, *,
     if not waited:  # a wait that ran out said both already
         t.out.warn(f"outbid ({n} of at most {terms.max_interruptions}): {why}")
         t.ledger.append(s.run_id, "outbid", inst.label, instance_id=inst.instance_id, detail=why[:300])
+        t.notify.outbid(inst, why, stage=s.stage.value, interruption=n, next="stop" if n > terms.max_interruptions
+                        else "salvage_and_replace" if terms.checkpoint is not None else "replace")
     salvaged: Path | None = None
     failure: str | None = None
     if terms.checkpoint is not None and previous is not None and not _restored(s, inst.instance_id):
@@ -168,6 +170,8 @@ def wait_for_resume(t: RunTools, s: RunState, why: str) -> bool:
     n = interruptions(s) + 1
     t.out.warn(f"outbid ({n} of at most {terms.max_interruptions}): {why}")
     t.ledger.append(s.run_id, "outbid", inst.label, instance_id=inst.instance_id, detail=f"waiting: {why}"[:300])
+    t.notify.outbid(inst, why, stage=s.stage.value, interruption=n,
+                    next="stop" if n > terms.max_interruptions else "wait")
     if n > terms.max_interruptions:
         return False
     if s.session is not None:  # the paused container's session is dead; a resume is a re-boot
@@ -204,6 +208,7 @@ def wait_for_resume(t: RunTools, s: RunState, why: str) -> bool:
             attempt.pauses += 1
             attempt.paused_s = round(attempt.paused_s + waited_s, 3)
     t.out.info(f"instance {inst.instance_id} resumed after {waited_s:.1f} s: reconnecting")
+    t.notify.resumed(inst, paused_s=waited_s, interruption=n)
     return True
 
 

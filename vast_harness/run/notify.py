@@ -2,9 +2,10 @@
 
 Built from the run's own typed records (the instance it rented, the teardowns' verdicts, its exit code) and its
 meter (the dollars, the elapsed time), each event numbered in the order it was made. The milestones: `rented`
-(each create that made an instance), `receipt_failed` (a host refused on its receipt), `cap_reached` and
-`interrupted` (once each, as soon as known: the guard's firing, the signal's exception), and one last event,
-`proven_gone` or `not_proven_gone`, after the teardown and the record. Posting never waits (console/notify.py):
+(each create that made an instance), `receipt_failed` (a host refused on its receipt), an interruptible run's
+`outbid` (each one, with what happens next) and `replaced` or `resumed` (the run goes on, on another host or the
+same), `cap_reached` and `interrupted` (once each, as soon as known: the guard's firing, the signal's exception),
+and one last event, `proven_gone` or `not_proven_gone`, after the teardown and the record. Posting never waits (console/notify.py):
 nothing here is on the teardown's path. A run that sent no create posts nothing.
 
 `finish` gives the deliveries a short while once the run is over, after its registration is released, and writes
@@ -30,19 +31,25 @@ from vast_harness.console.notification import (
     EventOutcome,
     InterruptedEvent,
     NotProvenGoneEvent,
+    OutbidEvent,
     ProvenGoneEvent,
     ReceiptFailedEvent,
     RentedEvent,
+    ReplacedEvent,
+    ResumedEvent,
 )
 from vast_harness.console.notify import NOTIFY_FLUSH_S, Notifier
 from vast_harness.errors import ExitCode
 from vast_harness.evidence.run import NOTIFICATIONS_FILE, RunEvidence
 from vast_harness.masking import clip
-from vast_harness.records import AbsenceSummary, CreatedInstance
+from vast_harness.records import AbsenceSummary, Attempt, CreatedInstance
 from vast_harness.spec.resolve import RunSpec
 from vast_harness.vast.url import is_loopback_url
 
 MESSAGE_CHARS = 500
+OutbidNext = Literal["salvage_and_replace", "replace", "wait", "stop"]
+Event = (RentedEvent | ReceiptFailedEvent | OutbidEvent | ReplacedEvent | ResumedEvent | CapReachedEvent
+         | InterruptedEvent | ProvenGoneEvent | NotProvenGoneEvent)
 
 
 def ci_context(environ: Mapping[str, str]) -> EventCi | None:
@@ -83,6 +90,7 @@ class RunNotifier:
         self._sequence = itertools.count(1)
         self._once: set[str] = set()
         self._lock = threading.Lock()  # the cap guard's thread and the run's may both make an event
+        self._gpus: dict[int, tuple[str | None, int | None]] = {}  # instance id -> its offer's GPU, as rented
         self.posted = 0
 
     @property
@@ -109,6 +117,7 @@ class RunNotifier:
     def rented(self, inst: CreatedInstance, *, gpu_name: str | None, num_gpus: int | None) -> None:
         if not self.active:
             return
+        self._gpus[inst.instance_id] = (gpu_name, num_gpus)
         instance = _instance(inst, gpu_name=gpu_name, num_gpus=num_gpus)
         what = f"{num_gpus}x {gpu_name}" if gpu_name else f"offer {inst.offer_id}"
         self._post(RentedEvent.model_validate(self._common(
@@ -124,6 +133,58 @@ class RunNotifier:
         self._post(ReceiptFailedEvent.model_validate(self._common(
             f"instance {inst.instance_id} refused on its receipt: {'; '.join(failed[:3])}")
             | {"instance": instance, "failed": [clip(line, MESSAGE_CHARS) for line in failed]}))
+
+    @_never_raises
+    def outbid(self, inst: CreatedInstance, reason: str, *, stage: str, interruption: int, next: OutbidNext) -> None:
+        """The run's host was outbid (the `interruption`-th time), seen at `stage`; `next`: what the run does."""
+        if not self.active:
+            return
+        limit = self._max_interruptions()
+        then = {"salvage_and_replace": "its checkpoint is copied off, it is deleted and another host rented",
+                "replace": "it is deleted and another host rented", "wait": "the run waits for it to resume",
+                "stop": "past --max-interruptions: the run stops"}[next]
+        self._post(OutbidEvent.model_validate(self._common(
+            f"instance {inst.instance_id} outbid ({interruption} of at most {limit}) at {stage}: {then}")
+            | {"instance": self._known(inst), "reason": clip(reason, MESSAGE_CHARS), "stage": stage,
+               "interruption": interruption, "max_interruptions": limit, "next": next}))
+
+    @_never_raises
+    def replaced(self, inst: CreatedInstance, attempts: list[Attempt], *, interruption: int) -> None:
+        """`inst` came up after an outbid host: the run goes on there. Nothing when no host before it in
+        `attempts` (the record's, `inst`'s last) ended outbid."""
+        if not self.active:
+            return
+        earlier = attempts[:-1] if attempts and attempts[-1].instance_id == inst.instance_id else attempts
+        husk = next((a for a in reversed(earlier) if a.ended.startswith("outbid")), None)
+        if husk is None:
+            return
+        terms = self._spec.interruptible
+        salvaged = next((a.salvaged_bytes for a in reversed(earlier) if a.salvaged_bytes > 0), 0)
+        checkpoint = None if terms is None or terms.checkpoint is None else salvaged
+        resumes = ("from scratch" if not checkpoint else f"from the {checkpoint}-byte checkpoint") \
+            if checkpoint is not None else "with the command again"
+        self._post(ReplacedEvent.model_validate(self._common(
+            f"instance {inst.instance_id} replaces outbid instance {husk.instance_id}: the run resumes {resumes}")
+            | {"instance": self._known(inst), "replaces": husk.instance_id, "interruption": max(1, interruption),
+               "max_interruptions": self._max_interruptions(), "checkpoint_bytes": checkpoint}))
+
+    @_never_raises
+    def resumed(self, inst: CreatedInstance, *, paused_s: float, interruption: int) -> None:
+        """The outbid host resumed by itself within the wait: the run goes on on it."""
+        if not self.active:
+            return
+        self._post(ResumedEvent.model_validate(self._common(
+            f"instance {inst.instance_id} resumed after {paused_s:.1f} s paused: the run goes on there")
+            | {"instance": self._known(inst), "paused_s": round(paused_s, 3), "interruption": interruption,
+               "max_interruptions": self._max_interruptions()}))
+
+    def _max_interruptions(self) -> int:
+        terms = self._spec.interruptible
+        return terms.max_interruptions if terms is not None else 0
+
+    def _known(self, inst: CreatedInstance) -> EventInstance:
+        gpu_name, num_gpus = self._gpus.get(inst.instance_id, (None, None))
+        return _instance(inst, gpu_name=gpu_name, num_gpus=num_gpus)
 
     @_never_raises
     def cap_reached(self, reason: str) -> None:
@@ -144,15 +205,16 @@ class RunNotifier:
         outcome = EventOutcome(exit_code=int(code), exit_name=code.name, message=clip(message, MESSAGE_CHARS),
                                absence=_absence(absence.verdict),
                                instances={str(i): v for i, v in sorted(absence.per_instance.items())},
-                               unresolved_labels=list(absence.unresolved_labels))
+                               unresolved_labels=list(absence.unresolved_labels),
+                               not_ours={str(i): clip(why, MESSAGE_CHARS)
+                                         for i, why in sorted(absence.not_ours.items())})
         common = self._common(f"exit {int(code)}: {message}") | {"outcome": outcome}
         if code == ExitCode.NOT_PROVEN_GONE or outcome.absence == "unproven":
             self._post(NotProvenGoneEvent.model_validate(common))
         else:
             self._post(ProvenGoneEvent.model_validate(common))
 
-    def _post(self, event: RentedEvent | ReceiptFailedEvent | CapReachedEvent | InterruptedEvent | ProvenGoneEvent
-              | NotProvenGoneEvent) -> None:
+    def _post(self, event: Event) -> None:
         self.posted += 1
         self.notifier.post(event)
 

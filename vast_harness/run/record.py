@@ -52,7 +52,7 @@ def build_record(t: RunTools, s: RunState, code: int, message: str) -> RunRecord
         steps=steps, pull=s.work.pull if s.work else None,
         timings=s.timings | {"workload_steps_s": round(workload_s, 3)},
         phases=[r.model_copy() for r in t.phases.records],
-        absence=overall_absence(t.book.teardowns, t.book.unresolved, not_ours=_not_ours(t)),
+        absence=overall_absence(t.book.teardowns, t.book.unresolved, not_ours=not_ours_of(t)),
         api_calls=dataclasses.asdict(t.client.stats),
         evidence_write_failures=write_failures(t),
         deadman=s.deadman.model_dump() if s.deadman else None,
@@ -67,7 +67,7 @@ def build_record(t: RunTools, s: RunState, code: int, message: str) -> RunRecord
     )
 
 
-def _not_ours(t: RunTools) -> dict[int, str]:
+def not_ours_of(t: RunTools) -> dict[int, str]:
     """What a create answer named that the run never took for its own, and why (it was never deleted as ours)."""
     book = t.book
     out = {i: f"its row carries {f'the label {lab!r}' if lab else 'no label'}" for i, lab in book.disowned.items()}

@@ -196,6 +196,8 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
                 if why is None:
                     raise
                 raise BootFailed(f"outbid before any work: {why} (stopped)") from exc
+            if t.spec.interruptible is not None:  # after an outbid host: the run goes on on this one
+                t.notify.replaced(inst, s.attempts, interruption=interruptions(s))
             return
         except (BootFailed, SshConnectError) as exc:
             last_failure = exc
@@ -208,6 +210,8 @@ def rent_and_connect(t: RunTools, s: RunState) -> None:
                 s.recovered()
                 interrupted = interruptions(s)
                 assert t.spec.interruptible is not None
+                t.notify.outbid(inst, str(exc), stage=s.stage.value, interruption=interrupted,
+                                next="stop" if interrupted > t.spec.interruptible.max_interruptions else "replace")
                 if interrupted > t.spec.interruptible.max_interruptions:
                     _after_failed_boot(t, s, inst, exc, boots_left)
                     raise Outbid(f"outbid {interrupted} times, more than --max-interruptions "

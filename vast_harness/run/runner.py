@@ -33,7 +33,7 @@ from vast_harness.run.interrupt import (
     resume_steps,
     wait_for_resume,
 )
-from vast_harness.run.record import build_record, exit_facts
+from vast_harness.run.record import build_record, exit_facts, not_ours_of
 from vast_harness.run.rent import preflight, reconnect, rent_and_connect, timed
 from vast_harness.run.rent_book import RentBook
 from vast_harness.run.state import RunState, Stage, new_state
@@ -299,7 +299,8 @@ class GuardedRun:
         if t.book.attempts:  # a run that sent no create rented nothing: it says nothing (docs/notifications.md)
             if code == ExitCode.CAP_REACHED:  # a cap found only now (the meter over it at the end): said first
                 t.notify.cap_reached(message)
-            t.notify.ended(code, message, overall_absence(t.book.teardowns, t.book.unresolved))
+            t.notify.ended(code, message,
+                           overall_absence(t.book.teardowns, t.book.unresolved, not_ours=not_ours_of(t)))
         report_path = write_run_report_safely(t.ev.dir, t.out.warn)
         t.out.stop_view()
         t.out.result(s.run_id, code, message, t.ev.dir, self.steps, t.book.teardowns, t.meter.accrued_usd(),

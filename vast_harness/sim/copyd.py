@@ -31,7 +31,7 @@ from typing import Any
 import paramiko
 from paramiko.common import AUTH_FAILED, AUTH_SUCCESSFUL, OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED, OPEN_SUCCEEDED
 
-from vast_harness.sim.sshhost import LOG_CHANNEL, _feed_stdin, _pump, _reset
+from vast_harness.sim.sshserve import feed_stdin, handshake, listen_loopback, pump, server_transport, start_accepting
 
 COPY_USER = "vastai_kaalia"
 DAEMON_COMMAND = "rsync --server --daemon"
@@ -49,13 +49,9 @@ class CopyDaemon:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._dir = Path(tempfile.mkdtemp(prefix="vh-sim-copyd-"))
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(16)
-        self._listener.settimeout(0.2)
+        self._listener = listen_loopback()
         self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept_loop, daemon=True, name="sim-copyd").start()
+        start_accepting(self._listener, self._closed, self._serve, name="sim-copyd")
 
     def grant(self, instance_id: int, authorized: Callable[[str], bool], *, refuse: bool) -> None:
         """A copy was asked for `instance_id`: keys `authorized` accepts may read it until the simulator ends."""
@@ -71,26 +67,8 @@ class CopyDaemon:
         with contextlib.suppress(OSError):
             self._listener.close()
 
-    def _accept_loop(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
     def _serve(self, conn: socket.socket) -> None:
-        conn.settimeout(None)
-        transport = paramiko.Transport(conn)
-        transport.set_log_channel(LOG_CHANNEL)
-        transport.add_server_key(self.host_key)
-        try:
-            transport.start_server(server=_CopySession(self))
-        except (paramiko.SSHException, OSError, EOFError):
-            transport.close()
-            _reset(conn)
+        handshake(server_transport(conn, self.host_key), conn, _CopySession(self))
 
     def authorized(self, blob: str) -> list[int]:
         """The instances whose copy grant accepts this key."""
@@ -123,16 +101,16 @@ class CopyDaemon:
                 time.sleep(len(chunk) / self.bytes_per_s)
             return channel.sendall(chunk)
 
-        pumps = [threading.Thread(target=_pump, args=(proc.stdout, send), daemon=True),
-                 threading.Thread(target=_pump, args=(proc.stderr, channel.sendall_stderr), daemon=True)]
-        for pump in pumps:
-            pump.start()
-        threading.Thread(target=_feed_stdin, args=(channel, proc.stdin), daemon=True).start()
+        pumps = [threading.Thread(target=pump, args=(proc.stdout, send), daemon=True),
+                 threading.Thread(target=pump, args=(proc.stderr, channel.sendall_stderr), daemon=True)]
+        for thread in pumps:
+            thread.start()
+        threading.Thread(target=feed_stdin, args=(channel, proc.stdin), daemon=True).start()
         rc = proc.wait()
         with contextlib.suppress(Exception):
             channel.send_exit_status(rc)
-        for pump in pumps:
-            pump.join()
+        for thread in pumps:
+            thread.join()
         with contextlib.suppress(Exception):
             channel.shutdown_write()
             channel.close()

@@ -11,13 +11,10 @@ stderr are forwarded as produced.
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
 import socket
-import struct
 import threading
 from collections.abc import Callable
-from typing import IO, Any
+from typing import Any
 
 import paramiko
 from paramiko.common import AUTH_FAILED, AUTH_SUCCESSFUL, OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED, OPEN_SUCCEEDED
@@ -25,14 +22,15 @@ from paramiko.common import AUTH_FAILED, AUTH_SUCCESSFUL, OPEN_FAILED_ADMINISTRA
 from vast_harness.sim.faults import FaultPlan
 from vast_harness.sim.sandbox import Sandbox, SandboxClosed
 from vast_harness.sim.sftp import Meter, SandboxSFTP
-
-ACCEPT_POLL_S = 0.2
-READ_CHUNK = 65536
-# Server-side transports log under their own name, silenced: a client hanging up is routine here and
-# must not print "Socket exception" into the harness's terminal.
-LOG_CHANNEL = "vast_harness.sim.ssh"
-logging.getLogger(LOG_CHANNEL).addHandler(logging.NullHandler())
-logging.getLogger(LOG_CHANNEL).propagate = False
+from vast_harness.sim.sshserve import (
+    feed_stdin,
+    handshake,
+    listen_loopback,
+    pump,
+    reset,
+    server_transport,
+    start_accepting,
+)
 
 
 class SshHost:
@@ -52,53 +50,27 @@ class SshHost:
         self._closed = threading.Event()
         self._transports: list[paramiko.Transport] = []
         self._lock = threading.Lock()
-        self._listeners = [self._listen(), self._listen()]
+        self._listeners = [listen_loopback(), listen_loopback()]
         self.direct_port, self.proxy_port = (s.getsockname()[1] for s in self._listeners)
         for listener in self._listeners:
-            threading.Thread(target=self._accept_loop, args=(listener,), daemon=True,
-                             name=f"sim-ssh-{instance_id}-{listener.getsockname()[1]}").start()
+            start_accepting(listener, self._closed, self._serve, admit=self._admits,
+                            name=f"sim-ssh-{instance_id}-{listener.getsockname()[1]}")
 
-    @staticmethod
-    def _listen() -> socket.socket:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(16)
-        sock.settimeout(ACCEPT_POLL_S)
-        return sock
-
-    def _accept_loop(self, listener: socket.socket) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return  # listener closed
-            if not self.accepting or self._closed.is_set() or self.faults().take("ssh_refuse"):
-                _reset(conn)
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+    def _admits(self) -> bool:
+        return self.accepting and not self._closed.is_set() and not self.faults().take("ssh_refuse")
 
     def _serve(self, conn: socket.socket) -> None:
-        conn.settimeout(None)
-        transport = paramiko.Transport(conn)
-        transport.set_log_channel(LOG_CHANNEL)
-        transport.add_server_key(self.host_key)
+        transport = server_transport(conn, self.host_key)
         slow = self.faults().take("slow_sftp")
         meter = Meter(self.on_bytes, slow.bytes_per_s if slow else None)
         transport.set_subsystem_handler("sftp", paramiko.SFTPServer, SandboxSFTP,
                                         home=self.sandbox.home, meter=meter)
         with self._lock:
             if self._closed.is_set():
-                _reset(conn)  # transport.close() is a no-op on a transport that never started
+                reset(conn)  # transport.close() is a no-op on a transport that never started
                 return
             self._transports.append(transport)
-        try:
-            transport.start_server(server=_Session(self, transport))
-        except (paramiko.SSHException, OSError, EOFError):
-            transport.close()
-            conn.close()
+        handshake(transport, conn, _Session(self, transport))
 
     def close(self) -> None:
         """Stop listening and cut every connection (destroy, offline, simulator stop)."""
@@ -112,7 +84,7 @@ class SshHost:
         for transport in transports:
             transport.close()
             if isinstance(transport.sock, socket.socket):  # always, here: the host made it from its accept
-                _reset(transport.sock)  # one registered but not yet started: its close() did nothing
+                reset(transport.sock)  # one registered but not yet started: its close() did nothing
 
     def run_exec(self, channel: paramiko.Channel, command: str, transport: paramiko.Transport) -> None:
         """Run one exec request to completion and report its exit status on the channel."""
@@ -132,52 +104,21 @@ class SshHost:
             timer.daemon = True
             timer.start()
         assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None
-        pumps = [threading.Thread(target=_pump, args=(proc.stdout, channel.sendall), daemon=True),
-                 threading.Thread(target=_pump, args=(proc.stderr, channel.sendall_stderr), daemon=True)]
-        for pump in pumps:
-            pump.start()
-        threading.Thread(target=_feed_stdin, args=(channel, proc.stdin), daemon=True).start()
+        pumps = [threading.Thread(target=pump, args=(proc.stdout, channel.sendall), daemon=True),
+                 threading.Thread(target=pump, args=(proc.stderr, channel.sendall_stderr), daemon=True)]
+        for thread in pumps:
+            thread.start()
+        threading.Thread(target=feed_stdin, args=(channel, proc.stdin), daemon=True).start()
         rc = proc.wait()
         # As OpenSSH's sshd: the exit status when the command exits, then what its pipes still hold, then EOF.
         # A background process it started may hold the pipes open for ever; the client decides how long to read.
         with contextlib.suppress(Exception):
             channel.send_exit_status(rc if rc >= 0 else 128 - rc)  # signal N -> 128+N, as a shell reports
-        for pump in pumps:
-            pump.join()
+        for thread in pumps:
+            thread.join()
         with contextlib.suppress(Exception):
             channel.shutdown_write()
             channel.close()
-
-
-def _pump(stream: IO[bytes], send: Callable[[bytes], Any]) -> None:
-    """Forward a pipe as bytes arrive; when the channel is gone, close the pipe (the writer gets EPIPE)."""
-    fd = stream.fileno()
-    try:
-        while chunk := os.read(fd, READ_CHUNK):
-            send(chunk)
-    except (OSError, EOFError, paramiko.SSHException):
-        pass
-    finally:
-        stream.close()
-
-
-def _feed_stdin(channel: paramiko.Channel, stdin: IO[bytes]) -> None:
-    try:
-        while data := channel.recv(READ_CHUNK):
-            stdin.write(data)
-            stdin.flush()
-    except (OSError, EOFError, paramiko.SSHException):
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            stdin.close()
-
-
-def _reset(conn: socket.socket) -> None:
-    """Close with RST, so the client sees a refused/reset connection rather than a hang."""
-    with contextlib.suppress(OSError):
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    conn.close()
 
 
 class _Session(paramiko.ServerInterface):
