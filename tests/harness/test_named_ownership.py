@@ -376,3 +376,9 @@ def test_the_report_and_the_notify_end_event_name_the_instance_that_was_not_the_
     assert "not the run&#x27;s" in summary and f"instance {decoy}: " in summary, summary
     notice = report.split('<table class="not-ours">')[1].split("</table>")[0]
     assert f"<td>{decoy}</td>" in notice and "the user&#x27;s prod database" in notice, notice
+    from vast_harness.reports.markdown import job_summary
+    from vast_harness.reports.run import load_run
+
+    page = job_summary(load_run(r.ev.dir))
+    section = page.split("#### Not the run's")[1]
+    assert f"| {decoy} |" in section and "prod database" in section, page

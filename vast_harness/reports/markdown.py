@@ -2,8 +2,8 @@
 request's comment), built from the same evidence as `report.html` (`reports/run.py`'s tolerant reader).
 
 In the order a reviewer asks: the verdict; cost against the cap and time against the time cap; the GPUs that
-ran; the receipt when the record has one; the steps; the absence proof; the artifacts; the notifications; the
-follow-up reap. Every value is text escaped for Markdown and HTML (a step name, a host's message or a label
+ran; the receipt when the record has one; the steps; the absence proof and any instance that was not the run's;
+the artifacts; the notifications; the follow-up reap. Every value is text escaped for Markdown and HTML (a step name, a host's message or a label
 cannot open a link, a table cell or a tag) and masked (masking.py); the page stays far below GitHub's 1 MiB per
 step (long lists are cut and say so). A run that was refused (no evidence) or killed (no verdict) still gets a
 page from what is known: the command's `--json` result, or only the directory it left.
@@ -243,6 +243,17 @@ def _absence_section(f: RunFacts) -> list[str]:
             "", *_table(["instance", "DELETE", "proof rounds", "round verdicts", "verdict"], rows, what="instances")]
 
 
+def _not_ours_section(f: RunFacts) -> list[str]:
+    found = f.not_ours()
+    if not found:
+        return []
+    rows = [[md(i), md(why)] for i, why in found.items()]
+    return ["", "#### Not the run's", "",
+            "A create answer named these instances, but a read showed them as another's: the run neither deleted nor "
+            "billed them, and its proof of absence does not cover them. Whose they are is for the account's owner "
+            "to say:", "", *_table(["instance", "why"], rows, what="instances")]
+
+
 def _artifacts_section(r: dict[str, Any]) -> list[str]:
     a = r.get("artifacts")
     if not isinstance(a, dict):
@@ -325,6 +336,7 @@ def job_summary(f: RunFacts | None, *, result: dict[str, Any] | None = None, rea
         lines += _receipt_section(r)
         lines += _steps_section(f)
         lines += _absence_section(f)
+        lines += _not_ours_section(f)
         lines += _artifacts_section(r)
     lines += _notifications_section(notifications)
     lines += _reap_section(reap)

@@ -78,7 +78,7 @@ def summary_section(f: RunFacts) -> str:
         ["absence", (r.get("absence") or {}).get("verdict")], ["simulated", r.get("sim")],
         ["dead-man", deadman_line(r.get("deadman"))], ["image sent", r.get("image_sent")],
     ]
-    found = not_ours(f)
+    found = f.not_ours()
     if found:
         rows.insert(next(n for n, row in enumerate(rows) if row[0] == "absence") + 1,
                     ["not the run's", Cell("; ".join(f"instance {i}: {why}" for i, why in found.items())
@@ -288,15 +288,8 @@ def steps_section(f: RunFacts) -> str:
             + "<h3>Timings</h3>" + table(["phase", "seconds"], [[k, v] for k, v in timings.items()], cls="timings"))
 
 
-def not_ours(f: RunFacts) -> dict[str, str]:
-    """Instances a create answer named that were not (proven) the run's, and why (absence-proof.json, else the
-    record): never deleted, billed or proven as the run's, so whose they are is for the account's owner to say."""
-    found = _dict(f.absence.get("not_ours")) or _dict(_dict(f.result.get("absence")).get("not_ours"))
-    return {str(i): str(why) for i, why in found.items()}
-
-
 def _not_ours_notice(f: RunFacts) -> str:
-    found = not_ours(f)
+    found = f.not_ours()
     if not found:
         return ""
     return ('<p class="bad not-ours">Not the run\'s: a create answer named these instances, but no read showed them '

@@ -49,6 +49,13 @@ class RunFacts:
                 return n.value
         return None
 
+    def not_ours(self) -> dict[str, str]:
+        """Instances a create answer named that were not (proven) the run's, and why (absence-proof.json, else the
+        record): never deleted, billed or proven as the run's, so whose they are is for the account's owner to
+        say. Both pages show them (report.html, the job summary)."""
+        found = _dict(self.absence.get("not_ours")) or _dict(_dict(self.result.get("absence")).get("not_ours"))
+        return {str(i): str(why) for i, why in found.items()}
+
     def workload(self) -> Workload:
         best: Workload = Workload()
         replays = [w.replay_match for w in self.workloads if w.replay_match is not None]
@@ -58,3 +65,7 @@ class RunFacts:
                                 world_size=w.world_size, source=w.name)
         best.replay_match = all(replays) if replays else None
         return best
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
