@@ -6,7 +6,7 @@ from __future__ import annotations
 from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError
 from vast_harness.kept.names import find
-from vast_harness.kept.target import check_usable, held_spec, run_on_hold
+from vast_harness.kept.target import WATCH_WAIT_S, check_usable, held_spec, run_on_hold
 from vast_harness.run.hold import ExecStages, HeldHostWork, exec_line
 from vast_harness.spec.resolve import RunOptions, RunSpec
 
@@ -23,7 +23,8 @@ def exec_on(name: str, options: RunOptions, *, full_upload: bool, out: Output) -
     """Run `options.command` on kept host `name`; the exit code (a step's: 0, 1; 6 when the cap ended the hold;
     130 interrupted, the host kept; 2 for a name that is not usable, or busy with another exec)."""
     store, record = find(name)
-    lock = store.lock(name, "exec")  # a second exec meanwhile is refused, naming this one
+    # a second exec meanwhile is refused, naming this one; the watcher handling an outbid is waited for
+    lock = store.lock(name, "exec", wait_watch_s=WATCH_WAIT_S)
     try:
         fresh = store.load(name)
         if fresh is None:

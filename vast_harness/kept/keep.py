@@ -6,7 +6,7 @@ from __future__ import annotations
 from vast_harness.console.output import Output
 from vast_harness.errors import ExitCode
 from vast_harness.kept.names import find
-from vast_harness.kept.target import check_usable, held_spec, run_on_hold
+from vast_harness.kept.target import WATCH_WAIT_S, check_usable, held_spec, run_on_hold
 from vast_harness.run.hold import DownStages, HoldStages, KeepStages
 from vast_harness.spec.resolve import RunOptions
 from vast_harness.state.held import HeldHost, HeldStore, HoldBusy
@@ -15,7 +15,7 @@ from vast_harness.state.held import HeldHost, HeldStore, HoldBusy
 def keep_host(name: str, options: RunOptions, *, out: Output) -> int:
     store, record = find(name)
     try:
-        lock = store.lock(name, "keep")
+        lock = store.lock(name, "keep", wait_watch_s=WATCH_WAIT_S)
     except HoldBusy as busy:  # an exec keeps it alive: its heartbeat pushes the idle deadline, and its end does
         who = f"`{busy.busy.command}` (pid {busy.busy.pid})" if busy.busy else "another command"
         out.info(f"kept host {name}: {who} is working on it and pushes its idle deadline while it runs and as it "

@@ -12,6 +12,7 @@ from pydantic import SecretStr
 from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError
 from vast_harness.kept.names import describe, listing
+from vast_harness.kept.watcher_proc import start_watcher
 from vast_harness.run.hold import HoldStages, finish_hold, hold_terms
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.runner import GuardedRun
@@ -23,6 +24,7 @@ from vast_harness.state.process import ProcessId, this_host
 from vast_harness.vast.client import VastClient
 
 KEPT_PROFILE = "kept"  # every command of a hold records this profile: `costs` groups the holds under it
+WATCH_WAIT_S = 600.0  # a command waits this long for the hold's watcher to finish with an outbid it found
 FIRST_PUSH_S = 60.0  # from the host's onstart to the `up`'s first push of the idle deadline, at most
 # What a command of an interruptible hold takes from its own flags; the rest is the `up`'s (its offer filters,
 # image, --setup, the bid terms), so a replacement host is rented and set up as the `up` did
@@ -121,4 +123,19 @@ def run_on_hold(spec: RunSpec, record: HeldHost, stages: HoldStages, out: Output
                          stages=stages, hold=hold_terms(record, spec.timings.teardown_budget,
                                                         idle_first_s=idle_first_s),
                          on_created=stages.on_created if record.bid is not None else None)
-        return run.execute().exit_code
+        code = run.execute().exit_code
+    if record.bid is not None and stages.command != "watch":  # the watcher, started again if it died
+        ensure_watcher(store_of(stages), record.name, pacing_scale=spec.pacing_scale)
+    return code
+
+
+def store_of(stages: HoldStages) -> HeldStore:
+    return stages.store
+
+
+def ensure_watcher(store: HeldStore, name: str, *, pacing_scale: float) -> None:
+    """An interruptible hold still held (or outbid) has its watcher running (`kept/watch.py`); started here when
+    it is not (the `up`'s, or one that died: `kill -9`, the laptop's sleep)."""
+    fresh = store.load(name)
+    if fresh is not None and fresh.state in ("held", "outbid"):
+        start_watcher(store, fresh, pacing_scale=pacing_scale)

@@ -11,7 +11,7 @@ from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError
 from vast_harness.kept.names import refuse_held
 from vast_harness.kept.simproc import DetachedSim, start_detached_sim, stop_sim
-from vast_harness.kept.target import KEPT_PROFILE, first_idle_s
+from vast_harness.kept.target import KEPT_PROFILE, ensure_watcher, first_idle_s
 from vast_harness.run.hold import HOST_CLOCK_STEP_S, UpStages, hold_terms
 from vast_harness.run.runner import GuardedRun
 from vast_harness.spec.profile import load_driver_policy
@@ -92,6 +92,8 @@ def up_host(spec: RunSpec, name: str, *, idle_minutes: float, out: Output, optio
             result = run.execute()
         now = store.load(name) if stages.claimed else None
         held = now is not None and now.hold_id == hold_id and now.state == "held"
+        if held and record.bid is not None:
+            ensure_watcher(store, name, pacing_scale=target.pacing_scale)
         return result.exit_code
     except ConfigError:
         raise

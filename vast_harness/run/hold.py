@@ -374,6 +374,15 @@ class HoldStages(RunStages):
         checkpoint salvaged off it kept), then the next host rented as the `up` rented (its offer within the
         hold's ceiling, the machine excluded), booted, checked and measured; `arm` moves the record to it."""
         self.replaced, self.salvaged = True, salvaged
+        self.moved_off(t, s, salvaged)
+        s.stage = Stage.RENT
+        if s.plan is None:  # a later command: the `up`'s offer search again, within the hold's ceiling
+            s.plan = replacement_plan(t, self.record)
+        rent_and_connect(t, s)
+
+    def moved_off(self, t: RunTools, s: RunState, salvaged: Path | None) -> None:
+        """The husk is deleted and proven gone: the record leaves it (state `outbid`: nothing billed, the next
+        command rents), what it accrued settled, the checkpoint salvaged off it kept for the next host."""
         meter = t.meter
         compute_usd = meter.accrued_usd() - meter.bytes_up * meter.usd_per_byte_up \
             - meter.bytes_down * meter.usd_per_byte_down  # every host so far, the husk to its DELETE
@@ -389,10 +398,6 @@ class HoldStages(RunStages):
         saved = self.store.update(self.name, change)
         if saved is not None:
             self.record = saved
-        s.stage = Stage.RENT
-        if s.plan is None:  # a later command: the `up`'s offer search again, within the hold's ceiling
-            s.plan = replacement_plan(t, self.record)
-        rent_and_connect(t, s)
 
     def save_host(self, t: RunTools, s: RunState) -> None:
         """The record learns the host this command connected to: its receipt, SSH endpoints and host key."""
@@ -547,6 +552,7 @@ def finish_hold(store: HeldStore, record: HeldHost, *, proven: bool, message: st
     if proven:
         busy = store.busy(record.name)  # asked before the lock files go with the record
         store.remove(record.name)
+        stop_watcher(record)
         if busy is None or busy.pid == os.getpid():
             stop_detached_sim(store, record)
         return
@@ -598,6 +604,69 @@ def stop_detached_sim(store: HeldStore, record: HeldHost) -> None:
     if proc.running():
         with contextlib.suppress(OSError):
             os.kill(record.sim_pid, signal.SIGTERM)
+
+
+def stop_watcher(record: HeldHost) -> None:
+    """An interruptible hold's watcher (`kept/watch.py`), stopped with the hold (never this process itself)."""
+    if record.watcher_pid is None or record.watcher_pid == os.getpid():
+        return
+    proc = ProcessId(host=this_host(), pid=record.watcher_pid, start=record.watcher_pid_start)
+    if proc.running():
+        with contextlib.suppress(OSError):
+            os.kill(record.watcher_pid, signal.SIGTERM)
+
+
+class WatchStages(HoldStages):
+    """The watcher's look at a held host that read paused while no command ran (`kept/watch.py`): per
+    `--on-outbid`, waited for (resumed: it stays held as it was), or salvaged, deleted and proven gone, the hold
+    marked `outbid` for the next command to rent (nothing billed meanwhile); past --max-interruptions the hold
+    ends. No SSH."""
+
+    command = "watch"
+
+    def __init__(self, store: HeldStore, record: HeldHost, *, why: str) -> None:
+        super().__init__(store, record)
+        self.why = why
+        self.moved = False
+
+    def prepare(self, t: RunTools, s: RunState, key_dir: Path) -> Bundle | None:
+        t.cap_guard.start()
+        return None
+
+    def connect(self, t: RunTools, s: RunState) -> None:
+        s.stage = Stage.RENT
+        self.load_bid(t, s)
+        bid = self.record.bid
+        assert bid is not None
+        s.outbid(self.why)
+        if wait_for_resume(t, s, self.why):
+            return
+        previous = Path(self.record.salvaged) if self.record.salvaged else None
+        salvaged = recover(t, s, self.why, previous, waited=bid.wait_minutes is not None)
+        s.recovered()
+        self.moved_off(t, s, salvaged)
+        self.moved = True
+        s.key = None  # the hold's key, not this run's: the teardown that follows must not destroy it
+
+    def arm(self, t: RunTools, s: RunState) -> None:
+        pass
+
+    def work_on_host(self, t: RunTools, s: RunState, bundle: Bundle | None, salvaged: Path | None, *,
+                     in_place: bool) -> None:
+        pass
+
+    def outcome(self, t: RunTools, s: RunState) -> Outcome:
+        if self.moved:
+            return ExitCode.PASSED, (f"kept host {self.name}: its host was outbid while no command ran ({self.why}): "
+                                     "salvaged, deleted and proven gone; the next exec rents another")
+        return ExitCode.PASSED, f"kept host {self.name}: its host resumed after an outbid ({self.why})"
+
+    def ended(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> None:
+        if self.moved and code == ExitCode.PASSED:  # the hold goes on, outbid: only its husk ended
+            self.stop_heartbeat()
+            self.release()
+            return
+        super().ended(t, s, code, message)
 
 
 def _utc(at: Instant | None) -> str:

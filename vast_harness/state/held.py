@@ -432,13 +432,21 @@ class HeldStore:
         return None
 
     # ------------------------------------------------------------------------------------ the busy lock
-    def lock(self, name: str, command: str) -> HeldLock:
-        """Take the kept host for `command`; HoldBusy naming who has it when another command does."""
+    def lock(self, name: str, command: str, *, wait_watch_s: float = 0.0) -> HeldLock:
+        """Take the kept host for `command`; HoldBusy naming who has it when another command does. The hold's
+        watcher (an outbid between commands, being handled) is waited for up to `wait_watch_s`."""
         self._ensure_dir()
         fd = os.open(self.dir / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        until = now_s() + wait_watch_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                busy = self.busy(name)
+                if busy is not None and busy.command == "watch" and now_s() < until:
+                    time.sleep(0.2)
+                    continue
             os.close(fd)
             busy = self.busy(name)
             who = (f"`{busy.command}` (pid {busy.pid}, started {time.time() - busy.since_unix:.0f} s ago)"
