@@ -189,12 +189,3 @@ def test_on_outbid_wait_that_runs_out_salvages_and_replaces(tmp_path: Path) -> N
     assert got.exit_code == ExitCode.PASSED, got.output
     assert got.instances == 2 and got.outbids == 1 and got.resumed == 0, got
     assert "did not resume within" in got.output and got.starts and got.starts[0] > 0, got.output
-
-
-def test_up_interruptible_is_exit_2_before_anything_is_rented(workdir: Path, tmp_path: Path) -> None:
-    # Not yet supported: an outbid kept host is neither salvaged nor replaced, so `up` refuses it plainly rather
-    # than hold a bid host the next exec would find paused.
-    result = cli("up", "box", "--sim", "--interruptible", "--workdir", str(workdir), home=tmp_path)
-    assert result.returncode == ExitCode.BAD_INPUT, result.stderr
-    assert "not yet supported with up" in " ".join((result.stdout + result.stderr).split())
-    assert not list(tmp_path.rglob("held/box.json")) and not list(tmp_path.rglob("ledger.jsonl"))

@@ -143,6 +143,7 @@ class CostMeter:
         self.usd_per_byte_down = 0.0  # out of the host: the same
         self.bytes_up = 0
         self.bytes_down = 0
+        self.settled_usd = 0.0  # what instances before this process's accrued (a kept host's outbid hosts)
         self.expected_up = 0  # transfers the run will still make, reserved out of the money cap
         self.expected_down = 0
         self.price_changes: list[PriceChange] = []
@@ -288,6 +289,12 @@ class CostMeter:
         if self._on_raise is not None:
             self._on_raise(change)
 
+    def add_settled(self, usd: float) -> None:
+        """Dollars earlier instances of the same caps accrued and that no longer bill (a kept host's hosts
+        before an outbid): counted against the money cap as they are."""
+        with self._lock:
+            self.settled_usd += max(0.0, usd)
+
     def add_bytes(self, *, up: int = 0, down: int = 0) -> None:
         with self._lock:
             self.bytes_up += up
@@ -297,7 +304,7 @@ class CostMeter:
     def accrued_usd(self, now: float | None = None) -> float:
         now = self.clock() if now is None else now
         with self._lock:
-            compute = sum(a.usd(now) for a in self._instances.values())
+            compute = sum(a.usd(now) for a in self._instances.values()) + self.settled_usd
             return compute + self.bytes_up * self.usd_per_byte_up + self.bytes_down * self.usd_per_byte_down
 
     def instance_accrued_usd(self, key: int, now: float | None = None) -> float:

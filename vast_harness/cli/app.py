@@ -323,15 +323,20 @@ def up(
     poll_s: PollInterval = None,
     allow_unarmed_deadman: AllowUnarmedDeadman = False,
     interruptible: InterruptibleFlag = False,
+    bid: Bid = None,
+    max_interruptions: MaxInterruptions = None,
+    checkpoint: Checkpoint = None,
+    resume: Resume = None,
+    on_outbid: OnOutbid = None,
 ) -> None:
     """Rent a host and keep it: upload the workdir, run --setup once, and leave it held for `exec` (the caps
     cover the whole hold; its switch deletes it after --idle-minutes without an exec, or at the cap)."""
     _up(Flags.of(ctx), name, idle_minutes)
 
 
-UP_INTERRUPTIBLE = ("--interruptible is not yet supported with up: an outbid kept host is neither salvaged nor "
-                    "replaced yet, so the next exec would find it paused (docs/interruptible.md); "
-                    "`vast-e2e run --interruptible --checkpoint DIR -- CMD` rents interruptible hosts")
+UP_RESUME = ("--resume has no meaning for up: up runs no command of yours (each exec brings its own), so an exec "
+             "cut by an outbid runs its own command again on the replacement, after --setup and the checkpoint's "
+             "restore; give --checkpoint DIR alone")
 
 
 def _up(flags: Flags, name: str, idle_minutes: float | None) -> None:
@@ -342,17 +347,22 @@ def _up(flags: Flags, name: str, idle_minutes: float | None) -> None:
         from vast_harness.state.held import check_name
 
         check_name(name)
-        if flags.options.interruptible:  # before anything is rented: an outbid held host is not yet recovered
-            raise ConfigError(UP_INTERRUPTIBLE)
+        if flags.options.resume is not None:  # before anything is rented
+            raise ConfigError(UP_RESUME)
         spec = up_spec(flags.spec(command=["true"]), name)
         idle = idle_minutes_for(spec, idle_minutes)
         if spec.dry_run:
             code = _plan_or_run(out, spec)
+            terms = spec.interruptible
+            bid = ("" if terms is None else
+                   f"; an interruptible hold's covers {terms.max_interruptions} outbid(s) of its host over the whole "
+                   "hold (each a replacement rented at most at the ceiling above, the workdir and the checkpoint "
+                   "sent again)")
             out.info(f"kept host {name}: the worst case above covers the whole hold (its caps: ${spec.caps.max_usd:g}, "
-                     f"{spec.caps.max_minutes:g} min); each exec's upload is metered against the same cap; its "
+                     f"{spec.caps.max_minutes:g} min){bid}; each exec's upload is metered against the same cap; its "
                      f"switch deletes it after {idle:g} min without an exec")
             return code
-        return up_host(spec, name, idle_minutes=idle, out=out)
+        return up_host(spec, name, idle_minutes=idle, out=out, options=flags.options)
 
     _guard(out, body)
 

@@ -182,6 +182,13 @@ def generate_run_key(dirpath: Path | None = None) -> RunKey:
     return RunKey(path, f"{public.decode('ascii')} {RUN_KEY_COMMENT}")
 
 
+def load_run_key(path: Path) -> RunKey:
+    """A one-time key made before (a kept host's, under its hold's 0700 key dir), its public half derived."""
+    private = serialization.load_ssh_private_key(path.read_bytes(), password=None)
+    public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return RunKey(path, f"{public.decode('ascii')} {RUN_KEY_COMMENT}")
+
+
 def endpoints_for(instance: Instance) -> list[SshEndpoint]:
     """The instance's SSH endpoints in the order to try them: direct first, proxy second."""
     found: list[SshEndpoint] = []

@@ -6,12 +6,9 @@ from __future__ import annotations
 from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError
 from vast_harness.kept.names import find
-from vast_harness.kept.target import check_usable, held_spec
-from vast_harness.run.hold import ExecStages, HeldHostWork, exec_line, hold_terms
-from vast_harness.run.runner import GuardedRun
-from vast_harness.spec.profile import load_driver_policy
+from vast_harness.kept.target import WATCH_WAIT_S, check_usable, held_spec, run_on_hold
+from vast_harness.run.hold import ExecStages, HeldHostWork, exec_line
 from vast_harness.spec.resolve import RunOptions, RunSpec
-from vast_harness.vast.client import VastClient
 
 
 def exec_spec(spec: RunSpec, number: int) -> RunSpec:
@@ -26,7 +23,8 @@ def exec_on(name: str, options: RunOptions, *, full_upload: bool, out: Output) -
     """Run `options.command` on kept host `name`; the exit code (a step's: 0, 1; 6 when the cap ended the hold;
     130 interrupted, the host kept; 2 for a name that is not usable, or busy with another exec)."""
     store, record = find(name)
-    lock = store.lock(name, "exec")  # a second exec meanwhile is refused, naming this one
+    # a second exec meanwhile is refused, naming this one; the watcher handling an outbid is waited for
+    lock = store.lock(name, "exec", wait_watch_s=WATCH_WAIT_S)
     try:
         fresh = store.load(name)
         if fresh is None:
@@ -41,11 +39,7 @@ def exec_on(name: str, options: RunOptions, *, full_upload: bool, out: Output) -
             "include": options.include if options.include is not None else record.include or None,
             "workdir_max_mb": options.workdir_max_mb if options.workdir_max_mb is not None else record.workdir_max_mb}))
         spec = exec_spec(spec, record.execs + 1)
-        assert spec.api_key is not None
-        stages = ExecStages(store, record, full_upload=full_upload)
-        with VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale) as client:
-            run = GuardedRun(spec, client, load_driver_policy(), out, run_id=record.hold_id, host_work=HeldHostWork,
-                             stages=stages, hold=hold_terms(record, spec.timings.teardown_budget))
-            return run.execute().exit_code
+        return run_on_hold(spec, record, ExecStages(store, record, full_upload=full_upload), out,
+                           host_work=HeldHostWork)
     finally:
         lock.release()

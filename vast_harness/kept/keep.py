@@ -6,19 +6,16 @@ from __future__ import annotations
 from vast_harness.console.output import Output
 from vast_harness.errors import ExitCode
 from vast_harness.kept.names import find
-from vast_harness.kept.target import check_usable, held_spec
-from vast_harness.run.hold import DownStages, HoldStages, KeepStages, hold_terms
-from vast_harness.run.runner import GuardedRun
-from vast_harness.spec.profile import load_driver_policy
+from vast_harness.kept.target import WATCH_WAIT_S, check_usable, held_spec, run_on_hold
+from vast_harness.run.hold import DownStages, HoldStages, KeepStages
 from vast_harness.spec.resolve import RunOptions
 from vast_harness.state.held import HeldHost, HeldStore, HoldBusy
-from vast_harness.vast.client import VastClient
 
 
 def keep_host(name: str, options: RunOptions, *, out: Output) -> int:
     store, record = find(name)
     try:
-        lock = store.lock(name, "keep")
+        lock = store.lock(name, "keep", wait_watch_s=WATCH_WAIT_S)
     except HoldBusy as busy:  # an exec keeps it alive: its heartbeat pushes the idle deadline, and its end does
         who = f"`{busy.busy.command}` (pid {busy.busy.pid})" if busy.busy else "another command"
         out.info(f"kept host {name}: {who} is working on it and pushes its idle deadline while it runs and as it "
@@ -41,8 +38,4 @@ def down_host(name: str, options: RunOptions, *, out: Output) -> int:
 
 def _run(store: HeldStore, record: HeldHost, options: RunOptions, stages: HoldStages, out: Output) -> int:
     spec = held_spec(store, record, options.model_copy(update={"profile": "smoke", "command": None}))
-    assert spec.api_key is not None
-    with VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale) as client:
-        run = GuardedRun(spec, client, load_driver_policy(), out, run_id=record.hold_id, stages=stages,
-                         hold=hold_terms(record, spec.timings.teardown_budget))
-        return run.execute().exit_code
+    return run_on_hold(spec, record, stages, out)

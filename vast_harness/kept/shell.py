@@ -14,16 +14,13 @@ from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError, ExitCode
 from vast_harness.host.bundle import Bundle
 from vast_harness.kept.names import find
-from vast_harness.kept.target import check_usable, held_spec
-from vast_harness.run.hold import HoldStages, hold_terms
-from vast_harness.run.runner import GuardedRun
+from vast_harness.kept.target import check_usable, held_spec, run_on_hold
+from vast_harness.run.hold import HoldStages
 from vast_harness.run.state import RunState, Stage
 from vast_harness.run.tools import RunTools
 from vast_harness.run.verdict import Outcome
-from vast_harness.spec.profile import load_driver_policy
 from vast_harness.spec.resolve import RunOptions
 from vast_harness.state.held import HeldHost, HeldStore
-from vast_harness.vast.client import VastClient
 
 POLL_S = 0.2  # how often the open shell checks whether the hold must end (the cap guard fired)
 
@@ -94,9 +91,4 @@ def ssh_host(name: str, remote: list[str], options: RunOptions, *, out: Output) 
     store, record = find(name)
     check_usable(store, record, "ssh")
     spec = held_spec(store, record, options.model_copy(update={"profile": "smoke", "command": None}))
-    assert spec.api_key is not None
-    stages = ShellStages(store, record, remote=remote, ssh=ssh)
-    with VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale) as client:
-        run = GuardedRun(spec, client, load_driver_policy(), out, run_id=record.hold_id, stages=stages,
-                         hold=hold_terms(record, spec.timings.teardown_budget))
-        return run.execute().exit_code
+    return run_on_hold(spec, record, ShellStages(store, record, remote=remote, ssh=ssh), out)

@@ -9,15 +9,27 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
+from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError
 from vast_harness.kept.names import describe, listing
-from vast_harness.run.hold import finish_hold
+from vast_harness.kept.watcher_proc import start_watcher
+from vast_harness.run.hold import HoldStages, finish_hold, hold_terms
+from vast_harness.run.host_work import HostWork
+from vast_harness.run.runner import GuardedRun
+from vast_harness.spec.profile import load_driver_policy
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.state.held import HeldHost, HeldStore
 from vast_harness.state.ledger import account_fingerprint
 from vast_harness.state.process import ProcessId, this_host
+from vast_harness.vast.client import VastClient
 
 KEPT_PROFILE = "kept"  # every command of a hold records this profile: `costs` groups the holds under it
+WATCH_WAIT_S = 600.0  # a command waits this long for the hold's watcher to finish with an outbid it found
+FIRST_PUSH_S = 60.0  # from the host's onstart to the `up`'s first push of the idle deadline, at most
+# What a command of an interruptible hold takes from its own flags; the rest is the `up`'s (its offer filters,
+# image, --setup, the bid terms), so a replacement host is rented and set up as the `up` did
+COMMAND_OWN = ("key_file", "poll_s", "pacing_scale", "proof_interval_s", "command", "workdir", "artifact", "exclude",
+               "include", "workdir_max_mb", "remote_env", "remote_secret", "remote_secret_file")
 
 
 def check_usable(store: HeldStore, record: HeldHost, command: str, *, locked: bool = False) -> None:
@@ -63,6 +75,7 @@ def held_spec(store: HeldStore, record: HeldHost, options: RunOptions,
     if options.api_url is not None and (record.sim or options.api_url.rstrip("/") != record.api_url.rstrip("/")):
         raise ConfigError(f"kept host {name!r} is held on {'its own simulator' if record.sim else record.api_url}, "
                           f"not {options.api_url}: give no --api-url (the hold knows its API). {listing()}")
+    options = bid_options(record, options)
     given = options.model_copy(update={
         "sim": record.sim, "api_url": None if record.sim else record.api_url, "max_usd": record.max_usd,
         "max_minutes": record.max_minutes, "evidence_dir": Path(record.evidence_dir).parent,
@@ -77,3 +90,52 @@ def held_spec(store: HeldStore, record: HeldHost, options: RunOptions,
         raise ConfigError(f"kept host {name!r} belongs to the account whose key fingerprint is {record.account}; "
                           f"this key is another account's: give that key (--key-file or VAST_API_KEY). {listing()}")
     return spec
+
+
+def bid_options(record: HeldHost, options: RunOptions) -> RunOptions:
+    """An interruptible hold's command: the `up`'s options (recorded), with the command's own (`COMMAND_OWN`);
+    another hold's, as given."""
+    if not record.up_options:
+        return options
+    base = RunOptions.model_validate(record.up_options)
+    own = {name: getattr(options, name) for name in COMMAND_OWN if getattr(options, name) is not None}
+    return base.model_copy(update={**own, "command": options.command or ["true"], "dry_run": False})
+
+
+def first_idle_s(spec: RunSpec, idle_s: float) -> int:
+    """The host's first idle deadline, from its onstart: the idle time, and room for what comes before the `up`
+    first pushes it: the SSH connect, the arrival check and the switch's arm probe (up to 50 s on Vast), then the
+    receipt, as long as its budget and grace allow (a run's own, `run/receipt.py`)."""
+    receipt = spec.profile.receipt
+    receipt_s = receipt.budget_s + spec.timings.receipt_grace_s if receipt.enabled else 0.0
+    return int(idle_s + min(FIRST_PUSH_S, spec.teardown_margin_s) + receipt_s)
+
+
+def run_on_hold(spec: RunSpec, record: HeldHost, stages: HoldStages, out: Output,
+                host_work: type[HostWork] = HostWork) -> int:
+    """A later command of the hold as a guarded run on its instance; an interruptible hold's may rent a
+    replacement after an outbid, its switch's first idle allowance as the `up`'s."""
+    assert spec.api_key is not None
+    idle_first_s = first_idle_s(spec, record.idle_s) if record.bid is not None else None
+    stages.idle_first_s = idle_first_s
+    with VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale) as client:
+        run = GuardedRun(spec, client, load_driver_policy(), out, run_id=record.hold_id, host_work=host_work,
+                         stages=stages, hold=hold_terms(record, spec.timings.teardown_budget,
+                                                        idle_first_s=idle_first_s),
+                         on_created=stages.on_created if record.bid is not None else None)
+        code = run.execute().exit_code
+    if record.bid is not None and stages.command != "watch":  # the watcher, started again if it died
+        ensure_watcher(store_of(stages), record.name, pacing_scale=spec.pacing_scale)
+    return code
+
+
+def store_of(stages: HoldStages) -> HeldStore:
+    return stages.store
+
+
+def ensure_watcher(store: HeldStore, name: str, *, pacing_scale: float) -> None:
+    """An interruptible hold still held (or outbid) has its watcher running (`kept/watch.py`); started here when
+    it is not (the `up`'s, or one that died: `kill -9`, the laptop's sleep)."""
+    fresh = store.load(name)
+    if fresh is not None and fresh.state in ("held", "outbid"):
+        start_watcher(store, fresh, pacing_scale=pacing_scale)

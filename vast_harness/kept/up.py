@@ -11,18 +11,17 @@ from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError
 from vast_harness.kept.names import refuse_held
 from vast_harness.kept.simproc import DetachedSim, start_detached_sim, stop_sim
-from vast_harness.kept.target import KEPT_PROFILE
+from vast_harness.kept.target import KEPT_PROFILE, ensure_watcher, first_idle_s
 from vast_harness.run.hold import HOST_CLOCK_STEP_S, UpStages, hold_terms
 from vast_harness.run.runner import GuardedRun
 from vast_harness.spec.profile import load_driver_policy
-from vast_harness.spec.resolve import RunSpec
+from vast_harness.spec.resolve import RunOptions, RunSpec
 from vast_harness.spec.values import check_number
-from vast_harness.state.held import HeldHost, HeldStore, Instant, check_name
+from vast_harness.state.held import HeldBid, HeldHost, HeldStore, Instant, check_name
 from vast_harness.state.ledger import account_fingerprint, new_run_id
 from vast_harness.vast.client import VastClient
 
 DEFAULT_IDLE_MINUTES = 10.0  # without an exec or keep for this long, the host's switch deletes it
-FIRST_PUSH_S = 60.0  # from the host's onstart to the `up`'s first push of the idle deadline, at most
 
 
 def up_spec(spec: RunSpec, name: str) -> RunSpec:
@@ -40,16 +39,17 @@ def idle_minutes_for(spec: RunSpec, given: float | None) -> float:
     return idle
 
 
-def first_idle_s(spec: RunSpec, idle_s: float) -> int:
-    """The host's first idle deadline, from its onstart: the idle time, and room for what comes before the `up`
-    first pushes it: the SSH connect, the arrival check and the switch's arm probe (up to 50 s on Vast), then the
-    receipt, as long as its budget and grace allow (a run's own, `run/receipt.py`)."""
-    receipt = spec.profile.receipt
-    receipt_s = receipt.budget_s + spec.timings.receipt_grace_s if receipt.enabled else 0.0
-    return int(idle_s + min(FIRST_PUSH_S, spec.teardown_margin_s) + receipt_s)
+def held_bid(spec: RunSpec) -> HeldBid | None:
+    """`up --interruptible`'s terms as the hold's record keeps them (the ceiling and the worst case: the plan's)."""
+    terms = spec.interruptible
+    if terms is None:
+        return None
+    return HeldBid(bid_usd_per_h=terms.bid_usd_per_h, max_interruptions=terms.max_interruptions,
+                   checkpoint=terms.checkpoint, wait_minutes=terms.wait_minutes,
+                   checkpoint_max_mb=terms.checkpoint_max_mb)
 
 
-def up_host(spec: RunSpec, name: str, *, idle_minutes: float, out: Output) -> int:
+def up_host(spec: RunSpec, name: str, *, idle_minutes: float, out: Output, options: RunOptions | None = None) -> int:
     """Rent, set up and keep `name`'s host; the exit code (0: held). Nothing is held unless all of it passed:
     anything else deletes what was rented, as a run does."""
     check_name(name)
@@ -73,7 +73,10 @@ def up_host(spec: RunSpec, name: str, *, idle_minutes: float, out: Output) -> in
                       exclude=list(wd.exclude) if wd else [], include=list(wd.include) if wd else [],
                       workdir_max_mb=wd.max_mb if wd else None,
                       # the host's deadlines are whole seconds, twice truncated: ours are that much earlier
-                      switch_lead_s=spec.timings.teardown_budget.switch_s + 2 * HOST_CLOCK_STEP_S)
+                      switch_lead_s=spec.timings.teardown_budget.switch_s + 2 * HOST_CLOCK_STEP_S,
+                      setup=[step.run for step in spec.profile.steps], bid=held_bid(spec),
+                      up_options=options.model_dump(mode="json", exclude_none=True)
+                      if options is not None and spec.interruptible is not None else {})
     idle_first_s = first_idle_s(spec, record.idle_s)
     stages = UpStages(store, record, idle_first_s=idle_first_s)
     held = False
@@ -89,6 +92,8 @@ def up_host(spec: RunSpec, name: str, *, idle_minutes: float, out: Output) -> in
             result = run.execute()
         now = store.load(name) if stages.claimed else None
         held = now is not None and now.hold_id == hold_id and now.state == "held"
+        if held and record.bid is not None:
+            ensure_watcher(store, name, pacing_scale=target.pacing_scale)
         return result.exit_code
     except ConfigError:
         raise

@@ -35,18 +35,29 @@ from pathlib import Path
 from vast_harness.caps.meter import usd_up
 from vast_harness.errors import ConfigError, ExitCode, HarnessError, VastError
 from vast_harness.evidence.run import RunEvidence, write_whole
-from vast_harness.host.bundle import Bundle, WorkdirDelta, build_workdir_delta, bundle_manifest, workdir_selection
+from vast_harness.host.bundle import (
+    Bundle,
+    WorkdirDelta,
+    build_workdir_delta,
+    bundle_for,
+    bundle_manifest,
+    workdir_selection,
+)
 from vast_harness.host.deadman import DeadmanUnarmed, SwitchStatus, push_deadlines
-from vast_harness.host.ssh import HostSession, RunKey, endpoints_for
+from vast_harness.host.ssh import HostSession, RunKey, endpoints_for, load_run_key
 from vast_harness.instance.absence import is_lingering
+from vast_harness.market.plan import RunPlan, plan_run
 from vast_harness.records import AbsenceSummary, CreatedInstance, RunRecord
 from vast_harness.run.host_work import REMOTE_DIR, HostWork
+from vast_harness.run.interrupt import close_attempt, interruptions, recover, restore, salvage, wait_for_resume
 from vast_harness.run.receipt import RECEIPT_ENV
 from vast_harness.run.rent import preflight, rent_and_connect, timed, warn_left_out
-from vast_harness.run.runner import RunStages
+from vast_harness.run.runner import RunStages, work_at
 from vast_harness.run.state import RunState, Stage
+from vast_harness.run.teardown import pull_evidence
 from vast_harness.run.tools import Adopted, HoldTerms, RunTools
 from vast_harness.run.verdict import Outcome, work_outcome
+from vast_harness.spec.profile import Step
 from vast_harness.state.held import HeldHost, HeldLock, HeldStore, Instant
 from vast_harness.state.process import ProcessId, this_host
 from vast_harness.timings import TeardownBudget
@@ -61,13 +72,15 @@ KILL_S = 5.0  # stopping an interrupted exec's command on the host
 SWITCH_DELETE_MARGIN_S = 60.0
 EXEC_PGID = f"{REMOTE_DIR}/.exec.pgid"  # the process group of the exec's command on the host (under $HOME)
 DELTA_NAME = "vh-delta.tar.gz"
+SETUP_TIMEOUT_S = 24 * 60 * 60.0  # a replacement's --setup step, as a run's: bounded by the caps, not a timeout
 HOST_CLOCK_STEP_S = 1.0  # the host's deadlines are whole seconds (`date +%s`): up to this much earlier than ours
 
 
 def adopted(record: HeldHost) -> Adopted:
     """The record's instance and meter as a later command's tools take them over."""
     inst = None
-    if record.instance_id is not None and record.label is not None and record.created is not None:
+    if record.state != "outbid" and record.instance_id is not None and record.label is not None \
+            and record.created is not None:
         inst = CreatedInstance(instance_id=record.instance_id, label=record.label, offer_id=record.offer_id or -1,
                                machine_id=record.machine_id, dph_usd=record.dph_usd or 0.0,
                                t_created_unix=record.created.unix, status="held", seen=True, label_seen=True,
@@ -75,7 +88,7 @@ def adopted(record: HeldHost) -> Adopted:
     t0 = record.t0.to_mono()
     return Adopted(instance=inst, labels={label: t0 for label in record.labels}, t0_mono=t0, t0_unix=record.t0.unix,
                    dph_usd=record.dph_usd or 0.0, usd_per_gb=record.usd_per_byte * 1e9,
-                   bytes_up=record.bytes_up, bytes_down=record.bytes_down)
+                   bytes_up=record.bytes_up, bytes_down=record.bytes_down, settled_usd=record.settled_usd)
 
 
 def hold_terms(record: HeldHost, budget: TeardownBudget, *, idle_first_s: int | None = None,
@@ -163,6 +176,9 @@ class HoldStages(RunStages):
         self.switch: SwitchStatus | None = None
         self.heartbeat: Heartbeat | None = None
         self._push_lock = threading.Lock()
+        self.idle_first_s: int | None = None  # a create's first idle allowance (the `up`'s, or a replacement's)
+        self.replaced = False  # this command rented a replacement after an outbid: the record moves to it
+        self.salvaged: Path | None = None  # the checkpoint folder the replacement restores
 
     @property
     def name(self) -> str:
@@ -175,12 +191,21 @@ class HoldStages(RunStages):
         inst = t.book.latest()
         meter = t.meter
 
+        if inst is not None and gone(t, inst):
+            inst = None  # an outbid host deleted and proven gone: the record already moved off it
+
         def change(r: HeldHost) -> None:
             if inst is not None:
+                if r.instance_id != inst.instance_id:  # a replacement: its own start and price
+                    r.created, r.dph_usd = Instant.at_mono(inst.t_created_mono), inst.dph_usd
                 r.instance_id, r.label, r.dph_usd = inst.instance_id, inst.label, max(inst.dph_usd, r.dph_usd or 0.0)
                 r.offer_id, r.machine_id = inst.offer_id, inst.machine_id
                 if r.created is None:
                     r.created = Instant.at_mono(inst.t_created_mono)
+            if r.bid is not None:  # the hold's hosts so far, as this command knows them
+                r.attempts = [a.model_copy() for a in s.attempts] or r.attempts
+                r.excluded_machines = sorted(set(r.excluded_machines) | t.book.excluded_machines)
+                r.host_home = s.host_home or r.host_home
             r.labels = sorted(set(r.labels) | t.book.labels())
             # Never lower than the record says: an `ssh` beside an `exec` must not undo the exec's bytes.
             r.usd_per_byte = max(r.usd_per_byte, meter.usd_per_byte_up, meter.usd_per_byte_down)
@@ -241,7 +266,12 @@ class HoldStages(RunStages):
         with the hold's key, to the host whose key the first connection saw."""
         s.stage = Stage.RENT
         t.phases.start("connect")
+        self.load_bid(t, s)
         inst = t.book.latest()
+        if inst is None and self.record.state == "outbid":  # the husk went between commands: rent the next host
+            t.out.warn(f"kept host {self.name}: {self.record.message or 'its host was outbid'}; renting another")
+            self.replace(t, s, Path(self.record.salvaged) if self.record.salvaged else None)
+            return
         if inst is None:
             raise HoldNotUsable(f"kept host {self.name!r} has no instance: its `up` never got one (killed?)")
         try:
@@ -255,6 +285,10 @@ class HoldStages(RunStages):
             raise HarnessError(f"kept host {self.name!r}: instance {inst.instance_id} is gone")
         t.instances.check_boot_read(inst, read)  # a row with another label is not the hold's (exit 3: unknown)
         t.reads.on_read(inst, read)
+        if read.paused is not None and self.record.bid is not None:  # outbid while no command ran
+            if self.outbid_between(t, s, f"instance {inst.instance_id} {read.paused}"):
+                return
+            read = t.client.get_instance(inst.instance_id, max_retry_s=READ_S, within_s=READ_S) or read
         if read.actual_status != "running":
             raise HarnessError(f"kept host {self.name!r}: instance {inst.instance_id} is {read.actual_status!r}, "
                                "not running; it is left as it was (`down` deletes it, else its switch)")
@@ -284,6 +318,8 @@ class HoldStages(RunStages):
     def check_switch(self, t: RunTools, s: RunState) -> None:
         """Stage.DEADMAN for a later command: the deadlines pushed, the switch found running (else the hold ends:
         fail closed), the heartbeat started."""
+        if self.replaced:  # a replacement rented by this command: the record moves to it first
+            self.save_host(t, s)
         s.stage = Stage.DEADMAN
         status = timed(t, s, "deadman_check", lambda: self.push(t, s))
         if status is None or (status.problem is not None and status.cap_epoch is None):
@@ -302,6 +338,129 @@ class HoldStages(RunStages):
         return (f"dead-man: armed; deletes kept host {self.name} {idle}{' or ' if idle else ''}at the cap "
                 f"({_utc(r.cap_end())})")
 
+    # ------------------------------------------------------------------------------------ outbids
+    def load_bid(self, t: RunTools, s: RunState) -> None:
+        """An interruptible hold's hosts so far, as the run's outbid code counts them (`--max-interruptions`
+        over the whole hold), the machines an outbid hit, and where the host keeps the checkpoint."""
+        r = self.record
+        if r.bid is None:
+            return
+        s.attempts = [a.model_copy() for a in r.attempts]
+        s.host_home = r.host_home
+        t.book.excluded_machines.update(r.excluded_machines)
+        if s.key is None and r.key_path and self.store.key_usable(r) is None:
+            s.key = load_run_key(Path(r.key_path))  # the salvage's rsync, and a replacement's onstart
+
+    def outbid_between(self, t: RunTools, s: RunState, why: str) -> bool:
+        """The held host reads paused (outbid) as a command starts: per `--on-outbid`, wait for it to resume
+        (False: it did; the command goes on there), or salvage it, delete it, prove it gone and rent the next
+        host (True: replaced). Past --max-interruptions, `recover` ends the hold (exit 1)."""
+        s.outbid(why)
+        if wait_for_resume(t, s, why):  # its container re-booted: the command connects to it as usual
+            return False
+        bid = self.record.bid
+        assert bid is not None
+        previous = Path(self.record.salvaged) if self.record.salvaged else None
+        salvaged = recover(t, s, why, previous, waited=bid.wait_minutes is not None)
+        s.recovered()
+        self.replace(t, s, salvaged)
+        return True
+
+    def replace_host(self, t: RunTools, s: RunState, salvaged: Path | None) -> None:
+        self.replace(t, s, salvaged)
+
+    def replace(self, t: RunTools, s: RunState, salvaged: Path | None) -> None:
+        """After the husk was deleted and proven gone: the record moved off it (what it accrued settled, the
+        checkpoint salvaged off it kept), then the next host rented as the `up` rented (its offer within the
+        hold's ceiling, the machine excluded), booted, checked and measured; `arm` moves the record to it."""
+        self.replaced, self.salvaged = True, salvaged
+        self.moved_off(t, s, salvaged)
+        s.stage = Stage.RENT
+        if s.plan is None:  # a later command: the `up`'s offer search again, within the hold's ceiling
+            s.plan = replacement_plan(t, self.record)
+        rent_and_connect(t, s)
+
+    def moved_off(self, t: RunTools, s: RunState, salvaged: Path | None) -> None:
+        """The husk is deleted and proven gone: the record leaves it (state `outbid`: nothing billed, the next
+        command rents), what it accrued settled, the checkpoint salvaged off it kept for the next host."""
+        meter = t.meter
+        compute_usd = meter.accrued_usd() - meter.bytes_up * meter.usd_per_byte_up \
+            - meter.bytes_down * meter.usd_per_byte_down  # every host so far, the husk to its DELETE
+
+        def change(r: HeldHost) -> None:
+            r.state = "outbid" if r.state == "held" else r.state
+            r.instance_id, r.created, r.dph_usd, r.hard_deadline = None, None, None, None
+            r.settled_usd = round(max(r.settled_usd, compute_usd), 9)
+            r.salvaged = str(salvaged) if salvaged is not None else r.salvaged
+            r.attempts = [a.model_copy() for a in s.attempts] or r.attempts
+            r.excluded_machines = sorted(set(r.excluded_machines) | t.book.excluded_machines)
+
+        saved = self.store.update(self.name, change)
+        if saved is not None:
+            self.record = saved
+
+    def save_host(self, t: RunTools, s: RunState) -> None:
+        """The record learns the host this command connected to: its receipt, SSH endpoints and host key."""
+        assert s.session is not None
+        self.save(t, s, receipt=s.receipt, receipt_path=s.work.step_env.get(RECEIPT_ENV) if s.work else None,
+                  endpoints=[s.session.endpoint], host_key_fingerprint=s.session.host_key_fingerprint,
+                  host_key_type=s.session.host_key_type, host_key_base64=s.session.host_key_base64,
+                  gpu=f"{s.candidate.offer.num_gpus}x {s.candidate.offer.gpu_name}" if s.candidate else None,
+                  **({"state": "held"} if self.record.state == "outbid" else {}))
+
+    def on_created(self, inst: CreatedInstance) -> None:
+        """A create named the instance: the record knows it (a `kill -9` from here leaves it to the switch,
+        which fires `idle_first_s` after the host first runs its onstart, or at the cap)."""
+        def change(r: HeldHost) -> None:
+            r.instance_id, r.label, r.offer_id, r.machine_id = inst.instance_id, inst.label, inst.offer_id, \
+                inst.machine_id
+            r.labels = sorted({*r.labels, inst.label})
+            r.created, r.dph_usd = Instant.at_mono(inst.t_created_mono), inst.dph_usd
+            if self.idle_first_s is not None:
+                r.idle_deadline = r.created.plus(self.idle_first_s - HOST_CLOCK_STEP_S)
+
+        saved = self.store.update(self.name, change)
+        if saved is not None:
+            self.record = saved
+
+    def again_steps(self, t: RunTools, s: RunState, n: int) -> list[Step]:
+        """What a replacement (or a host resumed in place) runs after the setup: an exec's command again."""
+        return []
+
+    def work_on_host(self, t: RunTools, s: RunState, bundle: Bundle | None, salvaged: Path | None, *,
+                     in_place: bool) -> None:
+        """The command's work; on a host rented after an outbid: the workdir whole, the `up`'s --setup again,
+        the checkpoint restored, then the command's own again (`again_steps`); on a host resumed in place, its
+        disk as it was: the setup and the command again."""
+        if not (self.replaced or in_place or salvaged is not None or s.steps_before):
+            self.work(t, s, bundle)
+            return
+        salvaged = salvaged if salvaged is not None else self.salvaged
+        n = interruptions(s)
+        work = work_at(s, Stage.UPLOAD)
+        if not in_place and self.record.workdir is not None:
+            full = bundle_for(t.spec)  # the host has nothing of ours: all of it, as the `up` sent it
+            t.out.info(f"kept host {self.name}: uploading the workdir ({full.files} files) to the new host")
+            self.save(t, s, manifest_state="applying")
+            timed(t, s, "upload", lambda: HostWork.upload(work, full))
+            self.save(t, s, manifest=bundle_manifest(full), manifest_state="clean")
+        setup = [Step(name=f"setup-{i}.r{n}", run=line, timeout_s=SETUP_TIMEOUT_S, workload=False)
+                 for i, line in enumerate(self.record.setup, 1)]
+        if setup:
+            work.steps_to_run = setup
+            work_at(s, Stage.STEPS).run_steps()
+        if not in_place and salvaged is not None:
+            restore(t, s, salvaged)
+        again = self.again_steps(t, s, n)
+        if again:
+            work.steps_to_run = again
+            work_at(s, Stage.STEPS).run_steps()
+        pull_evidence(t, s, in_teardown=False)
+        self.replaced = False
+
+    def finished(self, t: RunTools, s: RunState) -> None:
+        """The host stays held: its attempt stays open (`down`, or the next outbid, ends it)."""
+
     # ------------------------------------------------------------------------------------ keeping
     # The outcomes after which the host stays held: a command that failed or was interrupted keeps it
     kept_codes: tuple[ExitCode, ...] = (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER, ExitCode.FAILED,
@@ -319,7 +478,7 @@ class HoldStages(RunStages):
             self.yielded = True
             return True
         if self.end_reason is not None or inst is None or inst.instance_id in t.book.vanished \
-                or code not in self.kept_codes:
+                or code not in self.kept_codes or gone(t, inst):
             return False
         if fresh.expired():
             self.end_reason = f"its {fresh.why_deadline()} deadline passed while the command ran"
@@ -367,6 +526,22 @@ class HoldStages(RunStages):
                         message=message)
 
 
+def replacement_plan(t: RunTools, record: HeldHost) -> RunPlan:
+    """The offers a later command may rent after an outbid: the `up`'s search again (the hold's spec), every host
+    within the ceiling the `up`'s worst case priced (not a fresh one from today's cheapest offer)."""
+    plan = plan_run(t.spec, t.client, t.drivers, bundle_for(t.spec))
+    ceiling = record.bid.ceiling_dph_usd if record.bid is not None else None
+    if ceiling is None:
+        return plan
+    quote = plan.chosen.quote.model_copy(update={"ceiling_dph_usd": ceiling})
+    return plan.model_copy(update={"chosen": plan.chosen.model_copy(update={"quote": quote})})
+
+
+def gone(t: RunTools, inst: CreatedInstance) -> bool:
+    """The instance was deleted and proven gone by this command (an outbid husk)."""
+    return any(r.instance_id == inst.instance_id and r.verdict == "gone" for r in t.book.teardowns)
+
+
 class HoldNotUsable(ConfigError):
     """The kept host cannot be worked on (no instance yet, its key unusable): exit 2, nothing done to it."""
 
@@ -377,6 +552,7 @@ def finish_hold(store: HeldStore, record: HeldHost, *, proven: bool, message: st
     if proven:
         busy = store.busy(record.name)  # asked before the lock files go with the record
         store.remove(record.name)
+        stop_watcher(record)
         if busy is None or busy.pid == os.getpid():
             stop_detached_sim(store, record)
         return
@@ -430,6 +606,69 @@ def stop_detached_sim(store: HeldStore, record: HeldHost) -> None:
             os.kill(record.sim_pid, signal.SIGTERM)
 
 
+def stop_watcher(record: HeldHost) -> None:
+    """An interruptible hold's watcher (`kept/watch.py`), stopped with the hold (never this process itself)."""
+    if record.watcher_pid is None or record.watcher_pid == os.getpid():
+        return
+    proc = ProcessId(host=this_host(), pid=record.watcher_pid, start=record.watcher_pid_start)
+    if proc.running():
+        with contextlib.suppress(OSError):
+            os.kill(record.watcher_pid, signal.SIGTERM)
+
+
+class WatchStages(HoldStages):
+    """The watcher's look at a held host that read paused while no command ran (`kept/watch.py`): per
+    `--on-outbid`, waited for (resumed: it stays held as it was), or salvaged, deleted and proven gone, the hold
+    marked `outbid` for the next command to rent (nothing billed meanwhile); past --max-interruptions the hold
+    ends. No SSH."""
+
+    command = "watch"
+
+    def __init__(self, store: HeldStore, record: HeldHost, *, why: str) -> None:
+        super().__init__(store, record)
+        self.why = why
+        self.moved = False
+
+    def prepare(self, t: RunTools, s: RunState, key_dir: Path) -> Bundle | None:
+        t.cap_guard.start()
+        return None
+
+    def connect(self, t: RunTools, s: RunState) -> None:
+        s.stage = Stage.RENT
+        self.load_bid(t, s)
+        bid = self.record.bid
+        assert bid is not None
+        s.outbid(self.why)
+        if wait_for_resume(t, s, self.why):
+            return
+        previous = Path(self.record.salvaged) if self.record.salvaged else None
+        salvaged = recover(t, s, self.why, previous, waited=bid.wait_minutes is not None)
+        s.recovered()
+        self.moved_off(t, s, salvaged)
+        self.moved = True
+        s.key = None  # the hold's key, not this run's: the teardown that follows must not destroy it
+
+    def arm(self, t: RunTools, s: RunState) -> None:
+        pass
+
+    def work_on_host(self, t: RunTools, s: RunState, bundle: Bundle | None, salvaged: Path | None, *,
+                     in_place: bool) -> None:
+        pass
+
+    def outcome(self, t: RunTools, s: RunState) -> Outcome:
+        if self.moved:
+            return ExitCode.PASSED, (f"kept host {self.name}: its host was outbid while no command ran ({self.why}): "
+                                     "salvaged, deleted and proven gone; the next exec rents another")
+        return ExitCode.PASSED, f"kept host {self.name}: its host resumed after an outbid ({self.why})"
+
+    def ended(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> None:
+        if self.moved and code == ExitCode.PASSED:  # the hold goes on, outbid: only its husk ended
+            self.stop_heartbeat()
+            self.release()
+            return
+        super().ended(t, s, code, message)
+
+
 def _utc(at: Instant | None) -> str:
     if at is None:
         return "?"
@@ -455,22 +694,13 @@ class UpStages(HoldStages):
         self.lock = self.store.lock(self.name, "up")  # an exec meanwhile is refused: "up is setting it up"
         bundle = preflight(t, s, self.store.make_key_dir(self.name))
         assert s.key is not None
-        self.save(t, s, key_path=str(s.key.path))
+        bid = self.record.bid
+        if bid is not None and s.plan is not None:  # every later host of the hold within the worst case's ceiling
+            quote = s.plan.chosen.quote
+            bid = bid.model_copy(update={"ceiling_dph_usd": quote.ceiling_dph_usd,
+                                         "worst_case_usd": quote.worst_case_usd})
+        self.save(t, s, key_path=str(s.key.path), bid=bid)
         return bundle
-
-    def on_created(self, inst: CreatedInstance) -> None:
-        """A create named the instance: the record knows it (a `kill -9` from here leaves it to the switch,
-        which fires `idle_first_s` after the host first runs its onstart, or at the cap)."""
-        def change(r: HeldHost) -> None:
-            r.instance_id, r.label, r.offer_id, r.machine_id = inst.instance_id, inst.label, inst.offer_id, \
-                inst.machine_id
-            r.labels = sorted({*r.labels, inst.label})
-            r.created, r.dph_usd = Instant.at_mono(inst.t_created_mono), inst.dph_usd
-            r.idle_deadline = r.created.plus(self.idle_first_s - HOST_CLOCK_STEP_S)
-
-        saved = self.store.update(self.name, change)
-        if saved is not None:
-            self.record = saved
 
     def connect(self, t: RunTools, s: RunState) -> None:
         rent_and_connect(t, s)
@@ -478,11 +708,7 @@ class UpStages(HoldStages):
     def arm(self, t: RunTools, s: RunState) -> None:
         """The switch was proven armed and the receipt taken in `connect` (as a run's): the idle deadline is
         pushed from now and the record learns the host."""
-        assert s.session is not None
-        self.save(t, s, receipt=s.receipt, receipt_path=s.work.step_env.get(RECEIPT_ENV) if s.work else None,
-                  endpoints=[s.session.endpoint], host_key_fingerprint=s.session.host_key_fingerprint,
-                  host_key_type=s.session.host_key_type, host_key_base64=s.session.host_key_base64,
-                  gpu=f"{s.candidate.offer.num_gpus}x {s.candidate.offer.gpu_name}" if s.candidate else None)
+        self.save_host(t, s)
         status = self.push(t, s)
         if status is None or status.problem is not None:
             raise DeadmanUnarmed(f"kept host {self.name!r}: the idle deadline could not be set on the host "
@@ -558,6 +784,13 @@ class ExecStages(HoldStages):
         super().work(t, s, bundle)
         self.save(t, s, manifest=self.delta.manifest, manifest_state="clean")
 
+    def again_steps(self, t: RunTools, s: RunState, n: int) -> list[Step]:
+        """The exec's command again on the host that replaced (or resumed) the outbid one, as `exec-N.rK`."""
+        steps = [step.model_copy(update={"name": f"{step.name}.r{n}"}) for step in t.spec.profile.steps]
+        for step, again in zip(t.spec.profile.steps, steps, strict=True):
+            t.out.warn(f"kept host {self.name}: {step.name} was cut by the outbid; run again as {again.name}")
+        return steps
+
     def outcome(self, t: RunTools, s: RunState) -> Outcome:
         return ExitCode.PASSED, f"exec {self.record.execs} passed; kept host {self.name} stays held"
 
@@ -612,7 +845,29 @@ class DownStages(HoldStages):
         return None
 
     def connect(self, t: RunTools, s: RunState) -> None:
+        """No SSH. An interruptible hold's host that reads paused (outbid) has its checkpoint salvaged into the
+        hold's evidence first (the teardown then deletes it and proves it gone)."""
         s.stage = Stage.RENT
+        self.load_bid(t, s)
+        inst = t.book.latest()
+        bid = self.record.bid
+        if bid is None or inst is None:
+            return
+        try:
+            read = t.client.get_instance(inst.instance_id, max_retry_s=READ_S, within_s=READ_S)
+        except VastError:
+            return  # the teardown reads it again
+        if read is None or read.paused is None:
+            return
+        why = f"instance {inst.instance_id} {read.paused}"
+        t.out.warn(f"kept host {self.name}: outbid ({why}); deleting it")
+        t.ledger.append(s.run_id, "outbid", inst.label, instance_id=inst.instance_id, detail=why[:300])
+        if bid.checkpoint is not None:
+            try:
+                salvage(t, s, inst, interruptions(s) + 1)
+            except HarnessError as exc:  # the host goes anyway: `down` never keeps it for its data
+                t.out.warn(f"the checkpoint could not be copied off instance {inst.instance_id}: {exc}")
+        close_attempt(t, s, inst.instance_id, f"outbid ({why}); then down")
 
     def arm(self, t: RunTools, s: RunState) -> None:
         pass

@@ -301,7 +301,10 @@ def create_one(t: RunTools, s: RunState, cand: Candidate, label: str) -> CreateO
     that no read settles raises CreateUnresolved (exit 3 unless the final sweep finds it)."""
     spec, book = t.spec, t.book
     assert s.key is not None
-    deadman_s = t.hold.switch_allowance_s if t.hold else spec.deadman_allowance_s
+    deadman_s = spec.deadman_allowance_s
+    if t.hold is not None:  # a kept host's switch: never past the hold's caps (a replacement's comes late in it)
+        deadman_s = max(1, int(min(t.hold.switch_allowance_s,
+                                   t.meter.hard_deadline() - t.budget.switch_s - t.clock())))
     request = CreateRequest(
         image=spec.profile.image_ref.create_form, disk=spec.profile.disk_gb, label=label,
         onstart=build_onstart(public_key=s.key.public_openssh, api_url=spec.api_url, deadman_after_s=deadman_s,

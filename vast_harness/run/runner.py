@@ -95,6 +95,33 @@ class RunStages:
         work_at(s, Stage.STEPS).run_steps()
         pull_evidence(t, s, in_teardown=False)  # Stage.PULL
 
+    def work_on_host(self, t: RunTools, s: RunState, bundle: Bundle | None, salvaged: Path | None, *,
+                     in_place: bool) -> None:
+        """The work, on the first host or after an outbid: on an interruptible run's replacement host, the
+        upload, the salvaged checkpoint restored and the resume instead; `in_place`: the same host after a
+        pause, its workdir and checkpoint on its disk (an upload would wipe them), so only the resume."""
+        if not in_place and salvaged is None and not s.steps_before:
+            self.work(t, s, bundle)
+            return
+        if bundle is None:
+            return
+        if not in_place:
+            timed(t, s, "upload", lambda: work_at(s, Stage.UPLOAD).upload(bundle))
+            if salvaged is not None:
+                restore(t, s, salvaged)
+        work_at(s, Stage.UPLOAD).steps_to_run = resume_steps(t)  # the resume (or the command again)
+        work_at(s, Stage.STEPS).run_steps()
+        pull_evidence(t, s, in_teardown=False)  # Stage.PULL
+
+    def replace_host(self, t: RunTools, s: RunState, salvaged: Path | None) -> None:
+        """After an outbid host was salvaged, deleted and proven gone: the next host (`connect` again)."""
+        self.connect(t, s)
+
+    def finished(self, t: RunTools, s: RunState) -> None:
+        """The work is done: an interruptible run's last host ends "finished"."""
+        if s.attempts and (latest := t.book.latest()) is not None:
+            close_attempt(t, s, latest.instance_id, "finished")
+
     def outcome(self, t: RunTools, s: RunState) -> Outcome:
         """The outcome of work that all succeeded."""
         return work_outcome(s.candidate.driver_qualified if s.candidate else False)
@@ -156,7 +183,7 @@ class GuardedRun:
                         # The host may re-price while anything runs on it, a slow upload or pull as a step.
                         with t.reads.watch_prices(t.book.latest()):
                             stages.arm(t, s)  # a kept host's deadlines pushed (a run's switch: in connect)
-                            self._work_on_host(bundle, salvaged, in_place=in_place)  # UPLOAD, STEPS, PULL
+                            stages.work_on_host(t, s, bundle, salvaged, in_place=in_place)  # UPLOAD, STEPS, PULL
                         break
                     except (Exception, Interrupted) as exc:
                         why = outbid_of(t, s, exc)
@@ -173,9 +200,8 @@ class GuardedRun:
                         in_place = False
                         s.recovered()
                         s.stage = Stage.RENT
-                        stages.connect(t, s)
-                if s.attempts and (latest := t.book.latest()) is not None:
-                    close_attempt(t, s, latest.instance_id, "finished")
+                        stages.replace_host(t, s, salvaged)
+                stages.finished(t, s)
                 code, message = with_guard(*stages.outcome(t, s), t.cap_guard.fired_reason)
             except (Exception, Interrupted) as exc:  # a bug too must end in teardown and an exit code
                 code, message = with_guard(exit_code_for(exc), describe(exc), t.cap_guard.fired_reason)
@@ -196,24 +222,6 @@ class GuardedRun:
                         s.registration.release()  # the run is over: a reap may now judge what is left
                     t.notify.finish(t.ev, t.out.warn)  # the last events get a moment to leave; each one's fate kept
         return HarnessResult(run_id=s.run_id, exit_code=code, message=message)
-
-    def _work_on_host(self, bundle: Bundle | None, salvaged: Path | None, *, in_place: bool = False) -> None:
-        """The stages' work (upload, steps, pull); on an interruptible run's replacement host, the upload, the
-        salvaged checkpoint restored and the resume instead; `in_place`: the same host after a pause, its
-        workdir and checkpoint on its disk (an upload would wipe them), so only the resume."""
-        t, s = self.tools, self.state
-        if not in_place and salvaged is None and not s.steps_before:
-            self.stages.work(t, s, bundle)
-            return
-        if bundle is None:
-            return
-        if not in_place:
-            timed(t, s, "upload", lambda: work_at(s, Stage.UPLOAD).upload(bundle))
-            if salvaged is not None:
-                restore(t, s, salvaged)
-        work_at(s, Stage.UPLOAD).steps_to_run = resume_steps(t)  # the resume (or the command again)
-        work_at(s, Stage.STEPS).run_steps()
-        pull_evidence(t, s, in_teardown=False)  # Stage.PULL
 
     def _keeps(self, code: ExitCode) -> bool:
         """The stages keep the instance, and the cap guard never took it: claimed here, the guard leaves it alone

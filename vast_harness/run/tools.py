@@ -49,6 +49,7 @@ class Adopted:
     usd_per_gb: float  # transfers, both ways
     bytes_up: int
     bytes_down: int
+    settled_usd: float = 0.0  # what the hold's earlier hosts (outbid, proven gone) accrued
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ def build_tools(spec: RunSpec, client: VastClient, drivers: DriverPolicy, out: O
         if adopt.instance is not None:
             meter.start_instance(adopt.instance.instance_id, adopt.dph_usd, adopt.instance.t_created_mono)
         meter.add_bytes(up=adopt.bytes_up, down=adopt.bytes_down)
+        meter.add_settled(adopt.settled_usd)
     book, cap_guard = instances.book, instances.guard
     stuck = StuckRunWatch(guard=cap_guard, client=client, book=book, clock=meter.now,
                           bound_s=lambda: (len(book.created) + 2) * state.teardown_budget_s + STUCK_GRACE_S,

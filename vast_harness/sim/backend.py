@@ -397,6 +397,15 @@ class Backend:
         inst.host.close()
         inst.sandbox.close()
 
+    def outbid_now(self, instance_id: int) -> bool:
+        """Outbid instance `instance_id` now, as the `outbid` fault does at its time (a test picks the moment: while
+        a command runs, between two); False when it is not a live bid instance."""
+        inst = self.instances.get(instance_id)
+        if inst is None or not inst.is_bid or not inst.live:
+            return False
+        self._outbid(inst)
+        return True
+
     def _outbid(self, inst: Instance) -> None:
         """Another renter's higher bid takes the GPU: the instance is paused (stopped, all states `stopped`, as
         dstack reads an outbid), its processes killed and SSH closed; the disk stays and storage bills. A rule

@@ -264,7 +264,7 @@ def dispatch(backend: Backend, req: Request) -> Response:
 
 
 def control(backend: Backend, req: Request) -> Response:
-    """The /_sim/ control plane: GET state, PUT/GET faults, POST reset."""
+    """The /_sim/ control plane: GET state, PUT/GET faults, POST reset, POST outbid/<id>."""
     if req.path.rstrip("/") == "/_sim/state" and req.method == "GET":
         return Response(200, backend.state())
     if req.path.rstrip("/") == "/_sim/faults" and req.method == "GET":
@@ -278,4 +278,10 @@ def control(backend: Backend, req: Request) -> Response:
     if req.path.rstrip("/") == "/_sim/reset" and req.method == "POST":
         backend.reset()
         return Response(200, {"success": True})
+    if req.path.startswith("/_sim/outbid/") and req.method == "POST":  # a bid instance outbid now (a test's moment)
+        try:
+            instance_id = int(req.path.rstrip("/").rsplit("/", 1)[1])
+        except ValueError:
+            return Response(400, {"success": False, "error": "invalid_id", "msg": req.path})
+        return Response(200, {"success": backend.outbid_now(instance_id)})
     return Response(404, {"success": False, "error": "not_found", "msg": f"no control route {req.path}"})

@@ -134,6 +134,10 @@ class SimServer:
     def reset(self) -> None:
         self.backend.reset()
 
+    def outbid(self, instance_id: int) -> bool:
+        """Outbid a live bid instance now (`SimBackend.outbid_now`)."""
+        return self.backend.outbid_now(instance_id)
+
     def stop(self) -> None:
         """Close the API port and every host (processes killed); live instances stay live in state()."""
         if self._httpd is not None:

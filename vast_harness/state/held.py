@@ -33,21 +33,22 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
 from vast_harness.clock import boot_id, now_s
 from vast_harness.errors import ConfigError
 from vast_harness.files import UnusableFile, read_regular_file
-from vast_harness.records import Receipt, SshEndpoint
+from vast_harness.records import Attempt, Receipt, SshEndpoint
 from vast_harness.state.process import this_host, this_process
 
 HELD_DIR = "held"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 MAX_RECORD_BYTES = 4 * 1024 * 1024  # a record with a 50,000-file manifest is a few MB
 
-HoldState = Literal["starting", "held", "ending"]
+# outbid: its host was outbid between commands and is deleted (salvaged first); the next command rents another
+HoldState = Literal["starting", "held", "outbid", "ending"]
 
 
 class Instant(BaseModel):
@@ -80,6 +81,19 @@ class Instant(BaseModel):
 
     def plus(self, seconds: float) -> Instant:
         return Instant(boot=self.boot, mono=self.mono + seconds, unix=self.unix + seconds)
+
+
+class HeldBid(BaseModel):
+    """A kept host's interruptible terms, as `up --interruptible` took them (spec/interruptible.py's, kept here
+    because the record is below the spec)."""
+
+    bid_usd_per_h: float | None = None  # None: auto (the offer's min_bid plus a margin)
+    max_interruptions: int
+    checkpoint: str | None = None  # relative to the workdir
+    wait_minutes: float | None = None  # --on-outbid wait:MINUTES
+    checkpoint_max_mb: float
+    ceiling_dph_usd: float | None = None  # the most any host of the hold may bill per hour (the worst case's)
+    worst_case_usd: float | None = None  # the `up`'s worst case over k interruptions
 
 
 class HeldHost(BaseModel):
@@ -144,6 +158,22 @@ class HeldHost(BaseModel):
     last_exec_rc: int | None = None
     exec_unfinished: bool = False  # an exec that never came back (killed): its command may still run there
     message: str = ""
+    # --interruptible (docs/interruptible.md): the terms, the hosts so far, the outbid handled between commands
+    bid: HeldBid | None = None
+    setup: list[str] = Field(default_factory=list)  # the `up`'s --setup commands: a replacement runs them again
+    attempts: list[Attempt] = Field(default_factory=list)  # every host of the hold, in order
+    settled_usd: float = 0.0  # what the hold's earlier hosts (outbid, deleted, proven gone) accrued
+    excluded_machines: list[int] = Field(default_factory=list)  # machines an outbid hit: not rented again
+    host_home: str | None = None  # the host's $HOME: the checkpoint is copied off a stopped husk by path
+    salvaged: str | None = None  # the checkpoint folder salvaged last: the next host's restore
+    up_options: dict[str, Any] = Field(default_factory=dict)  # the `up`'s flags: a replacement is rented by them
+    watcher_pid: int | None = None  # the detached watcher (kept/watch.py) that reads the instance between commands
+    watcher_pid_start: str | None = None
+
+    @property
+    def outbids(self) -> int:
+        """The outbids the hold met so far (hosts that ended outbid, pauses a host resumed from)."""
+        return sum(a.ended.startswith("outbid") for a in self.attempts) + sum(a.pauses for a in self.attempts)
 
     @property
     def idle_s(self) -> float:
@@ -402,13 +432,21 @@ class HeldStore:
         return None
 
     # ------------------------------------------------------------------------------------ the busy lock
-    def lock(self, name: str, command: str) -> HeldLock:
-        """Take the kept host for `command`; HoldBusy naming who has it when another command does."""
+    def lock(self, name: str, command: str, *, wait_watch_s: float = 0.0) -> HeldLock:
+        """Take the kept host for `command`; HoldBusy naming who has it when another command does. The hold's
+        watcher (an outbid between commands, being handled) is waited for up to `wait_watch_s`."""
         self._ensure_dir()
         fd = os.open(self.dir / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        until = now_s() + wait_watch_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                busy = self.busy(name)
+                if busy is not None and busy.command == "watch" and now_s() < until:
+                    time.sleep(0.2)
+                    continue
             os.close(fd)
             busy = self.busy(name)
             who = (f"`{busy.command}` (pid {busy.pid}, started {time.time() - busy.since_unix:.0f} s ago)"

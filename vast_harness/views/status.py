@@ -61,6 +61,8 @@ def collect(spec: RunSpec, client: VastClient | None) -> tuple[list[StatusRow], 
     problems.extend(store.skipped)
     held_rows = [_held_row(store, record) for record in holds]
     held_ids = {r.hold_id for r in holds}
+    if client is not None:  # an interruptible hold's host outbid while no command runs: said as such
+        held_rows = [_held_row(store, record, paused=_paused(client, record)) for record in holds]
     if client is None:
         return held_rows + [_registered_only(run, instance_id) for run_id, run in sorted(runs.items())
                             if run.liveness == "live" and run_id not in held_ids
@@ -112,13 +114,29 @@ def collect(spec: RunSpec, client: VastClient | None) -> tuple[list[StatusRow], 
     return rows, problems
 
 
-def _held_row(store: HeldStore, record: HeldHost) -> StatusRow:
+def _paused(client: VastClient, record: HeldHost) -> str | None:
+    """Why an interruptible hold's held instance reads paused (outbid), else None (or unreadable)."""
+    if record.bid is None or record.instance_id is None or record.state != "held":
+        return None
+    try:
+        read = client.get_instance(record.instance_id, max_retry_s=0.0)
+    except VastError:
+        return None
+    return read.paused if read is not None else None
+
+
+def _held_row(store: HeldStore, record: HeldHost, *, paused: str | None = None) -> StatusRow:
     """A kept host: its accrued dollars against its caps now (its price since the create, and the bytes), the
-    deadline that ends it, the idle deadline and the last exec, and who is at work on it."""
+    deadline that ends it, the idle deadline and the last exec, and who is at work on it; an interruptible
+    one's outbid (paused now, or its husk already deleted)."""
     left_s = record.left_s()
     busy = store.busy(record.name)
     if record.state == "ending":
         state = "ending"
+    elif paused is not None:
+        state = "outbid (paused)"
+    elif record.state == "outbid":
+        state = "outbid"
     elif left_s <= 0:
         state = "expired"
     elif busy is not None:
@@ -133,7 +151,9 @@ def _held_row(store: HeldStore, record: HeldHost) -> StatusRow:
             if record.last_exec_unix else "no exec yet")
     why = {"expired": f"its {record.why_deadline()} deadline passed {-left_s:.0f} s ago: its switch deletes it, "
                       "`vast-e2e reap` proves it gone",
-           "ending": record.message or "ending"}.get(state, f"{idle}; {last}; ends by its {record.why_deadline()} "
+           "ending": record.message or "ending",
+           "outbid (paused)": f"{paused}: the watcher or the next command salvages and deletes it (storage bills)",
+           "outbid": f"{record.message or 'outbid'}; nothing billed until the next exec rents another host"}.get(state, f"{idle}; {last}; ends by its {record.why_deadline()} "
                                                             "deadline")
     created = record.created.to_mono() if record.created else None
     return StatusRow(run_id=record.hold_id, instance_id=record.instance_id, label=record.label, profile="kept",
