@@ -347,6 +347,7 @@ class HoldStages(RunStages):
             return
         s.attempts = [a.model_copy() for a in r.attempts]
         s.host_home = r.host_home
+        s.hold_worst_case_usd = r.bid.worst_case_usd
         t.book.excluded_machines.update(r.excluded_machines)
         if s.key is None and r.key_path and self.store.key_usable(r) is None:
             s.key = load_run_key(Path(r.key_path))  # the salvage's rsync, and a replacement's onstart
@@ -699,6 +700,7 @@ class UpStages(HoldStages):
             quote = s.plan.chosen.quote
             bid = bid.model_copy(update={"ceiling_dph_usd": quote.ceiling_dph_usd,
                                          "worst_case_usd": quote.worst_case_usd})
+            s.hold_worst_case_usd = quote.worst_case_usd
         self.save(t, s, key_path=str(s.key.path), bid=bid)
         return bundle
 

@@ -64,7 +64,8 @@ def hosts_lines(t: RunTools, s: RunState) -> list[str]:
         paused = f", resumed from {a.pauses} pause(s) ({a.paused_s:.0f} s)" if a.pauses else ""
         lines.append(f"host {a.instance_id} (machine {a.machine_id if a.machine_id is not None else '?'}, "
                      f"${a.dph_usd:.4f}/h): {seconds:.0f} s, ${a.accrued_usd:.4f}{paused}; {a.ended or 'open'}")
-    worst = s.plan.chosen.quote.worst_case_usd if s.plan is not None else None
+    worst = s.hold_worst_case_usd if s.hold_worst_case_usd is not None \
+        else s.plan.chosen.quote.worst_case_usd if s.plan is not None else None
     lines.append(f"{len(s.attempts)} host(s): ${t.meter.accrued_usd():.4f} of the cap ${t.spec.caps.max_usd:.4f}"
                  + (f" (worst case ${worst:.4f})" if worst is not None else ""))
     return lines

@@ -40,7 +40,8 @@ def build_record(t: RunTools, s: RunState, code: int, message: str) -> RunRecord
         caps=RecordCaps(max_usd=spec.caps.max_usd, max_minutes=spec.caps.max_minutes,
                         teardown_margin_s=spec.teardown_margin_s,
                         minimum_cap_s=minimum_cap_s(spec.timings, spec.profile.receipt)),
-        worst_case_usd=cand.quote.worst_case_usd if cand else None,
+        worst_case_usd=s.hold_worst_case_usd if s.hold_worst_case_usd is not None
+        else cand.quote.worst_case_usd if cand else None,
         accrued_usd=usd_up(meter.accrued_usd()), over_cap=meter.over_cap(),
         bytes=ByteCounts(uploaded=meter.bytes_up, downloaded=meter.bytes_down),
         bundle_sha256=plan.bundle_sha256 if plan else None,

@@ -67,6 +67,8 @@ class RunState:
     outbid_reason: str | None = None
     attempts: list[Attempt] = field(default_factory=list)
     host_home: str | None = None  # the host's $HOME, where the checkpoint folder is copied from
+    # A kept host's worst case: the whole hold's (the `up`'s quote), not the offer this command rented after an outbid
+    hold_worst_case_usd: float | None = None
     steps_before: list[StepRecord] = field(default_factory=list)  # earlier hosts' steps
     _cancel_lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -81,6 +81,10 @@ def _attempts(doc: dict[str, Any]) -> list[Attempt]:
     return out
 
 
+def _utc(t_unix: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t_unix)) if t_unix else "–"
+
+
 def _day(t_unix: float | None) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(t_unix)) if t_unix else "unknown"
 
@@ -94,15 +98,19 @@ def _from_record(path: Path) -> RunCost | None:
     insts: list[Any] = doc["instances"] if isinstance(doc.get("instances"), list) else []
     code = doc.get("exit_code")
     caps: dict[str, Any] = doc["caps"] if isinstance(doc.get("caps"), dict) else {}
+    attempts = _attempts(doc)
+    # every host of the run: a kept host's record is its last command's, whose own instances are the latest host's
+    ids = list(dict.fromkeys([a.instance_id for a in attempts] + [i["instance_id"] for i in insts
+                                                                   if isinstance(i, dict)
+                                                                   and isinstance(i.get("instance_id"), int)]))
     return RunCost(run_id=str(doc.get("run_id") or path.name), day=_day(number(started, low=0, high=1e11).value),
                    profile=doc.get("profile") if isinstance(doc.get("profile"), str) else None,
                    sim=bool(doc.get("sim")) or is_loopback_url(str(doc.get("api_url") or "")),
                    accrued_usd=number(doc.get("accrued_usd"), low=0, high=1e9, low_inclusive=True).value,
                    exit_code=code if isinstance(code, int) else None,
-                   instances=[i["instance_id"] for i in insts if isinstance(i, dict)
-                              and isinstance(i.get("instance_id"), int)],
+                   instances=ids,
                    dir=str(path), fleet=path.parent.name if path.parent.name.startswith("fleet-") else None,
-                   attempts=_attempts(doc), max_usd=number(caps.get("max_usd"), low=0, high=1e9).value,
+                   attempts=attempts, max_usd=number(caps.get("max_usd"), low=0, high=1e9).value,
                    worst_case_usd=number(doc.get("worst_case_usd"), low=0, high=1e9, low_inclusive=True).value,
                    held=isinstance(doc.get("absence"), dict) and doc["absence"].get("verdict") == "held")
 
@@ -251,12 +259,13 @@ def show_costs(out: Output, evidence_dir: Path) -> int:
     hosts = [r for r in runs if r.attempts]
     if hosts:  # an interruptible run's every host: where, how long, what it billed, why it ended
         a = Table(title="Interruptible runs, host by host", header_style="bold")
-        for col in ("run", "instance", "machine", "$/h", "seconds", "accrued $", "salvaged B", "ended"):
+        for col in ("run", "instance", "machine", "$/h", "started", "seconds", "accrued $", "salvaged B", "ended"):
             a.add_column(col, overflow="fold")
         for r in hosts:
             for at in r.attempts:
                 a.add_row(*safe_cells(r.run_id, at.instance_id, "–" if at.machine_id is None else at.machine_id,
-                                      f"{at.dph_usd:.4f}", f"{_span_s(at):.0f}", f"{at.accrued_usd:.4f}",
+                                      f"{at.dph_usd:.4f}", _utc(at.started_unix), f"{_span_s(at):.0f}",
+                                      f"{at.accrued_usd:.4f}",
                                       at.salvaged_bytes, at.ended or "open"))
         out.out.print(a)
         for r in hosts:
