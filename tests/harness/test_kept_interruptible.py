@@ -261,6 +261,8 @@ def test_down_of_an_outbid_host_salvages_deletes_and_ends_the_hold(tmp_path: Pat
     assert run_exec(home, "python3", "train.py", "2", "0.05").returncode == 0
     kill_watcher(home)
     assert sim.outbid(held.instance_id)
+    shown = cli("status", "--sim", home=home)  # read live on the hold's own simulator, not from the record
+    assert shown.returncode == 0 and "outbid (paused)" in shown.stdout, shown.stdout + shown.stderr
     got = cli("down", "bid", home=home)
     assert got.returncode == 0, (got.stdout + got.stderr)[-3000:]
     assert record(home) is None

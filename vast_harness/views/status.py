@@ -63,6 +63,8 @@ def collect(spec: RunSpec, client: VastClient | None) -> tuple[list[StatusRow], 
     held_ids = {r.hold_id for r in holds}
     if client is not None:  # an interruptible hold's host outbid while no command runs: said as such
         held_rows = [_held_row(store, record, paused=_paused(client, record)) for record in holds]
+    else:  # `status --sim`: a `--sim` hold's own simulator, read with the hold's simulator key
+        held_rows = [_held_row(store, record, paused=_paused_on_own_sim(spec, record)) for record in holds]
     if client is None:
         return held_rows + [_registered_only(run, instance_id) for run_id, run in sorted(runs.items())
                             if run.liveness == "live" and run_id not in held_ids
@@ -123,6 +125,17 @@ def _paused(client: VastClient, record: HeldHost) -> str | None:
     except VastError:
         return None
     return read.paused if read is not None else None
+
+
+def _paused_on_own_sim(spec: RunSpec, record: HeldHost) -> str | None:
+    """`_paused` for a `--sim` hold, on the simulator its `up` started (its URL and key in the record)."""
+    if record.bid is None or record.instance_id is None or record.state != "held" or not record.sim_key:
+        return None
+    try:
+        with VastClient(record.sim_key, base_url=record.api_url, pacing_scale=spec.pacing_scale) as client:
+            return _paused(client, record)
+    except (VastError, OSError):
+        return None
 
 
 def _held_row(store: HeldStore, record: HeldHost, *, paused: str | None = None) -> StatusRow:
