@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from vast_harness.chaos.interrupt import TRAIN
+from vast_harness.clock import now_s
 from vast_harness.kept.watcher_proc import watcher_running
 from vast_harness.run.interrupt import SALVAGE_DIR
 from vast_harness.state.held import HeldHost, HeldStore
@@ -350,8 +351,8 @@ def _log_says(held: HeldHost | None, step: str, text: str) -> HeldHost | None:
 
 
 def _wait(check: Callable[[], Any], within_s: float) -> Any:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
+    deadline = now_s() + within_s
+    while now_s() < deadline:
         got = check()
         if got:
             return got
