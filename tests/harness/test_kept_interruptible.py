@@ -19,26 +19,12 @@ import pytest
 
 from tests.harness.clirun import cli
 from tests.tools import require_rsync
+from vast_harness.chaos.interrupt import TRAIN  # the user's command: N steps, a checkpoint after each
 from vast_harness.errors import ExitCode
 from vast_harness.kept.watcher_proc import watcher_running
 from vast_harness.state.held import HeldHost, HeldStore
 
 FAST = ("--proof-interval", "0.3", "--poll-interval", "0.2")
-
-# Counts steps into ckpt/step.txt, starting from what the folder holds.
-TRAIN = """\
-import os, sys, time
-os.makedirs("ckpt", exist_ok=True)
-path = os.path.join("ckpt", "step.txt")
-start = int(open(path).read()) if os.path.exists(path) else 0
-print(f"start step {start}", flush=True)
-for step in range(start + 1, int(sys.argv[1]) + 1):
-    time.sleep(float(sys.argv[2]))
-    with open(path + ".tmp", "w") as fh:
-        fh.write(str(step))
-    os.replace(path + ".tmp", path)
-    print(f"step {step}", flush=True)
-"""
 
 
 @pytest.fixture
