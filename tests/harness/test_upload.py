@@ -472,3 +472,66 @@ def test_a_git_folder_in_any_case_is_never_uploaded(tmp_path):
         (tmp_path / git).mkdir(parents=True)
         (tmp_path / git / "config").write_text("[remote]\nurl = https://x:ghp_token@github.com/a/b\n")
     assert [f.rel for f in select_workdir(tmp_path).files] == ["a.py"]
+
+
+# ----------------------------------------------------------------------------------------- the key in a name, UTF-16
+
+KEY_IN_NAME = "its name holds the account's API key"
+FULLWIDTH_KEY = "".join(chr(ord(c) + 0xFEE0) for c in ACCOUNT_KEY)  # NFKC makes it the key: the masker reads it so
+
+
+def _key_named(proj: Path) -> Path:
+    (proj / "train.py").parent.mkdir(parents=True, exist_ok=True)
+    (proj / "train.py").write_text("print('trained')\n")
+    (proj / f"name-{ACCOUNT_KEY}").write_text("nothing secret inside\n")
+    (proj / f"dir-{ACCOUNT_KEY}" / "sub").mkdir(parents=True)
+    (proj / f"dir-{ACCOUNT_KEY}" / "sub" / "a.py").write_text("1\n")
+    (proj / f"wide-{FULLWIDTH_KEY}.txt").write_text("nothing secret inside\n")
+    (proj / f"hidden-{ACCOUNT_KEY[:20]}\u200b{ACCOUNT_KEY[20:]}").write_text("x\n")  # a zero-width space inside
+    return proj
+
+
+def test_a_file_or_folder_whose_name_holds_the_account_key_stays_home_named_masked(sim: SimServer, tmp_path):
+    """Red team r45 #5: a name is uploaded as it is, so one that holds the key (in any form the masker reads it
+    in) is left out like a copy of the key, named with the key masked, and --include cannot take it in."""
+    proj = _key_named(tmp_path / "proj")
+    sel = select_workdir(proj, account_keys=[ACCOUNT_KEY])
+    assert [f.rel for f in sel.files] == ["train.py"]
+    left = {item.path: item for item in sel.left_out}
+    assert set(left) == {"name-***", "dir-***/", "wide-***.txt", "hidden-***"}, left
+    assert all(item.why == KEY_IN_NAME and not item.includable for item in left.values())
+    key = _private(tmp_path / "vast.key", ACCOUNT_KEY)
+    dry = _run("--key-file", str(key), "--workdir", str(proj), "--dry-run", "--json", "--", "true", sim=sim,
+               cwd=tmp_path)
+    assert dry.returncode == 0, _said(dry)[-3000:]
+    assert ACCOUNT_KEY not in dry.stdout + dry.stderr and FULLWIDTH_KEY not in dry.stdout + dry.stderr
+    shown = {i["path"]: i["why"] for i in json.loads(dry.stdout)["workdir"]["left_out"]}
+    assert shown == dict.fromkeys(("dir-***/", "hidden-***", "name-***", "wide-***.txt"), KEY_IN_NAME)
+    refused = _run("--key-file", str(key), "--workdir", str(proj), "--include", "name-*", "--dry-run", "--", "true",
+                   sim=sim, cwd=tmp_path)
+    assert refused.returncode == 2 and "--include name-*: name-*** in" in _said(refused), _said(refused)[-2000:]
+    assert ACCOUNT_KEY not in refused.stdout + refused.stderr
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"])
+def test_a_copy_of_the_key_in_utf16_or_utf32_stays_home_like_a_utf8_one(codec, tmp_path):
+    """Red team r45 #5: `utf-16`/`utf-32` write a BOM, the -le/-be codecs none; a key far into a big file (past
+    the scan's first chunk, across its boundary) is found as in UTF-8."""
+    from vast_harness.host.bundle import build_workdir_bundle
+    from vast_harness.spec.workdir import file_holds_key, key_needles
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text("print('trained')\n")
+    (proj / "k.txt").write_bytes(f"my key: {ACCOUNT_KEY}\n".encode(codec))
+    (proj / "ascii.txt").write_bytes("no key here, only text\n".encode(codec))  # wide text is not, by itself, a key
+    sel = select_workdir(proj, account_keys=[ACCOUNT_KEY])
+    bundle = build_workdir_bundle(sel, [ACCOUNT_KEY])
+    assert bundle.workdir is not None
+    assert [(i.path, i.why) for i in bundle.workdir.left_out] == [("k.txt", HOLDS_KEY)]
+    assert bundle.files == 2
+    big = tmp_path / "big.bin"
+    text = f"{'x' * ((1 << 20) // len('x'.encode(codec)) - 7)}{ACCOUNT_KEY}"  # cut by the 1 MiB chunk boundary
+    big.write_bytes(b"\0" * (3 << 20) + text.encode(codec))
+    assert file_holds_key(big, key_needles([ACCOUNT_KEY]))
+    assert not file_holds_key(proj / "ascii.txt", key_needles([ACCOUNT_KEY]))

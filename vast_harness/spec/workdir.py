@@ -6,7 +6,8 @@ key file the run was given, the official CLI's key file, or the harness's own co
 directories (`NeverUpload`, matched by device and inode, so another path to them does not get them up either);
 and not well-known credential files (`spec/credentials.py`) unless `--include` takes one in. Each of these is
 named (`LeftOut`), for the dry run, the console and the record. Nor a file whose bytes hold the account key,
-whatever its name (a copy of the key file): found as the upload reads it, and named the same way. Symlinks are
+whatever its name (a copy of the key file), in UTF-8, UTF-16 or UTF-32: found as the upload reads it, and named
+the same way; nor a file or folder whose name holds it (a name goes up as it is), named with the key masked. Symlinks are
 never followed or uploaded: one could point the upload at a key outside the workdir. The total is held to a size limit, and a workdir over it is
 bad input (exit 2, nothing rented) that names the limit, the size and the largest files. Artifact globs are
 checked here too, before renting: relative to the workdir, no `..`, balanced brackets.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
 
@@ -24,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from vast_harness.errors import ConfigError
 from vast_harness.records import WorkdirLeftOut as LeftOut
+from vast_harness.redact import MASK, written_forms
 from vast_harness.spec.credentials import credential_content, credential_family, name_key
 
 DEFAULT_WORKDIR_MAX_MB = 100.0  # an upload of source and small data; bigger data belongs in the setup's download
@@ -35,7 +38,9 @@ _LARGEST_SHOWN = 5
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 KEY_COPY = "holds the account's API key"  # a file whose bytes hold it, whatever its name: never uploaded
 _MIN_KEY_CHARS = 8  # a shorter "key" (a test's, a typo) would match ordinary files; a Vast key is 64
+KEY_IN_NAME = "its name holds the account's API key"  # a name goes up as it is: never uploaded either
 _SCAN_CHUNK = 1 << 20
+_WIDE_CODECS = ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
 
 
 class WorkdirFile(BaseModel):
@@ -136,21 +141,56 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def key_needles(account_keys: Iterable[str]) -> list[bytes]:
-    """The account keys as the bytes a file holding one would have."""
-    return [k.encode() for k in dict.fromkeys(account_keys) if len(k) >= _MIN_KEY_CHARS]
+class KeyNeedles:
+    """The account keys as a file's bytes or a name may hold them: each form the masker knows a key in
+    (`redact.written_forms`: its Unicode normal forms, its escapes), encoded as UTF-8 and as UTF-16 and UTF-32
+    (either byte order; a BOM or none, the needle is found either way). A needle with a NUL byte (a wide form of
+    an ASCII key) is looked for only in data that has one, so text costs one more scan, not four."""
+
+    def __init__(self, account_keys: Iterable[str]) -> None:
+        keys = [k for k in dict.fromkeys(account_keys) if len(k) >= _MIN_KEY_CHARS]
+        # longest first: the masked name shows `***` for the whole key, not for a part of it
+        self.forms = sorted({f for k in keys for f in written_forms(k) if len(f) >= _MIN_KEY_CHARS},
+                            key=len, reverse=True)
+        needles = {f.encode("utf-8", "surrogateescape") for f in self.forms}
+        needles |= {f.encode(codec, "surrogatepass") for f in self.forms for codec in _WIDE_CODECS}
+        self.narrow = tuple(sorted(n for n in needles if b"\0" not in n))
+        self.wide = tuple(sorted(n for n in needles if b"\0" in n))
+        self.longest = max(map(len, needles), default=0)
+
+    def __bool__(self) -> bool:
+        return bool(self.forms)
+
+    def held_by(self, data: bytes) -> bool:
+        return any(n in data for n in self.narrow) or (b"\0" in data and any(n in data for n in self.wide))
+
+    def in_name(self, name: str) -> str | None:
+        """A path part as it would be shown with the key masked (`name-***`), when it holds a key as it is
+        written or as it is read (NFKC, without the characters that draw nothing: the masker's reading of a
+        line), else None."""
+        drawn = "".join(c for c in name if unicodedata.category(c) != "Cf")
+        for view in dict.fromkeys((name, unicodedata.normalize("NFKC", drawn))):
+            if any(form in view for form in self.forms):
+                for form in self.forms:
+                    view = view.replace(form, MASK)
+                return view
+        return None
 
 
-def holds_key(data: bytes, needles: Sequence[bytes]) -> bool:
-    return any(n in data for n in needles)
+def key_needles(account_keys: Iterable[str]) -> KeyNeedles:
+    return KeyNeedles(account_keys)
 
 
-def file_holds_key(path: Path, needles: Sequence[bytes]) -> bool:
+def holds_key(data: bytes, needles: KeyNeedles) -> bool:
+    return needles.held_by(data)
+
+
+def file_holds_key(path: Path, needles: KeyNeedles) -> bool:
     """Whether the file's bytes hold an account key, read in chunks (a key across two is found); a file that
     cannot be read is not (the upload reads it again, and says so)."""
     if not needles:
         return False
-    overlap = max(len(n) for n in needles) - 1
+    overlap = needles.longest - 1
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
@@ -238,6 +278,20 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
 
     needles = key_needles(account_keys)
 
+    def key_named(base: str, name: str, is_dir: bool) -> str | None:
+        """The path to name, the key masked, when this name holds an account key (its folder's cannot: a folder
+        so named is not walked); an --include that takes it in is bad input."""
+        masked = needles.in_name(name) if needles else None
+        if masked is None:
+            return None
+        slash = "/" if is_dir else ""
+        shown = base + masked + slash
+        taken = [g for g, spec in includes.items() if spec.match_file(base + name + slash)]
+        if taken:
+            raise ConfigError(f"--include {taken[0]}: {shown} in {root}: {KEY_IN_NAME}; it is never uploaded "
+                              "(rename it)")
+        return shown
+
     def credential(path: Path, rel: str) -> tuple[str, bool] | None:
         why = credential_family(rel) or credential_content(path)
         if why is None:
@@ -274,6 +328,8 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
                 left_out.append(LeftOut(path=rel + "/", why=why, includable=False))
             elif name_key(name) == ".git" or ignored(rel, is_dir=True):  # `.GIT` is git's own on macOS's disk
                 excluded += 1
+            elif (shown := key_named(base, name, is_dir=True)) is not None:
+                left_out.append(LeftOut(path=shown, why=KEY_IN_NAME, includable=False))
             else:
                 kept.append(name)
         dirnames[:] = kept
@@ -288,6 +344,8 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
                 left_out.append(LeftOut(path=rel, why=why, includable=False))
             elif ignored(rel, is_dir=False):
                 excluded += 1
+            elif (shown := key_named(base, name, is_dir=False)) is not None:
+                left_out.append(LeftOut(path=shown, why=KEY_IN_NAME, includable=False))
             elif (cred := credential(path, rel)) is not None:
                 left_out.append(LeftOut(path=rel, why=cred[0], includable=cred[1]))
             else:
