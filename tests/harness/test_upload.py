@@ -48,6 +48,9 @@ CREDENTIALS = {
     ".pypirc": "registry credentials",
     ".git-credentials": "git credentials",
     ".kube/config": "kube config",
+    ".vault-token": "Vault token",
+    ".huggingface/token": "Hugging Face token",
+    "aws.ini": "cloud credentials (by its content)",
 }
 KEPT = [".env.example", "train.py", "keys.py", "server.pub"]  # look-alikes that are not credentials
 
@@ -63,6 +66,9 @@ def _credential_workdir(root: Path) -> Path:
         body = _secret(rel)
         if rel == "deploy_key":
             body = f"-----BEGIN OPENSSH PRIVATE KEY-----\n{body}\n-----END OPENSSH PRIVATE KEY-----\n"
+        elif rel == "aws.ini":  # an AWS key pair, whatever the file's name (the example's, AWS's documented one)
+            body = ("[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\n"
+                    f"aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n# {body}\n")
         elif rel == "gcp-sa.json":
             body = json.dumps({"type": "service_account", "project_id": "p", "private_key_id": "1",
                                "private_key": f"-----BEGIN PRIVATE KEY-----\n{body}\n-----END PRIVATE KEY-----\n"})
@@ -535,3 +541,56 @@ def test_a_copy_of_the_key_in_utf16_or_utf32_stays_home_like_a_utf8_one(codec, t
     big.write_bytes(b"\0" * (3 << 20) + text.encode(codec))
     assert file_holds_key(big, key_needles([ACCOUNT_KEY]))
     assert not file_holds_key(proj / "ascii.txt", key_needles([ACCOUNT_KEY]))
+
+
+# ----------------------------------------------------------------------------------------- more credential families
+
+AWS_ID, AWS_SECRET = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # AWS's documented example
+
+
+def _aws(*lines: str) -> bytes:
+    return "\n".join(lines).encode() + b"\n"
+
+
+@pytest.mark.parametrize(("rel", "family"), [
+    (".vault-token", "Vault token"), ("home/.vault-token", "Vault token"), (".VAULT-TOKEN", "Vault token"),
+    ("vault-token.md", None),
+    (".huggingface/token", "Hugging Face token"), ("home/.huggingface/token", "Hugging Face token"),
+    (".cache/huggingface/stored_tokens", "Hugging Face token"), ("huggingface/tokenizer.json", None),
+])
+def test_a_vault_token_and_the_old_hugging_face_token_are_credentials_by_name(rel, family):
+    """Red team r45 #6: `~/.vault-token` and `~/.huggingface/token` (huggingface_hub's place before ~/.cache)."""
+    from vast_harness.spec.credentials import credential_family
+
+    assert credential_family(rel) == family
+
+
+@pytest.mark.parametrize(("name", "body", "caught"), [
+    ("aws.ini", _aws("[default]", f"aws_access_key_id = {AWS_ID}", f"aws_secret_access_key = {AWS_SECRET}"), True),
+    ("prod.cfg", _aws("[p]", "region=us-east-1", f"AWS_SECRET_ACCESS_KEY={AWS_SECRET[:30]}"), True),
+    ("vars.sh", _aws("#!/bin/sh", f"export AWS_ACCESS_KEY_ID={AWS_ID}", f'export AWS_SECRET_ACCESS_KEY="{AWS_SECRET}"'),
+     True),
+    ("s3.yaml", _aws("s3:", f"  aws_access_key_id: {AWS_ID}", f"  aws_secret_access_key: '{AWS_SECRET}'"), True),
+    ("creds.json", _aws("{", f'  "aws_access_key_id": "{AWS_ID}",', f'  "aws_secret_access_key": "{AWS_SECRET}",',
+                        '  "region": "x"', "}"), True),
+    ("session.env.txt", _aws("[s]", "aws_session_token = FwoGZXIvYXdzEJr//////////wEaDEXAMPLE"), True),
+    ("user_accessKeys.csv", _aws("Access key ID,Secret access key", f"{AWS_ID},{AWS_SECRET}"), True),
+    ("notes.md", _aws("# keys", f"id {AWS_ID}", f"secret {AWS_SECRET}"), True),
+    ("upload.py", _aws("import boto3", "s3 = boto3.client(", "    aws_access_key_id=key_id,",
+                       "    aws_secret_access_key=os.environ['AWS_SECRET_ACCESS_KEY'],", ")"), False),
+    ("template.ini", _aws("[default]", "aws_access_key_id = ${AWS_ACCESS_KEY_ID}",
+                          "aws_secret_access_key = ${AWS_SECRET_ACCESS_KEY}"), False),
+    ("id_only.ini", _aws("[default]", f"aws_access_key_id = {AWS_ID}"), False),  # an id alone is not a secret
+    ("shas.txt", _aws(f"{AWS_ID} 2fd4e1c67a2d28fced849ee1bb76e7391b93eb12"), False),  # a hex digest is no secret
+])
+def test_aws_keys_are_known_by_their_content_like_a_service_account_key(name, body, caught, tmp_path):
+    """Red team r45 #6: an ini, env, YAML or JSON file that sets an AWS secret access key (or a session token), or
+    an AKIA/ASIA key id with a secret beside it (the console's CSV), is a credential whatever its name."""
+    from vast_harness.spec.credentials import credential_content
+
+    (tmp_path / "a.py").write_text("1\n")
+    (tmp_path / name).write_bytes(body)
+    assert credential_content(tmp_path / name) == ("cloud credentials (by its content)" if caught else None)
+    sel = select_workdir(tmp_path)
+    assert sorted(f.rel for f in sel.files) == sorted(["a.py"] + ([] if caught else [name]))
+    assert [i.includable for i in sel.left_out] == ([True] if caught else [])

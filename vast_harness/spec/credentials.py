@@ -3,10 +3,12 @@
 A workdir is often a project folder or a home directory, and a `.gitignore` that misses a `.env` or an `id_rsa`
 would put it on a stranger's host. A family is known by the file's name (shell patterns: `*.key`), by the end of
 its path (`.aws/credentials`), or by a folder it sits in (`.config/gcloud/`); a name pattern never matches a
-folder, so a virtualenv called `.env/` is not taken for a dotenv file. Two more are recognised by their first
-bytes, whatever their name: a PEM, OpenSSH, PGP or PuTTY private key, and a cloud service-account key (JSON holding
-a private key). Names are compared casefolded and NFKC-normalised, without invisible characters; contents after
-a BOM.
+folder, so a virtualenv called `.env/` is not taken for a dotenv file. Three more are recognised by their content,
+whatever their name: a PEM, OpenSSH, PGP or PuTTY private key and a cloud service-account key (JSON holding a
+private key) by their first bytes, and a text file that sets AWS keys (an ini, env, YAML or JSON line setting
+`aws_secret_access_key` or `aws_session_token` to a literal, or an `AKIA`/`ASIA` key id with a secret beside it,
+as in the AWS console's CSV) by its first 64 kB. Names are compared casefolded and NFKC-normalised, without
+invisible characters; contents after a BOM.
 """
 
 from __future__ import annotations
@@ -64,15 +66,40 @@ FAMILIES: dict[str, Family] = {
     "git credentials": Family(names=(".git-credentials",)),
     "kube config": Family(names=("kubeconfig", "*.kubeconfig"), path_ends=(".kube/config",)),
     "Vast API key": Family(names=("vast_api_key", ".vast_api_key")),
-    "Hugging Face token": Family(path_ends=("huggingface/token",)),
+    "Hugging Face token": Family(path_ends=("huggingface/token", ".huggingface/token", "huggingface/stored_tokens")),
+    "Vault token": Family(names=(".vault-token",)),
     "password file": Family(names=(".pgpass", ".my.cnf")),
 }
 _HEAD_BYTES = 4096  # where a key file says what it is
 _PEM_SCAN_BYTES = 65536  # a PEM bundle may put its key after a certificate chain
 _JSON_SCAN_BYTES = 65536  # a service-account key is about 2.3 kB
+_TEXT_SCAN_BYTES = 65536  # a config, env or ini file with an AWS key pair: small; a file with a NUL is not text
 _BOM = b"\xef\xbb\xbf"
 # Any private key armour: PKCS#8, RSA, EC, OpenSSH, ENCRYPTED, and PGP's `PRIVATE KEY BLOCK`
 _PRIVATE_ARMOUR = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----")
+
+
+# A line that sets an AWS secret (ini, env, shell, YAML, JSON): the name, `=` or `:`, and a literal value; a
+# reference (`${X}`, `os.environ[...]`, `creds.secret`) or a Python keyword argument (`=x,`) is not one.
+_AWS_SECRET_LINE = re.compile(
+    rb"""(?im)^[ \t]*(?:export[ \t]+)?["']?aws_(?:secret_access_key|session_token)["']?[ \t]*[=:][ \t]*"""
+    rb"""(?:"[^"\s$]{8,}"[ \t]*,?|'[^'\s$]{8,}'|[^\s"'$<>{}()\[\],;.#]{8,})[ \t]*(?:#.*)?\r?$""")
+_AWS_KEY_ID = re.compile(rb"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])")
+_AWS_SECRET = re.compile(rb"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+_AWS_NEAR_BYTES = 256  # a key id's secret sits on its line or the next (the console's CSV, a note)
+
+
+def _aws_keys(text: bytes) -> bool:
+    """An AWS secret access key or session token set in a line, or a key id with a secret beside it (a 40
+    character base64 word with both cases: a hex digest is not one)."""
+    low = text.lower()
+    if (b"aws_secret_access_key" in low or b"aws_session_token" in low) and _AWS_SECRET_LINE.search(text):
+        return True
+    for key_id in _AWS_KEY_ID.finditer(text):
+        near = text[max(0, key_id.start() - _AWS_NEAR_BYTES):key_id.end() + _AWS_NEAR_BYTES]
+        if any(w.lower() != w and w.upper() != w for w in (m.group() for m in _AWS_SECRET.finditer(near))):
+            return True
+    return False
 
 
 def _service_account(data: bytes) -> bool:
@@ -100,8 +127,9 @@ def credential_family(rel: str) -> str | None:
 
 
 def credential_content(path: Path) -> str | None:
-    """What a regular file is by its first bytes: a private key (PEM, OpenSSH, PuTTY) or a cloud service-account
-    key, else None. A file that cannot be read is not sniffed (the upload reads it again, and says so)."""
+    """What a regular file is by its first bytes: a private key (PEM, OpenSSH, PuTTY), a cloud service-account
+    key, or a text file (no NUL in its first 64 kB) that sets AWS keys, else None. A file that cannot be read is
+    not sniffed (the upload reads it again, and says so)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
@@ -113,10 +141,17 @@ def credential_content(path: Path) -> str | None:
             body = head + os.read(fd, _PEM_SCAN_BYTES - len(head))
             if _PRIVATE_ARMOUR.search(body):
                 return "private key (by its content)"
+            head = body
         elif text.startswith(b"PuTTY-User-Key-File-"):
             return "private key (by its content)"
-        elif text.startswith(b"{") and _service_account(head + os.read(fd, _JSON_SCAN_BYTES - len(head))):
-            return "cloud credentials (by its content)"
+        elif text.startswith(b"{"):
+            head += os.read(fd, _JSON_SCAN_BYTES - len(head))
+            if _service_account(head):
+                return "cloud credentials (by its content)"
+        if b"\0" not in head[:_HEAD_BYTES]:
+            body = head + (os.read(fd, _TEXT_SCAN_BYTES - len(head)) if len(head) < _TEXT_SCAN_BYTES else b"")
+            if b"\0" not in body and _aws_keys(body):
+                return "cloud credentials (by its content)"
     except OSError:
         return None
     finally:
