@@ -304,6 +304,35 @@ def test_exec_uploads_by_a_runs_rules_never_the_key_file_a_credential_only_by_in
     assert held is not None and "data.txt" not in held.manifest
 
 
+def test_exec_upload_leaves_out_a_key_in_a_name_or_utf16_and_the_r45_credentials_as_a_run_does(tmp_path, sim):
+    """Red team r45 #5 and #6 through exec's delta upload (the same selection as a run's): none of these reach the
+    kept host, each is named on the console."""
+    home, wd = tmp_path, workdir(tmp_path)
+    assert up(home, "box", wd, sim, idle="1").returncode == 0
+    (wd / f"name-{KEY}").write_text("nothing secret inside\n")
+    (wd / "k_utf16").write_bytes(KEY.encode("utf-16"))
+    (wd / ".vault-token").write_text("hvs.not-for-the-host\n")
+    (wd / ".huggingface").mkdir()
+    (wd / ".huggingface" / "token").write_text("hf_not_for_the_host\n")
+    (wd / "aws.ini").write_text("[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\n"
+                                "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n")
+    (wd / "new.txt").write_text("new")
+    p = run_exec(home, "box", sim, "sh", "-c", "echo FILES: $(find . -type f | sort)")
+    text = p.stdout + p.stderr
+    assert p.returncode == 0 and "upload: 1 changed file(s)" in text, text[-2000:]
+    found = re.search(r"FILES: (.*)", text)
+    assert found is not None and found.group(1).split() == ["./data.txt", "./new.txt", "./old.txt", "./train.py"], \
+        text[-2000:]
+    said = " ".join(text.split())
+    for shown in ("name-*** (its name holds the account's API key)", "k_utf16 (holds the account's API key)",
+                  ".vault-token (Vault token", ".huggingface/token (Hugging Face token",
+                  "aws.ini (cloud credentials (by its content)"):
+        assert shown in said, (shown, said[-2000:])
+    assert KEY not in text
+    held = record(home, "box")
+    assert held is not None and sorted(held.manifest) == ["data.txt", "new.txt", "old.txt", "train.py"]
+
+
 def test_ssh_runs_a_command_and_a_shell_with_the_holds_key(sim_hold):
     home, held = sim_hold
     p = cli("ssh", "box", "--", "cat", "vh/work/data.txt", home=home)
