@@ -145,7 +145,7 @@ def _overview(f: RunFacts | None, result: dict[str, Any], hold: Hold | None) -> 
         if hold is not None and hold.so_far and total_s is not None:
             took += " so far"
         rows.append(("time", md(took)))
-    rows.append(("GPUs that ran", md(_gpus(r, result, hold))))
+    rows.append(("GPUs that ran", md(_gpus(r, result, hold, f.offer if f is not None else {}))))
     offer = f.offer if f is not None else {}
     if offer:
         dph = _number(offer.get("dph_at_disk_usd"))
@@ -173,7 +173,8 @@ def _hold_words(hold: Hold) -> str:
     return f"{name}{hold.state}{left} (vast-e2e down deletes it)"
 
 
-def _gpus(r: dict[str, Any], result: dict[str, Any], hold: Hold | None = None) -> str:
+def _gpus(r: dict[str, Any], result: dict[str, Any], hold: Hold | None = None,
+          offer: dict[str, Any] | None = None) -> str:
     gpus = r.get("host_gpus")
     if isinstance(gpus, dict) and isinstance(gpus.get("gpus"), list) and gpus["gpus"]:
         first = gpus["gpus"][0] if isinstance(gpus["gpus"][0], dict) else {}
@@ -187,7 +188,7 @@ def _gpus(r: dict[str, Any], result: dict[str, Any], hold: Hold | None = None) -
         return f"{receipt.get('num_gpus')}x {receipt.get('gpu_name')} (the up's receipt)"
     if hold is not None and hold.gpu:
         return f"{hold.gpu} (the up's offer)"
-    offer = _dict(r.get("offer"))
+    offer = offer or {}
     if hold is not None and offer.get("gpu_name"):
         return f"{offer.get('num_gpus')}x {offer.get('gpu_name')} (the up's offer)"
     return str(result.get("gpu") or "none ran")
