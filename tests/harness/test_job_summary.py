@@ -118,7 +118,7 @@ def test_a_refused_run_and_a_killed_run_still_get_a_page_that_says_so(ran, tmp_p
 
 @pytest.mark.parametrize(("content", "says"), [
     (b"", "is empty: the run was killed"), (b"\x00\x9f\xfe binary \xff", "is unreadable (binary, not JSON)"),
-    (b"null", "is unreadable (JSON NoneType"), (b"[1,2,3]", "is unreadable (JSON list"),
+    (b"null", "is unreadable (JSON null"), (b"[1,2,3]", "is unreadable (JSON an array"),
     (b'{"exit_code": 0, "message": "pas', "is unreadable (not JSON (cut short?))")])
 def test_a_result_that_says_nothing_is_no_verdict_never_an_earlier_runs_pass(ran, tmp_path, content, says):
     """The evidence dir holds an earlier run that passed; this run's result was written after it and says
@@ -229,13 +229,10 @@ def test_a_kept_hosts_summary_is_the_holds_so_far_and_a_lost_steps_note(tmp_path
     outputs = dict(line.split("=", 1) for line in out.read_text().splitlines())
     assert outputs["absence"] == "held" and float(outputs["accrued-usd"]) >= floor_usd
     # a down while an exec runs: the exec's connection is lost; the page's row for it says so
-    proc = spawn("exec", "box", "--", "sleep", "30", home=home)
-    deadline = time.monotonic() + 30
-    while "exec-2" not in (hold_dir / "steps.tsv").read_text() and time.monotonic() < deadline:
-        if (hold_dir / "steps" / "exec-2.log").exists():
-            break
-        time.sleep(0.2)
-    time.sleep(1.0)
+    proc = spawn("exec", "box", "--", "sh", "-c", "echo started; sleep 30", home=home)
+    log, deadline = hold_dir / "steps" / "exec-2.log", time.monotonic() + 60
+    while not (log.exists() and "started" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the command runs on the host
     assert cli("down", "box", home=home).returncode == 0
     proc.communicate(timeout=60)
     page = cli("summary", str(hold_dir), home=home).stdout

@@ -93,8 +93,9 @@ def read_run_result(path: Path) -> Result:
         what = "binary, not JSON" if b"\0" in data or not _is_text(data) else "not JSON (cut short?)"
         return Result(why=f"its result {shown(path)} is unreadable ({what})", run_id=hint, mtime_unix=mtime)
     if not isinstance(value, dict):
-        return Result(why=f"its result {shown(path)} is unreadable (JSON {type(value).__name__}, not the run's "
-                          "object)", run_id=hint, mtime_unix=mtime)
+        what = {type(None): "null", list: "an array", str: "a string", bool: "a boolean"}.get(type(value), "a number")
+        return Result(why=f"its result {shown(path)} is unreadable (JSON {what}, not the run's object)",
+                      run_id=hint, mtime_unix=mtime)
     run_id = value.get("run_id")
     return Result(value=value, run_id=run_id if isinstance(run_id, str) else None, mtime_unix=mtime)
 
