@@ -11,8 +11,8 @@ from __future__ import annotations
 import calendar
 import json
 import os
-import time
 import shutil
+import time
 from pathlib import Path
 
 import pytest
