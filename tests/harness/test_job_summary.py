@@ -8,15 +8,17 @@ GitHub's table extension) in headless chromium, with a screenshot written to the
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 from markdown_it import MarkdownIt
 
-from tests.harness.clirun import cli
+from tests.harness.clirun import cli, spawn
 from tests.harness.receiver import Receiver
 from tests.harness.test_report_browser import browser  # noqa: F401 - the fixture
 from vast_harness.reports.markdown import MAX_PAGE_CHARS, code_span, md
@@ -99,6 +101,8 @@ def test_a_refused_run_and_a_killed_run_still_get_a_page_that_says_so(ran, tmp_p
     assert "absence=nothing-created" in (tmp_path / "o.txt").read_text()
     killed = tmp_path / "killed.json"
     killed.write_text("")  # the run step was killed before it printed its result, and before its record
+    started = calendar.timegm(time.strptime(ran["run"].name[:16], "%Y%m%dT%H%M%SZ"))
+    os.utime(killed, (started - 1, started - 1))  # the shell's `> FILE` opened it just before the run started
     run = tmp_path / "ev" / ran["run"].name
     shutil.copytree(ran["run"], run)
     for name in ("harness-result.json", "absence-proof.json", "report.html"):
@@ -110,6 +114,40 @@ def test_a_refused_run_and_a_killed_run_still_get_a_page_that_says_so(ran, tmp_p
     page, err, code = summary(ran, "--result", str(tmp_path / "nothing-here.json"), "--evidence-dir",
                               str(tmp_path / "empty"))
     assert code == 0 and "**no verdict**" in page and "no run found" in err
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (b"", "is empty: the run was killed"), (b"\x00\x9f\xfe binary \xff", "is unreadable (binary, not JSON)"),
+    (b"null", "is unreadable (JSON null"), (b"[1,2,3]", "is unreadable (JSON an array"),
+    (b'{"exit_code": 0, "message": "pas', "is unreadable (not JSON (cut short?))")])
+def test_a_result_that_says_nothing_is_no_verdict_never_an_earlier_runs_pass(ran, tmp_path, content, says):
+    """The evidence dir holds an earlier run that passed; this run's result was written after it and says
+    nothing: the page and the outputs are this run's, "no verdict", its exit code and absence unknown."""
+    result = tmp_path / "k.json"
+    result.write_bytes(content)
+    page, _, code = summary(ran, "--result", str(result), "--outputs", str(tmp_path / "o.txt"))
+    assert code == 0 and "**no verdict**" in page and says in page, page
+    assert "PASSED" not in page and ran["run"].name not in page and "| run | 0 |" not in page
+    assert "No evidence of this run was found" in page
+    outputs = dict(line.split("=", 1) for line in (tmp_path / "o.txt").read_text().splitlines())
+    assert outputs == {"exit-code": "unknown", "accrued-usd": "", "run-id": "", "evidence-dir": "",
+                       "absence": "unknown"}
+
+
+def test_a_result_naming_a_run_id_is_that_runs_only(ran, tmp_path):
+    other = tmp_path / "other.json"  # a run of another evidence dir, or one whose directory is gone
+    other.write_text(json.dumps({"run_id": "20991231T235959Z-0ther1", "exit_code": 1, "message": "failed",
+                                 "evidence_dir": str(tmp_path / "not-here"), "accrued_usd": 0.01}))
+    page, _, code = summary(ran, "--result", str(other), "--outputs", str(tmp_path / "o.txt"))
+    assert code == 0 and "**exit 1 FAILED**: failed" in page and "`20991231T235959Z-0ther1`" in page
+    assert ran["run"].name not in page and "| run | 0 |" not in page
+    outputs = dict(line.split("=", 1) for line in (tmp_path / "o.txt").read_text().splitlines())
+    assert outputs["run-id"] == "20991231T235959Z-0ther1" and outputs["evidence-dir"] == ""
+    assert outputs["absence"] == "unknown"
+    cut = tmp_path / "cut.json"  # cut short by a kill, after its run id: that run's directory, found by its id
+    cut.write_text(f'{{"schema_version": 2, "run_id": "{ran["run"].name}", "exit_c')
+    page, _, code = summary(ran, "--result", str(cut))
+    assert code == 0 and "**exit 0 PASSED**" in page and f"`{ran['run'].name}`" in page
 
 
 def test_nothing_a_host_or_a_user_wrote_opens_markup_and_every_secret_is_masked(ran, tmp_path):
@@ -153,3 +191,52 @@ def test_the_page_renders_as_a_person_reads_it(ran, browser, tmp_path_factory): 
     browser.save_screenshot(str(png))
     assert png.stat().st_size > 20_000
     print(f"job summary screenshot: {png}")
+
+
+def test_a_kept_hosts_summary_is_the_holds_so_far_and_a_lost_steps_note(tmp_path):
+    """A hold (docs/kept-host.md): while held, its state, its dollars and seconds from the hold's record (not its
+    last command's), the GPUs of the up's host, and one absence word in the page and the outputs; after a `down`
+    that cut an exec, that exec's row says its connection was lost."""
+    from vast_harness.state.held import HeldStore
+
+    home, wd = tmp_path, tmp_path / "wd"
+    wd.mkdir()
+    (wd / "t.py").write_text("print(1)\n")
+    done = cli("up", "box", "--sim", "--workdir", str(wd), "--max-minutes", "5", "--idle-minutes", "2", home=home)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert cli("exec", "box", "--", "python", "t.py", home=home).returncode == 0
+    store = HeldStore(home / "state" / "sim")
+    held = store.load("box")
+    assert held is not None and held.created is not None
+    hold_dir = Path(held.evidence_dir)
+    record = json.loads((hold_dir / "harness-result.json").read_text())
+
+    def earlier(r):  # the hold began 100 s ago: what it billed since, its last command did not see
+        r.t0, r.created, r.cap_deadline = r.t0.plus(-100), r.created.plus(-100), r.cap_deadline.plus(-100)
+
+    store.update("box", earlier)
+    out = tmp_path / "o.txt"
+    done = cli("summary", str(hold_dir), "--outputs", str(out), home=home)
+    page = done.stdout
+    assert done.returncode == 0, done.stderr
+    floor_usd = 100 * held.dph_usd / 3600
+    cost = next(line for line in page.splitlines() if line.startswith("- **cost**"))
+    assert " so far" in cost and float(cost.split("$")[1].split()[0]) >= round(floor_usd, 4) > record["accrued_usd"]
+    took = next(line for line in page.splitlines() if line.startswith("- **time**"))
+    assert float(took.split(": ")[1].split()[0]) >= 100 and "of the 5 min cap" in took and "so far" in took
+    assert "- **kept host**: box: held" in page and "held: not deleted yet" in page
+    assert "record is missing" not in page and "none ran" not in page and "1x RTX" in page, page
+    outputs = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert outputs["absence"] == "held" and float(outputs["accrued-usd"]) >= floor_usd
+    # a down while an exec runs: the exec's connection is lost; the page's row for it says so
+    proc = spawn("exec", "box", "--", "sh", "-c", "echo started; sleep 30", home=home)
+    log, deadline = hold_dir / "steps" / "exec-2.log", time.monotonic() + 60
+    while not (log.exists() and "started" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the command runs on the host
+    assert cli("down", "box", home=home).returncode == 0
+    proc.communicate(timeout=60)
+    page = cli("summary", str(hold_dir), home=home).stdout
+    assert "- **kept host**: ended" in page and "**gone**" in page and "so far" not in page, page
+    row = next(line for line in page.splitlines() if line.startswith("| exec-2 |"))
+    assert row.rstrip(" |").endswith("connection lost"), row
+    assert "| exec-1 | 0 |" in page

@@ -782,8 +782,8 @@ def summary(
         "A run id, part of one, or its directory (default: the run --result names, else the latest run)."))]
     = None,
     result: Annotated[str | None, typer.Option("--result", metavar="FILE", help=(
-        "The run command's --json output: its verdict (a refused run has no other; missing or empty: the run was "
-        "killed before it printed one)."))] = None,
+        "The run command's --json output: its verdict (a refused run has no other); the page is that run's only "
+        "(empty or unreadable: no verdict, never an earlier run's)."))] = None,
     reap_result: Annotated[str | None, typer.Option("--reap-result", metavar="FILE", help=(
         "A follow-up `reap --json` output, shown under the run."))] = None,
     outputs: Annotated[str | None, typer.Option("--outputs", metavar="FILE", help=(

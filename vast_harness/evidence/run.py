@@ -170,10 +170,13 @@ class RunEvidence:
         return StepLog(self.dir / "steps" / f"{name}.log", self.step_log_head_bytes, self.step_log_tail_bytes,
                        self._failed)
 
-    def append_step_tsv(self, name: str, rc: int | None, seconds: float) -> None:
+    def append_step_tsv(self, name: str, rc: int | None, seconds: float, end: str = "") -> None:
+        """One row; `end` (interrupted, timed_out, connection_lost) when the step did not end by itself: a
+        reader whose record lacks the step (a kept host's later command's) still says how it ended."""
         def write() -> None:
             with open_append(self.dir / "steps.tsv") as fh:
-                fh.write(mask(f"{name}\t{'NA' if rc is None else rc}\t{seconds:.3f}\n").encode())
+                row = f"{name}\t{'NA' if rc is None else rc}\t{seconds:.3f}" + (f"\t{end}" if end else "")
+                fh.write(mask(row + "\n").encode())
 
         self.guarded("steps.tsv", write)
 

@@ -12,6 +12,7 @@ page from what is known: the command's `--json` result, or only the directory it
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from vast_harness.console.money import usd
@@ -25,6 +26,28 @@ MAX_PAGE_CHARS = 200_000  # GitHub refuses a step summary over 1 MiB
 # What can open something inside a line: code, emphasis, a link or an image, a table cell, strikethrough. What
 # opens a block (#, -, >, 1.) only does so at a line's start, where no value is put.
 _SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+
+
+@dataclass
+class Hold:
+    """A kept host's hold as the page shows it (views/summary.py reads it): `state` held, expired (held past its
+    deadline: its switch deletes it), starting, outbid, ending, or ended; its dollars and seconds from the hold's
+    start, now while it is held (`record_found`: from the hold's record), else the last command's figures."""
+
+    state: str
+    record_found: bool = False
+    accrued_usd: float | None = None
+    elapsed_s: float | None = None
+    max_usd: float | None = None
+    max_minutes: float | None = None
+    name: str | None = None
+    why_deadline: str | None = None
+    left_s: float | None = None
+    gpu: str | None = None
+
+    @property
+    def so_far(self) -> bool:
+        return self.state != "ended"
 
 
 def md(value: Any, limit: int = MAX_CELL_CHARS) -> str:
@@ -86,16 +109,22 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _overview(f: RunFacts | None, result: dict[str, Any]) -> list[str]:
+def _overview(f: RunFacts | None, result: dict[str, Any], hold: Hold | None) -> list[str]:
     """The run in a few lines: its id, the money against the cost cap, the time against the time cap, the GPUs,
-    the offer, the absence verdict and the receipt."""
+    the offer, the absence verdict and the receipt; a kept host's hold: its state, its figures so far."""
     r = f.result if f is not None else {}
     caps = _dict(r.get("caps")) or (_dict(f.quote.get("caps")) if f is not None else {})  # a killed run: its plan's
     accrued = _number(r.get("accrued_usd", result.get("accrued_usd")))
     max_usd, max_min = _number(caps.get("max_usd")), _number(caps.get("max_minutes"))
     total_s = _number(_dict(r.get("timings")).get("total_s"))
+    if hold is not None:
+        accrued, total_s = hold.accrued_usd, hold.elapsed_s
+        max_usd = hold.max_usd if hold.max_usd is not None else max_usd
+        max_min = hold.max_minutes if hold.max_minutes is not None else max_min
     rows: list[tuple[str, str]] = [("run", code_span(r.get("run_id") or result.get("run_id")
                                                  or (f.dir.name if f is not None else "not known")))]
+    if hold is not None:
+        rows.append(("kept host", md(_hold_words(hold))))
     if r.get("sim"):
         rows.append(("API", "the simulator: no money moved"))
     cost = md(usd(accrued)) if accrued is not None else "not known"
@@ -106,27 +135,46 @@ def _overview(f: RunFacts | None, result: dict[str, Any]) -> list[str]:
         cost += f"; worst case quoted before renting {md(usd(worst))}"
     if r.get("over_cap"):
         cost += f"; **over the cap**: {md(r.get('over_cap'))}"
+    if hold is not None and hold.so_far and accrued is not None:
+        cost += " so far"
     rows.append(("cost", cost))
     if total_s is not None or max_min is not None:
         took = f"{total_s:.1f} s" if total_s is not None else "not known"
         if max_min is not None:
             took += f" of the {max_min:g} min cap{_share(total_s, max_min * 60)}"
+        if hold is not None and hold.so_far and total_s is not None:
+            took += " so far"
         rows.append(("time", md(took)))
-    rows.append(("GPUs that ran", md(_gpus(r, result))))
+    rows.append(("GPUs that ran", md(_gpus(r, result, hold, f.offer if f is not None else {}))))
     offer = f.offer if f is not None else {}
     if offer:
         dph = _number(offer.get("dph_at_disk_usd"))
         rows.append(("offer", md(f"{offer.get('id')}: {offer.get('num_gpus')}x {offer.get('gpu_name')}, "
                                  f"{usd(dph) + '/h' if dph is not None else 'price unknown'}, driver "
                                  f"{offer.get('driver_version')}, {offer.get('geolocation') or 'location unknown'}")))
-    rows.append(("absence", _absence_words(_dict(r.get("absence")).get("verdict"), result)))
+    rows.append(("absence", _absence_words(_dict(r.get("absence")).get("verdict"), result, f is not None)))
     receipt = r.get("receipt")
     if isinstance(receipt, dict):
         rows.append(("receipt", md(_receipt_headline(receipt))))
     return [f"- **{name}**: {text}" for name, text in rows]
 
 
-def _gpus(r: dict[str, Any], result: dict[str, Any]) -> str:
+def _hold_words(hold: Hold) -> str:
+    name = f"{hold.name}: " if hold.name else ""
+    if hold.state == "ended":
+        return "ended: its host deleted (the absence below); the figures are the whole hold's"
+    if hold.state == "expired":
+        return (f"{name}held past its {hold.why_deadline or ''} deadline: its dead-man switch deletes it, "
+                "vast-e2e reap proves it gone")
+    if not hold.record_found:
+        return ("held when its last command ended; no hold record on this machine (another machine's, or it "
+                "ended since): the figures are that command's")
+    left = f", ends by its {hold.why_deadline} deadline in {hold.left_s:.0f} s" if hold.left_s is not None else ""
+    return f"{name}{hold.state}{left} (vast-e2e down deletes it)"
+
+
+def _gpus(r: dict[str, Any], result: dict[str, Any], hold: Hold | None = None,
+          offer: dict[str, Any] | None = None) -> str:
     gpus = r.get("host_gpus")
     if isinstance(gpus, dict) and isinstance(gpus.get("gpus"), list) and gpus["gpus"]:
         first = gpus["gpus"][0] if isinstance(gpus["gpus"][0], dict) else {}
@@ -135,10 +183,20 @@ def _gpus(r: dict[str, Any], result: dict[str, Any]) -> str:
                 + f", driver {first.get('driver_version')}" + (f", CUDA {gpus['cuda_version']}"
                                                                if gpus.get("cuda_version") else ""))
         return text + (" (simulated: from the offer)" if gpus.get("simulated") else "")
+    receipt = _dict(r.get("receipt"))
+    if hold is not None and receipt.get("gpu_name"):  # a kept host's later command: the `up`'s receipt says
+        return f"{receipt.get('num_gpus')}x {receipt.get('gpu_name')} (the up's receipt)"
+    if hold is not None and hold.gpu:
+        return f"{hold.gpu} (the up's offer)"
+    offer = offer or {}
+    if hold is not None and offer.get("gpu_name"):
+        return f"{offer.get('num_gpus')}x {offer.get('gpu_name')} (the up's offer)"
     return str(result.get("gpu") or "none ran")
 
 
-def _absence_words(verdict: Any, result: dict[str, Any]) -> str:
+def _absence_words(verdict: Any, result: dict[str, Any], have_dir: bool = True) -> str:
+    if verdict == "held":
+        return "held: not deleted yet (a kept host: `vast-e2e down` deletes it and proves it gone)"
     if verdict == "gone":
         return "**gone**: every instance deleted and proven absent"
     if verdict == "nothing-created":
@@ -148,6 +206,8 @@ def _absence_words(verdict: Any, result: dict[str, Any]) -> str:
     code = result.get("exit_code")
     if code in (ExitCode.BAD_INPUT, ExitCode.NO_OFFER):
         return "nothing rented"
+    if not have_dir:
+        return "not known (no evidence of this run was found); the reap below proves what is left"
     return "not known from this run's files (its record is missing); the reap below proves what is left"
 
 
@@ -315,23 +375,28 @@ def _reap_section(reap: dict[str, Any] | None) -> list[str]:
 
 
 def job_summary(f: RunFacts | None, *, result: dict[str, Any] | None = None, reap: dict[str, Any] | None = None,
-                notifications: dict[str, Any] | None = None, artifact_name: str | None = None) -> str:
+                notifications: dict[str, Any] | None = None, artifact_name: str | None = None,
+                no_verdict: str = "", hold: Hold | None = None) -> str:
     """The page (the module's docstring). `f`: the run's evidence, None when it left none; `result`: its `--json`
-    object (the verdict when the record is missing); `reap`: the follow-up reap's `--json` object."""
+    object (the verdict when the record is missing); `reap`: the follow-up reap's `--json` object; `no_verdict`:
+    why the result says nothing (empty, unreadable), `hold`: a kept host's hold when `f` is one's."""
     result = result or {}
     r = f.result if f is not None else {}
     code = r.get("exit_code", result.get("exit_code"))
     message = r.get("message", result.get("message", result.get("error")))
     lines = ["### vast-harness", ""]
     if code is None:
-        lines.append("**no verdict**: the run was stopped before it could write one (killed, or its runner went "
-                     "away). What its files say is below; the follow-up reap deletes what it left, and the host's "
+        why = (md(no_verdict) if no_verdict else "the run was stopped before it could write one (killed, or its "
+               "runner went away)")
+        files = ("What its files say is below" if f is not None else
+                 "No evidence of this run was found (none of an earlier run is shown in its place)")
+        lines.append(f"**no verdict**: {why}. {files}; the follow-up reap deletes what it left, and the host's "
                      "dead-man switch deletes it at the cap if nothing else does.")
     else:
         lines.append(verdict_line(code, message))
     if f is None and code in (ExitCode.BAD_INPUT, ExitCode.NO_OFFER):
         lines += ["", "Nothing was rented: the run was refused before any create."]
-    lines += ["", *_overview(f, result)]
+    lines += ["", *_overview(f, result, hold)]
     if f is not None:
         lines += _receipt_section(r)
         lines += _steps_section(f)
@@ -351,17 +416,22 @@ def job_summary(f: RunFacts | None, *, result: dict[str, Any] | None = None, rea
     return page
 
 
-def outputs(f: RunFacts | None, result: dict[str, Any] | None) -> dict[str, str]:
-    """The figures a CI step hands on (GitHub's step outputs): each a single line."""
+def outputs(f: RunFacts | None, result: dict[str, Any] | None, *, hold: Hold | None = None,
+            run_id: str | None = None) -> dict[str, str]:
+    """The figures a CI step hands on (GitHub's step outputs): each a single line. An exit code or an absence
+    not known is `unknown`, never empty: GitHub's expressions read '' as 0 (`exit-code == 0` would hold)."""
     result = result or {}
     r = f.result if f is not None else {}
     code = r.get("exit_code", result.get("exit_code"))
     accrued = _number(r.get("accrued_usd", result.get("accrued_usd")))
+    if hold is not None:
+        accrued = hold.accrued_usd
     absence = _dict(r.get("absence")).get("verdict")
-    values = {"exit-code": "" if code is None else str(code),
+    values = {"exit-code": "unknown" if code is None else str(code),
               "accrued-usd": "" if accrued is None else f"{accrued:.6f}",
-              "run-id": str(r.get("run_id") or result.get("run_id") or (f.dir.name if f is not None else "")),
+              "run-id": str(r.get("run_id") or result.get("run_id") or (f.dir.name if f is not None else "")
+                            or run_id or ""),
               "evidence-dir": str(f.dir) if f is not None else "",
               "absence": str(absence or ("nothing-created" if code in (ExitCode.BAD_INPUT, ExitCode.NO_OFFER)
-                                         else ""))}
+                                         else "unknown"))}
     return {k: " ".join(mask(v).split()) for k, v in values.items()}

@@ -45,14 +45,27 @@ def load_run(directory: Path) -> RunFacts:
     facts.absence = _dict(_read_json(directory / "absence-proof.json"))
     steps = facts.result.get("steps")
     facts.steps = [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
-    if not facts.steps and (directory / "steps.tsv").is_file():
-        for line in (directory / "steps.tsv").read_text(errors="replace").splitlines():
-            name, rc, secs = (line.split("\t") + ["", "", ""])[:3]
-            seconds = number(_float_or_none(secs), low=0.0, high=1e9, low_inclusive=True).value
-            facts.steps.append({"name": name, "rc": None if rc == "NA" else rc, "seconds": seconds or 0.0})
+    # A kept host's record is its latest command's (its own steps only, none for a `down`): every command's
+    # steps are in steps.tsv, each overlaid by the record's row of it where it has one
+    if (not facts.steps or facts.result.get("profile") == "kept") and (directory / "steps.tsv").is_file():
+        recorded = {s.get("name"): s for s in facts.steps}
+        facts.steps = [recorded.get(row["name"], row) for row in _tsv_steps(directory / "steps.tsv")]
     facts.workloads, facts.unreadable = load_workloads(directory / "remote")
     facts.missing = [n for n in ("harness-result.json", "absence-proof.json") if not (directory / n).is_file()]
     return facts
+
+
+def _tsv_steps(path: Path) -> list[dict[str, Any]]:
+    """steps.tsv's rows as a record's steps: name, rc, seconds, and how a step ended when not by itself."""
+    rows: list[dict[str, Any]] = []
+    for line in path.read_text(errors="replace").splitlines():
+        name, rc, secs, end = (line.split("\t") + ["", "", "", ""])[:4]
+        seconds = number(_float_or_none(secs), low=0.0, high=1e9, low_inclusive=True).value
+        row: dict[str, Any] = {"name": name, "rc": None if rc == "NA" else rc, "seconds": seconds or 0.0}
+        if end in ("interrupted", "timed_out", "connection_lost"):
+            row[end] = True
+        rows.append(row)
+    return rows
 
 
 def _float_or_none(text: str) -> float | None:

@@ -216,7 +216,8 @@ class HostWork:
             self.steps.append(record)
             self.t_last_step_end_unix = time.time()
             self.t_last_step_end_mono = self.meter.now()
-            self.ev.append_step_tsv(record.name, record.rc, record.seconds)
+            self.ev.append_step_tsv(record.name, record.rc, record.seconds, end=next(
+                (k for k in ("interrupted", "timed_out", "connection_lost") if getattr(record, k)), ""))
             self.out.step_done(record, self.meter.accrued_usd())
             if interrupted is not None:
                 raise interrupted
