@@ -10,14 +10,14 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.harness.clirun import cli
-from tests.harness.test_kept_attacks import live, record, spawn, stop_sims, store, up, wait_for, wait_line, workdir
+from tests.harness.test_kept_attacks import live, record, stop_sims, store, up, wait_for, workdir
 from vast_harness.state.held import Instant
 
 __all__ = ["stop_sims"]  # the fixture, used by name
@@ -125,28 +125,33 @@ def test_down_goes_ahead_on_a_full_evidence_disk(tmp_path, stop_sims, monkeypatc
     p = cli("down", "box", home=home)
     text = p.stdout + p.stderr
     assert "nothing was rented" not in text, text[-3000:]
-    assert p.returncode == 0 and "evidence" in text and "No space" in text, text[-3000:]
+    # Deleted and proven gone all the same; exit 1 says the evidence (here the ledger beside it) is incomplete
+    assert p.returncode == 1 and "deleting kept host box anyway" in text and "No space" in text, text[-3000:]
+    assert "deleted and proven absent" in text, text[-3000:]
     gone_for_good(home, held.api_url, held.instance_id, text)
 
 
 def test_down_after_a_killed_down_is_exit_0_by_our_earlier_delete(tmp_path, stop_sims):
+    """A `down` killed after its DELETE (red team r45: killed -9 right after "tearing down") leaves the record
+    `ending` and the instance gone: the next `down` proves it gone, by that DELETE, not "someone else"."""
     home = tmp_path
     up(home)
     held = record(home)
-    assert held is not None and held.sim_pid is not None
+    assert held is not None and held.sim_pid is not None and held.sim_key is not None
     stop_sims.append(held.sim_pid)
-    first = spawn("down", "box", home=home)
-    wait_line(first, "tearing down")
-    wait_for(lambda: not live(held.api_url), 10, "the first down's DELETE")
-    first.send_signal(signal.SIGKILL)
-    first.wait(timeout=10)
-    ended = record(home)
-    if ended is not None:  # killed before it proved it gone: the record says so
-        assert ended.state == "ending"
+    # What the killed down left: the record `ending` (its first act), its DELETE sent (the hold's key)
+    store(home).update("box", lambda r: (setattr(r, "state", "ending"), setattr(r, "message", "down")),
+                       ending_ok=True)
+    delete = urllib.request.Request(f"{held.api_url}/api/v0/instances/{held.instance_id}/", method="DELETE",
+                                    headers={"Authorization": f"Bearer {held.sim_key}"})
+    with urllib.request.urlopen(delete, timeout=10) as answer:
+        assert answer.status == 200
+    wait_for(lambda: not live(held.api_url), 10, "the killed down's DELETE")
     p = cli("down", "box", home=home)
     text = p.stdout + p.stderr
-    assert "someone else" not in text, text[-3000:]
-    assert p.returncode in (0, 2) and record(home) is None, text[-3000:]
+    assert p.returncode == 0 and "someone else" not in text, text[-3000:]
+    assert "an earlier command of this hold" in text, text[-3000:]
+    assert record(home) is None
 
 
 @pytest.mark.parametrize("dry_run", [False, True])

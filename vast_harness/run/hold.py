@@ -870,12 +870,29 @@ class DownStages(HoldStages):
     command = "down"
 
     def prepare(self, t: RunTools, s: RunState, key_dir: Path) -> Bundle | None:
+        self.expect_gone(t)
+
         def change(r: HeldHost) -> None:
             r.state, r.message = "ending", "down"
 
         self.store.update(self.name, change, ending_ok=True)  # an exec's hand-over no longer keeps it
         t.cap_guard.start()
         return None
+
+    def expect_gone(self, t: RunTools) -> None:
+        """The held instance found gone is proven gone, not someone else's delete, when the hold had ended
+        already: an earlier `down` (killed?) or teardown sent its DELETE (the record says `ending`, or the ledger
+        has a DELETE of the hold's for it), or its deadline passed (its switch deletes it by then)."""
+        r, inst = self.record, t.book.latest()
+        if inst is None:
+            return
+        ours = any(e.event == "delete_ack" and e.run_id == r.hold_id and e.instance_id == inst.instance_id
+                   for e in t.ledger.entries())
+        if r.state == "ending" or ours:
+            t.reads.expected_gone[inst.instance_id] = "an earlier command of this hold (a `down`) sent its DELETE"
+        elif r.expired():
+            t.reads.expected_gone[inst.instance_id] = (f"its dead-man switch deleted it at the hold's "
+                                                       f"{r.why_deadline()} deadline")
 
     def connect(self, t: RunTools, s: RunState) -> None:
         """No SSH. An interruptible hold's host that reads paused (outbid) has its checkpoint salvaged into the
