@@ -158,7 +158,8 @@ class SwitchStatus(BaseModel):
     host_now: int | None = None
     cap_epoch: int | None = None  # the switch's cap deadline (host clock), after tightening
     idle_epoch: int | None = None  # its idle deadline (host clock), after the push
-    alive: bool = False
+    alive: bool = False  # its process is there and not stopped: it can act
+    stopped: bool = False  # its process is there but stopped (state T/t): as good as dead
     host_clock_skew_s: float | None = None  # host minus this machine
     problem: str | None = None  # why the push or the check failed (None: pushed, and the switch runs)
 
@@ -170,14 +171,17 @@ class SwitchStatus(BaseModel):
 
 def _push_script(cap_left_s: int, idle_s: int | None) -> str:
     """Tighten the cap file (never later), write the idle file (when given), print both, the host's clock and
-    whether the process named by the switch's pid file is the switch."""
+    whether the process named by the switch's pid file is the switch, and whether it runs (not stopped)."""
     idle = (f"g=~/{IDLE_FILE}; echo $((n+{idle_s})) > $g.t && mv $g.t $g; " if idle_s is not None else "")
     return (f"n=$(date +%s); f=~/{DEADLINE_FILE}; d=$((n+{cap_left_s})); o=$(cat $f 2>/dev/null); "
             f"case \"$o\" in ''|*[!0-9]*) o=;; esac; "
             f"if [ -z \"$o\" ] || [ $d -lt $o ]; then echo $d > $f.t && mv $f.t $f; fi; {idle}"
             f"echo VHCLOCK $n; echo VHDEADLINE $(cat $f 2>/dev/null); echo VHIDLE $(cat ~/{IDLE_FILE} 2>/dev/null); "
             f"p=$(cat ~/{PID_FILE} 2>/dev/null); "
-            f"if [ -n \"$p\" ] && grep -q vh-deadman /proc/$p/cmdline 2>/dev/null; then echo VHSWITCH alive; "
+            # its state, the field after the parenthesised name in /proc/PID/stat: T/t stopped (SIGSTOP, traced)
+            f"if [ -n \"$p\" ] && grep -q vh-deadman /proc/$p/cmdline 2>/dev/null; then "
+            f"st=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f1); "
+            f"case \"$st\" in T|t) echo VHSWITCH stopped;; Z|X|x) echo VHSWITCH dead;; *) echo VHSWITCH alive;; esac; "
             f"else echo VHSWITCH dead; fi")
 
 
@@ -193,7 +197,8 @@ def push_deadlines(session: HostSession, *, cap_left_s: float, idle_s: float | N
     t_after = _user_clock()
     status = SwitchStatus(host_now=_int_after(lines, "VHCLOCK"), cap_epoch=_int_after(lines, "VHDEADLINE"),
                           idle_epoch=_int_after(lines, "VHIDLE"),
-                          alive=any(line.strip() == "VHSWITCH alive" for line in lines))
+                          alive=any(line.strip() == "VHSWITCH alive" for line in lines),
+                          stopped=any(line.strip() == "VHSWITCH stopped" for line in lines))
     if status.host_now is not None:
         status.host_clock_skew_s = round(status.host_now - (t_before + t_after) / 2, 1)
     if not outcome.ok or status.host_now is None:
@@ -202,6 +207,9 @@ def push_deadlines(session: HostSession, *, cap_left_s: float, idle_s: float | N
         status.problem = "the switch's deadline file is missing on the host"
     elif idle_s is not None and status.idle_epoch is None:
         status.problem = "the idle deadline could not be written on the host"
+    elif status.stopped:
+        status.problem = ("the dead-man switch is stopped on the host (its process is in state T: a SIGSTOP or a "
+                          "tracer), so it deletes nothing")
     elif not status.alive:
         status.problem = "the dead-man switch no longer runs on the host (its process is gone)"
     return status

@@ -3,12 +3,15 @@ delete it with the proof of absence; each a run on the held instance (`run/hold.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from vast_harness.console.output import Output
 from vast_harness.errors import ExitCode
 from vast_harness.kept.names import find
 from vast_harness.kept.target import WATCH_WAIT_S, check_usable, held_spec, run_on_hold
 from vast_harness.run.hold import DownStages, HoldStages, KeepStages
-from vast_harness.spec.resolve import RunOptions
+from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.state.held import HeldHost, HeldStore, HoldBusy
 
 
@@ -33,9 +36,13 @@ def down_host(name: str, options: RunOptions, *, out: Output) -> int:
     """Delete kept host `name` and prove it absent; it never waits for an exec (whose host then goes)."""
     store, record = find(name)
     check_usable(store, record, "down")
-    return _run(store, record, options, DownStages(store, record), out)
+    # The deletion never waits on the evidence disk: full or read-only, `down` warns and goes on, as `reap` does
+    spec_of = functools.partial(resolve, on_unwritable=out.warn, unwritable_goes_on=(
+        f"deleting kept host {name} anyway; its evidence (the record, the logs) may not be written"))
+    return _run(store, record, options, DownStages(store, record), out, spec_of=spec_of)
 
 
-def _run(store: HeldStore, record: HeldHost, options: RunOptions, stages: HoldStages, out: Output) -> int:
-    spec = held_spec(store, record, options.model_copy(update={"profile": "smoke", "command": None}))
+def _run(store: HeldStore, record: HeldHost, options: RunOptions, stages: HoldStages, out: Output,
+         spec_of: Callable[[RunOptions], RunSpec] = resolve) -> int:
+    spec = held_spec(store, record, options.model_copy(update={"profile": "smoke", "command": None}), spec_of)
     return run_on_hold(spec, record, stages, out)

@@ -45,11 +45,13 @@ def check_usable(store: HeldStore, record: HeldHost, command: str, *, locked: bo
         finish_hold(store, record, proven=True, message="its simulator is gone")
         raise ConfigError(f"kept host {name!r} has ended: its simulator (pid {record.sim_pid}) is gone, and its "
                           f"instance with it. {listing()}")
-    if record.expired() and not (command == "down" and record.state == "ending"):
-        raise ConfigError(f"kept host {name!r} has expired: {describe(record)}. Its dead-man switch deletes the "
-                          f"host; `vast-e2e reap` proves it gone and forgets it. {listing()}")
-    if command == "down":
+    if command == "down":  # past its deadline too: it reads the instance, deletes what is there, proves it gone
         return
+    if record.expired():
+        raise ConfigError(f"kept host {name!r} is past its deadline: {describe(record)}. Its dead-man switch "
+                          f"should have deleted the host by now, unless the switch could not act (stopped or killed "
+                          f"on the host); `vast-e2e down {name}` reads it, deletes it if it is still there, proves it "
+                          f"gone and ends the hold. {listing()}")
     if record.state == "starting":
         busy = None if locked else store.busy(name)  # holding the lock ourselves, no `up` can be at work
         why = (f"its `up` (pid {busy.pid}) is still setting it up" if busy else

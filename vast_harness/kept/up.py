@@ -8,11 +8,11 @@ import secrets
 from pydantic import SecretStr
 
 from vast_harness.console.output import Output
-from vast_harness.errors import ConfigError
+from vast_harness.errors import ConfigError, ExitCode
 from vast_harness.kept.names import refuse_held
 from vast_harness.kept.simproc import DetachedSim, start_detached_sim, stop_sim
 from vast_harness.kept.target import KEPT_PROFILE, ensure_watcher, first_idle_s
-from vast_harness.run.hold import HOST_CLOCK_STEP_S, UpStages, hold_terms
+from vast_harness.run.hold import HOST_CLOCK_STEP_S, IDLE_MIN_S, PUSH_ROOM_S, UpStages, hold_terms
 from vast_harness.run.runner import GuardedRun
 from vast_harness.spec.profile import load_driver_policy
 from vast_harness.spec.resolve import RunOptions, RunSpec
@@ -33,9 +33,15 @@ def up_spec(spec: RunSpec, name: str) -> RunSpec:
 
 
 def idle_minutes_for(spec: RunSpec, given: float | None) -> float:
-    """`--idle-minutes`, at most the time cap (default: 10, or the cap when shorter)."""
+    """`--idle-minutes`, at least the floor the switch can honour (`IDLE_MIN_S`), at most the time cap (default:
+    10, or the cap when shorter)."""
     idle = given if given is not None else min(DEFAULT_IDLE_MINUTES, spec.caps.max_minutes)
     check_number("--idle-minutes", idle, low=0, high=spec.caps.max_minutes, low_inclusive=False)
+    if idle * 60.0 < IDLE_MIN_S:
+        raise ConfigError(f"--idle-minutes must be at least {IDLE_MIN_S / 60.0:.4g} ({IDLE_MIN_S:g} s), got {idle:g}: "
+                          "the switch re-reads its idle deadline every idle/4, and each push of it needs up to "
+                          f"{PUSH_ROOM_S:g} s and the host's whole seconds before the last one runs out; shorter, it "
+                          "deletes the host between two pushes while a command still works on it")
     return idle
 
 
@@ -94,6 +100,9 @@ def up_host(spec: RunSpec, name: str, *, idle_minutes: float, out: Output, optio
         held = now is not None and now.hold_id == hold_id and now.state == "held"
         if held and record.bid is not None:
             ensure_watcher(store, name, pacing_scale=target.pacing_scale)
+        if result.exit_code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER) and not held:
+            out.error(f"kept host {name} is not held (its hold ended before `up` returned): exit 1, not 0")
+            return ExitCode.FAILED  # 0 (or 4) means held, and nothing is
         return result.exit_code
     except ConfigError:
         raise

@@ -63,6 +63,11 @@ from vast_harness.state.process import ProcessId, this_host
 from vast_harness.timings import TeardownBudget
 
 IDLE_PUSH_MAX_S = 30.0  # while a command runs, its host's idle deadline is pushed at least this often
+# The shortest --idle-minutes the switch can honour: between two pushes (a heartbeat's interval, idle / 4) the
+# idle deadline must outlast one push (an SSH command of a few seconds: PUSH_ROOM_S) and the host's whole-second
+# truncation, twice; shorter, the switch deletes the host between two pushes while a command still works on it.
+PUSH_ROOM_S = 5.0
+IDLE_MIN_S = 10.0
 CONNECT_S = 60.0  # a later command's SSH connect to its held host
 PUSH_S = 15.0  # one push of the deadlines (a host command)
 READ_S = 10.0  # a later command's first read of its held instance
@@ -254,9 +259,9 @@ class HoldStages(RunStages):
     def _switch_dead(self, t: RunTools, s: RunState, status: SwitchStatus) -> None:
         """Without its switch nothing deletes the host once no command runs: the hold ends now (fail closed)."""
         if self.end_reason is None:
-            self.end_reason = (f"the dead-man switch of kept host {self.name!r} no longer runs on the host "
-                               f"({status.problem}): without it nothing would delete the host once no command "
-                               "runs, so the hold ends here (deleted, proven absent)")
+            self.end_reason = (f"the dead-man switch of kept host {self.name!r} cannot act ({status.problem}): "
+                               "without it nothing would delete the host once no command runs, so the hold ends "
+                               "here (deleted, proven absent)")
             t.out.warn(self.end_reason)
             s.cancel(self.end_reason, ExitCode.FAILED)
 
@@ -492,7 +497,30 @@ class HoldStages(RunStages):
             if read is None or is_lingering(read):
                 t.reads.vanished(inst, "a read after the link went no longer shows it")
                 return False
+            return True
+        return not self.switch_dead_at_end(t, s)
+
+    def switch_dead_at_end(self, t: RunTools, s: RunState) -> bool:
+        """The switch checked once more as the command ends (its command may have stopped or killed it): True,
+        the hold must end here. A push that could not run (the link) says nothing: the host stays held."""
+        self.stop_heartbeat()  # no beat beside this push: the end's own
+        status = self.push(t, s)
+        if status is None or status.cap_epoch is None or status.host_now is None or status.alive:
+            return False
+        if self.end_reason is None:
+            self.end_reason = (f"the dead-man switch of kept host {self.name!r} cannot act as this command ends "
+                               f"({status.problem}): without it nothing would delete the host, so the hold ends "
+                               "here (deleted, proven absent)")
+            t.out.warn(self.end_reason)
         return True
+
+    def not_kept(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
+        """The hold ends with this command (`keeps` said no): never a pass, whatever the command did; the
+        message says why the hold ended."""
+        why = self.end_reason
+        if code in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER):
+            return ExitCode.FAILED, f"{why or 'the hold ended'} (the command itself: {message})"
+        return code, message if why is None or why in message else f"{message}; {why}"
 
     def hand_over(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
         """The command is done and the host stays: the heartbeat stopped, the idle deadline pushed from now, the
@@ -662,6 +690,9 @@ class WatchStages(HoldStages):
                                      "salvaged, deleted and proven gone; the next exec rents another")
         return ExitCode.PASSED, f"kept host {self.name}: its host resumed after an outbid ({self.why})"
 
+    def not_kept(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
+        return code, message  # its outcome says what became of the husk
+
     def ended(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> None:
         if self.moved and code == ExitCode.PASSED:  # the hold goes on, outbid: only its husk ended
             self.stop_heartbeat()
@@ -728,6 +759,8 @@ class UpStages(HoldStages):
 
     def hand_over(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
         code, message = super().hand_over(t, s, code, message)
+        if self.yielded:  # a `down` took it meanwhile: nothing is held, so no 0
+            return ExitCode.FAILED, message
         inst = t.book.latest()
         assert inst is not None
         r = self.record
@@ -794,7 +827,7 @@ class ExecStages(HoldStages):
         return steps
 
     def outcome(self, t: RunTools, s: RunState) -> Outcome:
-        return ExitCode.PASSED, f"exec {self.record.execs} passed; kept host {self.name} stays held"
+        return ExitCode.PASSED, f"exec {self.record.execs} passed"
 
     def hand_over(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
         if self.yielded:
@@ -808,9 +841,7 @@ class ExecStages(HoldStages):
         # Still running there (the link was lost): the next exec stops it first.
         self.save(t, s, exec_unfinished=left_running, last_exec_rc=step.rc if step else None)
         code, message = super().hand_over(t, s, code, message)
-        if code not in (ExitCode.PASSED, ExitCode.UNQUALIFIED_DRIVER):
-            message = f"{message}; kept host {self.name} stays held"
-        return code, f"{message} (idle deadline {_utc(self.record.idle_deadline)})"
+        return code, f"{message}; kept host {self.name} stays held (idle deadline {_utc(self.record.idle_deadline)})"
 
 
 class KeepStages(HoldStages):
@@ -839,12 +870,29 @@ class DownStages(HoldStages):
     command = "down"
 
     def prepare(self, t: RunTools, s: RunState, key_dir: Path) -> Bundle | None:
+        self.expect_gone(t)
+
         def change(r: HeldHost) -> None:
             r.state, r.message = "ending", "down"
 
         self.store.update(self.name, change, ending_ok=True)  # an exec's hand-over no longer keeps it
         t.cap_guard.start()
         return None
+
+    def expect_gone(self, t: RunTools) -> None:
+        """The held instance found gone is proven gone, not someone else's delete, when the hold had ended
+        already: an earlier `down` (killed?) or teardown sent its DELETE (the record says `ending`, or the ledger
+        has a DELETE of the hold's for it), or its deadline passed (its switch deletes it by then)."""
+        r, inst = self.record, t.book.latest()
+        if inst is None:
+            return
+        ours = any(e.event == "delete_ack" and e.run_id == r.hold_id and e.instance_id == inst.instance_id
+                   for e in t.ledger.entries())
+        if r.state == "ending" or ours:
+            t.reads.expected_gone[inst.instance_id] = "an earlier command of this hold (a `down`) sent its DELETE"
+        elif r.expired():
+            t.reads.expected_gone[inst.instance_id] = (f"its dead-man switch deleted it at the hold's "
+                                                       f"{r.why_deadline()} deadline")
 
     def connect(self, t: RunTools, s: RunState) -> None:
         """No SSH. An interruptible hold's host that reads paused (outbid) has its checkpoint salvaged into the
@@ -881,3 +929,6 @@ class DownStages(HoldStages):
 
     def keeps(self, t: RunTools, s: RunState, code: ExitCode) -> bool:
         return False
+
+    def not_kept(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
+        return code, message  # ending the hold is what `down` is for

@@ -95,6 +95,9 @@ class InstanceReads:
         # and the pending increase's factor known for past it
         self._contract_ends: dict[int, tuple[float, float | None, float | None]] = {}
         self._pending_unread: set[int] = set()  # instances whose pending increases could not be read (said)
+        # instance -> why its absence is no news (a kept host's `down` after an earlier DELETE of the hold's, or
+        # past the deadline its switch deletes it by): found gone, it is proven gone, nobody else's doing
+        self.expected_gone: dict[int, str] = {}
 
     def record_raise(self, change: PriceChange) -> None:
         """A higher price the meter took, into the ledger (best effort, like every line after the intent): a
@@ -214,6 +217,9 @@ class InstanceReads:
         """Our instance went away and we sent no DELETE: someone else deleted it (a reap elsewhere, the
         console). Say so, stop the work; the teardown still proves it absent."""
         if inst.instance_id in self.book.vanished:
+            return
+        if inst.instance_id in self.expected_gone:
+            self.out.info(f"instance {inst.instance_id} is already gone: {self.expected_gone[inst.instance_id]}")
             return
         started = self.meter.accrual_start(inst.instance_id)
         if self.switch_allowance_s is not None and started is not None \

@@ -134,6 +134,10 @@ class RunStages:
         """The instance is kept (`keeps`): leave it to the next command; the outcome to report."""
         raise NotImplementedError("a run keeps nothing")
 
+    def not_kept(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
+        """The outcome once `keeps` said no and the teardown comes (a kept host's command: its hold ends)."""
+        return code, message
+
     def ended(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> None:
         """After the teardown and the verdict (the instance deleted, proven or not)."""
 
@@ -214,6 +218,7 @@ class GuardedRun:
                     if self._keeps(code):
                         code, message = self._hand_over(code, message)
                     else:
+                        code, message = stages.not_kept(t, s, code, message)
                         code, message = self._teardown_and_verdict(code, message)  # Stage.TEARDOWN, VERDICT
                         stages.ended(t, s, code, message)
                 finally:

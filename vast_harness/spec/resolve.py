@@ -319,12 +319,14 @@ def resolve(
     environ: Mapping[str, str] | None = None,
     profiles_dir: Path = PROFILES_DIR,
     on_unwritable: Callable[[str], None] | None = None,
+    unwritable_goes_on: str = "reaping anyway; what cannot be written is skipped",
     no_key_hint: str | None = None,
 ) -> RunSpec:
     """Flags > environment (VAST_API_KEY, VAST_URL) > the user's config file > profile, validated. Raises
     ConfigError naming the offending flag or field. `environ` and `profiles_dir` say where to read (default:
     this process's environment, the shipped profiles). An evidence or state dir that takes no writes is refused,
-    unless `on_unwritable` is given: then it is told (a reap warns and goes on deleting)."""
+    unless `on_unwritable` is given: then it is told, with `unwritable_goes_on` (a reap, or a kept host's `down`,
+    warns and goes on deleting)."""
     o = options
     environ = os.environ if environ is None else environ
     teach_inputs(environ=environ, key_file=o.key_file, secret_items=o.remote_secret or [],
@@ -449,8 +451,7 @@ def resolve(
         checks += [(state, state_name)] if state != ev_dir else []
         for path, name in checks:
             try:
-                check_evidence_dir(path, name, **({"consequence": "reaping anyway; what cannot be written is "
-                                                  "skipped"} if on_unwritable else {}))
+                check_evidence_dir(path, name, **({"consequence": unwritable_goes_on} if on_unwritable else {}))
             except UnwritableDirError as exc:
                 if on_unwritable is None:
                     raise
