@@ -38,7 +38,7 @@ GUARD = pytest.StashKey[isolation.UserDirGuard]()
 COLLECTION = pytest.StashKey["Collection"]()
 
 
-DEFAULT_SET_WORKERS = 4  # the default set mostly waits: four workers overlap the waits, even on two cores
+DEFAULT_SET_WORKERS = 6  # the default set mostly waits: six workers overlap the waits, even on two cores
 SLOW_SET_WORKERS = 2  # torchrun worlds and the whole chaos suite (its caps timed to the tenth of a second) need
 # the cores themselves: on two cores four workers of them put runs past their caps
 
@@ -67,7 +67,7 @@ def cache_bytecode(environ: dict[str, str] | os._Environ[str]) -> Path | None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto` (pyproject.toml addopts): four workers when the slow tests are left out, two when any run
+    """`-n auto` (pyproject.toml addopts): six workers when the slow tests are left out, two when any run
     (`-m slow`, `-m ""`); PYTEST_XDIST_AUTO_NUM_WORKERS, or `-n N` on the command line, still wins."""
     given = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
     if given:
