@@ -81,6 +81,25 @@ def test_the_exit_status_comes_when_the_command_exits_not_when_its_output_closes
         assert late.recv_exit_status() == 0 and got == b"early\nlate\n"
 
 
+def test_a_quick_command_is_answered_before_its_outcome(api: httpx.Client, ssh_key: paramiko.PKey,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """As sshd: the exec request's success reply precedes the command's output, exit status and close, however
+    quickly the command ends. Seen in CI: a fast `echo` closed its channel before the reply, and a plain paramiko
+    client raised "Channel closed". The host's reply is held back here to make that order the likely one."""
+    original = paramiko.Transport._send_user_message
+
+    def slow_success(self: paramiko.Transport, m: paramiko.Message) -> None:
+        if self.server_mode and m.asbytes()[:1] == bytes([paramiko.common.MSG_CHANNEL_SUCCESS]):
+            time.sleep(0.3)
+        original(self, m)
+
+    monkeypatch.setattr(paramiko.Transport, "_send_user_message", slow_success)
+    _, instance = rented_host(api, ssh_key)
+    with ssh_connect(direct_port(instance), ssh_key) as client:
+        assert run(client, "echo ok") == (0, "ok\n", "")
+        assert run(client, "exit 4") == (4, "", "")
+
+
 def test_auth_rejects_unknown_keys(api: httpx.Client, ssh_key: paramiko.PKey) -> None:
     _, instance = rented_host(api, ssh_key)
     with pytest.raises(paramiko.AuthenticationException):

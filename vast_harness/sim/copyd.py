@@ -31,7 +31,15 @@ from typing import Any
 import paramiko
 from paramiko.common import AUTH_FAILED, AUTH_SUCCESSFUL, OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED, OPEN_SUCCEEDED
 
-from vast_harness.sim.sshserve import feed_stdin, handshake, listen_loopback, pump, server_transport, start_accepting
+from vast_harness.sim.sshserve import (
+    after_answer,
+    feed_stdin,
+    handshake,
+    listen_loopback,
+    pump,
+    server_transport,
+    start_accepting,
+)
 
 COPY_USER = "vastai_kaalia"
 DAEMON_COMMAND = "rsync --server --daemon"
@@ -138,6 +146,6 @@ class _CopySession(paramiko.ServerInterface):
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         if not command.decode(errors="replace").startswith(DAEMON_COMMAND):
             return False  # the daemon protocol only: no shell, no other command
-        threading.Thread(target=self.daemon.run_daemon, args=(channel, list(self.instances)), daemon=True,
-                         name="sim-copyd-exec").start()
+        after_answer(channel, threading.Thread(target=self.daemon.run_daemon, args=(channel, list(self.instances)),
+                                               daemon=True, name="sim-copyd-exec").start)
         return True

@@ -23,6 +23,7 @@ from vast_harness.sim.faults import FaultPlan
 from vast_harness.sim.sandbox import Sandbox, SandboxClosed
 from vast_harness.sim.sftp import Meter, SandboxSFTP
 from vast_harness.sim.sshserve import (
+    after_answer,
     feed_stdin,
     handshake,
     listen_loopback,
@@ -141,17 +142,19 @@ class _Session(paramiko.ServerInterface):
         return OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
-        threading.Thread(target=self.host.run_exec,
-                         args=(channel, command.decode(errors="replace"), self.transport),
-                         daemon=True, name=f"sim-exec-{self.host.instance_id}").start()
+        self._run_once_answered(channel, command.decode(errors="replace"), f"sim-exec-{self.host.instance_id}")
         return True
 
     def check_channel_shell_request(self, channel: paramiko.Channel) -> bool:
         """A login shell (`ssh HOST` with no command): bash reading its commands from the channel, without a
         terminal (the pty request is ignored), in the sandbox like any command."""
-        threading.Thread(target=self.host.run_exec, args=(channel, "exec bash", self.transport),
-                         daemon=True, name=f"sim-shell-{self.host.instance_id}").start()
+        self._run_once_answered(channel, "exec bash", f"sim-shell-{self.host.instance_id}")
         return True
+
+    def _run_once_answered(self, channel: paramiko.Channel, command: str, name: str) -> None:
+        thread = threading.Thread(target=self.host.run_exec, args=(channel, command, self.transport),
+                                  daemon=True, name=name)
+        after_answer(channel, thread.start)
 
     def check_channel_pty_request(self, *args: Any) -> bool:
         return True  # accepted and ignored: commands run without a terminal

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 import paramiko
+from paramiko.common import MSG_CHANNEL_REQUEST
 
 ACCEPT_POLL_S = 0.2
 READ_CHUNK = 65536
@@ -55,12 +56,35 @@ def start_accepting(listener: socket.socket, closed: threading.Event, serve: Cal
 
 
 def server_transport(conn: socket.socket, host_key: paramiko.PKey) -> paramiko.Transport:
-    """A server-side transport over an accepted connection, with the host's key, logging silenced."""
+    """A server-side transport over an accepted connection, with the host's key, logging silenced, whose channel
+    requests run what `after_answer` queued once their reply has gone out."""
     conn.settimeout(None)
     transport = paramiko.Transport(conn)
     transport.set_log_channel(LOG_CHANNEL)
     transport.add_server_key(host_key)
+    # paramiko sends a request's reply after the server's check returns; a command started from the check can
+    # exit, and close its channel, first, and the client then sees "Channel closed" instead of the command's
+    # outcome. sshd replies before it reads the child's output; so does this transport (its own table).
+    transport._channel_handler_table = {  # type: ignore[attr-defined]
+        **paramiko.Transport._channel_handler_table,  # type: ignore[attr-defined]
+        MSG_CHANNEL_REQUEST: _answer_then_start,
+    }
     return transport
+
+
+_AFTER_ANSWER = "_sim_after_answer"
+
+
+def after_answer(channel: paramiko.Channel, start: Callable[[], None]) -> None:
+    """Run `start` (on the transport's thread, so briefly) once the request being checked has been answered."""
+    setattr(channel, _AFTER_ANSWER, start)
+
+
+def _answer_then_start(channel: paramiko.Channel, m: paramiko.Message) -> None:
+    paramiko.Channel._handle_request(channel, m)  # type: ignore[attr-defined]  # checks, then replies
+    start = channel.__dict__.pop(_AFTER_ANSWER, None)
+    if start is not None:
+        start()
 
 
 def handshake(transport: paramiko.Transport, conn: socket.socket, server: paramiko.ServerInterface) -> None:
