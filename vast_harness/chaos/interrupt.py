@@ -188,7 +188,9 @@ def judge(outcome: InterruptOutcome, mine: list[dict[str, object]], run_dir: Pat
     if outcome.accrued_usd + 1e-9 < outcome.billed_usd:
         found.append(f"under-reported: the run says ${outcome.accrued_usd:.6f}, the simulator billed "
                      f"${outcome.billed_usd:.6f}")
-    record = json.loads(_read(run_dir / "harness-result.json") or "{}")
+    record = json_or_empty(run_dir / "harness-result.json")
+    if not record and read_or_empty(run_dir / "harness-result.json"):
+        found.append("harness-result.json is there but not a JSON object")
     found += judge_resumes(outcome, run_dir, record)
     if record and len(record.get("attempts", [])) != len(mine):
         found.append(f"the record lists {len(record.get('attempts', []))} attempt(s) of {len(mine)} instance(s)")
@@ -202,7 +204,7 @@ def judge_resumes(outcome: InterruptOutcome, run_dir: Path, record: dict[str, An
     last host's start, when the run ended on it rather than on an outbid, is at or after every salvaged step."""
     found: list[str] = []
     names = list(dict.fromkeys(str(step["name"]) for step in record.get("steps", [])))
-    logs = "".join(_read(run_dir / "steps" / f"{name}.log") for name in names)
+    logs = "".join(read_or_empty(run_dir / "steps" / f"{name}.log") for name in names)
     starts = [int(m) for m in re.findall(r"start step (\d+)", logs)][1:]  # the first start is the fresh one
     salvaged = sorted((run_dir / SALVAGE_DIR).glob("*/step.txt"), key=lambda p: int(p.parent.name))
     steps = [int(p.read_text().strip() or 0) for p in salvaged]
@@ -315,11 +317,21 @@ def _wait(read: Callable[[], dict[str, Any]], done: Callable[[dict[str, Any]], b
     return row
 
 
-def _read(path: Path) -> str:
+def read_or_empty(path: Path) -> str:
+    """A file the run may not have written (or not yet): its text, or "" (the judges read absence as nothing)."""
     try:
         return path.read_text(errors="replace")
     except OSError:
         return ""
+
+
+def json_or_empty(path: Path) -> dict[str, Any]:
+    """A JSON object the run may not have written, or written cut short: the object, or {}."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 if __name__ == "__main__":  # a quick look: python -m vast_harness.chaos.interrupt FAMILY DIR

@@ -22,7 +22,6 @@ pass their in-process runner). The hold's simulator is kept past the hold's end 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -37,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from vast_harness.chaos.interrupt import TRAIN
+from vast_harness.chaos.interrupt import TRAIN, json_or_empty, read_or_empty
 from vast_harness.clock import now_s
 from vast_harness.kept.watcher_proc import watcher_running
 from vast_harness.run.interrupt import SALVAGE_DIR
@@ -307,7 +306,7 @@ def judge(outcome: KeptOutcome, held: HeldHost, state: dict[str, Any]) -> list[s
     if not outcome.outbids:
         found.append("no instance of the hold was outbid: the family did not happen")
     evidence = Path(held.evidence_dir)
-    record = _json(evidence / "harness-result.json")
+    record = json_or_empty(evidence / "harness-result.json")
     outcome.attempts = [a for a in record.get("attempts", []) if isinstance(a, dict)]
     if len(outcome.attempts) != len(mine):
         found.append(f"the record lists {len(outcome.attempts)} attempt(s) of {len(mine)} instance(s)")
@@ -323,7 +322,7 @@ def judge_starts(outcome: KeptOutcome, evidence: Path) -> list[str]:
     firsts: list[tuple[float, int]] = []  # (the log's last change, its command's first start) per exec log
     for log in logs:
         first = None
-        for m in re.finditer(r"(start step|step) (\d+)", _read(log)):
+        for m in re.finditer(r"(start step|step) (\d+)", read_or_empty(log)):
             step = int(m.group(2))
             if m.group(1) == "start step":
                 outcome.starts.append(step)
@@ -347,7 +346,7 @@ def judge_starts(outcome: KeptOutcome, evidence: Path) -> list[str]:
 def _log_says(held: HeldHost | None, step: str, text: str) -> HeldHost | None:
     if held is None or held.instance_id is None:
         return None
-    return held if text in _read(Path(held.evidence_dir) / "steps" / f"{step}.log") else None
+    return held if text in read_or_empty(Path(held.evidence_dir) / "steps" / f"{step}.log") else None
 
 
 def _wait(check: Callable[[], Any], within_s: float) -> Any:
@@ -358,21 +357,6 @@ def _wait(check: Callable[[], Any], within_s: float) -> Any:
             return got
         time.sleep(0.1)
     return None
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 if __name__ == "__main__":  # a quick look: python -m vast_harness.chaos.kept FAMILY DIR
