@@ -592,6 +592,39 @@ def test_sftp__put_then_get_2mb__sha256_equal(host: FakeHost, session: HostSessi
     assert not back.with_name("bundle.tar.part").exists()
 
 
+@pytest.mark.parametrize("size", [0, 1, 32768, 3 * 1024 * 1024 + 5])
+def test_sftp__get_asks_for_each_block_once_when_the_reader_outruns_the_requests(
+    host: FakeHost, session: HostSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int,
+) -> None:
+    """paramiko's prefetch ends early when the reader has taken every answer before the next request is sent (a
+    busy machine: paramiko PR #2519, open): every block after that is asked for twice, the host sends (and bills)
+    it twice, and the unread copies pile up in memory. A checkpoint of many GB would double its bytes and fill
+    this machine's memory. The request sender is slowed here to make that order certain."""
+    payload = os.urandom(size)
+    (host.root / "ckpt.bin").write_bytes(payload)
+    served: list[int] = []
+    original_read, original_request = _Handle.read, paramiko.SFTPClient._async_request
+
+    def counted(self: _Handle, offset: int, length: int) -> bytes | int:
+        data = original_read(self, offset, length)
+        served.append(len(data) if isinstance(data, bytes) else 0)
+        return data
+
+    def slow_request(self: paramiko.SFTPClient, fileobj: object, t: int, *args: object) -> int:
+        if t == paramiko.sftp.CMD_READ:
+            time.sleep(0.002)
+        return original_request(self, fileobj, t, *args)
+
+    monkeypatch.setattr(_Handle, "read", counted)
+    monkeypatch.setattr(paramiko.SFTPClient, "_async_request", slow_request)
+    counted_bytes: list[int] = []
+    back = tmp_path / "back" / "ckpt.bin"
+    assert session.get("ckpt.bin", back, on_bytes=counted_bytes.append) == len(payload)
+    assert back.read_bytes() == payload
+    assert sum(served) == len(payload), f"the host sent {sum(served)} bytes for a {len(payload)}-byte file"
+    assert sum(counted_bytes) == len(payload)
+
+
 def test_sftp__get_missing__file_not_found(session: HostSession, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         session.get("nope.json", tmp_path / "pulled" / "nope.json")

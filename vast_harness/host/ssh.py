@@ -37,6 +37,7 @@ from pydantic import BaseModel
 
 from vast_harness.clock import now_s
 from vast_harness.errors import LocalDiskRefused, SshConnectError, SshTransferError, TransferAbandoned
+from vast_harness.host.sftp_read import read_whole
 from vast_harness.records import ConnectAttempt, SshEndpoint, StepOutcome
 from vast_harness.timings import TeardownBudget
 from vast_harness.vast.answer_bound import AnswerBound
@@ -654,7 +655,7 @@ class HostSession:
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
             with os.fdopen(fd, "wb") as fh:
                 os.fchmod(fd, 0o600)
-                size = self._sftp_client().getfo(remote, fh, callback=progress)
+                size = read_whole(self._sftp_client(), remote, fh, callback=progress)
             if partial.stat().st_size != size:
                 raise SshTransferError(f"download of {remote}: {partial.stat().st_size} bytes written of {size}")
             partial.replace(local)
