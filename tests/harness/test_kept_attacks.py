@@ -66,6 +66,15 @@ def up(home: Path, *extra: str, idle: str = IDLE, minutes: str = "5") -> subproc
     return p
 
 
+def up_held(home: Path, stop_sims: list[int], *extra: str, idle: str = IDLE, minutes: str = "5") -> HeldHost:
+    """`up` that holds; its simulator left to `stop_sims` to stop; the hold's record."""
+    up(home, *extra, idle=idle, minutes=minutes)
+    held = record(home)
+    assert held is not None and held.sim_pid is not None
+    stop_sims.append(held.sim_pid)
+    return held
+
+
 def reap(home: Path, held: HeldHost, *extra: str) -> subprocess.CompletedProcess[str]:
     """`reap` against the hold's own simulator, as against any standalone one."""
     assert held.sim_key is not None
@@ -170,10 +179,7 @@ def test_kill_9_of_up_mid_boot_leaves_the_host_to_its_switch_and_reap(tmp_path, 
 @pytest.mark.slow
 def test_kill_9_of_exec_mid_step_leaves_the_host_to_its_idle_switch(tmp_path, stop_sims):
     home = tmp_path
-    up(home)
-    held = record(home)
-    assert held is not None and held.sim_pid is not None
-    stop_sims.append(held.sim_pid)
+    held = up_held(home, stop_sims)
     proc = spawn("exec", "box", "--", "sh", "job.sh", "60", home=home)
     wait_line(proc, "started")
     proc.kill()
@@ -190,10 +196,7 @@ def test_kill_9_of_exec_mid_step_leaves_the_host_to_its_idle_switch(tmp_path, st
 
 def test_the_next_exec_stops_what_a_killed_exec_left_running(tmp_path, stop_sims):
     home = tmp_path
-    up(home, idle="1")
-    held = record(home)
-    assert held is not None and held.sim_pid is not None
-    stop_sims.append(held.sim_pid)
+    up_held(home, stop_sims, idle="1")
     token = secrets.token_hex(4)  # this test's command alone: the hosts of tests beside it share the machine
     proc = spawn("exec", "box", "--", "sh", "job.sh", "60", token, home=home)
     wait_line(proc, "started")
@@ -208,10 +211,7 @@ def test_the_next_exec_stops_what_a_killed_exec_left_running(tmp_path, stop_sims
 
 def test_two_execs_at_once_the_second_is_refused_naming_the_first(tmp_path, stop_sims):
     home = tmp_path
-    up(home, idle="1")
-    held = record(home)
-    assert held is not None and held.sim_pid is not None
-    stop_sims.append(held.sim_pid)
+    up_held(home, stop_sims, idle="1")
     first = spawn("exec", "box", "--", "sh", "job.sh", "3", home=home)
     wait_line(first, "started")
     p = cli("exec", "box", "--", "true", home=home)
@@ -240,10 +240,7 @@ def test_two_ups_of_one_name_one_wins_the_other_rents_nothing(tmp_path, stop_sim
 
 def test_down_while_an_exec_runs_deletes_and_nothing_brings_the_hold_back(tmp_path, stop_sims):
     home = tmp_path
-    up(home, idle="1")
-    held = record(home)
-    assert held is not None and held.sim_pid is not None
-    stop_sims.append(held.sim_pid)
+    held = up_held(home, stop_sims, idle="1")
     proc = spawn("exec", "box", "--", "sh", "job.sh", "60", home=home)
     wait_line(proc, "started")
     p = cli("down", "box", home=home)
@@ -262,10 +259,7 @@ def test_down_while_an_exec_runs_deletes_and_nothing_brings_the_hold_back(tmp_pa
 
 def test_ctrl_c_of_exec_stops_the_command_and_keeps_the_host(tmp_path, stop_sims):
     home = tmp_path
-    up(home, idle="1")
-    held = record(home)
-    assert held is not None and held.sim_pid is not None
-    stop_sims.append(held.sim_pid)
+    held = up_held(home, stop_sims, idle="1")
     token = secrets.token_hex(4)
     proc = spawn("exec", "box", "--", "sh", "job.sh", "60", token, home=home)
     wait_line(proc, "started")
@@ -282,10 +276,7 @@ def test_ctrl_c_of_exec_stops_the_command_and_keeps_the_host(tmp_path, stop_sims
 @pytest.mark.slow
 def test_sigstop_of_exec_past_its_idle_deadline_the_switch_deletes_and_the_exec_says_so(tmp_path, stop_sims):
     home = tmp_path
-    up(home)
-    held = record(home)
-    assert held is not None and held.sim_pid is not None
-    stop_sims.append(held.sim_pid)
+    held = up_held(home, stop_sims)
     proc = spawn("exec", "box", "--", "sh", "job.sh", "60", home=home)
     wait_line(proc, "started")
     proc.send_signal(signal.SIGSTOP)  # a suspended laptop: no heartbeat, the switch counts on
@@ -314,10 +305,8 @@ def _stepped(home: Path, step_s: float, *args: str) -> subprocess.CompletedProce
 @pytest.mark.slow  # five CLI processes and a reap, 6 s of CPU
 def test_a_wall_clock_that_jumps_extends_nothing(tmp_path, stop_sims):
     home = tmp_path
-    up(home, idle="1")
-    held = record(home)
-    assert held is not None and held.sim_pid is not None and held.idle_deadline is not None
-    stop_sims.append(held.sim_pid)
+    held = up_held(home, stop_sims, idle="1")
+    assert held.idle_deadline is not None
     # +2 h: keep pushes the idle deadline by the boot clock (now + idle), never to "now + 2 h"; the cap stays
     p = _stepped(home, 7200, "keep", "box")
     assert p.returncode == 0, (p.stdout + p.stderr)[-2000:]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.clirun import cli
-from tests.harness.test_kept_attacks import live, record, stop_sims, store, up, wait_for, workdir
+from tests.harness.test_kept_attacks import live, record, stop_sims, store, up_held, wait_for, workdir
 from vast_harness.state.held import Instant
 
 __all__ = ["stop_sims"]  # the fixture, used by name
@@ -41,10 +41,7 @@ def gone_for_good(home: Path, url: str, instance_id: int | None, text: str) -> N
 @pytest.mark.parametrize("sig", ["STOP", "KILL"])
 def test_an_exec_that_stops_or_kills_the_switch_ends_the_hold_as_it_returns(tmp_path, stop_sims, sig):
     home = tmp_path
-    up(home)
-    held = record(home)
-    assert held is not None and held.sim_pid is not None
-    stop_sims.append(held.sim_pid)
+    held = up_held(home, stop_sims)
     p = cli("exec", "box", "--", "sh", "-c", f"kill -{sig} {SWITCH_PID}; echo done", home=home)
     text = p.stdout + p.stderr
     assert p.returncode == 1, text[-3000:]
@@ -55,10 +52,7 @@ def test_an_exec_that_stops_or_kills_the_switch_ends_the_hold_as_it_returns(tmp_
 
 def test_a_switch_stopped_between_commands_ends_the_hold_at_the_next_one_never_armed(tmp_path, stop_sims):
     home = tmp_path
-    up(home)
-    held = record(home)
-    assert held is not None and held.sim_pid is not None
-    stop_sims.append(held.sim_pid)
+    held = up_held(home, stop_sims)
     # A process the exec leaves behind stops the switch once the exec has returned (its end check saw it run)
     p = cli("exec", "box", "--", "sh", "-c", f"(sleep 1.5; kill -STOP {SWITCH_PID}) >/dev/null 2>&1 &", home=home)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
@@ -72,10 +66,7 @@ def test_a_switch_stopped_between_commands_ends_the_hold_at_the_next_one_never_a
 
 def test_down_of_a_hold_past_its_deadline_deletes_what_is_still_there(tmp_path, stop_sims):
     home = tmp_path
-    up(home)
-    held = record(home)
-    assert held is not None and held.sim_pid is not None
-    stop_sims.append(held.sim_pid)
+    held = up_held(home, stop_sims)
     # Past its deadline by the record, while its host is still there (a switch that did not act)
     store(home).update("box", lambda r: setattr(r, "idle_deadline", Instant.now(-5)))
     p = cli("exec", "box", "--", "true", home=home)
@@ -92,10 +83,8 @@ def test_down_of_a_hold_past_its_deadline_deletes_what_is_still_there(tmp_path, 
 
 def test_down_of_a_hold_whose_switch_already_deleted_it_is_exit_0(tmp_path, stop_sims):
     home = tmp_path
-    up(home, idle="0.2")
-    held = record(home)
-    assert held is not None and held.sim_pid is not None and held.idle_deadline is not None
-    stop_sims.append(held.sim_pid)
+    held = up_held(home, stop_sims, idle="0.2")
+    assert held.idle_deadline is not None
     wait_for(lambda: not live(held.api_url), held.idle_deadline.left_s() + 10, "the switch's delete")
     p = cli("down", "box", home=home)
     text = p.stdout + p.stderr
@@ -106,10 +95,7 @@ def test_down_of_a_hold_whose_switch_already_deleted_it_is_exit_0(tmp_path, stop
 
 def test_down_goes_ahead_on_a_full_evidence_disk(tmp_path, stop_sims, monkeypatch):
     home = tmp_path
-    up(home)
-    held = record(home)
-    assert held is not None and held.sim_pid is not None
-    stop_sims.append(held.sim_pid)
+    held = up_held(home, stop_sims)
     evidence = str(Path(held.evidence_dir).parent)
     real_write = os.write
 
@@ -135,10 +121,8 @@ def test_down_after_a_killed_down_is_exit_0_by_our_earlier_delete(tmp_path, stop
     """A `down` killed after its DELETE (red team r45: killed -9 right after "tearing down") leaves the record
     `ending` and the instance gone: the next `down` proves it gone, by that DELETE, not "someone else"."""
     home = tmp_path
-    up(home)
-    held = record(home)
-    assert held is not None and held.sim_pid is not None and held.sim_key is not None
-    stop_sims.append(held.sim_pid)
+    held = up_held(home, stop_sims)
+    assert held.sim_key is not None
     # What the killed down left: the record `ending` (its first act), its DELETE sent (the hold's key)
     store(home).update("box", lambda r: (setattr(r, "state", "ending"), setattr(r, "message", "down")),
                        ending_ok=True)
