@@ -117,6 +117,25 @@ def test_down_goes_ahead_on_a_full_evidence_disk(tmp_path, stop_sims, monkeypatc
     gone_for_good(home, held.api_url, held.instance_id, text)
 
 
+def test_a_hold_whose_evidence_directory_is_a_file_exec_refuses_and_down_deletes(tmp_path, stop_sims):
+    """Red team r46 F1: the hold's evidence directory replaced by a file; `exec` and `down` each ended in a
+    traceback and exit 1 ("proven gone" for `down`) while the instance went on billing."""
+    home = tmp_path
+    held = up_held(home, stop_sims)
+    evidence = Path(held.evidence_dir)
+    evidence.rename(evidence.with_name(evidence.name + ".moved"))
+    evidence.write_text("not a directory\n")
+    p = cli("exec", "box", "--", "true", home=home)
+    text = p.stdout + p.stderr
+    assert p.returncode == 2 and "Traceback" not in text and "evidence" in text, text[-3000:]
+    assert "stays held" in text and live(held.api_url), text[-3000:]
+    p = cli("down", "box", home=home)
+    text = " ".join((p.stdout + p.stderr).split())  # the console wraps its lines
+    assert "Traceback" not in text and "deleting kept host box anyway" in text, text[-3000:]
+    assert p.returncode == 1 and "deleted and proven absent" in text, text[-3000:]
+    gone_for_good(home, held.api_url, held.instance_id, text)
+
+
 def test_down_after_a_killed_down_is_exit_0_by_our_earlier_delete(tmp_path, stop_sims):
     """A `down` killed after its DELETE (red team r45: killed -9 right after "tearing down") leaves the record
     `ending` and the instance gone: the next `down` proves it gone, by that DELETE, not "someone else"."""

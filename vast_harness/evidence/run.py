@@ -14,6 +14,7 @@ past `head_bytes` only the last `tail_bytes` are kept, with a line saying how mu
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 from collections import deque
@@ -139,10 +140,11 @@ class RunEvidence:
         self.write_failures: list[str] = []
         self.step_log_head_bytes = STEP_LOG_HEAD_BYTES
         self.step_log_tail_bytes = STEP_LOG_TAIL_BYTES
-        # Private: step logs and pulled files may hold what a host printed about the user's work.
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        (self.dir / "steps").mkdir(exist_ok=True, mode=0o700)
-        (self.dir / "remote").mkdir(exist_ok=True, mode=0o700)
+        # Private: step logs and pulled files may hold what a host printed about the user's work. A directory that
+        # cannot be made (checked before renting, but a file may take its place since) fails each write in turn,
+        # recorded: it must never stop a teardown.
+        for sub in (self.dir, self.dir / "steps", self.dir / "remote"):
+            self.guarded(f"{sub.name}/", functools.partial(sub.mkdir, parents=True, exist_ok=True, mode=0o700))
 
     def _failed(self, what: str, exc: OSError) -> None:
         self.write_failures.append(f"{what}: {exc.strerror or exc}")

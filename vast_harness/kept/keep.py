@@ -37,12 +37,15 @@ def down_host(name: str, options: RunOptions, *, out: Output) -> int:
     store, record = find(name)
     check_usable(store, record, "down")
     # The deletion never waits on the evidence disk: full or read-only, `down` warns and goes on, as `reap` does
-    spec_of = functools.partial(resolve, on_unwritable=out.warn, unwritable_goes_on=(
-        f"deleting kept host {name} anyway; its evidence (the record, the logs) may not be written"))
-    return _run(store, record, options, DownStages(store, record), out, spec_of=spec_of)
+    goes_on = f"deleting kept host {name} anyway; its evidence (the record, the logs) may not be written"
+    spec_of = functools.partial(resolve, on_unwritable=out.warn, unwritable_goes_on=goes_on)
+    return _run(store, record, options, DownStages(store, record), out, spec_of=spec_of,
+                on_unusable_evidence=lambda problem: out.warn(f"{problem}; {goes_on}"))
 
 
 def _run(store: HeldStore, record: HeldHost, options: RunOptions, stages: HoldStages, out: Output,
-         spec_of: Callable[[RunOptions], RunSpec] = resolve) -> int:
-    spec = held_spec(store, record, options.model_copy(update={"profile": "smoke", "command": None}), spec_of)
+         spec_of: Callable[[RunOptions], RunSpec] = resolve,
+         on_unusable_evidence: Callable[[str], None] | None = None) -> int:
+    spec = held_spec(store, record, options.model_copy(update={"profile": "smoke", "command": None}), spec_of,
+                     on_unusable_evidence)
     return run_on_hold(spec, record, stages, out)

@@ -18,6 +18,7 @@ from vast_harness.run.host_work import HostWork
 from vast_harness.run.runner import GuardedRun
 from vast_harness.spec.profile import load_driver_policy
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
+from vast_harness.spec.values import check_evidence_dir
 from vast_harness.state.held import HeldHost, HeldStore
 from vast_harness.state.ledger import account_fingerprint
 from vast_harness.state.process import ProcessId, this_host
@@ -69,11 +70,14 @@ def sim_alive(record: HeldHost) -> bool:
 
 
 def held_spec(store: HeldStore, record: HeldHost, options: RunOptions,
-              spec_of: Callable[[RunOptions], RunSpec] = resolve) -> RunSpec:
+              spec_of: Callable[[RunOptions], RunSpec] = resolve,
+              on_unusable_evidence: Callable[[str], None] | None = None) -> RunSpec:
     """The spec of a command on `record`'s host: its API, caps, state and evidence directories; the key as any
     command reads it (a `--sim` hold's is its simulator's). An `--api-url` or a key of another target is
-    refused: the hold is not theirs (exit 2)."""
+    refused: the hold is not theirs (exit 2). So is a hold whose evidence directory cannot be used, unless
+    `on_unusable_evidence` is told instead (what deletes: `down`, the watcher, goes on)."""
     name = record.name
+    check_hold_evidence(record, on_unusable_evidence)
     if options.api_url is not None and (record.sim or options.api_url.rstrip("/") != record.api_url.rstrip("/")):
         raise ConfigError(f"kept host {name!r} is held on {'its own simulator' if record.sim else record.api_url}, "
                           f"not {options.api_url}: give no --api-url (the hold knows its API). {listing()}")
@@ -92,6 +96,18 @@ def held_spec(store: HeldStore, record: HeldHost, options: RunOptions,
         raise ConfigError(f"kept host {name!r} belongs to the account whose key fingerprint is {record.account}; "
                           f"this key is another account's: give that key (--key-file or VAST_API_KEY). {listing()}")
     return spec
+
+
+def check_hold_evidence(record: HeldHost, on_unusable: Callable[[str], None] | None = None) -> None:
+    """Every command of a hold writes its record and logs into the hold's one evidence directory."""
+    try:
+        check_evidence_dir(Path(record.evidence_dir), f"kept host {record.name}'s evidence directory",
+                           consequence=f"kept host {record.name} stays held")
+    except ConfigError as exc:
+        if on_unusable is None:
+            raise ConfigError(f"{exc} (kept host {record.name} stays held; `vast-e2e down {record.name}` deletes it "
+                              "all the same)") from None
+        on_unusable(str(exc))
 
 
 def bid_options(record: HeldHost, options: RunOptions) -> RunOptions:
