@@ -332,6 +332,33 @@ def test_exec_upload_leaves_out_a_key_in_a_name_or_utf16_and_the_r45_credentials
     assert held is not None and sorted(held.manifest) == ["data.txt", "new.txt", "old.txt", "train.py"]
 
 
+def test_a_sim_holds_exec_leaves_out_and_masks_the_key_file_its_up_was_given(tmp_path: Path) -> None:
+    """Red team r46 F3: `up --sim --key-file K` left out the files holding K; the next `exec` (a `--sim` hold's
+    commands need no flags) uploaded them and printed K in clear on the console and in its step log."""
+    home, wd = tmp_path, workdir(tmp_path)
+    secret = "vk7Q2mZr9XwL4pT8sN3bH6dF1aJ0cE5gUyKqV"
+    key_file = home / "key"
+    key_file.write_text(secret + "\n")
+    key_file.chmod(0o600)
+    (wd / "copy_of_key.txt").write_text(f"my key is {secret}\n")
+    p = cli("up", "box", "--sim", "--key-file", str(key_file), "--workdir", str(wd), "--max-minutes", "5",
+            "--idle-minutes", "1", home=home)
+    assert p.returncode == 0 and "copy_of_key.txt" in p.stdout + p.stderr, p.stderr[-3000:]
+    try:
+        (wd / "new.txt").write_text(f"also {secret}\n")
+        p = cli("exec", "box", "--", "sh", "-c", "ls; echo said $(cat new.txt copy_of_key.txt 2>&1)", home=home)
+        text = p.stdout + p.stderr
+        assert p.returncode == 0 and secret not in text, text[-3000:]
+        said = " ".join(text.split())
+        assert "copy_of_key.txt (holds the account's API key)" in said and "new.txt (holds" in said, said[-3000:]
+        held = record(home, "box", sim=True)
+        assert held is not None and "copy_of_key.txt" not in held.manifest and "new.txt" not in held.manifest
+        for log in Path(held.evidence_dir).rglob("*.log"):
+            assert secret not in log.read_text(errors="replace"), log
+    finally:
+        cli("down", "box", home=home)
+
+
 def test_ssh_runs_a_command_and_a_shell_with_the_holds_key(sim_hold):
     home, held = sim_hold
     p = cli("ssh", "box", "--", "cat", "vh/work/data.txt", home=home)

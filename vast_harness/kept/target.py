@@ -16,6 +16,7 @@ from vast_harness.kept.watcher_proc import start_watcher
 from vast_harness.run.hold import HoldStages, finish_hold, hold_terms
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.runner import GuardedRun
+from vast_harness.spec.known_secrets import teach_key_file
 from vast_harness.spec.profile import load_driver_policy
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.spec.values import check_evidence_dir
@@ -78,6 +79,7 @@ def held_spec(store: HeldStore, record: HeldHost, options: RunOptions,
     `on_unusable_evidence` is told instead (what deletes: `down`, the watcher, goes on)."""
     name = record.name
     check_hold_evidence(record, on_unusable_evidence)
+    teach_key_file(record.key_file)  # the `up`'s key file: masked, and files holding it stay home, as at the up
     if options.api_url is not None and (record.sim or options.api_url.rstrip("/") != record.api_url.rstrip("/")):
         raise ConfigError(f"kept host {name!r} is held on {'its own simulator' if record.sim else record.api_url}, "
                           f"not {options.api_url}: give no --api-url (the hold knows its API). {listing()}")

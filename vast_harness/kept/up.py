@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import secrets
+from pathlib import Path
 
 from pydantic import SecretStr
 
@@ -72,6 +73,8 @@ def up_host(spec: RunSpec, name: str, *, idle_minutes: float, out: Output, optio
     record = HeldHost(name=name, hold_id=hold_id, sim=spec.sim, api_url=target.api_url,
                       account=account_fingerprint(target.api_key.get_secret_value()),
                       sim_key=target.api_key.get_secret_value() if sim else None,
+                      key_file=str(Path(options.key_file).expanduser().absolute())
+                      if options is not None and options.key_file else None,
                       sim_pid=sim.pid if sim else None, sim_pid_start=sim.pid_start if sim else None,
                       evidence_dir=str(spec.evidence_dir / hold_id), max_usd=spec.caps.max_usd,
                       max_minutes=spec.caps.max_minutes, idle_minutes=idle_minutes, t0=Instant.now(),

@@ -34,6 +34,11 @@ def _text_of(path: Path | str | None, max_bytes: int) -> str:
         return ""
 
 
+def teach_key_file(path: Path | str | None) -> None:
+    """The account key a key file holds (nothing for a file that is gone or unreadable)."""
+    MASKER.add(_text_of(path, MAX_KEY_FILE_BYTES).strip(), ACCOUNT_KEY)
+
+
 def teach_secret_items(items: Iterable[str], environ: Mapping[str, str], name: str = "a --remote-secret") -> None:
     """`--remote-secret` items (and a secret file's lines): `KEY=VALUE`'s value under the name KEY, a bare `KEY`'s
     value from `environ`; an item whose KEY is malformed may be a pasted value, and is masked whole."""
@@ -63,7 +68,7 @@ def teach_inputs(*, environ: Mapping[str, str], key_file: Path | str | None = No
     if home is not None:
         key_files.append(home / OFFICIAL_CLI_KEY_FILE)
     for path in key_files:
-        MASKER.add(_text_of(path, MAX_KEY_FILE_BYTES).strip(), ACCOUNT_KEY)
+        teach_key_file(path)
     teach_secret_items(secret_items, environ)
     lines = _text_of(secret_file, MAX_SECRET_FILE_BYTES).splitlines()
     teach_secret_items((s.strip() for s in lines if s.strip() and not s.lstrip().startswith("#")), environ,

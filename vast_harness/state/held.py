@@ -108,6 +108,9 @@ class HeldHost(BaseModel):
     api_url: str
     account: str | None = None  # the key's fingerprint: a command with another key is refused
     sim_key: str | None = None  # the detached simulator's account key (--sim only: it bills nothing)
+    # The --key-file the `up` was given (its path, never its bytes): each later command masks that key and leaves
+    # out files holding it as the `up` did, given the flag or not (a --sim hold's commands need none).
+    key_file: str | None = None
     sim_pid: int | None = None  # the detached simulator of a --sim hold (stopped with the last hold on it)
     sim_pid_start: str | None = None
     evidence_dir: str  # <evidence>/<hold_id>: the hold's record, and each command's evidence below it
