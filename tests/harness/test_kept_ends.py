@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.clirun import cli
-from tests.harness.test_kept_attacks import live, record, stop_sims, store, up_held, wait_for, workdir
+from tests.harness.test_kept_attacks import live, record, spawn, stop_sims, store, up_held, wait_for, workdir
 from vast_harness.state.held import Instant
 
 __all__ = ["stop_sims"]  # the fixture, used by name
@@ -134,6 +134,47 @@ def test_a_hold_whose_evidence_directory_is_a_file_exec_refuses_and_down_deletes
     assert "Traceback" not in text and "deleting kept host box anyway" in text, text[-3000:]
     assert p.returncode == 1 and "deleted and proven absent" in text, text[-3000:]
     gone_for_good(home, held.api_url, held.instance_id, text)
+
+
+def test_two_downs_at_once_both_exit_0_and_the_record_says_proven_gone(tmp_path, stop_sims):
+    """Red team r46 F2: the second of two `down`s at once spent two minutes failing to prove, exit 3 ("may still
+    bill"), and overwrote the hold's record with that verdict and 30x the bill. One `down` at a time: the second
+    waits for the first, then finds the hold ended."""
+    home = tmp_path
+    held = up_held(home, stop_sims)
+    procs = [spawn("down", "box", home=home) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    texts = [" ".join((o + e).split()) for o, e in outs]
+    assert [p.returncode for p in procs] == [0, 0], texts
+    assert any("taken down by another `down`" in t for t in texts), texts
+    result = json.loads((Path(held.evidence_dir) / "harness-result.json").read_text())
+    assert result["exit_code"] == 0 and result["absence"]["verdict"] == "gone", result
+    assert record(home) is None
+
+
+def test_down_of_a_hold_its_switch_deleted_at_the_time_cap_is_exit_0_by_the_switch(tmp_path, stop_sims):
+    """Red team r46 F8: past the time cap, the switch had deleted the host; `down` exited 6 and said "the cap
+    guard sent the DELETE", which it never did. The switch's deletion is proven, exit 0, as after the idle one."""
+    home = tmp_path
+    held = up_held(home, stop_sims)
+    assert held.sim_key is not None
+
+    def past_the_cap(r):  # the hold as it stands just past its time cap
+        r.t0 = Instant.now(-r.max_seconds - 3)
+        r.cap_deadline = r.t0.plus(r.max_seconds)
+        r.idle_deadline = None
+
+    store(home).update("box", past_the_cap)
+    delete = urllib.request.Request(f"{held.api_url}/api/v0/instances/{held.instance_id}/", method="DELETE",
+                                    headers={"Authorization": f"Bearer {held.sim_key}"})
+    with urllib.request.urlopen(delete, timeout=10) as answer:  # what the switch does, with its own key
+        assert answer.status == 200
+    wait_for(lambda: not live(held.api_url), 10, "the switch's DELETE")
+    p = cli("down", "box", home=home)
+    text = " ".join((p.stdout + p.stderr).split())
+    assert p.returncode == 0 and "cap guard sent" not in text, text[-3000:]
+    assert "its dead-man switch deleted it at the hold's time cap deadline" in text, text[-3000:]
+    assert record(home) is None
 
 
 def test_down_after_a_killed_down_is_exit_0_by_our_earlier_delete(tmp_path, stop_sims):

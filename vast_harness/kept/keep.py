@@ -14,6 +14,8 @@ from vast_harness.run.hold import DownStages, HoldStages, KeepStages
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.state.held import HeldHost, HeldStore, HoldBusy
 
+DOWN_WAIT_S = 600.0  # a `down` behind another: longer than a teardown's whole budget on Vast
+
 
 def keep_host(name: str, options: RunOptions, *, out: Output) -> int:
     store, record = find(name)
@@ -33,8 +35,24 @@ def keep_host(name: str, options: RunOptions, *, out: Output) -> int:
 
 
 def down_host(name: str, options: RunOptions, *, out: Output) -> int:
-    """Delete kept host `name` and prove it absent; it never waits for an exec (whose host then goes)."""
+    """Delete kept host `name` and prove it absent; it never waits for an exec (whose host then goes). A second
+    `down` meanwhile waits for the first, and says what it left."""
     store, record = find(name)
+    with store.down_lock(name, wait_s=DOWN_WAIT_S, on_wait=out.info):
+        fresh = store.load(name)
+        if fresh is None:  # the other `down` ended the hold: deleted and proven absent (unproven keeps the record)
+            message = f"kept host {name} was taken down by another `down` meanwhile: deleted and proven absent"
+            if out.json_mode:
+                out.emit_json({"run_id": record.hold_id, "exit_code": ExitCode.PASSED, "message": message,
+                               "evidence_dir": record.evidence_dir})
+            else:
+                out.info(message)
+            return ExitCode.PASSED
+        return _down(store, fresh, options, out)
+
+
+def _down(store: HeldStore, record: HeldHost, options: RunOptions, out: Output) -> int:
+    name = record.name
     check_usable(store, record, "down")
     # The deletion never waits on the evidence disk: full or read-only, `down` warns and goes on, as `reap` does
     goes_on = f"deleting kept host {name} anyway; its evidence (the record, the logs) may not be written"

@@ -868,6 +868,7 @@ class DownStages(HoldStages):
     absence, the label sweep; the hold ends."""
 
     command = "down"
+    past_cap = False  # the hold was past its cap when the `down` began
 
     def prepare(self, t: RunTools, s: RunState, key_dir: Path) -> Bundle | None:
         self.expect_gone(t)
@@ -876,7 +877,9 @@ class DownStages(HoldStages):
             r.state, r.message = "ending", "down"
 
         self.store.update(self.name, change, ending_ok=True)  # an exec's hand-over no longer keeps it
-        t.cap_guard.start()
+        self.past_cap = self.record.cap_end().left_s() <= 0
+        if not self.past_cap:  # past it, the switch has deleted the host (or this teardown does, now): the guard
+            t.cap_guard.start()  # would fire at once and claim that deletion as its own
         return None
 
     def expect_gone(self, t: RunTools) -> None:
@@ -932,3 +935,11 @@ class DownStages(HoldStages):
 
     def not_kept(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
         return code, message  # ending the hold is what `down` is for
+
+    def decided(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
+        """A hold past its cap was ended by its switch (or, the switch failing, by this teardown): proven gone is
+        `down`'s 0 all the same, the cap said (the meter bills until a read saw the host gone: an upper bound,
+        which may pass the cap the switch kept)."""
+        if code == ExitCode.CAP_REACHED and self.past_cap:
+            return ExitCode.PASSED, f"the hold was at its cap when `down` came; {message}"
+        return code, message

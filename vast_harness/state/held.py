@@ -15,6 +15,8 @@ user's state directory (`<state>/held/`, 0700):
 * `<NAME>.lock`: the `flock` an `up` or an `exec` holds for its whole life, with `<NAME>.busy.json` saying
   who (pid, command, since): a second `exec` meanwhile is refused, naming the first. The kernel drops the
   lock when its process dies, `kill -9` included.
+* `<NAME>.down.lock`: the `flock` a `down` holds (it never takes `<NAME>.lock`: it must not wait for an exec);
+  a second `down` meanwhile waits for the first, then finds the hold ended.
 
 Deadlines are instants on `clock.now_s` (CLOCK_BOOTTIME: one clock for every process of a boot, counting a
 suspend, blind to wall-clock steps) stamped with the boot's id; a reading from another boot falls back to the
@@ -243,14 +245,15 @@ class HeldLock:
     """A held `flock` on `<NAME>.lock`: one command at a time works on a kept host. Released by `release`, or
     by the kernel when the process dies."""
 
-    def __init__(self, fd: int, busy_path: Path) -> None:
+    def __init__(self, fd: int, busy_path: Path | None) -> None:
         self._fd, self._busy_path = fd, busy_path
 
     def release(self) -> None:
         if self._fd < 0:
             return
-        with contextlib.suppress(OSError):
-            self._busy_path.unlink()
+        if self._busy_path is not None:
+            with contextlib.suppress(OSError):
+                self._busy_path.unlink()
         os.close(self._fd)
         self._fd = -1
 
@@ -400,7 +403,7 @@ class HeldStore:
         with self._write_lock(name):
             with contextlib.suppress(OSError):
                 self.path(name).unlink()
-        for suffix in (".busy.json", ".lock", ".wlock"):
+        for suffix in (".busy.json", ".lock", ".wlock", ".down.lock"):
             with contextlib.suppress(OSError):
                 (self.dir / f"{name}{suffix}").unlink()
 
@@ -464,6 +467,26 @@ class HeldStore:
             tmp.write_text(Busy(pid=me.pid, host=me.host, command=command, since_unix=time.time()).model_dump_json())
             os.replace(tmp, busy_path)
         return HeldLock(fd, busy_path)
+
+    def down_lock(self, name: str, *, wait_s: float, on_wait: Callable[[str], None]) -> HeldLock:
+        """One `down` of a kept host at a time (`down` never takes `lock`: it must not wait for an exec). A second
+        waits for the first to end, up to `wait_s` (then HoldBusy), and finds what it left."""
+        self._ensure_dir()
+        fd = os.open(self.dir / f"{name}.down.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        until, told = now_s() + wait_s, False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return HeldLock(fd, None)
+            except OSError:
+                if now_s() >= until:
+                    os.close(fd)
+                    raise HoldBusy(f"kept host {name!r}: another `down` has been deleting it for over {wait_s:.0f} "
+                                   f"s; let it end (or stop it), then run `vast-e2e down {name}` again", None) from None
+            if not told:
+                on_wait(f"kept host {name}: another `down` is deleting it; waiting for it to end")
+                told = True
+            time.sleep(0.2)
 
     def busy(self, name: str) -> Busy | None:
         """Who works on the kept host now, None when nobody does (the lock is free)."""
