@@ -130,7 +130,7 @@ def test_a_result_that_says_nothing_is_no_verdict_never_an_earlier_runs_pass(ran
     assert "PASSED" not in page and ran["run"].name not in page and "| run | 0 |" not in page
     assert "No evidence of this run was found" in page
     outputs = dict(line.split("=", 1) for line in (tmp_path / "o.txt").read_text().splitlines())
-    assert outputs == {"exit-code": "unknown", "accrued-usd": "", "run-id": "", "evidence-dir": "",
+    assert outputs == {"exit-code": "unknown", "accrued-usd": "unknown", "run-id": "", "evidence-dir": "",
                        "absence": "unknown"}
 
 
@@ -240,3 +240,60 @@ def test_a_kept_hosts_summary_is_the_holds_so_far_and_a_lost_steps_note(tmp_path
     row = next(line for line in page.splitlines() if line.startswith("| exec-2 |"))
     assert row.rstrip(" |").endswith("connection lost"), row
     assert "| exec-1 | 0 |" in page
+
+
+def test_a_run_killed_mid_step_is_shown_from_its_own_files(tmp_path):
+    """A run killed with SIGKILL while its step prints (red team r46 F6): its result is empty, its record never
+    written; the page says what its files say (the step that has a log, cut off with no exit code; the GPU of
+    the host's receipt) and every output has a value. Once a reap's lines close its instance's span, its
+    dollars are the ledger's estimate (as `costs` gives it)."""
+    from vast_harness.state.ledger import Ledger
+
+    home, wd, ev = tmp_path, tmp_path / "wd", tmp_path / "ev"
+    wd.mkdir()
+    (wd / "long.py").write_text("import time\nfor i in range(300):\n    print(i, flush=True)\n    time.sleep(1)\n")
+    result = tmp_path / "r.json"
+    with result.open("w") as fh:
+        proc = spawn("run", "--sim", "--workdir", str(wd), "--max-minutes", "5", "--evidence-dir", str(ev), "--json",
+                     "--", "python", "long.py", home=home, stdout=fh)
+        deadline = time.monotonic() + 90
+        logs: list[Path] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            logs = list(ev.glob("*/steps/run.log"))
+            if logs and "0\n" in logs[0].read_text(errors="replace"):
+                break
+            time.sleep(0.2)
+        proc.kill()
+        proc.communicate(timeout=30)
+    assert logs and "0\n" in logs[0].read_text(), "the step never printed"
+    run = logs[0].parent.parent
+    assert not (run / "harness-result.json").exists() and result.read_text() == ""
+    receipt = json.loads(next((run / "receipts").glob("*.json")).read_text())
+    instance = next((run / "receipts").glob("*.json")).stem
+    out = tmp_path / "o.txt"
+    done = cli("summary", "--result", str(result), "--evidence-dir", str(ev), "--outputs", str(out), home=home)
+    page = done.stdout
+    assert done.returncode == 0, done.stderr
+    assert "**no verdict**" in page and "is empty: the run was killed" in page, page
+    assert "No step ran" not in page and "none ran" not in page, page
+    row = next(line for line in page.splitlines() if line.startswith("| run |"))
+    assert "cut off" in row and "| 0 |" not in row and "NA" not in row, row
+    gpus = next(line for line in page.splitlines() if line.startswith("- **GPUs that ran**"))
+    assert receipt["gpus"][0]["name"] in gpus and instance in gpus, gpus
+    outputs = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert outputs == {"exit-code": "unknown", "accrued-usd": "unknown", "run-id": run.name,
+                       "evidence-dir": str(run), "absence": "unknown"}
+    # the follow-up reap deletes it and proves it gone (the lines a reap writes): the span is the ledger's
+    ledger = Ledger(home / "state" / "sim" / "ledger.jsonl")
+    lines = [e for e in ledger.entries() if e.run_id == run.name]
+    created, price = next(e for e in lines if e.event == "created"), next(e for e in lines if e.event == "intent")
+    assert created.instance_id == int(instance) and price.dph_usd
+    ledger.append("reap-x", "delete_ack", created.label, instance_id=int(instance))
+    gone = ledger.append("reap-x", "absence", created.label, instance_id=int(instance), verdict="gone")
+    out.unlink()
+    page = cli("summary", "--result", str(result), "--evidence-dir", str(ev), "--outputs", str(out), home=home).stdout
+    outputs = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    spent_usd = (gone.t_unix - created.t_unix) * price.dph_usd / 3600
+    assert float(outputs["accrued-usd"]) == pytest.approx(spent_usd, rel=1e-3, abs=1e-6), outputs
+    cost = next(line for line in page.splitlines() if line.startswith("- **cost**"))
+    assert "estimated from the ledger" in cost, cost

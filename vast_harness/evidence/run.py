@@ -27,6 +27,7 @@ from vast_harness.masking import MASKER, mask
 from vast_harness.records import AbsenceSummary, InstanceTeardown, RunRecord
 
 NOTIFICATIONS_FILE = "notifications.json"  # what became of each --notify event (run/notify.py)
+RECEIPTS_DIR = "receipts"  # each host's receipt as it answered, <instance>.json (run/receipt.py)
 STEP_LOG_HEAD_BYTES = 8 * 1024 * 1024
 STEP_LOG_TAIL_BYTES = 2 * 1024 * 1024
 _T = TypeVar("_T")

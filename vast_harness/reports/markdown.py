@@ -18,7 +18,7 @@ from typing import Any
 from vast_harness.console.money import usd
 from vast_harness.errors import ExitCode
 from vast_harness.masking import mask
-from vast_harness.reports.run_facts import RunFacts
+from vast_harness.reports.run_facts import RunFacts, step_note
 
 MAX_ROWS = 60  # steps, proof rows, artifacts, checks: a page a person reads
 MAX_CELL_CHARS = 300
@@ -109,12 +109,17 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _overview(f: RunFacts | None, result: dict[str, Any], hold: Hold | None) -> list[str]:
+def _overview(f: RunFacts | None, result: dict[str, Any], hold: Hold | None,
+              estimated_usd: float | None = None) -> list[str]:
     """The run in a few lines: its id, the money against the cost cap, the time against the time cap, the GPUs,
-    the offer, the absence verdict and the receipt; a kept host's hold: its state, its figures so far."""
+    the offer, the absence verdict and the receipt; a kept host's hold: its state, its figures so far; a killed
+    run's dollars: the ledger's estimate (`estimated_usd`) when its lines close the span, else not known."""
     r = f.result if f is not None else {}
     caps = _dict(r.get("caps")) or (_dict(f.quote.get("caps")) if f is not None else {})  # a killed run: its plan's
     accrued = _number(r.get("accrued_usd", result.get("accrued_usd")))
+    estimated = accrued is None and hold is None and estimated_usd is not None
+    if estimated:
+        accrued = estimated_usd
     max_usd, max_min = _number(caps.get("max_usd")), _number(caps.get("max_minutes"))
     total_s = _number(_dict(r.get("timings")).get("total_s"))
     if hold is not None:
@@ -130,7 +135,15 @@ def _overview(f: RunFacts | None, result: dict[str, Any], hold: Hold | None) -> 
     cost = md(usd(accrued)) if accrued is not None else "not known"
     if max_usd is not None:
         cost += f" of the {md(usd(max_usd))} cap{_share(accrued, max_usd)}"
+    if estimated:
+        cost += (", estimated from the ledger (create to the last DELETE or proof of absence, at the highest price "
+                 "recorded: as `vast-e2e costs` counts it; bytes moved not counted)")
+    elif accrued is None and f is not None and "harness-result.json" in f.missing:
+        cost += ("; killed before its record: its host bills until the follow-up reap or its dead-man switch "
+                 "deletes it (the ledger then says how long)")
     worst = _number(r.get("worst_case_usd"))
+    if worst is None and f is not None:  # a killed run: its plan's quote
+        worst = _number(_dict(f.quote.get("quote")).get("worst_case_usd"))
     if worst is not None:
         cost += f"; worst case quoted before renting {md(usd(worst))}"
     if r.get("over_cap"):
@@ -145,7 +158,8 @@ def _overview(f: RunFacts | None, result: dict[str, Any], hold: Hold | None) -> 
         if hold is not None and hold.so_far and total_s is not None:
             took += " so far"
         rows.append(("time", md(took)))
-    rows.append(("GPUs that ran", md(_gpus(r, result, hold, f.offer if f is not None else {}))))
+    rows.append(("GPUs that ran", md(_gpus(r, result, hold, f.offer if f is not None else {},
+                                           f.receipts if f is not None else {}))))
     offer = f.offer if f is not None else {}
     if offer:
         dph = _number(offer.get("dph_at_disk_usd"))
@@ -174,7 +188,7 @@ def _hold_words(hold: Hold) -> str:
 
 
 def _gpus(r: dict[str, Any], result: dict[str, Any], hold: Hold | None = None,
-          offer: dict[str, Any] | None = None) -> str:
+          offer: dict[str, Any] | None = None, receipts: dict[str, dict[str, Any]] | None = None) -> str:
     gpus = r.get("host_gpus")
     if isinstance(gpus, dict) and isinstance(gpus.get("gpus"), list) and gpus["gpus"]:
         first = gpus["gpus"][0] if isinstance(gpus["gpus"][0], dict) else {}
@@ -191,7 +205,22 @@ def _gpus(r: dict[str, Any], result: dict[str, Any], hold: Hold | None = None,
     offer = offer or {}
     if hold is not None and offer.get("gpu_name"):
         return f"{offer.get('num_gpus')}x {offer.get('gpu_name')} (the up's offer)"
+    said = [f"{_receipt_gpus(doc)} on instance {instance}" for instance, doc in (receipts or {}).items()]
+    if said:  # a run killed before its record: each host's receipt, as the host measured it
+        return "; ".join(said) + " (the hosts' receipts in receipts/)"
     return str(result.get("gpu") or "none ran")
+
+
+def _receipt_gpus(doc: dict[str, Any]) -> str:
+    gpus = [g for g in doc.get("gpus") or [] if isinstance(g, dict)]
+    if not gpus:
+        return "no GPU measured"
+    first = gpus[0]
+    gib = _number(first.get("memory_gib"))
+    return (f"{len(gpus)}x {first.get('name')}" + (f" ({gib:.1f} GiB)" if gib else "")
+            + (f", driver {doc['driver']}" if doc.get("driver") else "")
+            + (f", CUDA {doc['cuda_runtime']}" if doc.get("cuda_runtime") else "")
+            + (" (simulated)" if doc.get("torch") == "simulated" else ""))  # the simulator's host says so
 
 
 def _absence_words(verdict: Any, result: dict[str, Any], have_dir: bool = True) -> str:
@@ -271,12 +300,12 @@ def _receipt_section(r: dict[str, Any]) -> list[str]:
 def _steps_section(f: RunFacts) -> list[str]:
     rows = []
     for s in f.steps:
-        note = ("interrupted" if s.get("interrupted") else "timed out" if s.get("timed_out") else
-                "connection lost" if s.get("connection_lost") else "")
+        note = step_note(s)
         seconds = _number(s.get("seconds"))
         rc = s.get("rc")
         ok = rc in (0, "0") and not note
-        rows.append([md(s.get("name")), ("" if ok else "**") + md("NA" if rc is None else rc) + ("" if ok else "**"),
+        shown = "–" if s.get("cut_off") else md("NA" if rc is None else rc)  # no exit code: none is made up
+        rows.append([md(s.get("name")), ("" if ok else "**") + shown + ("" if ok else "**"),
                      md(f"{seconds:.1f}" if seconds is not None else None), md(note or s.get("detail") or "")])
     if not rows:
         return ["", "#### Steps", "", "No step ran."]
@@ -376,10 +405,11 @@ def _reap_section(reap: dict[str, Any] | None) -> list[str]:
 
 def job_summary(f: RunFacts | None, *, result: dict[str, Any] | None = None, reap: dict[str, Any] | None = None,
                 notifications: dict[str, Any] | None = None, artifact_name: str | None = None,
-                no_verdict: str = "", hold: Hold | None = None) -> str:
+                no_verdict: str = "", hold: Hold | None = None, estimated_usd: float | None = None) -> str:
     """The page (the module's docstring). `f`: the run's evidence, None when it left none; `result`: its `--json`
     object (the verdict when the record is missing); `reap`: the follow-up reap's `--json` object; `no_verdict`:
-    why the result says nothing (empty, unreadable), `hold`: a kept host's hold when `f` is one's."""
+    why the result says nothing (empty, unreadable), `hold`: a kept host's hold when `f` is one's;
+    `estimated_usd`: the ledger's figure for a run no record or result gives one of (killed)."""
     result = result or {}
     r = f.result if f is not None else {}
     code = r.get("exit_code", result.get("exit_code"))
@@ -396,7 +426,7 @@ def job_summary(f: RunFacts | None, *, result: dict[str, Any] | None = None, rea
         lines.append(verdict_line(code, message))
     if f is None and code in (ExitCode.BAD_INPUT, ExitCode.NO_OFFER):
         lines += ["", "Nothing was rented: the run was refused before any create."]
-    lines += ["", *_overview(f, result, hold)]
+    lines += ["", *_overview(f, result, hold, estimated_usd)]
     if f is not None:
         lines += _receipt_section(r)
         lines += _steps_section(f)
@@ -417,18 +447,21 @@ def job_summary(f: RunFacts | None, *, result: dict[str, Any] | None = None, rea
 
 
 def outputs(f: RunFacts | None, result: dict[str, Any] | None, *, hold: Hold | None = None,
-            run_id: str | None = None) -> dict[str, str]:
-    """The figures a CI step hands on (GitHub's step outputs): each a single line. An exit code or an absence
-    not known is `unknown`, never empty: GitHub's expressions read '' as 0 (`exit-code == 0` would hold)."""
+            run_id: str | None = None, estimated_usd: float | None = None) -> dict[str, str]:
+    """The figures a CI step hands on (GitHub's step outputs): each a single line. An exit code, an absence or
+    dollars not known are `unknown`, never empty: GitHub's expressions read '' as 0 (`exit-code == 0` would
+    hold, `accrued-usd < 1` too). A killed run's dollars: the ledger's estimate (`estimated_usd`) when there is one."""
     result = result or {}
     r = f.result if f is not None else {}
     code = r.get("exit_code", result.get("exit_code"))
     accrued = _number(r.get("accrued_usd", result.get("accrued_usd")))
     if hold is not None:
         accrued = hold.accrued_usd
+    elif accrued is None:
+        accrued = estimated_usd
     absence = _dict(r.get("absence")).get("verdict")
     values = {"exit-code": "unknown" if code is None else str(code),
-              "accrued-usd": "" if accrued is None else f"{accrued:.6f}",
+              "accrued-usd": "unknown" if accrued is None else f"{accrued:.6f}",
               "run-id": str(r.get("run_id") or result.get("run_id") or (f.dir.name if f is not None else "")
                             or run_id or ""),
               "evidence-dir": str(f.dir) if f is not None else "",

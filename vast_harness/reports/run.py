@@ -1,6 +1,7 @@
 """`report.html` of one run, built only from the files the run wrote (so it can be rebuilt at any time).
 
-Reads harness-result.json, offer-quote.json, steps.tsv, absence-proof.json and remote/*.json; writes one
+Reads harness-result.json, offer-quote.json, steps.tsv, absence-proof.json, remote/*.json and receipts/*.json
+(and, for a run killed before its record, which steps have a log in steps/ but no outcome); writes one
 self-contained HTML file (inline CSS, charts as embedded SVG data URIs, no script, no network). Missing or
 odd files shrink the report, never break it: the report runs after teardown and must never fail a run.
 The same sections make up each run's part of the fleet report (`fleet_report.py`).
@@ -19,11 +20,12 @@ from urllib.parse import quote
 from pydantic import ValidationError
 
 from vast_harness.evidence.host_data import WorkloadFigures, load_workloads, number, read_json, usd_per_mtok
+from vast_harness.evidence.run import RECEIPTS_DIR
 from vast_harness.records import HostGpus, Receipt
 from vast_harness.reports import svg as svgplot
 from vast_harness.reports import timeline
 from vast_harness.reports.html import Cell, Link, exit_cell, page, show, table, usd
-from vast_harness.reports.run_facts import RunFacts
+from vast_harness.reports.run_facts import RunFacts, step_note
 
 __all__ = ["REPORT_NAME", "Cell", "RunFacts", "exit_cell", "load_run", "page", "run_sections", "table",
            "usd_per_mtok", "write_run_report", "write_run_report_safely"]
@@ -52,7 +54,25 @@ def load_run(directory: Path) -> RunFacts:
         facts.steps = [recorded.get(row["name"], row) for row in _tsv_steps(directory / "steps.tsv")]
     facts.workloads, facts.unreadable = load_workloads(directory / "remote")
     facts.missing = [n for n in ("harness-result.json", "absence-proof.json") if not (directory / n).is_file()]
+    if "harness-result.json" in facts.missing:
+        facts.steps += _cut_off_steps(directory, facts)
+    for path in sorted((directory / RECEIPTS_DIR).glob("*.json")) if (directory / RECEIPTS_DIR).is_dir() else []:
+        receipt = _read_json(path)
+        if isinstance(receipt, dict):
+            facts.receipts[path.stem] = receipt
     return facts
+
+
+def _cut_off_steps(directory: Path, facts: RunFacts) -> list[dict[str, Any]]:
+    """A run with no record (killed): each step with a log but no row, as started with no outcome, in its plan's
+    order (offer-quote.json), then by when its log was last written."""
+    ended = {s.get("name") for s in facts.steps}
+    logs = {p.stem: p for p in (directory / "steps").glob("*.log") if p.is_file() and p.stem not in ended} \
+        if (directory / "steps").is_dir() else {}
+    planned = [s.get("name") for s in facts.quote.get("steps") or [] if isinstance(s, dict)]
+    order = {name: n for n, name in enumerate(planned)}
+    names = sorted(logs, key=lambda name: (order.get(name, len(order)), logs[name].stat().st_mtime))
+    return [{"name": name, "rc": None, "seconds": None, "cut_off": True} for name in names]
 
 
 def _tsv_steps(path: Path) -> list[dict[str, Any]]:
@@ -292,9 +312,8 @@ def steps_section(f: RunFacts) -> str:
     for s in f.steps:
         name = str(s.get("name"))
         log = f.dir / "steps" / f"{name}.log"
-        note = ("interrupted" if s.get("interrupted") else "timed out" if s.get("timed_out") else
-                "connection lost" if s.get("connection_lost") else "")
-        rows.append([name, s.get("rc"), s.get("seconds"), note, s.get("detail") or "",
+        note = step_note(s)
+        rows.append([name, "–" if s.get("cut_off") else s.get("rc"), s.get("seconds"), note, s.get("detail") or "",
                      Link(f"steps/{name}.log", f"steps/{name}.log") if log.is_file() else "–"])
     timings = _dict(f.result.get("timings"))
     return ("<h3>Steps</h3>" + table(["step", "rc", "seconds", "note", "detail", "log"], rows, cls="steps")

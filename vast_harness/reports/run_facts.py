@@ -35,6 +35,9 @@ class RunFacts:
     # harness-result.json / absence-proof.json not there (a full disk at the end): nothing may be inferred
     # from their absence, least of all "nothing was rented"
     missing: list[str] = field(default_factory=list)
+    # receipts/<instance>.json: each host's receipt as it answered, by instance id (a killed run's only word on
+    # the GPUs it ran on)
+    receipts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def offer(self) -> dict[str, Any]:
@@ -65,6 +68,14 @@ class RunFacts:
                                 world_size=w.world_size, source=w.name)
         best.replay_match = all(replays) if replays else None
         return best
+
+
+def step_note(step: dict[str, Any]) -> str:
+    """How a step ended when not by itself: both pages' note for it ('' for one that ended with its exit code)."""
+    if step.get("cut_off"):
+        return "cut off: it started (its log is in steps/), no outcome was recorded"
+    return ("interrupted" if step.get("interrupted") else "timed out" if step.get("timed_out") else
+            "connection lost" if step.get("connection_lost") else "")
 
 
 def _dict(value: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ into the run's record and evidence (`receipts/<instance>.json`, as the host sent
 from __future__ import annotations
 
 from vast_harness.errors import BootFailed, CapReachedError, LedgerWriteError, ReceiptFailed, SshTransferError
-from vast_harness.evidence.run import write_whole
+from vast_harness.evidence.run import RECEIPTS_DIR, write_whole
 from vast_harness.host.receipt import ReceiptRead, receipt_payload, run_receipt, upload_payload
 from vast_harness.host.receipt_judge import Judgement, OfferFigures, judge
 from vast_harness.masking import mask
@@ -24,7 +24,6 @@ from vast_harness.spec.references import shipped_references
 from vast_harness.state.machines import MAX_FAILED_KEPT, FailedMeasure, MachineHistory, MachineLine, market_of
 from vast_harness.vast.models import Offer
 
-RECEIPTS_DIR = "receipts"  # in the run's evidence directory: each host's receipt as it answered
 RECEIPT_ENV = "VH_RECEIPT"  # the steps' variable naming the receipt's file on the host (the mfu sweep reads it)
 
 

@@ -161,13 +161,33 @@ def estimate_usd(entries: list[LedgerEntry]) -> float | None:
     return total
 
 
+def ledger_entries(ledgers: list[Path]) -> list[LedgerEntry]:
+    """Every readable line of `ledgers`, oldest first."""
+    return sorted((e for path in ledgers for e in Ledger(path).entries()), key=lambda e: e.t_unix)
+
+
+def run_estimate(run_id: str, entries: list[LedgerEntry]) -> tuple[list[int], float | None]:
+    """A run's instances and its cost from the ledgers' lines alone (`estimate_usd`; None when a line it needs
+    is missing): for a run no record describes (killed with -9). `entries`: oldest first, every ledger's."""
+    # Its instances: those its own lines name, and those a reap found by one of its labels (killed while its
+    # PUT was out, the run never learnt the id).
+    labels = {e.label for e in entries if e.run_id == run_id and e.event == "intent"}
+    instances = sorted({e.instance_id for e in entries if e.instance_id is not None
+                        and (e.run_id == run_id or (e.run_id.startswith("reap-") and e.label in labels))})
+    if not instances:
+        return [], None
+    # Every line of a run, the reaps' included, is needed for the span: a reap deletes a killed run's host.
+    return instances, estimate_usd([e for e in entries if e.run_id == run_id
+                                    or (e.instance_id in instances and e.run_id.startswith("reap-"))])
+
+
 def collect(evidence_dir: Path, ledgers: list[Path] | None = None) -> list[RunCost]:
     """Every run: those with a record here, then every run the ledgers name, its record found wherever it is
     (or its cost estimated from its lines)."""
     runs = {r.run_id: r for r in (_from_record(p) for p in run_dirs(evidence_dir)) if r is not None}
     if ledgers is None:
         ledgers = ledger_paths(evidence_dir)
-    entries = sorted((e for path in ledgers for e in Ledger(path).entries()), key=lambda e: e.t_unix)
+    entries = ledger_entries(ledgers)
     by_run: dict[str, list[LedgerEntry]] = defaultdict(list)
     for e in entries:
         by_run[e.run_id].append(e)
@@ -179,16 +199,9 @@ def collect(evidence_dir: Path, ledgers: list[Path] | None = None) -> list[RunCo
         if found is not None:
             runs[run_id] = found
             continue
-        # Its instances: those its own lines name, and those a reap found by one of its labels (killed while
-        # its PUT was out, the run never learnt the id).
-        labels = {e.label for e in lines if e.event == "intent"}
-        instances = sorted({e.instance_id for e in entries if e.instance_id is not None
-                            and (e.run_id == run_id or (e.run_id.startswith("reap-") and e.label in labels))})
+        instances, estimate = run_estimate(run_id, entries)
         if not instances:  # an intent that never rented cost nothing
             continue
-        # Every line of a run, the reaps' included, is needed for the span: a reap deletes a killed run's host.
-        estimate = estimate_usd([e for e in entries if e.run_id == run_id
-                                 or (e.instance_id in instances and e.run_id.startswith("reap-"))])
         runs[run_id] = RunCost(run_id=run_id, day=_day(lines[0].t_unix), profile=None,
                                sim=any(is_loopback_url(e.api_url) for e in lines if e.api_url),
                                accrued_usd=estimate, estimated=estimate is not None, exit_code=None,

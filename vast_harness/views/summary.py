@@ -7,8 +7,10 @@ only a run that started after the file was opened (a shell's `> FILE` truncates 
 the run id begins with its start), never an earlier run's; without `--result`, the latest run. A refused run
 (exit 2 or 5: no evidence kept) is rendered from its result alone. A kept host's hold (its record's profile
 `kept`) is shown as the hold: held or ended, its cost and time so far from the hold's record in the state
-directory. `--reap-result FILE` adds the follow-up reap's `--json` object. Reads files only: no API call,
-nothing created.
+directory. A run killed before its record is shown from its files: the steps with a log and no outcome (cut
+off), the GPUs its hosts' receipts name, and its dollars as `costs` estimates them from the ledgers once a line
+closes its instances' span (else not known). `--reap-result FILE` adds the follow-up reap's `--json` object.
+Reads files only: no API call, nothing created.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from vast_harness.state.dirs import SIM_SUBDIR, state_dir
 from vast_harness.state.held import HeldHost, HeldStore
 from vast_harness.state.runs import find_run, latest_run, run_dirs
 from vast_harness.vast.url import shown
+from vast_harness.views.costs import ledger_entries, ledger_paths, run_estimate
 
 MAX_RESULT_BYTES = 8 << 20  # a run's --json object with every step: far below this
 _RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-z]+")
@@ -185,6 +188,15 @@ def _held_record(hold_id: str) -> HeldHost | None:
     return None
 
 
+def _estimate_usd(evidence_dir: Path, facts: RunFacts | None, result: dict[str, Any] | None,
+                  hold: Hold | None) -> float | None:
+    """A run killed before its record and its result said a figure: its dollars from the ledgers, as `costs`
+    estimates them (None until a line closes each instance's span: its DELETE or proof of absence)."""
+    if facts is None or hold is not None or "accrued_usd" in facts.result or (result or {}).get("accrued_usd"):
+        return None
+    return run_estimate(facts.dir.name, ledger_entries(ledger_paths(evidence_dir)))[1]
+
+
 def show_summary(out: Output, evidence_dir: Path, run: str | None, *, result_file: Path | None = None,
                  reap_file: Path | None = None, outputs_file: Path | None = None,
                  artifact_name: str | None = None) -> int:
@@ -195,12 +207,14 @@ def show_summary(out: Output, evidence_dir: Path, run: str | None, *, result_fil
     facts = load_run(run_dir) if run_dir is not None else None
     hold = _hold(facts) if facts is not None else None
     notes = read_result(run_dir / NOTIFICATIONS_FILE, NOTIFICATIONS_FILE) if run_dir is not None else None
+    estimated_usd = _estimate_usd(evidence_dir, facts, result, hold)
     page = job_summary(facts, result=result, reap=reap, notifications=notes, artifact_name=artifact_name,
-                       no_verdict=got.why, hold=hold)
+                       no_verdict=got.why, hold=hold, estimated_usd=estimated_usd)
     out.stdout.write(page)
     out.stdout.flush()
     if outputs_file is not None:
-        lines = "".join(f"{k}={v}\n" for k, v in outputs(facts, result, hold=hold, run_id=got.run_id).items())
+        lines = "".join(f"{k}={v}\n" for k, v in outputs(facts, result, hold=hold, run_id=got.run_id,
+                                                              estimated_usd=estimated_usd).items())
         try:
             with outputs_file.open("a", encoding="utf-8") as fh:  # the CI's file: appended to, as its steps do
                 fh.write(mask(lines))
