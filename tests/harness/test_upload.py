@@ -594,3 +594,50 @@ def test_aws_keys_are_known_by_their_content_like_a_service_account_key(name, bo
     sel = select_workdir(tmp_path)
     assert sorted(f.rel for f in sel.files) == sorted(["a.py"] + ([] if caught else [name]))
     assert [i.includable for i in sel.left_out] == ([True] if caught else [])
+
+
+AWS_TOKEN = "FwoGZXIvYXdzEJr//////////wEaDEXAMPLE+token/2Q=="
+_STS = {"Credentials": {"AccessKeyId": "ASIAEXAMPLE", "SecretAccessKey": AWS_SECRET, "SessionToken": AWS_TOKEN,
+                        "Expiration": "2026-01-01T00:00:00+00:00"},
+        "AssumedRoleUser": {"AssumedRoleId": "AROAEXAMPLE:s", "Arn": "arn:aws:sts::123456789012:assumed-role/r/s"}}
+
+
+@pytest.mark.parametrize(("name", "body", "caught"), [
+    ("j1.json", json.dumps({"aws_secret_access_key": AWS_SECRET}).encode(), True),  # as json.dump writes it
+    ("j4.json", json.dumps({"aws_session_token": AWS_TOKEN}).encode(), True),
+    ("many.json", json.dumps({"region": "us-east-1", "AWS_SECRET_ACCESS_KEY": AWS_SECRET,
+                              "Aws_Session_Token": AWS_TOKEN}).encode(), True),
+    ("nested.json", json.dumps({"profiles": {"p": {"aws_secret_access_key": AWS_SECRET}}}).encode(), True),
+    ("sts.json", json.dumps(_STS).encode(), True),  # `aws sts assume-role` output, any layout
+    ("sts-cli.json", json.dumps(_STS, indent=4).encode(), True),
+    ("sts.yaml", _aws("Credentials:", "  AccessKeyId: ASIAEXAMPLE", f"  SecretAccessKey: {AWS_SECRET}",
+                      f"  SessionToken: {AWS_TOKEN}"), True),
+    ("one.py", _aws(f's3 = boto3.client("s3", aws_access_key_id="x", aws_secret_access_key="{AWS_SECRET}")'), True),
+    ("s3.js", _aws(f'new S3Client({{credentials: {{accessKeyId: "AKIAEXAMPLE", secretAccessKey: "{AWS_SECRET}"}}}})'),
+     True),
+    ("ref.json", json.dumps({"aws_secret_access_key": "${AWS_SECRET_ACCESS_KEY}",
+                             "aws_session_token": "$AWS_SESSION_TOKEN"}).encode(), False),
+    ("empty.json", json.dumps({"aws_secret_access_key": "", "aws_session_token": None}).encode(), False),
+    ("placeholder.json", json.dumps({"aws_secret_access_key": "<YOUR_SECRET_ACCESS_KEY>"}).encode(), False),
+    ("placeholder-pretty.json", json.dumps({"aws_secret_access_key": "<YOUR_SECRET_ACCESS_KEY>"}, indent=2).encode(),
+     False),
+    ("schema.json", json.dumps({"properties": {"aws_secret_access_key": {"type": "string"}}}).encode(), False),
+    ("env.py", _aws('s3 = boto3.client("s3", aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])'), False),
+    ("typed.py", _aws('def client(aws_secret_access_key: "Optional[str]" = None): ...'), False),
+    ("cfn.yaml", _aws("Outputs:", "  Secret:", "    Value: !GetAtt Key.SecretAccessKey",
+                      "  SecretAccessKey: !GetAtt Key.SecretAccessKey"), False),
+    ("web.json", json.dumps({"user": "ann", "sessionToken": "r:0123456789abcdef"}).encode(), False),  # not AWS's
+])
+def test_aws_keys_set_in_one_line_json_or_an_sts_document_are_left_out(name, body, caught, tmp_path):
+    """Red team r46 F4: compact JSON (`json.dump`'s one line) setting `aws_secret_access_key` or
+    `aws_session_token`, any number of them on a line, and `aws sts assume-role` output (`SecretAccessKey`,
+    `SessionToken`) in any layout, are credentials like the pretty-printed form; a reference, an empty value, a
+    placeholder, a schema or a `sessionToken` with no AWS access key id beside it is not."""
+    from vast_harness.spec.credentials import credential_content
+
+    (tmp_path / "a.py").write_text("1\n")
+    (tmp_path / name).write_bytes(body)
+    assert credential_content(tmp_path / name) == ("cloud credentials (by its content)" if caught else None)
+    sel = select_workdir(tmp_path)
+    assert sorted(f.rel for f in sel.files) == sorted(["a.py"] + ([] if caught else [name]))
+    assert [(i.path, i.includable) for i in sel.left_out] == ([(name, True)] if caught else [])
