@@ -9,9 +9,11 @@ unpacked workdir and the uploaded tarball, decompressed) is searched for every s
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -594,3 +596,172 @@ def test_aws_keys_are_known_by_their_content_like_a_service_account_key(name, bo
     sel = select_workdir(tmp_path)
     assert sorted(f.rel for f in sel.files) == sorted(["a.py"] + ([] if caught else [name]))
     assert [i.includable for i in sel.left_out] == ([True] if caught else [])
+
+
+AWS_TOKEN = "FwoGZXIvYXdzEJr//////////wEaDEXAMPLE+token/2Q=="
+_STS = {"Credentials": {"AccessKeyId": "ASIAEXAMPLE", "SecretAccessKey": AWS_SECRET, "SessionToken": AWS_TOKEN,
+                        "Expiration": "2026-01-01T00:00:00+00:00"},
+        "AssumedRoleUser": {"AssumedRoleId": "AROAEXAMPLE:s", "Arn": "arn:aws:sts::123456789012:assumed-role/r/s"}}
+
+
+@pytest.mark.parametrize(("name", "body", "caught"), [
+    ("j1.json", json.dumps({"aws_secret_access_key": AWS_SECRET}).encode(), True),  # as json.dump writes it
+    ("j4.json", json.dumps({"aws_session_token": AWS_TOKEN}).encode(), True),
+    ("many.json", json.dumps({"region": "us-east-1", "AWS_SECRET_ACCESS_KEY": AWS_SECRET,
+                              "Aws_Session_Token": AWS_TOKEN}).encode(), True),
+    ("nested.json", json.dumps({"profiles": {"p": {"aws_secret_access_key": AWS_SECRET}}}).encode(), True),
+    ("sts.json", json.dumps(_STS).encode(), True),  # `aws sts assume-role` output, any layout
+    ("sts-cli.json", json.dumps(_STS, indent=4).encode(), True),
+    ("sts.yaml", _aws("Credentials:", "  AccessKeyId: ASIAEXAMPLE", f"  SecretAccessKey: {AWS_SECRET}",
+                      f"  SessionToken: {AWS_TOKEN}"), True),
+    ("one.py", _aws(f's3 = boto3.client("s3", aws_access_key_id="x", aws_secret_access_key="{AWS_SECRET}")'), True),
+    ("s3.js", _aws(f'new S3Client({{credentials: {{accessKeyId: "AKIAEXAMPLE", secretAccessKey: "{AWS_SECRET}"}}}})'),
+     True),
+    ("ref.json", json.dumps({"aws_secret_access_key": "${AWS_SECRET_ACCESS_KEY}",
+                             "aws_session_token": "$AWS_SESSION_TOKEN"}).encode(), False),
+    ("empty.json", json.dumps({"aws_secret_access_key": "", "aws_session_token": None}).encode(), False),
+    ("placeholder.json", json.dumps({"aws_secret_access_key": "<YOUR_SECRET_ACCESS_KEY>"}).encode(), False),
+    ("placeholder-pretty.json", json.dumps({"aws_secret_access_key": "<YOUR_SECRET_ACCESS_KEY>"}, indent=2).encode(),
+     False),
+    ("schema.json", json.dumps({"properties": {"aws_secret_access_key": {"type": "string"}}}).encode(), False),
+    ("env.py", _aws('s3 = boto3.client("s3", aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])'), False),
+    ("typed.py", _aws('def client(aws_secret_access_key: "Optional[str]" = None): ...'), False),
+    ("cfn.yaml", _aws("Outputs:", "  Secret:", "    Value: !GetAtt Key.SecretAccessKey",
+                      "  SecretAccessKey: !GetAtt Key.SecretAccessKey"), False),
+    ("web.json", json.dumps({"user": "ann", "sessionToken": "r:0123456789abcdef"}).encode(), False),  # not AWS's
+])
+def test_aws_keys_set_in_one_line_json_or_an_sts_document_are_left_out(name, body, caught, tmp_path):
+    """Red team r46 F4: compact JSON (`json.dump`'s one line) setting `aws_secret_access_key` or
+    `aws_session_token`, any number of them on a line, and `aws sts assume-role` output (`SecretAccessKey`,
+    `SessionToken`) in any layout, are credentials like the pretty-printed form; a reference, an empty value, a
+    placeholder, a schema or a `sessionToken` with no AWS access key id beside it is not."""
+    from vast_harness.spec.credentials import credential_content
+
+    (tmp_path / "a.py").write_text("1\n")
+    (tmp_path / name).write_bytes(body)
+    assert credential_content(tmp_path / name) == ("cloud credentials (by its content)" if caught else None)
+    sel = select_workdir(tmp_path)
+    assert sorted(f.rel for f in sel.files) == sorted(["a.py"] + ([] if caught else [name]))
+    assert [(i.path, i.includable) for i in sel.left_out] == ([(name, True)] if caught else [])
+
+
+# ----------------------------------------------------------------------------------------- a walk that cannot read
+
+DEEP_NAME = "d" * 200
+
+
+def _deep_workdir(wd: Path, depth: int = 25) -> Path:
+    """`wd/top/` and `depth` nested folders of 200 characters each: every name is valid, the full path is
+    longer than PATH_MAX (built with dir_fd, as only that can)."""
+    (wd / "top").mkdir(parents=True)
+    (wd / "a.py").write_text("print(1)\n")
+    fd = os.open(wd / "top", os.O_RDONLY)
+    try:
+        for _ in range(depth):
+            os.mkdir(DEEP_NAME, dir_fd=fd)
+            deeper = os.open(DEEP_NAME, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+    finally:
+        os.close(fd)
+    return wd
+
+
+def test_a_workdir_path_longer_than_path_max_is_bad_input_naming_it(sim: SimServer, tmp_path):
+    """Red team r46 F5: a tree deeper than PATH_MAX was a traceback from `Path.is_symlink()` and exit 1, for
+    `run`, `run --dry-run` and `up`. It is bad input: exit 2 before anything is rented, naming the path
+    (shortened) and why, with the flag that leaves it out."""
+    from vast_harness.state.held import HeldStore
+
+    home = tmp_path / "home"
+    home.mkdir()
+    wd = _deep_workdir(tmp_path / "wd")
+    calls_before = len(sim.state()["calls"])
+    runs = {
+        "run": _run("--workdir", str(wd), "--max-minutes", "5", "--", "python", "a.py", sim=sim, home=home,
+                    key=ACCOUNT_KEY),
+        "run --dry-run": _run("--workdir", str(wd), "--dry-run", "--", "python", "a.py", sim=sim, home=home,
+                              key=ACCOUNT_KEY),
+        "up": cli("up", "deep", "--workdir", str(wd), "--max-minutes", "4", sim=sim, home=home, key=ACCOUNT_KEY),
+        "run --sim": cli("run", "--sim", "--workdir", str(wd), "--max-minutes", "5", "--", "python", "a.py",
+                         home=home),
+        "up --sim": cli("up", "deep-sim", "--sim", "--workdir", str(wd), home=home),
+    }
+    for what, p in runs.items():
+        said = _said(p)
+        assert p.returncode == ExitCode.BAD_INPUT, (what, said[-3000:])
+        assert "Traceback" not in p.stderr, (what, p.stderr[-3000:])
+        assert f"--workdir {wd.resolve()}: cannot read top/dddddddddddd…dddddddd/" in said, (what, said)
+        assert re.search(r"its path is [\d,]+ bytes, over the system's limit of [\d,]+ \(PATH_MAX\); leave it out "
+                         r"with \.gitignore or --exclude 'top/'", said), (what, said)
+        assert len(said) < 1000, (what, said)  # shortened: not the 5 kB path
+    assert sim.state()["calls"][calls_before:] == []
+    assert HeldStore(home / "state").load("deep") is None and HeldStore(home / "state" / "sim").load("deep-sim") is None
+    hinted = _run("--workdir", str(wd), "--exclude", "top/", "--dry-run", "--", "python", "a.py", sim=sim, home=home,
+                  key=ACCOUNT_KEY)
+    assert hinted.returncode == 0, _said(hinted)[-3000:]  # what the error says to do is enough
+
+
+@pytest.mark.parametrize(("parts", "why"), [
+    (["x" * 200] * 25, r"its path is [\d,]+ bytes, over the system's limit of [\d,]+ \(PATH_MAX\)"),
+    (["x" * 300, "y"], r"a name in it is 300 bytes, over the system's limit of [\d,]+ \(NAME_MAX\)"),
+])
+def test_a_workdir_argument_too_long_for_the_system_is_bad_input(parts, why, tmp_path):
+    with pytest.raises(ConfigError, match=f"--workdir /.*/xxxxxxxxxxxx…xxxxxxxx/.*: cannot read it: {why}$"):
+        select_workdir(tmp_path.joinpath(*parts))
+
+
+def test_a_symlink_loop_in_the_workdir_is_skipped_and_listed_like_any_symlink(tmp_path):
+    """ELOOP: a symlink that points at itself (a file's place or a folder's) is never followed, so never read."""
+    (tmp_path / "a.py").write_text("1\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "sub" / "ring").symlink_to("../sub/ring")
+    sel = select_workdir(tmp_path)
+    assert [f.rel for f in sel.files] == ["a.py"] and sel.symlinks == ["loop", "sub/ring"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a folder whatever its mode (the injected test below runs)")
+def test_an_unreadable_folder_in_the_workdir_is_bad_input_naming_it(tmp_path):
+    (tmp_path / "a.py").write_text("1\n")
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / "b.py").write_text("1\n")
+    (tmp_path / "locked").chmod(0)
+    try:
+        with pytest.raises(ConfigError, match=r"cannot read locked: Permission denied; .*--exclude 'locked/'"):
+            select_workdir(tmp_path)
+    finally:
+        (tmp_path / "locked").chmod(0o755)
+
+
+@pytest.mark.parametrize(("call", "err", "at", "exclude", "outcome"), [
+    ("scandir", errno.EACCES, "locked", (), "cannot read locked: Permission denied; .*--exclude 'locked/'"),
+    ("scandir", errno.EIO, "locked", (), "cannot read locked: Input/output error"),
+    ("scandir", errno.ENOENT, "locked", (), None),  # removed since its parent was listed: nothing of it to upload
+    ("lstat", errno.EACCES, "locked/b.py", (), "cannot read locked/b.py: Permission denied; .*--exclude 'locked/b.py'"),
+    ("lstat", errno.EACCES, "locked/b.py", ("b.py",), None),  # left out anyway: as the error says to
+    ("lstat", errno.ENOENT, "locked/b.py", (), None),  # a file gone between the listing and its stat
+    ("lstat", errno.ENOENT, "locked", (), None),
+])
+def test_an_error_reading_the_workdir_is_bad_input_or_a_file_gone_is_skipped(call, err, at, exclude, outcome,
+                                                                              tmp_path, monkeypatch):
+    """What the walk meets besides a long path, each from the system call that meets it: a folder it cannot
+    list or an entry it cannot stat is bad input naming it (an upload without it would run on other files
+    than the user's); one removed since its folder was listed is simply not there to upload."""
+    (tmp_path / "a.py").write_text("1\n")
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / "b.py").write_text("1\n")
+    target = str(tmp_path / at)
+    real = getattr(os, call)
+
+    def failing(path, *args, **kwargs):
+        if os.fspath(path) == target:
+            raise OSError(err, os.strerror(err), os.fspath(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, call, failing)
+    if outcome is None:
+        assert [f.rel for f in select_workdir(tmp_path, exclude=exclude).files] == ["a.py"]
+    else:
+        with pytest.raises(ConfigError, match=f"--workdir {tmp_path}: {outcome}"):
+            select_workdir(tmp_path, exclude=exclude)

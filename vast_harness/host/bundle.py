@@ -230,6 +230,7 @@ def _pack(root: Path, members: list[tuple[str, Path]],
         for name, rel in members:
             try:
                 data = (root / rel).read_bytes()
+                mode = (root / rel).stat().st_mode
             except OSError as exc:  # a workdir file removed or unreadable since it was listed
                 raise ConfigError(f"cannot read {root / rel} for the upload: {exc.strerror or exc}") from None
             if not keep(rel, data):
@@ -237,7 +238,7 @@ def _pack(root: Path, members: list[tuple[str, Path]],
             count += 1
             info = tarfile.TarInfo(name)
             info.size = len(data)
-            info.mode = 0o755 if (root / rel).stat().st_mode & 0o111 else 0o644
+            info.mode = 0o755 if mode & 0o111 else 0o644
             info.mtime = 0
             info.uid = info.gid = 0
             info.uname = info.gname = ""

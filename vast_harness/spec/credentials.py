@@ -5,10 +5,11 @@ would put it on a stranger's host. A family is known by the file's name (shell p
 its path (`.aws/credentials`), or by a folder it sits in (`.config/gcloud/`); a name pattern never matches a
 folder, so a virtualenv called `.env/` is not taken for a dotenv file. Three more are recognised by their content,
 whatever their name: a PEM, OpenSSH, PGP or PuTTY private key and a cloud service-account key (JSON holding a
-private key) by their first bytes, and a text file that sets AWS keys (an ini, env, YAML or JSON line setting
-`aws_secret_access_key` or `aws_session_token` to a literal, or an `AKIA`/`ASIA` key id with a secret beside it,
-as in the AWS console's CSV) by its first 64 kB. Names are compared casefolded and NFKC-normalised, without
-invisible characters; contents after a BOM.
+private key) by their first bytes, and a text file that sets AWS keys (an ini, env, YAML or JSON line, compact
+or pretty, setting `aws_secret_access_key` or `aws_session_token` to a literal; an STS answer's `SecretAccessKey`
+or `SessionToken`; or an `AKIA`/`ASIA` key id with a secret beside it, as in the AWS console's CSV) by its
+first 64 kB. Names are compared casefolded and NFKC-normalised, without invisible characters; contents after a
+BOM.
 """
 
 from __future__ import annotations
@@ -79,22 +80,37 @@ _BOM = b"\xef\xbb\xbf"
 _PRIVATE_ARMOUR = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----")
 
 
-# A line that sets an AWS secret (ini, env, shell, YAML, JSON): the name, `=` or `:`, and a literal value; a
-# reference (`${X}`, `os.environ[...]`, `creds.secret`) or a Python keyword argument (`=x,`) is not one.
-_AWS_SECRET_LINE = re.compile(
-    rb"""(?im)^[ \t]*(?:export[ \t]+)?["']?aws_(?:secret_access_key|session_token)["']?[ \t]*[=:][ \t]*"""
-    rb"""(?:"[^"\s$]{8,}"[ \t]*,?|'[^'\s$]{8,}'|[^\s"'$<>{}()\[\],;.#]{8,})[ \t]*(?:#.*)?\r?$""")
+# The names that set an AWS secret: the SDKs' and CLI's settings, and the STS answer's (`aws sts assume-role`).
+# `SessionToken` is also a common name outside AWS: it counts only in a document that names an `AccessKeyId`.
+_AWS_SECRET_NAMES = (b"aws_secret_access_key", b"aws_session_token", b"secretaccesskey", b"sessiontoken")
+_AWS_SECRET_NAME = rb"(?P<name>" + b"|".join(_AWS_SECRET_NAMES) + rb")"
+_STS_TOKEN, _STS_KEY_ID = b"sessiontoken", b"accesskeyid"
+# A setting anywhere in a line (JSON, one line or pretty, a YAML flow map, a dict, a keyword argument): the name,
+# quoted or not, `:` or `=`, and a quoted literal; a reference (`"${X}"`), a placeholder (`"<key>"`), a type
+# (`"Optional[str]"`) or an empty value is not one. Any number of settings share a line.
+_AWS_QUOTED_SETTING = re.compile(
+    rb"(?i)(?<![A-Za-z0-9_])" + _AWS_SECRET_NAME +
+    rb"""["']?[ \t]*[=:][ \t]*(?:"[^"\s$<>{}()\[\]]{8,}"|'[^'\s$<>{}()\[\]]{8,}')""")
+# A line that sets one to an unquoted literal (ini, env, shell, YAML): a reference (`${X}`, `os.environ[...]`,
+# `creds.secret`, `!GetAtt`) or a Python keyword argument (`=x,`) is not one.
+_AWS_BARE_SETTING = re.compile(
+    rb"""(?im)^[ \t]*(?:export[ \t]+)?["']?""" + _AWS_SECRET_NAME +
+    rb"""["']?[ \t]*[=:][ \t]*[^\s"'$<>{}()\[\],;.#!]{8,}[ \t]*(?:#.*)?\r?$""")
 _AWS_KEY_ID = re.compile(rb"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])")
 _AWS_SECRET = re.compile(rb"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
 _AWS_NEAR_BYTES = 256  # a key id's secret sits on its line or the next (the console's CSV, a note)
 
 
 def _aws_keys(text: bytes) -> bool:
-    """An AWS secret access key or session token set in a line, or a key id with a secret beside it (a 40
-    character base64 word with both cases: a hex digest is not one)."""
+    """An AWS secret access key or session token set to a literal (by the SDKs' names or the STS answer's), or a
+    key id with a secret beside it (a 40 character base64 word with both cases: a hex digest is not one). The
+    64 kB are searched only when they hold one of the names."""
     low = text.lower()
-    if (b"aws_secret_access_key" in low or b"aws_session_token" in low) and _AWS_SECRET_LINE.search(text):
-        return True
+    if any(name in low for name in _AWS_SECRET_NAMES):
+        sts = _STS_KEY_ID in low
+        for rule in (_AWS_QUOTED_SETTING, _AWS_BARE_SETTING):
+            if any(sts or m["name"].lower() != _STS_TOKEN for m in rule.finditer(text)):
+                return True
     for key_id in _AWS_KEY_ID.finditer(text):
         near = text[max(0, key_id.start() - _AWS_NEAR_BYTES):key_id.end() + _AWS_NEAR_BYTES]
         if any(w.lower() != w and w.upper() != w for w in (m.group() for m in _AWS_SECRET.finditer(near))):

@@ -9,14 +9,17 @@ named (`LeftOut`), for the dry run, the console and the record. Nor a file whose
 whatever its name (a copy of the key file), in UTF-8, UTF-16 or UTF-32: found as the upload reads it, and named
 the same way; nor a file or folder whose name holds it (a name goes up as it is), named with the key masked. Symlinks are
 never followed or uploaded: one could point the upload at a key outside the workdir. The total is held to a size limit, and a workdir over it is
-bad input (exit 2, nothing rented) that names the limit, the size and the largest files. Artifact globs are
+bad input (exit 2, nothing rented) that names the limit, the size and the largest files; so is a folder or file
+the walk cannot read (a path over PATH_MAX, a folder it may not list), named. Artifact globs are
 checked here too, before renting: relative to the workdir, no `..`, balanced brackets.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
@@ -40,6 +43,10 @@ KEY_COPY = "holds the account's API key"  # a file whose bytes hold it, whatever
 _MIN_KEY_CHARS = 8  # a shorter "key" (a test's, a typo) would match ordinary files; a Vast key is 64
 KEY_IN_NAME = "its name holds the account's API key"  # a name goes up as it is: never uploaded either
 _SCAN_CHUNK = 1 << 20
+_SHOWN_CHARS = 160  # a path in an error line longer than this is shortened: long names cut, middle folders counted
+_SHOWN_PART_CHARS = 24
+_SHOWN_HEAD_CHARS = 60
+_HINT_CHARS = 80  # an --exclude hint longer than this names the path's first folder instead
 _WIDE_CODECS = ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
 
 
@@ -214,6 +221,50 @@ def left_out_lines(left_out: Sequence[LeftOut]) -> list[str]:
             for item in left_out]
 
 
+def _short_path(rel: str) -> str:
+    """A path for an error line: a long one with its long names cut in the middle and, deep, its first folders
+    and its last two with the count of those between."""
+    if len(rel) <= _SHOWN_CHARS:
+        return rel
+    parts = [p if len(p) <= _SHOWN_PART_CHARS else f"{p[:12]}…{p[-8:]}" for p in rel.split("/")]
+    head = 2
+    while head < len(parts) - 2 and len("/".join(parts[:head + 1])) <= _SHOWN_HEAD_CHARS:
+        head += 1
+    if len(parts) - head > 3:
+        parts = [*parts[:head], f"…{len(parts) - head - 2} more…", *parts[-2:]]
+    return "/".join(parts)
+
+
+def _too_long(path: Path) -> str:
+    """Why the system called a path too long: the whole path (PATH_MAX) or one name in it (NAME_MAX)."""
+    limits = {}
+    for name in ("PATH_MAX", "NAME_MAX"):
+        try:
+            limits[name] = os.pathconf("/", f"PC_{name}")
+        except (OSError, ValueError):
+            limits[name] = {"PATH_MAX": 4096, "NAME_MAX": 255}[name]  # Linux's
+    longest = max(path.parts, key=lambda part: len(os.fsencode(part)))
+    if len(os.fsencode(longest)) > limits["NAME_MAX"]:
+        return (f"a name in it is {len(os.fsencode(longest)):,} bytes, over the system's limit of "
+                f"{limits['NAME_MAX']:,} (NAME_MAX)")
+    return f"its path is {len(os.fsencode(path)):,} bytes, over the system's limit of {limits['PATH_MAX']:,} (PATH_MAX)"
+
+
+def _unreadable(flag: str, root: Path, rel: str, exc: OSError, *, is_dir: bool) -> ConfigError:
+    """A workdir entry the walk cannot read: bad input before anything is rented, naming it (shortened) and why
+    (an upload that skipped it would run the command on other files than the user's)."""
+    full = root / rel if rel else root
+    why = exc.strerror or str(exc)
+    if exc.errno == errno.ENAMETOOLONG:
+        why = _too_long(full)
+    if not rel:
+        return ConfigError(f"{flag} {_short_path(str(root))}: cannot read it: {why}")
+    parts = rel.split("/")
+    hint = rel + ("/" if is_dir else "") if len(rel) <= _HINT_CHARS or len(parts) == 1 else parts[0] + "/"
+    return ConfigError(f"{flag} {root}: cannot read {_short_path(rel)}: {why}; leave it out with .gitignore or "
+                       f"--exclude '{hint}'")
+
+
 def _refuse_inside(root: Path, never: Sequence[NeverUpload], flag: str) -> None:
     """A workdir that is one of the never-uploaded folders, or lies inside one, would upload it whole (the
     ledger, earlier runs' artifacts): bad input. Matched by device and inode, as the walk matches them."""
@@ -238,8 +289,14 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
     if not str(root).strip():
         raise ConfigError(f"{flag} is empty: give a folder ('.' for the current one)")
     root = root.expanduser()
-    if not root.is_dir():
-        raise ConfigError(f"{flag} {root}: no such folder" if not root.exists() else f"{flag} {root}: not a folder")
+    try:
+        mode = root.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise ConfigError(f"{flag} {root}: no such folder") from None
+    except OSError as exc:  # a symlink loop, a path too long, a parent it may not search
+        raise _unreadable(flag, root, "", exc, is_dir=True) from None
+    if not stat.S_ISDIR(mode):
+        raise ConfigError(f"{flag} {root}: not a folder")
     root = root.resolve()
     never = [NeverUpload(path=d, why="the harness's own state or evidence directory") for d in skip_dirs]
     never_by_id: dict[tuple[int, int], str] = {}
@@ -267,8 +324,8 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
         excludes_used.update(hits)
         return bool(hits) or any(spec.match_file(path[len(base):]) for base, spec in ignores if path.startswith(base))
 
-    def never_why(path: Path, rel: str) -> str | None:
-        why = never_by_id.get(st) if (st := _identity(path)) is not None else None
+    def never_why(st: os.stat_result, rel: str) -> str | None:
+        why = never_by_id.get((st.st_dev, st.st_ino))
         if why is not None:
             refused = [g for g, spec in includes.items() if spec.match_file(rel)]
             if refused:
@@ -308,12 +365,35 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
             return None
         return why, True
 
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    def entry(path: Path, rel: str, *, is_dir: bool) -> os.stat_result | None:
+        """The entry's own status (a symlink not followed); None when it went since its folder was listed, or
+        cannot be read but is left out anyway (.gitignore, --exclude: counted as such)."""
+        nonlocal excluded
+        try:
+            return os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:  # a path longer than PATH_MAX, a permission, I/O
+            if ignored(rel, is_dir=is_dir):
+                excluded += 1
+                return None
+            raise _unreadable(flag, root, rel, exc, is_dir=is_dir) from None
+
+    def walk_error(exc: OSError) -> None:
+        """A folder os.walk could not list: gone (or no longer a folder) since its parent was listed is nothing
+        to upload; else bad input, as a file the upload cannot read is."""
+        if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            return
+        rel = Path(exc.filename).relative_to(root).as_posix() if exc.filename is not None else ""
+        raise _unreadable(flag, root, "" if rel == "." else rel, exc, is_dir=True)
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=walk_error, followlinks=False):
         here = Path(dirpath)
         base = here.relative_to(root).as_posix()
         base = "" if base == "." else base + "/"
         gitignore = here / ".gitignore"
-        if gitignore.is_file() and not gitignore.is_symlink():
+        if ".gitignore" in filenames and (st := entry(gitignore, base + ".gitignore", is_dir=False)) is not None \
+                and stat.S_ISREG(st.st_mode):
             try:
                 lines = gitignore.read_text(encoding="utf-8", errors="replace").splitlines()
             except OSError as exc:
@@ -322,9 +402,11 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
         kept = []
         for name in sorted(dirnames):
             rel = base + name
-            if (here / name).is_symlink():
+            if (st := entry(here / name, rel, is_dir=True)) is None:
+                continue
+            if stat.S_ISLNK(st.st_mode):
                 symlinks.append(rel)
-            elif (why := never_why(here / name, rel + "/")) is not None:
+            elif (why := never_why(st, rel + "/")) is not None:
                 left_out.append(LeftOut(path=rel + "/", why=why, includable=False))
             elif name_key(name) == ".git" or ignored(rel, is_dir=True):  # `.GIT` is git's own on macOS's disk
                 excluded += 1
@@ -336,11 +418,13 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
         for name in sorted(filenames):
             rel = base + name
             path = here / name
-            if path.is_symlink():
+            if (st := entry(path, rel, is_dir=False)) is None:
+                continue
+            if stat.S_ISLNK(st.st_mode):
                 symlinks.append(rel)
-            elif not path.is_file():
+            elif not stat.S_ISREG(st.st_mode):
                 continue  # a FIFO, a socket, a device: nothing to upload
-            elif (why := never_why(path, rel)) is not None:
+            elif (why := never_why(st, rel)) is not None:
                 left_out.append(LeftOut(path=rel, why=why, includable=False))
             elif ignored(rel, is_dir=False):
                 excluded += 1
@@ -349,7 +433,7 @@ def select_workdir(root: Path, *, exclude: Sequence[str] = (), include: Sequence
             elif (cred := credential(path, rel)) is not None:
                 left_out.append(LeftOut(path=rel, why=cred[0], includable=cred[1]))
             else:
-                files.append(WorkdirFile(rel=rel, bytes=path.stat().st_size))
+                files.append(WorkdirFile(rel=rel, bytes=st.st_size))
                 if len(files) > MAX_WORKDIR_FILES:
                     raise ConfigError(f"{flag} {root}: more than {MAX_WORKDIR_FILES} files to upload (a virtualenv or "
                                       "a dataset?); leave them out with .gitignore or --exclude")
