@@ -355,8 +355,20 @@ def test_a_sim_holds_exec_leaves_out_and_masks_the_key_file_its_up_was_given(tmp
         assert held is not None and "copy_of_key.txt" not in held.manifest and "new.txt" not in held.manifest
         for log in Path(held.evidence_dir).rglob("*.log"):
             assert secret not in log.read_text(errors="replace"), log
+        # Red team r47 F1: the key file rewritten (or moved, or removed) after the up: refused, never uploaded
+        key_file.write_text("another-key-altogether-0123456789\n")
+        p = cli("exec", "box", "--", "cat", "new.txt", home=home)
+        text = " ".join((p.stdout + p.stderr).split())
+        assert p.returncode == 2 and "no longer holds that key" in text and secret not in text, text[-3000:]
+        key_file.unlink()
+        given = home / "same-key"
+        given.write_text(secret + "\n")
+        p = cli("exec", "box", "--key-file", str(given), "--", "ls", home=home)  # that key again: it goes on
+        text = p.stdout + p.stderr
+        assert p.returncode == 0 and "new.txt" not in text.replace("new.txt (holds", ""), text[-3000:]
     finally:
-        cli("down", "box", home=home)
+        p = cli("down", "box", home=home)  # the key file gone: `down` warns and deletes all the same
+        assert p.returncode == 0 and "no longer holds that key" in p.stdout + p.stderr, (p.stdout + p.stderr)[-3000:]
 
 
 def test_ssh_runs_a_command_and_a_shell_with_the_holds_key(sim_hold):

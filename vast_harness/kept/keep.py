@@ -58,12 +58,12 @@ def _down(store: HeldStore, record: HeldHost, options: RunOptions, out: Output) 
     goes_on = f"deleting kept host {name} anyway; its evidence (the record, the logs) may not be written"
     spec_of = functools.partial(resolve, on_unwritable=out.warn, unwritable_goes_on=goes_on)
     return _run(store, record, options, DownStages(store, record), out, spec_of=spec_of,
-                on_unusable_evidence=lambda problem: out.warn(f"{problem}; {goes_on}"))
+                warn_instead=lambda problem: out.warn(f"{problem}; {goes_on}"))
 
 
 def _run(store: HeldStore, record: HeldHost, options: RunOptions, stages: HoldStages, out: Output,
          spec_of: Callable[[RunOptions], RunSpec] = resolve,
-         on_unusable_evidence: Callable[[str], None] | None = None) -> int:
+         warn_instead: Callable[[str], None] | None = None) -> int:
     spec = held_spec(store, record, options.model_copy(update={"profile": "smoke", "command": None}), spec_of,
-                     on_unusable_evidence)
+                     warn_instead)
     return run_on_hold(spec, record, stages, out)

@@ -13,10 +13,11 @@ from vast_harness.console.output import Output
 from vast_harness.errors import ConfigError
 from vast_harness.kept.names import describe, listing
 from vast_harness.kept.watcher_proc import start_watcher
+from vast_harness.masking import ACCOUNT_KEY, MASKER
 from vast_harness.run.hold import HoldStages, finish_hold, hold_terms
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.runner import GuardedRun
-from vast_harness.spec.known_secrets import teach_key_file
+from vast_harness.spec.known_secrets import key_sha256, teach_key_file
 from vast_harness.spec.profile import load_driver_policy
 from vast_harness.spec.resolve import RunOptions, RunSpec, resolve
 from vast_harness.spec.values import check_evidence_dir
@@ -72,14 +73,14 @@ def sim_alive(record: HeldHost) -> bool:
 
 def held_spec(store: HeldStore, record: HeldHost, options: RunOptions,
               spec_of: Callable[[RunOptions], RunSpec] = resolve,
-              on_unusable_evidence: Callable[[str], None] | None = None) -> RunSpec:
+              warn_instead: Callable[[str], None] | None = None) -> RunSpec:
     """The spec of a command on `record`'s host: its API, caps, state and evidence directories; the key as any
     command reads it (a `--sim` hold's is its simulator's). An `--api-url` or a key of another target is
-    refused: the hold is not theirs (exit 2). So is a hold whose evidence directory cannot be used, unless
-    `on_unusable_evidence` is told instead (what deletes: `down`, the watcher, goes on)."""
+    refused: the hold is not theirs (exit 2). So is a hold whose evidence directory cannot be used, or whose
+    `up`'s key file no longer holds the key, unless `warn_instead` is told (what deletes: `down`, the watcher,
+    goes on)."""
     name = record.name
-    check_hold_evidence(record, on_unusable_evidence)
-    teach_key_file(record.key_file)  # the `up`'s key file: masked, and files holding it stay home, as at the up
+    check_hold_evidence(record, warn_instead)
     if options.api_url is not None and (record.sim or options.api_url.rstrip("/") != record.api_url.rstrip("/")):
         raise ConfigError(f"kept host {name!r} is held on {'its own simulator' if record.sim else record.api_url}, "
                           f"not {options.api_url}: give no --api-url (the hold knows its API). {listing()}")
@@ -89,6 +90,7 @@ def held_spec(store: HeldStore, record: HeldHost, options: RunOptions,
         "max_minutes": record.max_minutes, "evidence_dir": Path(record.evidence_dir).parent,
         "state_dir": store.dir.parent})
     spec = spec_of(given)
+    check_hold_key(record, warn_instead)
     spec = spec.model_copy(update={"profile": spec.profile.model_copy(update={"name": KEPT_PROFILE})})
     if record.sim:
         assert record.sim_key is not None
@@ -110,6 +112,22 @@ def check_hold_evidence(record: HeldHost, on_unusable: Callable[[str], None] | N
             raise ConfigError(f"{exc} (kept host {record.name} stays held; `vast-e2e down {record.name}` deletes it "
                               "all the same)") from None
         on_unusable(str(exc))
+
+
+def check_hold_key(record: HeldHost, warn_instead: Callable[[str], None] | None = None) -> None:
+    """The key in the `up`'s --key-file is masked, and files holding it stay home, in every later command: read
+    again from its path, or known from this command's own key inputs (its --key-file, VAST_API_KEY). Known from
+    neither (the file moved, rewritten or removed), a command would upload and print it: refused."""
+    if record.key_file_sha256 is None:
+        return
+    teach_key_file(record.key_file)
+    if any(key_sha256(known) == record.key_file_sha256 for known in MASKER.values(ACCOUNT_KEY)):
+        return
+    problem = (f"kept host {record.name} was set up with --key-file {record.key_file}, which no longer holds that "
+               "key (moved, rewritten or removed): files holding it would reach the host and show it in clear")
+    if warn_instead is None:
+        raise ConfigError(f"{problem}. Give --key-file with that key (kept host {record.name} stays held)")
+    warn_instead(problem)
 
 
 def bid_options(record: HeldHost, options: RunOptions) -> RunOptions:

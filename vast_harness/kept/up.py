@@ -15,6 +15,7 @@ from vast_harness.kept.simproc import DetachedSim, start_detached_sim, stop_sim
 from vast_harness.kept.target import KEPT_PROFILE, ensure_watcher, first_idle_s
 from vast_harness.run.hold import HOST_CLOCK_STEP_S, IDLE_MIN_S, PUSH_ROOM_S, UpStages, hold_terms
 from vast_harness.run.runner import GuardedRun
+from vast_harness.spec.known_secrets import key_file_text, key_sha256
 from vast_harness.spec.profile import load_driver_policy
 from vast_harness.spec.resolve import RunOptions, RunSpec
 from vast_harness.spec.values import check_number
@@ -70,11 +71,13 @@ def up_host(spec: RunSpec, name: str, *, idle_minutes: float, out: Output, optio
         target = spec.model_copy(update={"api_url": sim.url, "api_key": SecretStr("sim-" + secrets.token_hex(16))})
     assert target.api_key is not None
     wd = spec.profile.workdir
+    key_path = Path(options.key_file).expanduser().absolute() if options is not None and options.key_file else None
+    given_key = key_file_text(key_path)
     record = HeldHost(name=name, hold_id=hold_id, sim=spec.sim, api_url=target.api_url,
                       account=account_fingerprint(target.api_key.get_secret_value()),
                       sim_key=target.api_key.get_secret_value() if sim else None,
-                      key_file=str(Path(options.key_file).expanduser().absolute())
-                      if options is not None and options.key_file else None,
+                      key_file=str(key_path) if given_key else None,
+                      key_file_sha256=key_sha256(given_key) if given_key else None,
                       sim_pid=sim.pid if sim else None, sim_pid_start=sim.pid_start if sim else None,
                       evidence_dir=str(spec.evidence_dir / hold_id), max_usd=spec.caps.max_usd,
                       max_minutes=spec.caps.max_minutes, idle_minutes=idle_minutes, t0=Instant.now(),

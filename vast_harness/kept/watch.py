@@ -79,7 +79,7 @@ def watch(store: HeldStore, name: str, *, every_s: float, pacing_scale: float, o
 def look(store: HeldStore, record: HeldHost, *, pacing_scale: float, out: Output) -> None:
     """One read of the held instance; a paused one is handled under the hold's lock (`WatchStages`)."""
     spec = held_spec(store, record, RunOptions(profile="smoke", pacing_scale=pacing_scale),
-                     on_unusable_evidence=out.warn)  # an outbid husk is deleted all the same
+                     warn_instead=out.warn)  # an outbid husk is deleted all the same
     assert spec.api_key is not None and record.instance_id is not None
     with VastClient(spec.api_key.get_secret_value(), base_url=spec.api_url, pacing_scale=spec.pacing_scale) as client:
         read = client.get_instance(record.instance_id, max_retry_s=READ_S, within_s=READ_S)

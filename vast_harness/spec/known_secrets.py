@@ -13,6 +13,7 @@ here only masks it: with `--sim` it is still not used.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -34,9 +35,19 @@ def _text_of(path: Path | str | None, max_bytes: int) -> str:
         return ""
 
 
+def key_file_text(path: Path | str | None) -> str:
+    """The key a key file holds, "" for a file that is gone or unreadable."""
+    return _text_of(path, MAX_KEY_FILE_BYTES).strip()
+
+
+def key_sha256(key: str) -> str:
+    """How a record names a key without holding it."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 def teach_key_file(path: Path | str | None) -> None:
     """The account key a key file holds (nothing for a file that is gone or unreadable)."""
-    MASKER.add(_text_of(path, MAX_KEY_FILE_BYTES).strip(), ACCOUNT_KEY)
+    MASKER.add(key_file_text(path), ACCOUNT_KEY)
 
 
 def teach_secret_items(items: Iterable[str], environ: Mapping[str, str], name: str = "a --remote-secret") -> None:

@@ -113,6 +113,7 @@ class HeldHost(BaseModel):
     # The --key-file the `up` was given (its path, never its bytes): each later command masks that key and leaves
     # out files holding it as the `up` did, given the flag or not (a --sim hold's commands need none).
     key_file: str | None = None
+    key_file_sha256: str | None = None  # the key it held then: a command that cannot find it again is refused
     sim_pid: int | None = None  # the detached simulator of a --sim hold (stopped with the last hold on it)
     sim_pid_start: str | None = None
     evidence_dir: str  # <evidence>/<hold_id>: the hold's record, and each command's evidence below it
