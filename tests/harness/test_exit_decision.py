@@ -28,6 +28,9 @@ DECIDE = [  # (the run's own code, the facts, the exit code, words the message m
     (E.BAD_INPUT, ExitFacts(over_cap=OVER), E.BAD_INPUT, "own"),
     (E.NO_OFFER, ExitFacts(over_cap=OVER), E.NO_OFFER, "own"),
     (E.PASSED, ExitFacts(write_failures=["a: full"]), E.FAILED, "1 evidence/ledger write(s) failed"),
+    (E.PASSED, ExitFacts(write_failures=["a: full"]), E.FAILED, "deleted and proven absent, but 1"),
+    # red team r47 F3: a kept host's command never claims a deletion it did not make
+    (E.PASSED, ExitFacts(held=True, write_failures=["a: full"]), E.FAILED, "the kept host stays held, but 1"),
     (E.PASSED, ExitFacts(write_failures=["a: x", "b: x", "c: x", "d: x", "e: x"]), E.FAILED, "and 2 more: d, e"),
     (E.FAILED, ExitFacts(write_failures=["a: full"]), E.FAILED, "own"),
     (E.PASSED, ExitFacts(over_cap=OVER, write_failures=["a: full"]), E.CAP_REACHED, "over the cap"),

@@ -117,14 +117,15 @@ def test_down_goes_ahead_on_a_full_evidence_disk(tmp_path, stop_sims, monkeypatc
     gone_for_good(home, held.api_url, held.instance_id, text)
 
 
-@pytest.mark.parametrize("which", ["the hold's", "its root"])
+@pytest.mark.parametrize("which", ["the hold's", "its root", "steps"])
 def test_a_hold_whose_evidence_directory_is_a_file_exec_refuses_and_down_deletes(tmp_path, stop_sims, which):
     """Red teams r46 F1, r47 F2: the hold's evidence directory (or the --evidence-dir above it) replaced by a
     file; `exec` and `down` ended in a traceback and exit 1 ("proven gone" for `down`), or `down` in exit 2, while
     the instance went on billing."""
     home = tmp_path
     held = up_held(home, stop_sims, "--evidence-dir", str(home / "ev"))
-    evidence = Path(held.evidence_dir) if which == "the hold's" else Path(held.evidence_dir).parent
+    evidence = {"the hold's": Path(held.evidence_dir), "its root": Path(held.evidence_dir).parent,
+                "steps": Path(held.evidence_dir) / "steps"}[which]
     evidence.rename(evidence.with_name(evidence.name + ".moved"))
     evidence.write_text("not a directory\n")
     p = cli("exec", "box", "--", "true", home=home)

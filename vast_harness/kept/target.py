@@ -104,9 +104,14 @@ def held_spec(store: HeldStore, record: HeldHost, options: RunOptions,
 
 def check_hold_evidence(record: HeldHost, on_unusable: Callable[[str], None] | None = None) -> None:
     """Every command of a hold writes its record and logs into the hold's one evidence directory."""
+    evidence = Path(record.evidence_dir)
     try:
-        check_evidence_dir(Path(record.evidence_dir), f"kept host {record.name}'s evidence directory",
+        check_evidence_dir(evidence, f"kept host {record.name}'s evidence directory",
                            consequence=f"kept host {record.name} stays held")
+        for sub in ("steps", "remote"):  # where each command's logs and pulled files go
+            if (evidence / sub).is_symlink() or ((evidence / sub).exists() and not (evidence / sub).is_dir()):
+                raise ConfigError(f"kept host {record.name}'s evidence directory {evidence}: {sub}/ is not a "
+                                  "directory")
     except ConfigError as exc:
         if on_unusable is None:
             raise ConfigError(f"{exc} (kept host {record.name} stays held; `vast-e2e down {record.name}` deletes it "

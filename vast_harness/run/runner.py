@@ -249,7 +249,7 @@ class GuardedRun:
         t.cap_guard.stop()
         code, message = self.stages.hand_over(t, s, code, message)
         s.stage = Stage.VERDICT
-        code, message = decide_exit(code, message, exit_facts(t))
+        code, message = decide_exit(code, message, exit_facts(t).model_copy(update={"held": True}))
         t.phases.end()
         s.timings["total_s"] = round(t.clock() - t.meter.t0, 3)
         record = build_record(t, s, code, message)

@@ -30,6 +30,7 @@ class ExitFacts(BaseModel):
     over_cap: str | None = None  # why the run went over a cap (CostMeter.over_cap)
     write_failures: list[str] = Field(default_factory=list)  # evidence or ledger writes that missed the disk
     unqualified_ok: bool = False  # --unqualified-ok: a pass on an unqualified driver exits 0
+    held: bool = False  # the instance outlives the run (a kept host's command): nothing was deleted
 
 
 def work_outcome(driver_qualified: bool) -> Outcome:
@@ -88,7 +89,8 @@ def decide_exit(code: ExitCode, message: str, facts: ExitFacts) -> Outcome:
     if failures and code in _PASSES:
         more = failures[WRITE_FAILURES_NAMED:]  # named all the same: the record itself may be one that failed
         rest = f"; and {len(more)} more: {', '.join(f.split(':', 1)[0] for f in more)}" if more else ""
-        return ExitCode.FAILED, (f"the instance is deleted and proven absent, but {len(failures)} evidence/ledger "
+        state = "the kept host stays held" if facts.held else "the instance is deleted and proven absent"
+        return ExitCode.FAILED, (f"{state}, but {len(failures)} evidence/ledger "
                                  f"write(s) failed, so the evidence is incomplete: "
                                  f"{'; '.join(failures[:WRITE_FAILURES_NAMED])}{rest} ({message})")
     if code == ExitCode.UNQUALIFIED_DRIVER and facts.unqualified_ok:  # driver_qualified: false stays
