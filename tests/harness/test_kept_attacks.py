@@ -243,7 +243,11 @@ def test_down_while_an_exec_runs_deletes_and_nothing_brings_the_hold_back(tmp_pa
     held = up_held(home, stop_sims, idle="1")
     proc = spawn("exec", "box", "--", "sh", "job.sh", "60", home=home)
     wait_line(proc, "started")
-    p = cli("down", "box", home=home)
+    proc.send_signal(signal.SIGSTOP)  # the exec ends after the down, whose record then must stand
+    try:
+        p = cli("down", "box", home=home)
+    finally:
+        proc.send_signal(signal.SIGCONT)
     assert p.returncode == 0 and f"instance {held.instance_id}: gone" in p.stdout, (p.stdout + p.stderr)[-2000:]
     try:
         code = proc.wait(timeout=90)
@@ -255,6 +259,9 @@ def test_down_while_an_exec_runs_deletes_and_nothing_brings_the_hold_back(tmp_pa
     said = " ".join((out + err).split())  # the verdict line wraps at the console's width
     assert "was taken down meanwhile" in said and "tearing down" not in said, said[-3000:]  # the down's end
     assert record(home) is None  # the exec's end wrote nothing back
+    # nor over the hold's result: the down's stands (red team r47 F4: a keep ending later overwrote it)
+    result = json.loads((Path(held.evidence_dir) / "harness-result.json").read_text())
+    assert result["exit_code"] == 0 and result["absence"]["verdict"] == "gone", result
 
 
 def test_ctrl_c_of_exec_stops_the_command_and_keeps_the_host(tmp_path, stop_sims):

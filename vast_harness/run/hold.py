@@ -538,6 +538,9 @@ class HoldStages(RunStages):
         self.release()
         return code, message
 
+    def records_result(self, t: RunTools, s: RunState) -> bool:
+        return not self.yielded  # the `down` that ended the hold meanwhile wrote the hold's record: it stands
+
     def release(self) -> None:
         if self.lock is not None:
             self.lock.release()

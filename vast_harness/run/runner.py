@@ -138,6 +138,11 @@ class RunStages:
         """The outcome once `keeps` said no and the teardown comes (a kept host's command: its hold ends)."""
         return code, message
 
+    def records_result(self, t: RunTools, s: RunState) -> bool:
+        """Whether the handed-over run writes its record (a kept host's command that another ended meanwhile
+        leaves the record to that one)."""
+        return True
+
     def decided(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
         """The verdict once the teardown has spoken (`decide_exit`), before it is recorded: a run's stands."""
         return code, message
@@ -257,8 +262,10 @@ class GuardedRun:
         record = record.model_copy(update={
             "instances": [i.model_copy(update={"absence": "held"}) for i in record.instances],
             "absence": AbsenceSummary(verdict="held", per_instance=held)})
-        t.ev.write_result(record, t.book.teardowns, t.spec.proof_interval_s)
-        report_path = write_run_report_safely(t.ev.dir, t.out.warn)
+        report_path = None
+        if self.stages.records_result(t, s):
+            t.ev.write_result(record, t.book.teardowns, t.spec.proof_interval_s)
+            report_path = write_run_report_safely(t.ev.dir, t.out.warn)
         t.out.stop_view()
         t.out.result(s.run_id, code, message, t.ev.dir, self.steps, t.book.teardowns, t.meter.accrued_usd(),
                      report=report_path, gpu=s.host_gpus.shown() if s.host_gpus else None)
