@@ -155,28 +155,39 @@ def test_two_downs_at_once_both_exit_0_and_the_record_says_proven_gone(tmp_path,
     assert record(home) is None
 
 
-def test_down_of_a_hold_its_switch_deleted_at_the_time_cap_is_exit_0_by_the_switch(tmp_path, stop_sims):
-    """Red team r46 F8: past the time cap, the switch had deleted the host; `down` exited 6 and said "the cap
-    guard sent the DELETE", which it never did. The switch's deletion is proven, exit 0, as after the idle one."""
+@pytest.mark.parametrize(("deadline", "switch_acted", "code"),
+                         [("time cap", True, 0), ("idle", True, 0), ("time cap", False, 6)])
+def test_down_of_a_hold_past_its_deadline_says_what_its_switch_did(tmp_path, stop_sims, deadline, switch_acted, code):
+    """Red teams r46 F8, r47 F5: past its deadline the switch had deleted the host; `down` exited 6 saying "the cap
+    guard sent the DELETE" (it never did), or recorded a cap overrun that never was (billed until `down` looked).
+    The switch's deletion is `down`'s 0, billed until the deadline it was due by; a switch that did not act and a
+    host that lived past the cap is the cap's 6 (never 0)."""
     home = tmp_path
     held = up_held(home, stop_sims)
     assert held.sim_key is not None
 
-    def past_the_cap(r):  # the hold as it stands just past its time cap
-        r.t0 = Instant.now(-r.max_seconds - 3)
-        r.cap_deadline = r.t0.plus(r.max_seconds)
-        r.idle_deadline = None
+    def past(r):  # the hold as it stands 3 s past its idle deadline, or its time cap
+        if deadline == "idle":
+            r.idle_deadline = Instant.now(-3)
+        else:
+            r.t0 = Instant.now(-r.max_seconds - 3)
+            r.cap_deadline = r.t0.plus(r.max_seconds)
+            r.idle_deadline = None
 
-    store(home).update("box", past_the_cap)
-    delete = urllib.request.Request(f"{held.api_url}/api/v0/instances/{held.instance_id}/", method="DELETE",
-                                    headers={"Authorization": f"Bearer {held.sim_key}"})
-    with urllib.request.urlopen(delete, timeout=10) as answer:  # what the switch does, with its own key
-        assert answer.status == 200
-    wait_for(lambda: not live(held.api_url), 10, "the switch's DELETE")
+    store(home).update("box", past)
+    if switch_acted:
+        delete = urllib.request.Request(f"{held.api_url}/api/v0/instances/{held.instance_id}/", method="DELETE",
+                                        headers={"Authorization": f"Bearer {held.sim_key}"})
+        with urllib.request.urlopen(delete, timeout=10) as answer:  # what the switch does, with its own key
+            assert answer.status == 200
+        wait_for(lambda: not live(held.api_url), 10, "the switch's DELETE")
     p = cli("down", "box", home=home)
     text = " ".join((p.stdout + p.stderr).split())
-    assert p.returncode == 0 and "cap guard sent" not in text, text[-3000:]
-    assert "its dead-man switch deleted it at the hold's time cap deadline" in text, text[-3000:]
+    assert p.returncode == code and "cap guard sent" not in text, text[-3000:]
+    result = json.loads((Path(held.evidence_dir) / "harness-result.json").read_text())
+    assert result["absence"]["verdict"] == "gone" and (result["over_cap"] is None) == switch_acted, result
+    if switch_acted:
+        assert f"its dead-man switch deleted it at the hold's {deadline} deadline" in text, text[-3000:]
     assert record(home) is None
 
 

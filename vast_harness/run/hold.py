@@ -899,6 +899,9 @@ class DownStages(HoldStages):
         elif r.expired():
             t.reads.expected_gone[inst.instance_id] = (f"its dead-man switch deleted it at the hold's "
                                                        f"{r.why_deadline()} deadline")
+            # Its bill ended there: the switch fires at that deadline, `switch_lead_s` before the cap at the latest
+            # (the meter would bill until this read, and see a cap overrun that never was)
+            t.reads.gone_by[inst.instance_id] = r.deadline().to_mono() + r.switch_lead_s
 
     def connect(self, t: RunTools, s: RunState) -> None:
         """No SSH. An interruptible hold's host that reads paused (outbid) has its checkpoint salvaged into the
@@ -938,11 +941,3 @@ class DownStages(HoldStages):
 
     def not_kept(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
         return code, message  # ending the hold is what `down` is for
-
-    def decided(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
-        """A hold past its cap was ended by its switch (or, the switch failing, by this teardown): proven gone is
-        `down`'s 0 all the same, the cap said (the meter bills until a read saw the host gone: an upper bound,
-        which may pass the cap the switch kept)."""
-        if code == ExitCode.CAP_REACHED and self.past_cap:
-            return ExitCode.PASSED, f"the hold was at its cap when `down` came; {message}"
-        return code, message

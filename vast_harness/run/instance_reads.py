@@ -98,6 +98,7 @@ class InstanceReads:
         # instance -> why its absence is no news (a kept host's `down` after an earlier DELETE of the hold's, or
         # past the deadline its switch deletes it by): found gone, it is proven gone, nobody else's doing
         self.expected_gone: dict[int, str] = {}
+        self.gone_by: dict[int, float] = {}  # an expected-gone instance's bill ends at this moment at the latest
 
     def record_raise(self, change: PriceChange) -> None:
         """A higher price the meter took, into the ledger (best effort, like every line after the intent): a
@@ -220,6 +221,8 @@ class InstanceReads:
             return
         if inst.instance_id in self.expected_gone:
             self.out.info(f"instance {inst.instance_id} is already gone: {self.expected_gone[inst.instance_id]}")
+            if inst.instance_id in self.gone_by:
+                self.meter.stop_instance(inst.instance_id, min(self.meter.now(), self.gone_by[inst.instance_id]))
             return
         started = self.meter.accrual_start(inst.instance_id)
         if self.switch_allowance_s is not None and started is not None \

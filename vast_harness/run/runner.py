@@ -143,10 +143,6 @@ class RunStages:
         leaves the record to that one)."""
         return True
 
-    def decided(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> Outcome:
-        """The verdict once the teardown has spoken (`decide_exit`), before it is recorded: a run's stands."""
-        return code, message
-
     def ended(self, t: RunTools, s: RunState, code: ExitCode, message: str) -> None:
         """After the teardown and the verdict (the instance deleted, proven or not)."""
 
@@ -298,11 +294,7 @@ class GuardedRun:
                 close_attempt(t, s, attempt.instance_id, f"the run ended: {message or code.name.lower()}")
         s.stage = Stage.VERDICT
         outcome = with_guard(code, message, t.cap_guard.fired_reason, after_outcome=True)  # fired in the prelude?
-
-        def verdict() -> Outcome:  # the run's own outcome, then what teardown says, then the stages' word
-            return self.stages.decided(t, s, *decide_exit(*outcome, exit_facts(t)))
-
-        code, message = verdict()
+        code, message = decide_exit(*outcome, exit_facts(t))  # the run's own outcome, then what teardown says
         if self.discard_if_refused and code in REFUSED_CODES and not t.book.attempts and not t.book.created:
             t.phases.end()
             t.out.stop_view()
@@ -313,7 +305,7 @@ class GuardedRun:
         t.phases.end()
         s.timings["total_s"] = round(t.clock() - t.meter.t0, 3)
         t.ev.write_result(build_record(t, s, code, message), t.book.teardowns, t.spec.proof_interval_s)
-        final = verdict()  # those writes may have failed too: each one is named
+        final = decide_exit(*outcome, exit_facts(t))  # those writes may have failed too: each one is named
         if final != (code, message):  # then the result file says what the process says, or is not there
             written, (code, message) = code, final
             result_path = t.ev.dir / "harness-result.json"

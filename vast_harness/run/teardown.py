@@ -140,6 +140,8 @@ def teardown_one(t: RunTools, s: RunState, inst: CreatedInstance, *,
         # Billing ends at the DELETE that deleted it: our last one that said "deleted" (an earlier one a read
         # then showed live deleted nothing, and the proof sent another), else the first that found it gone.
         inst.t_deleted_mono = (ours[-1] if ours else acks[0]).t_ack_mono or t.clock()
+        if not ours and inst.instance_id in t.reads.gone_by:  # gone before our DELETE, by when it was due to go
+            inst.t_deleted_mono = min(inst.t_deleted_mono, t.reads.gone_by[inst.instance_id])
         t.meter.end_instance_at(inst.instance_id, inst.t_deleted_mono)
     elif report.verdict != "gone":  # not proven: a DELETE that said "deleted" (deleting nothing) ends no bill
         t.meter.bill_until(inst.instance_id, t.clock())
