@@ -191,6 +191,20 @@ def test_down_of_a_hold_past_its_deadline_says_what_its_switch_did(tmp_path, sto
     assert record(home) is None
 
 
+def test_an_exec_whose_record_cannot_be_written_is_never_a_silent_0(tmp_path, stop_sims):
+    """Red team r47 F7: `harness-result.json` replaced by a directory: `exec` exited 0 with no record, no word."""
+    home = tmp_path
+    held = up_held(home, stop_sims)
+    result = Path(held.evidence_dir) / "harness-result.json"
+    result.unlink(missing_ok=True)
+    result.mkdir()
+    (result / "x").write_text("keeps it a non-empty directory\n")
+    p = cli("exec", "box", "--", "true", home=home)
+    text = " ".join((p.stdout + p.stderr).split())
+    assert p.returncode == 1 and "harness-result.json" in text and "stays held" in text, text[-3000:]
+    assert live(held.api_url) and record(home) is not None
+
+
 def test_down_after_a_killed_down_is_exit_0_by_our_earlier_delete(tmp_path, stop_sims):
     """A `down` killed after its DELETE (red team r45: killed -9 right after "tearing down") leaves the record
     `ending` and the instance gone: the next `down` proves it gone, by that DELETE, not "someone else"."""

@@ -21,7 +21,7 @@ from vast_harness.errors import ExitCode, Interrupted, NoOfferError, describe, e
 from vast_harness.evidence.run import RunEvidence, overall_absence
 from vast_harness.host.bundle import Bundle
 from vast_harness.host.ssh import run_key_dir_prefix
-from vast_harness.records import AbsenceSummary, CreatedInstance, InstanceTeardown, PullRecord, StepRecord
+from vast_harness.records import AbsenceSummary, CreatedInstance, InstanceTeardown, PullRecord, RunRecord, StepRecord
 from vast_harness.reports.run import write_run_report_safely
 from vast_harness.run.host_work import HostWork
 from vast_harness.run.interrupt import (
@@ -248,19 +248,30 @@ class GuardedRun:
         and the record, as a teardown's would be written."""
         t, s = self.tools, self.state
         t.cap_guard.stop()
-        code, message = self.stages.hand_over(t, s, code, message)
+        outcome = self.stages.hand_over(t, s, code, message)
         s.stage = Stage.VERDICT
-        code, message = decide_exit(code, message, exit_facts(t).model_copy(update={"held": True}))
+
+        def verdict() -> Outcome:
+            return decide_exit(*outcome, exit_facts(t).model_copy(update={"held": True}))
+
+        def held_record(code: ExitCode, message: str) -> RunRecord:
+            record = build_record(t, s, code, message)
+            held = {i.instance_id: "held" for i in record.instances}  # not deleted: neither gone nor unproven
+            return record.model_copy(update={
+                "instances": [i.model_copy(update={"absence": "held"}) for i in record.instances],
+                "absence": AbsenceSummary(verdict="held", per_instance=held)})
+
+        code, message = verdict()
         t.phases.end()
         s.timings["total_s"] = round(t.clock() - t.meter.t0, 3)
-        record = build_record(t, s, code, message)
-        held = {i.instance_id: "held" for i in record.instances}  # not deleted: neither gone nor unproven
-        record = record.model_copy(update={
-            "instances": [i.model_copy(update={"absence": "held"}) for i in record.instances],
-            "absence": AbsenceSummary(verdict="held", per_instance=held)})
         report_path = None
         if self.stages.records_result(t, s):
-            t.ev.write_result(record, t.book.teardowns, t.spec.proof_interval_s)
+            t.ev.write_result(held_record(code, message), t.book.teardowns, t.spec.proof_interval_s)
+            if (final := verdict()) != (code, message):  # the record's own write failed: never a silent 0
+                code, message = final
+                if not t.ev.rewrite_result(held_record(code, message)):
+                    t.out.warn(f"{t.ev.dir / 'harness-result.json'} could not be written; this command's exit is "
+                               f"{int(code)}")
             report_path = write_run_report_safely(t.ev.dir, t.out.warn)
         t.out.stop_view()
         t.out.result(s.run_id, code, message, t.ev.dir, self.steps, t.book.teardowns, t.meter.accrued_usd(),
