@@ -458,12 +458,15 @@ SA = {"type": "service_account", "project_id": "p", "private_key_id": "1",
       "private_key": "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"}
 
 
-@pytest.mark.parametrize(("name", "body"), [
+PRIVATE_KEY_CONTENTS = [
     ("bom_notes.txt", b"\xef\xbb\xbf-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----\n"),
     ("pgp.asc", b"-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBF\n-----END PGP PRIVATE KEY BLOCK-----\n"),
     ("sa_bom.json", b"\xef\xbb\xbf" + json.dumps(SA).encode()),
     ("sa_escaped.json", json.dumps(SA).replace("service_account", "service\\u005faccount").encode()),
-])
+]
+
+
+@pytest.mark.parametrize(("name", "body"), PRIVATE_KEY_CONTENTS)
 def test_a_private_key_is_known_by_its_content_behind_a_bom_an_escape_or_pgp_armour(name, body, tmp_path):
     from vast_harness.spec.credentials import credential_content
 
@@ -567,7 +570,7 @@ def test_a_vault_token_and_the_old_hugging_face_token_are_credentials_by_name(re
     assert credential_family(rel) == family
 
 
-@pytest.mark.parametrize(("name", "body", "caught"), [
+AWS_SETTINGS = [
     ("aws.ini", _aws("[default]", f"aws_access_key_id = {AWS_ID}", f"aws_secret_access_key = {AWS_SECRET}"), True),
     ("prod.cfg", _aws("[p]", "region=us-east-1", f"AWS_SECRET_ACCESS_KEY={AWS_SECRET[:30]}"), True),
     ("vars.sh", _aws("#!/bin/sh", f"export AWS_ACCESS_KEY_ID={AWS_ID}", f'export AWS_SECRET_ACCESS_KEY="{AWS_SECRET}"'),
@@ -584,7 +587,10 @@ def test_a_vault_token_and_the_old_hugging_face_token_are_credentials_by_name(re
                           "aws_secret_access_key = ${AWS_SECRET_ACCESS_KEY}"), False),
     ("id_only.ini", _aws("[default]", f"aws_access_key_id = {AWS_ID}"), False),  # an id alone is not a secret
     ("shas.txt", _aws(f"{AWS_ID} 2fd4e1c67a2d28fced849ee1bb76e7391b93eb12"), False),  # a hex digest is no secret
-])
+]
+
+
+@pytest.mark.parametrize(("name", "body", "caught"), AWS_SETTINGS)
 def test_aws_keys_are_known_by_their_content_like_a_service_account_key(name, body, caught, tmp_path):
     """Red team r45 #6: an ini, env, YAML or JSON file that sets an AWS secret access key (or a session token), or
     an AKIA/ASIA key id with a secret beside it (the console's CSV), is a credential whatever its name."""
@@ -604,7 +610,7 @@ _STS = {"Credentials": {"AccessKeyId": "ASIAEXAMPLE", "SecretAccessKey": AWS_SEC
         "AssumedRoleUser": {"AssumedRoleId": "AROAEXAMPLE:s", "Arn": "arn:aws:sts::123456789012:assumed-role/r/s"}}
 
 
-@pytest.mark.parametrize(("name", "body", "caught"), [
+AWS_DOCUMENTS = [
     ("j1.json", json.dumps({"aws_secret_access_key": AWS_SECRET}).encode(), True),  # as json.dump writes it
     ("j4.json", json.dumps({"aws_session_token": AWS_TOKEN}).encode(), True),
     ("many.json", json.dumps({"region": "us-east-1", "AWS_SECRET_ACCESS_KEY": AWS_SECRET,
@@ -629,7 +635,10 @@ _STS = {"Credentials": {"AccessKeyId": "ASIAEXAMPLE", "SecretAccessKey": AWS_SEC
     ("cfn.yaml", _aws("Outputs:", "  Secret:", "    Value: !GetAtt Key.SecretAccessKey",
                       "  SecretAccessKey: !GetAtt Key.SecretAccessKey"), False),
     ("web.json", json.dumps({"user": "ann", "sessionToken": "r:0123456789abcdef"}).encode(), False),  # not AWS's
-])
+]
+
+
+@pytest.mark.parametrize(("name", "body", "caught"), AWS_DOCUMENTS)
 def test_aws_keys_set_in_one_line_json_or_an_sts_document_are_left_out(name, body, caught, tmp_path):
     """Red team r46 F4: compact JSON (`json.dump`'s one line) setting `aws_secret_access_key` or
     `aws_session_token`, any number of them on a line, and `aws sts assume-role` output (`SecretAccessKey`,
