@@ -130,8 +130,21 @@ def test_a_result_that_says_nothing_is_no_verdict_never_an_earlier_runs_pass(ran
     assert "PASSED" not in page and ran["run"].name not in page and "| run | 0 |" not in page
     assert "No evidence of this run was found" in page
     outputs = dict(line.split("=", 1) for line in (tmp_path / "o.txt").read_text().splitlines())
-    assert outputs == {"exit-code": "unknown", "accrued-usd": "unknown", "run-id": "", "evidence-dir": "",
-                       "absence": "unknown"}
+    assert outputs == {"exit-code": "unknown", "accrued-usd": "unknown", "run-id": "unknown",
+                       "evidence-dir": "unknown", "absence": "unknown"}
+
+
+def test_a_run_killed_before_renting_has_a_value_for_every_output(tmp_path):
+    """Red team r47 F8: a run killed before it rented leaves an empty result and no run directory; every
+    output still has a value (`unknown`), as GitHub's expressions read an empty one as 0 or false."""
+    result, ev, out = tmp_path / "result.json", tmp_path / "ev", tmp_path / "o.txt"
+    result.write_text("")  # the shell's `> FILE` made it; the run was killed before it printed
+    done = cli("summary", "--result", str(result), "--evidence-dir", str(ev), "--outputs", str(out), home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "**no verdict**" in done.stdout and "No evidence of this run was found" in done.stdout, done.stdout
+    outputs = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert outputs == {"exit-code": "unknown", "accrued-usd": "unknown", "run-id": "unknown",
+                       "evidence-dir": "unknown", "absence": "unknown"}
 
 
 def test_a_result_naming_a_run_id_is_that_runs_only(ran, tmp_path):
@@ -142,7 +155,7 @@ def test_a_result_naming_a_run_id_is_that_runs_only(ran, tmp_path):
     assert code == 0 and "**exit 1 FAILED**: failed" in page and "`20991231T235959Z-0ther1`" in page
     assert ran["run"].name not in page and "| run | 0 |" not in page
     outputs = dict(line.split("=", 1) for line in (tmp_path / "o.txt").read_text().splitlines())
-    assert outputs["run-id"] == "20991231T235959Z-0ther1" and outputs["evidence-dir"] == ""
+    assert outputs["run-id"] == "20991231T235959Z-0ther1" and outputs["evidence-dir"] == "unknown"
     assert outputs["absence"] == "unknown"
     cut = tmp_path / "cut.json"  # cut short by a kill, after its run id: that run's directory, found by its id
     cut.write_text(f'{{"schema_version": 2, "run_id": "{ran["run"].name}", "exit_c')

@@ -9,6 +9,7 @@ unpacked workdir and the uploaded tarball, decompressed) is searched for every s
 
 from __future__ import annotations
 
+import codecs
 import errno
 import gzip
 import json
@@ -458,12 +459,15 @@ SA = {"type": "service_account", "project_id": "p", "private_key_id": "1",
       "private_key": "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"}
 
 
-@pytest.mark.parametrize(("name", "body"), [
+PRIVATE_KEY_CONTENTS = [
     ("bom_notes.txt", b"\xef\xbb\xbf-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----\n"),
     ("pgp.asc", b"-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBF\n-----END PGP PRIVATE KEY BLOCK-----\n"),
     ("sa_bom.json", b"\xef\xbb\xbf" + json.dumps(SA).encode()),
     ("sa_escaped.json", json.dumps(SA).replace("service_account", "service\\u005faccount").encode()),
-])
+]
+
+
+@pytest.mark.parametrize(("name", "body"), PRIVATE_KEY_CONTENTS)
 def test_a_private_key_is_known_by_its_content_behind_a_bom_an_escape_or_pgp_armour(name, body, tmp_path):
     from vast_harness.spec.credentials import credential_content
 
@@ -567,7 +571,7 @@ def test_a_vault_token_and_the_old_hugging_face_token_are_credentials_by_name(re
     assert credential_family(rel) == family
 
 
-@pytest.mark.parametrize(("name", "body", "caught"), [
+AWS_SETTINGS = [
     ("aws.ini", _aws("[default]", f"aws_access_key_id = {AWS_ID}", f"aws_secret_access_key = {AWS_SECRET}"), True),
     ("prod.cfg", _aws("[p]", "region=us-east-1", f"AWS_SECRET_ACCESS_KEY={AWS_SECRET[:30]}"), True),
     ("vars.sh", _aws("#!/bin/sh", f"export AWS_ACCESS_KEY_ID={AWS_ID}", f'export AWS_SECRET_ACCESS_KEY="{AWS_SECRET}"'),
@@ -584,7 +588,10 @@ def test_a_vault_token_and_the_old_hugging_face_token_are_credentials_by_name(re
                           "aws_secret_access_key = ${AWS_SECRET_ACCESS_KEY}"), False),
     ("id_only.ini", _aws("[default]", f"aws_access_key_id = {AWS_ID}"), False),  # an id alone is not a secret
     ("shas.txt", _aws(f"{AWS_ID} 2fd4e1c67a2d28fced849ee1bb76e7391b93eb12"), False),  # a hex digest is no secret
-])
+]
+
+
+@pytest.mark.parametrize(("name", "body", "caught"), AWS_SETTINGS)
 def test_aws_keys_are_known_by_their_content_like_a_service_account_key(name, body, caught, tmp_path):
     """Red team r45 #6: an ini, env, YAML or JSON file that sets an AWS secret access key (or a session token), or
     an AKIA/ASIA key id with a secret beside it (the console's CSV), is a credential whatever its name."""
@@ -604,7 +611,7 @@ _STS = {"Credentials": {"AccessKeyId": "ASIAEXAMPLE", "SecretAccessKey": AWS_SEC
         "AssumedRoleUser": {"AssumedRoleId": "AROAEXAMPLE:s", "Arn": "arn:aws:sts::123456789012:assumed-role/r/s"}}
 
 
-@pytest.mark.parametrize(("name", "body", "caught"), [
+AWS_DOCUMENTS = [
     ("j1.json", json.dumps({"aws_secret_access_key": AWS_SECRET}).encode(), True),  # as json.dump writes it
     ("j4.json", json.dumps({"aws_session_token": AWS_TOKEN}).encode(), True),
     ("many.json", json.dumps({"region": "us-east-1", "AWS_SECRET_ACCESS_KEY": AWS_SECRET,
@@ -629,7 +636,10 @@ _STS = {"Credentials": {"AccessKeyId": "ASIAEXAMPLE", "SecretAccessKey": AWS_SEC
     ("cfn.yaml", _aws("Outputs:", "  Secret:", "    Value: !GetAtt Key.SecretAccessKey",
                       "  SecretAccessKey: !GetAtt Key.SecretAccessKey"), False),
     ("web.json", json.dumps({"user": "ann", "sessionToken": "r:0123456789abcdef"}).encode(), False),  # not AWS's
-])
+]
+
+
+@pytest.mark.parametrize(("name", "body", "caught"), AWS_DOCUMENTS)
 def test_aws_keys_set_in_one_line_json_or_an_sts_document_are_left_out(name, body, caught, tmp_path):
     """Red team r46 F4: compact JSON (`json.dump`'s one line) setting `aws_secret_access_key` or
     `aws_session_token`, any number of them on a line, and `aws sts assume-role` output (`SecretAccessKey`,
@@ -643,6 +653,54 @@ def test_aws_keys_set_in_one_line_json_or_an_sts_document_are_left_out(name, bod
     sel = select_workdir(tmp_path)
     assert sorted(f.rel for f in sel.files) == sorted(["a.py"] + ([] if caught else [name]))
     assert [(i.path, i.includable) for i in sel.left_out] == ([(name, True)] if caught else [])
+
+
+CONTENT_CAUGHT = [(name, body) for name, body in PRIVATE_KEY_CONTENTS] + \
+    [(name, body) for name, body, caught in AWS_SETTINGS + AWS_DOCUMENTS if caught]
+CONTENT_PASSED = [(name, body) for name, body, caught in AWS_SETTINGS + AWS_DOCUMENTS if not caught]
+WIDE_BOMS = {"utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE,
+             "utf-32-le": codecs.BOM_UTF32_LE, "utf-32-be": codecs.BOM_UTF32_BE}
+
+
+def _wide(body: bytes, codec: str) -> bytes:
+    """The text as PowerShell 5's `>` (UTF-16LE) or another Unicode writer saves it: a BOM, then the text."""
+    return WIDE_BOMS[codec] + body.decode("utf-8-sig").encode(codec)
+
+
+@pytest.mark.parametrize("codec", list(WIDE_BOMS))
+@pytest.mark.parametrize(("name", "body"), CONTENT_CAUGHT, ids=[n for n, _ in CONTENT_CAUGHT])
+def test_a_credential_known_by_its_content_is_known_in_utf16_or_utf32_with_a_bom(name, body, codec, tmp_path):
+    """Red team r47 F6: a service-account key or an STS document saved as UTF-16 with a BOM (PowerShell 5's
+    `>`) was uploaded, unnamed; every content rule reads the text after a UTF-16 or UTF-32 BOM as after UTF-8's."""
+    from vast_harness.spec.credentials import credential_content
+
+    (tmp_path / "a.py").write_text("1\n")
+    (tmp_path / name).write_bytes(_wide(body, codec))
+    assert credential_content(tmp_path / name) is not None
+    sel = select_workdir(tmp_path)
+    assert [f.rel for f in sel.files] == ["a.py"]
+    assert [(i.path, i.includable) for i in sel.left_out] == [(name, True)]
+
+
+@pytest.mark.parametrize(("name", "body"), CONTENT_PASSED, ids=[n for n, _ in CONTENT_PASSED])
+def test_a_file_no_content_rule_catches_in_utf8_is_uploaded_in_utf16_too(name, body, tmp_path):
+    """Decoding wide text does not make a reference, a placeholder or a schema a credential."""
+    from vast_harness.spec.credentials import credential_content
+
+    (tmp_path / name).write_bytes(_wide(body, "utf-16-le"))
+    assert credential_content(tmp_path / name) is None
+    assert [f.rel for f in select_workdir(tmp_path).files] == [name]
+
+
+def test_a_private_key_after_a_long_certificate_chain_in_utf16_is_found(tmp_path):
+    """The scan reads the first 64 kB of the file whatever its encoding: a key past the first 4 kB of the
+    file (where the wide text is decoded from) is found."""
+    from vast_harness.spec.credentials import credential_content
+
+    chain = "-----BEGIN CERTIFICATE-----\n" + "MIIC" * 2000 + "\n-----END CERTIFICATE-----\n"
+    key = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"
+    (tmp_path / "bundle.pem").write_bytes(_wide((chain + key).encode(), "utf-16-le"))
+    assert credential_content(tmp_path / "bundle.pem") == "private key (by its content)"
 
 
 # ----------------------------------------------------------------------------------------- a walk that cannot read

@@ -448,9 +448,10 @@ def job_summary(f: RunFacts | None, *, result: dict[str, Any] | None = None, rea
 
 def outputs(f: RunFacts | None, result: dict[str, Any] | None, *, hold: Hold | None = None,
             run_id: str | None = None, estimated_usd: float | None = None) -> dict[str, str]:
-    """The figures a CI step hands on (GitHub's step outputs): each a single line. An exit code, an absence or
-    dollars not known are `unknown`, never empty: GitHub's expressions read '' as 0 (`exit-code == 0` would
-    hold, `accrued-usd < 1` too). A killed run's dollars: the ledger's estimate (`estimated_usd`) when there is one."""
+    """The figures a CI step hands on (GitHub's step outputs): each a single line. A value not known (an exit
+    code, dollars, an absence, the run id and evidence dir of a run killed before renting) is `unknown`, never
+    empty: GitHub's expressions read '' as 0 or false (`exit-code == 0` would hold, `accrued-usd < 1` too). A
+    killed run's dollars: the ledger's estimate (`estimated_usd`) when there is one."""
     result = result or {}
     r = f.result if f is not None else {}
     code = r.get("exit_code", result.get("exit_code"))
@@ -463,8 +464,8 @@ def outputs(f: RunFacts | None, result: dict[str, Any] | None, *, hold: Hold | N
     values = {"exit-code": "unknown" if code is None else str(code),
               "accrued-usd": "unknown" if accrued is None else f"{accrued:.6f}",
               "run-id": str(r.get("run_id") or result.get("run_id") or (f.dir.name if f is not None else "")
-                            or run_id or ""),
-              "evidence-dir": str(f.dir) if f is not None else "",
+                            or run_id or "unknown"),
+              "evidence-dir": str(f.dir) if f is not None else "unknown",
               "absence": str(absence or ("nothing-created" if code in (ExitCode.BAD_INPUT, ExitCode.NO_OFFER)
                                          else "unknown"))}
-    return {k: " ".join(mask(v).split()) for k, v in values.items()}
+    return {k: " ".join(mask(v).split()) or "unknown" for k, v in values.items()}  # a blank one is empty too

@@ -9,11 +9,12 @@ private key) by their first bytes, and a text file that sets AWS keys (an ini, e
 or pretty, setting `aws_secret_access_key` or `aws_session_token` to a literal; an STS answer's `SecretAccessKey`
 or `SessionToken`; or an `AKIA`/`ASIA` key id with a secret beside it, as in the AWS console's CSV) by its
 first 64 kB. Names are compared casefolded and NFKC-normalised, without invisible characters; contents after a
-BOM.
+BOM, and a UTF-16 or UTF-32 file (known by its BOM: what PowerShell 5's `>` writes) as the text it holds.
 """
 
 from __future__ import annotations
 
+import codecs
 import fnmatch
 import json
 import os
@@ -76,6 +77,11 @@ _PEM_SCAN_BYTES = 65536  # a PEM bundle may put its key after a certificate chai
 _JSON_SCAN_BYTES = 65536  # a service-account key is about 2.3 kB
 _TEXT_SCAN_BYTES = 65536  # a config, env or ini file with an AWS key pair: small; a file with a NUL is not text
 _BOM = b"\xef\xbb\xbf"
+# The wide Unicode encodings, by their BOMs: UTF-32's first, as its little-endian BOM starts with UTF-16's. The
+# account-key check (spec/workdir.py) looks for the key in each of them too.
+WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"),
+             (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+WIDE_CODECS = tuple(codec for _, codec in WIDE_BOMS)
 # Any private key armour: PKCS#8, RSA, EC, OpenSSH, ENCRYPTED, and PGP's `PRIVATE KEY BLOCK`
 _PRIVATE_ARMOUR = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----")
 
@@ -142,6 +148,17 @@ def credential_family(rel: str) -> str | None:
     return next((name for name, family in FAMILIES.items() if family.matches(key)), None)
 
 
+def _wide_text(head: bytes, fd: int) -> bytes | None:
+    """The text of a file that starts with a UTF-16 or UTF-32 BOM, as UTF-8: its first 64 kB read on from `head`
+    and decoded (a unit the read cut or a bad one is a replacement character), else None (no further read: the
+    BOM test is all an ordinary file costs)."""
+    for bom, codec in WIDE_BOMS:
+        if head.startswith(bom):
+            data = (head + os.read(fd, _TEXT_SCAN_BYTES - len(head)))[len(bom):]
+            return data.decode(codec, "replace").encode("utf-8")
+    return None
+
+
 def credential_content(path: Path) -> str | None:
     """What a regular file is by its first bytes: a private key (PEM, OpenSSH, PuTTY), a cloud service-account
     key, or a text file (no NUL in its first 64 kB) that sets AWS keys, else None. A file that cannot be read is
@@ -152,20 +169,26 @@ def credential_content(path: Path) -> str | None:
         return None
     try:
         head = os.read(fd, _HEAD_BYTES)
+        wide = _wide_text(head, fd)
+
+        def more(n_bytes: int) -> bytes:  # a wide file's 64 kB are read and decoded already
+            return b"" if wide is not None or n_bytes <= 0 else os.read(fd, n_bytes)
+
+        head = head if wide is None else wide
         text = head.removeprefix(_BOM).lstrip()  # OpenSSL and json readers skip a BOM: so does the check
         if text.startswith(b"-----BEGIN "):
-            body = head + os.read(fd, _PEM_SCAN_BYTES - len(head))
+            body = head + more(_PEM_SCAN_BYTES - len(head))
             if _PRIVATE_ARMOUR.search(body):
                 return "private key (by its content)"
             head = body
         elif text.startswith(b"PuTTY-User-Key-File-"):
             return "private key (by its content)"
         elif text.startswith(b"{"):
-            head += os.read(fd, _JSON_SCAN_BYTES - len(head))
+            head += more(_JSON_SCAN_BYTES - len(head))
             if _service_account(head):
                 return "cloud credentials (by its content)"
         if b"\0" not in head[:_HEAD_BYTES]:
-            body = head + (os.read(fd, _TEXT_SCAN_BYTES - len(head)) if len(head) < _TEXT_SCAN_BYTES else b"")
+            body = head + more(_TEXT_SCAN_BYTES - len(head))
             if b"\0" not in body and _aws_keys(body):
                 return "cloud credentials (by its content)"
     except OSError:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from vast_harness.errors import ConfigError
 from vast_harness.records import WorkdirLeftOut as LeftOut
 from vast_harness.redact import MASK, written_forms
-from vast_harness.spec.credentials import credential_content, credential_family, name_key
+from vast_harness.spec.credentials import WIDE_CODECS, credential_content, credential_family, name_key
 
 DEFAULT_WORKDIR_MAX_MB = 100.0  # an upload of source and small data; bigger data belongs in the setup's download
 MAX_WORKDIR_MAX_MB = 10_000.0
@@ -47,7 +47,6 @@ _SHOWN_CHARS = 160  # a path in an error line longer than this is shortened: lon
 _SHOWN_PART_CHARS = 24
 _SHOWN_HEAD_CHARS = 60
 _HINT_CHARS = 80  # an --exclude hint longer than this names the path's first folder instead
-_WIDE_CODECS = ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
 
 
 class WorkdirFile(BaseModel):
@@ -160,7 +159,7 @@ class KeyNeedles:
         self.forms = sorted({f for k in keys for f in written_forms(k) if len(f) >= _MIN_KEY_CHARS},
                             key=len, reverse=True)
         needles = {f.encode("utf-8", "surrogateescape") for f in self.forms}
-        needles |= {f.encode(codec, "surrogatepass") for f in self.forms for codec in _WIDE_CODECS}
+        needles |= {f.encode(codec, "surrogatepass") for f in self.forms for codec in WIDE_CODECS}
         self.narrow = tuple(sorted(n for n in needles if b"\0" not in n))
         self.wide = tuple(sorted(n for n in needles if b"\0" in n))
         self.longest = max(map(len, needles), default=0)
