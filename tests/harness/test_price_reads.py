@@ -476,7 +476,8 @@ def test_the_delete_follows_the_read_that_broke_the_cap_at_once_at_real_pacing(s
     calls = [c for c in sim.state()["calls"] if c["time"] >= run.state.t0_unix]
     first_delete = next(i for i, c in enumerate(calls) if c["method"] == "DELETE" and str(iid) in c["path"])
     priced = next(c["time"] for c in calls if c["method"] == "GET" and c["status"] == 200)  # per-id or list
-    assert calls[first_delete]["time"] - priced < 0.5, calls[:first_delete + 1]
+    # the bug was 2-6 s; a loaded machine's scheduling may add a second, never a paced read
+    assert calls[first_delete]["time"] - priced < 1.5, calls[:first_delete + 1]
     assert billed_usd(sim, run) <= spec.caps.max_usd
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from vast_harness.console.output import Output
-from vast_harness.errors import ConfigError
+from vast_harness.errors import ConfigError, UnwritableDirError
 from vast_harness.kept.names import describe, listing
 from vast_harness.kept.watcher_proc import start_watcher
 from vast_harness.masking import ACCOUNT_KEY, MASKER
@@ -85,10 +85,18 @@ def held_spec(store: HeldStore, record: HeldHost, options: RunOptions,
         raise ConfigError(f"kept host {name!r} is held on {'its own simulator' if record.sim else record.api_url}, "
                           f"not {options.api_url}: give no --api-url (the hold knows its API). {listing()}")
     options = bid_options(record, options)
+    root = Path(record.evidence_dir).parent
+    if warn_instead is not None:  # what deletes never stops at an evidence root gone wrong (a file in its place)
+        try:
+            check_evidence_dir(root, f"kept host {name}'s evidence root", consequence="")
+        except UnwritableDirError:
+            pass  # a full or read-only one: resolve warns, and the deletion goes on
+        except ConfigError as exc:
+            warn_instead(f"{exc}; this command's evidence goes to {store.dir.parent / record.hold_id} instead")
+            root = store.dir.parent
     given = options.model_copy(update={
         "sim": record.sim, "api_url": None if record.sim else record.api_url, "max_usd": record.max_usd,
-        "max_minutes": record.max_minutes, "evidence_dir": Path(record.evidence_dir).parent,
-        "state_dir": store.dir.parent})
+        "max_minutes": record.max_minutes, "evidence_dir": root, "state_dir": store.dir.parent})
     spec = spec_of(given)
     check_hold_key(record, warn_instead)
     spec = spec.model_copy(update={"profile": spec.profile.model_copy(update={"name": KEPT_PROFILE})})

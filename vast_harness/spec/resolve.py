@@ -456,10 +456,6 @@ def resolve(
                 if on_unwritable is None:
                     raise
                 on_unwritable(str(exc))
-            except ConfigError as exc:  # not a directory at all: what deletes (a `down`, a reap) goes on all the same
-                if on_unwritable is None:
-                    raise
-                on_unwritable(f"{exc}; {unwritable_goes_on}")
     never = never_upload(key_file=key_file, config_key_file=user.key_file, environ=environ,
                          dirs=[(state, "the harness's state directory"),
                                (user_state_dir(environ).expanduser(), "the harness's state directory"),
