@@ -97,6 +97,7 @@ def held_spec(store: HeldStore, record: HeldHost, options: RunOptions,
     given = options.model_copy(update={
         "sim": record.sim, "api_url": None if record.sim else record.api_url, "max_usd": record.max_usd,
         "max_minutes": record.max_minutes, "evidence_dir": root, "state_dir": store.dir.parent})
+    teach_key_file(record.key_file)  # before resolve selects the workdir: files holding it stay home
     spec = spec_of(given)
     check_hold_key(record, warn_instead)
     spec = spec.model_copy(update={"profile": spec.profile.model_copy(update={"name": KEPT_PROFILE})})
@@ -133,7 +134,6 @@ def check_hold_key(record: HeldHost, warn_instead: Callable[[str], None] | None 
     neither (the file moved, rewritten or removed), a command would upload and print it: refused."""
     if record.key_file_sha256 is None:
         return
-    teach_key_file(record.key_file)
     if any(key_sha256(known) == record.key_file_sha256 for known in MASKER.values(ACCOUNT_KEY)):
         return
     problem = (f"kept host {record.name} was set up with --key-file {record.key_file}, which no longer holds that "
